@@ -1,0 +1,289 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/inboxkeeper/inboxkeeper/holds"
+	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/policy"
+	"github.com/inboxkeeper/inboxkeeper/migrations"
+)
+
+// timeFlag is an optional RFC 3339 flag value.
+type timeFlag struct{ t *time.Time }
+
+func (f *timeFlag) String() string {
+	if f.t == nil {
+		return ""
+	}
+	return f.t.Format(time.RFC3339)
+}
+
+func (f *timeFlag) Set(s string) error {
+	t, err := time.Parse(time.RFC3339, s)
+	if err != nil {
+		return fmt.Errorf("not an RFC 3339 time (like 2026-01-31T00:00:00Z): %q", s)
+	}
+	f.t = &t
+	return nil
+}
+
+// stringFlag records whether it was given, so --scope "" differs from no --scope.
+type stringFlag struct{ v *string }
+
+func (f *stringFlag) String() string {
+	if f.v == nil {
+		return ""
+	}
+	return *f.v
+}
+func (f *stringFlag) Set(s string) error { f.v = &s; return nil }
+
+// tableFor finds the policy table a hold or replay names and resolves it, so
+// that a hold on a table the daemon does not manage, or a scope on a table
+// without a scope column, is refused before anything is written.
+func (a *app) tableFor(ctx context.Context, name string) (*pgxpool.Pool, *catalog.Table, error) {
+	if name == "" {
+		return nil, nil, usagef("--table is required")
+	}
+	qn, err := policy.ParseQualifiedName(name)
+	if err != nil {
+		return nil, nil, usagef("--table: %v", err)
+	}
+	p, err := a.loadPolicy()
+	if err != nil {
+		return nil, nil, err
+	}
+	var pt *policy.Table
+	for i := range p.Tables {
+		if p.Tables[i].Name == qn {
+			pt = &p.Tables[i]
+		}
+	}
+	if pt == nil {
+		return nil, nil, usagef("--table %s: not in the policy file %s", qn.String(), p.Source)
+	}
+	pool, err := a.connect(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := migrations.Check(ctx, pool); err != nil {
+		return nil, nil, err
+	}
+	t, err := catalog.Resolve(ctx, pool, *pt)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pool, t, nil
+}
+
+func (a *app) controlPool(ctx context.Context) (*pgxpool.Pool, error) {
+	pool, err := a.connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return pool, migrations.Check(ctx, pool)
+}
+
+func holdErr(err error) error {
+	if errors.Is(err, holds.ErrInvalid) {
+		return usageError{err.Error()}
+	}
+	return err
+}
+
+func parseID(fs *flag.FlagSet, what string) (int64, error) {
+	if fs.NArg() != 1 {
+		return 0, usagef("%s: expected exactly one ID", fs.Name())
+	}
+	id, err := strconv.ParseInt(fs.Arg(0), 10, 64)
+	if err != nil || id <= 0 {
+		return 0, usagef("%s: %q is not a %s id", fs.Name(), fs.Arg(0), what)
+	}
+	return id, nil
+}
+
+func (a *app) hold(ctx context.Context, args []string) error {
+	if len(args) == 0 {
+		return usagef("hold: expected add, list or release")
+	}
+	fs := newFlags("hold "+args[0], a.stderr)
+	switch args[0] {
+	case "add":
+		table := fs.String("table", "", "schema-qualified table from the policy")
+		reason := fs.String("reason", "", "why the rows must stay (required)")
+		owner := fs.String("owner", "", "who is responsible for the hold (required)")
+		var scope stringFlag
+		var from, to, expires timeFlag
+		fs.Var(&scope, "scope", "only rows whose scope column has this value")
+		fs.Var(&from, "from", "only rows whose event time is at or after this (RFC 3339)")
+		fs.Var(&to, "to", "only rows whose event time is before this (RFC 3339)")
+		fs.Var(&expires, "expires", "the hold ends by itself at this time (RFC 3339)")
+		if err := parseFlags(fs, args[1:]); err != nil {
+			return err
+		}
+		if fs.NArg() > 0 {
+			return usagef("hold add: unexpected argument %q", fs.Arg(0))
+		}
+		if *reason == "" || *owner == "" {
+			return usagef("hold add: --reason and --owner are required")
+		}
+		pool, t, err := a.tableFor(ctx, *table)
+		if err != nil {
+			return err
+		}
+		id, err := holds.AddHold(ctx, pool, t, holds.HoldSpec{Scope: scope.v, From: from.t, To: to.t, Reason: *reason, Owner: *owner, Expires: expires.t})
+		if err != nil {
+			return holdErr(err)
+		}
+		fmt.Fprintln(a.stdout, id)
+		return nil
+	case "list":
+		all := fs.Bool("all", false, "include released and expired holds")
+		if err := parseFlags(fs, args[1:]); err != nil {
+			return err
+		}
+		pool, err := a.controlPool(ctx)
+		if err != nil {
+			return err
+		}
+		hs, err := holds.ListHolds(ctx, pool, *all)
+		if err != nil {
+			return err
+		}
+		if len(hs) == 0 {
+			fmt.Fprintln(a.stdout, "no holds")
+		}
+		for _, h := range hs {
+			fmt.Fprintln(a.stdout, describeHold(h))
+		}
+		return nil
+	case "release":
+		if err := parseFlags(fs, args[1:]); err != nil {
+			return err
+		}
+		id, err := parseID(fs, "hold")
+		if err != nil {
+			return err
+		}
+		pool, err := a.controlPool(ctx)
+		if err != nil {
+			return err
+		}
+		if err := holds.ReleaseHold(ctx, pool, id); err != nil {
+			return holdErr(err)
+		}
+		fmt.Fprintf(a.stdout, "hold %d released\n", id)
+		return nil
+	}
+	return usagef("hold: unknown subcommand %q (expected add, list or release)", args[0])
+}
+
+func (a *app) replay(ctx context.Context, args []string) error {
+	if len(args) == 0 {
+		return usagef("replay: expected start, finish or list")
+	}
+	fs := newFlags("replay "+args[0], a.stderr)
+	switch args[0] {
+	case "start":
+		table := fs.String("table", "", "schema-qualified table from the policy")
+		scope := fs.String("scope", "", "the scope value being replayed (required)")
+		owner := fs.String("owner", "", "who runs the replay (required)")
+		var from, to timeFlag
+		fs.Var(&from, "from", "event-time range start, inclusive (RFC 3339, required)")
+		fs.Var(&to, "to", "event-time range end, exclusive (RFC 3339, required)")
+		if err := parseFlags(fs, args[1:]); err != nil {
+			return err
+		}
+		if fs.NArg() > 0 {
+			return usagef("replay start: unexpected argument %q", fs.Arg(0))
+		}
+		if *scope == "" || *owner == "" || from.t == nil || to.t == nil {
+			return usagef("replay start: --table, --scope, --from, --to and --owner are required")
+		}
+		pool, t, err := a.tableFor(ctx, *table)
+		if err != nil {
+			return err
+		}
+		id, err := holds.StartReplay(ctx, pool, t, holds.ReplaySpec{Scope: *scope, From: *from.t, To: *to.t, Owner: *owner})
+		if err != nil {
+			return holdErr(err)
+		}
+		fmt.Fprintln(a.stdout, id)
+		return nil
+	case "list":
+		all := fs.Bool("all", false, "include finished replays")
+		if err := parseFlags(fs, args[1:]); err != nil {
+			return err
+		}
+		pool, err := a.controlPool(ctx)
+		if err != nil {
+			return err
+		}
+		rs, err := holds.ListReplays(ctx, pool, *all)
+		if err != nil {
+			return err
+		}
+		if len(rs) == 0 {
+			fmt.Fprintln(a.stdout, "no replays")
+		}
+		for _, r := range rs {
+			fmt.Fprintln(a.stdout, describeReplay(r))
+		}
+		return nil
+	case "finish":
+		if err := parseFlags(fs, args[1:]); err != nil {
+			return err
+		}
+		id, err := parseID(fs, "replay")
+		if err != nil {
+			return err
+		}
+		pool, err := a.controlPool(ctx)
+		if err != nil {
+			return err
+		}
+		if err := holds.FinishReplay(ctx, pool, id); err != nil {
+			return holdErr(err)
+		}
+		fmt.Fprintf(a.stdout, "replay %d finished\n", id)
+		return nil
+	}
+	return usagef("replay: unknown subcommand %q (expected start, finish or list)", args[0])
+}
+
+func describeHold(h holds.Hold) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "hold %d on %s", h.ID, h.Table)
+	if h.Scope != nil {
+		fmt.Fprintf(&b, " scope=%q", *h.Scope)
+	}
+	if h.From != nil {
+		fmt.Fprintf(&b, " events [%s, %s)", h.From.UTC().Format(time.RFC3339), h.To.UTC().Format(time.RFC3339))
+	}
+	fmt.Fprintf(&b, " owner=%q reason=%q since %s", h.Owner, h.Reason, h.CreatedAt.UTC().Format(time.RFC3339))
+	if h.ExpiresAt != nil {
+		fmt.Fprintf(&b, " expires %s", h.ExpiresAt.UTC().Format(time.RFC3339))
+	}
+	if h.ReleasedAt != nil {
+		fmt.Fprintf(&b, " released %s", h.ReleasedAt.UTC().Format(time.RFC3339))
+	}
+	return b.String()
+}
+
+func describeReplay(r holds.Replay) string {
+	s := fmt.Sprintf("replay %d on %s scope=%q events [%s, %s) owner=%q since %s", r.ID, r.Table, r.Scope,
+		r.From.UTC().Format(time.RFC3339), r.To.UTC().Format(time.RFC3339), r.Owner, r.StartedAt.UTC().Format(time.RFC3339))
+	if r.FinishedAt != nil {
+		s += " finished " + r.FinishedAt.UTC().Format(time.RFC3339)
+	}
+	return s
+}

@@ -1,0 +1,278 @@
+// Command inboxkeeper keeps PostgreSQL inbox (deduplication) tables from
+// growing forever without forgetting a message identity too early.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/config"
+	"github.com/inboxkeeper/inboxkeeper/internal/policy"
+	"github.com/inboxkeeper/inboxkeeper/migrations"
+)
+
+// Exit codes: the same for every command.
+const (
+	exitOK      = 0
+	exitFailure = 1 // something failed at run time
+	exitUsage   = 2 // bad command line, environment or policy: nothing was touched
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = ""
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+const usage = `inboxkeeper: delete expired inbox rows safely.
+
+Usage:
+  inboxkeeper migrate                 create or upgrade the control schema
+  inboxkeeper once [--dry-run]        one pass over every table, then exit
+  inboxkeeper run                     the daemon: a pass every INTERVAL or on SCHEDULE
+  inboxkeeper status                  what is due, cleanup lag, holds and replays per table
+  inboxkeeper hold add --table T [--scope V] [--from TIME --to TIME] --reason TEXT --owner NAME [--expires TIME]
+  inboxkeeper hold list [--all]
+  inboxkeeper hold release ID
+  inboxkeeper replay start --table T --scope V --from TIME --to TIME --owner NAME
+  inboxkeeper replay finish ID
+  inboxkeeper replay list [--all]
+  inboxkeeper demo                    a throwaway PostgreSQL, a sample inbox, one pass
+  inboxkeeper help env                the environment variables and the values in effect
+  inboxkeeper version
+
+Times are RFC 3339 (2026-01-31T00:00:00Z). Configuration comes from INBOXKEEPER_*
+environment variables and the policy file (INBOXKEEPER_POLICY_FILE).
+Exit status: 0 ok, 1 runtime failure, 2 usage or configuration error.
+`
+
+// usageError is a mistake on the command line: exit 2.
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
+
+// configError is a bad environment, policy file or policy/catalog mismatch:
+// exit 2, and nothing was deleted.
+type configError struct{ err error }
+
+func (e configError) Error() string { return e.err.Error() }
+func (e configError) Unwrap() error { return e.err }
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return exitUsage
+	}
+	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "help", "-h", "--help":
+		if len(rest) > 0 && rest[0] == "env" {
+			cfg, err := config.Load()
+			config.WriteEnvHelp(stdout, cfg)
+			if err != nil {
+				fmt.Fprintf(stderr, "\nconfiguration errors:\n%v\n", err)
+				return exitUsage
+			}
+			return exitOK
+		}
+		fmt.Fprint(stdout, usage)
+		return exitOK
+	case "version", "--version":
+		fmt.Fprintln(stdout, "inboxkeeper", buildVersion())
+		return exitOK
+	}
+
+	cfg, err := config.Load()
+	if err != nil {
+		fmt.Fprintf(stderr, "inboxkeeper: configuration error:\n%v\n", err)
+		return exitUsage
+	}
+	log := cfg.Logger(stderr)
+	a := &app{cfg: cfg, log: log, stdout: stdout, stderr: stderr}
+	defer a.close()
+
+	var cmdErr error
+	switch cmd {
+	case "migrate":
+		cmdErr = a.migrate(ctx, rest)
+	case "once":
+		cmdErr = a.once(ctx, rest)
+	case "run":
+		cmdErr = a.daemon(ctx, rest)
+	case "status":
+		cmdErr = a.status(ctx, rest)
+	case "hold":
+		cmdErr = a.hold(ctx, rest)
+	case "replay":
+		cmdErr = a.replay(ctx, rest)
+	case "demo":
+		cmdErr = a.demo(ctx, rest)
+	default:
+		fmt.Fprintf(stderr, "inboxkeeper: unknown command %q\n\n%s", cmd, usage)
+		return exitUsage
+	}
+	return exitCode(cmdErr, stderr)
+}
+
+func exitCode(err error, stderr io.Writer) int {
+	if err == nil {
+		return exitOK
+	}
+	var ue usageError
+	var ce configError
+	switch {
+	case errors.As(err, &ue):
+		fmt.Fprintf(stderr, "inboxkeeper: %v\n", err)
+		return exitUsage
+	case errors.As(err, &ce), errors.Is(err, catalog.ErrInvalid):
+		fmt.Fprintf(stderr, "inboxkeeper: configuration error: %v\n", err)
+		return exitUsage
+	}
+	fmt.Fprintf(stderr, "inboxkeeper: %v\n", err)
+	return exitFailure
+}
+
+func buildVersion() string {
+	if version != "" {
+		return version
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		return bi.Main.Version
+	}
+	return "(devel)"
+}
+
+// app holds what the commands share; connections are opened on first use.
+type app struct {
+	cfg    config.Config
+	log    *slog.Logger
+	stdout io.Writer
+	stderr io.Writer
+	pool   *pgxpool.Pool
+}
+
+func (a *app) close() {
+	if a.pool != nil {
+		a.pool.Close()
+	}
+}
+
+func (a *app) connect(ctx context.Context) (*pgxpool.Pool, error) {
+	if a.pool != nil {
+		return a.pool, nil
+	}
+	pc, err := pgxpool.ParseConfig(a.cfg.DatabaseURL)
+	if err != nil {
+		// pgx's message can quote the string it could not parse.
+		return nil, configError{fmt.Errorf("INBOXKEEPER_DATABASE_URL: cannot parse the connection string (%s)", config.RedactURL(a.cfg.DatabaseURL))}
+	}
+	pc.MaxConns = 4
+	if pc.ConnConfig.RuntimeParams["application_name"] == "" {
+		pc.ConnConfig.RuntimeParams["application_name"] = "inboxkeeper"
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, err
+	}
+	pingCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	if err := pool.Ping(pingCtx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connect to %s: %w", config.RedactURL(a.cfg.DatabaseURL), err)
+	}
+	a.log.Debug("inboxkeeper: connected", "database", config.RedactURL(a.cfg.DatabaseURL))
+	a.pool = pool
+	return pool, nil
+}
+
+func (a *app) loadPolicy() (*policy.Policy, error) {
+	p, err := policy.Load(a.cfg.PolicyFile)
+	if err != nil {
+		return nil, configError{err}
+	}
+	return p, nil
+}
+
+// prepare loads the policy, connects, checks the control schema and resolves
+// every table against the catalog: nothing runs before all of that holds.
+func (a *app) prepare(ctx context.Context) (*pgxpool.Pool, []*catalog.Table, error) {
+	p, err := a.loadPolicy()
+	if err != nil {
+		return nil, nil, err
+	}
+	pool, err := a.connect(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := migrations.Check(ctx, pool); err != nil {
+		return nil, nil, err
+	}
+	tables, err := resolveAll(ctx, pool, p)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pool, tables, nil
+}
+
+func resolveAll(ctx context.Context, q catalog.Querier, p *policy.Policy) ([]*catalog.Table, error) {
+	var out []*catalog.Table
+	var errs []error
+	for _, pt := range p.Tables {
+		t, err := catalog.Resolve(ctx, q, pt)
+		if err != nil {
+			if errors.Is(err, catalog.ErrInvalid) {
+				errs = append(errs, fmt.Errorf("%s: %w", p.Source, err))
+				continue
+			}
+			return nil, err
+		}
+		out = append(out, t)
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return out, nil
+}
+
+func (a *app) migrate(ctx context.Context, args []string) error {
+	if len(args) > 0 {
+		return usagef("migrate takes no arguments")
+	}
+	pc, err := pgx.ParseConfig(a.cfg.DatabaseURL)
+	if err != nil {
+		return configError{fmt.Errorf("INBOXKEEPER_DATABASE_URL: cannot parse the connection string (%s)", config.RedactURL(a.cfg.DatabaseURL))}
+	}
+	// A dedicated connection: the migration lock is a session lock.
+	conn, err := pgx.ConnectConfig(ctx, pc)
+	if err != nil {
+		return fmt.Errorf("connect to %s: %w", config.RedactURL(a.cfg.DatabaseURL), err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	applied, err := migrations.Migrate(ctx, conn)
+	if err != nil {
+		return err
+	}
+	if len(applied) == 0 {
+		fmt.Fprintf(a.stdout, "control schema %s is up to date (version %d)\n", migrations.Schema, migrations.Latest())
+		return nil
+	}
+	fmt.Fprintf(a.stdout, "control schema %s migrated to version %d (applied %v)\n", migrations.Schema, migrations.Latest(), applied)
+	return nil
+}

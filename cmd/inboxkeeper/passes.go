@@ -1,0 +1,234 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/robfig/cron/v3"
+
+	"github.com/inboxkeeper/inboxkeeper/expiry"
+	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/config"
+)
+
+func newFlags(name string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("inboxkeeper "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	return fs
+}
+
+// parseFlags turns flag errors into usage errors (exit 2).
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return usagef("%s: see the usage above", fs.Name())
+		}
+		return usagef("%s: %v", fs.Name(), err)
+	}
+	return nil
+}
+
+func (a *app) deleter(pool *pgxpool.Pool, tables []*catalog.Table, dryRun bool, m *expiry.Metrics, progress func(expiry.Progress)) *expiry.Deleter {
+	return expiry.New(pool, tables, expiry.Options{
+		BatchSize:        a.cfg.BatchSize,
+		BatchPause:       a.cfg.BatchPause,
+		LockTimeout:      a.cfg.LockTimeout,
+		StatementTimeout: a.cfg.StatementTimeout,
+		RunTime:          a.cfg.RunTime,
+		DryRun:           dryRun,
+		Logger:           a.log,
+		Metrics:          m,
+		Progress:         progress,
+	})
+}
+
+func (a *app) once(ctx context.Context, args []string) error {
+	fs := newFlags("once", a.stderr)
+	dryRun := fs.Bool("dry-run", false, "count what would be deleted; delete nothing")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usagef("once: unexpected argument %q", fs.Arg(0))
+	}
+	pool, tables, err := a.prepare(ctx)
+	if err != nil {
+		return err
+	}
+	results, err := a.deleter(pool, tables, *dryRun, nil, a.progressPrinter()).RunPass(ctx)
+	failed := printResults(a.stdout, results, *dryRun)
+	if err != nil {
+		return fmt.Errorf("pass interrupted: %w", err)
+	}
+	if failed > 0 {
+		return fmt.Errorf("%d of %d tables failed (see the log)", failed, len(results))
+	}
+	return nil
+}
+
+// progressPrinter logs a progress line at most every few seconds, so a long
+// first pass over a big backlog is visibly alive.
+func (a *app) progressPrinter() func(expiry.Progress) {
+	var last time.Time
+	return func(p expiry.Progress) {
+		if time.Since(last) < 3*time.Second {
+			return
+		}
+		last = time.Now()
+		rate := float64(p.Deleted) / max(p.Elapsed.Seconds(), 1e-9)
+		a.log.Info("expiry: progress", "table", p.Table, "deleted", p.Deleted, "batches", p.Batches, "rows_per_second", int64(rate))
+	}
+}
+
+// printResults writes one line per table and returns how many failed.
+func printResults(w io.Writer, results []expiry.TableResult, dryRun bool) int {
+	verb := "deleted"
+	if dryRun {
+		verb = "would delete"
+	}
+	failed := 0
+	for _, r := range results {
+		line := fmt.Sprintf("%s: %s %d, protected by holds %d, protected by replays %d, %s",
+			r.Table, verb, r.Deleted, r.ProtectedByHolds, r.ProtectedByReplays, r.Duration.Round(time.Millisecond))
+		if r.StoppedEarly != "" {
+			line += " (stopped early: " + r.StoppedEarly + ")"
+		}
+		if r.Err != nil {
+			failed++
+			line += " FAILED: " + r.Err.Error()
+		}
+		fmt.Fprintln(w, line)
+	}
+	return failed
+}
+
+// daemon is `inboxkeeper run`: passes on a schedule that never overlap,
+// metrics on a listener, and a clean stop on SIGTERM.
+func (a *app) daemon(ctx context.Context, args []string) error {
+	fs := newFlags("run", a.stderr)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usagef("run: unexpected argument %q", fs.Arg(0))
+	}
+	var sched cron.Schedule
+	if a.cfg.Schedule != "" {
+		s, err := cron.ParseStandard(a.cfg.Schedule)
+		if err != nil {
+			return configError{fmt.Errorf("INBOXKEEPER_SCHEDULE: %v", err)}
+		}
+		sched = s
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := expiry.NewMetrics(reg)
+	if a.cfg.MetricsAddr != "" {
+		stopServer, err := serveMetrics(a, reg)
+		if err != nil {
+			return err
+		}
+		defer stopServer()
+	}
+
+	pool, tables, err := a.prepare(ctx)
+	if err != nil {
+		return err
+	}
+	d := a.deleter(pool, tables, false, metrics, a.progressPrinter())
+	a.log.Info("inboxkeeper: running", "tables", len(tables), "interval", a.cfg.Interval, "schedule", a.cfg.Schedule,
+		"database", config.RedactURL(a.cfg.DatabaseURL))
+	for {
+		start := time.Now()
+		results, err := d.RunPass(ctx)
+		if err != nil {
+			a.log.Info("inboxkeeper: stopped", "reason", "signal", "during_pass", true)
+			return nil
+		}
+		failed := 0
+		for _, r := range results {
+			if r.Err != nil {
+				failed++
+			}
+		}
+		a.log.Info("inboxkeeper: pass done", "tables", len(results), "failed", failed, "duration", time.Since(start).Round(time.Millisecond))
+		next := start.Add(a.cfg.Interval)
+		if sched != nil {
+			next = sched.Next(time.Now())
+		}
+		timer := time.NewTimer(time.Until(next))
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			a.log.Info("inboxkeeper: stopped", "reason", "signal", "during_pass", false)
+			return nil
+		case <-timer.C:
+		}
+	}
+}
+
+func serveMetrics(a *app, reg *prometheus.Registry) (func(), error) {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	ok := func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") }
+	mux.HandleFunc("/livez", ok)
+	mux.HandleFunc("/readyz", ok)
+	l, err := net.Listen("tcp", a.cfg.MetricsAddr)
+	if err != nil {
+		return nil, fmt.Errorf("INBOXKEEPER_METRICS_ADDR: listen on %s: %w", a.cfg.MetricsAddr, err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(l) }()
+	a.log.Info("inboxkeeper: metrics listening", "addr", l.Addr().String())
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	}, nil
+}
+
+func (a *app) status(ctx context.Context, args []string) error {
+	fs := newFlags("status", a.stderr)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	pool, tables, err := a.prepare(ctx)
+	if err != nil {
+		return err
+	}
+	return printStatus(ctx, a, a.deleter(pool, tables, false, nil, nil), tables)
+}
+
+func writeStatus(w io.Writer, st expiry.TableStatus) {
+	fmt.Fprintf(w, "%s\n", st.Table)
+	due := fmt.Sprintf("%d", st.Due)
+	if st.DueCapped {
+		due = fmt.Sprintf("more than %d (count capped)", st.Due)
+	}
+	fmt.Fprintf(w, "  expired, not yet deleted: %s (protected rows included)\n", due)
+	fmt.Fprintf(w, "  cleanup lag:              %s\n", st.CleanupLag.Round(time.Second))
+	if st.Oldest != nil {
+		fmt.Fprintf(w, "  oldest retained expiry:   %s\n", st.Oldest.UTC().Format(time.RFC3339))
+		fmt.Fprintf(w, "  newest retained expiry:   %s\n", st.Newest.UTC().Format(time.RFC3339))
+	} else {
+		fmt.Fprintf(w, "  oldest retained expiry:   (no rows with an expiry)\n")
+	}
+	fmt.Fprintf(w, "  active holds:             %d\n", len(st.Holds))
+	for _, h := range st.Holds {
+		fmt.Fprintf(w, "    %s\n", describeHold(h))
+	}
+	fmt.Fprintf(w, "  active replays:           %d\n", len(st.Replays))
+	for _, r := range st.Replays {
+		fmt.Fprintf(w, "    %s\n", describeReplay(r))
+	}
+}

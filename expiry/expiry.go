@@ -1,0 +1,448 @@
+// Package expiry deletes expired inbox rows: oldest expiry first, in short
+// batch transactions that advance by keyset on the expiry index, skip rows
+// other sessions hold locked, and never delete a row an active hold or replay
+// marker covers.
+package expiry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/inboxkeeper/inboxkeeper/holds"
+	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+)
+
+// Clock pins "now" for tests. Nil means the database's clock, read once per
+// batch: the daemon never trusts its host's clock to decide what is expired.
+type Clock func() time.Time
+
+// Options tune a Deleter. Zero values get the documented defaults.
+type Options struct {
+	BatchSize        int           // rows per batch, default 5000
+	BatchPause       time.Duration // sleep between batches
+	LockTimeout      time.Duration // per batch transaction, default 500ms
+	StatementTimeout time.Duration // per batch statement, default 30s
+	RunTime          time.Duration // stop a pass after this long; 0 = no limit
+	MaxRetries       int           // per batch, on lock timeouts and the like; default 5
+	DryRun           bool          // count what a pass would delete, delete nothing
+	Clock            Clock
+	Logger           *slog.Logger
+	Metrics          *Metrics // may be nil
+	// Progress, when set, is called after every committed batch.
+	Progress func(Progress)
+
+	// beforeCommit lets tests hold a batch open between its DELETE and its
+	// COMMIT, to race it against a hold being added.
+	beforeCommit func(table string, deleted int64)
+	// onRetry lets tests see a failed batch before it is retried.
+	onRetry func(kind string)
+}
+
+// Progress reports a pass's advance through one table.
+type Progress struct {
+	Table   string
+	Deleted int64
+	Batches int
+	Elapsed time.Duration
+}
+
+// TableResult is what one pass did to one table.
+type TableResult struct {
+	Table              string
+	Deleted            int64 // with DryRun: rows that would be deleted
+	ProtectedByHolds   int64 // expired rows kept because a hold covers them
+	ProtectedByReplays int64 // expired rows kept because only a replay covers them
+	Batches            int
+	Retries            int
+	Duration           time.Duration
+	CleanupLag         time.Duration
+	StoppedEarly       string // non-empty when RUN_TIME or shutdown ended the pass early
+	Err                error
+}
+
+// Deleter runs passes over a fixed set of resolved tables.
+type Deleter struct {
+	pool   *pgxpool.Pool
+	tables []*catalog.Table
+	opts   Options
+	log    *slog.Logger
+}
+
+// New returns a Deleter with defaults filled in.
+func New(pool *pgxpool.Pool, tables []*catalog.Table, opts Options) *Deleter {
+	if opts.BatchSize <= 0 {
+		opts.BatchSize = 5000
+	}
+	if opts.LockTimeout <= 0 {
+		opts.LockTimeout = 500 * time.Millisecond
+	}
+	if opts.StatementTimeout <= 0 {
+		opts.StatementTimeout = 30 * time.Second
+	}
+	if opts.MaxRetries <= 0 {
+		opts.MaxRetries = 5
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Deleter{pool: pool, tables: tables, opts: opts, log: log}
+}
+
+// RunPass runs one pass over every table, in policy order. A failure on one
+// table is recorded in its result and the pass goes on to the next; the
+// returned error is non-nil only when ctx ended the pass.
+func (d *Deleter) RunPass(ctx context.Context) ([]TableResult, error) {
+	var deadline time.Time
+	if d.opts.RunTime > 0 {
+		deadline = time.Now().Add(d.opts.RunTime)
+	}
+	var out []TableResult
+	for _, t := range d.tables {
+		if err := ctx.Err(); err != nil {
+			return out, err
+		}
+		r := d.runTable(ctx, t, deadline)
+		out = append(out, r)
+	}
+	return out, ctx.Err()
+}
+
+func (d *Deleter) now(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) (time.Time, error) {
+	var now time.Time
+	err := q.QueryRow(ctx, "SELECT coalesce($1::timestamptz, now())", d.pinned()).Scan(&now)
+	return now, err
+}
+
+func (d *Deleter) pinned() *time.Time {
+	if d.opts.Clock == nil {
+		return nil
+	}
+	t := d.opts.Clock()
+	return &t
+}
+
+// cutoff is the newest expiry-column value that is expired at now.
+func cutoff(t *catalog.Table, now time.Time) time.Time {
+	return now.Add(-t.Policy.ExpiryOffset())
+}
+
+func (d *Deleter) runTable(ctx context.Context, t *catalog.Table, deadline time.Time) TableResult {
+	start := time.Now()
+	res := TableResult{Table: t.Name}
+	log := d.log.With("table", t.Name)
+	if d.opts.DryRun {
+		res.Err = d.dryRun(ctx, t, &res)
+	} else {
+		res.Err = d.deleteAll(ctx, t, deadline, &res)
+		if res.Err == nil {
+			res.Err = d.afterPass(ctx, t, &res)
+		}
+	}
+	res.Duration = time.Since(start)
+	if res.Err != nil {
+		if ctx.Err() != nil {
+			res.StoppedEarly = "shutdown"
+		}
+		log.Error("expiry: table failed", "error", res.Err, "deleted", res.Deleted, "batches", res.Batches)
+		return res
+	}
+	if d.opts.Metrics != nil && res.StoppedEarly == "" && !d.opts.DryRun {
+		d.opts.Metrics.LastSuccess.WithLabelValues(t.Name).Set(float64(time.Now().Unix()))
+	}
+	log.Info("expiry: table done", "deleted", res.Deleted, "protected_by_holds", res.ProtectedByHolds,
+		"protected_by_replays", res.ProtectedByReplays, "batches", res.Batches, "dry_run", d.opts.DryRun,
+		"duration", res.Duration.Round(time.Millisecond), "stopped_early", res.StoppedEarly)
+	return res
+}
+
+func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time.Time, res *TableResult) error {
+	// The keyset: every batch starts at the newest expiry the previous batch
+	// deleted, so rows it passed over (held, or locked by someone else) are
+	// not scanned again in this pass.
+	lower := pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
+	start := time.Now()
+	for {
+		if !deadline.IsZero() && time.Now().After(deadline) {
+			res.StoppedEarly = "run time reached"
+			return nil
+		}
+		n, newest, err := d.batchWithRetry(ctx, t, lower, res)
+		if err != nil {
+			return err
+		}
+		if n > 0 {
+			res.Deleted += n
+			res.Batches++
+			lower = pgtype.Timestamptz{Time: newest, Valid: true}
+			if d.opts.Progress != nil {
+				d.opts.Progress(Progress{Table: t.Name, Deleted: res.Deleted, Batches: res.Batches, Elapsed: time.Since(start)})
+			}
+		}
+		if n < int64(d.opts.BatchSize) {
+			return nil
+		}
+		if d.opts.BatchPause > 0 {
+			if err := sleep(ctx, d.opts.BatchPause); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func (d *Deleter) batchWithRetry(ctx context.Context, t *catalog.Table, lower pgtype.Timestamptz, res *TableResult) (int64, time.Time, error) {
+	for attempt := 0; ; attempt++ {
+		began := time.Now()
+		n, newest, err := d.batch(ctx, t, lower)
+		if err == nil {
+			if m := d.opts.Metrics; m != nil {
+				m.BatchDuration.WithLabelValues(t.Name).Observe(time.Since(began).Seconds())
+				if n > 0 {
+					m.Batches.WithLabelValues(t.Name).Inc()
+					m.RowsDeleted.WithLabelValues(t.Name).Add(float64(n))
+				}
+			}
+			return n, newest, nil
+		}
+		if ctx.Err() != nil {
+			return 0, time.Time{}, ctx.Err()
+		}
+		kind := ErrorKind(err)
+		if m := d.opts.Metrics; m != nil {
+			m.Errors.WithLabelValues(t.Name, kind).Inc()
+		}
+		if !retryable(kind) || attempt >= d.opts.MaxRetries {
+			return 0, time.Time{}, fmt.Errorf("delete batch (%s, after %d retries): %w", kind, attempt, err)
+		}
+		res.Retries++
+		if d.opts.onRetry != nil {
+			d.opts.onRetry(kind)
+		}
+		wait := backoff(attempt)
+		d.log.Warn("expiry: batch failed, retrying", "table", t.Name, "kind", kind, "attempt", attempt+1, "wait", wait, "error", err)
+		if err := sleep(ctx, wait); err != nil {
+			return 0, time.Time{}, err
+		}
+	}
+}
+
+// batch deletes at most BatchSize expired, uncovered rows in one transaction
+// and returns how many it deleted and the newest expiry among them.
+func (d *Deleter) batch(ctx context.Context, t *catalog.Table, lower pgtype.Timestamptz) (int64, time.Time, error) {
+	tx, err := d.pool.Begin(ctx)
+	if err != nil {
+		return 0, time.Time{}, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+
+	if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true),
+       set_config('plan_cache_mode', 'force_custom_plan', true)`,
+		millis(d.opts.LockTimeout), millis(d.opts.StatementTimeout)); err != nil {
+		return 0, time.Time{}, err
+	}
+	// The fence comes before the coverage is read, in its own statement, so
+	// the read below takes its snapshot after any hold whose writer we
+	// waited for has committed.
+	var now time.Time
+	if err := tx.QueryRow(ctx, "SELECT coalesce($1::timestamptz, now()), pg_advisory_xact_lock_shared($2)::text",
+		d.pinned(), holds.FenceKey).Scan(&now, new(string)); err != nil {
+		return 0, time.Time{}, err
+	}
+	cov, err := holds.Active(ctx, tx, t.Name, now)
+	if err != nil {
+		return 0, time.Time{}, err
+	}
+	var args holds.Args
+	holdPred, replayPred := cov.Predicates(t, "t", &args)
+	e := "t." + t.Expiry.Quoted
+	sql := fmt.Sprintf(`
+WITH victims AS (
+  SELECT t.ctid FROM %[1]s t
+  WHERE %[2]s <= %[3]s AND %[2]s >= %[4]s AND NOT %[5]s AND NOT %[6]s
+  ORDER BY %[2]s
+  LIMIT %[7]s
+  FOR UPDATE OF t SKIP LOCKED
+), gone AS (
+  DELETE FROM %[1]s d WHERE d.ctid = ANY (ARRAY(SELECT ctid FROM victims))
+  RETURNING %[8]s AS expiry
+)
+SELECT count(*), max(expiry) FROM gone`,
+		t.Ident, e,
+		t.Expiry.Instant(args.Add(cutoff(t, now))+"::timestamptz"),
+		t.Expiry.Instant(args.Add(lower)+"::timestamptz"),
+		holdPred, replayPred,
+		args.Add(d.opts.BatchSize),
+		t.Expiry.AsTimestamptz("d"))
+	var n int64
+	var newest pgtype.Timestamptz
+	if err := tx.QueryRow(ctx, sql, args.Values...).Scan(&n, &newest); err != nil {
+		return 0, time.Time{}, err
+	}
+	if d.opts.beforeCommit != nil {
+		d.opts.beforeCommit(t.Name, n)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, time.Time{}, err
+	}
+	return n, newest.Time, nil
+}
+
+// readTx runs fn in a read-only transaction with the batch timeouts, so that
+// counting and measuring never queue behind a lock for long either.
+func (d *Deleter) readTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
+	return pgx.BeginTxFunc(ctx, d.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true)`,
+			millis(d.opts.LockTimeout), millis(d.opts.StatementTimeout)); err != nil {
+			return err
+		}
+		return fn(tx)
+	})
+}
+
+// counts returns, among rows expired at now, how many no hold or replay
+// covers, how many a hold covers, and how many only a replay covers.
+func (d *Deleter) dryRun(ctx context.Context, t *catalog.Table, res *TableResult) error {
+	err := d.readTx(ctx, func(tx pgx.Tx) error {
+		now, err := d.now(ctx, tx)
+		if err != nil {
+			return err
+		}
+		cov, err := holds.Active(ctx, tx, t.Name, now)
+		if err != nil {
+			return err
+		}
+		var args holds.Args
+		hp, rp := cov.Predicates(t, "t", &args)
+		sql := fmt.Sprintf(`SELECT count(*) FILTER (WHERE NOT %[3]s AND NOT %[4]s),
+       count(*) FILTER (WHERE %[3]s),
+       count(*) FILTER (WHERE %[4]s AND NOT %[3]s)
+FROM %[1]s t WHERE t.%[5]s <= %[2]s`, t.Ident, t.Expiry.Instant(args.Add(cutoff(t, now))+"::timestamptz"), hp, rp, t.Expiry.Quoted)
+		return tx.QueryRow(ctx, sql, args.Values...).Scan(&res.Deleted, &res.ProtectedByHolds, &res.ProtectedByReplays)
+	})
+	if err != nil {
+		return fmt.Errorf("dry run: %w", err)
+	}
+	return nil
+}
+
+// afterPass counts what holds and replays kept, and measures the cleanup lag.
+func (d *Deleter) afterPass(ctx context.Context, t *catalog.Table, res *TableResult) error {
+	return d.readTx(ctx, func(tx pgx.Tx) error { return d.measure(ctx, tx, t, res) })
+}
+
+func (d *Deleter) measure(ctx context.Context, tx pgx.Tx, t *catalog.Table, res *TableResult) error {
+	now, err := d.now(ctx, tx)
+	if err != nil {
+		return err
+	}
+	cov, err := holds.Active(ctx, tx, t.Name, now)
+	if err != nil {
+		return err
+	}
+	if !cov.Empty() {
+		var args holds.Args
+		hp, rp := cov.Predicates(t, "t", &args)
+		sql := fmt.Sprintf(`SELECT count(*) FILTER (WHERE %[3]s), count(*) FILTER (WHERE %[4]s AND NOT %[3]s)
+FROM %[1]s t WHERE t.%[5]s <= %[2]s AND (%[3]s OR %[4]s)`, t.Ident, t.Expiry.Instant(args.Add(cutoff(t, now))+"::timestamptz"), hp, rp, t.Expiry.Quoted)
+		if err := tx.QueryRow(ctx, sql, args.Values...).Scan(&res.ProtectedByHolds, &res.ProtectedByReplays); err != nil {
+			return fmt.Errorf("count protected rows: %w", err)
+		}
+	}
+	lag, err := cleanupLag(ctx, tx, t, now, cov)
+	if err != nil {
+		return err
+	}
+	res.CleanupLag = lag
+	if d.opts.Metrics != nil {
+		d.opts.Metrics.CleanupLag.WithLabelValues(t.Name).Set(lag.Seconds())
+	}
+	return nil
+}
+
+// cleanupLag is now minus the oldest expiry among rows that are due and that
+// nothing protects: how late the deleter is, not how long a legal hold has
+// kept rows (that is reported as protected rows instead).
+func cleanupLag(ctx context.Context, q catalog.Querier, t *catalog.Table, now time.Time, cov holds.Coverage) (time.Duration, error) {
+	var args holds.Args
+	hp, rp := cov.Predicates(t, "t", &args)
+	c := args.Add(cutoff(t, now))
+	sql := fmt.Sprintf(`SELECT %[1]s FROM %[2]s t WHERE t.%[3]s <= %[4]s AND NOT %[5]s AND NOT %[6]s ORDER BY t.%[3]s LIMIT 1`,
+		t.Expiry.AsTimestamptz("t"), t.Ident, t.Expiry.Quoted, t.Expiry.Instant(c+"::timestamptz"), hp, rp)
+	var oldest time.Time
+	err := q.QueryRow(ctx, sql, args.Values...).Scan(&oldest)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("measure cleanup lag: %w", err)
+	}
+	// The row became due at oldest + offset (expires_after), so that is
+	// where lateness starts.
+	return now.Sub(oldest.Add(t.Policy.ExpiryOffset())), nil
+}
+
+// ErrorKind classifies an error for metrics and retry decisions.
+func ErrorKind(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "55P03":
+			return "lock_timeout"
+		case "40P01":
+			return "deadlock"
+		case "57014":
+			return "statement_timeout"
+		case "40001":
+			return "serialization"
+		case "57P01", "57P02", "57P03", "08000", "08003", "08006", "08001", "08004":
+			return "connection"
+		}
+		return "other"
+	}
+	if pgconn.SafeToRetry(err) || errors.Is(err, pgx.ErrTxClosed) {
+		return "connection"
+	}
+	var netErr interface{ Timeout() bool }
+	if errors.As(err, &netErr) {
+		return "connection"
+	}
+	return "other"
+}
+
+func retryable(kind string) bool {
+	switch kind {
+	case "lock_timeout", "deadlock", "statement_timeout", "serialization", "connection":
+		return true
+	}
+	return false
+}
+
+func backoff(attempt int) time.Duration {
+	d := 100 * time.Millisecond << min(attempt, 6)
+	d = min(d, 5*time.Second)
+	return d/2 + rand.N(d/2+1)
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+func millis(d time.Duration) string { return fmt.Sprintf("%dms", d.Milliseconds()) }

@@ -1,0 +1,525 @@
+package expiry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/inboxkeeper/inboxkeeper/holds"
+	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
+	"github.com/inboxkeeper/inboxkeeper/internal/policy"
+	"github.com/inboxkeeper/inboxkeeper/migrations"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// t0 is the pinned "now" of most tests.
+var t0 = time.Date(2026, 6, 15, 12, 0, 0, 0, time.UTC)
+
+func pinned(t time.Time) Clock { return func() time.Time { return t } }
+
+const inboxDDL = `
+CREATE TABLE public.consumer_inbox (
+    consumer       text        NOT NULL,
+    message_id     text        NOT NULL,
+    event_time     timestamptz,
+    remember_until timestamptz,
+    PRIMARY KEY (consumer, message_id)
+);
+CREATE INDEX ON public.consumer_inbox (remember_until);`
+
+const inboxPolicy = `tables:
+  - table: public.consumer_inbox
+    key: [consumer, message_id]
+    scope: consumer
+    event_time: event_time
+    expires_at: remember_until
+`
+
+type fixture struct {
+	pool   *pgxpool.Pool
+	tables []*catalog.Table
+}
+
+// setup makes a migrated database with ddl applied and the policy resolved.
+func setup(t *testing.T, ddl, pol string) fixture {
+	t.Helper()
+	ctx := context.Background()
+	pool, url := pgtest.NewPool(t)
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := migrations.Migrate(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	pgtest.Exec(t, pool, ddl)
+	p, err := policy.Parse([]byte(pol), "test.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tables []*catalog.Table
+	for _, pt := range p.Tables {
+		ct, err := catalog.Resolve(ctx, pool, pt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tables = append(tables, ct)
+	}
+	return fixture{pool: pool, tables: tables}
+}
+
+// insert adds n rows of consumer whose expiry is base + i*step and whose
+// event time is expiry - 30 days.
+func (f fixture) insert(t *testing.T, consumer string, n int, base time.Time, step time.Duration) {
+	t.Helper()
+	pgtest.Exec(t, f.pool, `INSERT INTO public.consumer_inbox (consumer, message_id, event_time, remember_until)
+SELECT $1, $1 || '-' || i, $2::timestamptz + i * $3::interval - interval '30 days', $2::timestamptz + i * $3::interval
+FROM generate_series(0, $4 - 1) i`, consumer, base, step, n)
+}
+
+func (f fixture) count(t *testing.T, where string, args ...any) int64 {
+	t.Helper()
+	var n int64
+	if err := f.pool.QueryRow(context.Background(), "SELECT count(*) FROM public.consumer_inbox WHERE "+where, args...).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func (f fixture) pass(t *testing.T, opts Options) TableResult {
+	t.Helper()
+	res, err := New(f.pool, f.tables, opts).RunPass(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res[0].Err != nil {
+		t.Fatalf("pass failed: %v", res[0].Err)
+	}
+	return res[0]
+}
+
+func TestBoundaryAndNull(t *testing.T) {
+	t.Parallel()
+	f := setup(t, inboxDDL, inboxPolicy)
+	pgtest.Exec(t, f.pool, `INSERT INTO public.consumer_inbox (consumer, message_id, remember_until) VALUES
+ ('c', 'minus', $1::timestamptz - interval '1 second'),
+ ('c', 'equal', $1::timestamptz),
+ ('c', 'plus',  $1::timestamptz + interval '1 second'),
+ ('c', 'null',  NULL)`, t0)
+	res := f.pass(t, Options{Clock: pinned(t0)})
+	if res.Deleted != 2 {
+		t.Errorf("deleted %d rows, want 2 (expiry -1s and = now)", res.Deleted)
+	}
+	var left []string
+	rows, _ := f.pool.Query(context.Background(), "SELECT message_id FROM public.consumer_inbox ORDER BY message_id")
+	left, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(left, ",") != "null,plus" {
+		t.Errorf("rows left %v, want [null plus]", left)
+	}
+}
+
+func TestDatabaseClockIsDefault(t *testing.T) {
+	t.Parallel()
+	f := setup(t, inboxDDL, inboxPolicy)
+	pgtest.Exec(t, f.pool, `INSERT INTO public.consumer_inbox (consumer, message_id, remember_until) VALUES
+ ('c', 'past', now() - interval '1 minute'), ('c', 'future', now() + interval '1 hour')`)
+	if res := f.pass(t, Options{}); res.Deleted != 1 {
+		t.Errorf("deleted %d, want 1", res.Deleted)
+	}
+	if f.count(t, "message_id = 'future'") != 1 {
+		t.Error("a row expiring in an hour was deleted")
+	}
+}
+
+// TestOldestFirstInBatches records every deleted row, with the transaction
+// that deleted it, through a trigger: batches must respect the size, and
+// each batch must only delete rows at least as new as the previous batch's.
+func TestOldestFirstInBatches(t *testing.T) {
+	t.Parallel()
+	f := setup(t, inboxDDL+`
+CREATE TABLE deleted_log (seq bigserial, txid bigint, expiry timestamptz);
+CREATE FUNCTION log_delete() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN INSERT INTO deleted_log (txid, expiry) VALUES (txid_current(), OLD.remember_until); RETURN OLD; END $$;
+CREATE TRIGGER log_delete AFTER DELETE ON public.consumer_inbox FOR EACH ROW EXECUTE FUNCTION log_delete();`, inboxPolicy)
+	// Inserted newest first so that physical order disagrees with expiry order.
+	pgtest.Exec(t, f.pool, `INSERT INTO public.consumer_inbox (consumer, message_id, remember_until)
+SELECT 'c', 'm' || i, $1::timestamptz - i * interval '1 minute' FROM generate_series(1, 95) i`, t0)
+	f.insert(t, "c2", 20, t0.Add(time.Hour), time.Minute) // not expired
+
+	res := f.pass(t, Options{Clock: pinned(t0), BatchSize: 10})
+	if res.Deleted != 95 || res.Batches != 10 {
+		t.Fatalf("deleted %d in %d batches, want 95 in 10", res.Deleted, res.Batches)
+	}
+	rows, err := f.pool.Query(context.Background(), `SELECT count(*), min(expiry), max(expiry) FROM deleted_log GROUP BY txid ORDER BY min(seq)`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var prevMax time.Time
+	batches := 0
+	for rows.Next() {
+		var n int
+		var lo, hi time.Time
+		if err := rows.Scan(&n, &lo, &hi); err != nil {
+			t.Fatal(err)
+		}
+		batches++
+		if n > 10 {
+			t.Errorf("batch %d deleted %d rows, batch size is 10", batches, n)
+		}
+		if lo.Before(prevMax) {
+			t.Errorf("batch %d deleted expiry %s after an earlier batch deleted %s: not oldest first", batches, lo, prevMax)
+		}
+		prevMax = hi
+	}
+	if batches != 10 {
+		t.Errorf("%d transactions deleted rows, want 10", batches)
+	}
+	if f.count(t, "true") != 20 {
+		t.Error("rows that had not expired were deleted")
+	}
+}
+
+func TestLockedRowsAreSkippedThenDeleted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := setup(t, inboxDDL, inboxPolicy)
+	f.insert(t, "c", 50, t0.Add(-24*time.Hour), time.Minute)
+
+	locker, err := f.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Rollback(ctx)
+	pgtest.Exec(t, locker, "SELECT 1 FROM public.consumer_inbox WHERE message_id IN ('c-0', 'c-10') FOR UPDATE")
+
+	started := time.Now()
+	res := f.pass(t, Options{Clock: pinned(t0), BatchSize: 7, LockTimeout: 5 * time.Second})
+	if res.Deleted != 48 || res.Retries != 0 {
+		t.Errorf("deleted %d with %d retries, want 48 and none", res.Deleted, res.Retries)
+	}
+	// Waiting on the lock would have taken the whole lock timeout.
+	if el := time.Since(started); el > 4*time.Second {
+		t.Errorf("pass took %s: it waited on a locked row", el)
+	}
+	if n := f.count(t, "true"); n != 2 {
+		t.Fatalf("%d rows left, want the 2 locked ones", n)
+	}
+	if err := locker.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if res := f.pass(t, Options{Clock: pinned(t0)}); res.Deleted != 2 {
+		t.Errorf("the next pass deleted %d, want the 2 formerly locked rows", res.Deleted)
+	}
+}
+
+func TestLockTimeoutIsRetriedAndCounted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := setup(t, inboxDDL, inboxPolicy)
+	f.insert(t, "c", 20, t0.Add(-time.Hour), time.Minute)
+
+	locker, err := f.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Rollback(ctx)
+	pgtest.Exec(t, locker, "LOCK TABLE public.consumer_inbox IN ACCESS EXCLUSIVE MODE")
+
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
+	retried := make(chan string, 10)
+	opts := Options{Clock: pinned(t0), LockTimeout: 50 * time.Millisecond, Metrics: m,
+		onRetry: func(kind string) { retried <- kind }}
+	done := make(chan TableResult, 1)
+	go func() {
+		res, _ := New(f.pool, f.tables, opts).RunPass(ctx)
+		done <- res[0]
+	}()
+	select {
+	case kind := <-retried:
+		if kind != "lock_timeout" {
+			t.Errorf("retry kind %q, want lock_timeout", kind)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no retry after a lock timeout")
+	}
+	if err := locker.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var res TableResult
+	select {
+	case res = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("pass did not finish after the lock was released")
+	}
+	if res.Err != nil || res.Deleted != 20 || res.Retries < 1 {
+		t.Errorf("result %+v, want 20 deleted after at least one retry", res)
+	}
+	if v := testutil.ToFloat64(m.Errors.WithLabelValues("public.consumer_inbox", "lock_timeout")); v < 1 {
+		t.Errorf("errors_total{kind=lock_timeout} = %v", v)
+	}
+	if v := testutil.ToFloat64(m.RowsDeleted.WithLabelValues("public.consumer_inbox")); v != 20 {
+		t.Errorf("rows_deleted_total = %v, want 20", v)
+	}
+	if v := testutil.ToFloat64(m.LastSuccess.WithLabelValues("public.consumer_inbox")); v == 0 {
+		t.Error("last_success_timestamp_seconds not set")
+	}
+}
+
+func TestGivesUpAfterMaxRetriesWithoutEndingThePass(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := setup(t, inboxDDL+`CREATE TABLE public.other (id int, e timestamptz); CREATE INDEX ON public.other (e);
+INSERT INTO public.other VALUES (1, '2000-01-01');`, inboxPolicy+`  - table: public.other
+    key: [id]
+    expires_at: e
+`)
+	f.insert(t, "c", 5, t0.Add(-time.Hour), time.Minute)
+	locker, err := f.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Rollback(ctx)
+	pgtest.Exec(t, locker, "LOCK TABLE public.consumer_inbox IN ACCESS EXCLUSIVE MODE")
+	res, err := New(f.pool, f.tables, Options{Clock: pinned(t0), LockTimeout: 10 * time.Millisecond, MaxRetries: 1}).RunPass(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res[0].Err == nil || ErrorKind(errors.Unwrap(res[0].Err)) != "lock_timeout" {
+		t.Errorf("first table: err %v, want a lock timeout", res[0].Err)
+	}
+	if res[1].Err != nil || res[1].Deleted != 1 {
+		t.Errorf("second table: %+v, want it cleaned despite the first failing", res[1])
+	}
+}
+
+func TestHoldsAndReplays(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := setup(t, inboxDDL, inboxPolicy)
+	tbl := f.tables[0]
+	// Every row expired; event times are expiry - 30d, one row per hour
+	// from t0 - 10d.
+	base := t0.Add(-10 * 24 * time.Hour)
+	for _, c := range []string{"billing", "payments", "shipping", "email"} {
+		f.insert(t, c, 48, base, time.Hour)
+	}
+	str := func(s string) *string { return &s }
+	tm := func(d time.Duration) *time.Time { v := base.Add(-30*24*time.Hour + d); return &v }
+
+	payments, err := holds.AddHold(ctx, f.pool, tbl, holds.HoldSpec{Scope: str("payments"), Reason: "legal", Owner: "legal"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Billing rows with event time in [base-30d+10h, base-30d+20h): 10 rows.
+	if _, err := holds.AddHold(ctx, f.pool, tbl, holds.HoldSpec{Scope: str("billing"), From: tm(10 * time.Hour), To: tm(20 * time.Hour), Reason: "incident", Owner: "ops"}); err != nil {
+		t.Fatal(err)
+	}
+	// A range hold on every scope: email rows in [base-30d, +2h) also stay.
+	if _, err := holds.AddHold(ctx, f.pool, tbl, holds.HoldSpec{From: tm(0), To: tm(2 * time.Hour), Reason: "audit", Owner: "ops"}); err != nil {
+		t.Fatal(err)
+	}
+	// Expired at the pinned now: no effect.
+	past := t0.Add(-time.Minute)
+	if _, err := holds.AddHold(ctx, f.pool, tbl, holds.HoldSpec{Scope: str("email"), Reason: "old", Owner: "ops", Expires: &past}); err != nil {
+		t.Fatal(err)
+	}
+	replay, err := holds.StartReplay(ctx, f.pool, tbl, holds.ReplaySpec{Scope: "shipping", From: *tm(30 * time.Hour), To: *tm(40 * time.Hour), Owner: "ops"})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	dry := f.pass(t, Options{Clock: pinned(t0), DryRun: true})
+	res := f.pass(t, Options{Clock: pinned(t0), BatchSize: 16})
+	// payments 48; billing 10 + 2 (range hold on all scopes); shipping 2 by the
+	// all-scope range hold; email 2 by it as well.
+	wantHeld := int64(48 + 12 + 2 + 2)
+	if res.ProtectedByHolds != wantHeld || res.ProtectedByReplays != 10 {
+		t.Errorf("protected by holds %d, by replays %d; want %d and 10", res.ProtectedByHolds, res.ProtectedByReplays, wantHeld)
+	}
+	if want := int64(4*48) - wantHeld - 10; res.Deleted != want {
+		t.Errorf("deleted %d, want %d", res.Deleted, want)
+	}
+	if dry.Deleted != res.Deleted || dry.ProtectedByHolds != res.ProtectedByHolds || dry.ProtectedByReplays != res.ProtectedByReplays {
+		t.Errorf("dry run %+v disagrees with the pass %+v", dry, res)
+	}
+	if n := f.count(t, "consumer = 'payments'"); n != 48 {
+		t.Errorf("%d payments rows left, want all 48", n)
+	}
+
+	if err := holds.ReleaseHold(ctx, f.pool, payments); err != nil {
+		t.Fatal(err)
+	}
+	if err := holds.ReleaseHold(ctx, f.pool, payments); !errors.Is(err, holds.ErrNotFound) {
+		t.Errorf("releasing twice: %v, want ErrNotFound", err)
+	}
+	if err := holds.FinishReplay(ctx, f.pool, replay); err != nil {
+		t.Fatal(err)
+	}
+	res = f.pass(t, Options{Clock: pinned(t0)})
+	// Payments rows go but the 2 under the all-scope range hold; the
+	// shipping rows the replay kept go; billing 10 + 2 and 2 of each other
+	// scope stay.
+	if res.Deleted != 46+10 || res.ProtectedByHolds != 18 {
+		t.Errorf("after release: deleted %d, held %d; want 56 and 18", res.Deleted, res.ProtectedByHolds)
+	}
+}
+
+func TestHoldNeedsConfiguredColumns(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := setup(t, inboxDDL, `tables:
+  - table: public.consumer_inbox
+    key: [consumer, message_id]
+    expires_at: remember_until
+`)
+	s := "x"
+	from, to := t0, t0.Add(time.Hour)
+	if _, err := holds.AddHold(ctx, f.pool, f.tables[0], holds.HoldSpec{Scope: &s, Reason: "r", Owner: "o"}); !errors.Is(err, holds.ErrInvalid) || !strings.Contains(err.Error(), "scope") {
+		t.Errorf("scope hold without a scope column: %v", err)
+	}
+	if _, err := holds.AddHold(ctx, f.pool, f.tables[0], holds.HoldSpec{From: &from, To: &to, Reason: "r", Owner: "o"}); !errors.Is(err, holds.ErrInvalid) || !strings.Contains(err.Error(), "event_time") {
+		t.Errorf("range hold without an event_time column: %v", err)
+	}
+	if _, err := holds.StartReplay(ctx, f.pool, f.tables[0], holds.ReplaySpec{Scope: "x", From: from, To: to, Owner: "o"}); !errors.Is(err, holds.ErrInvalid) {
+		t.Errorf("replay without columns: %v", err)
+	}
+	if _, err := holds.AddHold(ctx, f.pool, f.tables[0], holds.HoldSpec{Owner: "o"}); !errors.Is(err, holds.ErrInvalid) {
+		t.Errorf("hold without a reason: %v", err)
+	}
+	if err := holds.ReleaseHold(ctx, f.pool, 999); !errors.Is(err, holds.ErrNotFound) {
+		t.Errorf("release unknown: %v", err)
+	}
+}
+
+// TestFenceInFlightBatch races a hold against a batch that has already read
+// the (empty) coverage and deleted rows but not committed: AddHold must not
+// return before that batch commits, and no later batch deletes a held row.
+func TestFenceInFlightBatch(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := setup(t, inboxDDL, inboxPolicy)
+	f.insert(t, "payments", 30, t0.Add(-time.Hour), time.Minute)
+
+	inFlight := make(chan struct{})
+	release := make(chan struct{})
+	committed := make(chan struct{})
+	first := true
+	opts := Options{Clock: pinned(t0), BatchSize: 10, beforeCommit: func(string, int64) {
+		if first {
+			first = false
+			close(inFlight)
+			<-release
+		}
+	}}
+	passDone := make(chan TableResult, 1)
+	go func() {
+		res, _ := New(f.pool, f.tables, opts).RunPass(ctx)
+		passDone <- res[0]
+	}()
+	<-inFlight
+
+	holdDone := make(chan error, 1)
+	go func() {
+		s := "payments"
+		_, err := holds.AddHold(ctx, f.pool, f.tables[0], holds.HoldSpec{Scope: &s, Reason: "legal", Owner: "legal"})
+		select {
+		case <-committed:
+		default:
+			err = fmt.Errorf("AddHold returned while a batch that ignored the hold was still open")
+		}
+		holdDone <- err
+	}()
+	// Wait until the hold writer is queued on the fence: it must not get
+	// past it while the batch is open.
+	waitFor(t, func() bool {
+		var waiting bool
+		_ = f.pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted)").Scan(&waiting)
+		return waiting
+	})
+	select {
+	case err := <-holdDone:
+		t.Fatalf("AddHold finished while the batch was in flight: %v", err)
+	default:
+	}
+	close(committed) // the batch commits right after release
+	close(release)
+
+	if err := <-holdDone; err != nil {
+		t.Fatal(err)
+	}
+	res := <-passDone
+	if res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	// The in-flight batch deleted 10 before the hold existed; the rest stay.
+	if res.Deleted != 10 {
+		t.Errorf("pass deleted %d, want only the 10 of the batch already in flight", res.Deleted)
+	}
+	if n := f.count(t, "true"); n != 20 {
+		t.Errorf("%d rows left, want 20", n)
+	}
+}
+
+// waitFor polls cond until it holds, failing the test after 30 s.
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 30s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestRunTimeStopsThePass(t *testing.T) {
+	t.Parallel()
+	f := setup(t, inboxDDL, inboxPolicy)
+	f.insert(t, "c", 100, t0.Add(-time.Hour), time.Second)
+	res := f.pass(t, Options{Clock: pinned(t0), BatchSize: 10, RunTime: time.Nanosecond})
+	if res.StoppedEarly == "" || res.Deleted >= 100 {
+		t.Errorf("result %+v: want the pass stopped early by RUN_TIME", res)
+	}
+}
+
+func TestCleanupLagAndStatus(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := setup(t, inboxDDL, inboxPolicy)
+	f.insert(t, "payments", 3, t0.Add(-48*time.Hour), time.Hour) // oldest, held
+	f.insert(t, "c", 3, t0.Add(-24*time.Hour), time.Hour)        // due, not held
+	f.insert(t, "d", 2, t0.Add(time.Hour), time.Hour)            // not due
+	s := "payments"
+	if _, err := holds.AddHold(ctx, f.pool, f.tables[0], holds.HoldSpec{Scope: &s, Reason: "r", Owner: "o"}); err != nil {
+		t.Fatal(err)
+	}
+	d := New(f.pool, f.tables, Options{Clock: pinned(t0)})
+	st, err := d.Status(ctx, f.tables[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Due != 6 || st.DueCapped || st.CleanupLag != 24*time.Hour || len(st.Holds) != 1 {
+		t.Errorf("status %+v: want 6 due, lag 24h (held rows do not count), 1 hold", st)
+	}
+	if !st.Oldest.Equal(t0.Add(-48*time.Hour)) || !st.Newest.Equal(t0.Add(2*time.Hour)) {
+		t.Errorf("oldest %v newest %v", st.Oldest, st.Newest)
+	}
+	if res := f.pass(t, Options{Clock: pinned(t0)}); res.CleanupLag != 0 || res.Deleted != 3 {
+		t.Errorf("after a pass: %+v, want lag 0 and 3 deleted", res)
+	}
+}

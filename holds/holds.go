@@ -1,0 +1,332 @@
+// Package holds stores holds (legal hold, incident, redrive) and replay
+// markers in the control schema, and turns the active ones into the SQL
+// predicate the deleter uses to leave covered rows alone.
+//
+// The fence: a cleanup batch takes FenceKey in shared mode before it reads
+// the active holds, and adding a hold or starting a replay takes it in
+// exclusive mode before committing. So a batch that was in flight when the
+// hold was written commits before the hold's command returns, and every
+// batch that commits later took its snapshot after the hold committed.
+package holds
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+)
+
+// FenceKey is the advisory lock (single bigint form) shared by cleanup
+// batches and taken exclusively by hold and replay writers.
+const FenceKey int64 = 0x1b0c_6b33_0000_0002
+
+// Querier is satisfied by *pgx.Conn, *pgxpool.Pool and pgx.Tx.
+type Querier interface {
+	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+	QueryRow(context.Context, string, ...any) pgx.Row
+}
+
+// Beginner starts transactions: *pgx.Conn or *pgxpool.Pool.
+type Beginner interface {
+	Begin(context.Context) (pgx.Tx, error)
+}
+
+// ErrNotFound is returned for an id that names no hold or replay, or one
+// already released or finished.
+var ErrNotFound = errors.New("not found")
+
+// ErrInvalid marks a hold or replay the table's policy cannot honour.
+var ErrInvalid = errors.New("invalid")
+
+// Hold keeps rows of one table, optionally only one scope value and/or one
+// event-time range [From, To), until released or expired.
+type Hold struct {
+	ID         int64
+	Table      string
+	Scope      *string
+	From, To   *time.Time
+	Reason     string
+	Owner      string
+	CreatedAt  time.Time
+	ExpiresAt  *time.Time
+	ReleasedAt *time.Time
+}
+
+// Replay marks a scope and event-time range being replayed: its rows must
+// stay until the replay finishes.
+type Replay struct {
+	ID         int64
+	Table      string
+	Scope      string
+	From, To   time.Time
+	Owner      string
+	StartedAt  time.Time
+	FinishedAt *time.Time
+}
+
+// HoldSpec is what `inboxkeeper hold add` asks for.
+type HoldSpec struct {
+	Scope    *string
+	From, To *time.Time
+	Reason   string
+	Owner    string
+	Expires  *time.Time
+}
+
+// ReplaySpec is what `inboxkeeper replay start` asks for.
+type ReplaySpec struct {
+	Scope    string
+	From, To time.Time
+	Owner    string
+}
+
+func checkRange(t *catalog.Table, from, to *time.Time) error {
+	if (from == nil) != (to == nil) {
+		return fmt.Errorf("%w: --from and --to go together", ErrInvalid)
+	}
+	if from == nil {
+		return nil
+	}
+	if !t.HasEventTime() {
+		return fmt.Errorf("%w: table %s has no event_time column in the policy, so an event-time range cannot be held", ErrInvalid, t.Name)
+	}
+	if !from.Before(*to) {
+		return fmt.Errorf("%w: --from (%s) must be before --to (%s)", ErrInvalid, from.Format(time.RFC3339), to.Format(time.RFC3339))
+	}
+	return nil
+}
+
+// normaliseScope casts the value to the scope column's type and back, so
+// that "ABC" given for a uuid column matches the stored "abc", and a value
+// the column could never hold is refused now rather than at cleanup time.
+func normaliseScope(ctx context.Context, tx pgx.Tx, t *catalog.Table, v string) (string, error) {
+	if !t.HasScope() {
+		return "", fmt.Errorf("%w: table %s has no scope column in the policy, so a scope cannot be held", ErrInvalid, t.Name)
+	}
+	var out string
+	err := tx.QueryRow(ctx, fmt.Sprintf("SELECT CAST(CAST($1 AS text) AS %s)::text", t.Scope.Type), v).Scan(&out)
+	if err != nil {
+		return "", fmt.Errorf("%w: scope %q is not a valid %s for column %s: %v", ErrInvalid, v, t.Scope.Type, t.Scope.Name, err)
+	}
+	return out, nil
+}
+
+// fence waits for every cleanup batch in flight to finish and keeps new ones
+// out until the calling transaction ends.
+func fence(ctx context.Context, tx pgx.Tx) error {
+	_, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", FenceKey)
+	return err
+}
+
+// AddHold writes a hold and returns its id once no cleanup transaction can
+// delete a row it covers.
+func AddHold(ctx context.Context, db Beginner, t *catalog.Table, s HoldSpec) (int64, error) {
+	if strings.TrimSpace(s.Reason) == "" {
+		return 0, fmt.Errorf("%w: a hold needs a reason", ErrInvalid)
+	}
+	if strings.TrimSpace(s.Owner) == "" {
+		return 0, fmt.Errorf("%w: a hold needs an owner", ErrInvalid)
+	}
+	if err := checkRange(t, s.From, s.To); err != nil {
+		return 0, err
+	}
+	var id int64
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		var scope *string
+		if s.Scope != nil {
+			v, err := normaliseScope(ctx, tx, t, *s.Scope)
+			if err != nil {
+				return err
+			}
+			scope = &v
+		}
+		if err := tx.QueryRow(ctx, `
+INSERT INTO inboxkeeper.holds (table_name, scope_value, event_from, event_to, reason, owner, expires_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id`,
+			t.Name, scope, s.From, s.To, s.Reason, s.Owner, s.Expires).Scan(&id); err != nil {
+			return fmt.Errorf("add hold: %w", err)
+		}
+		return fence(ctx, tx)
+	})
+	return id, err
+}
+
+// ReleaseHold ends a hold. Loosening needs no fence: a batch that still sees
+// the hold merely keeps rows one pass longer.
+func ReleaseHold(ctx context.Context, db Querier, id int64) error {
+	tag, err := db.Exec(ctx, "UPDATE inboxkeeper.holds SET released_at = now() WHERE id = $1 AND released_at IS NULL", id)
+	if err != nil {
+		return fmt.Errorf("release hold %d: %w", id, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("hold %d: %w (or already released)", id, ErrNotFound)
+	}
+	return nil
+}
+
+// StartReplay writes a replay marker, fenced like AddHold.
+func StartReplay(ctx context.Context, db Beginner, t *catalog.Table, s ReplaySpec) (int64, error) {
+	if strings.TrimSpace(s.Owner) == "" {
+		return 0, fmt.Errorf("%w: a replay needs an owner", ErrInvalid)
+	}
+	if err := checkRange(t, &s.From, &s.To); err != nil {
+		return 0, err
+	}
+	var id int64
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		scope, err := normaliseScope(ctx, tx, t, s.Scope)
+		if err != nil {
+			return err
+		}
+		if err := tx.QueryRow(ctx, `
+INSERT INTO inboxkeeper.replays (table_name, scope_value, event_from, event_to, owner)
+VALUES ($1, $2, $3, $4, $5) RETURNING id`, t.Name, scope, s.From, s.To, s.Owner).Scan(&id); err != nil {
+			return fmt.Errorf("start replay: %w", err)
+		}
+		return fence(ctx, tx)
+	})
+	return id, err
+}
+
+// FinishReplay ends a replay marker.
+func FinishReplay(ctx context.Context, db Querier, id int64) error {
+	tag, err := db.Exec(ctx, "UPDATE inboxkeeper.replays SET finished_at = now() WHERE id = $1 AND finished_at IS NULL", id)
+	if err != nil {
+		return fmt.Errorf("finish replay %d: %w", id, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("replay %d: %w (or already finished)", id, ErrNotFound)
+	}
+	return nil
+}
+
+const holdColumns = `id, table_name, scope_value, event_from, event_to, reason, owner, created_at, expires_at, released_at`
+
+func scanHolds(rows pgx.Rows) ([]Hold, error) {
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Hold, error) {
+		var h Hold
+		err := r.Scan(&h.ID, &h.Table, &h.Scope, &h.From, &h.To, &h.Reason, &h.Owner, &h.CreatedAt, &h.ExpiresAt, &h.ReleasedAt)
+		return h, err
+	})
+}
+
+const replayColumns = `id, table_name, scope_value, event_from, event_to, owner, started_at, finished_at`
+
+func scanReplays(rows pgx.Rows) ([]Replay, error) {
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Replay, error) {
+		var p Replay
+		err := r.Scan(&p.ID, &p.Table, &p.Scope, &p.From, &p.To, &p.Owner, &p.StartedAt, &p.FinishedAt)
+		return p, err
+	})
+}
+
+// ListHolds returns the holds active at the database's now, or every hold
+// ever written when all is true.
+func ListHolds(ctx context.Context, db Querier, all bool) ([]Hold, error) {
+	rows, err := db.Query(ctx, `SELECT `+holdColumns+` FROM inboxkeeper.holds
+WHERE $1 OR (released_at IS NULL AND (expires_at IS NULL OR expires_at > now()))
+ORDER BY id`, all)
+	if err != nil {
+		return nil, fmt.Errorf("list holds: %w", err)
+	}
+	return scanHolds(rows)
+}
+
+// ListReplays returns the active replay markers, or all of them.
+func ListReplays(ctx context.Context, db Querier, all bool) ([]Replay, error) {
+	rows, err := db.Query(ctx, `SELECT `+replayColumns+` FROM inboxkeeper.replays
+WHERE $1 OR finished_at IS NULL ORDER BY id`, all)
+	if err != nil {
+		return nil, fmt.Errorf("list replays: %w", err)
+	}
+	return scanReplays(rows)
+}
+
+// Coverage is the set of holds and replays active for one table at one
+// instant.
+type Coverage struct {
+	Holds   []Hold
+	Replays []Replay
+}
+
+// Empty reports whether nothing protects any row.
+func (c Coverage) Empty() bool { return len(c.Holds) == 0 && len(c.Replays) == 0 }
+
+// Active reads the coverage of table at now. The deleter calls it inside its
+// batch transaction, after taking the fence in shared mode.
+func Active(ctx context.Context, q Querier, table string, now time.Time) (Coverage, error) {
+	var c Coverage
+	rows, err := q.Query(ctx, `SELECT `+holdColumns+` FROM inboxkeeper.holds
+WHERE table_name = $1 AND released_at IS NULL AND (expires_at IS NULL OR expires_at > $2) ORDER BY id`, table, now)
+	if err != nil {
+		return c, fmt.Errorf("read holds: %w", err)
+	}
+	if c.Holds, err = scanHolds(rows); err != nil {
+		return c, fmt.Errorf("read holds: %w", err)
+	}
+	rows, err = q.Query(ctx, `SELECT `+replayColumns+` FROM inboxkeeper.replays
+WHERE table_name = $1 AND finished_at IS NULL ORDER BY id`, table)
+	if err != nil {
+		return c, fmt.Errorf("read replays: %w", err)
+	}
+	if c.Replays, err = scanReplays(rows); err != nil {
+		return c, fmt.Errorf("read replays: %w", err)
+	}
+	return c, nil
+}
+
+// Args collects query parameters and hands out their placeholders.
+type Args struct{ Values []any }
+
+// Add appends v and returns its placeholder ($n).
+func (a *Args) Add(v any) string {
+	a.Values = append(a.Values, v)
+	return fmt.Sprintf("$%d", len(a.Values))
+}
+
+// Predicates returns SQL expressions, over the row alias, that are true when
+// a hold (respectively a replay) covers the row; "false" when none does.
+// They never yield NULL. A row whose event time is NULL counts as inside
+// every range (its age is unknown, so a ranged hold keeps it); a row whose
+// scope is NULL belongs to no scope.
+func (c Coverage) Predicates(t *catalog.Table, alias string, args *Args) (hold, replay string) {
+	var hs, rs []string
+	for _, h := range c.Holds {
+		hs = append(hs, coverOne(t, alias, args, h.Scope, h.From, h.To))
+	}
+	for _, r := range c.Replays {
+		scope, from, to := r.Scope, r.From, r.To
+		rs = append(rs, coverOne(t, alias, args, &scope, &from, &to))
+	}
+	return orAll(hs), orAll(rs)
+}
+
+func coverOne(t *catalog.Table, alias string, args *Args, scope *string, from, to *time.Time) string {
+	parts := []string{}
+	if scope != nil && t.Scope != nil {
+		parts = append(parts, fmt.Sprintf("coalesce(%s.%s::text = %s, false)", alias, t.Scope.Quoted, args.Add(*scope)))
+	}
+	if from != nil && to != nil && t.EventTime != nil {
+		col := alias + "." + t.EventTime.Quoted
+		parts = append(parts, fmt.Sprintf("(%s IS NULL OR (%s >= %s AND %s < %s))",
+			col, col, t.EventTime.Instant(args.Add(*from)+"::timestamptz"), col, t.EventTime.Instant(args.Add(*to)+"::timestamptz")))
+	}
+	if len(parts) == 0 {
+		return "true"
+	}
+	return "(" + strings.Join(parts, " AND ") + ")"
+}
+
+func orAll(ps []string) string {
+	if len(ps) == 0 {
+		return "false"
+	}
+	return "(" + strings.Join(ps, " OR ") + ")"
+}

@@ -1,0 +1,197 @@
+// Package catalog checks a policy table against the live database catalog
+// and describes it for the code that writes SQL: which columns exist, their
+// types, and how an expiry instant is compared with them.
+package catalog
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/policy"
+)
+
+// Querier is satisfied by *pgx.Conn, *pgxpool.Pool and pgx.Tx.
+type Querier interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+	QueryRow(context.Context, string, ...any) pgx.Row
+}
+
+// Column is a resolved column of a managed table.
+type Column struct {
+	Name   string // as the catalog spells it
+	Type   string // format_type() of the column
+	Quoted string // ready for SQL text
+}
+
+// IsTimestamptz reports whether the column is timestamp with time zone.
+// A timestamp without time zone is read as UTC.
+func (c Column) IsTimestamptz() bool { return c.Type == "timestamp with time zone" }
+
+// Instant returns SQL that turns the timestamptz expression expr into a
+// value comparable with this column, so that the comparison stays on the
+// column's own index.
+func (c Column) Instant(expr string) string {
+	if c.IsTimestamptz() {
+		return expr
+	}
+	return "(" + expr + " AT TIME ZONE 'UTC')"
+}
+
+// AsTimestamptz returns SQL reading this column (qualified by alias when
+// given) as a timestamptz.
+func (c Column) AsTimestamptz(alias string) string {
+	ref := c.Quoted
+	if alias != "" {
+		ref = alias + "." + ref
+	}
+	if c.IsTimestamptz() {
+		return ref
+	}
+	return "(" + ref + " AT TIME ZONE 'UTC')"
+}
+
+// Table is a policy table as it exists in the database.
+type Table struct {
+	Policy    policy.Table
+	Name      string // canonical spelling, the key for holds and metrics
+	Ident     string // quoted, for SQL text
+	OID       uint32
+	Kind      string // "r" ordinary, "p" partitioned
+	Key       []Column
+	Expiry    Column
+	Scope     *Column
+	EventTime *Column
+}
+
+// HasScope and HasEventTime say whether holds may name a scope or a range.
+func (t *Table) HasScope() bool     { return t.Scope != nil }
+func (t *Table) HasEventTime() bool { return t.EventTime != nil }
+
+// ErrInvalid marks problems with the policy against the catalog (a missing
+// table, column or index): configuration errors, not runtime failures.
+var ErrInvalid = errors.New("policy does not match the database")
+
+func invalid(t policy.Table, field, format string, args ...any) error {
+	return fmt.Errorf("%w: table %s: %s: %s", ErrInvalid, t.Name.String(), field, fmt.Sprintf(format, args...))
+}
+
+// Resolve looks the table up and checks every column the policy names, and
+// that a valid, non-partial btree index leads with the expiry column (without
+// it every batch would scan the whole table).
+func Resolve(ctx context.Context, q Querier, pt policy.Table) (*Table, error) {
+	t := &Table{Policy: pt, Name: pt.Name.String(), Ident: pt.Name.Sanitize()}
+	err := q.QueryRow(ctx, `
+SELECT c.oid, c.relkind::text
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = $1 AND c.relname = $2`, pt.Name.Schema, pt.Name.Name).Scan(&t.OID, &t.Kind)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, invalid(pt, "table", "no such table in the database (schema %q, name %q)", pt.Name.Schema, pt.Name.Name)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("table %s: look up: %w", t.Name, err)
+	}
+	switch t.Kind {
+	case "r":
+	case "p":
+		return nil, invalid(pt, "table", "is a partitioned table; row expiry on partitioned tables is not supported yet")
+	default:
+		return nil, invalid(pt, "table", "is not a table (relkind %s)", t.Kind)
+	}
+
+	cols := map[string]string{}
+	rows, err := q.Query(ctx, `
+SELECT attname, format_type(atttypid, atttypmod)
+FROM pg_attribute WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped`, t.OID)
+	if err != nil {
+		return nil, fmt.Errorf("table %s: read columns: %w", t.Name, err)
+	}
+	for rows.Next() {
+		var name, typ string
+		if err := rows.Scan(&name, &typ); err != nil {
+			return nil, err
+		}
+		cols[name] = typ
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("table %s: read columns: %w", t.Name, err)
+	}
+	column := func(field, name string) (Column, error) {
+		typ, ok := cols[name]
+		if !ok {
+			return Column{}, invalid(pt, field, "column %q does not exist%s", name, suggest(name, cols))
+		}
+		return Column{Name: name, Type: typ, Quoted: policy.QuoteIdent(name)}, nil
+	}
+	timeColumn := func(field, name string) (Column, error) {
+		c, err := column(field, name)
+		if err != nil {
+			return c, err
+		}
+		if c.Type != "timestamp with time zone" && c.Type != "timestamp without time zone" {
+			return c, invalid(pt, field, "column %q is %s; it must be timestamptz (or timestamp, read as UTC)", name, c.Type)
+		}
+		return c, nil
+	}
+	for i, k := range pt.Key {
+		c, err := column(fmt.Sprintf("key[%d]", i), k)
+		if err != nil {
+			return nil, err
+		}
+		t.Key = append(t.Key, c)
+	}
+	expiryField := "expires_at"
+	if pt.ExpiresAfter != nil {
+		expiryField = "expires_after.column"
+	}
+	if t.Expiry, err = timeColumn(expiryField, pt.ExpiryColumn()); err != nil {
+		return nil, err
+	}
+	if pt.Scope != "" {
+		c, err := column("scope", pt.Scope)
+		if err != nil {
+			return nil, err
+		}
+		t.Scope = &c
+	}
+	if pt.EventTime != "" {
+		c, err := timeColumn("event_time", pt.EventTime)
+		if err != nil {
+			return nil, err
+		}
+		t.EventTime = &c
+	}
+
+	var indexed bool
+	err = q.QueryRow(ctx, `
+SELECT EXISTS (
+  SELECT 1
+  FROM pg_index i
+  JOIN pg_class ic ON ic.oid = i.indexrelid
+  JOIN pg_am am ON am.oid = ic.relam
+  JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+  WHERE i.indrelid = $1 AND a.attname = $2 AND am.amname = 'btree'
+    AND i.indisvalid AND i.indisready AND i.indpred IS NULL)`, t.OID, t.Expiry.Name).Scan(&indexed)
+	if err != nil {
+		return nil, fmt.Errorf("table %s: read indexes: %w", t.Name, err)
+	}
+	if !indexed {
+		return nil, invalid(pt, expiryField, "no valid btree index leads with column %q; create one first, for example: CREATE INDEX CONCURRENTLY ON %s (%s)",
+			t.Expiry.Name, t.Ident, t.Expiry.Quoted)
+	}
+	return t, nil
+}
+
+// suggest names a column that differs only in case, the most common slip
+// when mapping framework tables with quoted mixed-case names.
+func suggest(name string, cols map[string]string) string {
+	for c := range cols {
+		if strings.EqualFold(c, name) {
+			return fmt.Sprintf(" (did you mean %q? column names are exact)", c)
+		}
+	}
+	return ""
+}

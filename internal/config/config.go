@@ -1,0 +1,407 @@
+// Package config loads inboxkeeper's settings from INBOXKEEPER_* environment
+// variables.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"reflect"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kelseyhightower/envconfig"
+	"github.com/robfig/cron/v3"
+)
+
+// Prefix is the envconfig prefix; every variable is named Prefix + "_" + tag.
+const Prefix = "INBOXKEEPER"
+
+// ignoredVariables belong to tests and tools. They are listed so that the
+// unknown-variable check does not reject an environment that also runs them.
+var ignoredVariables = []string{"INBOXKEEPER_TEST_DATABASE_URL"}
+
+// Config is the daemon's configuration. The `secret` tag marks a connection
+// string that must only ever be shown through RedactURL.
+type Config struct {
+	DatabaseURL      string        `envconfig:"DATABASE_URL" secret:"true" desc:"PostgreSQL connection string (URL or keyword/value); empty uses libpq PG* variables"`
+	PolicyFile       string        `envconfig:"POLICY_FILE" default:"./inboxkeeper.yaml" desc:"path of the retention policy file"`
+	BatchSize        int           `envconfig:"BATCH_SIZE" default:"5000" desc:"rows per delete batch (>= 1)"`
+	BatchPause       time.Duration `envconfig:"BATCH_PAUSE" default:"0s" desc:"sleep between batches (>= 0)"`
+	Interval         time.Duration `envconfig:"INTERVAL" default:"1m" desc:"run: time between passes when no schedule is set (> 0)"`
+	Schedule         string        `envconfig:"SCHEDULE" desc:"run: cron spec for passes instead of the interval (5 fields, @hourly, @every 10m)"`
+	RunTime          time.Duration `envconfig:"RUN_TIME" default:"0s" desc:"stop a pass after this long; 0 means no limit"`
+	LockTimeout      time.Duration `envconfig:"LOCK_TIMEOUT" default:"500ms" desc:"lock_timeout per batch transaction (> 0)"`
+	StatementTimeout time.Duration `envconfig:"STATEMENT_TIMEOUT" default:"30s" desc:"statement_timeout per batch statement (> 0)"`
+	MetricsAddr      string        `envconfig:"METRICS_ADDR" default:"127.0.0.1:9610" desc:"run: host:port of the /metrics listener; empty disables it"`
+	LogFormat        string        `envconfig:"LOG_FORMAT" default:"text" desc:"log format: text or json"`
+	LogLevel         string        `envconfig:"LOG_LEVEL" default:"info" desc:"log level: debug, info, warn or error"`
+}
+
+type variable struct {
+	name, field, def, desc string
+	index                  int
+	secret                 bool
+}
+
+func variables() []variable {
+	t := reflect.TypeFor[Config]()
+	vs := make([]variable, 0, t.NumField())
+	for i := range t.NumField() {
+		f := t.Field(i)
+		key := f.Tag.Get("envconfig")
+		if key == "" {
+			key = f.Name // what envconfig itself would use
+		}
+		vs = append(vs, variable{
+			name:   strings.ToUpper(Prefix + "_" + key),
+			field:  f.Name,
+			def:    f.Tag.Get("default"),
+			desc:   f.Tag.Get("desc"),
+			index:  i,
+			secret: f.Tag.Get("secret") == "true",
+		})
+	}
+	return vs
+}
+
+// KnownVariables returns every accepted INBOXKEEPER_* name, sorted, including
+// the ones reserved for tests and tools.
+func KnownVariables() []string {
+	names := slices.Clone(ignoredVariables)
+	for _, v := range variables() {
+		names = append(names, v.name)
+	}
+	sort.Strings(names)
+	return names
+}
+
+type problem struct{ name, msg string }
+
+func (p problem) Error() string { return p.name + ": " + p.msg }
+
+type problems []problem
+
+func (ps *problems) addf(name, format string, args ...any) {
+	*ps = append(*ps, problem{name, fmt.Sprintf(format, args...)})
+}
+
+func (ps problems) err() error {
+	errs := make([]error, len(ps))
+	for i, p := range ps {
+		errs[i] = p
+	}
+	slices.SortFunc(errs, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) })
+	return errors.Join(errs...)
+}
+
+// Load reads and validates the environment, reporting every problem at once.
+// On error the returned Config holds what could be parsed (useful for
+// WriteEnvHelp) and must not be used to run.
+func Load() (Config, error) {
+	var c Config
+	ps := unknownVariables(os.Environ())
+	failed := map[string]bool{}
+	rv := reflect.ValueOf(&c).Elem()
+	for _, v := range variables() {
+		field := rv.Field(v.index)
+		// Each field goes through envconfig on its own, under its full name and
+		// without a prefix, because envconfig.Process stops at the first bad
+		// value and, for tagged fields, silently falls back to the unprefixed
+		// name (so a stray LOG_LEVEL or DATABASE_URL would be picked up).
+		holder := reflect.New(reflect.StructOf([]reflect.StructField{{
+			Name: "V",
+			Type: field.Type(),
+			Tag:  reflect.StructTag(fmt.Sprintf(`envconfig:%q default:%q`, v.name, v.def)),
+		}}))
+		if err := envconfig.Process("", holder.Interface()); err != nil {
+			ps = append(ps, parseProblem(v, field.Type(), err))
+			failed[v.name] = true
+			continue
+		}
+		field.Set(holder.Elem().Field(0))
+	}
+	for _, p := range c.problems() {
+		if !failed[p.name] { // a zero left by a parse failure is not news
+			ps = append(ps, p)
+		}
+	}
+	return c, ps.err()
+}
+
+func parseProblem(v variable, typ reflect.Type, err error) problem {
+	var pe *envconfig.ParseError
+	if !errors.As(err, &pe) {
+		return problem{v.name, err.Error()}
+	}
+	val := strconv.Quote(pe.Value)
+	if v.secret {
+		val = "value"
+	}
+	switch {
+	case typ == reflect.TypeFor[time.Duration]():
+		return problem{v.name, val + " is not a duration (e.g. 500ms, 30s, 5m, 1h)"}
+	case typ.Kind() >= reflect.Int && typ.Kind() <= reflect.Uint64:
+		if errors.Is(pe.Err, strconv.ErrRange) {
+			return problem{v.name, val + " is out of range"}
+		}
+		return problem{v.name, val + " is not an integer"}
+	}
+	return problem{v.name, val + " is not a valid " + typ.String()}
+}
+
+func unknownVariables(environ []string) problems {
+	known := KnownVariables()
+	var ps problems
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		// Case-insensitive so that a lower-cased name is reported rather than
+		// silently ignored.
+		if !strings.HasPrefix(strings.ToUpper(name), Prefix+"_") || slices.Contains(known, name) {
+			continue
+		}
+		if s := suggest(strings.ToUpper(name), known); s != "" {
+			ps.addf(name, "unknown variable (did you mean %s?)", s)
+		} else {
+			ps.addf(name, "unknown variable")
+		}
+	}
+	return ps
+}
+
+func suggest(name string, known []string) string {
+	best, bestDist := "", 4
+	for _, k := range known {
+		if d := distance(name, k); d < bestDist {
+			best, bestDist = k, d
+		}
+	}
+	return best
+}
+
+// distance is the Levenshtein distance over bytes; names are ASCII.
+func distance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur := make([]int, len(b)+1)
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev = cur
+	}
+	return prev[len(b)]
+}
+
+var levels = map[string]slog.Level{
+	"debug": slog.LevelDebug,
+	"info":  slog.LevelInfo,
+	"warn":  slog.LevelWarn,
+	"error": slog.LevelError,
+}
+
+// Validate checks the values; every problem names its variable.
+func (c Config) Validate() error { return c.problems().err() }
+
+func (c Config) problems() problems {
+	n := map[string]string{}
+	for _, v := range variables() {
+		n[v.field] = v.name
+	}
+	var ps problems
+	if c.PolicyFile == "" {
+		ps.addf(n["PolicyFile"], "must not be empty")
+	}
+	if c.BatchSize < 1 {
+		ps.addf(n["BatchSize"], "%d must be at least 1", c.BatchSize)
+	}
+	for field, d := range map[string]time.Duration{"BatchPause": c.BatchPause, "RunTime": c.RunTime} {
+		if d < 0 {
+			ps.addf(n[field], "%s must not be negative", d)
+		}
+	}
+	for field, d := range map[string]time.Duration{"Interval": c.Interval, "LockTimeout": c.LockTimeout, "StatementTimeout": c.StatementTimeout} {
+		if d <= 0 {
+			ps.addf(n[field], "%s must be greater than 0", d)
+		}
+	}
+	if c.Schedule != "" {
+		if err := checkSchedule(c.Schedule); err != nil {
+			ps.addf(n["Schedule"], "%q is not a valid cron schedule: %v", c.Schedule, err)
+		}
+	}
+	if c.MetricsAddr != "" {
+		_, port, err := net.SplitHostPort(c.MetricsAddr)
+		if err == nil {
+			_, err = strconv.ParseUint(port, 10, 16)
+		}
+		if err != nil {
+			ps.addf(n["MetricsAddr"], "%q must be host:port with a numeric port (e.g. 127.0.0.1:9610 or :9610), or empty to disable", c.MetricsAddr)
+		}
+	}
+	if c.LogFormat != "text" && c.LogFormat != "json" {
+		ps.addf(n["LogFormat"], "%q must be text or json", c.LogFormat)
+	}
+	if _, ok := levels[c.LogLevel]; !ok {
+		ps.addf(n["LogLevel"], "%q must be debug, info, warn or error", c.LogLevel)
+	}
+	return ps
+}
+
+// checkSchedule recovers because cron v3.0.1 panics on a TZ= prefix that is
+// not followed by a space (e.g. "TZ=UTC").
+func checkSchedule(s string) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = errors.New("malformed TZ= or CRON_TZ= prefix")
+		}
+	}()
+	_, err = cron.ParseStandard(s)
+	return err
+}
+
+// WriteEnvHelp prints an aligned table of every variable with the value in
+// effect, its default and its meaning.
+func WriteEnvHelp(w io.Writer, c Config) {
+	show := func(s string) string {
+		if s == "" {
+			return `""`
+		}
+		return s
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "VARIABLE\tVALUE\tDEFAULT\tMEANING")
+	rv := reflect.ValueOf(c)
+	for _, v := range variables() {
+		val := fmt.Sprint(rv.Field(v.index).Interface())
+		if v.secret {
+			val = RedactURL(val)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", v.name, show(val), show(v.def), v.desc)
+	}
+	tw.Flush()
+}
+
+// Logger returns a logger in the configured format and level. Values that
+// Validate would reject fall back to text and info.
+func (c Config) Logger(w io.Writer) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: levels[c.LogLevel]}
+	if c.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+const unparseable = "(unparseable connection string)"
+
+// RedactURL returns a form of a libpq connection string that is safe to log:
+// the URL password becomes ***, URL query parameters are dropped (they may
+// carry password=), and keyword/value pairs lose every *password* keyword.
+func RedactURL(s string) string {
+	if strings.TrimSpace(s) == "" {
+		return "(empty: libpq PG* variables)"
+	}
+	for _, scheme := range []string{"postgres://", "postgresql://"} {
+		if strings.HasPrefix(s, scheme) {
+			return redactURL(s, s[len(scheme):])
+		}
+	}
+	return redactKeywords(s)
+}
+
+func redactURL(s, afterScheme string) string {
+	// An unescaped '/', '?' or '#' in the password ends the authority early,
+	// leaving password pieces in the host or path, so an '@' past the
+	// authority means we cannot tell what is secret.
+	if i := strings.IndexAny(afterScheme, "/?#"); i >= 0 && strings.Contains(afterScheme[i:], "@") {
+		return unparseable
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return unparseable
+	}
+	out := &url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path, RawPath: u.RawPath}
+	if u.User == nil {
+		return out.String()
+	}
+	out.User = url.User(u.User.Username())
+	if _, ok := u.User.Password(); !ok {
+		return out.String()
+	}
+	// url would percent-encode "***"; the escaped username holds no '@', so
+	// the first '@' ends the userinfo.
+	return strings.Replace(out.String(), "@", ":***@", 1)
+}
+
+// redactKeywords follows libpq's keyword/value syntax: key = value, values
+// optionally single-quoted, backslash escaping the next character.
+func redactKeywords(s string) string {
+	var kept []string
+	for s = strings.TrimLeft(s, spaces); s != ""; s = strings.TrimLeft(s, spaces) {
+		key, rest, ok := strings.Cut(s, "=")
+		key = strings.TrimRight(key, spaces)
+		if !ok || key == "" || strings.ContainsAny(key, spaces) {
+			return unparseable
+		}
+		var val string
+		if val, s, ok = cutValue(strings.TrimLeft(rest, spaces)); !ok {
+			return unparseable
+		}
+		switch {
+		case strings.Contains(strings.ToLower(key), "password"):
+			continue
+		case key == "dbname" && (strings.Contains(val, "=") || strings.Contains(val, "://")):
+			// libpq expands a dbname that is itself a connection string.
+			val = RedactURL(val)
+		}
+		kept = append(kept, key+"="+quote(val))
+	}
+	return strings.Join(kept, " ")
+}
+
+const spaces = " \t\n\r\v\f"
+
+func cutValue(s string) (val, rest string, ok bool) {
+	var b strings.Builder
+	quoted := strings.HasPrefix(s, "'")
+	i := 0
+	if quoted {
+		i = 1
+	}
+	for ; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '\\' && i+1 < len(s):
+			i++
+			b.WriteByte(s[i])
+		case quoted && c == '\'':
+			return b.String(), s[i+1:], true
+		case !quoted && strings.IndexByte(spaces, c) >= 0:
+			return b.String(), s[i:], true
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String(), "", !quoted
+}
+
+func quote(v string) string {
+	if v != "" && !strings.ContainsAny(v, spaces+`'\`) {
+		return v
+	}
+	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(v) + "'"
+}

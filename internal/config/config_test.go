@@ -1,0 +1,290 @@
+package config
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// clearEnv removes every INBOXKEEPER_* variable (the developer's shell or CI
+// may export INBOXKEEPER_TEST_DATABASE_URL) and restores them after the test.
+func clearEnv(t *testing.T) {
+	t.Helper()
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(strings.ToUpper(name), Prefix+"_") {
+			t.Setenv(name, "") // registers the restore
+			os.Unsetenv(name)
+		}
+	}
+}
+
+func setEnv(t *testing.T, kv map[string]string) {
+	t.Helper()
+	clearEnv(t)
+	for k, v := range kv {
+		t.Setenv(k, v)
+	}
+}
+
+var defaults = Config{
+	PolicyFile:       "./inboxkeeper.yaml",
+	BatchSize:        5000,
+	Interval:         time.Minute,
+	LockTimeout:      500 * time.Millisecond,
+	StatementTimeout: 30 * time.Second,
+	MetricsAddr:      "127.0.0.1:9610",
+	LogFormat:        "text",
+	LogLevel:         "info",
+}
+
+func TestLoadDefaults(t *testing.T) {
+	setEnv(t, map[string]string{
+		// Unprefixed names must not leak in through envconfig's fallback.
+		"DATABASE_URL": "postgres://elsewhere/db",
+		"BATCH_SIZE":   "7",
+		"LOG_LEVEL":    "bogus",
+	})
+	c, err := Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c != defaults {
+		t.Errorf("got %+v\nwant %+v", c, defaults)
+	}
+	if err := defaults.Validate(); err != nil {
+		t.Errorf("defaults do not validate: %v", err)
+	}
+}
+
+func TestLoadGoodValues(t *testing.T) {
+	tests := []struct {
+		name, value string
+		want        func(*Config)
+	}{
+		{"DATABASE_URL", "postgres://u:p@h/db", func(c *Config) { c.DatabaseURL = "postgres://u:p@h/db" }},
+		{"POLICY_FILE", "/etc/ik.yaml", func(c *Config) { c.PolicyFile = "/etc/ik.yaml" }},
+		{"BATCH_SIZE", "1", func(c *Config) { c.BatchSize = 1 }},
+		{"BATCH_PAUSE", "250ms", func(c *Config) { c.BatchPause = 250 * time.Millisecond }},
+		{"INTERVAL", "1h30m", func(c *Config) { c.Interval = 90 * time.Minute }},
+		{"SCHEDULE", "*/5 * * * *", func(c *Config) { c.Schedule = "*/5 * * * *" }},
+		{"SCHEDULE", "@every 10m", func(c *Config) { c.Schedule = "@every 10m" }},
+		{"SCHEDULE", "CRON_TZ=UTC 0 3 * * *", func(c *Config) { c.Schedule = "CRON_TZ=UTC 0 3 * * *" }},
+		{"RUN_TIME", "10m", func(c *Config) { c.RunTime = 10 * time.Minute }},
+		{"LOCK_TIMEOUT", "2s", func(c *Config) { c.LockTimeout = 2 * time.Second }},
+		{"STATEMENT_TIMEOUT", "1m", func(c *Config) { c.StatementTimeout = time.Minute }},
+		{"METRICS_ADDR", ":9100", func(c *Config) { c.MetricsAddr = ":9100" }},
+		{"METRICS_ADDR", "[::1]:9100", func(c *Config) { c.MetricsAddr = "[::1]:9100" }},
+		{"METRICS_ADDR", "", func(c *Config) { c.MetricsAddr = "" }},
+		{"LOG_FORMAT", "json", func(c *Config) { c.LogFormat = "json" }},
+		{"LOG_LEVEL", "debug", func(c *Config) { c.LogLevel = "debug" }},
+		{"LOG_LEVEL", "error", func(c *Config) { c.LogLevel = "error" }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name+"="+tt.value, func(t *testing.T) {
+			setEnv(t, map[string]string{"INBOXKEEPER_" + tt.name: tt.value})
+			c, err := Load()
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := defaults
+			tt.want(&want)
+			if c != want {
+				t.Errorf("got %+v\nwant %+v", c, want)
+			}
+		})
+	}
+}
+
+func TestLoadBadValues(t *testing.T) {
+	tests := []struct{ name, value, want string }{
+		{"POLICY_FILE", "", "must not be empty"},
+		{"BATCH_SIZE", "abc", `"abc" is not an integer`},
+		{"BATCH_SIZE", "", `"" is not an integer`},
+		{"BATCH_SIZE", "99999999999999999999", "is out of range"},
+		{"BATCH_SIZE", "0", "0 must be at least 1"},
+		{"BATCH_PAUSE", "5", `"5" is not a duration`},
+		{"BATCH_PAUSE", "-1s", "-1s must not be negative"},
+		{"INTERVAL", "1d", `"1d" is not a duration`},
+		{"INTERVAL", "0s", "0s must be greater than 0"},
+		{"SCHEDULE", "every day", `"every day" is not a valid cron schedule`},
+		{"SCHEDULE", "* * * * * *", "is not a valid cron schedule"},
+		{"SCHEDULE", "TZ=UTC", "malformed TZ="},
+		{"RUN_TIME", "-5m", "must not be negative"},
+		{"LOCK_TIMEOUT", "0", "0s must be greater than 0"},
+		{"STATEMENT_TIMEOUT", "soon", `"soon" is not a duration`},
+		{"METRICS_ADDR", "9610", `"9610" must be host:port`},
+		{"METRICS_ADDR", "localhost:http", "must be host:port"},
+		{"LOG_FORMAT", "xml", `"xml" must be text or json`},
+		{"LOG_LEVEL", "verbose", `"verbose" must be debug, info, warn or error`},
+		{"LOG_LEVEL", "INFO", "must be debug"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name+"="+tt.value, func(t *testing.T) {
+			setEnv(t, map[string]string{"INBOXKEEPER_" + tt.name: tt.value})
+			_, err := Load()
+			if err == nil {
+				t.Fatal("no error")
+			}
+			// Exactly one line: a parse failure must not also fail validation.
+			if msg := err.Error(); !strings.HasPrefix(msg, "INBOXKEEPER_"+tt.name+": ") ||
+				!strings.Contains(msg, tt.want) || strings.Contains(msg, "\n") {
+				t.Errorf("got %q, want one error naming INBOXKEEPER_%s containing %q", msg, tt.name, tt.want)
+			}
+		})
+	}
+}
+
+func TestUnknownVariables(t *testing.T) {
+	tests := []struct{ name, want string }{
+		{"INBOXKEEPER_BATCHSIZE", "INBOXKEEPER_BATCHSIZE: unknown variable (did you mean INBOXKEEPER_BATCH_SIZE?)"},
+		{"INBOXKEEPER_LOG_LEVL", "INBOXKEEPER_LOG_LEVL: unknown variable (did you mean INBOXKEEPER_LOG_LEVEL?)"},
+		{"inboxkeeper_interval", "inboxkeeper_interval: unknown variable (did you mean INBOXKEEPER_INTERVAL?)"},
+		{"INBOXKEEPER_FROBNICATE", "INBOXKEEPER_FROBNICATE: unknown variable"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			setEnv(t, map[string]string{tt.name: "1"})
+			_, err := Load()
+			if err == nil || err.Error() != tt.want {
+				t.Errorf("got %v, want %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestTestDatabaseURLAccepted(t *testing.T) {
+	setEnv(t, map[string]string{"INBOXKEEPER_TEST_DATABASE_URL": "postgres://u:p@h/test"})
+	if _, err := Load(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestLoadReportsAllErrorsSorted(t *testing.T) {
+	setEnv(t, map[string]string{
+		"INBOXKEEPER_LOG_FORMAT": "xml",
+		"INBOXKEEPER_BATCH_SIZE": "abc",
+		"INBOXKEEPER_INTERVAL":   "-1s",
+		"INBOXKEEPER_NOPE":       "x",
+	})
+	_, err := Load()
+	if err == nil {
+		t.Fatal("no error")
+	}
+	want := []string{
+		`INBOXKEEPER_BATCH_SIZE: "abc" is not an integer`,
+		`INBOXKEEPER_INTERVAL: -1s must be greater than 0`,
+		`INBOXKEEPER_LOG_FORMAT: "xml" must be text or json`,
+		`INBOXKEEPER_NOPE: unknown variable`,
+	}
+	if got := strings.Split(err.Error(), "\n"); !slices.Equal(got, want) {
+		t.Errorf("got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+func TestValidateZeroConfig(t *testing.T) {
+	err := Config{}.Validate()
+	if err == nil {
+		t.Fatal("zero Config validated")
+	}
+	for _, name := range []string{"POLICY_FILE", "BATCH_SIZE", "INTERVAL", "LOCK_TIMEOUT", "STATEMENT_TIMEOUT", "LOG_FORMAT", "LOG_LEVEL"} {
+		if !strings.Contains(err.Error(), "INBOXKEEPER_"+name+": ") {
+			t.Errorf("%v does not name INBOXKEEPER_%s", err, name)
+		}
+	}
+}
+
+func TestKnownVariables(t *testing.T) {
+	got := KnownVariables()
+	if !slices.IsSorted(got) {
+		t.Errorf("not sorted: %v", got)
+	}
+	for _, name := range []string{
+		"INBOXKEEPER_DATABASE_URL", "INBOXKEEPER_POLICY_FILE", "INBOXKEEPER_BATCH_SIZE",
+		"INBOXKEEPER_BATCH_PAUSE", "INBOXKEEPER_INTERVAL", "INBOXKEEPER_SCHEDULE",
+		"INBOXKEEPER_RUN_TIME", "INBOXKEEPER_LOCK_TIMEOUT", "INBOXKEEPER_STATEMENT_TIMEOUT",
+		"INBOXKEEPER_METRICS_ADDR", "INBOXKEEPER_LOG_FORMAT", "INBOXKEEPER_LOG_LEVEL",
+		"INBOXKEEPER_TEST_DATABASE_URL",
+	} {
+		if !slices.Contains(got, name) {
+			t.Errorf("missing %s", name)
+		}
+	}
+	if len(got) != 13 {
+		t.Errorf("got %d names, want 13: %v", len(got), got)
+	}
+}
+
+func TestRedactURL(t *testing.T) {
+	tests := []struct{ in, want, secret string }{
+		{"", "(empty: libpq PG* variables)", ""},
+		{"postgres://user:s3cretpw@host:5432/db?sslmode=require", "postgres://user:***@host:5432/db", "s3cretpw"},
+		{"postgresql://user@host/db", "postgresql://user@host/db", ""},
+		{"postgres://host/db?password=s3cretpw&sslmode=disable", "postgres://host/db", "s3cretpw"},
+		{"postgres://u:s3cret%20pw@h1:5432,h2:5433/db", "postgres://u:***@h1:5432,h2:5433/db", "s3cret"},
+		{"postgres://u:p@ss@host/db", "postgres://u:***@host/db", "p@ss"},
+		{"postgres://me%40srv:s3cretpw@/db", "postgres://me%40srv:***@/db", "s3cretpw"},
+		{"postgres://u:12/s3cretpw@host/db", unparseable, "s3cretpw"},
+		{"postgres://u:12?s3cretpw@host/db", unparseable, "s3cretpw"},
+		{"postgres://u:12#s3cretpw@host/db", unparseable, "s3cretpw"},
+		{"postgres://u:s3cret%zzpw@host/db", unparseable, "s3cret"},
+		{"host=h user=u password=s3cretpw dbname=d", "host=h user=u dbname=d", "s3cretpw"},
+		{"host = h password = 's3cret pw' dbname='my db'", "host=h dbname='my db'", "s3cret"},
+		{`password='it\'s s3cret' user=u`, "user=u", "s3cret"},
+		{`password=s3cret\ pw sslpassword=k3ypass host=h`, "host=h", "s3cret"},
+		{"sslpassword=k3ypass host=h", "host=h", "k3ypass"},
+		{"host=h dbname=postgres://u:s3cretpw@h/db", "host=h dbname=postgres://u:***@h/db", "s3cretpw"},
+		{"host=h password='s3cretpw", unparseable, "s3cretpw"},
+		{"host=h s3cretpw", unparseable, "s3cretpw"},
+		{"mysql://u:s3cretpw@h/db", unparseable, "s3cretpw"},
+	}
+	for _, tt := range tests {
+		got := RedactURL(tt.in)
+		if got != tt.want {
+			t.Errorf("RedactURL(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+		if tt.secret != "" && strings.Contains(got, tt.secret) {
+			t.Errorf("RedactURL(%q) = %q leaks %q", tt.in, got, tt.secret)
+		}
+	}
+}
+
+func TestWriteEnvHelp(t *testing.T) {
+	c := defaults
+	c.DatabaseURL = "postgres://u:s3cretpw@db.example/inbox?password=s3cretpw"
+	var b bytes.Buffer
+	WriteEnvHelp(&b, c)
+	out := b.String()
+	for _, name := range KnownVariables() {
+		if name != "INBOXKEEPER_TEST_DATABASE_URL" && !strings.Contains(out, name) {
+			t.Errorf("help lacks %s:\n%s", name, out)
+		}
+	}
+	if strings.Contains(out, "s3cretpw") {
+		t.Errorf("help leaks the password:\n%s", out)
+	}
+	if !strings.Contains(out, "postgres://u:***@db.example/inbox") {
+		t.Errorf("help lacks the redacted URL:\n%s", out)
+	}
+}
+
+func TestLogger(t *testing.T) {
+	var b bytes.Buffer
+	log := Config{LogFormat: "json", LogLevel: "warn"}.Logger(&b)
+	log.Info("hidden")
+	log.Warn("shown", "k", 1)
+	var rec map[string]any
+	if err := json.Unmarshal(b.Bytes(), &rec); err != nil || rec["msg"] != "shown" {
+		t.Errorf("json logger wrote %q (%v)", b.String(), err)
+	}
+
+	b.Reset()
+	Config{LogFormat: "text", LogLevel: "debug"}.Logger(&b).Debug("dbg")
+	if !strings.Contains(b.String(), "level=DEBUG msg=dbg") {
+		t.Errorf("text logger wrote %q", b.String())
+	}
+}

@@ -1,0 +1,242 @@
+// Package pgcluster starts throwaway PostgreSQL clusters from the local server
+// binaries. Tests, benchmarks and `inboxkeeper demo` use it so that nothing
+// depends on a database someone else set up.
+package pgcluster
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// HowToFix is appended to errors about missing server binaries: a test run
+// without PostgreSQL must fail and say what to do, never skip.
+const HowToFix = "install the PostgreSQL server binaries (Debian: apt-get install postgresql-15; " +
+	"they land in /usr/lib/postgresql/<version>/bin), set INBOXKEEPER_PG_BINDIR to their directory, " +
+	"or point INBOXKEEPER_TEST_DATABASE_URL at a server where this user may CREATE DATABASE"
+
+// Options tune a cluster. The zero value is a small, fast, non-durable cluster.
+type Options struct {
+	// Settings are extra postgresql.conf lines (name -> value).
+	Settings map[string]string
+	// Durable keeps fsync on; benchmarks that measure WAL want the same
+	// settings a production server has.
+	Durable bool
+	// Log receives the server's log file path on failures; may be nil.
+	Log func(format string, args ...any)
+}
+
+// Cluster is a running throwaway server listening on 127.0.0.1.
+type Cluster struct {
+	BinDir  string
+	DataDir string
+	Port    int
+	root    string
+	cred    *syscall.Credential
+}
+
+// FindBinDir locates initdb and pg_ctl: INBOXKEEPER_PG_BINDIR, then the
+// newest /usr/lib/postgresql/*/bin, then the PATH.
+func FindBinDir() (string, error) {
+	if d := os.Getenv("INBOXKEEPER_PG_BINDIR"); d != "" {
+		if _, err := os.Stat(filepath.Join(d, "initdb")); err != nil {
+			return "", fmt.Errorf("INBOXKEEPER_PG_BINDIR=%s has no initdb: %s", d, HowToFix)
+		}
+		return d, nil
+	}
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	sort.Slice(dirs, func(i, j int) bool { return versionOf(dirs[i]) > versionOf(dirs[j]) })
+	for _, d := range dirs {
+		if _, err := os.Stat(filepath.Join(d, "initdb")); err == nil {
+			return d, nil
+		}
+	}
+	if p, err := exec.LookPath("initdb"); err == nil {
+		return filepath.Dir(p), nil
+	}
+	return "", errors.New("no PostgreSQL server binaries found (initdb, pg_ctl): " + HowToFix)
+}
+
+func versionOf(binDir string) int {
+	v, _ := strconv.Atoi(filepath.Base(filepath.Dir(binDir)))
+	return v
+}
+
+// Start creates and starts a new cluster in a temporary directory. When the
+// process runs as root, the server runs as the "postgres" user, because
+// PostgreSQL refuses to run as root.
+func Start(ctx context.Context, opts Options) (*Cluster, error) {
+	bin, err := FindBinDir()
+	if err != nil {
+		return nil, err
+	}
+	root, err := os.MkdirTemp("", "inboxkeeper-pg-")
+	if err != nil {
+		return nil, err
+	}
+	c := &Cluster{BinDir: bin, root: root, DataDir: filepath.Join(root, "data")}
+	if os.Geteuid() == 0 {
+		cred, err := postgresCredential()
+		if err != nil {
+			os.RemoveAll(root)
+			return nil, err
+		}
+		c.cred = cred
+		if err := os.Chown(root, int(cred.Uid), int(cred.Gid)); err != nil {
+			os.RemoveAll(root)
+			return nil, err
+		}
+	}
+	if err := c.initdb(ctx, opts); err != nil {
+		c.Destroy()
+		return nil, err
+	}
+	if err := c.StartServer(ctx); err != nil {
+		c.Destroy()
+		return nil, err
+	}
+	return c, nil
+}
+
+func postgresCredential() (*syscall.Credential, error) {
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		return nil, fmt.Errorf("running as root, and there is no postgres user to run the server as: %w; %s", err, HowToFix)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
+}
+
+func (c *Cluster) initdb(ctx context.Context, opts Options) error {
+	if _, err := c.run(ctx, "initdb", "-D", c.DataDir, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-locale", "--no-sync"); err != nil {
+		return err
+	}
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	c.Port = port
+	settings := map[string]string{
+		"listen_addresses":        "'127.0.0.1'",
+		"port":                    strconv.Itoa(port),
+		"unix_socket_directories": quoteConf(c.root),
+		"max_connections":         "200",
+		"max_wal_senders":         "10",
+		"max_replication_slots":   "10",
+		"wal_level":               "logical",
+		"hot_standby":             "on",
+		"log_min_messages":        "warning",
+		"logging_collector":       "off",
+	}
+	if !opts.Durable {
+		settings["fsync"] = "off"
+		settings["synchronous_commit"] = "off"
+		settings["full_page_writes"] = "off"
+	}
+	for k, v := range opts.Settings {
+		settings[k] = v
+	}
+	return c.appendConf("postgresql.conf", settings)
+}
+
+// AppendConf adds settings to postgresql.conf; they apply at the next
+// start or reload.
+func (c *Cluster) appendConf(file string, settings map[string]string) error {
+	keys := make([]string, 0, len(settings))
+	for k := range settings {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var b bytes.Buffer
+	b.WriteString("\n# inboxkeeper throwaway cluster\n")
+	for _, k := range keys {
+		fmt.Fprintf(&b, "%s = %s\n", k, settings[k])
+	}
+	f, err := os.OpenFile(filepath.Join(c.DataDir, file), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	_, err = f.Write(b.Bytes())
+	return err
+}
+
+func quoteConf(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// StartServer starts (or restarts after StopServer) the server and waits
+// until it accepts connections.
+func (c *Cluster) StartServer(ctx context.Context) error {
+	logFile := filepath.Join(c.root, "server.log")
+	if _, err := c.run(ctx, "pg_ctl", "-D", c.DataDir, "-l", logFile, "-w", "-t", "60", "start"); err != nil {
+		return fmt.Errorf("%w\nserver log:\n%s", err, tail(logFile, 2000))
+	}
+	return nil
+}
+
+// StopServer stops the server ("fast": sessions are disconnected, in-flight
+// transactions roll back) and leaves the data directory in place.
+func (c *Cluster) StopServer(ctx context.Context) error {
+	_, err := c.run(ctx, "pg_ctl", "-D", c.DataDir, "-m", "fast", "-w", "-t", "60", "stop")
+	return err
+}
+
+// Destroy stops the server if it runs and removes every file of the cluster.
+func (c *Cluster) Destroy() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := os.Stat(filepath.Join(c.DataDir, "postmaster.pid")); err == nil {
+		_, _ = c.run(ctx, "pg_ctl", "-D", c.DataDir, "-m", "immediate", "-w", "-t", "30", "stop")
+	}
+	_ = os.RemoveAll(c.root)
+}
+
+// URL is a connection string for database db as the superuser postgres.
+func (c *Cluster) URL(db string) string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", c.Port, db)
+}
+
+func (c *Cluster) run(ctx context.Context, prog string, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, filepath.Join(c.BinDir, prog), args...)
+	cmd.Dir = c.root
+	cmd.Env = append(os.Environ(), "LC_ALL=C")
+	if c.cred != nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred}
+	}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return out, fmt.Errorf("%s %s: %w: %s", prog, strings.Join(args, " "), err, bytes.TrimSpace(out))
+	}
+	return out, nil
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func tail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "(no log: " + err.Error() + ")"
+	}
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(b)
+}

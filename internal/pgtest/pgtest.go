@@ -1,0 +1,159 @@
+// Package pgtest gives each test binary one PostgreSQL server and each test
+// a database of its own on it, so tests run in parallel without seeing each
+// other's rows, holds or control schema.
+//
+// The server is a throwaway cluster started from the local server binaries,
+// or the server INBOXKEEPER_TEST_DATABASE_URL points at. Without either, the
+// test binary fails with instructions: a missing PostgreSQL never skips.
+package pgtest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/pgcluster"
+)
+
+var (
+	mu      sync.Mutex
+	adminDB string // URL of a database used to create the per-test ones
+	cluster *pgcluster.Cluster
+	seq     atomic.Int64
+)
+
+// Main wraps testing.M: it starts the shared server, runs the tests and
+// removes the server afterwards.
+func Main(m *testing.M) {
+	code := func() int {
+		if err := setup(); err != nil {
+			fmt.Fprintln(os.Stderr, "pgtest: cannot get a PostgreSQL server for the tests:", err)
+			return 1
+		}
+		defer teardown()
+		return m.Run()
+	}()
+	os.Exit(code)
+}
+
+func setup() error {
+	if u := os.Getenv("INBOXKEEPER_TEST_DATABASE_URL"); u != "" {
+		adminDB = u
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := pgcluster.Start(ctx, pgcluster.Options{})
+	if err != nil {
+		return err
+	}
+	cluster = c
+	adminDB = c.URL("postgres")
+	return nil
+}
+
+func teardown() {
+	if cluster != nil {
+		cluster.Destroy()
+	}
+}
+
+// Cluster is the throwaway cluster, or nil when the tests use
+// INBOXKEEPER_TEST_DATABASE_URL. Tests that restart the server need it.
+func Cluster() *pgcluster.Cluster { return cluster }
+
+// NewDatabase creates an empty database for the test, drops it at the end,
+// and returns its connection string.
+func NewDatabase(t testing.TB) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	name := fmt.Sprintf("t_%d_%d_%s", os.Getpid(), seq.Add(1), sanitize(t.Name()))
+	if len(name) > 60 {
+		name = name[:60]
+	}
+	admin, err := pgx.Connect(ctx, adminDB)
+	if err != nil {
+		t.Fatalf("pgtest: connect to test server: %v (%s)", err, pgcluster.HowToFix)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+" TEMPLATE template0"); err != nil {
+		t.Fatalf("pgtest: create database: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		admin, err := pgx.Connect(ctx, adminDB)
+		if err != nil {
+			t.Errorf("pgtest: drop database: %v", err)
+			return
+		}
+		defer admin.Close(ctx)
+		if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+			t.Errorf("pgtest: drop database %s: %v", name, err)
+		}
+	})
+	return withDatabase(adminDB, name)
+}
+
+// NewPool is NewDatabase plus a pool on it, closed at the end of the test.
+func NewPool(t testing.TB) (*pgxpool.Pool, string) {
+	t.Helper()
+	url := NewDatabase(t)
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatalf("pgtest: pool: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool, url
+}
+
+// Exec runs a statement and fails the test on error.
+func Exec(t testing.TB, db interface {
+	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+}, sql string, args ...any) {
+	t.Helper()
+	if _, err := db.Exec(context.Background(), sql, args...); err != nil {
+		t.Fatalf("pgtest: %v\nSQL: %s", err, sql)
+	}
+}
+
+func withDatabase(url, db string) string {
+	// Only the database changes; every other parameter the caller gave stays.
+	if strings.Contains(url, "://") {
+		i := strings.Index(url, "://")
+		rest := url[i+3:]
+		path := strings.IndexAny(rest, "/?")
+		host := rest
+		query := ""
+		if path >= 0 {
+			host = rest[:path]
+			if q := strings.Index(rest, "?"); q >= 0 {
+				query = rest[q:]
+			}
+		}
+		return url[:i+3] + host + "/" + db + query
+	}
+	return url + " dbname=" + db
+}
+
+func sanitize(s string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(s) {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
+			b.WriteRune(r)
+		} else {
+			b.WriteByte('_')
+		}
+	}
+	return b.String()
+}

@@ -1,0 +1,287 @@
+package policy
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+const example = `tables:
+  - table: public.consumer_inbox      # required, schema-qualified
+    key: [consumer, message_id]
+    scope: consumer
+    event_time: event_time
+    expires_at: remember_until
+  - table: public."InboxState"
+    key: ["Id"]
+    expires_after: { column: "Delivered", after: 720h }
+`
+
+func TestParseGood(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		yaml string
+		want []Table
+	}{
+		{"example", example, []Table{
+			{Name: QualifiedName{"public", "consumer_inbox"}, Key: []string{"consumer", "message_id"},
+				Scope: "consumer", EventTime: "event_time", ExpiresAt: "remember_until", Line: 2},
+			{Name: QualifiedName{"public", "InboxState"}, Key: []string{"Id"},
+				ExpiresAfter: &ExpiresAfter{Column: "Delivered", After: 720 * time.Hour}, Line: 7},
+		}},
+		{"minimal", "tables: [{table: s.t, key: [id], expires_at: x}]", []Table{
+			{Name: QualifiedName{"s", "t"}, Key: []string{"id"}, ExpiresAt: "x", Line: 1},
+		}},
+		{"hostile names and days", `
+tables:
+  - table: ' Public . "weird ""name""; drop table x" '
+    key: ["a b", "Sé;lect", "1"]
+    expires_after:
+      column: "it's"
+      after: 1d12h
+`, []Table{
+			{Name: QualifiedName{"public", `weird "name"; drop table x`}, Key: []string{"a b", "Sé;lect", "1"},
+				ExpiresAfter: &ExpiresAfter{Column: "it's", After: 36 * time.Hour}, Line: 3},
+		}},
+		{"aliases", `tables:
+  - {table: a.b, key: &k [id], expires_after: &e {column: c, after: 30d}}
+  - {table: a.c, key: *k, expires_after: *e}
+`, []Table{
+			{Name: QualifiedName{"a", "b"}, Key: []string{"id"}, ExpiresAfter: &ExpiresAfter{Column: "c", After: 30 * 24 * time.Hour}, Line: 2},
+			{Name: QualifiedName{"a", "c"}, Key: []string{"id"}, ExpiresAfter: &ExpiresAfter{Column: "c", After: 30 * 24 * time.Hour}, Line: 3},
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			p, err := Parse([]byte(tt.yaml), "policy.yaml")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.Source != "policy.yaml" || !reflect.DeepEqual(p.Tables, tt.want) {
+				t.Errorf("got %s %+v\nwant %+v", p.Source, p.Tables, tt.want)
+			}
+		})
+	}
+}
+
+func TestExpiryAccessors(t *testing.T) {
+	t.Parallel()
+	p, err := Parse([]byte(example), "policy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := p.Tables[0], p.Tables[1]
+	if a.ExpiryColumn() != "remember_until" || a.ExpiryOffset() != 0 ||
+		b.ExpiryColumn() != "Delivered" || b.ExpiryOffset() != 720*time.Hour {
+		t.Errorf("got %q %v %q %v", a.ExpiryColumn(), a.ExpiryOffset(), b.ExpiryColumn(), b.ExpiryOffset())
+	}
+	if got := b.Name.Sanitize(); got != `"public"."InboxState"` {
+		t.Errorf("Sanitize = %s", got)
+	}
+	if got := QuoteIdent(`a"b`); got != `"a""b"` {
+		t.Errorf("QuoteIdent = %s", got)
+	}
+}
+
+func TestLoad(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(path, []byte(example), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p, err := Load(path)
+	if err != nil || p.Source != path || len(p.Tables) != 2 {
+		t.Fatalf("Load = %+v, %v", p, err)
+	}
+	if _, err := Load(path + ".missing"); err == nil || !strings.Contains(err.Error(), "policy.yaml.missing") {
+		t.Errorf("Load(missing) = %v", err)
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	t.Parallel()
+	// tbl builds a one-table file from extra lines, indented under the entry.
+	tbl := func(lines ...string) string {
+		return "tables:\n  - " + strings.Join(lines, "\n    ") + "\n"
+	}
+	const ok = "key: [id]\n    expires_at: x"
+	tests := []struct {
+		name string
+		yaml string
+		want []string // substrings of the error, besides the file name
+	}{
+		{"empty file", "", []string{"policy.yaml: no tables"}},
+		{"comments only", "# nothing\n", []string{"no tables"}},
+		{"null document", "~\n", []string{"no tables"}},
+		{"empty tables", "tables: []\n", []string{"no tables"}},
+		{"tables not a list", "tables: x\n", []string{"policy.yaml:1: tables: must be a list"}},
+		{"top level a list", "- a\n", []string{"policy.yaml:1: must be a mapping"}},
+		{"invalid yaml", "tables:\n  - table: [a\n", []string{"policy.yaml:", "did not find expected"}},
+		{"two documents", example + "---\ntables: []\n", []string{"policy.yaml:10: only one YAML document"}},
+		{"unknown top-level field", "retention: 1d\n" + tbl("table: a.b", ok), []string{"policy.yaml:1: ", `unknown field "retention"`}},
+		{"unknown table field", tbl("table: a.b", ok, "expire_at: y"),
+			[]string{"policy.yaml:5: tables[0] (a.b): ", `unknown field "expire_at"`, "known: table, key"}},
+		{"unknown nested field", tbl("table: a.b", "key: [id]", "expires_after: {column: c, after: 1d, at: x}"),
+			[]string{"policy.yaml:4: tables[0] (a.b): expires_after: ", `unknown field "at"`}},
+		{"field twice", tbl("table: a.b", ok, "key: [x]"), []string{"policy.yaml:5: tables[0] (a.b): key: set twice (first on line 3)"}},
+		{"merge key", "x: &m {key: [id]}\n" + tbl("table: a.b", "<<: *m", "expires_at: x"), []string{"tables[0] (a.b)", "merge keys"}},
+		{"missing table", tbl(ok), []string{"policy.yaml:2: tables[0]: table: required"}},
+		{"table not a string", tbl("table: [a, b]", ok), []string{"policy.yaml:2: tables[0]: table: must be a string"}},
+		{"entry not a mapping", "tables: [a.b]\n", []string{"policy.yaml:1: tables[0]: must be a mapping"}},
+		{"no schema", tbl("table: consumer_inbox", ok), []string{"tables[0] (consumer_inbox): table: ", "schema is required", "public.consumer_inbox"}},
+		{"unterminated quote", tbl(`table: 'public."abc'`, ok), []string{`tables[0] (public."abc): table:`, "unterminated"}},
+		{"three parts", tbl("table: a.b.c", ok), []string{"tables[0] (a.b.c): table:", "3 parts"}},
+		{"empty part", tbl("table: a..b", ok), []string{"tables[0] (a..b): table:", "empty name part"}},
+		{"trailing dot", tbl("table: a.", ok), []string{"table:", "empty name part"}},
+		{"empty quoted", tbl(`table: 'a.""'`, ok), []string{"table:", "empty quoted"}},
+		{"trailing garbage", tbl(`table: 'a."b"c'`, ok), []string{"table:", `unexpected "c"`}},
+		{"space inside", tbl(`table: a.b c`, ok), []string{"table:", `unexpected "c"`}},
+		{"bad character", tbl(`table: a.b-c`, ok), []string{"table:", `unexpected "-c"`}},
+		{"starts with digit", tbl(`table: a.1b`, ok), []string{"table:", `unexpected '1'`}},
+		{"NUL in name", "tables:\n  - table: \"a.\\\"b\\0\\\"\"\n    " + ok, []string{"table:", "NUL"}},
+		{"missing key", tbl("table: a.b", "expires_at: x"), []string{"policy.yaml:2: tables[0] (a.b): key: required"}},
+		{"empty key", tbl("table: a.b", "key: []", "expires_at: x"), []string{"policy.yaml:3: tables[0] (a.b): key: required"}},
+		{"key is a string", tbl("table: a.b", "key: id", "expires_at: x"), []string{"policy.yaml:3: tables[0] (a.b): key: must be a list"}},
+		{"duplicate key column", tbl("table: a.b", "key: [id, x, id]", "expires_at: x"),
+			[]string{"policy.yaml:3: tables[0] (a.b): key[2]: ", `"id" is already key[0]`}},
+		{"empty key column", tbl("table: a.b", "key: [id, '']", "expires_at: x"), []string{"tables[0] (a.b): key[1]: ", "empty"}},
+		{"NUL in column", tbl("table: a.b", "key: [id]", `expires_at: "x\0"`), []string{"tables[0] (a.b): expires_at: ", "NUL"}},
+		{"scope not a string", tbl("table: a.b", ok, "scope: {a: b}"), []string{"policy.yaml:5: tables[0] (a.b): scope: must be a string"}},
+		{"both expiries", tbl("table: a.b", ok, "expires_after: {column: c, after: 1d}"),
+			[]string{"policy.yaml:5: tables[0] (a.b): expires_after: cannot be combined with expires_at"}},
+		{"neither expiry", tbl("table: a.b", "key: [id]"), []string{"policy.yaml:2: tables[0] (a.b): expires_at or expires_after is required"}},
+		{"expires_after scalar", tbl("table: a.b", "key: [id]", "expires_after: 30d"),
+			[]string{"policy.yaml:4: tables[0] (a.b): expires_after: must be a mapping"}},
+		{"expires_after no column", tbl("table: a.b", "key: [id]", "expires_after: {after: 1d}"),
+			[]string{"policy.yaml:4: tables[0] (a.b): expires_after.column: required"}},
+		{"expires_after no after", tbl("table: a.b", "key: [id]", "expires_after: {column: c}"),
+			[]string{"policy.yaml:4: tables[0] (a.b): expires_after.after: must be positive"}},
+		{"bad duration", tbl("table: a.b", "key: [id]", "expires_after:", "  column: c", "  after: 30 days"),
+			[]string{"policy.yaml:6: tables[0] (a.b): expires_after.after: ", `invalid duration "30 days"`}},
+		{"duration is a list", tbl("table: a.b", "key: [id]", "expires_after: {column: c, after: [1d]}"),
+			[]string{"tables[0] (a.b): expires_after.after: ", "must be a duration"}},
+		{"zero duration", tbl("table: a.b", "key: [id]", "expires_after: {column: c, after: 0}"),
+			[]string{"tables[0] (a.b): expires_after.after: must be positive"}},
+		{"negative duration", tbl("table: a.b", "key: [id]", "expires_after: {column: c, after: -1d}"),
+			[]string{"tables[0] (a.b): expires_after.after: must be positive"}},
+		{"duplicate table", example + "  - {table: PUBLIC.Consumer_Inbox, key: [id], expires_at: x}\n",
+			[]string{"policy.yaml:10: tables[2] (PUBLIC.Consumer_Inbox): table: listed twice (first as tables[0] on line 2)"}},
+		{"error in second table", example + "  - {table: a.b, key: [id]}\n", []string{"policy.yaml:10: tables[2] (a.b)", "required"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			p, err := Parse([]byte(tt.yaml), "policy.yaml")
+			if err == nil {
+				t.Fatalf("no error; got %+v", p)
+			}
+			for _, w := range append(tt.want, "policy.yaml") {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q\ndoes not contain %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+// Every problem is reported, not just the first.
+func TestParseReportsAll(t *testing.T) {
+	t.Parallel()
+	_, err := Parse([]byte("tables:\n  - {table: x, key: [id], expires_at: x}\n  - {table: a.b, key: [], expires_at: x, foo: 1}\n"), "p.yaml")
+	if err == nil {
+		t.Fatal("no error")
+	}
+	if msg := err.Error(); !strings.Contains(msg, "p.yaml:2: tables[0] (x): table:") || !strings.Contains(msg, `p.yaml:3: tables[1] (a.b): unknown field "foo"`) {
+		t.Errorf("got %q", msg)
+	}
+}
+
+func TestQualifiedName(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		in, str string
+		want    QualifiedName
+	}{
+		{"public.consumer_inbox", "public.consumer_inbox", QualifiedName{"public", "consumer_inbox"}},
+		{"Public.Consumer_Inbox", "public.consumer_inbox", QualifiedName{"public", "consumer_inbox"}},
+		{` public . "InboxState" `, `public."InboxState"`, QualifiedName{"public", "InboxState"}},
+		{`public."weird ""name""; drop table x"`, `public."weird ""name""; drop table x"`, QualifiedName{"public", `weird "name"; drop table x`}},
+		{`"a.b"."c d"`, `"a.b"."c d"`, QualifiedName{"a.b", "c d"}},
+		{`s.t$1`, `s.t$1`, QualifiedName{"s", "t$1"}},
+		{`s."1t"`, `s."1t"`, QualifiedName{"s", "1t"}},
+		{`"schéma"."ta""ble"`, `"schéma"."ta""ble"`, QualifiedName{"schéma", `ta"ble`}},
+	}
+	for _, tt := range tests {
+		got, err := ParseQualifiedName(tt.in)
+		if err != nil || got != tt.want || got.String() != tt.str {
+			t.Errorf("ParseQualifiedName(%q) = %#v (%s), %v; want %#v (%s)", tt.in, got, got, err, tt.want, tt.str)
+		}
+	}
+	for _, bad := range []string{"", "x", `"x"`, "a.b.c", "a..b", ".b", "a.", `a."b`, `a.""`, `a."b"c`, "a.b c", "a.b-c", "a.1b", "a.b;", "a.\x00"} {
+		if q, err := ParseQualifiedName(bad); err == nil {
+			t.Errorf("ParseQualifiedName(%q) = %#v, want error", bad, q)
+		}
+	}
+}
+
+func FuzzQualifiedNameRoundTrip(f *testing.F) {
+	for _, s := range [][2]string{
+		{"public", "consumer_inbox"}, {"Public", "InboxState"}, {"public", `weird "name"; drop table x`},
+		{" a ", "b.c"}, {`"`, `""`}, {"1", "$x"}, {"a\nb", "\t"}, {"schéma", "\xff"},
+	} {
+		f.Add(s[0], s[1])
+	}
+	f.Fuzz(func(t *testing.T, schema, name string) {
+		// Any text that parses must print back to the same name.
+		if q, err := ParseQualifiedName(schema + "." + name); err == nil {
+			if r, err := ParseQualifiedName(q.String()); err != nil || r != q {
+				t.Errorf("%#v printed as %s parsed back as %#v, %v", q, q, r, err)
+			}
+		}
+		if schema == "" || name == "" || strings.ContainsRune(schema+name, 0) {
+			return
+		}
+		q := QualifiedName{schema, name}
+		if r, err := ParseQualifiedName(q.String()); err != nil || r != q {
+			t.Errorf("%#v printed as %s parsed back as %#v, %v", q, q, r, err)
+		}
+	})
+}
+
+func TestDuration(t *testing.T) {
+	t.Parallel()
+	const day = 24 * time.Hour
+	tests := []struct {
+		in   string
+		want time.Duration
+		str  string
+	}{
+		{"30d", 30 * day, "30d"},
+		{"36h", 36 * time.Hour, "36h"},
+		{"1d12h", 36 * time.Hour, "36h"},
+		{"12h1d", 36 * time.Hour, "36h"},
+		{"720h", 30 * day, "30d"},
+		{"90m", 90 * time.Minute, "1h30m"},
+		{"1.5d", 36 * time.Hour, "36h"},
+		{"1d30s", day + 30*time.Second, "24h0m30s"},
+		{"500ms", 500 * time.Millisecond, "500ms"},
+		{"-2d", -2 * day, "-2d"},
+		{"0", 0, "0s"},
+	}
+	for _, tt := range tests {
+		got, err := ParseDuration(tt.in)
+		if err != nil || got != tt.want || Duration(got).String() != tt.str {
+			t.Errorf("ParseDuration(%q) = %v (%s), %v; want %v (%s)", tt.in, got, Duration(got), err, tt.want, tt.str)
+		}
+	}
+	for _, bad := range []string{"", "d", "30", "30 d", "1d 2h", "1w", "d1", "1dd", "1..5d", "-", "106752d", "1d-1h"} {
+		if d, err := ParseDuration(bad); err == nil {
+			t.Errorf("ParseDuration(%q) = %v, want error", bad, d)
+		}
+	}
+}

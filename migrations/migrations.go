@@ -1,0 +1,148 @@
+// Package migrations creates and upgrades the control schema "inboxkeeper"
+// from numbered SQL files embedded in the binary.
+package migrations
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+//go:embed sql/*.sql
+var files embed.FS
+
+// Schema is the control schema's name. It is fixed: holds written by one
+// instance must be seen by every other instance on the same database.
+const Schema = "inboxkeeper"
+
+// lockKey serialises concurrent `inboxkeeper migrate` runs (two sidecars
+// starting at once). Arbitrary, but fixed forever.
+const lockKey int64 = 0x1b0c_6b33_0000_0001
+
+// Migration is one numbered SQL file.
+type Migration struct {
+	Version int
+	Name    string
+	SQL     string
+}
+
+// All returns the embedded migrations in order.
+func All() []Migration {
+	entries, err := fs.ReadDir(files, "sql")
+	if err != nil {
+		panic(err)
+	}
+	var out []Migration
+	for _, e := range entries {
+		num, _, ok := strings.Cut(e.Name(), "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil {
+			panic("migrations: badly named file " + e.Name())
+		}
+		body, err := files.ReadFile("sql/" + e.Name())
+		if err != nil {
+			panic(err)
+		}
+		out = append(out, Migration{Version: v, Name: e.Name(), SQL: string(body)})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	return out
+}
+
+// Latest is the version a fully migrated control schema has.
+func Latest() int {
+	all := All()
+	return all[len(all)-1].Version
+}
+
+// Migrate applies every migration not yet applied, each in its own
+// transaction, and returns the versions it applied. It holds a session
+// advisory lock on conn for the whole run so that two processes migrating at
+// once apply each file exactly once; conn must therefore be a dedicated
+// connection, not one borrowed from a transaction-mode pooler.
+func Migrate(ctx context.Context, conn *pgx.Conn) ([]int, error) {
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", lockKey); err != nil {
+		return nil, fmt.Errorf("migrate: take the migration lock: %w", err)
+	}
+	defer func() {
+		// A failed unlock only matters if the connection lives on; the
+		// caller closes it, which releases the lock anyway.
+		_, _ = conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", lockKey)
+	}()
+
+	if _, err := conn.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS inboxkeeper;
+CREATE TABLE IF NOT EXISTS inboxkeeper.schema_version (
+    version    integer PRIMARY KEY,
+    name       text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)`); err != nil {
+		return nil, fmt.Errorf("migrate: create schema %s: %w", Schema, err)
+	}
+	current, err := currentVersion(ctx, conn)
+	if err != nil {
+		return nil, err
+	}
+	var applied []int
+	for _, m := range All() {
+		if m.Version <= current {
+			continue
+		}
+		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, m.SQL); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, "INSERT INTO inboxkeeper.schema_version (version, name) VALUES ($1, $2)", m.Version, m.Name)
+			return err
+		})
+		if err != nil {
+			return applied, fmt.Errorf("migrate: %s: %w", m.Name, err)
+		}
+		applied = append(applied, m.Version)
+	}
+	return applied, nil
+}
+
+func currentVersion(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) (int, error) {
+	var v int
+	err := q.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM inboxkeeper.schema_version").Scan(&v)
+	return v, err
+}
+
+// ErrNotMigrated says the control schema is missing or older than this
+// binary; the fix is always the same command.
+var ErrNotMigrated = errors.New("run `inboxkeeper migrate` first")
+
+// Check verifies that the control schema exists at the version this binary
+// expects. The daemon refuses to delete anything otherwise: without the holds
+// table it could not honour a hold.
+func Check(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) error {
+	var exists bool
+	if err := q.QueryRow(ctx, "SELECT to_regclass('inboxkeeper.schema_version') IS NOT NULL").Scan(&exists); err != nil {
+		return fmt.Errorf("check control schema: %w", err)
+	}
+	if !exists {
+		return fmt.Errorf("control schema %q does not exist: %w", Schema, ErrNotMigrated)
+	}
+	v, err := currentVersion(ctx, q)
+	if err != nil {
+		return fmt.Errorf("check control schema: %w", err)
+	}
+	switch latest := Latest(); {
+	case v < latest:
+		return fmt.Errorf("control schema %q is at version %d, this binary needs %d: %w", Schema, v, latest, ErrNotMigrated)
+	case v > latest:
+		return fmt.Errorf("control schema %q is at version %d, newer than this binary knows (%d): upgrade inboxkeeper", Schema, v, latest)
+	}
+	return nil
+}
