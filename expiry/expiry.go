@@ -182,6 +182,7 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 		if err != nil {
 			return err
 		}
+		d.log.Debug("expiry: batch", "table", t.Name, "deleted", n, "newest_expiry", newest)
 		if n > 0 {
 			res.Deleted += n
 			res.Batches++
