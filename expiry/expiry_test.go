@@ -523,3 +523,33 @@ func TestCleanupLagAndStatus(t *testing.T) {
 		t.Errorf("after a pass: %+v, want lag 0 and 3 deleted", res)
 	}
 }
+
+// A row whose event time is unknown may lie inside a held range, so it
+// stays; a row with no scope belongs to no scope's hold.
+func TestHoldNullSemantics(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := setup(t, `CREATE TABLE public.consumer_inbox (consumer text, message_id text, event_time timestamptz, remember_until timestamptz);
+CREATE INDEX ON public.consumer_inbox (remember_until);`, inboxPolicy)
+	pgtest.Exec(t, f.pool, `INSERT INTO public.consumer_inbox VALUES
+ ('a', '1', NULL, $1::timestamptz - interval '1 day'),
+ ('a', '2', $1::timestamptz - interval '100 days', $1::timestamptz - interval '1 day'),
+ (NULL, '3', $1::timestamptz - interval '5 days', $1::timestamptz - interval '1 day'),
+ ('b', '4', $1::timestamptz - interval '5 days', $1::timestamptz - interval '1 day')`, t0)
+	from, to := t0.Add(-10*24*time.Hour), t0
+	if _, err := holds.AddHold(ctx, f.pool, f.tables[0], holds.HoldSpec{From: &from, To: &to, Reason: "r", Owner: "o"}); err != nil {
+		t.Fatal(err)
+	}
+	b := "b"
+	if _, err := holds.AddHold(ctx, f.pool, f.tables[0], holds.HoldSpec{Scope: &b, Reason: "r", Owner: "o"}); err != nil {
+		t.Fatal(err)
+	}
+	res := f.pass(t, Options{Clock: pinned(t0)})
+	// Kept: 1 (NULL event time, in the range hold), 3 (in range), 4 (scope b).
+	if res.Deleted != 1 || res.ProtectedByHolds != 3 {
+		t.Errorf("deleted %d held %d, want 1 and 3", res.Deleted, res.ProtectedByHolds)
+	}
+	if f.count(t, "message_id = '2'") != 0 {
+		t.Error("row 2 (outside every hold) was kept")
+	}
+}
