@@ -25,9 +25,10 @@ import (
 // Prefix is the envconfig prefix; every variable is named Prefix + "_" + tag.
 const Prefix = "INBOXKEEPER"
 
-// ignoredVariables belong to tests and tools. They are listed so that the
+// ignoredVariables belong to tests, the demo and tools (INBOXKEEPER_PG_BINDIR
+// tells the throwaway-cluster helper where initdb lives). They are listed so that the
 // unknown-variable check does not reject an environment that also runs them.
-var ignoredVariables = []string{"INBOXKEEPER_TEST_DATABASE_URL"}
+var ignoredVariables = []string{"INBOXKEEPER_PG_BINDIR", "INBOXKEEPER_TEST_DATABASE_URL"}
 
 // Config is the daemon's configuration. The `secret` tag marks a connection
 // string that must only ever be shown through RedactURL.
@@ -295,6 +296,7 @@ func WriteEnvHelp(w io.Writer, c Config) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", v.name, show(val), show(v.def), v.desc)
 	}
 	tw.Flush()
+	fmt.Fprintf(w, "\nAlso accepted, for the demo and the tests: %s.\n", strings.Join(ignoredVariables, ", "))
 }
 
 // Logger returns a logger in the configured format and level. Values that

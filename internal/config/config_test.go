@@ -208,14 +208,14 @@ func TestKnownVariables(t *testing.T) {
 		"INBOXKEEPER_BATCH_PAUSE", "INBOXKEEPER_INTERVAL", "INBOXKEEPER_SCHEDULE",
 		"INBOXKEEPER_RUN_TIME", "INBOXKEEPER_LOCK_TIMEOUT", "INBOXKEEPER_STATEMENT_TIMEOUT",
 		"INBOXKEEPER_METRICS_ADDR", "INBOXKEEPER_LOG_FORMAT", "INBOXKEEPER_LOG_LEVEL",
-		"INBOXKEEPER_TEST_DATABASE_URL",
+		"INBOXKEEPER_TEST_DATABASE_URL", "INBOXKEEPER_PG_BINDIR",
 	} {
 		if !slices.Contains(got, name) {
 			t.Errorf("missing %s", name)
 		}
 	}
-	if len(got) != 13 {
-		t.Errorf("got %d names, want 13: %v", len(got), got)
+	if len(got) != 14 {
+		t.Errorf("got %d names, want 14: %v", len(got), got)
 	}
 }
 
@@ -260,7 +260,7 @@ func TestWriteEnvHelp(t *testing.T) {
 	WriteEnvHelp(&b, c)
 	out := b.String()
 	for _, name := range KnownVariables() {
-		if name != "INBOXKEEPER_TEST_DATABASE_URL" && !strings.Contains(out, name) {
+		if !strings.Contains(out, name) {
 			t.Errorf("help lacks %s:\n%s", name, out)
 		}
 	}
