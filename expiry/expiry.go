@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/inboxkeeper/inboxkeeper/holds"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/throttle"
 )
 
 // Clock pins "now" for tests. Nil means the database's clock, read once per
@@ -27,7 +29,7 @@ type Clock func() time.Time
 
 // Options tune a Deleter. Zero values get the documented defaults.
 type Options struct {
-	BatchSize        int           // rows per batch, default 5000
+	BatchSize        int           // rows per batch (the starting size when Sizing is set), default 5000
 	BatchPause       time.Duration // sleep between batches
 	LockTimeout      time.Duration // per batch transaction, default 500ms
 	StatementTimeout time.Duration // per batch statement, default 30s
@@ -35,8 +37,14 @@ type Options struct {
 	MaxRetries       int           // per batch, on lock timeouts and the like; default 5
 	DryRun           bool          // count what a pass would delete, delete nothing
 	Clock            Clock
-	Logger           *slog.Logger
-	Metrics          *Metrics // may be nil
+	// Throttle, when set, is waited on before every batch and watches each
+	// batch's backend for sessions waiting on its locks.
+	Throttle *throttle.Throttler
+	// Sizing, when set, adapts the batch size per table toward a target
+	// duration; without it every batch has BatchSize rows.
+	Sizing  *Sizing
+	Logger  *slog.Logger
+	Metrics *Metrics // may be nil
 	// Progress, when set, is called after every committed batch.
 	Progress func(Progress)
 
@@ -47,12 +55,24 @@ type Options struct {
 	onRetry func(kind string)
 }
 
+// Sizing bounds the adaptive batch size.
+type Sizing struct {
+	Min, Max int
+	Target   time.Duration
+}
+
+// errLockWait marks a batch cancelled because a session waited on its locks.
+var errLockWait = errors.New("a session waited on a lock this batch held; batch cancelled and rolled back")
+
 // Progress reports a pass's advance through one table.
 type Progress struct {
 	Table   string
 	Deleted int64
 	Batches int
 	Elapsed time.Duration
+	// The batch just committed.
+	BatchRows     int64
+	BatchDuration time.Duration
 }
 
 // TableResult is what one pass did to one table.
@@ -75,6 +95,9 @@ type Deleter struct {
 	tables []*catalog.Table
 	opts   Options
 	log    *slog.Logger
+
+	mu     sync.Mutex
+	sizers map[string]*throttle.Sizer // per table, kept across passes
 }
 
 // New returns a Deleter with defaults filled in.
@@ -95,7 +118,7 @@ func New(pool *pgxpool.Pool, tables []*catalog.Table, opts Options) *Deleter {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Deleter{pool: pool, tables: tables, opts: opts, log: log}
+	return &Deleter{pool: pool, tables: tables, opts: opts, log: log, sizers: map[string]*throttle.Sizer{}}
 }
 
 // RunPass runs one pass over every table, in policy order. A failure on one
@@ -113,6 +136,13 @@ func (d *Deleter) RunPass(ctx context.Context) ([]TableResult, error) {
 		}
 		r := d.runTable(ctx, t, deadline)
 		out = append(out, r)
+		if errors.Is(r.Err, errLockWait) {
+			// Someone waited on us: the whole pass stops at once, and the
+			// next one starts with a smaller batch.
+			r := &out[len(out)-1]
+			r.StoppedEarly, r.Err = "a session waited on a lock the daemon held", nil
+			break
+		}
 	}
 	return out, ctx.Err()
 }
@@ -137,6 +167,25 @@ func (d *Deleter) pinned() *time.Time {
 func cutoff(t *catalog.Table, now time.Time) time.Time {
 	return now.Add(-t.Policy.ExpiryOffset())
 }
+
+// sizer returns the table's batch sizer; without Sizing it never adapts.
+func (d *Deleter) sizer(t *catalog.Table) *throttle.Sizer {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s := d.sizers[t.Name]
+	if s == nil {
+		if z := d.opts.Sizing; z != nil {
+			s = throttle.NewSizer(d.opts.BatchSize, z.Min, z.Max, z.Target)
+		} else {
+			s = throttle.NewSizer(d.opts.BatchSize, d.opts.BatchSize, d.opts.BatchSize, 0)
+		}
+		d.sizers[t.Name] = s
+	}
+	return s
+}
+
+// BatchSize is the size the next batch on table will have.
+func (d *Deleter) BatchSize(table *catalog.Table) int { return d.sizer(table).Size() }
 
 func (d *Deleter) runTable(ctx context.Context, t *catalog.Table, deadline time.Time) TableResult {
 	start := time.Now()
@@ -173,12 +222,22 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 	// not scanned again in this pass.
 	lower := pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
 	start := time.Now()
+	sizer := d.sizer(t)
 	for {
 		if !deadline.IsZero() && time.Now().After(deadline) {
 			res.StoppedEarly = "run time reached"
 			return nil
 		}
-		n, newest, err := d.batchWithRetry(ctx, t, lower, res)
+		if stop, err := d.waitThrottle(ctx, deadline); err != nil || stop != "" {
+			res.StoppedEarly = stop
+			return err
+		}
+		size := sizer.Size()
+		if m := d.opts.Metrics; m != nil {
+			m.BatchSize.WithLabelValues(t.Name).Set(float64(size))
+		}
+		began := time.Now()
+		n, newest, size, err := d.batchWithRetry(ctx, t, lower, size, sizer, res)
 		if err != nil {
 			return err
 		}
@@ -188,10 +247,11 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 			res.Batches++
 			lower = pgtype.Timestamptz{Time: newest, Valid: true}
 			if d.opts.Progress != nil {
-				d.opts.Progress(Progress{Table: t.Name, Deleted: res.Deleted, Batches: res.Batches, Elapsed: time.Since(start)})
+				d.opts.Progress(Progress{Table: t.Name, Deleted: res.Deleted, Batches: res.Batches, Elapsed: time.Since(start),
+					BatchRows: n, BatchDuration: time.Since(began)})
 			}
 		}
-		if n < int64(d.opts.BatchSize) {
+		if n < int64(size) {
 			return nil
 		}
 		if d.opts.BatchPause > 0 {
@@ -202,11 +262,35 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 	}
 }
 
-func (d *Deleter) batchWithRetry(ctx context.Context, t *catalog.Table, lower pgtype.Timestamptz, res *TableResult) (int64, time.Time, error) {
+// waitThrottle blocks while the throttle says so. It returns a reason to stop
+// the pass when RUN_TIME ran out while waiting.
+func (d *Deleter) waitThrottle(ctx context.Context, deadline time.Time) (string, error) {
+	if d.opts.Throttle == nil {
+		return "", nil
+	}
+	wctx := ctx
+	if !deadline.IsZero() {
+		var cancel context.CancelFunc
+		wctx, cancel = context.WithDeadline(ctx, deadline)
+		defer cancel()
+	}
+	if err := d.opts.Throttle.Wait(wctx); err != nil {
+		if ctx.Err() != nil {
+			return "", ctx.Err()
+		}
+		return "run time reached while throttled (" + d.opts.Throttle.Check().Reason + ")", nil
+	}
+	return "", nil
+}
+
+// batchWithRetry runs one batch, retrying transient failures with a smaller
+// size after pressure. It returns the size the successful attempt used.
+func (d *Deleter) batchWithRetry(ctx context.Context, t *catalog.Table, lower pgtype.Timestamptz, size int, sizer *throttle.Sizer, res *TableResult) (int64, time.Time, int, error) {
 	for attempt := 0; ; attempt++ {
 		began := time.Now()
-		n, newest, err := d.batch(ctx, t, lower)
+		n, newest, err := d.batch(ctx, t, lower, size)
 		if err == nil {
+			sizer.Observe(int(n), time.Since(began))
 			if m := d.opts.Metrics; m != nil {
 				m.BatchDuration.WithLabelValues(t.Name).Observe(time.Since(began).Seconds())
 				if n > 0 {
@@ -214,17 +298,25 @@ func (d *Deleter) batchWithRetry(ctx context.Context, t *catalog.Table, lower pg
 					m.RowsDeleted.WithLabelValues(t.Name).Add(float64(n))
 				}
 			}
-			return n, newest, nil
+			return n, newest, size, nil
 		}
 		if ctx.Err() != nil {
-			return 0, time.Time{}, ctx.Err()
+			return 0, time.Time{}, size, ctx.Err()
 		}
 		kind := ErrorKind(err)
 		if m := d.opts.Metrics; m != nil {
 			m.Errors.WithLabelValues(t.Name, kind).Inc()
 		}
+		switch kind {
+		case "lock_wait":
+			sizer.Pressure()
+			return 0, time.Time{}, size, err
+		case "lock_timeout", "statement_timeout", "deadlock":
+			sizer.Pressure()
+			size = sizer.Size()
+		}
 		if !retryable(kind) || attempt >= d.opts.MaxRetries {
-			return 0, time.Time{}, fmt.Errorf("delete batch (%s, after %d retries): %w", kind, attempt, err)
+			return 0, time.Time{}, size, fmt.Errorf("delete batch (%s, after %d retries): %w", kind, attempt, err)
 		}
 		res.Retries++
 		if d.opts.onRetry != nil {
@@ -233,19 +325,28 @@ func (d *Deleter) batchWithRetry(ctx context.Context, t *catalog.Table, lower pg
 		wait := backoff(attempt)
 		d.log.Warn("expiry: batch failed, retrying", "table", t.Name, "kind", kind, "attempt", attempt+1, "wait", wait, "error", err)
 		if err := sleep(ctx, wait); err != nil {
-			return 0, time.Time{}, err
+			return 0, time.Time{}, size, err
 		}
 	}
 }
 
 // batch deletes at most BatchSize expired, uncovered rows in one transaction
 // and returns how many it deleted and the newest expiry among them.
-func (d *Deleter) batch(ctx context.Context, t *catalog.Table, lower pgtype.Timestamptz) (int64, time.Time, error) {
+func (d *Deleter) batch(ctx context.Context, t *catalog.Table, lower pgtype.Timestamptz, size int) (n int64, newest time.Time, err error) {
 	tx, err := d.pool.Begin(ctx)
 	if err != nil {
 		return 0, time.Time{}, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
+	if d.opts.Throttle != nil {
+		done, blocked := d.opts.Throttle.Watch(tx.Conn().PgConn().PID())
+		defer func() {
+			done()
+			if err != nil && blocked() {
+				err = fmt.Errorf("%w (%v)", errLockWait, err)
+			}
+		}()
+	}
 
 	if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true),
        set_config('plan_cache_mode', 'force_custom_plan', true)`,
@@ -283,11 +384,10 @@ SELECT count(*), max(expiry) FROM gone`,
 		t.Expiry.Instant(args.Add(cutoff(t, now))+"::timestamptz"),
 		t.Expiry.Instant(args.Add(lower)+"::timestamptz"),
 		holdPred, replayPred,
-		args.Add(d.opts.BatchSize),
+		args.Add(size),
 		t.Expiry.AsTimestamptz("d"))
-	var n int64
-	var newest pgtype.Timestamptz
-	if err := tx.QueryRow(ctx, sql, args.Values...).Scan(&n, &newest); err != nil {
+	var newestTS pgtype.Timestamptz
+	if err := tx.QueryRow(ctx, sql, args.Values...).Scan(&n, &newestTS); err != nil {
 		return 0, time.Time{}, err
 	}
 	if d.opts.beforeCommit != nil {
@@ -296,7 +396,7 @@ SELECT count(*), max(expiry) FROM gone`,
 	if err := tx.Commit(ctx); err != nil {
 		return 0, time.Time{}, err
 	}
-	return n, newest.Time, nil
+	return n, newestTS.Time, nil
 }
 
 // readTx runs fn in a read-only transaction with the batch timeouts, so that
@@ -395,6 +495,9 @@ func cleanupLag(ctx context.Context, q catalog.Querier, t *catalog.Table, now ti
 
 // ErrorKind classifies an error for metrics and retry decisions.
 func ErrorKind(err error) string {
+	if errors.Is(err, errLockWait) {
+		return "lock_wait"
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code {

@@ -11,6 +11,7 @@ type Metrics struct {
 	LastSuccess   *prometheus.GaugeVec
 	CleanupLag    *prometheus.GaugeVec
 	Errors        *prometheus.CounterVec
+	BatchSize     *prometheus.GaugeVec
 }
 
 // NewMetrics creates the metrics and registers them on reg.
@@ -39,9 +40,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"table"}),
 		Errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "inboxkeeper_errors_total",
-			Help: "Errors by kind: lock_timeout, deadlock, statement_timeout, serialization, connection, other.",
+			Help: "Errors by kind: lock_timeout, deadlock, statement_timeout, serialization, connection, lock_wait, other.",
 		}, []string{"table", "kind"}),
 	}
-	reg.MustRegister(m.RowsDeleted, m.Batches, m.BatchDuration, m.LastSuccess, m.CleanupLag, m.Errors)
+	m.BatchSize = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "inboxkeeper_batch_size",
+		Help: "Rows the next delete batch may take (adapted toward INBOXKEEPER_BATCH_TARGET).",
+	}, []string{"table"})
+	reg.MustRegister(m.RowsDeleted, m.Batches, m.BatchDuration, m.LastSuccess, m.CleanupLag, m.Errors, m.BatchSize)
 	return m
 }

@@ -114,7 +114,7 @@ func (a *app) demo(ctx context.Context, args []string) error {
 	fmt.Fprintf(a.stdout, "demo: replay %d keeps consumer \"shipping\" events from %s to %s\n", replayID, from.Format(time.DateOnly), to.Format(time.DateOnly))
 
 	fmt.Fprintln(a.stdout, "\ndemo: status before the pass")
-	d := a.deleter(pool, tables, false, nil, func(p expiry.Progress) {
+	d := a.deleter(pool, tables, false, nil, nil, func(p expiry.Progress) {
 		fmt.Fprintf(a.stdout, "  %s: %d rows deleted in %d batches (%.0f rows/s)\n", p.Table, p.Deleted, p.Batches,
 			float64(p.Deleted)/max(p.Elapsed.Seconds(), 1e-9))
 	})

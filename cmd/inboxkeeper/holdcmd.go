@@ -151,6 +151,9 @@ func (a *app) hold(ctx context.Context, args []string) error {
 		if err := parseFlags(fs, args[1:]); err != nil {
 			return err
 		}
+		if fs.NArg() > 0 {
+			return usagef("hold list: unexpected argument %q", fs.Arg(0))
+		}
 		pool, err := a.controlPool(ctx)
 		if err != nil {
 			return err
@@ -223,6 +226,9 @@ func (a *app) replay(ctx context.Context, args []string) error {
 		all := fs.Bool("all", false, "include finished replays")
 		if err := parseFlags(fs, args[1:]); err != nil {
 			return err
+		}
+		if fs.NArg() > 0 {
+			return usagef("replay list: unexpected argument %q", fs.Arg(0))
 		}
 		pool, err := a.controlPool(ctx)
 		if err != nil {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
+	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
 	"github.com/inboxkeeper/inboxkeeper/migrations"
 )
@@ -52,6 +53,8 @@ Usage:
   inboxkeeper replay start --table T --scope V --from TIME --to TIME --owner NAME
   inboxkeeper replay finish ID
   inboxkeeper replay list [--all]
+  inboxkeeper pause --reason TEXT [--for DURATION]   pause every instance (until resume, or for DURATION)
+  inboxkeeper resume                  end a pause
   inboxkeeper demo                    a throwaway PostgreSQL, a sample inbox, one pass
   inboxkeeper help env                the environment variables and the values in effect
   inboxkeeper version
@@ -124,6 +127,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		cmdErr = a.replay(ctx, rest)
 	case "demo":
 		cmdErr = a.demo(ctx, rest)
+	case "pause":
+		cmdErr = a.pause(ctx, rest)
+	case "resume":
+		cmdErr = a.resume(ctx, rest)
 	default:
 		fmt.Fprintf(stderr, "inboxkeeper: unknown command %q\n\n%s", cmd, usage)
 		return exitUsage
@@ -178,14 +185,10 @@ func (a *app) connect(ctx context.Context) (*pgxpool.Pool, error) {
 	if a.pool != nil {
 		return a.pool, nil
 	}
-	pc, err := pgxpool.ParseConfig(a.cfg.DatabaseURL)
+	// The deleter uses one connection; the throttle's collectors a few more.
+	pc, err := dbconn.Pool(a.cfg.DatabaseURL, 8)
 	if err != nil {
-		// pgx's message can quote the string it could not parse.
-		return nil, configError{fmt.Errorf("INBOXKEEPER_DATABASE_URL: cannot parse the connection string (%s)", config.RedactURL(a.cfg.DatabaseURL))}
-	}
-	pc.MaxConns = 4
-	if pc.ConnConfig.RuntimeParams["application_name"] == "" {
-		pc.ConnConfig.RuntimeParams["application_name"] = "inboxkeeper"
+		return nil, configError{fmt.Errorf("INBOXKEEPER_DATABASE_URL: %w (%s)", err, config.RedactURL(a.cfg.DatabaseURL))}
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
@@ -255,9 +258,9 @@ func (a *app) migrate(ctx context.Context, args []string) error {
 	if len(args) > 0 {
 		return usagef("migrate takes no arguments")
 	}
-	pc, err := pgx.ParseConfig(a.cfg.DatabaseURL)
+	pc, err := dbconn.Conn(a.cfg.DatabaseURL)
 	if err != nil {
-		return configError{fmt.Errorf("INBOXKEEPER_DATABASE_URL: cannot parse the connection string (%s)", config.RedactURL(a.cfg.DatabaseURL))}
+		return configError{fmt.Errorf("INBOXKEEPER_DATABASE_URL: %w (%s)", err, config.RedactURL(a.cfg.DatabaseURL))}
 	}
 	// A dedicated connection: the migration lock is a session lock.
 	conn, err := pgx.ConnectConfig(ctx, pc)

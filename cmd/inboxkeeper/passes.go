@@ -19,6 +19,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/expiry"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
+	"github.com/inboxkeeper/inboxkeeper/throttle"
 )
 
 func newFlags(name string, stderr io.Writer) *flag.FlagSet {
@@ -38,8 +39,10 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 	return nil
 }
 
-func (a *app) deleter(pool *pgxpool.Pool, tables []*catalog.Table, dryRun bool, m *expiry.Metrics, progress func(expiry.Progress)) *expiry.Deleter {
+func (a *app) deleter(pool *pgxpool.Pool, tables []*catalog.Table, dryRun bool, th *throttle.Throttler, m *expiry.Metrics, progress func(expiry.Progress)) *expiry.Deleter {
 	return expiry.New(pool, tables, expiry.Options{
+		Throttle:         th,
+		Sizing:           a.sizing(),
 		BatchSize:        a.cfg.BatchSize,
 		BatchPause:       a.cfg.BatchPause,
 		LockTimeout:      a.cfg.LockTimeout,
@@ -65,7 +68,12 @@ func (a *app) once(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	results, err := a.deleter(pool, tables, *dryRun, nil, a.progressPrinter()).RunPass(ctx)
+	var th *throttle.Throttler
+	if !*dryRun {
+		th = a.startThrottle(ctx, pool, nil)
+		defer th.Stop()
+	}
+	results, err := a.deleter(pool, tables, *dryRun, th, nil, a.progressPrinter()).RunPass(ctx)
 	failed := printResults(a.stdout, results, *dryRun)
 	if err != nil {
 		return fmt.Errorf("pass interrupted: %w", err)
@@ -145,7 +153,9 @@ func (a *app) daemon(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	d := a.deleter(pool, tables, false, metrics, a.progressPrinter())
+	th := a.startThrottle(ctx, pool, reg)
+	defer th.Stop()
+	d := a.deleter(pool, tables, false, th, metrics, a.progressPrinter())
 	a.log.Info("inboxkeeper: running", "tables", len(tables), "interval", a.cfg.Interval, "schedule", a.cfg.Schedule,
 		"database", config.RedactURL(a.cfg.DatabaseURL))
 	for {
@@ -202,11 +212,20 @@ func (a *app) status(ctx context.Context, args []string) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	if fs.NArg() > 0 {
+		return usagef("status: unexpected argument %q", fs.Arg(0))
+	}
 	pool, tables, err := a.prepare(ctx)
 	if err != nil {
 		return err
 	}
-	return printStatus(ctx, a, a.deleter(pool, tables, false, nil, nil), tables)
+	if err := printStatus(ctx, a, a.deleter(pool, tables, false, nil, nil, nil), tables); err != nil {
+		return err
+	}
+	th := throttle.New(pool, a.throttleConfig(), a.log, nil)
+	th.MeasureOnce(ctx)
+	writeThrottle(a.stdout, th)
+	return nil
 }
 
 func writeStatus(w io.Writer, st expiry.TableStatus) {

@@ -20,6 +20,8 @@ import (
 
 	"github.com/kelseyhightower/envconfig"
 	"github.com/robfig/cron/v3"
+
+	"github.com/inboxkeeper/inboxkeeper/throttle"
 )
 
 // Prefix is the envconfig prefix; every variable is named Prefix + "_" + tag.
@@ -45,6 +47,64 @@ type Config struct {
 	MetricsAddr      string        `envconfig:"METRICS_ADDR" default:"127.0.0.1:9610" desc:"run: host:port of the /metrics listener; empty disables it"`
 	LogFormat        string        `envconfig:"LOG_FORMAT" default:"text" desc:"log format: text or json"`
 	LogLevel         string        `envconfig:"LOG_LEVEL" default:"info" desc:"log level: debug, info, warn or error"`
+
+	// The throttle.
+	HeartbeatInterval  time.Duration `envconfig:"HEARTBEAT_INTERVAL" default:"250ms" desc:"how often the heartbeat row is written on the primary (when REPLICA_URLS is set)"`
+	ReplicaURLs        []string      `envconfig:"REPLICA_URLS" secret:"true" desc:"comma-separated connection strings of standbys whose apply lag is read from the heartbeat"`
+	MaxReplicaLag      time.Duration `envconfig:"MAX_REPLICA_LAG" default:"1s" desc:"pause while a standby's apply lag is above this"`
+	MaxReplicaLagBytes ByteSize      `envconfig:"MAX_REPLICA_LAG_BYTES" default:"64MB" desc:"pause while a standby's replay position is more than this behind (pg_stat_replication)"`
+	ReplicaFailOpen    bool          `envconfig:"REPLICA_FAIL_OPEN" default:"false" desc:"a listed standby that cannot be reached does not pause the daemon"`
+	MaxSlotLagBytes    ByteSize      `envconfig:"MAX_SLOT_LAG_BYTES" default:"1GB" desc:"pause while a logical slot is more than this behind; 0 disables"`
+	BatchTarget        time.Duration `envconfig:"BATCH_TARGET" default:"200ms" desc:"the batch size adapts toward batches that take this long"`
+	BatchSizeMin       int           `envconfig:"BATCH_SIZE_MIN" default:"100" desc:"smallest adaptive batch size"`
+	BatchSizeMax       int           `envconfig:"BATCH_SIZE_MAX" default:"50000" desc:"largest adaptive batch size"`
+	ThrottleQuery      string        `envconfig:"THROTTLE_QUERY" desc:"SQL run every second on the primary; a first column > 0 pauses"`
+	ActiveHours        string        `envconfig:"ACTIVE_HOURS" desc:"HH:MM-HH:MM window outside which no batch starts; empty = always"`
+	ActiveTZ           string        `envconfig:"ACTIVE_TZ" default:"UTC" desc:"time zone of ACTIVE_HOURS (IANA name)"`
+	ThrottleResume     float64       `envconfig:"THROTTLE_RESUME" default:"0.5" desc:"a paused signal resumes at or below threshold x this (0 < r <= 1)"`
+}
+
+// ByteSize is a size in bytes written as PostgreSQL writes memory sizes:
+// a number with an optional unit B, kB, MB, GB or TB (multiples of 1024).
+type ByteSize int64
+
+// Decode implements envconfig.Decoder.
+func (b *ByteSize) Decode(s string) error {
+	v, err := ParseByteSize(s)
+	if err != nil {
+		return err
+	}
+	*b = ByteSize(v)
+	return nil
+}
+
+func (b ByteSize) String() string {
+	units := []string{"TB", "GB", "MB", "kB"}
+	for i, u := range units {
+		m := int64(1) << (10 * (len(units) - i))
+		if b != 0 && int64(b)%m == 0 {
+			return fmt.Sprintf("%d%s", int64(b)/m, u)
+		}
+	}
+	return fmt.Sprintf("%dB", int64(b))
+}
+
+// ParseByteSize parses "64MB", "1GB", "512kB", "1048576" or "0".
+func ParseByteSize(s string) (int64, error) {
+	t := strings.TrimSpace(s)
+	i := len(t)
+	for i > 0 && (t[i-1] < '0' || t[i-1] > '9') {
+		i--
+	}
+	n, err := strconv.ParseInt(t[:i], 10, 64)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("%q is not a size (like 64MB, 1GB or a number of bytes)", s)
+	}
+	mult := map[string]int64{"": 1, "B": 1, "kB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}[strings.TrimSpace(t[i:])]
+	if mult == 0 {
+		return 0, fmt.Errorf("%q: unknown unit %q (use B, kB, MB, GB or TB)", s, strings.TrimSpace(t[i:]))
+	}
+	return n * mult, nil
 }
 
 type variable struct {
@@ -148,6 +208,12 @@ func parseProblem(v variable, typ reflect.Type, err error) problem {
 		val = "value"
 	}
 	switch {
+	case typ == reflect.TypeFor[ByteSize]():
+		return problem{v.name, pe.Err.Error()}
+	case typ == reflect.TypeFor[bool]():
+		return problem{v.name, val + " is not a boolean (true or false)"}
+	case typ == reflect.TypeFor[float64]():
+		return problem{v.name, val + " is not a number"}
 	case typ == reflect.TypeFor[time.Duration]():
 		return problem{v.name, val + " is not a duration (e.g. 500ms, 30s, 5m, 1h)"}
 	case typ.Kind() >= reflect.Int && typ.Kind() <= reflect.Uint64:
@@ -255,6 +321,45 @@ func (c Config) problems() problems {
 			ps.addf(n["MetricsAddr"], "%q must be host:port with a numeric port (e.g. 127.0.0.1:9610 or :9610), or empty to disable", c.MetricsAddr)
 		}
 	}
+	if c.HeartbeatInterval <= 0 {
+		ps.addf(n["HeartbeatInterval"], "%s must be greater than 0", c.HeartbeatInterval)
+	}
+	if c.MaxReplicaLag <= 0 {
+		ps.addf(n["MaxReplicaLag"], "%s must be greater than 0", c.MaxReplicaLag)
+	}
+	if c.MaxReplicaLagBytes <= 0 {
+		ps.addf(n["MaxReplicaLagBytes"], "%s must be greater than 0", c.MaxReplicaLagBytes)
+	}
+	if c.BatchTarget <= 0 {
+		ps.addf(n["BatchTarget"], "%s must be greater than 0", c.BatchTarget)
+	}
+	if c.BatchSizeMin < 1 {
+		ps.addf(n["BatchSizeMin"], "%d must be at least 1", c.BatchSizeMin)
+	}
+	if c.BatchSizeMax < c.BatchSizeMin {
+		ps.addf(n["BatchSizeMax"], "%d must be at least INBOXKEEPER_BATCH_SIZE_MIN (%d)", c.BatchSizeMax, c.BatchSizeMin)
+	}
+	if c.BatchSize >= 1 && c.BatchSizeMin >= 1 && c.BatchSizeMin <= c.BatchSizeMax && (c.BatchSize < c.BatchSizeMin || c.BatchSize > c.BatchSizeMax) {
+		ps.addf(n["BatchSize"], "%d must lie between INBOXKEEPER_BATCH_SIZE_MIN (%d) and INBOXKEEPER_BATCH_SIZE_MAX (%d): it is the starting size", c.BatchSize, c.BatchSizeMin, c.BatchSizeMax)
+	}
+	for i, u := range c.ReplicaURLs {
+		if strings.TrimSpace(u) == "" {
+			ps.addf(n["ReplicaURLs"], "entry %d is empty", i+1)
+		} else if RedactURL(u) == unparseable {
+			ps.addf(n["ReplicaURLs"], "entry %d is not a connection string", i+1)
+		}
+	}
+	if c.ActiveHours != "" {
+		if _, _, err := throttle.ParseWindow(c.ActiveHours); err != nil {
+			ps.addf(n["ActiveHours"], "%v (for example 22:00-06:00)", err)
+		}
+	}
+	if _, err := time.LoadLocation(c.ActiveTZ); err != nil || c.ActiveTZ == "" {
+		ps.addf(n["ActiveTZ"], "%q is not a time zone name (like UTC or Europe/Berlin)", c.ActiveTZ)
+	}
+	if c.ThrottleResume <= 0 || c.ThrottleResume > 1 {
+		ps.addf(n["ThrottleResume"], "%g must be greater than 0 and at most 1", c.ThrottleResume)
+	}
 	if c.LogFormat != "text" && c.LogFormat != "json" {
 		ps.addf(n["LogFormat"], "%q must be text or json", c.LogFormat)
 	}
@@ -291,12 +396,24 @@ func WriteEnvHelp(w io.Writer, c Config) {
 	for _, v := range variables() {
 		val := fmt.Sprint(rv.Field(v.index).Interface())
 		if v.secret {
-			val = RedactURL(val)
+			val = redactField(rv.Field(v.index).Interface())
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", v.name, show(val), show(v.def), v.desc)
 	}
 	tw.Flush()
 	fmt.Fprintf(w, "\nAlso accepted, for the demo and the tests: %s.\n", strings.Join(ignoredVariables, ", "))
+}
+
+// redactField shows a connection string, or a list of them, without secrets.
+func redactField(v any) string {
+	if list, ok := v.([]string); ok {
+		out := make([]string, len(list))
+		for i, u := range list {
+			out[i] = RedactURL(u)
+		}
+		return strings.Join(out, ",")
+	}
+	return RedactURL(fmt.Sprint(v))
 }
 
 // Logger returns a logger in the configured format and level. Values that

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"os"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -40,6 +41,16 @@ var defaults = Config{
 	MetricsAddr:      "127.0.0.1:9610",
 	LogFormat:        "text",
 	LogLevel:         "info",
+
+	HeartbeatInterval:  250 * time.Millisecond,
+	MaxReplicaLag:      time.Second,
+	MaxReplicaLagBytes: 64 << 20,
+	MaxSlotLagBytes:    1 << 30,
+	BatchTarget:        200 * time.Millisecond,
+	BatchSizeMin:       100,
+	BatchSizeMax:       50000,
+	ActiveTZ:           "UTC",
+	ThrottleResume:     0.5,
 }
 
 func TestLoadDefaults(t *testing.T) {
@@ -53,7 +64,7 @@ func TestLoadDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c != defaults {
+	if !reflect.DeepEqual(c, defaults) {
 		t.Errorf("got %+v\nwant %+v", c, defaults)
 	}
 	if err := defaults.Validate(); err != nil {
@@ -68,7 +79,7 @@ func TestLoadGoodValues(t *testing.T) {
 	}{
 		{"DATABASE_URL", "postgres://u:p@h/db", func(c *Config) { c.DatabaseURL = "postgres://u:p@h/db" }},
 		{"POLICY_FILE", "/etc/ik.yaml", func(c *Config) { c.PolicyFile = "/etc/ik.yaml" }},
-		{"BATCH_SIZE", "1", func(c *Config) { c.BatchSize = 1 }},
+		{"BATCH_SIZE", "100", func(c *Config) { c.BatchSize = 100 }},
 		{"BATCH_PAUSE", "250ms", func(c *Config) { c.BatchPause = 250 * time.Millisecond }},
 		{"INTERVAL", "1h30m", func(c *Config) { c.Interval = 90 * time.Minute }},
 		{"SCHEDULE", "*/5 * * * *", func(c *Config) { c.Schedule = "*/5 * * * *" }},
@@ -83,6 +94,15 @@ func TestLoadGoodValues(t *testing.T) {
 		{"LOG_FORMAT", "json", func(c *Config) { c.LogFormat = "json" }},
 		{"LOG_LEVEL", "debug", func(c *Config) { c.LogLevel = "debug" }},
 		{"LOG_LEVEL", "error", func(c *Config) { c.LogLevel = "error" }},
+		{"REPLICA_URLS", "postgres://a/db,host=b port=5433", func(c *Config) { c.ReplicaURLs = []string{"postgres://a/db", "host=b port=5433"} }},
+		{"MAX_REPLICA_LAG_BYTES", "16MB", func(c *Config) { c.MaxReplicaLagBytes = 16 << 20 }},
+		{"MAX_SLOT_LAG_BYTES", "0", func(c *Config) { c.MaxSlotLagBytes = 0 }},
+		{"MAX_SLOT_LAG_BYTES", "512kB", func(c *Config) { c.MaxSlotLagBytes = 512 << 10 }},
+		{"REPLICA_FAIL_OPEN", "true", func(c *Config) { c.ReplicaFailOpen = true }},
+		{"ACTIVE_HOURS", "22:00-06:00", func(c *Config) { c.ActiveHours = "22:00-06:00" }},
+		{"ACTIVE_TZ", "Europe/Berlin", func(c *Config) { c.ActiveTZ = "Europe/Berlin" }},
+		{"THROTTLE_QUERY", "SELECT 0", func(c *Config) { c.ThrottleQuery = "SELECT 0" }},
+		{"BATCH_TARGET", "50ms", func(c *Config) { c.BatchTarget = 50 * time.Millisecond }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name+"="+tt.value, func(t *testing.T) {
@@ -93,7 +113,7 @@ func TestLoadGoodValues(t *testing.T) {
 			}
 			want := defaults
 			tt.want(&want)
-			if c != want {
+			if !reflect.DeepEqual(c, want) {
 				t.Errorf("got %+v\nwant %+v", c, want)
 			}
 		})
@@ -122,6 +142,17 @@ func TestLoadBadValues(t *testing.T) {
 		{"LOG_FORMAT", "xml", `"xml" must be text or json`},
 		{"LOG_LEVEL", "verbose", `"verbose" must be debug, info, warn or error`},
 		{"LOG_LEVEL", "INFO", "must be debug"},
+		{"MAX_REPLICA_LAG_BYTES", "64 MiB", `unknown unit "MiB"`},
+		{"MAX_REPLICA_LAG_BYTES", "lots", "is not a size"},
+		{"MAX_REPLICA_LAG_BYTES", "0", "must be greater than 0"},
+		{"REPLICA_FAIL_OPEN", "maybe", "maybe"},
+		{"ACTIVE_HOURS", "22-06", "HH:MM"},
+		{"ACTIVE_HOURS", "06:00-06:00", "empty window"},
+		{"ACTIVE_TZ", "Mars/Olympus", "not a time zone"},
+		{"BATCH_SIZE_MAX", "50", "must be at least INBOXKEEPER_BATCH_SIZE_MIN"},
+		{"BATCH_SIZE", "60000", "must lie between"},
+		{"THROTTLE_RESUME", "1.5", "at most 1"},
+		{"REPLICA_URLS", "postgres://a/db,,postgres://b/db", "entry 2 is empty"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name+"="+tt.value, func(t *testing.T) {
@@ -214,8 +245,8 @@ func TestKnownVariables(t *testing.T) {
 			t.Errorf("missing %s", name)
 		}
 	}
-	if len(got) != 14 {
-		t.Errorf("got %d names, want 14: %v", len(got), got)
+	if len(got) != 27 {
+		t.Errorf("got %d names, want 27: %v", len(got), got)
 	}
 }
 

@@ -151,6 +151,45 @@ func (c *Cluster) initdb(ctx context.Context, opts Options) error {
 	return c.appendConf("postgresql.conf", settings)
 }
 
+// StartStandby makes a streaming standby of c with pg_basebackup -R and
+// starts it. Settings are extra postgresql.conf lines for the standby (for
+// example recovery_min_apply_delay).
+func (c *Cluster) StartStandby(ctx context.Context, settings map[string]string) (*Cluster, error) {
+	root, err := os.MkdirTemp("", "inboxkeeper-standby-")
+	if err != nil {
+		return nil, err
+	}
+	s := &Cluster{BinDir: c.BinDir, root: root, DataDir: filepath.Join(root, "data"), cred: c.cred}
+	if c.cred != nil {
+		if err := os.Chown(root, int(c.cred.Uid), int(c.cred.Gid)); err != nil {
+			os.RemoveAll(root)
+			return nil, err
+		}
+	}
+	if _, err := s.run(ctx, "pg_basebackup", "-D", s.DataDir, "-R", "-X", "stream", "-c", "fast",
+		"-d", fmt.Sprintf("host=127.0.0.1 port=%d user=postgres application_name=standby_%d", c.Port, os.Getpid())); err != nil {
+		s.Destroy()
+		return nil, err
+	}
+	if s.Port, err = freePort(); err != nil {
+		s.Destroy()
+		return nil, err
+	}
+	conf := map[string]string{"port": strconv.Itoa(s.Port), "unix_socket_directories": quoteConf(root), "hot_standby_feedback": "off"}
+	for k, v := range settings {
+		conf[k] = v
+	}
+	if err := s.appendConf("postgresql.conf", conf); err != nil {
+		s.Destroy()
+		return nil, err
+	}
+	if err := s.StartServer(ctx); err != nil {
+		s.Destroy()
+		return nil, err
+	}
+	return s, nil
+}
+
 // AppendConf adds settings to postgresql.conf; they apply at the next
 // start or reload.
 func (c *Cluster) appendConf(file string, settings map[string]string) error {

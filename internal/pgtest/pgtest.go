@@ -157,3 +157,33 @@ func sanitize(s string) string {
 	}
 	return b.String()
 }
+
+// NewCluster starts a cluster of the test's own, for tests whose signals are
+// cluster-wide (standbys, replication slots, pg_stat_replication), and
+// returns it with the URL of a migrated-nothing database "postgres" on it.
+// It needs the local server binaries even when INBOXKEEPER_TEST_DATABASE_URL
+// is set.
+func NewCluster(t testing.TB) *pgcluster.Cluster {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := pgcluster.Start(ctx, pgcluster.Options{})
+	if err != nil {
+		t.Fatalf("pgtest: start a cluster: %v", err)
+	}
+	t.Cleanup(c.Destroy)
+	return c
+}
+
+// NewStandby starts a streaming standby of c, removed at the end of the test.
+func NewStandby(t testing.TB, c *pgcluster.Cluster, settings map[string]string) *pgcluster.Cluster {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	s, err := c.StartStandby(ctx, settings)
+	if err != nil {
+		t.Fatalf("pgtest: start a standby: %v", err)
+	}
+	t.Cleanup(s.Destroy)
+	return s
+}

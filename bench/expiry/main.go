@@ -1,0 +1,451 @@
+// Command expiry benchmarks the inboxkeeper deleter against one unbounded
+// DELETE, side by side in one run on identical tables: on a shared machine
+// only ratios mean anything, absolute times do not.
+//
+//	go run ./bench/expiry                     # 2M rows (1M expired), then 5M for memory
+//	go run ./bench/expiry -reps 3 -batch 10000
+//
+// It builds cmd/inboxkeeper, starts a durable throwaway PostgreSQL (so WAL
+// figures are real), fills two identical inbox tables a and b, and runs
+// `inboxkeeper once` on a and `DELETE FROM b WHERE remember_until <= now()`
+// on b, each right after a CHECKPOINT. It prints wall time, rows/s and WAL
+// bytes of both, their ratios, and the daemon's peak RSS; then the peak RSS
+// of a daemon run over -flat-rows expired rows of a narrow table, to show
+// that memory does not grow with the backlog. It exits non-zero when a run
+// does not delete exactly the expired rows; a missed goal is printed
+// (GOAL MISSED), not fatal.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/pgcluster"
+)
+
+// The goals of the issue.
+const (
+	goalThroughput = 0.5 // daemon rows/s over unbounded DELETE rows/s, at least
+	goalRSSMB      = 64  // daemon peak RSS, under
+	goalFlat       = 1.5 // peak RSS at -flat-rows over peak RSS at rows/2, at most
+)
+
+type options struct {
+	rows, batch, flatRows, reps int
+	keep                        bool
+}
+
+func main() { os.Exit(run(os.Args[1:], os.Stdout)) }
+
+// run prints the report on stdout and progress and errors on stderr.
+func run(args []string, stdout io.Writer) int {
+	fs := flag.NewFlagSet("expiry", flag.ContinueOnError)
+	var o options
+	fs.IntVar(&o.rows, "rows", 2_000_000, "rows in each of the tables a and b; half of them expired")
+	fs.IntVar(&o.batch, "batch", 5000, "the daemon's INBOXKEEPER_BATCH_SIZE")
+	fs.IntVar(&o.flatRows, "flat-rows", 5_000_000, "expired rows of the memory-flatness run; 0 skips it")
+	fs.IntVar(&o.reps, "reps", 1, "repetitions, alternating whether the daemon or the DELETE goes first")
+	fs.BoolVar(&o.keep, "keep", false, "leave the cluster running and print its URL")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if o.rows < 2 || o.batch < 1 || o.flatRows < 0 || o.reps < 1 || fs.NArg() > 0 {
+		fmt.Fprintln(os.Stderr, "bench/expiry: want -rows >= 2, -batch >= 1, -flat-rows >= 0, -reps >= 1 and no arguments")
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := benchmark(ctx, o, stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "bench/expiry: FAILED:", err)
+		return 1
+	}
+	return 0
+}
+
+type bench struct {
+	o       options
+	dir     string // temporary: the binary and the policy files
+	bin     string
+	url     string
+	pool    *pgxpool.Pool
+	started time.Time
+}
+
+// result is one measured deletion.
+type result struct {
+	wall time.Duration
+	wal  int64 // bytes
+	rss  int64 // bytes; the daemon only
+}
+
+func benchmark(ctx context.Context, o options, w io.Writer) error {
+	b := &bench{o: o, started: time.Now()}
+	root, err := moduleRoot()
+	if err != nil {
+		return err
+	}
+	if b.dir, err = os.MkdirTemp("", "inboxkeeper-bench-"); err != nil {
+		return err
+	}
+	defer os.RemoveAll(b.dir)
+	b.bin = filepath.Join(b.dir, "inboxkeeper")
+	b.logf("building cmd/inboxkeeper")
+	build := exec.CommandContext(ctx, "go", "build", "-o", b.bin, "./cmd/inboxkeeper")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build ./cmd/inboxkeeper: %w\n%s", err, out)
+	}
+
+	b.logf("starting a durable PostgreSQL")
+	c, err := pgcluster.Start(ctx, pgcluster.Options{Durable: true, Settings: map[string]string{
+		"shared_buffers": "'2GB'", "max_wal_size": "'8GB'", "checkpoint_timeout": "'30min'",
+	}})
+	if err != nil {
+		return err
+	}
+	b.url = c.URL("postgres")
+	if o.keep {
+		defer fmt.Fprintf(w, "cluster kept: %s (data directory %s)\n", b.url, c.DataDir)
+	} else {
+		defer c.Destroy()
+	}
+	if b.pool, err = pgxpool.New(ctx, b.url); err != nil {
+		return err
+	}
+	defer b.pool.Close()
+	// migrate reads no policy, but the configuration must name one.
+	if _, err := b.inboxkeeper(ctx, filepath.Join(b.dir, "none.yaml"), "migrate"); err != nil {
+		return err
+	}
+
+	total, expired := int64(o.rows), int64(o.rows/2)
+	var throughput, walRatio []float64
+	var rss1M int64
+	for rep := range o.reps {
+		if err := b.fillPair(ctx, total, expired); err != nil {
+			return err
+		}
+		if rep == 0 {
+			var heap, idx int64
+			if err := b.pool.QueryRow(ctx, `SELECT pg_relation_size('a'), pg_indexes_size('a')`).Scan(&heap, &idx); err != nil {
+				return err
+			}
+			fmt.Fprintf(w, "rows: %d total, %d expired; batch size %d; tables a and b each %.0f MB heap + %.0f MB indexes\n",
+				total, expired, o.batch, mb(heap), mb(idx))
+		}
+		// Alternate the order: whoever goes second finds the other's pages in
+		// the caches and its dirty buffers already written.
+		var d, u result
+		daemon := func() (err error) { d, err = b.daemon(ctx, "a", total, expired); return err }
+		unbounded := func() (err error) { u, err = b.unbounded(ctx, "b", total, expired); return err }
+		first, second, order := daemon, unbounded, "daemon first"
+		if rep%2 == 1 {
+			first, second, order = unbounded, daemon, "DELETE first"
+		}
+		if err := first(); err != nil {
+			return err
+		}
+		if err := second(); err != nil {
+			return err
+		}
+		rd, ru := float64(expired)/d.wall.Seconds(), float64(expired)/u.wall.Seconds()
+		throughput = append(throughput, rd/ru)
+		walRatio = append(walRatio, float64(d.wal)/float64(u.wal))
+		rss1M = max(rss1M, d.rss)
+		fmt.Fprintf(w, "rep %d of %d (%s):\n", rep+1, o.reps, order)
+		fmt.Fprintf(w, "  daemon (inboxkeeper once): %6.1f s %8.0f rows/s  WAL %5.0f MB  peak RSS %.1f MB\n", d.wall.Seconds(), rd, mb(d.wal), mb(d.rss))
+		fmt.Fprintf(w, "  unbounded DELETE:          %6.1f s %8.0f rows/s  WAL %5.0f MB\n", u.wall.Seconds(), ru, mb(u.wal))
+		fmt.Fprintf(w, "  daemon/unbounded: throughput %.2f, WAL %.2f\n", rd/ru, float64(d.wal)/float64(u.wal))
+	}
+	of := ""
+	if o.reps > 1 {
+		of = fmt.Sprintf(" (median of %d reps)", o.reps)
+	}
+	tr := median(throughput)
+	fmt.Fprintf(w, "throughput ratio daemon/unbounded: %.2f%s (goal >= %.1f) %s\n", tr, of, goalThroughput, verdict(tr >= goalThroughput))
+	fmt.Fprintf(w, "WAL ratio daemon/unbounded: %.2f%s\n", median(walRatio), of)
+
+	peak := rss1M
+	if o.flatRows > 0 {
+		n := int64(o.flatRows)
+		if err := b.fill(ctx, "flat", false, n, n, b.now(ctx)); err != nil {
+			return err
+		}
+		f, err := b.daemon(ctx, "flat", n, n)
+		if err != nil {
+			return err
+		}
+		peak = max(peak, f.rss)
+		ratio := float64(f.rss) / float64(rss1M)
+		fmt.Fprintf(w, "daemon on %d expired narrow rows: %.1f s, peak RSS %.1f MB\n", n, f.wall.Seconds(), mb(f.rss))
+		fmt.Fprintf(w, "peak RSS: %.1f MB at %d expired rows, %.1f MB at %d; ratio %.2f (flat within %.1fx) %s\n",
+			mb(rss1M), expired, mb(f.rss), n, ratio, goalFlat, verdict(ratio <= goalFlat))
+	} else {
+		fmt.Fprintln(w, "peak RSS flatness: skipped (-flat-rows 0)")
+	}
+	fmt.Fprintf(w, "daemon peak RSS: %.1f MB (goal < %d MB) %s\n", mb(peak), goalRSSMB, verdict(mb(peak) < goalRSSMB))
+	b.logf("done")
+	return nil
+}
+
+func verdict(ok bool) string {
+	if ok {
+		return "GOAL MET"
+	}
+	return "GOAL MISSED"
+}
+
+// inboxDDL is a typical inbox table. Autovacuum is off on the benchmark
+// tables because WAL is measured for the whole cluster: a vacuum of a
+// starting during the DELETE on b would be charged to the DELETE.
+const inboxDDL = `
+DROP TABLE IF EXISTS %[1]s;
+CREATE TABLE %[1]s (
+    consumer       text        NOT NULL,
+    message_id     uuid        NOT NULL,
+    payload_hash   bytea       NOT NULL,
+    outcome        text        NOT NULL,
+    event_time     timestamptz NOT NULL,
+    first_seen_at  timestamptz NOT NULL,
+    remember_until timestamptz NOT NULL%[2]s
+) WITH (autovacuum_enabled = off)`
+
+// insertSQL makes rows $1..$2 of a table of $4 rows whose first $3 are
+// expired at $5. Rows come in first_seen_at order; consumer k%4 remembers a
+// message 30, 45, 50 or 60 days, so expiry order is not insertion order.
+// Expired rows were first seen 161 to 61 days before $5 and so expired at
+// least a day ago; live rows were first seen in the last 29 days and expire
+// a day from now at the earliest: the expected count is exact, however long
+// the run takes.
+const insertSQL = `
+INSERT INTO %[1]s
+SELECT (ARRAY['billing', 'payments', 'shipping', 'email'])[1 + k %% 4],
+       md5(k::text)::uuid,
+       sha256(k::text::bytea),
+       'applied',
+       f - interval '5 minutes',
+       f,
+       f + (ARRAY[30, 45, 50, 60])[1 + k %% 4] * interval '1 day'%[2]s
+FROM generate_series($1::bigint, $2::bigint) AS k,
+LATERAL (SELECT CASE WHEN k < $3::bigint
+  THEN $5::timestamptz - interval '161 days' + k * (interval '100 days' / $3::bigint)
+  ELSE $5::timestamptz - interval '29 days' + (k - $3::bigint) * (interval '29 days' / greatest($4::bigint - $3::bigint, 1)) END) AS s(f)`
+
+// fill (re)creates table with n rows, the first expired of them expired at
+// t0, then indexes, vacuums and analyzes it. The indexes are built after the
+// load because that is much faster; both tables get the same treatment.
+func (b *bench) fill(ctx context.Context, table string, payload bool, n, expired int64, t0 time.Time) error {
+	b.logf("filling %s with %d rows", table, n)
+	conn, err := b.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	col, val := "", ""
+	if payload {
+		col, val = ",\n    payload        text        NOT NULL", ",\n       left(repeat(md5(k::text), 10), 300)"
+	}
+	if _, err := conn.Exec(ctx, fmt.Sprintf(inboxDDL, table, col)+"; SET maintenance_work_mem = '512MB'"); err != nil {
+		return fmt.Errorf("create %s: %w", table, err)
+	}
+	const chunk = 500_000 // statements of bounded size, in first_seen_at order
+	for lo := int64(0); lo < n; lo += chunk {
+		if _, err := conn.Exec(ctx, fmt.Sprintf(insertSQL, table, val), lo, min(lo+chunk, n)-1, expired, n, t0); err != nil {
+			return fmt.Errorf("fill %s: %w", table, err)
+		}
+	}
+	for _, sql := range []string{
+		"ALTER TABLE %[1]s ADD PRIMARY KEY (consumer, message_id)",
+		"CREATE INDEX %[1]s_remember_until_idx ON %[1]s (remember_until)",
+		"VACUUM (ANALYZE) %[1]s", // hint bits and visibility map, as on a settled table
+	} {
+		if _, err := conn.Exec(ctx, fmt.Sprintf(sql, table)); err != nil {
+			return fmt.Errorf("%s: %w", fmt.Sprintf(sql, table), err)
+		}
+	}
+	return nil
+}
+
+// fillPair makes a and b from the same deterministic rows, one session each,
+// so they have the same physical layout.
+func (b *bench) fillPair(ctx context.Context, n, expired int64) error {
+	t0 := b.now(ctx)
+	err := parallel(
+		func() error { return b.fill(ctx, "a", true, n, expired, t0) },
+		func() error { return b.fill(ctx, "b", true, n, expired, t0) })
+	if err != nil {
+		return err
+	}
+	var sa, sb int64
+	if err := b.pool.QueryRow(ctx, `SELECT pg_relation_size('a'), pg_relation_size('b')`).Scan(&sa, &sb); err != nil {
+		return err
+	}
+	if sa != sb {
+		return fmt.Errorf("tables a and b should be identical but have %d and %d bytes", sa, sb)
+	}
+	return nil
+}
+
+// daemon runs `inboxkeeper once` on table after a checkpoint.
+func (b *bench) daemon(ctx context.Context, table string, n, expired int64) (result, error) {
+	b.logf("inboxkeeper once on %s", table)
+	policy := filepath.Join(b.dir, table+".yaml")
+	yaml := fmt.Sprintf("tables:\n  - table: public.%s\n    key: [consumer, message_id]\n    expires_at: remember_until\n", table)
+	if err := os.WriteFile(policy, []byte(yaml), 0o644); err != nil {
+		return result{}, err
+	}
+	lsn, err := b.checkpoint(ctx)
+	if err != nil {
+		return result{}, err
+	}
+	r, err := b.inboxkeeper(ctx, policy, "once")
+	if err != nil {
+		return r, err
+	}
+	if r.wal, err = b.walSince(ctx, lsn); err != nil {
+		return r, err
+	}
+	return r, b.verify(ctx, table, n, expired)
+}
+
+// unbounded deletes every expired row of table in one statement, after a
+// checkpoint, as the daemon's run is.
+func (b *bench) unbounded(ctx context.Context, table string, n, expired int64) (result, error) {
+	b.logf("unbounded DELETE on %s", table)
+	lsn, err := b.checkpoint(ctx)
+	if err != nil {
+		return result{}, err
+	}
+	start := time.Now()
+	tag, err := b.pool.Exec(ctx, "DELETE FROM "+table+" WHERE remember_until <= now()")
+	r := result{wall: time.Since(start)}
+	if err != nil {
+		return r, fmt.Errorf("unbounded DELETE: %w", err)
+	}
+	if tag.RowsAffected() != expired {
+		return r, fmt.Errorf("unbounded DELETE on %s deleted %d rows, want %d", table, tag.RowsAffected(), expired)
+	}
+	if r.wal, err = b.walSince(ctx, lsn); err != nil {
+		return r, err
+	}
+	return r, b.verify(ctx, table, n, expired)
+}
+
+// verify fails unless exactly the expired rows are gone.
+func (b *bench) verify(ctx context.Context, table string, n, expired int64) error {
+	var left, rows int64
+	err := b.pool.QueryRow(ctx, "SELECT count(*) FILTER (WHERE remember_until <= now()), count(*) FROM "+table).Scan(&left, &rows)
+	if err != nil {
+		return err
+	}
+	if left != 0 || rows != n-expired {
+		return fmt.Errorf("%s after the run: %d expired rows left (want 0), %d rows in all (want %d)", table, left, rows, n-expired)
+	}
+	return nil
+}
+
+// checkpoint makes both runs start with the same full-page-write situation
+// and returns the WAL position after it. The insert position, not the write
+// position, so that nothing inserted but not yet written is missed.
+func (b *bench) checkpoint(ctx context.Context) (string, error) {
+	if _, err := b.pool.Exec(ctx, "CHECKPOINT"); err != nil {
+		return "", err
+	}
+	var lsn string
+	err := b.pool.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&lsn)
+	return lsn, err
+}
+
+func (b *bench) walSince(ctx context.Context, lsn string) (int64, error) {
+	var n int64
+	err := b.pool.QueryRow(ctx, "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::pg_lsn)::bigint", lsn).Scan(&n)
+	return n, err
+}
+
+func (b *bench) now(ctx context.Context) time.Time {
+	var t time.Time
+	if err := b.pool.QueryRow(ctx, "SELECT now()").Scan(&t); err != nil {
+		return time.Now() // only a reference point; the data stays consistent
+	}
+	return t
+}
+
+// inboxkeeper runs the built binary with a clean INBOXKEEPER_* environment
+// (it rejects unknown variables) and measures wall time and peak RSS.
+func (b *bench) inboxkeeper(ctx context.Context, policy string, args ...string) (result, error) {
+	cmd := exec.CommandContext(ctx, b.bin, args...)
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(strings.ToUpper(kv), "INBOXKEEPER_") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(cmd.Env, "INBOXKEEPER_DATABASE_URL="+b.url, "INBOXKEEPER_POLICY_FILE="+policy,
+		fmt.Sprintf("INBOXKEEPER_BATCH_SIZE=%d", b.o.batch), "INBOXKEEPER_METRICS_ADDR=")
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	start := time.Now()
+	err := cmd.Run()
+	r := result{wall: time.Since(start)}
+	if err != nil {
+		return r, fmt.Errorf("inboxkeeper %s: %w\n%s", strings.Join(args, " "), err, out.String())
+	}
+	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+		r.rss = int64(ru.Maxrss) * 1024 // KiB on Linux
+	}
+	return r, nil
+}
+
+func (b *bench) logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "[%6.1fs] %s\n", time.Since(b.started).Seconds(), fmt.Sprintf(format, args...))
+}
+
+func moduleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("no go.mod in or above the working directory; run from inside the repository")
+		}
+		dir = parent
+	}
+}
+
+func parallel(fns ...func() error) error {
+	errs := make([]error, len(fns))
+	var wg sync.WaitGroup
+	for i, fn := range fns {
+		wg.Go(func() { errs[i] = fn() })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+func median(xs []float64) float64 {
+	s := slices.Sorted(slices.Values(xs))
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func mb(bytes int64) float64 { return float64(bytes) / (1 << 20) }

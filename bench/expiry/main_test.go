@@ -1,0 +1,33 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestTinyRun runs the whole benchmark at a tiny scale, so CI proves that it
+// still builds the daemon, fills the tables, measures and reports. Two reps
+// cover both orders. PostgreSQL missing fails the test (pgcluster says how to
+// fix it); it never skips.
+func TestTinyRun(t *testing.T) {
+	start := time.Now()
+	var out strings.Builder
+	if code := run([]string{"-rows", "20000", "-flat-rows", "20000", "-batch", "1000", "-reps", "2"}, &out); code != 0 {
+		t.Fatalf("run exited %d (the error is in the test's stderr); report so far:\n%s", code, out.String())
+	}
+	report := out.String()
+	t.Logf("report (%s):\n%s", time.Since(start).Round(time.Millisecond), report)
+	for _, want := range []string{
+		"rows: 20000 total, 10000 expired; batch size 1000",
+		"(daemon first)", "(DELETE first)",
+		"throughput ratio daemon/unbounded: ",
+		"WAL ratio daemon/unbounded: ",
+		"peak RSS: ", " at 20000;",
+		"daemon peak RSS: ",
+	} {
+		if !strings.Contains(report, want) {
+			t.Errorf("report lacks %q", want)
+		}
+	}
+}

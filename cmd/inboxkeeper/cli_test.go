@@ -1,0 +1,172 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/config"
+)
+
+func TestUsage(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+
+	r := runCLI(t, dir, cliEnv())
+	wantExit(t, r, 2, "Usage:", "inboxkeeper migrate")
+
+	r = runCLI(t, dir, cliEnv(), "frobnicate")
+	wantExit(t, r, 2, `unknown command "frobnicate"`, "Usage:")
+
+	for _, arg := range []string{"help", "-h", "--help"} {
+		r = runCLI(t, dir, cliEnv(), arg)
+		wantExit(t, r, 0, "Usage:")
+	}
+
+	for _, arg := range []string{"version", "--version"} {
+		r = runCLI(t, dir, cliEnv(), arg)
+		wantExit(t, r, 0)
+		if !strings.HasPrefix(r.stdout, "inboxkeeper") {
+			t.Errorf("version output does not start with inboxkeeper\n%s", r)
+		}
+	}
+
+	// Subcommands without their subcommand, or with an unknown one.
+	for _, args := range [][]string{{"hold"}, {"hold", "frob"}, {"replay"}, {"replay", "frob"}} {
+		r = runCLI(t, dir, cliEnv(), args...)
+		wantExit(t, r, 2)
+	}
+}
+
+func TestHelpEnv(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+
+	// Every connection string the command accepts gets a password.
+	vars := []string{"INBOXKEEPER_BATCH_SIZE=123", "INBOXKEEPER_LOG_LEVEL=debug"}
+	for _, name := range config.KnownVariables() {
+		if strings.HasSuffix(name, "_URL") || strings.HasSuffix(name, "_URLS") {
+			vars = append(vars, name+"=postgres://u:s3cret@host/db")
+		}
+	}
+	r := runCLI(t, dir, cliEnv(vars...), "help", "env")
+	wantExit(t, r, 0)
+	for _, name := range config.KnownVariables() {
+		if !strings.Contains(r.stdout, name) {
+			t.Errorf("help env lacks %s\n%s", name, r)
+		}
+	}
+	for _, want := range []string{
+		`(?m)^INBOXKEEPER_DATABASE_URL\s+postgres://u:\*\*\*@host/db\s`,
+		`(?m)^INBOXKEEPER_BATCH_SIZE\s+123\s+5000\s`,
+		`(?m)^INBOXKEEPER_LOG_LEVEL\s+debug\s+info\s`,
+		`(?m)^INBOXKEEPER_METRICS_ADDR\s+""\s+127\.0\.0\.1:9610\s`,
+		`(?m)^INBOXKEEPER_POLICY_FILE\s+\./inboxkeeper\.yaml\s`,
+	} {
+		if !regexp.MustCompile(want).MatchString(r.stdout) {
+			t.Errorf("help env does not match %s\n%s", want, r)
+		}
+	}
+	if strings.Contains(r.output(), "s3cret") {
+		t.Errorf("help env shows the password\n%s", r)
+	}
+
+	// The keyword/value form loses its password too.
+	r = runCLI(t, dir, cliEnv("INBOXKEEPER_DATABASE_URL=host=db.example user=u password=s3cret dbname=inbox"), "help", "env")
+	wantExit(t, r, 0, "host=db.example")
+	if strings.Contains(r.output(), "s3cret") {
+		t.Errorf("help env shows the password\n%s", r)
+	}
+
+	// With a bad environment the table is still shown, the problems follow,
+	// and the exit says configuration error.
+	r = runCLI(t, dir, cliEnv("INBOXKEEPER_BATCHSIZE=10", "INBOXKEEPER_DATABASE_URL=postgres://u:s3cret@host/db"), "help", "env")
+	wantExit(t, r, 2, "INBOXKEEPER_BATCH_SIZE", "INBOXKEEPER_BATCHSIZE", "unknown variable")
+	if strings.Contains(r.output(), "s3cret") {
+		t.Errorf("help env shows the password\n%s", r)
+	}
+}
+
+// A connection string with a password, pointing at a port nothing listens
+// on: every command fails (exit 1) and no output shows the password, even at
+// debug level.
+func TestPasswordNeverShown(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	port := closedPort(t)
+	policy := filepath.Join(dir, "inboxkeeper.yaml")
+	if err := os.WriteFile(policy, []byte(inboxPolicy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	urls := []struct {
+		name, url string
+		code      int
+	}{
+		{"url", fmt.Sprintf("postgres://u:s3cret@127.0.0.1:%d/db?sslmode=disable&connect_timeout=5", port), 1},
+		{"url-query", fmt.Sprintf("postgresql://u@127.0.0.1:%d/db?password=s3cret&sslmode=disable", port), 1},
+		{"keywords", fmt.Sprintf("host=127.0.0.1 port=%d user=u password=s3cret dbname=db sslmode=disable", port), 1},
+		{"quoted-keywords", fmt.Sprintf("host=127.0.0.1 port=%d user=u password='s3cret x' dbname=db sslmode=disable", port), 1},
+		// pgx cannot parse this one: a configuration error, still redacted.
+		{"unparseable", "postgres://u:s3cret@127.0.0.1:notaport/db", 2},
+	}
+	// migrate connects on its own; the others share one way to connect, but
+	// reach it from different places.
+	commands := [][]string{
+		{"migrate"}, {"once"}, {"run"}, {"hold", "list"},
+		{"hold", "add", "--table", "public.consumer_inbox", "--reason", "r", "--owner", "o"},
+	}
+	for _, u := range urls {
+		t.Run(u.name, func(t *testing.T) {
+			t.Parallel()
+			env := cliEnv("INBOXKEEPER_DATABASE_URL="+u.url, "INBOXKEEPER_POLICY_FILE="+policy, "INBOXKEEPER_LOG_LEVEL=debug")
+			for _, args := range commands {
+				r := runCLI(t, dir, env, args...)
+				if r.code != u.code {
+					t.Errorf("want exit %d\n%s", u.code, r)
+				}
+				if strings.Contains(r.output(), "s3cret") {
+					t.Errorf("the password is shown\n%s", r)
+				}
+				if u.code == 1 && !strings.Contains(r.stderr, fmt.Sprint(port)) {
+					t.Errorf("the error does not say where it tried to connect\n%s", r)
+				}
+			}
+		})
+	}
+}
+
+// Every command that takes no positional argument refuses one instead of
+// ignoring it: a user who writes `status public.consumer_inbox` must not get
+// the status of every table as if the argument were honoured.
+func TestUnexpectedArguments(t *testing.T) {
+	t.Parallel()
+	f := inbox(t)
+	for _, args := range [][]string{
+		{"migrate", "extra"},
+		{"once", "extra"},
+		{"once", "--dry-run", "extra"},
+		{"run", "extra"},
+		{"demo", "extra"},
+		{"status", "public.consumer_inbox"},
+		{"hold", "list", "extra"},
+		{"hold", "release", "1", "2"},
+		{"hold", "add", "--table", "public.consumer_inbox", "--reason", "r", "--owner", "o", "extra"},
+		{"replay", "list", "extra"},
+		{"replay", "finish", "1", "2"},
+		{"replay", "start", "--table", "public.consumer_inbox", "--scope", "s", "--from", "2026-01-01T00:00:00Z",
+			"--to", "2026-01-02T00:00:00Z", "--owner", "o", "extra"},
+		{"once", "--no-such-flag"},
+		{"status", "--no-such-flag"},
+	} {
+		r := f.run(args...)
+		if r.code != 2 {
+			t.Errorf("want exit 2\n%s", r)
+		}
+	}
+	f.wantCount("rows", allRows, "SELECT count(*) FROM public.consumer_inbox")
+	f.wantCount("holds", 0, "SELECT count(*) FROM inboxkeeper.holds")
+	f.wantCount("replays", 0, "SELECT count(*) FROM inboxkeeper.replays")
+}

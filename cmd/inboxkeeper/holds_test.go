@@ -1,0 +1,279 @@
+package main
+
+import (
+	"context"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+var idLine = regexp.MustCompile(`^[1-9][0-9]*\n$`)
+
+// addID runs a command that prints a new hold or replay id and returns it.
+func (f *fixture) addID(args ...string) string {
+	f.t.Helper()
+	r := f.run(args...)
+	wantExit(f.t, r, 0)
+	if !idLine.MatchString(r.stdout) {
+		f.t.Fatalf("want an id on a line of its own\n%s", r)
+	}
+	return strings.TrimSpace(r.stdout)
+}
+
+func TestHold(t *testing.T) {
+	t.Parallel()
+	f := inbox(t)
+
+	id := f.addID("hold", "add", "--table", "public.consumer_inbox", "--scope", "billing", "--reason", "legal: case 7", "--owner", "legal@example.com")
+	r := f.run("hold", "list")
+	wantExit(t, r, 0, "hold "+id+` on public.consumer_inbox scope="billing" owner="legal@example.com" reason="legal: case 7" since `)
+
+	r = f.run("once", "--dry-run")
+	wantExit(t, r, 0)
+	wantResult(t, r, "public.consumer_inbox", "would delete", 20, 10, 0)
+
+	r = f.run("once")
+	wantExit(t, r, 0)
+	wantResult(t, r, "public.consumer_inbox", "deleted", 20, 10, 0)
+	if n := f.expiredOf("billing"); n != 10 {
+		t.Errorf("%d expired billing rows left, want all 10 (held)", n)
+	}
+	if n := f.expiredOf("payments"); n != 0 {
+		t.Errorf("%d expired payments rows left, want 0", n)
+	}
+
+	r = f.run("hold", "release", id)
+	wantExit(t, r, 0, "hold "+id+" released")
+	r = f.run("hold", "release", id)
+	wantExit(t, r, 1, "hold "+id)
+	if !strings.Contains(r.stderr, "not found") {
+		t.Errorf("releasing twice does not say why\n%s", r)
+	}
+	r = f.run("hold", "release", "987654")
+	wantExit(t, r, 1, "hold 987654", "not found")
+
+	r = f.run("hold", "list")
+	wantExit(t, r, 0, "no holds")
+	r = f.run("hold", "list", "--all")
+	wantExit(t, r, 0, "hold "+id+" on public.consumer_inbox", " released ")
+
+	// A hold on an event-time range, any scope: billing's first three events.
+	// The table is named as SQL would fold it.
+	rangeID := f.addID("hold", "add", "--table", "Public.Consumer_Inbox",
+		"--from", "2026-02-01T00:00:00Z", "--to", "2026-02-01T03:30:00Z", "--reason", "incident", "--owner", "ops")
+	r = f.run("hold", "list")
+	wantExit(t, r, 0, "hold "+rangeID+" on public.consumer_inbox events [2026-02-01T00:00:00Z, 2026-02-01T03:30:00Z)")
+	r = f.run("once")
+	wantExit(t, r, 0)
+	wantResult(t, r, "public.consumer_inbox", "deleted", 7, 3, 0)
+
+	// A hold that has already ended by itself protects nothing.
+	past := time.Now().Add(-time.Hour).UTC().Format(time.RFC3339)
+	f.addID("hold", "add", "--table", "public.consumer_inbox", "--reason", "r", "--owner", "o", "--expires", past)
+	wantExit(t, f.run("hold", "release", rangeID), 0)
+	r = f.run("once")
+	wantExit(t, r, 0)
+	wantResult(t, r, "public.consumer_inbox", "deleted", 3, 0, 0)
+	f.wantCount("expired rows", 0, "SELECT count(*) FROM public.consumer_inbox WHERE remember_until <= now()")
+	f.wantCount("rows", allRows-expiredRows, "SELECT count(*) FROM public.consumer_inbox")
+}
+
+// Mistakes on the hold and replay command lines exit 2 and write nothing.
+func TestHoldAndReplayUsageErrors(t *testing.T) {
+	t.Parallel()
+	f := inbox(t)
+	// The same table, but the policy gives it no scope or event-time column.
+	plain := f.writeFile("plain.yaml", `tables:
+  - table: public.consumer_inbox
+    key: [consumer, message_id]
+    expires_at: remember_until
+`)
+	hold := []string{"hold", "add", "--table", "public.consumer_inbox"}
+	replay := []string{"replay", "start", "--table", "public.consumer_inbox", "--scope", "billing", "--owner", "o"}
+	with := func(base []string, more ...string) []string { return append(append([]string{}, base...), more...) }
+	cases := []struct {
+		name   string
+		policy string // default: the fixture's
+		args   []string
+		want   string
+	}{
+		{"hold without reason", "", with(hold, "--owner", "o"), "--reason"},
+		{"hold without owner", "", with(hold, "--reason", "r"), "--owner"},
+		{"hold with blank reason", "", with(hold, "--reason", " ", "--owner", "o"), "reason"},
+		{"hold without table", "", []string{"hold", "add", "--reason", "r", "--owner", "o"}, "--table"},
+		{"hold with a bad --from", "", with(hold, "--reason", "r", "--owner", "o", "--from", "yesterday", "--to", "2026-01-01T00:00:00Z"), `"yesterday"`},
+		{"hold with a bad --expires", "", with(hold, "--reason", "r", "--owner", "o", "--expires", "2026-01-01"), "expires"},
+		{"hold with --from only", "", with(hold, "--reason", "r", "--owner", "o", "--from", "2026-01-01T00:00:00Z"), "--to"},
+		{"hold with --from after --to", "", with(hold, "--reason", "r", "--owner", "o",
+			"--from", "2026-01-02T00:00:00Z", "--to", "2026-01-01T00:00:00Z"), "before"},
+		{"hold on a table not in the policy", "", []string{"hold", "add", "--table", "public.not_in_policy", "--reason", "r", "--owner", "o"},
+			"public.not_in_policy"},
+		{"hold on a malformed table name", "", []string{"hold", "add", "--table", "consumer_inbox", "--reason", "r", "--owner", "o"},
+			"schema"},
+		{"hold with --scope on a table without scope column", plain, with(hold, "--scope", "billing", "--reason", "r", "--owner", "o"),
+			"scope"},
+		{"hold with a range on a table without event_time column", plain, with(hold, "--reason", "r", "--owner", "o",
+			"--from", "2026-01-01T00:00:00Z", "--to", "2026-01-02T00:00:00Z"), "event_time"},
+		{"hold release without id", "", []string{"hold", "release"}, "ID"},
+		{"hold release of a non-number", "", []string{"hold", "release", "abc"}, `"abc"`},
+		{"hold release of zero", "", []string{"hold", "release", "0"}, `"0"`},
+		{"replay without --to", "", with(replay, "--from", "2026-01-01T00:00:00Z"), "--to"},
+		{"replay without scope", "", []string{"replay", "start", "--table", "public.consumer_inbox", "--owner", "o",
+			"--from", "2026-01-01T00:00:00Z", "--to", "2026-01-02T00:00:00Z"}, "--scope"},
+		{"replay with a bad --to", "", with(replay, "--from", "2026-01-01T00:00:00Z", "--to", "tomorrow"), `"tomorrow"`},
+		{"replay with --from after --to", "", with(replay, "--from", "2026-01-02T00:00:00Z", "--to", "2026-01-01T00:00:00Z"), "before"},
+		{"replay on a table not in the policy", "", []string{"replay", "start", "--table", "public.not_in_policy", "--scope", "s", "--owner", "o",
+			"--from", "2026-01-01T00:00:00Z", "--to", "2026-01-02T00:00:00Z"}, "public.not_in_policy"},
+		{"replay on a table without scope column", plain, with(replay, "--from", "2026-01-01T00:00:00Z", "--to", "2026-01-02T00:00:00Z"), "in the policy"},
+		{"replay finish of a non-number", "", []string{"replay", "finish", "x"}, `"x"`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			var vars []string
+			if c.policy != "" {
+				vars = append(vars, "INBOXKEEPER_POLICY_FILE="+c.policy)
+			}
+			r := runCLI(t, f.dir, f.env(vars...), c.args...)
+			wantExit(t, r, 2, c.want)
+		})
+	}
+	t.Cleanup(func() {
+		// Runs after the parallel subtests.
+		f.wantCount("holds", 0, "SELECT count(*) FROM inboxkeeper.holds")
+		f.wantCount("replays", 0, "SELECT count(*) FROM inboxkeeper.replays")
+	})
+}
+
+func TestReplay(t *testing.T) {
+	t.Parallel()
+	f := inbox(t)
+
+	// payments' first five events.
+	id := f.addID("replay", "start", "--table", "public.consumer_inbox", "--scope", "payments",
+		"--from", "2026-01-01T00:00:00Z", "--to", "2026-01-01T05:30:00Z", "--owner", "ops@example.com")
+	r := f.run("replay", "list")
+	wantExit(t, r, 0, "replay "+id+` on public.consumer_inbox scope="payments" events [2026-01-01T00:00:00Z, 2026-01-01T05:30:00Z) owner="ops@example.com" since `)
+
+	r = f.run("once", "--dry-run")
+	wantExit(t, r, 0)
+	wantResult(t, r, "public.consumer_inbox", "would delete", 25, 0, 5)
+	r = f.run("once")
+	wantExit(t, r, 0)
+	wantResult(t, r, "public.consumer_inbox", "deleted", 25, 0, 5)
+	f.wantCount("replayed rows kept", 5, `SELECT count(*) FROM public.consumer_inbox
+WHERE consumer = 'payments' AND remember_until <= now() AND event_time >= '2026-01-01T00:00:00Z' AND event_time < '2026-01-01T05:30:00Z'`)
+	if n := f.expiredOf("payments"); n != 5 {
+		t.Errorf("%d expired payments rows left, want the 5 replayed", n)
+	}
+
+	r = f.run("replay", "finish", id)
+	wantExit(t, r, 0, "replay "+id+" finished")
+	r = f.run("replay", "finish", id)
+	wantExit(t, r, 1, "replay "+id, "not found")
+	r = f.run("replay", "finish", "987654")
+	wantExit(t, r, 1, "replay 987654", "not found")
+	r = f.run("replay", "list")
+	wantExit(t, r, 0, "no replays")
+	r = f.run("replay", "list", "--all")
+	wantExit(t, r, 0, "replay "+id+" on public.consumer_inbox", " finished ")
+
+	r = f.run("once")
+	wantExit(t, r, 0)
+	wantResult(t, r, "public.consumer_inbox", "deleted", 5, 0, 0)
+	f.wantCount("rows", allRows-expiredRows, "SELECT count(*) FROM public.consumer_inbox")
+}
+
+func TestStatus(t *testing.T) {
+	t.Parallel()
+	f := inbox(t)
+	holdID := f.addID("hold", "add", "--table", "public.consumer_inbox", "--scope", "billing", "--reason", "r", "--owner", "o")
+	replayID := f.addID("replay", "start", "--table", "public.consumer_inbox", "--scope", "payments",
+		"--from", "2026-01-01T00:00:00Z", "--to", "2026-01-01T05:30:00Z", "--owner", "ops")
+
+	check := func(r result, due int, lag string) {
+		t.Helper()
+		var oldest, newest time.Time
+		if err := f.pool.QueryRow(context.Background(), "SELECT min(remember_until), max(remember_until) FROM public.consumer_inbox").Scan(&oldest, &newest); err != nil {
+			t.Fatal(err)
+		}
+		wantExit(t, r, 0)
+		for _, want := range []string{
+			`(?m)^public\.consumer_inbox$`,
+			`(?m)^  expired, not yet deleted: ` + strconv.Itoa(due) + ` `,
+			`(?m)^  cleanup lag: +` + lag + `$`,
+			`(?m)^  oldest retained expiry: +` + regexp.QuoteMeta(oldest.UTC().Format(time.RFC3339)) + `$`,
+			`(?m)^  newest retained expiry: +` + regexp.QuoteMeta(newest.UTC().Format(time.RFC3339)) + `$`,
+			`(?m)^  active holds: +1$`,
+			`(?m)^    hold ` + holdID + ` on public\.consumer_inbox scope="billing" `,
+			`(?m)^  active replays: +1$`,
+			`(?m)^    replay ` + replayID + ` on public\.consumer_inbox scope="payments" events \[2026-01-01T00:00:00Z, 2026-01-01T05:30:00Z\) `,
+		} {
+			if !regexp.MustCompile(want).MatchString(r.stdout) {
+				t.Errorf("status does not match %s\n%s", want, r)
+			}
+		}
+	}
+
+	// Every expired row counts; the lag is that of the oldest row nothing
+	// protects: payments' 20th, due 2h20m ago.
+	check(f.run("status"), expiredRows, `2h20m\d+s`)
+	wantExit(t, f.run("once"), 0)
+	// Left: billing's 10 (held) and payments' 5 (replayed); nothing is late.
+	check(f.run("status"), 15, `0s`)
+
+	wantExit(t, f.run("hold", "release", holdID), 0)
+	wantExit(t, f.run("replay", "finish", replayID), 0)
+	r := f.run("status")
+	wantExit(t, r, 0, "active holds:             0", "active replays:           0")
+	// Nothing protects billing's 10 any more: the oldest of them is due 2h10m ago.
+	if !regexp.MustCompile(`(?m)^  cleanup lag: +2h10m\d+s$`).MatchString(r.stdout) {
+		t.Errorf("want a lag of 2h10m\n%s", r)
+	}
+}
+
+// For a table whose rows expire a fixed time after a column (expires_after),
+// status reports expiries, not the column's values: a row kept because it is
+// not due yet must not show an expiry in the past.
+func TestStatusExpiresAfter(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, `
+CREATE TABLE public.other_inbox (id bigint PRIMARY KEY, first_seen_at timestamp NOT NULL);
+CREATE INDEX ON public.other_inbox (first_seen_at);
+INSERT INTO public.other_inbox SELECT i, (now() AT TIME ZONE 'UTC') - interval '3 hours' - i * interval '1 minute' FROM generate_series(1, 7) i;
+INSERT INTO public.other_inbox SELECT i, (now() AT TIME ZONE 'UTC') - interval '30 minutes' + i * interval '1 minute' FROM generate_series(8, 10) i;`,
+		`tables:
+  - table: public.other_inbox
+    key: [id]
+    expires_after: {column: first_seen_at, after: 2h}
+`, true)
+	check := func(r result, due int, lag string) {
+		t.Helper()
+		wantExit(t, r, 0)
+		var oldest, newest time.Time
+		if err := f.pool.QueryRow(context.Background(), `
+SELECT min(first_seen_at AT TIME ZONE 'UTC') + interval '2 hours', max(first_seen_at AT TIME ZONE 'UTC') + interval '2 hours'
+FROM public.other_inbox`).Scan(&oldest, &newest); err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range []string{
+			`(?m)^  expired, not yet deleted: ` + strconv.Itoa(due) + ` `,
+			`(?m)^  cleanup lag: +` + lag + `$`,
+			`(?m)^  oldest retained expiry: +` + regexp.QuoteMeta(oldest.UTC().Format(time.RFC3339)) + `$`,
+			`(?m)^  newest retained expiry: +` + regexp.QuoteMeta(newest.UTC().Format(time.RFC3339)) + `$`,
+		} {
+			if !regexp.MustCompile(want).MatchString(r.stdout) {
+				t.Errorf("status does not match %s\n%s", want, r)
+			}
+		}
+	}
+	// The oldest row was first seen 3h07m ago and expired 2h after that.
+	check(f.run("status"), 7, `1h7m\d+s`)
+	r := f.run("once")
+	wantExit(t, r, 0)
+	wantResult(t, r, "public.other_inbox", "deleted", 7, 0, 0)
+	// Left: three rows first seen about 30 minutes ago, expiring in about 1h30m.
+	check(f.run("status"), 0, `0s`)
+}

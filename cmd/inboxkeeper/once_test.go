@@ -1,0 +1,298 @@
+package main
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/inboxkeeper/inboxkeeper/migrations"
+)
+
+func TestMigrate(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, inboxDDL, inboxPolicy, false)
+
+	r := f.run("migrate")
+	wantExit(t, r, 0, fmt.Sprintf("migrated to version %d", migrations.Latest()))
+	r = f.run("migrate")
+	wantExit(t, r, 0, fmt.Sprintf("up to date (version %d)", migrations.Latest()))
+	if strings.Contains(r.stdout, "migrated") {
+		t.Errorf("the second migrate applied something\n%s", r)
+	}
+	f.wantCount("schema versions", int64(len(migrations.All())), "SELECT count(*) FROM inboxkeeper.schema_version")
+
+	wantExit(t, f.run("once"), 0)
+	f.wantCount("rows left", allRows-expiredRows, "SELECT count(*) FROM public.consumer_inbox")
+}
+
+// Sidecars that start together all migrate at once: each succeeds, one
+// applies the migrations, and each version is recorded exactly once.
+func TestMigrateConcurrently(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "", inboxPolicy, false)
+	const n = 4
+	procs := make([]*proc, n)
+	for i := range procs {
+		procs[i] = startCLI(t, f.dir, f.env(), "migrate")
+	}
+	migrated := 0
+	for _, p := range procs {
+		r := p.wait()
+		wantExit(t, r, 0, "control schema inboxkeeper")
+		if strings.Contains(r.stdout, "migrated to version") {
+			migrated++
+		}
+	}
+	if migrated != 1 {
+		t.Errorf("%d of %d processes say they migrated, want exactly 1", migrated, n)
+	}
+	for _, m := range migrations.All() {
+		f.wantCount(fmt.Sprintf("rows for version %d", m.Version), 1, "SELECT count(*) FROM inboxkeeper.schema_version WHERE version = $1", m.Version)
+	}
+	f.wantCount("schema versions", int64(len(migrations.All())), "SELECT count(*) FROM inboxkeeper.schema_version")
+}
+
+func TestOnceBeforeMigrate(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, inboxDDL, inboxPolicy, false)
+	for _, args := range [][]string{
+		{"once"}, {"once", "--dry-run"}, {"status"}, {"run"},
+		{"hold", "list"}, {"hold", "add", "--table", "public.consumer_inbox", "--reason", "r", "--owner", "o"},
+		{"replay", "list"},
+	} {
+		r := f.run(args...)
+		wantExit(t, r, 1, "inboxkeeper migrate")
+	}
+	f.wantCount("rows", allRows, "SELECT count(*) FROM public.consumer_inbox")
+	f.wantCount("control schema", 0, "SELECT count(*) FROM pg_namespace WHERE nspname = 'inboxkeeper'")
+}
+
+func TestOnceAndDryRun(t *testing.T) {
+	t.Parallel()
+	// A second table expires rows a fixed time after a timestamp without time
+	// zone (read as UTC): 7 rows are due, 3 are not.
+	const otherDDL = `
+CREATE TABLE public.other_inbox (id bigint PRIMARY KEY, first_seen_at timestamp NOT NULL);
+CREATE INDEX ON public.other_inbox (first_seen_at);
+INSERT INTO public.other_inbox SELECT i, (now() AT TIME ZONE 'UTC') - interval '3 hours' - i * interval '1 second' FROM generate_series(1, 7) i;
+INSERT INTO public.other_inbox SELECT i, (now() AT TIME ZONE 'UTC') - interval '30 minutes' FROM generate_series(8, 10) i;`
+	const policy = inboxPolicy + `  - table: public.other_inbox
+    key: [id]
+    expires_after: {column: first_seen_at, after: 2h}
+`
+	f := newFixture(t, inboxDDL+otherDDL, policy, true)
+	other := func() int64 { return f.count("SELECT count(*) FROM public.other_inbox") }
+
+	r := f.run("once", "--dry-run")
+	wantExit(t, r, 0)
+	wantResult(t, r, "public.consumer_inbox", "would delete", expiredRows, 0, 0)
+	wantResult(t, r, "public.other_inbox", "would delete", 7, 0, 0)
+	if got := f.rows(); got != allRows {
+		t.Fatalf("dry run deleted rows: %d left of %d", got, allRows)
+	}
+	if got := other(); got != 10 {
+		t.Fatalf("dry run deleted rows: %d left of 10", got)
+	}
+
+	r = f.run("once")
+	wantExit(t, r, 0)
+	if lines := strings.Split(strings.TrimSpace(r.stdout), "\n"); len(lines) != 2 ||
+		!strings.HasPrefix(lines[0], "public.consumer_inbox: ") || !strings.HasPrefix(lines[1], "public.other_inbox: ") {
+		t.Errorf("want one line per table, in policy order\n%s", r)
+	}
+	wantResult(t, r, "public.consumer_inbox", "deleted", expiredRows, 0, 0)
+	wantResult(t, r, "public.other_inbox", "deleted", 7, 0, 0)
+	f.wantCount("expired rows left", 0, "SELECT count(*) FROM public.consumer_inbox WHERE remember_until <= now()")
+	f.wantCount("rows not expired", 10, "SELECT count(*) FROM public.consumer_inbox WHERE remember_until > now()")
+	f.wantCount("rows without expiry", 2, "SELECT count(*) FROM public.consumer_inbox WHERE remember_until IS NULL")
+	f.wantCount("other_inbox rows not due", 3, "SELECT count(*) FROM public.other_inbox WHERE id > 7")
+	f.wantCount("other_inbox rows due", 0, "SELECT count(*) FROM public.other_inbox WHERE id <= 7")
+
+	r = f.run("once")
+	wantExit(t, r, 0)
+	wantResult(t, r, "public.consumer_inbox", "deleted", 0, 0, 0)
+	wantResult(t, r, "public.other_inbox", "deleted", 0, 0, 0)
+	r = f.run("once", "--dry-run")
+	wantExit(t, r, 0)
+	wantResult(t, r, "public.consumer_inbox", "would delete", 0, 0, 0)
+}
+
+// A bad environment, policy file or policy/catalog mismatch exits 2 with a
+// message naming the culprit, before anything is deleted. The cases share
+// one migrated database holding the inbox and copies of it that differ only
+// in their indexes; every table has expired rows.
+func TestBadInputDeletesNothing(t *testing.T) {
+	t.Parallel()
+	const copies = `
+CREATE TABLE public.noindex_inbox (LIKE public.consumer_inbox INCLUDING CONSTRAINTS);
+CREATE TABLE public.partial_inbox (LIKE public.consumer_inbox INCLUDING CONSTRAINTS);
+CREATE INDEX ON public.partial_inbox (remember_until) WHERE remember_until IS NOT NULL;
+CREATE TABLE public.second_inbox (LIKE public.consumer_inbox INCLUDING CONSTRAINTS);
+CREATE INDEX ON public.second_inbox (consumer, remember_until);
+INSERT INTO public.noindex_inbox SELECT * FROM public.consumer_inbox;
+INSERT INTO public.partial_inbox SELECT * FROM public.consumer_inbox;
+INSERT INTO public.second_inbox SELECT * FROM public.consumer_inbox;`
+	const countAll = `SELECT (SELECT count(*) FROM public.consumer_inbox) + (SELECT count(*) FROM public.noindex_inbox) +
+       (SELECT count(*) FROM public.partial_inbox) + (SELECT count(*) FROM public.second_inbox)`
+	f := newFixture(t, inboxDDL+copies, inboxPolicy, true)
+	rows := f.count(countAll)
+	if rows != 4*allRows {
+		t.Fatalf("fixture has %d rows, want %d", rows, 4*allRows)
+	}
+
+	swap := func(old, new string) string {
+		if !strings.Contains(inboxPolicy, old) {
+			panic(old)
+		}
+		return strings.Replace(inboxPolicy, old, new, 1)
+	}
+	cases := []struct {
+		name   string
+		policy string   // default inboxPolicy
+		vars   []string // extra environment
+		want   []string // in the output; "POLICY" stands for the policy file's path
+	}{
+		{name: "unknown variable", vars: []string{"INBOXKEEPER_BATCHSIZE=10"},
+			want: []string{"INBOXKEEPER_BATCHSIZE", "unknown variable", "INBOXKEEPER_BATCH_SIZE"}},
+		{name: "lower-case variable", vars: []string{"inboxkeeper_batch_size=10"},
+			want: []string{"inboxkeeper_batch_size", "unknown variable"}},
+		{name: "malformed integer", vars: []string{"INBOXKEEPER_BATCH_SIZE=abc"},
+			want: []string{"INBOXKEEPER_BATCH_SIZE", `"abc"`}},
+		{name: "batch size zero", vars: []string{"INBOXKEEPER_BATCH_SIZE=0"},
+			want: []string{"INBOXKEEPER_BATCH_SIZE"}},
+		{name: "malformed duration", vars: []string{"INBOXKEEPER_LOCK_TIMEOUT=soon"},
+			want: []string{"INBOXKEEPER_LOCK_TIMEOUT", `"soon"`}},
+		{name: "malformed schedule", vars: []string{"INBOXKEEPER_SCHEDULE=every day"},
+			want: []string{"INBOXKEEPER_SCHEDULE"}},
+		{name: "malformed log level", vars: []string{"INBOXKEEPER_LOG_LEVEL=loud"},
+			want: []string{"INBOXKEEPER_LOG_LEVEL", `"loud"`}},
+		{name: "missing policy file", vars: []string{"INBOXKEEPER_POLICY_FILE=/nonexistent/inboxkeeper.yaml"},
+			want: []string{"/nonexistent/inboxkeeper.yaml"}},
+		{name: "unknown policy field", policy: swap("event_time: event_time", "event_time: event_time\n    expire_at: remember_until"),
+			want: []string{"POLICY", `unknown field "expire_at"`}},
+		{name: "invalid yaml", policy: swap("key: [consumer, message_id]", "key: [consumer, message_id"),
+			want: []string{"POLICY"}},
+		{name: "missing table", policy: swap("public.consumer_inbox", "public.consumer_inbx"),
+			want: []string{"POLICY", "public.consumer_inbx", "no such table"}},
+		{name: "missing expiry column", policy: swap("expires_at: remember_until", "expires_at: remember_untill"),
+			want: []string{"POLICY", `"remember_untill"`, "does not exist"}},
+		{name: "missing key column", policy: swap("key: [consumer, message_id]", "key: [consumer, msg_id]"),
+			want: []string{"POLICY", `"msg_id"`, "does not exist"}},
+		{name: "missing scope column", policy: swap("scope: consumer", "scope: Consumer"),
+			want: []string{"POLICY", `"Consumer"`, "does not exist"}},
+		{name: "expiry column of the wrong type", policy: swap("expires_at: remember_until", "expires_at: consumer"),
+			want: []string{"POLICY", `"consumer"`, "timestamptz"}},
+		{name: "event time column of the wrong type", policy: swap("event_time: event_time", "event_time: message_id"),
+			want: []string{"POLICY", `"message_id"`, "timestamptz"}},
+		{name: "no index on the expiry column", policy: swap("public.consumer_inbox", "public.noindex_inbox"),
+			want: []string{"POLICY", "public.noindex_inbox", `"remember_until"`, "index"}},
+		{name: "only a partial index on the expiry column", policy: swap("public.consumer_inbox", "public.partial_inbox"),
+			want: []string{"POLICY", "public.partial_inbox", `"remember_until"`, "index"}},
+		{name: "expiry column second in the index", policy: swap("public.consumer_inbox", "public.second_inbox"),
+			want: []string{"POLICY", "public.second_inbox", `"remember_until"`, "index"}},
+		{name: "one good table and one missing", policy: inboxPolicy + `  - table: public.missing_inbox
+    key: [id]
+    expires_at: remember_until
+`, want: []string{"POLICY", "public.missing_inbox", "no such table"}},
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			policy := f.policy
+			if c.policy != "" {
+				policy = f.writeFile(fmt.Sprintf("policy-%d.yaml", i), c.policy)
+			}
+			var want []string
+			for _, w := range c.want {
+				want = append(want, strings.ReplaceAll(w, "POLICY", policy))
+			}
+			env := f.env(append([]string{"INBOXKEEPER_POLICY_FILE=" + policy}, c.vars...)...)
+			for _, args := range [][]string{{"once"}, {"run"}} {
+				r := runCLI(t, f.dir, env, args...)
+				wantExit(t, r, 2, want...)
+				if got := f.count(countAll); got != rows {
+					t.Fatalf("%d of %d rows left after\n%s", got, rows, r)
+				}
+			}
+		})
+	}
+}
+
+// Quoted, mixed-case and SQL-looking names in every position: the policy
+// names them exactly, and every command treats them as data.
+func TestHostileIdentifiers(t *testing.T) {
+	t.Parallel()
+	const ddl = `
+CREATE SCHEMA "Odd Schema";
+CREATE TABLE "Odd Schema"."weird ""name""; drop table x" (
+    "consumer id"        text NOT NULL,
+    "message id"         text NOT NULL,
+    "Event Time"         timestamptz,
+    "Remember ""Until""" timestamptz,
+    PRIMARY KEY ("consumer id", "message id")
+);
+CREATE INDEX ON "Odd Schema"."weird ""name""; drop table x" ("Remember ""Until""");
+INSERT INTO "Odd Schema"."weird ""name""; drop table x"
+SELECT c, 'm' || i || c, now(), now() - i * interval '1 hour'
+FROM unnest(ARRAY['plain', 'it''s "held"; drop table x; --']) c, generate_series(1, 4) i;
+INSERT INTO "Odd Schema"."weird ""name""; drop table x"
+SELECT c, 'n' || i || c, now(), now() + i * interval '1 hour'
+FROM unnest(ARRAY['plain', 'it''s "held"; drop table x; --']) c, generate_series(1, 3) i;
+CREATE TABLE "Odd Schema".x (id int);
+INSERT INTO "Odd Schema".x VALUES (1);
+CREATE TABLE public.x (id int);
+INSERT INTO public.x VALUES (1);`
+	const policy = `tables:
+  - table: '"Odd Schema"."weird ""name""; drop table x"'
+    key: ['consumer id', 'message id']
+    scope: 'consumer id'
+    event_time: 'Event Time'
+    expires_at: 'Remember "Until"'
+`
+	const name = `"Odd Schema"."weird ""name""; drop table x"`
+	const held = `it's "held"; drop table x; --`
+	f := newFixture(t, ddl, policy, true)
+	count := func(where string, args ...any) int64 {
+		return f.count(`SELECT count(*) FROM "Odd Schema"."weird ""name""; drop table x" WHERE `+where, args...)
+	}
+
+	r := f.run("once", "--dry-run")
+	wantExit(t, r, 0)
+	wantResult(t, r, name, "would delete", 8, 0, 0)
+
+	r = f.run("hold", "add", "--table", name, "--scope", held, "--reason", "r; drop table x", "--owner", `o"`)
+	wantExit(t, r, 0)
+	id := strings.TrimSpace(r.stdout)
+	if !regexp.MustCompile(`^[1-9][0-9]*$`).MatchString(id) {
+		t.Fatalf("hold add did not print an id\n%s", r)
+	}
+	r = f.run("hold", "list")
+	wantExit(t, r, 0, "hold "+id+" on "+name)
+
+	r = f.run("once")
+	wantExit(t, r, 0)
+	wantResult(t, r, name, "deleted", 4, 4, 0)
+
+	r = f.run("status")
+	wantExit(t, r, 0, name+"\n", "expired, not yet deleted: 4 ", "active holds:             1")
+
+	if n := count(`"Remember ""Until""" <= now() AND "consumer id" = 'plain'`); n != 0 {
+		t.Errorf("%d expired rows of plain left", n)
+	}
+	if n := count(`"Remember ""Until""" <= now() AND "consumer id" = $1`, held); n != 4 {
+		t.Errorf("%d expired held rows left, want 4", n)
+	}
+	if n := count(`"Remember ""Until""" > now()`); n != 6 {
+		t.Errorf("%d rows not expired left, want 6", n)
+	}
+	f.wantCount(`"Odd Schema".x`, 1, `SELECT count(*) FROM "Odd Schema".x`)
+	f.wantCount("public.x", 1, `SELECT count(*) FROM public.x`)
+
+	wantExit(t, f.run("hold", "release", id), 0)
+	r = f.run("once")
+	wantExit(t, r, 0)
+	wantResult(t, r, name, "deleted", 4, 0, 0)
+	f.wantCount(`"Odd Schema".x`, 1, `SELECT count(*) FROM "Odd Schema".x`)
+	f.wantCount("public.x", 1, `SELECT count(*) FROM public.x`)
+	f.wantCount("tables in the database", 3, `SELECT count(*) FROM pg_tables WHERE schemaname IN ('public', 'Odd Schema')`)
+}

@@ -1,0 +1,154 @@
+package main
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/config"
+)
+
+var (
+	metricsListening = regexp.MustCompile(`msg="inboxkeeper: metrics listening" addr=(\S+)`)
+	batchLogged      = regexp.MustCompile(`level=DEBUG msg="expiry: batch" .*deleted=[1-9]`)
+	passDone         = regexp.MustCompile(`msg="inboxkeeper: pass done"`)
+	stoppedLogged    = regexp.MustCompile(`msg="inboxkeeper: stopped"`)
+)
+
+func httpGet(t *testing.T, url string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s\n%s", url, resp.Status, body)
+	}
+	return string(body)
+}
+
+// metricValue reads one sample of a Prometheus text exposition.
+func metricValue(t *testing.T, exposition, series string) float64 {
+	t.Helper()
+	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(series) + ` (\S+)$`).FindStringSubmatch(exposition)
+	if m == nil {
+		t.Fatalf("no sample %s in\n%s", series, exposition)
+	}
+	v, err := strconv.ParseFloat(m[1], 64)
+	if err != nil {
+		t.Fatalf("sample %s: %v", series, err)
+	}
+	return v
+}
+
+// The daemon serves metrics while it deletes, and SIGTERM in the middle of a
+// long pass stops it promptly with exit 0 and every batch either committed
+// whole or not at all.
+func TestRunStopsMidPassOnSIGTERM(t *testing.T) {
+	t.Parallel()
+	// 10,000 expired rows in batches of 100 with a 100ms pause: a pass takes
+	// more than 10 seconds.
+	const expired = 10000
+	f := newFixture(t, inboxTable+inboxIndex+`
+INSERT INTO public.consumer_inbox
+SELECT 'c' || i % 4, 'old-' || i, now(), now() - interval '1 hour' - i * interval '1 second'
+FROM generate_series(1, 10000) i;
+INSERT INTO public.consumer_inbox
+SELECT 'c' || i % 4, 'new-' || i, now(), now() + interval '1 hour'
+FROM generate_series(1, 50) i;`, inboxPolicy, true)
+
+	vars := []string{
+		"INBOXKEEPER_METRICS_ADDR=127.0.0.1:0",
+		"INBOXKEEPER_LOG_LEVEL=debug",
+		"INBOXKEEPER_BATCH_SIZE=100",
+		"INBOXKEEPER_BATCH_PAUSE=100ms",
+	}
+	// Where the batch size adapts (it starts at BATCH_SIZE), pin its bounds
+	// too, so that every batch is exactly 100 rows.
+	if slices.Contains(config.KnownVariables(), "INBOXKEEPER_BATCH_SIZE_MIN") {
+		vars = append(vars, "INBOXKEEPER_BATCH_SIZE_MIN=100", "INBOXKEEPER_BATCH_SIZE_MAX=100")
+	}
+	d := startDaemon(t, f.dir, f.env(vars...), "run")
+	addr := metricsListening.FindStringSubmatch(d.waitLine(metricsListening, 30*time.Second))[1]
+	d.waitLine(batchLogged, 30*time.Second)
+
+	metrics := httpGet(t, "http://"+addr+"/metrics")
+	for _, name := range []string{"inboxkeeper_rows_deleted_total", "inboxkeeper_batches_total", "inboxkeeper_batch_duration_seconds"} {
+		if !strings.Contains(metrics, name) {
+			t.Errorf("/metrics lacks %s", name)
+		}
+	}
+	deletedSoFar := metricValue(t, metrics, `inboxkeeper_rows_deleted_total{table="public.consumer_inbox"}`)
+	if deletedSoFar < 100 || int64(deletedSoFar)%100 != 0 {
+		t.Errorf("inboxkeeper_rows_deleted_total is %v after the first batch, want a positive multiple of 100", deletedSoFar)
+	}
+	if b := metricValue(t, metrics, `inboxkeeper_batches_total{table="public.consumer_inbox"}`); b < 1 {
+		t.Errorf("inboxkeeper_batches_total is %v after the first batch", b)
+	}
+	if body := httpGet(t, "http://"+addr+"/livez"); body != "ok\n" {
+		t.Errorf("/livez says %q", body)
+	}
+
+	d.signal(syscall.SIGTERM)
+	code, took := d.exit(10 * time.Second)
+	if code != 0 {
+		t.Fatalf("exit %d after SIGTERM\nstderr:\n%s", code, d.log())
+	}
+	t.Logf("stopped %s after SIGTERM", took)
+	if !regexp.MustCompile(`msg="inboxkeeper: stopped" reason=signal during_pass=true`).MatchString(d.log()) {
+		t.Errorf("no log line saying it stopped during a pass\nstderr:\n%s", d.log())
+	}
+
+	left := f.count("SELECT count(*) FROM public.consumer_inbox WHERE remember_until <= now()")
+	deleted := expired - left
+	switch {
+	case deleted%100 != 0:
+		t.Errorf("%d rows deleted: not a whole number of batches of 100", deleted)
+	case deleted < int64(deletedSoFar):
+		t.Errorf("%d rows deleted, fewer than the %v the metrics reported", deleted, deletedSoFar)
+	case left == 0:
+		t.Errorf("the whole pass finished: SIGTERM did not interrupt it")
+	}
+	f.wantCount("rows not expired", 50, "SELECT count(*) FROM public.consumer_inbox WHERE remember_until > now()")
+}
+
+// With a schedule the daemon runs pass after pass until told to stop.
+func TestRunOnSchedule(t *testing.T) {
+	t.Parallel()
+	f := inbox(t)
+	d := startDaemon(t, f.dir, f.env(
+		"INBOXKEEPER_METRICS_ADDR=127.0.0.1:0",
+		"INBOXKEEPER_SCHEDULE=@every 1s",
+	), "run")
+	d.waitLine(passDone, 30*time.Second)
+	f.wantCount("expired rows after the first pass", 0, "SELECT count(*) FROM public.consumer_inbox WHERE remember_until <= now()")
+	d.waitLine(passDone, 30*time.Second)
+
+	d.signal(syscall.SIGTERM)
+	code, _ := d.exit(10 * time.Second)
+	if code != 0 {
+		t.Fatalf("exit %d after SIGTERM\nstderr:\n%s", code, d.log())
+	}
+	if !stoppedLogged.MatchString(d.log()) {
+		t.Errorf("no log line saying it stopped\nstderr:\n%s", d.log())
+	}
+	f.wantCount("rows", allRows-expiredRows, "SELECT count(*) FROM public.consumer_inbox")
+}

@@ -1,0 +1,122 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/user"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/inboxkeeper/inboxkeeper/expiry"
+	"github.com/inboxkeeper/inboxkeeper/throttle"
+)
+
+func (a *app) throttleConfig() throttle.Config {
+	tz, _ := time.LoadLocation(a.cfg.ActiveTZ) // validated by config.Load
+	return throttle.Config{
+		ReplicaURLs:        a.cfg.ReplicaURLs,
+		HeartbeatInterval:  a.cfg.HeartbeatInterval,
+		MaxReplicaLag:      a.cfg.MaxReplicaLag,
+		MaxReplicaLagBytes: int64(a.cfg.MaxReplicaLagBytes),
+		ReplicaFailOpen:    a.cfg.ReplicaFailOpen,
+		MaxSlotLagBytes:    int64(a.cfg.MaxSlotLagBytes),
+		Query:              a.cfg.ThrottleQuery,
+		ActiveHours:        a.cfg.ActiveHours,
+		ActiveTZ:           tz,
+		ResumeRatio:        a.cfg.ThrottleResume,
+	}
+}
+
+// startThrottle starts the collectors; the caller stops them.
+func (a *app) startThrottle(ctx context.Context, pool *pgxpool.Pool, reg prometheus.Registerer) *throttle.Throttler {
+	var m *throttle.Metrics
+	if reg != nil {
+		m = throttle.NewMetrics(reg)
+	}
+	t := throttle.New(pool, a.throttleConfig(), a.log, m)
+	t.Start(ctx)
+	return t
+}
+
+func (a *app) sizing() *expiry.Sizing {
+	return &expiry.Sizing{Min: a.cfg.BatchSizeMin, Max: a.cfg.BatchSizeMax, Target: a.cfg.BatchTarget}
+}
+
+func whoami() string {
+	name := "unknown"
+	if u, err := user.Current(); err == nil {
+		name = u.Username
+	}
+	host, _ := os.Hostname()
+	return name + "@" + host
+}
+
+func (a *app) pause(ctx context.Context, args []string) error {
+	fs := newFlags("pause", a.stderr)
+	reason := fs.String("reason", "", "why cleanup must wait (required)")
+	forDur := fs.Duration("for", 0, "end the pause by itself after this long (Go duration); 0 = until resume")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usagef("pause: unexpected argument %q", fs.Arg(0))
+	}
+	if *reason == "" {
+		return usagef("pause: --reason is required")
+	}
+	if *forDur < 0 {
+		return usagef("pause: --for must not be negative")
+	}
+	pool, err := a.controlPool(ctx)
+	if err != nil {
+		return err
+	}
+	p, err := throttle.SetPause(ctx, pool, *reason, whoami(), *forDur)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(a.stdout, "every instance on this database is %s\n", p)
+	return nil
+}
+
+func (a *app) resume(ctx context.Context, args []string) error {
+	if len(args) > 0 {
+		return usagef("resume takes no arguments")
+	}
+	pool, err := a.controlPool(ctx)
+	if err != nil {
+		return err
+	}
+	was, err := throttle.ClearPause(ctx, pool)
+	if err != nil {
+		return err
+	}
+	if !was {
+		fmt.Fprintln(a.stdout, "no pause was in force")
+		return nil
+	}
+	fmt.Fprintln(a.stdout, "resumed: every instance may delete again")
+	return nil
+}
+
+// writeThrottle prints the throttle's verdict and every signal against its
+// threshold, from one fresh measurement.
+func writeThrottle(w io.Writer, t *throttle.Throttler) {
+	s := t.Check()
+	if s.Throttled {
+		fmt.Fprintf(w, "throttle: PAUSED (%s): %s\n", s.Kind, s.Reason)
+	} else {
+		fmt.Fprintln(w, "throttle: running (no signal over its threshold)")
+	}
+	for _, r := range t.Readings() {
+		mark := "ok  "
+		if r.Over {
+			mark = "OVER"
+		}
+		fmt.Fprintf(w, "  %s %s\n", mark, r)
+	}
+}

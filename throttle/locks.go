@@ -1,0 +1,101 @@
+package throttle
+
+import (
+	"context"
+	"time"
+)
+
+type watch struct {
+	blocked bool
+}
+
+// Watch registers the backend running a batch. While it is registered, any
+// session waiting on a lock that backend holds makes the throttler cancel
+// the backend's statement (the batch rolls back and its locks go at once),
+// and blocked reports true. done unregisters it.
+func (t *Throttler) Watch(pid uint32) (done func(), blocked func() bool) {
+	w := &watch{}
+	t.mu.Lock()
+	t.watched[pid] = w
+	t.mu.Unlock()
+	return func() {
+			t.mu.Lock()
+			delete(t.watched, pid)
+			t.mu.Unlock()
+		}, func() bool {
+			t.mu.Lock()
+			defer t.mu.Unlock()
+			return w.blocked
+		}
+}
+
+// LockPollInterval is how often running batches are checked for sessions
+// waiting on them.
+const LockPollInterval = 50 * time.Millisecond
+
+func (t *Throttler) watchLocks(ctx context.Context) {
+	tick := time.NewTicker(LockPollInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		t.mu.Lock()
+		pids := make([]uint32, 0, len(t.watched))
+		for pid := range t.watched {
+			pids = append(pids, pid)
+		}
+		t.mu.Unlock()
+		if len(pids) > 0 {
+			t.checkBlocked(ctx, pids)
+		}
+	}
+}
+
+// checkBlocked looks only at sessions already waiting on a lock before
+// asking pg_blocking_pids, which briefly locks the lock manager.
+func (t *Throttler) checkBlocked(ctx context.Context, pids []uint32) {
+	rows, err := t.pool.Query(ctx, `
+WITH waiting AS MATERIALIZED (
+  SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid()
+)
+SELECT DISTINCT b.blocker, w.pid
+FROM waiting w, LATERAL unnest(pg_blocking_pids(w.pid)) AS b(blocker)
+WHERE b.blocker = ANY ($1::int4[])`, pids)
+	if err != nil {
+		if ctx.Err() == nil {
+			t.log.Warn("throttle: check lock waits", "error", err)
+		}
+		return
+	}
+	type hit struct{ blocker, waiter uint32 }
+	var hits []hit
+	for rows.Next() {
+		var h hit
+		if err := rows.Scan(&h.blocker, &h.waiter); err == nil {
+			hits = append(hits, h)
+		}
+	}
+	rows.Close()
+	for _, h := range hits {
+		t.mu.Lock()
+		w := t.watched[h.blocker]
+		if w != nil {
+			w.blocked = true
+		}
+		t.lockWait = time.Now()
+		t.mu.Unlock()
+		if w == nil {
+			continue // the batch ended meanwhile
+		}
+		t.log.Warn("throttle: a session waits on a lock the daemon holds; cancelling the batch", "daemon_pid", h.blocker, "waiting_pid", h.waiter)
+		if t.metrics != nil {
+			t.metrics.LockWaits.Inc()
+		}
+		if _, err := t.pool.Exec(ctx, "SELECT pg_cancel_backend($1)", int32(h.blocker)); err != nil && ctx.Err() == nil {
+			t.log.Warn("throttle: cancel batch", "error", err)
+		}
+	}
+}

@@ -1,0 +1,56 @@
+package throttle
+
+import (
+	"sync"
+	"time"
+)
+
+// Sizer adapts a batch size toward a target batch duration: it grows by at
+// most 1.2x a step, shrinks in proportion to how far a batch overran (at
+// most halving), halves on pressure, and stays within [Min, Max].
+type Sizer struct {
+	mu       sync.Mutex
+	size     int
+	min, max int
+	target   time.Duration
+}
+
+// NewSizer starts at start (clamped into [min, max]).
+func NewSizer(start, min, max int, target time.Duration) *Sizer {
+	s := &Sizer{min: min, max: max, target: target}
+	s.size = s.clamp(start)
+	return s
+}
+
+func (s *Sizer) clamp(n int) int { return max(s.min, min(s.max, n)) }
+
+// Size is the size of the next batch.
+func (s *Sizer) Size() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.size
+}
+
+// Observe records a batch of n rows that took d. Only a full batch says
+// anything about growing; any batch that overran says to shrink.
+func (s *Sizer) Observe(n int, d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if d <= 0 || s.target <= 0 {
+		return
+	}
+	ratio := float64(s.target) / float64(d)
+	if ratio > 1 && n < s.size {
+		return
+	}
+	ratio = max(0.5, min(1.2, ratio))
+	s.size = s.clamp(int(float64(s.size) * ratio))
+}
+
+// Pressure halves the size: a lock timeout, a statement timeout or a
+// session waiting on the batch.
+func (s *Sizer) Pressure() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.size = s.clamp(s.size / 2)
+}

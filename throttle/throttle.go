@@ -1,0 +1,366 @@
+// Package throttle decides whether the deleter may start its next batch.
+//
+// Collectors measure on their own tickers (replica lag from a heartbeat,
+// pg_stat_replication, logical slots, a custom query, a manual pause) and
+// store readings; Check only reads them and returns a reason. The deleter
+// calls Wait before every batch, never inside a transaction. A signal that
+// went over its threshold stays "over" until it falls to its resume level
+// (half the threshold by default), so the daemon does not flap.
+package throttle
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Signal kinds, used as the reason label of metrics: a fixed set.
+const (
+	ReplicaLag         = "replica_lag"
+	ReplicaLagBytes    = "replica_lag_bytes"
+	ReplicaUnreachable = "replica_unreachable"
+	SlotLag            = "slot_lag"
+	CustomQuery        = "custom_query"
+	ManualPause        = "manual_pause"
+	OutsideHours       = "outside_active_hours"
+	LockWait           = "lock_wait"
+)
+
+// Kinds lists every signal kind, for metrics that must show zeros too.
+var Kinds = []string{ReplicaLag, ReplicaLagBytes, ReplicaUnreachable, SlotLag, CustomQuery, ManualPause, OutsideHours, LockWait}
+
+// Config holds the thresholds and collector settings.
+type Config struct {
+	ReplicaURLs        []string      // standbys to read the heartbeat on
+	HeartbeatInterval  time.Duration // default 250ms
+	MaxReplicaLag      time.Duration // default 1s
+	MaxReplicaLagBytes int64         // default 64 MiB
+	ReplicaFailOpen    bool          // an unreachable listed standby does not throttle
+	MaxSlotLagBytes    int64         // 0 disables the slot signal
+	Query              string        // custom query; a result > 0 throttles
+	ActiveHours        string        // "22:00-06:00"; empty = always
+	ActiveTZ           *time.Location
+	ResumeRatio        float64 // resume when a value is at or below threshold*ratio; default 0.5
+	StatsInterval      time.Duration
+	LockWaitCooldown   time.Duration // how long a detected lock wait keeps new batches out; default 1s
+	// Clock is the time source for the active window; nil is time.Now.
+	Clock func() time.Time
+}
+
+func (c *Config) defaults() {
+	if c.HeartbeatInterval <= 0 {
+		c.HeartbeatInterval = 250 * time.Millisecond
+	}
+	if c.MaxReplicaLag <= 0 {
+		c.MaxReplicaLag = time.Second
+	}
+	if c.MaxReplicaLagBytes <= 0 {
+		c.MaxReplicaLagBytes = 64 << 20
+	}
+	if c.ResumeRatio <= 0 || c.ResumeRatio > 1 {
+		c.ResumeRatio = 0.5
+	}
+	if c.StatsInterval <= 0 {
+		c.StatsInterval = 500 * time.Millisecond
+	}
+	if c.LockWaitCooldown <= 0 {
+		c.LockWaitCooldown = time.Second
+	}
+	if c.ActiveTZ == nil {
+		c.ActiveTZ = time.UTC
+	}
+	if c.Clock == nil {
+		c.Clock = time.Now
+	}
+}
+
+// Reading is one measured signal.
+type Reading struct {
+	Kind      string
+	Subject   string  // replica, slot, or empty
+	Value     float64 // seconds or bytes; +Inf when unknown and failing closed
+	Threshold float64
+	Unit      string // "s", "bytes" or ""
+	Detail    string // e.g. the pause reason, the connection error
+	Over      bool   // with hysteresis
+	At        time.Time
+}
+
+func (r Reading) key() string { return r.Kind + "\x00" + r.Subject }
+
+// String is the human form used in logs and status.
+func (r Reading) String() string {
+	var b strings.Builder
+	b.WriteString(r.Kind)
+	if r.Subject != "" {
+		fmt.Fprintf(&b, " %s", r.Subject)
+	}
+	switch r.Unit {
+	case "s":
+		fmt.Fprintf(&b, ": %s (threshold %s)", fmtSeconds(r.Value), fmtSeconds(r.Threshold))
+	case "bytes":
+		fmt.Fprintf(&b, ": %s (threshold %s)", fmtBytes(r.Value), fmtBytes(r.Threshold))
+	default:
+		if r.Kind == CustomQuery {
+			fmt.Fprintf(&b, ": %g (throttles above 0)", r.Value)
+		}
+	}
+	if r.Detail != "" {
+		fmt.Fprintf(&b, " [%s]", r.Detail)
+	}
+	return b.String()
+}
+
+func fmtSeconds(v float64) string {
+	if math.IsInf(v, 1) {
+		return "unknown"
+	}
+	return time.Duration(v * float64(time.Second)).Round(time.Millisecond).String()
+}
+
+func fmtBytes(v float64) string {
+	if math.IsInf(v, 1) {
+		return "unknown"
+	}
+	switch {
+	case v >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", v/(1<<30))
+	case v >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", v/(1<<20))
+	case v >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", v/(1<<10))
+	}
+	return fmt.Sprintf("%.0f B", v)
+}
+
+// State is the throttle's verdict.
+type State struct {
+	Throttled bool
+	Kind      string // the first signal over its threshold
+	Reason    string // human-readable, every signal over its threshold
+	Since     time.Time
+}
+
+// Throttler collects signals and answers Check and Wait.
+type Throttler struct {
+	cfg     Config
+	pool    *pgxpool.Pool // the primary
+	log     *slog.Logger
+	metrics *Metrics
+
+	mu       sync.Mutex
+	readings map[string]Reading
+	state    State
+	changed  chan struct{} // closed and replaced when a reading changes
+	watched  map[uint32]*watch
+	lockWait time.Time // last detected lock wait
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// New returns a Throttler; Start launches its collectors.
+func New(pool *pgxpool.Pool, cfg Config, log *slog.Logger, m *Metrics) *Throttler {
+	cfg.defaults()
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Throttler{cfg: cfg, pool: pool, log: log, metrics: m,
+		readings: map[string]Reading{}, changed: make(chan struct{}), watched: map[uint32]*watch{}}
+}
+
+// set stores a reading, applying hysteresis against the previous one.
+func (t *Throttler) set(r Reading) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	prev, had := t.readings[r.key()]
+	resume := r.Threshold * t.cfg.ResumeRatio
+	r.Over = r.Value > r.Threshold || (had && prev.Over && r.Value > resume)
+	r.At = time.Now()
+	t.readings[r.key()] = r
+	if t.metrics != nil {
+		t.metrics.observe(r)
+	}
+	close(t.changed)
+	t.changed = make(chan struct{})
+}
+
+// drop forgets readings of kind whose subject is not in keep (a slot that was
+// dropped, a standby that disconnected).
+func (t *Throttler) drop(kind string, keep map[string]bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for k, r := range t.readings {
+		if r.Kind == kind && !keep[r.Subject] {
+			delete(t.readings, k)
+			if t.metrics != nil {
+				t.metrics.forget(r)
+			}
+		}
+	}
+}
+
+// forget removes one reading.
+func (t *Throttler) forget(kind, subject string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	k := Reading{Kind: kind, Subject: subject}.key()
+	if r, ok := t.readings[k]; ok {
+		delete(t.readings, k)
+		if t.metrics != nil {
+			t.metrics.forget(r)
+		}
+	}
+}
+
+// Readings returns the current readings, sorted.
+func (t *Throttler) Readings() []Reading {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]Reading, 0, len(t.readings))
+	for _, r := range t.readings {
+		out = append(out, r)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].key() < out[j].key() })
+	return out
+}
+
+// Check returns the verdict from the stored readings and the clock. It does
+// no I/O, so the deleter may call it as often as it likes.
+func (t *Throttler) Check() State {
+	var over []Reading
+	for _, r := range t.Readings() {
+		if r.Over {
+			over = append(over, r)
+		}
+	}
+	now := t.cfg.Clock()
+	if ok, window := t.inWindow(now); !ok {
+		over = append(over, Reading{Kind: OutsideHours, Detail: "active hours " + window})
+	}
+	t.mu.Lock()
+	if !t.lockWait.IsZero() && time.Since(t.lockWait) < t.cfg.LockWaitCooldown {
+		over = append(over, Reading{Kind: LockWait, Detail: "a session waited on a lock the daemon held"})
+	}
+	t.mu.Unlock()
+	s := State{Throttled: len(over) > 0}
+	if s.Throttled {
+		s.Kind = over[0].Kind
+		parts := make([]string, len(over))
+		for i, r := range over {
+			parts[i] = r.String()
+		}
+		s.Reason = strings.Join(parts, "; ")
+	}
+	return s
+}
+
+// Wait returns nil as soon as no signal throttles, or ctx's error. It logs
+// every change of state or reason, and accounts the time spent throttled.
+func (t *Throttler) Wait(ctx context.Context) error {
+	tick := time.NewTicker(100 * time.Millisecond) // the active window moves with the clock
+	defer tick.Stop()
+	for {
+		t.mu.Lock()
+		changed := t.changed
+		t.mu.Unlock()
+		s := t.Check()
+		t.transition(s)
+		if !s.Throttled {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-changed:
+		case <-tick.C:
+		}
+	}
+}
+
+// transition records a new verdict: a log line when the state or reason
+// kind changes, the throttled gauges, and the seconds spent throttled.
+func (t *Throttler) transition(s State) {
+	t.mu.Lock()
+	prev := t.state
+	now := time.Now()
+	if prev.Throttled && !prev.Since.IsZero() && t.metrics != nil {
+		t.metrics.ThrottledSeconds.WithLabelValues(prev.Kind).Add(now.Sub(prev.Since).Seconds())
+	}
+	s.Since = now
+	t.state = s
+	t.mu.Unlock()
+	if t.metrics != nil {
+		for _, k := range Kinds {
+			v := 0.0
+			if s.Throttled && s.Kind == k {
+				v = 1
+			}
+			t.metrics.Throttled.WithLabelValues(k).Set(v)
+		}
+	}
+	switch {
+	case s.Throttled && (!prev.Throttled || prev.Kind != s.Kind):
+		t.log.Warn("throttle: pausing", "kind", s.Kind, "reason", s.Reason)
+	case !s.Throttled && prev.Throttled:
+		t.log.Info("throttle: resuming", "was", prev.Kind)
+	}
+}
+
+// State returns the last verdict Wait saw.
+func (t *Throttler) State() State {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.state
+}
+
+// inWindow reports whether now is inside the active hours.
+func (t *Throttler) inWindow(now time.Time) (bool, string) {
+	if t.cfg.ActiveHours == "" {
+		return true, ""
+	}
+	from, to, err := ParseWindow(t.cfg.ActiveHours)
+	if err != nil {
+		return false, t.cfg.ActiveHours + " (invalid)"
+	}
+	local := now.In(t.cfg.ActiveTZ)
+	m := local.Hour()*60 + local.Minute()
+	label := t.cfg.ActiveHours + " " + t.cfg.ActiveTZ.String()
+	if from <= to {
+		return m >= from && m < to, label
+	}
+	return m >= from || m < to, label // wraps past midnight
+}
+
+// ParseWindow parses "HH:MM-HH:MM" into minutes after midnight.
+func ParseWindow(s string) (from, to int, err error) {
+	a, b, ok := strings.Cut(s, "-")
+	if !ok {
+		return 0, 0, fmt.Errorf("%q: want HH:MM-HH:MM", s)
+	}
+	if from, err = parseClock(a); err != nil {
+		return 0, 0, fmt.Errorf("%q: %w", s, err)
+	}
+	if to, err = parseClock(b); err != nil {
+		return 0, 0, fmt.Errorf("%q: %w", s, err)
+	}
+	if from == to {
+		return 0, 0, fmt.Errorf("%q: empty window (leave it empty for always)", s)
+	}
+	return from, to, nil
+}
+
+func parseClock(s string) (int, error) {
+	t, err := time.Parse("15:04", strings.TrimSpace(s))
+	if err != nil {
+		return 0, fmt.Errorf("%q is not HH:MM", s)
+	}
+	return t.Hour()*60 + t.Minute(), nil
+}

@@ -1,0 +1,370 @@
+package throttle_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/inboxkeeper/inboxkeeper/expiry"
+	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
+	"github.com/inboxkeeper/inboxkeeper/internal/policy"
+	"github.com/inboxkeeper/inboxkeeper/migrations"
+	"github.com/inboxkeeper/inboxkeeper/throttle"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// env is a migrated database with an inbox of expired rows.
+type env struct {
+	url   string
+	pool  *pgxpool.Pool
+	table *catalog.Table
+}
+
+const inboxDDL = `
+CREATE TABLE public.consumer_inbox (
+    consumer text NOT NULL, message_id text NOT NULL, payload text,
+    remember_until timestamptz, PRIMARY KEY (consumer, message_id));
+CREATE INDEX ON public.consumer_inbox (remember_until);`
+
+func newEnv(t *testing.T, url string, rows int, extraDDL string) env {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := migrations.Migrate(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, inboxDDL+extraDDL); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `INSERT INTO public.consumer_inbox
+SELECT 'c', 'm' || i, repeat('x', 200), now() - interval '1 day' + i * interval '1 millisecond' FROM generate_series(1, $1) i`, rows); err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	p, err := policy.Parse([]byte("tables:\n  - table: public.consumer_inbox\n    key: [consumer, message_id]\n    expires_at: remember_until\n"), "t.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tbl, err := catalog.Resolve(ctx, pool, p.Tables[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return env{url: url, pool: pool, table: tbl}
+}
+
+func (e env) left(t *testing.T) int {
+	t.Helper()
+	var n int
+	if err := e.pool.QueryRow(context.Background(), "SELECT count(*) FROM public.consumer_inbox").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// waitFor polls cond until it holds, failing the test after timeout.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for: %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func startThrottle(t *testing.T, pool *pgxpool.Pool, cfg throttle.Config) *throttle.Throttler {
+	t.Helper()
+	th := throttle.New(pool, cfg, nil, nil)
+	th.Start(context.Background())
+	t.Cleanup(th.Stop)
+	return th
+}
+
+func exec(t *testing.T, url, sql string) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, sql); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+// TestReplicaLagStopsTheDeleter pauses WAL replay on a real standby while the
+// deleter runs: at most one batch may end after the heartbeat lag crossed the
+// threshold, the deleter waits while replay is paused, and it finishes once
+// replay resumes.
+func TestReplicaLagStopsTheDeleter(t *testing.T) {
+	t.Parallel()
+	primary := pgtest.NewCluster(t)
+	standby := pgtest.NewStandby(t, primary, nil)
+	e := newEnv(t, primary.URL("postgres"), 20000, "")
+	const maxLag = time.Second
+	const beat = 100 * time.Millisecond
+	th := startThrottle(t, e.pool, throttle.Config{ReplicaURLs: []string{standby.URL("postgres")}, MaxReplicaLag: maxLag, HeartbeatInterval: beat})
+	waitFor(t, 30*time.Second, "the standby to apply a heartbeat", func() bool { return !th.Check().Throttled })
+
+	var mu sync.Mutex
+	var batchEnds []time.Time
+	d := expiry.New(e.pool, []*catalog.Table{e.table}, expiry.Options{BatchSize: 100, BatchPause: 20 * time.Millisecond, Throttle: th,
+		Progress: func(expiry.Progress) {
+			mu.Lock()
+			batchEnds = append(batchEnds, time.Now())
+			mu.Unlock()
+		}})
+	done := make(chan expiry.TableResult, 1)
+	go func() {
+		res, _ := d.RunPass(context.Background())
+		done <- res[0]
+	}()
+	batches := func() int { mu.Lock(); defer mu.Unlock(); return len(batchEnds) }
+	waitFor(t, 30*time.Second, "the first batches", func() bool { return batches() >= 3 })
+
+	exec(t, standby.URL("postgres"), "SELECT pg_wal_replay_pause()")
+	paused := time.Now()
+	waitFor(t, 30*time.Second, "the throttle to see the lag", func() bool { return th.State().Throttled })
+	if k := th.State().Kind; k != throttle.ReplicaLag {
+		t.Errorf("throttled for %q, want %q (%s)", k, throttle.ReplicaLag, th.State().Reason)
+	}
+	during := batches()
+	exec(t, standby.URL("postgres"), "SELECT pg_wal_replay_resume()")
+	resumed := time.Now()
+	res := <-done
+	if res.Err != nil || res.Deleted != 20000 {
+		t.Fatalf("pass: %+v", res)
+	}
+	// The lag crossed the threshold no later than maxLag after the pause;
+	// the collector sees it within one heartbeat read. One batch may be in
+	// flight then.
+	crossed := paused.Add(maxLag + 3*beat)
+	late := 0
+	mu.Lock()
+	for _, at := range batchEnds[:during] {
+		if at.After(crossed) && at.Before(resumed) {
+			late++
+		}
+	}
+	mu.Unlock()
+	if late > 1 {
+		t.Errorf("%d batches ended after the lag crossed the threshold, want at most 1", late)
+	}
+	if e.left(t) != 0 {
+		t.Error("rows left after the pass")
+	}
+}
+
+func TestStoppedStandbyFailsClosedOrOpen(t *testing.T) {
+	t.Parallel()
+	primary := pgtest.NewCluster(t)
+	standby := pgtest.NewStandby(t, primary, nil)
+	e := newEnv(t, primary.URL("postgres"), 10, "")
+	cfg := throttle.Config{ReplicaURLs: []string{standby.URL("postgres")}, HeartbeatInterval: 50 * time.Millisecond}
+	closed := startThrottle(t, e.pool, cfg)
+	cfg.ReplicaFailOpen = true
+	open := startThrottle(t, e.pool, cfg)
+	waitFor(t, 30*time.Second, "a healthy standby", func() bool { return !closed.Check().Throttled && !open.Check().Throttled })
+
+	if err := standby.StopServer(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "fail closed", func() bool { return closed.Check().Kind == throttle.ReplicaUnreachable })
+	if s := open.Check(); s.Throttled {
+		t.Errorf("fail open throttled anyway: %s", s.Reason)
+	}
+	var sawOpen bool
+	for _, r := range open.Readings() {
+		if r.Kind == throttle.ReplicaUnreachable && strings.Contains(r.Detail, "fail open") {
+			sawOpen = true
+		}
+	}
+	if !sawOpen {
+		t.Errorf("fail open does not say so: %v", open.Readings())
+	}
+	if err := standby.StartServer(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "recovery after the standby is back", func() bool { return !closed.Check().Throttled })
+}
+
+func TestLogicalSlotLag(t *testing.T) {
+	t.Parallel()
+	c := pgtest.NewCluster(t)
+	e := newEnv(t, c.URL("postgres"), 10, "")
+	exec(t, e.url, "SELECT pg_create_logical_replication_slot('cdc', 'test_decoding')")
+	th := startThrottle(t, e.pool, throttle.Config{MaxSlotLagBytes: 1 << 20, StatsInterval: 50 * time.Millisecond})
+	if s := th.Check(); s.Throttled {
+		t.Fatalf("throttled before any WAL: %s", s.Reason)
+	}
+	exec(t, e.url, "CREATE TABLE filler AS SELECT md5(i::text) AS f FROM generate_series(1, 50000) i") // ~5 MB of WAL
+	waitFor(t, 30*time.Second, "slot lag to throttle", func() bool { return th.Check().Kind == throttle.SlotLag })
+	if !strings.Contains(th.Check().Reason, "cdc") {
+		t.Errorf("reason %q does not name the slot", th.Check().Reason)
+	}
+	// The CDC consumer reads (and confirms) everything, and keeps reading
+	// what autovacuum writes meanwhile, as a real one would.
+	waitFor(t, 30*time.Second, "the slot to catch up", func() bool {
+		exec(t, e.url, "SELECT count(*) FROM pg_logical_slot_get_changes('cdc', NULL, NULL)")
+		return !th.Check().Throttled
+	})
+}
+
+// TestLockWaiterProceeds holds a batch open in slow triggers while another
+// session waits on one of its rows: the throttle cancels the batch, the
+// waiter proceeds, the pass stops and the next batch is smaller.
+func TestLockWaiterProceeds(t *testing.T) {
+	t.Parallel()
+	pool, url := pgtest.NewPool(t)
+	_ = pool
+	e := newEnv(t, url, 200, `
+CREATE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.05); RETURN OLD; END $$;
+CREATE TRIGGER slow BEFORE DELETE ON public.consumer_inbox FOR EACH ROW EXECUTE FUNCTION slow();`)
+	th := startThrottle(t, e.pool, throttle.Config{})
+	d := expiry.New(e.pool, []*catalog.Table{e.table}, expiry.Options{BatchSize: 100, Throttle: th, StatementTimeout: time.Minute,
+		Sizing: &expiry.Sizing{Min: 10, Max: 1000, Target: time.Minute}})
+	done := make(chan expiry.TableResult, 1)
+	go func() {
+		res, _ := d.RunPass(context.Background())
+		done <- res[0]
+	}()
+	ctx := context.Background()
+	waitFor(t, 30*time.Second, "the batch to be in its triggers", func() bool {
+		var n int
+		_ = e.pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'").Scan(&n)
+		return n > 0
+	})
+	start := time.Now()
+	// The oldest row is in the first batch, locked FOR UPDATE by it.
+	tag, err := e.pool.Exec(ctx, "UPDATE public.consumer_inbox SET payload = 'mine' WHERE message_id = 'm1'")
+	waited := time.Since(start)
+	if err != nil || tag.RowsAffected() != 1 {
+		t.Fatalf("waiter: %v (%d rows)", err, tag.RowsAffected())
+	}
+	// 100 rows x 50 ms = 5 s if the batch had run to the end.
+	if waited > 3*time.Second {
+		t.Errorf("the waiter waited %s: the batch was not cancelled", waited)
+	}
+	res := <-done
+	if res.Err != nil || !strings.Contains(res.StoppedEarly, "waited on a lock") || res.Deleted != 0 {
+		t.Errorf("pass: %+v, want it stopped with nothing deleted", res)
+	}
+	if got := d.BatchSize(e.table); got != 50 {
+		t.Errorf("next batch size %d, want 50 (halved)", got)
+	}
+	if s := th.Check(); s.Kind != throttle.LockWait {
+		t.Logf("throttle state right after: %+v (the lock-wait cool-down may have ended)", s)
+	}
+}
+
+// TestBatchSizeConverges deletes from a table whose delete trigger costs
+// about 0.5 ms a row: with a 50 ms target the size must settle near 100 rows
+// from a start of 1000.
+func TestBatchSizeConverges(t *testing.T) {
+	t.Parallel()
+	_, url := pgtest.NewPool(t)
+	e := newEnv(t, url, 4000, `
+CREATE FUNCTION slowish() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.0005); RETURN OLD; END $$;
+CREATE TRIGGER slowish BEFORE DELETE ON public.consumer_inbox FOR EACH ROW EXECUTE FUNCTION slowish();`)
+	const target = 50 * time.Millisecond
+	var mu sync.Mutex
+	var durations []time.Duration
+	d := expiry.New(e.pool, []*catalog.Table{e.table}, expiry.Options{BatchSize: 1000, Sizing: &expiry.Sizing{Min: 10, Max: 5000, Target: target},
+		Progress: func(p expiry.Progress) {
+			mu.Lock()
+			durations = append(durations, p.BatchDuration)
+			mu.Unlock()
+		}})
+	res, err := d.RunPass(context.Background())
+	if err != nil || res[0].Err != nil {
+		t.Fatal(err, res[0].Err)
+	}
+	if durations[0] < 4*target {
+		t.Fatalf("the first batch took %s: the trigger is not slow enough for this test", durations[0])
+	}
+	// Judge the settled batches: the last few full ones.
+	tail := durations[len(durations)-6 : len(durations)-1]
+	for _, du := range tail {
+		if du < target/3 || du > 3*target {
+			t.Errorf("settled batch took %s, want near %s (all: %v)", du, target, durations)
+			break
+		}
+	}
+	if s := d.BatchSize(e.table); s < 20 || s > 300 {
+		t.Errorf("settled size %d, want near 100", s)
+	}
+}
+
+func TestManualPauseAcrossInstances(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, url := pgtest.NewPool(t)
+	e := newEnv(t, url, 10, "")
+	a := startThrottle(t, e.pool, throttle.Config{})
+	other, err := pgxpool.New(ctx, url) // a second instance, its own pool
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	b := startThrottle(t, other, throttle.Config{})
+
+	if _, err := throttle.SetPause(ctx, e.pool, "vacuum running", "dba", 0); err != nil {
+		t.Fatal(err)
+	}
+	for name, th := range map[string]*throttle.Throttler{"a": a, "b": b} {
+		waitFor(t, 10*time.Second, "instance "+name+" to pause", func() bool { return th.Check().Kind == throttle.ManualPause })
+		if !strings.Contains(th.Check().Reason, "vacuum running") {
+			t.Errorf("instance %s: reason %q lacks the pause reason", name, th.Check().Reason)
+		}
+	}
+	if was, err := throttle.ClearPause(ctx, other); err != nil || !was {
+		t.Fatalf("resume: %v %v", was, err)
+	}
+	for name, th := range map[string]*throttle.Throttler{"a": a, "b": b} {
+		waitFor(t, 10*time.Second, "instance "+name+" to resume", func() bool { return !th.Check().Throttled })
+	}
+	// A pause with a duration ends by itself.
+	if _, err := throttle.SetPause(ctx, e.pool, "short", "dba", time.Microsecond); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "a timed pause to have passed", func() bool {
+		p, err := throttle.ActivePause(ctx, e.pool)
+		return err == nil && p == nil
+	})
+}
+
+func TestCustomQuery(t *testing.T) {
+	t.Parallel()
+	_, url := pgtest.NewPool(t)
+	e := newEnv(t, url, 10, "CREATE TABLE busy (n int); INSERT INTO busy VALUES (0);")
+	th := startThrottle(t, e.pool, throttle.Config{Query: "SELECT n FROM busy"})
+	if th.Check().Throttled {
+		t.Fatal("throttled at 0")
+	}
+	exec(t, url, "UPDATE busy SET n = 3")
+	waitFor(t, 10*time.Second, "the query to throttle", func() bool { return th.Check().Kind == throttle.CustomQuery })
+	exec(t, url, "UPDATE busy SET n = 0")
+	waitFor(t, 10*time.Second, "the query to release", func() bool { return !th.Check().Throttled })
+
+	broken := startThrottle(t, e.pool, throttle.Config{Query: "SELECT nope FROM busy"})
+	if s := broken.Check(); s.Kind != throttle.CustomQuery || !strings.Contains(s.Reason, "query failed") {
+		t.Errorf("a failing query must throttle and say why: %+v", s)
+	}
+}

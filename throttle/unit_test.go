@@ -1,0 +1,102 @@
+package throttle
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestHysteresis(t *testing.T) {
+	th := New(nil, Config{}, nil, nil)
+	steps := []struct {
+		value float64
+		over  bool
+	}{
+		{0.5, false}, {1.0, false}, {1.01, true}, {0.8, true}, {0.51, true}, {0.5, false}, {0.9, false}, {2, true},
+	}
+	for i, s := range steps {
+		th.set(Reading{Kind: ReplicaLag, Subject: "r", Value: s.value, Threshold: 1, Unit: "s"})
+		st := th.Check()
+		if st.Throttled != s.over {
+			t.Errorf("step %d (value %v): throttled=%v, want %v", i, s.value, st.Throttled, s.over)
+		}
+		if s.over && (st.Kind != ReplicaLag || !strings.Contains(st.Reason, "replica_lag r")) {
+			t.Errorf("step %d: kind %q reason %q", i, st.Kind, st.Reason)
+		}
+	}
+}
+
+func TestActiveWindow(t *testing.T) {
+	berlin, err := time.LoadLocation("Europe/Berlin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		window string
+		tz     *time.Location
+		at     time.Time
+		open   bool
+	}{
+		{"22:00-06:00", time.UTC, time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC), false},
+		{"22:00-06:00", time.UTC, time.Date(2026, 1, 1, 23, 0, 0, 0, time.UTC), true},
+		{"22:00-06:00", time.UTC, time.Date(2026, 1, 1, 22, 0, 0, 0, time.UTC), true},
+		{"22:00-06:00", time.UTC, time.Date(2026, 1, 1, 5, 59, 0, 0, time.UTC), true},
+		{"22:00-06:00", time.UTC, time.Date(2026, 1, 1, 6, 0, 0, 0, time.UTC), false},
+		{"09:00-17:00", time.UTC, time.Date(2026, 1, 1, 16, 59, 0, 0, time.UTC), true},
+		{"09:00-17:00", time.UTC, time.Date(2026, 1, 1, 17, 0, 0, 0, time.UTC), false},
+		// 21:30 UTC is 22:30 in Berlin in winter.
+		{"22:00-06:00", berlin, time.Date(2026, 1, 1, 21, 30, 0, 0, time.UTC), true},
+		{"22:00-06:00", berlin, time.Date(2026, 7, 1, 19, 30, 0, 0, time.UTC), false},
+	}
+	for _, c := range cases {
+		at := c.at
+		th := New(nil, Config{ActiveHours: c.window, ActiveTZ: c.tz, Clock: func() time.Time { return at }}, nil, nil)
+		st := th.Check()
+		if st.Throttled == c.open {
+			t.Errorf("%s %s at %s: throttled=%v", c.window, c.tz, c.at, st.Throttled)
+		}
+		if st.Throttled && st.Kind != OutsideHours {
+			t.Errorf("kind %q, want %q", st.Kind, OutsideHours)
+		}
+	}
+	for _, bad := range []string{"22-06", "25:00-01:00", "10:00-10:00", "10:00"} {
+		if _, _, err := ParseWindow(bad); err == nil {
+			t.Errorf("ParseWindow(%q) accepted", bad)
+		}
+	}
+}
+
+func TestSizer(t *testing.T) {
+	s := NewSizer(1000, 100, 5000, 200*time.Millisecond)
+	s.Observe(1000, 100*time.Millisecond) // fast and full: grow, at most 1.2x
+	if s.Size() != 1200 {
+		t.Errorf("after a fast full batch: %d, want 1200", s.Size())
+	}
+	s.Observe(10, time.Millisecond) // short batch: the end of the data says nothing
+	if s.Size() != 1200 {
+		t.Errorf("after a short batch: %d, want 1200", s.Size())
+	}
+	s.Observe(1200, 300*time.Millisecond) // overran by 1.5x: shrink to 2/3
+	if s.Size() != 800 {
+		t.Errorf("after an overrun: %d, want 800", s.Size())
+	}
+	s.Observe(800, 10*time.Second) // far over: at most halve
+	if s.Size() != 400 {
+		t.Errorf("after a huge overrun: %d, want 400", s.Size())
+	}
+	s.Pressure()
+	s.Pressure()
+	s.Pressure()
+	if s.Size() != 100 {
+		t.Errorf("after pressure: %d, want the minimum 100", s.Size())
+	}
+	for range 50 {
+		s.Observe(s.Size(), time.Millisecond)
+	}
+	if s.Size() != 5000 {
+		t.Errorf("after many fast batches: %d, want the maximum 5000", s.Size())
+	}
+	if NewSizer(10, 100, 5000, time.Second).Size() != 100 {
+		t.Error("start size not clamped")
+	}
+}
