@@ -23,7 +23,7 @@ type TableStatus struct {
 	Due        int64 // expired rows present, protected ones included; at most StatusCountCap
 	DueCapped  bool  // Due reached the cap: the real number is larger
 	CleanupLag time.Duration
-	Oldest     *time.Time // oldest expiry present (NULL expiries are never counted)
+	Oldest     *time.Time // oldest expiry present: column + expires_after (NULL expiries are never counted)
 	Newest     *time.Time
 	Holds      []holds.Hold
 	Replays    []holds.Replay
@@ -56,7 +56,8 @@ func (d *Deleter) status(ctx context.Context, tx pgx.Tx, t *catalog.Table, st *T
 		return fmt.Errorf("status %s: oldest and newest expiry: %w", t.Name, err)
 	}
 	if oldest.Valid {
-		o, n := oldest.Time, newest.Time
+		// The column holds when the clock started; the expiry is offset from it.
+		o, n := oldest.Time.Add(t.Policy.ExpiryOffset()), newest.Time.Add(t.Policy.ExpiryOffset())
 		st.Oldest, st.Newest = &o, &n
 	}
 	err = tx.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM (SELECT 1 FROM %s t WHERE t.%s <= %s LIMIT $2) due`,

@@ -26,7 +26,9 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -87,9 +89,10 @@ type bench struct {
 
 // result is one measured deletion.
 type result struct {
-	wall time.Duration
-	wal  int64 // bytes
-	rss  int64 // bytes; the daemon only
+	wall    time.Duration
+	wal     int64 // bytes
+	rss     int64 // bytes; the daemon only
+	batches int   // the daemon only, from its log; 0 when not found
 }
 
 func benchmark(ctx context.Context, o options, w io.Writer) error {
@@ -146,6 +149,9 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 			}
 			fmt.Fprintf(w, "rows: %d total, %d expired; batch size %d; tables a and b each %.0f MB heap + %.0f MB indexes\n",
 				total, expired, o.batch, mb(heap), mb(idx))
+			if extra := passedThrough(); len(extra) > 0 {
+				fmt.Fprintf(w, "daemon settings from the environment: %s\n", strings.Join(extra, " "))
+			}
 		}
 		// Alternate the order: whoever goes second finds the other's pages in
 		// the caches and its dirty buffers already written.
@@ -167,7 +173,8 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 		walRatio = append(walRatio, float64(d.wal)/float64(u.wal))
 		rss1M = max(rss1M, d.rss)
 		fmt.Fprintf(w, "rep %d of %d (%s):\n", rep+1, o.reps, order)
-		fmt.Fprintf(w, "  daemon (inboxkeeper once): %6.1f s %8.0f rows/s  WAL %5.0f MB  peak RSS %.1f MB\n", d.wall.Seconds(), rd, mb(d.wal), mb(d.rss))
+		fmt.Fprintf(w, "  daemon (inboxkeeper once): %6.1f s %8.0f rows/s  WAL %5.0f MB  peak RSS %.1f MB  %s\n",
+			d.wall.Seconds(), rd, mb(d.wal), mb(d.rss), batches(d, expired))
 		fmt.Fprintf(w, "  unbounded DELETE:          %6.1f s %8.0f rows/s  WAL %5.0f MB\n", u.wall.Seconds(), ru, mb(u.wal))
 		fmt.Fprintf(w, "  daemon/unbounded: throughput %.2f, WAL %.2f\n", rd/ru, float64(d.wal)/float64(u.wal))
 	}
@@ -191,7 +198,7 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 		}
 		peak = max(peak, f.rss)
 		ratio := float64(f.rss) / float64(rss1M)
-		fmt.Fprintf(w, "daemon on %d expired narrow rows: %.1f s, peak RSS %.1f MB\n", n, f.wall.Seconds(), mb(f.rss))
+		fmt.Fprintf(w, "daemon on %d expired narrow rows: %.1f s, peak RSS %.1f MB  %s\n", n, f.wall.Seconds(), mb(f.rss), batches(f, n))
 		fmt.Fprintf(w, "peak RSS: %.1f MB at %d expired rows, %.1f MB at %d; ratio %.2f (flat within %.1fx) %s\n",
 			mb(rss1M), expired, mb(f.rss), n, ratio, goalFlat, verdict(ratio <= goalFlat))
 	} else {
@@ -384,17 +391,37 @@ func (b *bench) now(ctx context.Context) time.Time {
 	return t
 }
 
-// inboxkeeper runs the built binary with a clean INBOXKEEPER_* environment
-// (it rejects unknown variables) and measures wall time and peak RSS.
+// ownVariables are the daemon settings the benchmark sets itself.
+var ownVariables = []string{"INBOXKEEPER_DATABASE_URL", "INBOXKEEPER_POLICY_FILE", "INBOXKEEPER_BATCH_SIZE", "INBOXKEEPER_METRICS_ADDR"}
+
+// passedThrough lists the other INBOXKEEPER_* variables of the environment:
+// they reach the daemon (to try e.g. INBOXKEEPER_BATCH_SIZE_MAX), so the
+// report must show them. Connection strings are shown by name only.
+func passedThrough() []string {
+	var out []string
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(name, "INBOXKEEPER_") || slices.Contains(ownVariables, name) || name == "INBOXKEEPER_TEST_DATABASE_URL" {
+			continue
+		}
+		if strings.Contains(name, "URL") {
+			kv = name + "=(set)"
+		}
+		out = append(out, kv)
+	}
+	return out
+}
+
+// inboxkeeper runs the built binary and measures wall time and peak RSS.
 func (b *bench) inboxkeeper(ctx context.Context, policy string, args ...string) (result, error) {
 	cmd := exec.CommandContext(ctx, b.bin, args...)
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(strings.ToUpper(kv), "INBOXKEEPER_") {
+		if name, _, _ := strings.Cut(kv, "="); !slices.Contains(ownVariables, name) {
 			cmd.Env = append(cmd.Env, kv)
 		}
 	}
 	cmd.Env = append(cmd.Env, "INBOXKEEPER_DATABASE_URL="+b.url, "INBOXKEEPER_POLICY_FILE="+policy,
-		fmt.Sprintf("INBOXKEEPER_BATCH_SIZE=%d", b.o.batch), "INBOXKEEPER_METRICS_ADDR=")
+		"INBOXKEEPER_BATCH_SIZE="+strconv.Itoa(b.o.batch), "INBOXKEEPER_METRICS_ADDR=")
 	var out strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &out
 	start := time.Now()
@@ -406,7 +433,22 @@ func (b *bench) inboxkeeper(ctx context.Context, policy string, args ...string) 
 	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
 		r.rss = int64(ru.Maxrss) * 1024 // KiB on Linux
 	}
+	if m := doneBatches.FindStringSubmatch(out.String()); m != nil {
+		r.batches, _ = strconv.Atoi(m[1])
+	}
 	return r, nil
+}
+
+// doneBatches finds the batch count in the daemon's "table done" log line
+// (text or JSON): the daemon may adapt its batch size, so the count shows
+// what a run really did.
+var doneBatches = regexp.MustCompile(`expiry: table done.*?\bbatches"?[=:](\d+)`)
+
+func batches(r result, rows int64) string {
+	if r.batches == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%d batches, avg %d rows", r.batches, rows/int64(r.batches))
 }
 
 func (b *bench) logf(format string, args ...any) {

@@ -23,6 +23,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
 	"github.com/inboxkeeper/inboxkeeper/migrations"
+	"github.com/inboxkeeper/inboxkeeper/retention"
 )
 
 // Exit codes: the same for every command.
@@ -54,6 +55,8 @@ Usage:
   inboxkeeper replay start --table T --scope V --from TIME --to TIME --owner NAME
   inboxkeeper replay finish ID
   inboxkeeper replay list [--all]
+  inboxkeeper plan [FILE] [--json] [--apply]   the retention record of each consumer scope (Markdown or JSON)
+  inboxkeeper plan [FILE] --check [--redis-url URL]   compare the records with the deployment; exit 1 if a promise is not kept
   inboxkeeper pause --reason TEXT [--for DURATION]   pause every instance (until resume, or for DURATION)
   inboxkeeper resume                  end a pause
   inboxkeeper demo                    a throwaway PostgreSQL, a sample inbox, one pass
@@ -128,6 +131,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		cmdErr = a.replay(ctx, rest)
 	case "demo":
 		cmdErr = a.demo(ctx, rest)
+	case "plan":
+		cmdErr = a.plan(ctx, rest)
 	case "pause":
 		cmdErr = a.pause(ctx, rest)
 	case "resume":
@@ -209,6 +214,10 @@ func (a *app) connect(ctx context.Context) (*pgxpool.Pool, error) {
 func (a *app) loadPolicy() (*policy.Policy, error) {
 	p, err := policy.Load(a.cfg.PolicyFile)
 	if err != nil {
+		return nil, configError{err}
+	}
+	// A broken retention section makes the whole file suspect.
+	if _, err := retention.Load(p); err != nil {
 		return nil, configError{err}
 	}
 	return p, nil

@@ -65,6 +65,7 @@ type Table struct {
 	Expiry    Column
 	Scope     *Column
 	EventTime *Column
+	FirstSeen *Column // the first-receipt column, for the retention rule
 }
 
 // HasScope and HasEventTime say whether holds may name a scope or a range.
@@ -163,6 +164,13 @@ FROM pg_attribute WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped`, t.OI
 			return nil, err
 		}
 		t.EventTime = &c
+	}
+	if pt.FirstSeen != "" {
+		c, err := timeColumn("first_seen", pt.FirstSeen)
+		if err != nil {
+			return nil, err
+		}
+		t.FirstSeen = &c
 	}
 
 	var indexed bool

@@ -37,6 +37,7 @@ CREATE VIEW public.v AS SELECT * FROM public.ok;`)
     key: [id]
     scope: txt
     event_time: ev
+    first_seen: naive
     expires_at: Seen`, nil},
 		{"naive timestamp", `table: public.ok
     key: [id]
@@ -57,6 +58,14 @@ CREATE VIEW public.v AS SELECT * FROM public.ok;`)
     key: [id]
     event_time: txt
     expires_at: Seen`, []string{"event_time", "is text"}},
+		{"wrong first_seen type", `table: public.ok
+    key: [id]
+    first_seen: txt
+    expires_at: Seen`, []string{"first_seen", "is text"}},
+		{"missing first_seen column", `table: public.ok
+    key: [id]
+    first_seen: nope
+    expires_at: Seen`, []string{"first_seen", `"nope" does not exist`}},
 		{"missing scope column", `table: public.ok
     key: [id]
     scope: nope

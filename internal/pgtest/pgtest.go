@@ -109,7 +109,14 @@ func NewDatabase(t testing.TB) string {
 func NewPool(t testing.TB) (*pgxpool.Pool, string) {
 	t.Helper()
 	url := NewDatabase(t)
-	pool, err := pgxpool.New(context.Background(), url)
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatalf("pgtest: pool: %v", err)
+	}
+	// Tests race several transactions at once; the default (4 on this
+	// machine) would starve them.
+	cfg.MaxConns = 20
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("pgtest: pool: %v", err)
 	}

@@ -6,6 +6,7 @@
 //	    key: [consumer, message_id]       # columns that identify a row
 //	    scope: consumer                   # optional: column holds/replays match on
 //	    event_time: event_time            # optional: column event-time ranges match on
+//	    first_seen: first_seen_at         # optional: column of the first receipt
 //	    expires_at: remember_until        # delete once column <= now
 //	  - table: public."InboxState"
 //	    key: ["Id"]
@@ -17,6 +18,9 @@
 // 1.5d are accepted. Unknown fields, repeated keys and YAML merge keys (<<)
 // are rejected: a typo in a retention policy must not silently change what
 // gets deleted. Anchors and aliases work.
+//
+// The optional top-level "retention:" list belongs to the retention package,
+// which decodes it with the same rules through Decoder.
 package policy
 
 import (
@@ -41,6 +45,9 @@ import (
 type Policy struct {
 	Source string
 	Tables []Table
+	// Retention is the raw "retention:" list, decoded by the retention
+	// package (which depends on this one); nil when the file has none.
+	Retention *yaml.Node
 }
 
 // Table is one inbox table and its expiry rule.
@@ -49,6 +56,7 @@ type Table struct {
 	Key          []string
 	Scope        string // "" when not configured
 	EventTime    string // "" when not configured
+	FirstSeen    string // column of the first receipt; "" when not configured
 	ExpiresAt    string // "" when expires_after is used
 	ExpiresAfter *ExpiresAfter
 	Line         int // line of this entry in the file, for messages
@@ -80,7 +88,8 @@ func (t Table) ExpiryOffset() time.Duration {
 // decoder derives the allowed keys from the yaml tags.
 type rawPolicy struct {
 	// Kept as nodes so each entry can be decoded with its own context.
-	Tables []yaml.Node `yaml:"tables"`
+	Tables    []yaml.Node `yaml:"tables"`
+	Retention yaml.Node   `yaml:"retention"`
 }
 
 type rawTable struct {
@@ -88,6 +97,7 @@ type rawTable struct {
 	Key          []string         `yaml:"key"`
 	Scope        string           `yaml:"scope"`
 	EventTime    string           `yaml:"event_time"`
+	FirstSeen    string           `yaml:"first_seen"`
 	ExpiresAt    string           `yaml:"expires_at"`
 	ExpiresAfter *rawExpiresAfter `yaml:"expires_after"`
 }
@@ -110,28 +120,27 @@ func Load(path string) (*Policy, error) {
 // problems found are reported together, one per line.
 func Parse(data []byte, source string) (*Policy, error) {
 	d := &decoder{source: source, lines: map[string]int{}}
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	var doc, extra yaml.Node
-	if err := dec.Decode(&doc); err != nil {
-		if errors.Is(err, io.EOF) {
-			return nil, fmt.Errorf("%s: no tables", source)
-		}
-		return nil, d.yamlError(err)
+	root, err := d.document(data)
+	if err != nil {
+		return nil, err
 	}
-	// A second document would otherwise be ignored without a word.
-	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
-		if err != nil {
-			return nil, d.yamlError(err)
-		}
-		return nil, fmt.Errorf("%s:%d: only one YAML document is allowed", source, extra.Line)
+	if root == nil {
+		return nil, fmt.Errorf("%s: no tables", source)
 	}
 
 	var raw rawPolicy
-	d.decode(doc.Content[0], reflect.ValueOf(&raw).Elem(), "", "")
+	d.decode(root, reflect.ValueOf(&raw).Elem(), "", "")
 	if len(raw.Tables) == 0 && len(d.errs) == 0 {
 		d.errorf(0, "", "no tables")
 	}
 	p := &Policy{Source: source}
+	switch r := &raw.Retention; {
+	case r.Kind == 0: // absent or null
+	case r.Kind != yaml.SequenceNode:
+		d.errorf(r.Line, "retention", "must be a list, not %s", kindName(r))
+	default:
+		p.Retention = r
+	}
 	firsts := map[QualifiedName]string{}
 	for i := range raw.Tables {
 		n := &raw.Tables[i]
@@ -154,17 +163,81 @@ func Parse(data []byte, source string) (*Policy, error) {
 		firsts[t.Name] = fmt.Sprintf("tables[%d] on line %d", i, n.Line)
 		p.Tables = append(p.Tables, t)
 	}
-	if len(d.errs) > 0 {
-		// Top-level fields are checked before the tables; report in file order.
-		slices.SortStableFunc(d.errs, func(a, b fileError) int { return a.line - b.line })
-		errs := make([]error, len(d.errs))
-		for i, e := range d.errs {
-			errs[i] = e.err
-		}
-		return nil, errors.Join(errs...)
+	if err := d.err(); err != nil {
+		return nil, err
 	}
 	return p, nil
 }
+
+// document reads exactly one YAML document and returns its root, or nil for
+// an empty file.
+func (d *decoder) document(data []byte) (*yaml.Node, error) {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc, extra yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, nil
+		}
+		return nil, d.yamlError(err)
+	}
+	// A second document would otherwise be ignored without a word.
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		if err != nil {
+			return nil, d.yamlError(err)
+		}
+		return nil, fmt.Errorf("%s:%d: only one YAML document is allowed", d.source, extra.Line)
+	}
+	return doc.Content[0], nil
+}
+
+// err joins every error found so far, in file order: top-level fields are
+// checked before the entries, and some checks run after decoding.
+func (d *decoder) err() error {
+	if len(d.errs) == 0 {
+		return nil
+	}
+	slices.SortStableFunc(d.errs, func(a, b fileError) int { return a.line - b.line })
+	errs := make([]error, len(d.errs))
+	for i, e := range d.errs {
+		errs[i] = e.err
+	}
+	return errors.Join(errs...)
+}
+
+// Decoder lets the package that owns a section of the file (retention)
+// decode it with the same strictness and report errors in the same
+// file:line: where: field: form, all at once.
+type Decoder struct{ d *decoder }
+
+// NewDecoder starts a decoder for a file; source names it in messages.
+func NewDecoder(source string) *Decoder {
+	return &Decoder{&decoder{source: source, lines: map[string]int{}}}
+}
+
+// Document parses data as exactly one YAML document and returns its root
+// node, or nil when the file is empty.
+func (d *Decoder) Document(data []byte) (*yaml.Node, error) { return d.d.document(data) }
+
+// Decode decodes n into *v strictly (unknown fields, fields set twice and
+// merge keys are errors). ctx names the entry in messages, e.g.
+// "retention[0] (payments)". It reports whether n decoded cleanly.
+func (d *Decoder) Decode(n *yaml.Node, v any, ctx string) bool {
+	return d.d.decode(n, reflect.ValueOf(v).Elem(), ctx, "")
+}
+
+// Errorf records an error about field (a path such as "paths[2].stages[0].from")
+// of the entry ctx, on the line where that field, or the nearest enclosing
+// one, was written; fallback is used when none was.
+func (d *Decoder) Errorf(fallback int, ctx, field, format string, args ...any) {
+	d.d.errorf(d.d.line(ctx, field, fallback), joinWhere(ctx, field), format, args...)
+}
+
+// Err returns every error recorded, in file order, or nil.
+func (d *Decoder) Err() error { return d.d.err() }
+
+// ScalarField returns the text of key in mapping n, so that messages can
+// name an entry before it has been decoded.
+func ScalarField(n *yaml.Node, key string) string { return scalarField(n, key) }
 
 func (d *decoder) table(rt rawTable, ctx string, line int) (Table, bool) {
 	before := len(d.errs)
@@ -176,7 +249,7 @@ func (d *decoder) table(rt rawTable, ctx string, line int) (Table, bool) {
 			fail(field, "%v", err)
 		}
 	}
-	t := Table{Key: rt.Key, Scope: rt.Scope, EventTime: rt.EventTime, ExpiresAt: rt.ExpiresAt, Line: line}
+	t := Table{Key: rt.Key, Scope: rt.Scope, EventTime: rt.EventTime, FirstSeen: rt.FirstSeen, ExpiresAt: rt.ExpiresAt, Line: line}
 
 	if rt.Table == "" {
 		fail("table", "required (schema.name)")
@@ -201,6 +274,9 @@ func (d *decoder) table(rt rawTable, ctx string, line int) (Table, bool) {
 	}
 	if rt.EventTime != "" {
 		column("event_time", rt.EventTime)
+	}
+	if rt.FirstSeen != "" {
+		column("first_seen", rt.FirstSeen)
 	}
 
 	switch ea := rt.ExpiresAfter; {

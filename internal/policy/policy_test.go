@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"go.yaml.in/yaml/v3"
 )
 
 const example = `tables:
@@ -69,6 +71,68 @@ tables:
 	}
 }
 
+// The retention section is kept as a node for the retention package, and
+// first_seen names the first-receipt column.
+func TestRetentionNodeAndFirstSeen(t *testing.T) {
+	t.Parallel()
+	p, err := Parse([]byte(`tables:
+  - {table: a.b, key: [id], first_seen: seen, expires_at: x}
+retention:
+  - scope: s
+`), "p.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Tables[0].FirstSeen != "seen" {
+		t.Errorf("FirstSeen = %q", p.Tables[0].FirstSeen)
+	}
+	if r := p.Retention; r == nil || r.Kind != yaml.SequenceNode || r.Line != 4 || len(r.Content) != 1 {
+		t.Errorf("Retention = %+v", r)
+	}
+	for _, doc := range []string{example, example + "retention:\n", example + "retention: ~\n"} {
+		if p, err := Parse([]byte(doc), "p.yaml"); err != nil || p.Retention != nil {
+			t.Errorf("Retention = %+v, %v; want nil", p.Retention, err)
+		}
+	}
+}
+
+// Decoder gives a section owned by another package the same strictness and
+// error form as the tables.
+func TestDecoder(t *testing.T) {
+	t.Parallel()
+	d := NewDecoder("r.yaml")
+	root, err := d.Document([]byte("a: 1\nb:\n  c: x\n  c: y\n  e: 1d\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v struct {
+		A int `yaml:"a"`
+		B struct {
+			C string   `yaml:"c"`
+			E Duration `yaml:"e"`
+		} `yaml:"b"`
+	}
+	if ScalarField(root, "a") != "1" {
+		t.Errorf("ScalarField = %q", ScalarField(root, "a"))
+	}
+	if d.Decode(root, &v, "entry") {
+		t.Error("Decode accepted a field set twice")
+	}
+	d.Errorf(1, "entry", "b.e", "too %s", "short")
+	d.Errorf(1, "entry", "b.nothing", "missing")
+	// In file order; b.nothing was not written, so it is reported on b's line.
+	want := "r.yaml:2: entry: b.nothing: missing\nr.yaml:4: entry: b.c: set twice (first on line 3)\nr.yaml:5: entry: b.e: too short"
+	if err := d.Err(); err == nil || err.Error() != want {
+		t.Errorf("Err =\n%v\nwant\n%s", err, want)
+	}
+	if n, err := NewDecoder("e.yaml").Document(nil); n != nil || err != nil {
+		t.Errorf("empty document = %v, %v", n, err)
+	}
+	if _, err := NewDecoder("e.yaml").Document([]byte("a: 1\n---\nb: 2\n")); err == nil || !strings.Contains(err.Error(), "e.yaml:2: only one YAML document") {
+		t.Errorf("two documents: %v", err)
+	}
+}
+
 func TestExpiryAccessors(t *testing.T) {
 	t.Parallel()
 	p, err := Parse([]byte(example), "policy.yaml")
@@ -123,7 +187,9 @@ func TestParseErrors(t *testing.T) {
 		{"top level a list", "- a\n", []string{"policy.yaml:1: must be a mapping"}},
 		{"invalid yaml", "tables:\n  - table: [a\n", []string{"policy.yaml:", "did not find expected"}},
 		{"two documents", example + "---\ntables: []\n", []string{"policy.yaml:10: only one YAML document"}},
-		{"unknown top-level field", "retention: 1d\n" + tbl("table: a.b", ok), []string{"policy.yaml:1: ", `unknown field "retention"`}},
+		{"unknown top-level field", "retentoin: []\n" + tbl("table: a.b", ok), []string{"policy.yaml:1: ", `unknown field "retentoin"`, "known: tables, retention"}},
+		{"retention not a list", "retention: 1d\n" + tbl("table: a.b", ok), []string{"policy.yaml:1: retention: must be a list"}},
+		{"NUL in first_seen", tbl("table: a.b", ok, `first_seen: "x\0"`), []string{"policy.yaml:5: tables[0] (a.b): first_seen: ", "NUL"}},
 		{"unknown table field", tbl("table: a.b", ok, "expire_at: y"),
 			[]string{"policy.yaml:5: tables[0] (a.b): ", `unknown field "expire_at"`, "known: table, key"}},
 		{"unknown nested field", tbl("table: a.b", "key: [id]", "expires_after: {column: c, after: 1d, at: x}"),

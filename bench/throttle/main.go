@@ -1,0 +1,830 @@
+// Command throttle benchmarks the replica-lag throttle: how far a slow
+// standby falls behind while the daemon deletes a backlog throttled at
+// MAX_REPLICA_LAG, against one unbounded DELETE of an identical copy and
+// against the daemon unthrottled, side by side in one run (on a shared
+// machine only the comparison means anything).
+//
+//	go run ./bench/throttle                    # 2M rows per table, 1M expired
+//	go run ./bench/throttle -rows 500000 -apply-rate 16
+//
+// It builds cmd/inboxkeeper, starts a durable throwaway primary and a
+// streaming standby (pg_basebackup -R), fills three identical inbox tables
+// a, b and c, and then, each right after a CHECKPOINT and with the standby
+// caught up:
+//
+//	A: `inboxkeeper once` on a with REPLICA_URLS=<standby>, MAX_REPLICA_LAG=-max-lag
+//	B: DELETE FROM b WHERE remember_until <= now()
+//	C: `inboxkeeper once` on c with no standby listed and the pg_stat_replication
+//	   thresholds out of reach (24h, 1TB): that signal throttles even without
+//	   REPLICA_URLS, and C is the unthrottled reference.
+//
+// How the standby is slowed: a governor caps its apply rate at -apply-rate
+// MB/s of WAL. It polls pg_last_wal_replay_lsn() every 5 ms and pauses replay
+// (pg_wal_replay_pause) whenever replay has got ahead of a budget that grows
+// at that rate, resuming once the budget has caught up; unused budget is not
+// saved up beyond 1 MB. This models a standby with less apply bandwidth than
+// the primary writes WAL (slower disks, busy with reads), the case the
+// throttle is for. Left alone, the standby replays a DELETE's WAL at about
+// 200 MB/s on the development machine and never lags; replay runs free between
+// two polls, so each overshoots by up to about 1 MB (0.12 s at 8 MB/s), paid
+// back by the next pause. recovery_min_apply_delay was not used: it holds
+// each commit record back by a fixed delay but leaves the apply rate as it
+// is, so a big DELETE makes the lag no larger than an idle primary does (the
+// delay either way). A small shared_buffers makes the slowdown depend on the
+// OS cache and the machine. With a WAL budget, the lag a deletion causes is
+// about its WAL over the rate on any machine, and an idle primary's
+// heartbeats (a few hundred bytes) are never held back, so the baseline lag
+// is only the sampler's own granularity (50 ms heartbeat, 50 ms reads; the
+// first report line prints it).
+//
+// The lag is measured the way the daemon measures it, but independently of
+// it and all the time: a sampler updates its own heartbeat row
+// (bench_heartbeat) on the primary every 50 ms and reads clock_timestamp() -
+// max(beat) on the standby every 50 ms; it also reads replay_lag and the
+// replay position's distance in bytes from pg_stat_replication, for context.
+// A phase's peak lag is the highest reading from its start until the standby
+// has caught up again, because the peak of an unbounded DELETE comes after
+// the statement ends.
+//
+// The goal of the issue: the throttled daemon's peak stays at or under
+// max-lag + one batch's worth, where one batch's worth is the longest batch of
+// that run, timed from the daemon's debug log (from the previous batch line,
+// or from the "throttle: resuming" line after a pause, to the batch's own
+// line); the unbounded DELETE's peak does not. The program exits non-zero
+// when a phase does not delete exactly the expired rows; a missed goal is
+// printed (GOAL MISSED), not fatal.
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/pgcluster"
+)
+
+type options struct {
+	rows      int
+	maxLag    time.Duration
+	applyRate float64 // MB/s of WAL the standby may apply; 0 leaves it alone
+	keep      bool
+	logs      string // directory for the daemon's logs; empty: not kept
+}
+
+func main() { os.Exit(run(os.Args[1:], os.Stdout)) }
+
+// run prints the report on stdout and progress and errors on stderr.
+func run(args []string, stdout io.Writer) int {
+	fs := flag.NewFlagSet("throttle", flag.ContinueOnError)
+	var o options
+	fs.IntVar(&o.rows, "rows", 2_000_000, "rows in each of the tables a, b and c; half of them expired")
+	fs.DurationVar(&o.maxLag, "max-lag", time.Second, "the throttled daemon's INBOXKEEPER_MAX_REPLICA_LAG")
+	fs.Float64Var(&o.applyRate, "apply-rate", 8, "MB/s of WAL the standby may apply; 0 does not slow it")
+	fs.BoolVar(&o.keep, "keep", false, "leave both clusters running and print their URLs")
+	fs.StringVar(&o.logs, "logs", "", "write the daemon's debug logs to `dir`/a.log and c.log")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if o.rows < 2 || o.maxLag <= 0 || o.applyRate < 0 || fs.NArg() > 0 {
+		fmt.Fprintln(os.Stderr, "bench/throttle: want -rows >= 2, -max-lag > 0, -apply-rate >= 0 and no arguments")
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := benchmark(ctx, o, stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "bench/throttle: FAILED:", err)
+		return 1
+	}
+	return 0
+}
+
+type bench struct {
+	o          options
+	dir        string // temporary: the binary and the policy files
+	bin        string
+	url        string // the primary
+	standbyURL string
+	pool       *pgxpool.Pool // the primary
+	standby    *pgxpool.Pool
+	lag        *sampler
+	gov        *governor
+	baseline   float64 // seconds: the highest lag of the idle, caught-up pair
+	started    time.Time
+}
+
+// phase is one measured deletion.
+type phase struct {
+	wall    time.Duration
+	wal     int64 // bytes, the whole cluster's
+	peak    peaks
+	catchUp time.Duration // from the end of the deletion until the standby caught up
+	log     daemonLog     // the daemon's phases only
+}
+
+func benchmark(ctx context.Context, o options, w io.Writer) error {
+	b := &bench{o: o, started: time.Now()}
+	root, err := moduleRoot()
+	if err != nil {
+		return err
+	}
+	if b.dir, err = os.MkdirTemp("", "inboxkeeper-bench-throttle-"); err != nil {
+		return err
+	}
+	defer os.RemoveAll(b.dir)
+	b.bin = filepath.Join(b.dir, "inboxkeeper")
+	b.logf("building cmd/inboxkeeper")
+	build := exec.CommandContext(ctx, "go", "build", "-o", b.bin, "./cmd/inboxkeeper")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build ./cmd/inboxkeeper: %w\n%s", err, out)
+	}
+
+	b.logf("starting a durable primary and a streaming standby")
+	c, err := pgcluster.Start(ctx, pgcluster.Options{Durable: true, Settings: map[string]string{
+		"shared_buffers": "'1GB'", "max_wal_size": "'8GB'", "checkpoint_timeout": "'30min'",
+	}})
+	if err != nil {
+		return err
+	}
+	// The standby comes first, so it replays the fill and ends up with the
+	// same pages; it inherits the primary's settings through pg_basebackup.
+	s, err := c.StartStandby(ctx, nil)
+	if err != nil {
+		c.Destroy()
+		return err
+	}
+	b.url, b.standbyURL = c.URL("postgres"), s.URL("postgres")
+	if o.keep {
+		defer fmt.Fprintf(w, "clusters kept: primary %s (data %s), standby %s (data %s)\n", b.url, c.DataDir, b.standbyURL, s.DataDir)
+	} else {
+		defer c.Destroy()
+		defer s.Destroy()
+	}
+	if b.pool, err = pgxpool.New(ctx, b.url); err != nil {
+		return err
+	}
+	defer b.pool.Close()
+	if b.standby, err = pgxpool.New(ctx, b.standbyURL); err != nil {
+		return err
+	}
+	defer b.standby.Close()
+	// migrate reads no policy, but the configuration must name one.
+	if _, err := b.inboxkeeper(ctx, filepath.Join(b.dir, "none.yaml"), nil, "migrate"); err != nil {
+		return err
+	}
+	if _, err := b.pool.Exec(ctx, `CREATE TABLE bench_heartbeat (id boolean PRIMARY KEY, beat timestamptz NOT NULL);
+INSERT INTO bench_heartbeat VALUES (true, clock_timestamp())`); err != nil {
+		return err
+	}
+
+	total, expired := int64(o.rows), int64(o.rows/2)
+	if err := b.fillAll(ctx, total, expired); err != nil {
+		return err
+	}
+	var heap, idx int64
+	if err := b.pool.QueryRow(ctx, `SELECT pg_relation_size('a'), pg_indexes_size('a')`).Scan(&heap, &idx); err != nil {
+		return err
+	}
+	b.logf("waiting for the standby to replay the fill")
+	if err := b.waitReplay(ctx, 0); err != nil {
+		return err
+	}
+
+	b.gov = &governor{rate: o.applyRate * (1 << 20)}
+	if o.applyRate > 0 {
+		gctx, stopGovernor := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); b.gov.run(gctx, b.standbyURL, b.logf) }()
+		defer func() { stopGovernor(); <-done }() // replay runs free again before -keep leaves it
+	}
+	b.lag = &sampler{}
+	sctx, stopSampler := context.WithCancel(ctx)
+	defer stopSampler()
+	b.lag.start(sctx, b.url, b.standbyURL, b.logf)
+	// The first readings still see the row as the fill left it; then two
+	// idle seconds show what "caught up" looks like.
+	for _, d := range []time.Duration{500 * time.Millisecond, 2 * time.Second} {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(d):
+		}
+		b.baseline = b.lag.take().lag
+	}
+	b.logf("baseline lag %.3f s", b.baseline)
+
+	slowed := "nothing (-apply-rate 0)"
+	if o.applyRate > 0 {
+		slowed = fmt.Sprintf("replay paused whenever it runs ahead of a %g MB/s WAL budget", o.applyRate)
+	}
+	fmt.Fprintf(w, "standby apply slowed by: %s (baseline lag %.2f s)\n", slowed, b.baseline)
+	fmt.Fprintf(w, "rows: %d total, %d expired; tables a, b, c each %.0f MB heap + %.0f MB indexes\n", total, expired, mb(heap), mb(idx))
+
+	maxLag := o.maxLag.String()
+	thr, err := b.measure(ctx, "A: inboxkeeper once on a, throttled", func() (time.Duration, daemonLog, error) {
+		return b.daemon(ctx, "a", total, expired, "INBOXKEEPER_REPLICA_URLS="+b.standbyURL, "INBOXKEEPER_MAX_REPLICA_LAG="+maxLag)
+	})
+	if err != nil {
+		return err
+	}
+	unb, err := b.measure(ctx, "B: unbounded DELETE on b", func() (time.Duration, daemonLog, error) {
+		wall, err := b.unbounded(ctx, "b", total, expired)
+		return wall, daemonLog{}, err
+	})
+	if err != nil {
+		return err
+	}
+	free, err := b.measure(ctx, "C: inboxkeeper once on c, unthrottled", func() (time.Duration, daemonLog, error) {
+		return b.daemon(ctx, "c", total, expired, "INBOXKEEPER_MAX_REPLICA_LAG=24h", "INBOXKEEPER_MAX_REPLICA_LAG_BYTES=1TB")
+	})
+	if err != nil {
+		return err
+	}
+
+	rate := func(p phase) float64 { return float64(expired) / p.wall.Seconds() }
+	line := func(name string, p phase, rows bool) {
+		fmt.Fprintf(w, "%-26s peak lag %5.2f s   time %5.1f s", name, p.peak.lag, p.wall.Seconds())
+		if rows {
+			fmt.Fprintf(w, " %7.0f rows/s", rate(p))
+		}
+		fmt.Fprintln(w)
+	}
+	line("daemon, throttled at "+maxLag+":", thr, true)
+	line("unbounded DELETE:", unb, false)
+	line("daemon, unthrottled:", free, true)
+	bound := o.maxLag.Seconds() + thr.log.longest.Seconds()
+	fmt.Fprintf(w, "goal: throttled peak <= %s + one batch's worth (longest batch %.2f s) = %.2f s: %s; unbounded above it: %s\n",
+		maxLag, thr.log.longest.Seconds(), bound, verdict(thr.peak.lag <= bound), yesNo(unb.peak.lag > bound))
+	fmt.Fprintf(w, "throughput throttled/unthrottled: %.2f\n", rate(thr)/rate(free))
+
+	fmt.Fprintln(w, "details (WAL of the whole cluster; replay_lag and bytes behind from pg_stat_replication; catch-up from the end of the deletion):")
+	detail := func(name string, p phase) {
+		fmt.Fprintf(w, "  %-12s WAL %4.0f MB, peak replay_lag %5.2f s, peak %4.0f MB behind, catch-up %5.1f s\n",
+			name, mb(p.wal), p.peak.replayLag, mb(p.peak.bytes), p.catchUp.Seconds())
+		l := p.log
+		if l.batches == 0 {
+			return
+		}
+		perRow := p.wal / max(l.rows, 1) // FPIs included: the run's average
+		fmt.Fprintf(w, "  %-12s %d batches of up to %d rows (~%.1f MB of WAL", "", l.batches, l.maxRows, mb(perRow*l.maxRows))
+		if o.applyRate > 0 {
+			fmt.Fprintf(w, ", %.2f s of apply", mb(perRow*l.maxRows)/o.applyRate)
+		}
+		fmt.Fprintf(w, "), longest %.2f s; paused %d times, %.1f s in all", l.longest.Seconds(), l.pauses, l.paused.Seconds())
+		if len(l.kinds) > 0 {
+			fmt.Fprintf(w, " (%s)", strings.Join(l.kinds, ", "))
+		}
+		fmt.Fprintln(w)
+	}
+	detail("throttled:", thr)
+	detail("unbounded:", unb)
+	detail("unthrottled:", free)
+	if n := b.lag.errors(); n > 0 {
+		fmt.Fprintf(w, "  the sampler had %d failed reads or writes (see stderr)\n", n)
+	}
+	b.logf("done")
+	return nil
+}
+
+func verdict(ok bool) string {
+	if ok {
+		return "GOAL MET"
+	}
+	return "GOAL MISSED"
+}
+
+func yesNo(ok bool) string {
+	if ok {
+		return "yes"
+	}
+	return "no"
+}
+
+// measure runs one deletion after a CHECKPOINT with the standby caught up,
+// and keeps sampling the lag until the standby has caught up again.
+func (b *bench) measure(ctx context.Context, name string, deletion func() (time.Duration, daemonLog, error)) (phase, error) {
+	var p phase
+	if _, err := b.pool.Exec(ctx, "CHECKPOINT"); err != nil {
+		return p, err
+	}
+	if err := b.waitReplay(ctx, b.baseline+0.1); err != nil {
+		return p, err
+	}
+	var lsn string
+	if err := b.pool.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&lsn); err != nil {
+		return p, err
+	}
+	b.logf("%s", name)
+	b.lag.take()
+	b.gov.take()
+	var err error
+	if p.wall, p.log, err = deletion(); err != nil {
+		return p, err
+	}
+	if err := b.pool.QueryRow(ctx, "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::pg_lsn)::bigint", lsn).Scan(&p.wal); err != nil {
+		return p, err
+	}
+	b.logf("%.1f s, %.0f MB of WAL; waiting for the standby", p.wall.Seconds(), mb(p.wal))
+	ended := time.Now()
+	if err := b.waitReplay(ctx, b.baseline+0.1); err != nil {
+		return p, err
+	}
+	p.catchUp = time.Since(ended)
+	p.peak = b.lag.take()
+	held, gap := b.gov.take()
+	b.logf("peak lag %.2f s, caught up after %.1f s; the governor held replay for %.1f s, longest between two polls %v",
+		p.peak.lag, p.catchUp.Seconds(), held.Seconds(), gap.Round(time.Millisecond))
+	return p, nil
+}
+
+// waitReplay waits until the standby has replayed everything the primary
+// has written so far and, when lagBelow > 0, the sampler reads a lag under
+// it.
+func (b *bench) waitReplay(ctx context.Context, lagBelow float64) error {
+	var target string
+	if err := b.pool.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&target); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(20 * time.Minute)
+	for {
+		var done bool
+		if err := b.standby.QueryRow(ctx, "SELECT pg_last_wal_replay_lsn() >= $1::pg_lsn", target).Scan(&done); err != nil {
+			return fmt.Errorf("read the standby's replay position: %w", err)
+		}
+		if done && (lagBelow <= 0 || b.lag.latest() < lagBelow) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the standby did not catch up with %s within 20 minutes", target)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// inboxDDL is a typical inbox table, as in bench/expiry. Autovacuum is off so
+// that no vacuum of an earlier phase's table writes WAL during a later phase.
+const inboxDDL = `
+DROP TABLE IF EXISTS %[1]s;
+CREATE TABLE %[1]s (
+    consumer       text        NOT NULL,
+    message_id     uuid        NOT NULL,
+    payload_hash   bytea       NOT NULL,
+    outcome        text        NOT NULL,
+    event_time     timestamptz NOT NULL,
+    first_seen_at  timestamptz NOT NULL,
+    remember_until timestamptz NOT NULL,
+    payload        text        NOT NULL
+) WITH (autovacuum_enabled = off)`
+
+// insertSQL makes rows $1..$2 of a table of $4 rows whose first $3 are
+// expired at $5 (bench/expiry's rows). Expired rows expired at least a day
+// ago, live rows expire a day from now at the earliest, so the expected
+// count is exact however long the run takes; remember_until order is not
+// insertion order (consumer k%4 remembers for 30, 45, 50 or 60 days).
+const insertSQL = `
+INSERT INTO %[1]s
+SELECT (ARRAY['billing', 'payments', 'shipping', 'email'])[1 + k %% 4],
+       md5(k::text)::uuid,
+       sha256(k::text::bytea),
+       'applied',
+       f - interval '5 minutes',
+       f,
+       f + (ARRAY[30, 45, 50, 60])[1 + k %% 4] * interval '1 day',
+       left(repeat(md5(k::text), 10), 300)
+FROM generate_series($1::bigint, $2::bigint) AS k,
+LATERAL (SELECT CASE WHEN k < $3::bigint
+  THEN $5::timestamptz - interval '161 days' + k * (interval '100 days' / $3::bigint)
+  ELSE $5::timestamptz - interval '29 days' + (k - $3::bigint) * (interval '29 days' / greatest($4::bigint - $3::bigint, 1)) END) AS s(f)`
+
+// fill (re)creates table with n rows, indexes it after the load (faster),
+// and vacuums and analyzes it.
+func (b *bench) fill(ctx context.Context, table string, n, expired int64, t0 time.Time) error {
+	b.logf("filling %s with %d rows", table, n)
+	conn, err := b.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, fmt.Sprintf(inboxDDL, table)+"; SET maintenance_work_mem = '256MB'"); err != nil {
+		return fmt.Errorf("create %s: %w", table, err)
+	}
+	const chunk = 500_000
+	for lo := int64(0); lo < n; lo += chunk {
+		if _, err := conn.Exec(ctx, fmt.Sprintf(insertSQL, table), lo, min(lo+chunk, n)-1, expired, n, t0); err != nil {
+			return fmt.Errorf("fill %s: %w", table, err)
+		}
+	}
+	for _, sql := range []string{
+		"ALTER TABLE %[1]s ADD PRIMARY KEY (consumer, message_id)",
+		"CREATE INDEX %[1]s_remember_until_idx ON %[1]s (remember_until)",
+		"VACUUM (ANALYZE) %[1]s",
+	} {
+		if _, err := conn.Exec(ctx, fmt.Sprintf(sql, table)); err != nil {
+			return fmt.Errorf("%s: %w", fmt.Sprintf(sql, table), err)
+		}
+	}
+	return nil
+}
+
+// fillAll makes a, b and c from the same rows, one session each, so they
+// have the same physical layout.
+func (b *bench) fillAll(ctx context.Context, n, expired int64) error {
+	var t0 time.Time
+	if err := b.pool.QueryRow(ctx, "SELECT now()").Scan(&t0); err != nil {
+		return err
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, 3)
+	for i, table := range []string{"a", "b", "c"} {
+		wg.Go(func() { errs[i] = b.fill(ctx, table, n, expired, t0) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	var sa, sb, sc int64
+	if err := b.pool.QueryRow(ctx, `SELECT pg_relation_size('a'), pg_relation_size('b'), pg_relation_size('c')`).Scan(&sa, &sb, &sc); err != nil {
+		return err
+	}
+	if sa != sb || sa != sc {
+		return fmt.Errorf("tables a, b and c should be identical but have %d, %d and %d bytes", sa, sb, sc)
+	}
+	return nil
+}
+
+// daemon runs `inboxkeeper once` on table with the extra environment.
+func (b *bench) daemon(ctx context.Context, table string, n, expired int64, env ...string) (time.Duration, daemonLog, error) {
+	policy := filepath.Join(b.dir, table+".yaml")
+	yaml := fmt.Sprintf("tables:\n  - table: public.%s\n    key: [consumer, message_id]\n    expires_at: remember_until\n", table)
+	if err := os.WriteFile(policy, []byte(yaml), 0o644); err != nil {
+		return 0, daemonLog{}, err
+	}
+	start := time.Now()
+	out, err := b.inboxkeeper(ctx, policy, env, "once")
+	wall := time.Since(start)
+	if b.o.logs != "" {
+		if err := os.WriteFile(filepath.Join(b.o.logs, table+".log"), []byte(out), 0o644); err != nil {
+			return wall, daemonLog{}, err
+		}
+	}
+	if err != nil {
+		return wall, daemonLog{}, err
+	}
+	l := parseLog(out)
+	if l.rows != expired {
+		return wall, l, fmt.Errorf("inboxkeeper once on %s logged %d deleted rows in batches, want %d", table, l.rows, expired)
+	}
+	return wall, l, b.verify(ctx, table, n, expired)
+}
+
+// unbounded deletes every expired row of table in one statement.
+func (b *bench) unbounded(ctx context.Context, table string, n, expired int64) (time.Duration, error) {
+	start := time.Now()
+	tag, err := b.pool.Exec(ctx, "DELETE FROM "+table+" WHERE remember_until <= now()")
+	wall := time.Since(start)
+	if err != nil {
+		return wall, fmt.Errorf("unbounded DELETE: %w", err)
+	}
+	if tag.RowsAffected() != expired {
+		return wall, fmt.Errorf("unbounded DELETE on %s deleted %d rows, want %d", table, tag.RowsAffected(), expired)
+	}
+	return wall, b.verify(ctx, table, n, expired)
+}
+
+// verify fails unless exactly the expired rows are gone.
+func (b *bench) verify(ctx context.Context, table string, n, expired int64) error {
+	var left, rows int64
+	err := b.pool.QueryRow(ctx, "SELECT count(*) FILTER (WHERE remember_until <= now()), count(*) FROM "+table).Scan(&left, &rows)
+	if err != nil {
+		return err
+	}
+	if left != 0 || rows != n-expired {
+		return fmt.Errorf("%s after the run: %d expired rows left (want 0), %d rows in all (want %d)", table, left, rows, n-expired)
+	}
+	return nil
+}
+
+// inboxkeeper runs the built binary with a clean INBOXKEEPER_* environment
+// (it rejects unknown variables) at debug level, and returns its output.
+func (b *bench) inboxkeeper(ctx context.Context, policy string, env []string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, b.bin, args...)
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(strings.ToUpper(kv), "INBOXKEEPER_") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(cmd.Env, "INBOXKEEPER_DATABASE_URL="+b.url, "INBOXKEEPER_POLICY_FILE="+policy,
+		"INBOXKEEPER_METRICS_ADDR=", "INBOXKEEPER_LOG_LEVEL=debug")
+	cmd.Env = append(cmd.Env, env...)
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return out.String(), fmt.Errorf("inboxkeeper %s: %w\n%s", strings.Join(args, " "), err, out.String())
+	}
+	return out.String(), nil
+}
+
+// daemonLog is what the daemon's debug log says about a pass.
+type daemonLog struct {
+	batches int
+	rows    int64 // deleted, summed over the batch lines
+	maxRows int64
+	longest time.Duration
+	pauses  int
+	paused  time.Duration
+	kinds   []string // throttle reasons, in order of first appearance
+}
+
+var (
+	logLine  = regexp.MustCompile(`^time=(\S+) level=\S+ msg="([^"]*)"(.*)$`)
+	logField = regexp.MustCompile(`\b(deleted|kind)=(\S+)`)
+)
+
+// parseLog times each batch from the line before it that let it start (the
+// previous batch line, or "throttle: resuming" after a pause) to its own
+// line. A batch line is written right after the commit and the throttle is
+// consulted right before the next batch, so the span is the batch and no
+// waiting. The first batch has no such line before it and is not timed.
+func parseLog(out string) daemonLog {
+	var l daemonLog
+	var mark, pausedAt time.Time // mark: when the next batch may have started
+	throttled := false
+	sc := bufio.NewScanner(strings.NewReader(out))
+	for sc.Scan() {
+		m := logLine.FindStringSubmatch(sc.Text())
+		if m == nil {
+			continue
+		}
+		at, err := time.Parse(time.RFC3339Nano, m[1])
+		if err != nil {
+			continue
+		}
+		fields := map[string]string{}
+		for _, f := range logField.FindAllStringSubmatch(m[3], -1) {
+			fields[f[1]] = f[2]
+		}
+		switch m[2] {
+		case "expiry: batch":
+			n, _ := strconv.ParseInt(fields["deleted"], 10, 64)
+			if n > 0 {
+				l.batches++
+				l.rows += n
+				l.maxRows = max(l.maxRows, n)
+			}
+			if !mark.IsZero() && !throttled {
+				l.longest = max(l.longest, at.Sub(mark))
+			}
+			mark = at
+		case "throttle: pausing":
+			if k := fields["kind"]; !slices.Contains(l.kinds, k) {
+				l.kinds = append(l.kinds, k)
+			}
+			if !throttled {
+				l.pauses++
+				pausedAt = at
+			}
+			throttled = true
+		case "throttle: resuming":
+			if throttled {
+				l.paused += at.Sub(pausedAt)
+			}
+			throttled = false
+			mark = at
+		}
+	}
+	return l
+}
+
+// peaks are the highest readings since the last take.
+type peaks struct {
+	lag       float64 // heartbeat lag on the standby, seconds
+	replayLag float64 // pg_stat_replication.replay_lag, seconds
+	bytes     int64   // current WAL position minus replay_lsn
+}
+
+// sampler measures the standby's lag every 50 ms, independently of the
+// daemon, with a heartbeat of its own.
+type sampler struct {
+	mu   sync.Mutex
+	last float64
+	peak peaks
+	errs int
+}
+
+func (s *sampler) take() peaks {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.peak
+	s.peak = peaks{lag: s.last}
+	return p
+}
+
+func (s *sampler) latest() float64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.last
+}
+
+func (s *sampler) errors() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.errs
+}
+
+const sampleEvery = 50 * time.Millisecond
+
+func (s *sampler) start(ctx context.Context, primary, standby string, logf func(string, ...any)) {
+	// Each loop has its own connection, so a slow commit of the heartbeat
+	// does not delay the reading, nor the other way round.
+	loop := func(url, sql string, row func(pgx.Row) error) {
+		var conn *pgx.Conn
+		defer func() {
+			if conn != nil {
+				conn.Close(context.Background())
+			}
+		}()
+		tick := time.NewTicker(sampleEvery)
+		defer tick.Stop()
+		for {
+			err := func() error {
+				qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				defer cancel()
+				if conn == nil {
+					c, err := pgx.Connect(qctx, url)
+					if err != nil {
+						return err
+					}
+					conn = c
+				}
+				return row(conn.QueryRow(qctx, sql))
+			}()
+			if ctx.Err() != nil {
+				return
+			}
+			if err != nil {
+				s.mu.Lock()
+				s.errs++
+				s.mu.Unlock()
+				logf("sampler: %v", err)
+				if conn != nil {
+					conn.Close(context.Background())
+					conn = nil
+				}
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	}
+	go loop(primary, "UPDATE bench_heartbeat SET beat = clock_timestamp() RETURNING true", func(r pgx.Row) error {
+		return r.Scan(new(bool))
+	})
+	go loop(standby, "SELECT extract(epoch FROM clock_timestamp() - max(beat))::float8 FROM bench_heartbeat", func(r pgx.Row) error {
+		var lag float64
+		if err := r.Scan(&lag); err != nil {
+			return err
+		}
+		s.mu.Lock()
+		s.last = lag
+		s.peak.lag = max(s.peak.lag, lag)
+		s.mu.Unlock()
+		return nil
+	})
+	go loop(primary, `SELECT coalesce(max(extract(epoch FROM replay_lag)), 0)::float8,
+       coalesce(max(pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn)), 0)::bigint FROM pg_stat_replication`, func(r pgx.Row) error {
+		var lag float64
+		var bytes int64
+		if err := r.Scan(&lag, &bytes); err != nil {
+			return err
+		}
+		s.mu.Lock()
+		s.peak.replayLag = max(s.peak.replayLag, lag)
+		s.peak.bytes = max(s.peak.bytes, bytes)
+		s.mu.Unlock()
+		return nil
+	})
+}
+
+// governor caps the standby's apply rate; its counters say how hard it
+// worked during a phase.
+type governor struct {
+	rate float64 // bytes/s
+	mu   sync.Mutex
+	held time.Duration // replay paused, summed
+	gap  time.Duration // longest time between two polls: replay runs free meanwhile
+}
+
+func (g *governor) take() (held, gap time.Duration) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	held, gap, g.held, g.gap = g.held, g.gap, 0, 0
+	return held, gap
+}
+
+// run caps the apply rate until ctx ends, then lets replay run free again.
+// Replay runs at full speed between polls, so it overshoots by what it
+// applies in one poll interval; the next pause makes up for it.
+func (g *governor) run(ctx context.Context, url string, logf func(string, ...any)) {
+	const every, burst = 5 * time.Millisecond, 1 << 20
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		logf("governor: %v (the standby's apply is NOT slowed)", err)
+		return
+	}
+	defer func() {
+		bg, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, _ = conn.Exec(bg, "SELECT pg_wal_replay_resume()")
+		conn.Close(bg)
+	}()
+	var budget float64 // the WAL position replay may reach
+	paused, first := false, true
+	last := time.Now()
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		var replayed float64
+		if err := conn.QueryRow(ctx, "SELECT pg_wal_lsn_diff(pg_last_wal_replay_lsn(), '0/0')::float8").Scan(&replayed); err != nil {
+			if ctx.Err() == nil {
+				logf("governor: %v (the standby's apply is NOT slowed)", err)
+			}
+			return
+		}
+		now := time.Now()
+		if first {
+			budget, first = replayed, false
+		}
+		budget = min(budget+g.rate*now.Sub(last).Seconds(), replayed+burst)
+		g.mu.Lock()
+		g.gap = max(g.gap, now.Sub(last))
+		if paused {
+			g.held += now.Sub(last)
+		}
+		g.mu.Unlock()
+		last = now
+		if over := replayed >= budget; over != paused {
+			sql := "SELECT pg_wal_replay_resume()"
+			if over {
+				sql = "SELECT pg_wal_replay_pause()"
+			}
+			if _, err := conn.Exec(ctx, sql); err != nil {
+				if ctx.Err() == nil {
+					logf("governor: %v (the standby's apply is NOT slowed)", err)
+				}
+				return
+			}
+			paused = over
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+func (b *bench) logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "[%6.1fs] %s\n", time.Since(b.started).Seconds(), fmt.Sprintf(format, args...))
+}
+
+func moduleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("no go.mod in or above the working directory; run from inside the repository")
+		}
+		dir = parent
+	}
+}
+
+func mb(bytes int64) float64 { return float64(bytes) / (1 << 20) }

@@ -1,0 +1,36 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestTinyRun runs the whole benchmark at a tiny scale, so CI proves that it
+// still builds the daemon, starts the standby, slows and samples it, and
+// reports. The goals mean nothing at this scale and are not checked.
+// PostgreSQL missing fails the test (pgcluster says how to fix it); it never
+// skips.
+func TestTinyRun(t *testing.T) {
+	start := time.Now()
+	var out strings.Builder
+	if code := run([]string{"-rows", "20000", "-apply-rate", "4"}, &out); code != 0 {
+		t.Fatalf("run exited %d (the error is in the test's stderr); report so far:\n%s", code, out.String())
+	}
+	report := out.String()
+	t.Logf("report (%s):\n%s", time.Since(start).Round(time.Millisecond), report)
+	for _, want := range []string{
+		"standby apply slowed by: replay paused whenever it runs ahead of a 4 MB/s WAL budget (baseline lag ",
+		"rows: 20000 total, 10000 expired;",
+		"daemon, throttled at 1s:",
+		"unbounded DELETE:",
+		"daemon, unthrottled:",
+		"goal: throttled peak <= 1s + one batch's worth (longest batch ",
+		"throughput throttled/unthrottled: ",
+		"throttled:", "unthrottled:",
+	} {
+		if !strings.Contains(report, want) {
+			t.Errorf("report lacks %q", want)
+		}
+	}
+}

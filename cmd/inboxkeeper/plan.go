@@ -1,0 +1,318 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/policy"
+	"github.com/inboxkeeper/inboxkeeper/internal/redisprobe"
+	"github.com/inboxkeeper/inboxkeeper/retention"
+)
+
+// plan prints the retention record of every consumer scope or, with
+// --check, compares the records with what is deployed.
+func (a *app) plan(ctx context.Context, args []string) error {
+	fl := newFlags("plan", a.stderr)
+	asJSON := fl.Bool("json", false, "print the records as a JSON array")
+	check := fl.Bool("check", false, "compare the records with the deployed tables; exit 1 when a promise is not kept")
+	redisURL := fl.String("redis-url", "", "with --check: also judge this Redis (redis://[user:password@]host[:port]) as a volatile tier")
+	// Flags may come before or after FILE.
+	var files []string
+	for {
+		if err := parseFlags(fl, args); err != nil {
+			return err
+		}
+		if fl.NArg() == 0 {
+			break
+		}
+		files = append(files, fl.Arg(0))
+		args = fl.Args()[1:]
+	}
+	switch {
+	case len(files) > 1:
+		return usagef("plan: unexpected argument %q (give at most one FILE)", files[1])
+	case *redisURL != "" && !*check:
+		return usagef("plan: --redis-url needs --check")
+	case *asJSON && *check:
+		return usagef("plan: --json and --check cannot be combined")
+	}
+	plans, p, err := a.loadPlans(files)
+	if err != nil {
+		return err
+	}
+	if *check {
+		return a.checkPlans(ctx, plans, p, *redisURL)
+	}
+	if *asJSON {
+		out, err := json.MarshalIndent(plans, "", "  ")
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(a.stdout, "%s\n", out)
+		return nil
+	}
+	for i, pl := range plans {
+		if i > 0 {
+			fmt.Fprintln(a.stdout)
+		}
+		fmt.Fprint(a.stdout, pl.Markdown())
+	}
+	return nil
+}
+
+// loadPlans plans FILE, or the policy file's retention section. The policy
+// file is read with FILE too, when it exists, so that the tables a record
+// names are checked against it.
+func (a *app) loadPlans(files []string) ([]retention.Plan, *policy.Policy, error) {
+	if len(files) == 0 {
+		p, err := a.loadPolicy()
+		if err != nil {
+			return nil, nil, err
+		}
+		if p.Retention == nil {
+			return nil, nil, configError{fmt.Errorf("%s: no retention section; add one, or give a file: inboxkeeper plan FILE", p.Source)}
+		}
+		plans, err := retention.Load(p)
+		if err != nil {
+			return nil, nil, configError{err}
+		}
+		return plans, p, nil
+	}
+	var p *policy.Policy
+	if _, err := os.Stat(a.cfg.PolicyFile); err == nil {
+		if p, err = a.loadPolicy(); err != nil {
+			return nil, nil, err
+		}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return nil, nil, configError{err}
+	}
+	plans, err := retention.LoadFile(files[0], p)
+	if err != nil {
+		return nil, nil, configError{err}
+	}
+	return plans, p, nil
+}
+
+// checkLine is one check's verdict, printed as one line.
+type checkLine struct {
+	verdict string // OK, FAIL or SKIP
+	subject string
+	detail  string
+}
+
+func (a *app) checkPlans(ctx context.Context, plans []retention.Plan, p *policy.Policy, redisURL string) error {
+	// Resolve every named table first: a record that names a table the
+	// database does not match is a configuration error, as for every command.
+	tables := map[string]*catalog.Table{}
+	var pool *pgxpool.Pool
+	for _, pl := range plans {
+		name := pl.Rule.Table
+		if name == "" || tables[name] != nil {
+			continue
+		}
+		if p == nil {
+			return configError{fmt.Errorf("plan --check: the record for %q names table %s, but there is no policy file (%s) to find it in", pl.Rule.Scope, name, a.cfg.PolicyFile)}
+		}
+		var pt *policy.Table
+		for i := range p.Tables {
+			if p.Tables[i].Name.String() == name {
+				pt = &p.Tables[i]
+			}
+		}
+		if pt == nil {
+			return configError{fmt.Errorf("plan --check: the record for %q names table %s, which is not in the policy file %s", pl.Rule.Scope, name, p.Source)}
+		}
+		if pool == nil {
+			var err error
+			if pool, err = a.connect(ctx); err != nil {
+				return err
+			}
+		}
+		t, err := catalog.Resolve(ctx, pool, *pt)
+		if err != nil {
+			return fmt.Errorf("%s: %w", p.Source, err)
+		}
+		tables[name] = t
+	}
+
+	failed, total := 0, 0
+	report := func(l checkLine) {
+		switch l.verdict {
+		case "FAIL":
+			failed++
+			total++
+		case "OK":
+			total++
+		}
+		fmt.Fprintf(a.stdout, "%-4s %s: %s\n", l.verdict, l.subject, l.detail)
+	}
+	for _, pl := range plans {
+		subject := pl.Rule.Scope
+		t := tables[pl.Rule.Table]
+		if t == nil {
+			report(checkLine{"SKIP", subject, "the record names no table, so there is no deployment to compare it with"})
+			continue
+		}
+		subject += " (" + t.Name + ")"
+		for _, l := range a.checkTable(ctx, pool, pl.Rule, t) {
+			l.subject = subject
+			report(l)
+		}
+	}
+	if redisURL != "" {
+		for _, l := range checkRedis(ctx, redisURL) {
+			report(l)
+		}
+	}
+	if failed > 0 {
+		return fmt.Errorf("plan --check: %d of %d checks failed: the deployment does not keep the promise of the retention record", failed, total)
+	}
+	return nil
+}
+
+// checkTable compares one table with the rule of its record: the expiry
+// rule, every row's expiry, and partition coverage.
+func (a *app) checkTable(ctx context.Context, pool *pgxpool.Pool, r retention.Rule, t *catalog.Table) []checkLine {
+	var out []checkLine
+	if ea := t.Policy.ExpiresAfter; ea != nil {
+		if ea.After < r.Retention {
+			out = append(out, checkLine{"FAIL", "", fmt.Sprintf("expiry rule: expires_after %s + %s is shorter than the computed retention %s (%s longest scenario + %s margin); rows would be deleted before the promise ends",
+				ea.Column, dur(ea.After), dur(r.Retention), dur(r.Retention-r.Margin), dur(r.Margin))})
+		} else {
+			out = append(out, checkLine{"OK", "", fmt.Sprintf("expiry rule: expires_after %s + %s covers the retention %s", ea.Column, dur(ea.After), dur(r.Retention))})
+		}
+	}
+	out = append(out, a.checkRows(ctx, pool, r, t))
+	// Partitioned tables are refused by catalog.Resolve for now, so there is
+	// no partition whose retirement could cut a promise short.
+	return append(out, checkLine{"OK", "", "partition coverage: not partitioned"})
+}
+
+// rowCap bounds the count, like status does: the check says "more than"
+// instead of scanning a huge table to the end.
+const rowCap = 1_000_000
+
+// checkRows counts the rows of the scope whose expiry comes before the rule
+// computed from their own anchors, in SQL. Rows whose expiry is NULL are
+// never deleted, and rows whose anchors are all NULL cannot be judged: the
+// comparison is NULL for both, so neither counts.
+func (a *app) checkRows(ctx context.Context, pool *pgxpool.Pool, r retention.Rule, t *catalog.Table) checkLine {
+	var args []any
+	arg := func(v any) string {
+		args = append(args, v)
+		return fmt.Sprintf("$%d", len(args))
+	}
+	micros := func(d time.Duration) string { return arg(d.Microseconds()) + "::bigint * interval '1 microsecond'" }
+
+	expiry := t.Expiry.AsTimestamptz("")
+	if off := t.Policy.ExpiryOffset(); off != 0 {
+		expiry = "(" + expiry + " + " + micros(off) + ")"
+	}
+	// retention.Load refuses a scenario whose column the table lacks.
+	if r.PostReceipt > 0 && t.FirstSeen == nil || r.Replay > 0 && t.EventTime == nil {
+		return checkLine{"FAIL", "", "rows: the table lacks the first_seen or event_time column the rule counts from"}
+	}
+	var terms []string
+	if r.PostReceipt > 0 {
+		terms = append(terms, t.FirstSeen.AsTimestamptz("")+" + "+micros(r.PostReceipt))
+	}
+	if r.Replay > 0 {
+		terms = append(terms, t.EventTime.AsTimestamptz("")+" + "+micros(r.Replay))
+	}
+	if r.Deadline != nil {
+		terms = append(terms, arg(*r.Deadline)+"::timestamptz")
+	}
+	if len(terms) == 0 {
+		if t.FirstSeen == nil {
+			return checkLine{"OK", "", "rows: the rule has no inbox scenario (every path is left to the permanent business key); nothing to compare"}
+		}
+		terms = append(terms, t.FirstSeen.AsTimestamptz(""))
+	}
+	rule := "(greatest(" + strings.Join(terms, ", ") + ") + " + micros(r.Margin) + ")"
+	where := expiry + " < " + rule
+	scope := ""
+	if t.Scope != nil {
+		where += " AND " + t.Scope.Quoted + "::text = " + arg(r.Scope)
+		scope = fmt.Sprintf(" (scope %q)", r.Scope)
+	}
+	keys := make([]string, len(t.Key))
+	for i, k := range t.Key {
+		keys[i] = k.Quoted + "::text"
+	}
+
+	var n int64
+	var ex struct {
+		key           []*string
+		expiry, until time.Time
+	}
+	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT set_config('statement_timeout', $1, true)", fmt.Sprint(a.cfg.StatementTimeout.Milliseconds())); err != nil {
+			return err
+		}
+		if err := tx.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM (SELECT 1 FROM %s WHERE %s LIMIT %d) s", t.Ident, where, rowCap+1), args...).Scan(&n); err != nil {
+			return err
+		}
+		if n == 0 {
+			return nil
+		}
+		// The first to be deleted is the example.
+		ex.key = make([]*string, len(keys))
+		dst := []any{&ex.expiry, &ex.until}
+		for i := range ex.key {
+			dst = append(dst, &ex.key[i])
+		}
+		return tx.QueryRow(ctx, fmt.Sprintf("SELECT %s, %s, %s FROM %s WHERE %s ORDER BY 1 LIMIT 1",
+			expiry, rule, strings.Join(keys, ", "), t.Ident, where), args...).Scan(dst...)
+	})
+	if err != nil {
+		return checkLine{"FAIL", "", "rows: could not check: " + err.Error()}
+	}
+	formula := strings.TrimPrefix(r.String(), "remember_until = ")
+	if n == 0 {
+		return checkLine{"OK", "", fmt.Sprintf("rows: none with an expiry earlier than %s%s", formula, scope)}
+	}
+	count := fmt.Sprint(n)
+	if n > rowCap {
+		count = fmt.Sprintf("more than %d", rowCap)
+	}
+	id := make([]string, len(t.Key))
+	for i, k := range t.Key {
+		v := "NULL"
+		if ex.key[i] != nil {
+			v = *ex.key[i]
+		}
+		id[i] = k.Name + "=" + v
+	}
+	return checkLine{"FAIL", "", fmt.Sprintf("rows: %s with an expiry earlier than %s%s, so forgotten too early; the first: %s: expiry %s, rule %s",
+		count, formula, scope, strings.Join(id, " "), ex.expiry.UTC().Format(time.RFC3339), ex.until.UTC().Format(time.RFC3339))}
+}
+
+// checkRedis judges a volatile tier: its TTLs are kept only if nothing
+// evicts the keys and a restart does not wipe them.
+func checkRedis(ctx context.Context, url string) []checkLine {
+	s, err := redisprobe.Probe(ctx, url)
+	if err != nil {
+		return []checkLine{{"FAIL", "redis", "cannot read its settings, so nothing shows it keeps a key for its TTL: " + err.Error()}}
+	}
+	var out []checkLine
+	for _, f := range s.Findings() {
+		v := "OK"
+		if !f.OK {
+			v = "FAIL"
+		}
+		out = append(out, checkLine{v, "redis " + s.Addr, f.Check + ": " + f.Detail})
+	}
+	return out
+}
+
+func dur(d time.Duration) string { return policy.Duration(d).String() }

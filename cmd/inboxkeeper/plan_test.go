@@ -1,0 +1,306 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/config"
+	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
+	"github.com/inboxkeeper/inboxkeeper/internal/policy"
+	"github.com/inboxkeeper/inboxkeeper/internal/redisprobe"
+	"github.com/inboxkeeper/inboxkeeper/internal/redisprobe/redistest"
+	"github.com/inboxkeeper/inboxkeeper/retention"
+)
+
+// The plan tests call the command in-process: they need no child process,
+// and most of them no database.
+
+const planTables = `tables:
+  - table: public.consumer_inbox
+    key: [consumer, message_id]
+    scope: consumer
+    event_time: event_time
+    first_seen: first_seen_at
+    expires_at: remember_until
+  - table: public."InboxState"
+    key: ["MessageId", "ConsumerId"]
+    first_seen: "Delivered"
+    expires_after: { column: "Delivered", after: 30d }
+`
+
+// planEntries are the records for both tables: the article's calculation
+// (retention 50d) for the inbox, with a migration deadline; and a framework
+// table whose 30d window is shorter than its 50d retention.
+const planEntries = `retention:
+  - scope: payments
+    table: public.consumer_inbox
+    producer: billing-service
+    consequence: high
+    owner: payments-team
+    margin: 2d
+    margin_reason: clock skew, scheduler delay, delayed cleanup
+    after_expiry: a redelivery is applied again; the ledger's unique payout id is the durable guard
+    extension: { owner: payments-oncall }
+    permanent_key: [consumer, business_key]
+    storage_tiers: hot 72h full payload; warm identity + hash + outcome; permanent business key
+    paths:
+      - { name: broker redelivery, stages: [{ after: 14d, from: event_time }] }
+      - { name: dead-letter redrive, stages: [{ after: 30d, from: first_seen }] }
+      - name: restore then backlog
+        stages: [{ name: restore, after: 45d, from: event_time }, { name: backlog, after: 3d }]
+      - { name: migration replay, stages: [{ deadline: 2026-03-01T00:00:00Z }] }
+      - { name: manual backfill, unbounded: true }
+  - scope: masstransit
+    table: public."InboxState"
+    consequence: medium
+    owner: orders-team
+    margin: 2d
+    margin_reason: clock skew
+    after_expiry: the order handler checks the order status first
+    extension: { owner: orders-oncall }
+    paths:
+      - name: restore then backlog
+        stages: [{ after: 45d, from: first_seen }, { after: 3d }]
+`
+
+const planDDL = `
+CREATE TABLE public.consumer_inbox (
+    consumer       text NOT NULL,
+    message_id     text NOT NULL,
+    event_time     timestamptz,
+    first_seen_at  timestamptz,
+    remember_until timestamptz,
+    PRIMARY KEY (consumer, message_id)
+);
+CREATE INDEX ON public.consumer_inbox (remember_until);
+CREATE TABLE public."InboxState" (
+    "MessageId"  uuid NOT NULL,
+    "ConsumerId" uuid NOT NULL,
+    "Delivered"  timestamp,
+    PRIMARY KEY ("MessageId", "ConsumerId")
+);
+CREATE INDEX ON public."InboxState" ("Delivered");`
+
+// Rows whose remember_until is exactly what the rule gives (the boundary
+// is not "earlier"), one late first delivery, and rows the check must not
+// count: another scope's, and rows that never expire.
+const planRows = `
+INSERT INTO public.consumer_inbox (consumer, message_id, event_time, first_seen_at)
+SELECT 'payments', 'p-' || i, timestamptz '2026-01-01 00:00Z' + i * interval '1 day',
+       timestamptz '2026-01-01 00:00Z' + i * interval '1 day' + interval '1 hour'
+FROM generate_series(1, 20) i;
+INSERT INTO public.consumer_inbox (consumer, message_id, event_time, first_seen_at)
+VALUES ('payments', 'p-late', '2025-06-01 00:00Z', '2026-05-01 00:00Z');
+UPDATE public.consumer_inbox SET remember_until = greatest(first_seen_at + interval '30 days',
+       event_time + interval '48 days', timestamptz '2026-03-01 00:00Z') + interval '2 days';
+INSERT INTO public.consumer_inbox VALUES
+    ('billing', 'b-early', '2026-01-01 00:00Z', '2026-01-01 00:00Z', '2026-01-02 00:00Z'),
+    ('payments', 'p-forever', '2026-01-01 00:00Z', '2026-01-01 00:00Z', NULL);
+INSERT INTO public."InboxState" VALUES
+    ('11111111-1111-1111-1111-111111111111', '22222222-2222-2222-2222-222222222222', '2026-01-01 00:00'),
+    ('33333333-3333-3333-3333-333333333333', '22222222-2222-2222-2222-222222222222', NULL);`
+
+type planEnv struct {
+	t   *testing.T
+	dir string
+	cfg config.Config
+}
+
+func newPlanEnv(t *testing.T, policyText string) *planEnv {
+	e := &planEnv{t: t, dir: t.TempDir()}
+	e.cfg = config.Config{PolicyFile: filepath.Join(e.dir, "inboxkeeper.yaml"), StatementTimeout: 30 * time.Second}
+	if policyText != "" {
+		e.write("inboxkeeper.yaml", policyText)
+	}
+	return e
+}
+
+func (e *planEnv) write(name, text string) string {
+	e.t.Helper()
+	p := filepath.Join(e.dir, name)
+	if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+		e.t.Fatal(err)
+	}
+	return p
+}
+
+// run calls `inboxkeeper plan args...` in-process and maps its error to the
+// exit status as run() does.
+func (e *planEnv) run(args ...string) result {
+	e.t.Helper()
+	var stdout, stderr bytes.Buffer
+	a := &app{cfg: e.cfg, log: slog.New(slog.DiscardHandler), stdout: &stdout, stderr: &stderr}
+	err := a.plan(context.Background(), args)
+	a.close()
+	code := exitCode(err, &stderr)
+	return result{args: append([]string{"plan"}, args...), code: code, stdout: stdout.String(), stderr: stderr.String()}
+}
+
+func TestPlanPrint(t *testing.T) {
+	t.Parallel()
+	e := newPlanEnv(t, planTables+planEntries)
+
+	r := e.run()
+	wantExit(t, r, 0, "# Retention record: payments", "# Retention record: masstransit",
+		"retention = max(14d, 30d, 48d) + 2d margin = **50d** (longest: restore then backlog)",
+		"remember_until = max(first_seen + 30d, event_time + 48d, 2026-03-01T00:00:00Z) + 2d",
+		"| consequence class | high |", "Who may extend: payments-oncall.", "## After expiry", "## Storage tiers")
+
+	// --json round-trips to the plans the policy file gives.
+	r = e.run("--json")
+	wantExit(t, r, 0)
+	var got []retention.Plan
+	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil {
+		t.Fatalf("%v\n%s", err, r)
+	}
+	p, err := policy.Load(e.cfg.PolicyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := retention.Load(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("--json gives\n%+v\nwant\n%+v", got, want)
+	}
+	if !strings.Contains(r.stdout, `"retention": {
+        "text": "50d",
+        "seconds": 4320000
+      }`) {
+		t.Errorf("--json lacks the retention as text and seconds\n%s", r)
+	}
+
+	// FILE, with the flags before or after it; the policy file still checks
+	// the tables.
+	file := e.write("retention.yaml", planEntries)
+	for _, args := range [][]string{{file}, {file, "--json"}, {"--json", file}} {
+		r = e.run(args...)
+		wantExit(t, r, 0, "masstransit")
+	}
+	bad := e.write("bad.yaml", strings.Replace(planEntries, `table: public."InboxState"`, "table: public.nope", 1))
+	r = e.run(bad)
+	wantExit(t, r, 2, bad+":", "retention[1] (masstransit): table: public.nope is not among the tables of the policy file")
+}
+
+// Without a policy file, `plan FILE` still prints the records; --check then
+// has nothing to find the tables in.
+func TestPlanFileWithoutPolicy(t *testing.T) {
+	t.Parallel()
+	e := newPlanEnv(t, "")
+	file := e.write("retention.yaml", planEntries)
+	wantExit(t, e.run(file), 0, "# Retention record: payments", "| table | public.consumer_inbox |")
+	wantExit(t, e.run(file, "--check"), 2, `the record for "payments" names table public.consumer_inbox, but there is no policy file`)
+	wantExit(t, e.run(), 2, "inboxkeeper.yaml")
+}
+
+func TestPlanErrors(t *testing.T) {
+	t.Parallel()
+	e := newPlanEnv(t, planTables+strings.Replace(planEntries, "margin: 2d", "margin: -2d", 1))
+	wantExit(t, e.run(), 2, "configuration error", "inboxkeeper.yaml:18: retention[0] (payments): margin: must not be negative")
+
+	unbounded := strings.Replace(planEntries, "    permanent_key: [consumer, business_key]\n", "", 1)
+	e = newPlanEnv(t, planTables+unbounded)
+	wantExit(t, e.run(), 2, `paths[4].unbounded: path "manual backfill" lets any history be replayed`, "max_backfill_age", "permanent_key")
+
+	e = newPlanEnv(t, planTables)
+	wantExit(t, e.run(), 2, "inboxkeeper.yaml: no retention section", "inboxkeeper plan FILE")
+
+	file := e.write("r.yaml", planEntries)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{file, file}, "unexpected argument"},
+		{[]string{"--redis-url", "redis://x"}, "--redis-url needs --check"},
+		{[]string{"--json", "--check"}, "cannot be combined"},
+		{[]string{"--frob"}, "flag provided but not defined"},
+		{[]string{filepath.Join(e.dir, "missing.yaml")}, "missing.yaml"},
+	} {
+		wantExit(t, e.run(c.args...), 2, c.want)
+	}
+}
+
+func TestPlanCheck(t *testing.T) {
+	t.Parallel()
+	db, url := pgtest.NewPool(t)
+	e := newPlanEnv(t, planTables+planEntries)
+	e.cfg.DatabaseURL = url
+	pgtest.Exec(t, db, planDDL+planRows)
+
+	// One row whose remember_until is a second short of the rule.
+	pgtest.Exec(t, db, `UPDATE public.consumer_inbox SET remember_until = remember_until - interval '1 second' WHERE message_id = 'p-late'`)
+	r := e.run("--check")
+	wantExit(t, r, 1, "plan --check: 3 of 5 checks failed")
+	for _, re := range []string{
+		`(?m)^FAIL payments \(public\.consumer_inbox\): rows: 1 with an expiry earlier than max\(first_seen \+ 30d, event_time \+ 48d, 2026-03-01T00:00:00Z\) \+ 2d \(scope "payments"\), so forgotten too early; ` +
+			`the first: consumer=payments message_id=p-late: expiry 2026-06-01T23:59:59Z, rule 2026-06-02T00:00:00Z$`,
+		`(?m)^OK   payments \(public\.consumer_inbox\): partition coverage: not partitioned$`,
+		`(?m)^FAIL masstransit \(public\."InboxState"\): expiry rule: expires_after Delivered \+ 30d is shorter than the computed retention 50d \(48d longest scenario \+ 2d margin\)`,
+		`(?m)^FAIL masstransit \(public\."InboxState"\): rows: 1 with an expiry earlier than first_seen \+ 48d \+ 2d, so forgotten too early; ` +
+			`the first: MessageId=11111111-1111-1111-1111-111111111111 ConsumerId=22222222-2222-2222-2222-222222222222: expiry 2026-01-31T00:00:00Z, rule 2026-02-20T00:00:00Z$`,
+		`(?m)^OK   masstransit \(public\."InboxState"\): partition coverage: not partitioned$`,
+	} {
+		if !regexp.MustCompile(re).MatchString(r.stdout) {
+			t.Errorf("output does not match %s\n%s", re, r)
+		}
+	}
+
+	// Fixed: the row keeps its promise, and the framework table keeps its
+	// identities for 60 days.
+	pgtest.Exec(t, db, `UPDATE public.consumer_inbox SET remember_until = remember_until + interval '1 second' WHERE message_id = 'p-late'`)
+	e.write("inboxkeeper.yaml", strings.Replace(planTables, "after: 30d", "after: 60d", 1)+planEntries)
+	r = e.run("--check")
+	wantExit(t, r, 0, `OK   masstransit (public."InboxState"): expiry rule: expires_after Delivered + 60d covers the retention 50d`,
+		`OK   payments (public.consumer_inbox): rows: none with an expiry earlier than`)
+	if strings.Contains(r.stdout, "FAIL") {
+		t.Errorf("a check failed\n%s", r)
+	}
+
+	// A record whose table is not in the database is a configuration error.
+	pgtest.Exec(t, db, `DROP TABLE public."InboxState"`)
+	wantExit(t, e.run("--check"), 2, "InboxState", "no such table")
+}
+
+func TestPlanCheckRedis(t *testing.T) {
+	t.Parallel()
+	// No table: only the Redis checks count.
+	noTables := strings.NewReplacer("    table: public.consumer_inbox\n", "", `    table: public."InboxState"`+"\n", "").Replace(planEntries)
+	e := newPlanEnv(t, planTables+noTables)
+	cases := []struct {
+		name string
+		args []string
+		code int
+		want []string
+	}{
+		{"evicting", []string{"--save", "3600 1", "--appendonly", "no", "--maxmemory-policy", "allkeys-lru"}, 1,
+			[]string{"FAIL redis redis://127.0.0.1:", "eviction: maxmemory-policy allkeys-lru evicts keys", redisprobe.Ceiling, "1 of 2 checks failed"}},
+		{"durable", []string{"--save", "", "--appendonly", "yes", "--maxmemory-policy", "noeviction"}, 0,
+			[]string{"OK   redis redis://127.0.0.1:", "eviction: maxmemory-policy noeviction", "persistence: appendonly yes"}},
+		{"keeps nothing across a restart", []string{"--save", "", "--appendonly", "no", "--maxmemory-policy", "noeviction"}, 1,
+			[]string{"persistence: save is empty and appendonly is no: a restart keeps nothing", redisprobe.Ceiling}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			addr := redistest.Start(t, c.args...)
+			r := e.run("--check", "--redis-url", "redis://"+addr)
+			wantExit(t, r, c.code, append(c.want, "SKIP payments: the record names no table", "SKIP masstransit: the record names no table")...)
+		})
+	}
+	r := e.run("--check", "--redis-url", fmt.Sprintf("redis://:s3cret@127.0.0.1:%d", closedPort(t)))
+	wantExit(t, r, 1, "FAIL redis: cannot read its settings", "connect to redis://127.0.0.1:")
+	if strings.Contains(r.output(), "s3cret") {
+		t.Errorf("the password is shown\n%s", r)
+	}
+}
