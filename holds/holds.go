@@ -69,6 +69,9 @@ type Replay struct {
 	Owner      string
 	StartedAt  time.Time
 	FinishedAt *time.Time
+	// BeyondWindow: started with --force although it reaches past what is
+	// still remembered.
+	BeyondWindow bool
 }
 
 // HoldSpec is what `inboxkeeper hold add` asks for.
@@ -85,7 +88,15 @@ type ReplaySpec struct {
 	Scope    string
 	From, To time.Time
 	Owner    string
+	// Force starts a replay whose range reaches past what is still
+	// remembered; the marker records that it did.
+	Force bool
 }
+
+// ErrBeyondWindow refuses a replay that reaches further back than the
+// deployed retention rule remembers: its oldest messages may already be
+// forgotten and would be applied again.
+var ErrBeyondWindow = errors.New("replay reaches past the deduplication window")
 
 func checkRange(t *catalog.Table, from, to *time.Time) error {
 	if (from == nil) != (to == nil) {
@@ -185,14 +196,42 @@ func StartReplay(ctx context.Context, db Beginner, t *catalog.Table, s ReplaySpe
 		if err != nil {
 			return err
 		}
+		beyond, err := beyondWindow(ctx, tx, t, scope, s.From)
+		if err != nil {
+			return err
+		}
+		if beyond != "" && !s.Force {
+			return fmt.Errorf("%w: %s; use --force to start it anyway (it is recorded and counted)", ErrBeyondWindow, beyond)
+		}
 		if err := tx.QueryRow(ctx, `
-INSERT INTO inboxkeeper.replays (table_name, scope_value, event_from, event_to, owner)
-VALUES ($1, $2, $3, $4, $5) RETURNING id`, t.Name, scope, s.From, s.To, s.Owner).Scan(&id); err != nil {
+INSERT INTO inboxkeeper.replays (table_name, scope_value, event_from, event_to, owner, beyond_window)
+VALUES ($1, $2, $3, $4, $5, $6) RETURNING id`, t.Name, scope, s.From, s.To, s.Owner, beyond != "").Scan(&id); err != nil {
 			return fmt.Errorf("start replay: %w", err)
 		}
 		return fence(ctx, tx)
 	})
 	return id, err
+}
+
+// beyondWindow explains why a replay from `from` reaches past what the
+// deployed rule still remembers, or returns "". Every identity whose event
+// time is at or after now - (replay horizon + margin) is still remembered.
+func beyondWindow(ctx context.Context, tx pgx.Tx, t *catalog.Table, scope string, from time.Time) (string, error) {
+	var start time.Time
+	err := tx.QueryRow(ctx, `SELECT now() - (replay + margin) FROM inboxkeeper.retention_rules
+WHERE schema_name = $1 AND table_name = $2 AND scope = $3 AND replay IS NOT NULL`,
+		t.Policy.Name.Schema, t.Policy.Name.Name, scope).Scan(&start)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", nil // no deployed rule: nothing to compare with
+	}
+	if err != nil {
+		return "", fmt.Errorf("read the retention rule: %w", err)
+	}
+	if from.Before(start) {
+		return fmt.Sprintf("it starts at %s, but only events since %s are still remembered for scope %q",
+			from.UTC().Format(time.RFC3339), start.UTC().Format(time.RFC3339), scope), nil
+	}
+	return "", nil
 }
 
 // FinishReplay ends a replay marker.
@@ -217,12 +256,12 @@ func scanHolds(rows pgx.Rows) ([]Hold, error) {
 	})
 }
 
-const replayColumns = `id, table_name, scope_value, event_from, event_to, owner, started_at, finished_at`
+const replayColumns = `id, table_name, scope_value, event_from, event_to, owner, started_at, finished_at, beyond_window`
 
 func scanReplays(rows pgx.Rows) ([]Replay, error) {
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Replay, error) {
 		var p Replay
-		err := r.Scan(&p.ID, &p.Table, &p.Scope, &p.From, &p.To, &p.Owner, &p.StartedAt, &p.FinishedAt)
+		err := r.Scan(&p.ID, &p.Table, &p.Scope, &p.From, &p.To, &p.Owner, &p.StartedAt, &p.FinishedAt, &p.BeyondWindow)
 		return p, err
 	})
 }

@@ -232,7 +232,7 @@ INSERT INTO bench_heartbeat VALUES (true, clock_timestamp())`); err != nil {
 
 	slowed := "nothing (-apply-rate 0)"
 	if o.applyRate > 0 {
-		slowed = fmt.Sprintf("replay paused whenever it runs ahead of a %g MB/s WAL budget", o.applyRate)
+		slowed = fmt.Sprintf("apply capped at %g MB/s of WAL (replay paused whenever it gets ahead)", o.applyRate)
 	}
 	fmt.Fprintf(w, "standby apply slowed by: %s (baseline lag %.2f s)\n", slowed, b.baseline)
 	fmt.Fprintf(w, "rows: %d total, %d expired; tables a, b, c each %.0f MB heap + %.0f MB indexes\n", total, expired, mb(heap), mb(idx))

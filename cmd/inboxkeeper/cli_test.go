@@ -143,7 +143,7 @@ func TestPasswordNeverShown(t *testing.T) {
 // the status of every table as if the argument were honoured.
 func TestUnexpectedArguments(t *testing.T) {
 	t.Parallel()
-	f := inbox(t)
+	f := inboxFixture(t)
 	for _, args := range [][]string{
 		{"migrate", "extra"},
 		{"once", "extra"},

@@ -94,7 +94,7 @@ func (a *app) controlPool(ctx context.Context) (*pgxpool.Pool, error) {
 }
 
 func holdErr(err error) error {
-	if errors.Is(err, holds.ErrInvalid) {
+	if errors.Is(err, holds.ErrInvalid) || errors.Is(err, holds.ErrBeyondWindow) {
 		return usageError{err.Error()}
 	}
 	return err
@@ -200,6 +200,7 @@ func (a *app) replay(ctx context.Context, args []string) error {
 		table := fs.String("table", "", "schema-qualified table from the policy")
 		scope := fs.String("scope", "", "the scope value being replayed (required)")
 		owner := fs.String("owner", "", "who runs the replay (required)")
+		force := fs.Bool("force", false, "start even if the range reaches past what is still remembered (recorded and counted)")
 		var from, to timeFlag
 		fs.Var(&from, "from", "event-time range start, inclusive (RFC 3339, required)")
 		fs.Var(&to, "to", "event-time range end, exclusive (RFC 3339, required)")
@@ -216,7 +217,7 @@ func (a *app) replay(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		id, err := holds.StartReplay(ctx, pool, t, holds.ReplaySpec{Scope: *scope, From: *from.t, To: *to.t, Owner: *owner})
+		id, err := holds.StartReplay(ctx, pool, t, holds.ReplaySpec{Scope: *scope, From: *from.t, To: *to.t, Owner: *owner, Force: *force})
 		if err != nil {
 			return holdErr(err)
 		}
@@ -288,6 +289,9 @@ func describeHold(h holds.Hold) string {
 func describeReplay(r holds.Replay) string {
 	s := fmt.Sprintf("replay %d on %s scope=%q events [%s, %s) owner=%q since %s", r.ID, r.Table, r.Scope,
 		r.From.UTC().Format(time.RFC3339), r.To.UTC().Format(time.RFC3339), r.Owner, r.StartedAt.UTC().Format(time.RFC3339))
+	if r.BeyondWindow {
+		s += " BEYOND THE DEDUP WINDOW (forced)"
+	}
 	if r.FinishedAt != nil {
 		s += " finished " + r.FinishedAt.UTC().Format(time.RFC3339)
 	}

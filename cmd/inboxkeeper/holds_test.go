@@ -24,7 +24,7 @@ func (f *fixture) addID(args ...string) string {
 
 func TestHold(t *testing.T) {
 	t.Parallel()
-	f := inbox(t)
+	f := inboxFixture(t)
 
 	id := f.addID("hold", "add", "--table", "public.consumer_inbox", "--scope", "billing", "--reason", "legal: case 7", "--owner", "legal@example.com")
 	r := f.run("hold", "list")
@@ -83,7 +83,7 @@ func TestHold(t *testing.T) {
 // Mistakes on the hold and replay command lines exit 2 and write nothing.
 func TestHoldAndReplayUsageErrors(t *testing.T) {
 	t.Parallel()
-	f := inbox(t)
+	f := inboxFixture(t)
 	// The same table, but the policy gives it no scope or event-time column.
 	plain := f.writeFile("plain.yaml", `tables:
   - table: public.consumer_inbox
@@ -149,7 +149,7 @@ func TestHoldAndReplayUsageErrors(t *testing.T) {
 
 func TestReplay(t *testing.T) {
 	t.Parallel()
-	f := inbox(t)
+	f := inboxFixture(t)
 
 	// payments' first five events.
 	id := f.addID("replay", "start", "--table", "public.consumer_inbox", "--scope", "payments",
@@ -188,7 +188,7 @@ WHERE consumer = 'payments' AND remember_until <= now() AND event_time >= '2026-
 
 func TestStatus(t *testing.T) {
 	t.Parallel()
-	f := inbox(t)
+	f := inboxFixture(t)
 	holdID := f.addID("hold", "add", "--table", "public.consumer_inbox", "--scope", "billing", "--reason", "r", "--owner", "o")
 	replayID := f.addID("replay", "start", "--table", "public.consumer_inbox", "--scope", "payments",
 		"--from", "2026-01-01T00:00:00Z", "--to", "2026-01-01T05:30:00Z", "--owner", "ops")

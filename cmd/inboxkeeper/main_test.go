@@ -237,8 +237,8 @@ func newFixture(t *testing.T, ddl, policy string, migrate bool) *fixture {
 	return f
 }
 
-// inbox is the usual fixture: the 42-row consumer_inbox, migrated.
-func inbox(t *testing.T) *fixture { return newFixture(t, inboxDDL, inboxPolicy, true) }
+// inboxFixture is the usual fixture: the 42-row consumer_inbox, migrated.
+func inboxFixture(t *testing.T) *fixture { return newFixture(t, inboxDDL, inboxPolicy, true) }
 
 func (f *fixture) writeFile(name, content string) string {
 	f.t.Helper()

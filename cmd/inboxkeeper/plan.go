@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/inboxkeeper/inboxkeeper/inbox"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
 	"github.com/inboxkeeper/inboxkeeper/internal/redisprobe"
@@ -26,6 +27,7 @@ func (a *app) plan(ctx context.Context, args []string) error {
 	asJSON := fl.Bool("json", false, "print the records as a JSON array")
 	check := fl.Bool("check", false, "compare the records with the deployed tables; exit 1 when a promise is not kept")
 	redisURL := fl.String("redis-url", "", "with --check: also judge this Redis (redis://[user:password@]host[:port]) as a volatile tier")
+	apply := fl.Bool("apply", false, "install each record's rule in the control schema, for the claim path (inboxkeeper.claim)")
 	// Flags may come before or after FILE.
 	var files []string
 	for {
@@ -45,6 +47,8 @@ func (a *app) plan(ctx context.Context, args []string) error {
 		return usagef("plan: --redis-url needs --check")
 	case *asJSON && *check:
 		return usagef("plan: --json and --check cannot be combined")
+	case *apply && (*check || *asJSON):
+		return usagef("plan: --apply cannot be combined with --check or --json")
 	}
 	plans, p, err := a.loadPlans(files)
 	if err != nil {
@@ -52,6 +56,9 @@ func (a *app) plan(ctx context.Context, args []string) error {
 	}
 	if *check {
 		return a.checkPlans(ctx, plans, p, *redisURL)
+	}
+	if *apply {
+		return a.applyPlans(ctx, plans)
 	}
 	if *asJSON {
 		out, err := json.MarshalIndent(plans, "", "  ")
@@ -316,3 +323,37 @@ func checkRedis(ctx context.Context, url string) []checkLine {
 }
 
 func dur(d time.Duration) string { return policy.Duration(d).String() }
+
+// applyPlans installs every record's rule, in one transaction, for the claim
+// path. A record without a table has nothing to install it on.
+func (a *app) applyPlans(ctx context.Context, plans []retention.Plan) error {
+	pool, err := a.controlPool(ctx)
+	if err != nil {
+		return err
+	}
+	var lines []string
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		for _, pl := range plans {
+			if pl.Rule.Table == "" {
+				lines = append(lines, fmt.Sprintf("SKIP scope %q: the record names no table", pl.Rule.Scope))
+				continue
+			}
+			qn, err := policy.ParseQualifiedName(pl.Rule.Table)
+			if err != nil {
+				return configError{err}
+			}
+			if err := inbox.InstallRule(ctx, tx, qn.Schema, qn.Name, pl.Rule); err != nil {
+				return err
+			}
+			lines = append(lines, fmt.Sprintf("applied scope %q on %s: %s", pl.Rule.Scope, pl.Rule.Table, pl.Rule))
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, l := range lines {
+		fmt.Fprintln(a.stdout, l)
+	}
+	return nil
+}

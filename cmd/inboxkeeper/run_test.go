@@ -133,7 +133,7 @@ FROM generate_series(1, 50) i;`, inboxPolicy, true)
 // With a schedule the daemon runs pass after pass until told to stop.
 func TestRunOnSchedule(t *testing.T) {
 	t.Parallel()
-	f := inbox(t)
+	f := inboxFixture(t)
 	d := startDaemon(t, f.dir, f.env(
 		"INBOXKEEPER_METRICS_ADDR=127.0.0.1:0",
 		"INBOXKEEPER_SCHEDULE=@every 1s",
