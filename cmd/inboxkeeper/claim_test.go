@@ -60,7 +60,9 @@ retention:
 		t.Errorf("claim after apply: %+v, want fresh and remembered 40 days", res)
 	}
 
-	day := func(d int) string { return time.Now().Add(time.Duration(d) * 24 * time.Hour).UTC().Format(time.RFC3339) }
+	day := func(d int) string {
+		return time.Now().Add(time.Duration(d) * 24 * time.Hour).UTC().Format(time.RFC3339)
+	}
 	// Remembered: events of the last 48 + 2 days.
 	wantExit(t, f.run("replay", "start", "--table", "public.consumer_inbox", "--scope", "payments", "--from", day(-60), "--to", day(-40), "--owner", "ops"),
 		2, "reaches past the deduplication window", "--force")
