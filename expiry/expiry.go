@@ -40,6 +40,9 @@ type Options struct {
 	// Throttle, when set, is waited on before every batch and watches each
 	// batch's backend for sessions waiting on its locks.
 	Throttle *throttle.Throttler
+	// Active, when set, is asked before every batch; an error stops the
+	// pass (this instance lost the lease).
+	Active func() error
 	// Sizing, when set, adapts the batch size per table toward a target
 	// duration; without it every batch has BatchSize rows.
 	Sizing  *Sizing
@@ -85,7 +88,9 @@ type TableResult struct {
 	Retries            int
 	Duration           time.Duration
 	CleanupLag         time.Duration
-	StoppedEarly       string // non-empty when RUN_TIME or shutdown ended the pass early
+	Oldest, Newest     *time.Time // retained expiries after the pass
+	BytesPerKey        float64    // table size with indexes and TOAST per estimated row; 0 when unknown
+	StoppedEarly       string     // non-empty when RUN_TIME, the lease or shutdown ended the pass early
 	Err                error
 }
 
@@ -184,6 +189,9 @@ func (d *Deleter) sizer(t *catalog.Table) *throttle.Sizer {
 	return s
 }
 
+// SetActive sets Options.Active after construction.
+func (d *Deleter) SetActive(f func() error) { d.opts.Active = f }
+
 // BatchSize is the size the next batch on table will have.
 func (d *Deleter) BatchSize(table *catalog.Table) int { return d.sizer(table).Size() }
 
@@ -227,6 +235,12 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 		if !deadline.IsZero() && time.Now().After(deadline) {
 			res.StoppedEarly = "run time reached"
 			return nil
+		}
+		if d.opts.Active != nil {
+			if err := d.opts.Active(); err != nil {
+				res.StoppedEarly = err.Error()
+				return nil
+			}
 		}
 		if stop, err := d.waitThrottle(ctx, deadline); err != nil || stop != "" {
 			res.StoppedEarly = stop
@@ -468,7 +482,31 @@ FROM %[1]s t WHERE t.%[5]s <= %[2]s AND (%[3]s OR %[4]s)`, t.Ident, t.Expiry.Ins
 	if d.opts.Metrics != nil {
 		d.opts.Metrics.CleanupLag.WithLabelValues(t.Name).Set(lag.Seconds())
 	}
+	if res.Oldest, res.Newest, err = retainedRange(ctx, tx, t); err != nil {
+		return err
+	}
+	// reltuples is the planner's estimate (-1 before the first ANALYZE).
+	err = tx.QueryRow(ctx, `SELECT CASE WHEN reltuples > 0 THEN pg_total_relation_size(oid) / reltuples ELSE 0 END
+FROM pg_class WHERE oid = $1`, t.OID).Scan(&res.BytesPerKey)
+	if err != nil {
+		return fmt.Errorf("measure bytes per key: %w", err)
+	}
 	return nil
+}
+
+// retainedRange is the oldest and newest expiry present (column +
+// expires_after), read from both ends of the expiry index.
+func retainedRange(ctx context.Context, q catalog.Querier, t *catalog.Table) (oldest, newest *time.Time, err error) {
+	var o, n pgtype.Timestamptz
+	err = q.QueryRow(ctx, fmt.Sprintf(`SELECT (SELECT %[1]s FROM %[2]s t WHERE t.%[3]s IS NOT NULL ORDER BY t.%[3]s LIMIT 1),
+       (SELECT %[1]s FROM %[2]s t WHERE t.%[3]s IS NOT NULL ORDER BY t.%[3]s DESC LIMIT 1)`,
+		t.Expiry.AsTimestamptz("t"), t.Ident, t.Expiry.Quoted)).Scan(&o, &n)
+	if err != nil || !o.Valid {
+		return nil, nil, err
+	}
+	// The column holds when the clock started; the expiry is offset from it.
+	ot, nt := o.Time.Add(t.Policy.ExpiryOffset()), n.Time.Add(t.Policy.ExpiryOffset())
+	return &ot, &nt, nil
 }
 
 // cleanupLag is now minus the oldest expiry among rows that are due and that

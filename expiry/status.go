@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/inboxkeeper/inboxkeeper/holds"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
@@ -48,17 +47,8 @@ func (d *Deleter) status(ctx context.Context, tx pgx.Tx, t *catalog.Table, st *T
 	}
 	st.Holds, st.Replays = cov.Holds, cov.Replays
 
-	var oldest, newest pgtype.Timestamptz
-	err = tx.QueryRow(ctx, fmt.Sprintf(`SELECT (SELECT %[1]s FROM %[2]s t WHERE t.%[3]s IS NOT NULL ORDER BY t.%[3]s LIMIT 1),
-       (SELECT %[1]s FROM %[2]s t WHERE t.%[3]s IS NOT NULL ORDER BY t.%[3]s DESC LIMIT 1)`,
-		t.Expiry.AsTimestamptz("t"), t.Ident, t.Expiry.Quoted)).Scan(&oldest, &newest)
-	if err != nil {
+	if st.Oldest, st.Newest, err = retainedRange(ctx, tx, t); err != nil {
 		return fmt.Errorf("status %s: oldest and newest expiry: %w", t.Name, err)
-	}
-	if oldest.Valid {
-		// The column holds when the clock started; the expiry is offset from it.
-		o, n := oldest.Time.Add(t.Policy.ExpiryOffset()), newest.Time.Add(t.Policy.ExpiryOffset())
-		st.Oldest, st.Newest = &o, &n
 	}
 	err = tx.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM (SELECT 1 FROM %s t WHERE t.%s <= %s LIMIT $2) due`,
 		t.Ident, t.Expiry.Quoted, t.Expiry.Instant("$1::timestamptz")), cutoff(t, now), StatusCountCap).Scan(&st.Due)

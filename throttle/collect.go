@@ -117,7 +117,7 @@ func (t *Throttler) writeHeartbeat(ctx context.Context) {
 	_, err := t.pool.Exec(ctx, `INSERT INTO inboxkeeper.heartbeat (id, beat) VALUES (true, clock_timestamp())
 ON CONFLICT (id) DO UPDATE SET beat = excluded.beat`)
 	if err != nil && ctx.Err() == nil {
-		t.log.Warn("throttle: heartbeat write failed", "error", err)
+		t.log.Debug("throttle: heartbeat write failed", "error", err)
 	}
 }
 
@@ -196,8 +196,10 @@ func (r *replica) lag(ctx context.Context, timeout time.Duration) (float64, erro
 // measurePrimary reads pg_stat_replication (every standby, listed or not)
 // and the logical slots.
 func (t *Throttler) measurePrimary(ctx context.Context) {
+	// On a standby (the daemon idles there) pg_current_wal_lsn() fails:
+	// nothing is measured until it is promoted.
 	rows, err := t.pool.Query(ctx, `SELECT coalesce(nullif(application_name, ''), client_addr::text, pid::text),
-       pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn)::float8,
+       CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn)::float8 END,
        extract(epoch FROM replay_lag)::float8
 FROM pg_stat_replication`)
 	if err != nil {
@@ -234,7 +236,7 @@ FROM pg_stat_replication`)
 		return
 	}
 	rows, err = t.pool.Query(ctx, `SELECT slot_name::text, pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::float8
-FROM pg_replication_slots WHERE slot_type = 'logical' AND confirmed_flush_lsn IS NOT NULL`)
+FROM pg_replication_slots WHERE slot_type = 'logical' AND confirmed_flush_lsn IS NOT NULL AND NOT pg_is_in_recovery()`)
 	if err != nil {
 		if ctx.Err() == nil {
 			t.log.Warn("throttle: read pg_replication_slots", "error", err)

@@ -6,7 +6,9 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
 )
@@ -113,9 +115,10 @@ func TestPasswordNeverShown(t *testing.T) {
 		{"unparseable", "postgres://u:s3cret@127.0.0.1:notaport/db", 2},
 	}
 	// migrate connects on its own; the others share one way to connect, but
-	// reach it from different places.
+	// reach it from different places. `run` waits for the database instead
+	// of exiting: it is checked below.
 	commands := [][]string{
-		{"migrate"}, {"once"}, {"run"}, {"hold", "list"},
+		{"migrate"}, {"once"}, {"hold", "list"},
 		{"hold", "add", "--table", "public.consumer_inbox", "--reason", "r", "--owner", "o"},
 	}
 	for _, u := range urls {
@@ -134,9 +137,27 @@ func TestPasswordNeverShown(t *testing.T) {
 					t.Errorf("the error does not say where it tried to connect\n%s", r)
 				}
 			}
+			if u.code != 1 {
+				return
+			}
+			// The daemon keeps waiting for its database, and says so.
+			d := startDaemon(t, dir, env, "run")
+			line := d.waitLine(waitingForDB, 30*time.Second)
+			if !strings.Contains(line, fmt.Sprint(port)) {
+				t.Errorf("the wait does not say where it tries to connect: %s", line)
+			}
+			d.signal(syscall.SIGTERM)
+			if code, _ := d.exit(10 * time.Second); code != 0 {
+				t.Errorf("run exited %d after SIGTERM while waiting\n%s", code, d.log())
+			}
+			if strings.Contains(d.log(), "s3cret") {
+				t.Errorf("run shows the password\n%s", d.log())
+			}
 		})
 	}
 }
+
+var waitingForDB = regexp.MustCompile(`msg="inboxkeeper: waiting for the database"`)
 
 // Every command that takes no positional argument refuses one instead of
 // ignoring it: a user who writes `status public.consumer_inbox` must not get

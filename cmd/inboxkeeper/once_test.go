@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/inboxkeeper/inboxkeeper/migrations"
 )
@@ -57,7 +59,7 @@ func TestOnceBeforeMigrate(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, inboxDDL, inboxPolicy, false)
 	for _, args := range [][]string{
-		{"once"}, {"once", "--dry-run"}, {"status"}, {"run"},
+		{"once"}, {"once", "--dry-run"}, {"status"},
 		{"hold", "list"}, {"hold", "add", "--table", "public.consumer_inbox", "--reason", "r", "--owner", "o"},
 		{"replay", "list"},
 	} {
@@ -66,6 +68,18 @@ func TestOnceBeforeMigrate(t *testing.T) {
 	}
 	f.wantCount("rows", allRows, "SELECT count(*) FROM public.consumer_inbox")
 	f.wantCount("control schema", 0, "SELECT count(*) FROM pg_namespace WHERE nspname = 'inboxkeeper'")
+	// The daemon waits for the control schema (a migrate job may be about
+	// to create it), says so, and starts working once it exists.
+	d := startDaemon(t, f.dir, f.env("INBOXKEEPER_METRICS_ADDR="), "run")
+	d.waitLine(regexp.MustCompile(`msg="inboxkeeper: waiting for the control schema".*inboxkeeper migrate`), 30*time.Second)
+	f.wantCount("rows while waiting", allRows, "SELECT count(*) FROM public.consumer_inbox")
+	wantExit(t, f.run("migrate"), 0)
+	d.waitLine(passDone, 60*time.Second)
+	f.wantCount("expired rows after the first pass", 0, "SELECT count(*) FROM public.consumer_inbox WHERE remember_until <= now()")
+	d.signal(syscall.SIGTERM)
+	if code, _ := d.exit(10 * time.Second); code != 0 {
+		t.Errorf("run exited %d after SIGTERM while waiting\n%s", code, d.log())
+	}
 }
 
 func TestOnceAndDryRun(t *testing.T) {

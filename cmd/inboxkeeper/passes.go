@@ -12,13 +12,10 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"github.com/robfig/cron/v3"
 
 	"github.com/inboxkeeper/inboxkeeper/expiry"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
-	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
 )
 
@@ -68,12 +65,27 @@ func (a *app) once(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	if standby, err := inRecovery(ctx, pool); err != nil {
+		return err
+	} else if standby {
+		fmt.Fprintln(a.stdout, "the database is a standby (in recovery): nothing to do here; run inboxkeeper against the primary")
+		return nil
+	}
 	var th *throttle.Throttler
+	var active func() error
 	if !*dryRun {
+		ls, release, err := a.waitForLease(ctx, pool)
+		if err != nil {
+			return err
+		}
+		defer release()
+		active = ls.Check
 		th = a.startThrottle(ctx, pool, nil)
 		defer th.Stop()
 	}
-	results, err := a.deleter(pool, tables, *dryRun, th, nil, a.progressPrinter()).RunPass(ctx)
+	d := a.deleter(pool, tables, *dryRun, th, nil, a.progressPrinter())
+	d.SetActive(active)
+	results, err := d.RunPass(ctx)
 	failed := printResults(a.stdout, results, *dryRun)
 	if err != nil {
 		return fmt.Errorf("pass interrupted: %w", err)
@@ -118,73 +130,6 @@ func printResults(w io.Writer, results []expiry.TableResult, dryRun bool) int {
 		fmt.Fprintln(w, line)
 	}
 	return failed
-}
-
-// daemon is `inboxkeeper run`: passes on a schedule that never overlap,
-// metrics on a listener, and a clean stop on SIGTERM.
-func (a *app) daemon(ctx context.Context, args []string) error {
-	fs := newFlags("run", a.stderr)
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return usagef("run: unexpected argument %q", fs.Arg(0))
-	}
-	var sched cron.Schedule
-	if a.cfg.Schedule != "" {
-		s, err := cron.ParseStandard(a.cfg.Schedule)
-		if err != nil {
-			return configError{fmt.Errorf("INBOXKEEPER_SCHEDULE: %v", err)}
-		}
-		sched = s
-	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	metrics := expiry.NewMetrics(reg)
-	if a.cfg.MetricsAddr != "" {
-		stopServer, err := serveMetrics(a, reg)
-		if err != nil {
-			return err
-		}
-		defer stopServer()
-	}
-
-	pool, tables, err := a.prepare(ctx)
-	if err != nil {
-		return err
-	}
-	th := a.startThrottle(ctx, pool, reg)
-	defer th.Stop()
-	d := a.deleter(pool, tables, false, th, metrics, a.progressPrinter())
-	a.log.Info("inboxkeeper: running", "tables", len(tables), "interval", a.cfg.Interval, "schedule", a.cfg.Schedule,
-		"database", config.RedactURL(a.cfg.DatabaseURL))
-	for {
-		start := time.Now()
-		results, err := d.RunPass(ctx)
-		if err != nil {
-			a.log.Info("inboxkeeper: stopped", "reason", "signal", "during_pass", true)
-			return nil
-		}
-		failed := 0
-		for _, r := range results {
-			if r.Err != nil {
-				failed++
-			}
-		}
-		a.log.Info("inboxkeeper: pass done", "tables", len(results), "failed", failed, "duration", time.Since(start).Round(time.Millisecond))
-		next := start.Add(a.cfg.Interval)
-		if sched != nil {
-			next = sched.Next(time.Now())
-		}
-		timer := time.NewTimer(time.Until(next))
-		select {
-		case <-ctx.Done():
-			timer.Stop()
-			a.log.Info("inboxkeeper: stopped", "reason", "signal", "during_pass", false)
-			return nil
-		case <-timer.C:
-		}
-	}
 }
 
 func serveMetrics(a *app, reg *prometheus.Registry) (func(), error) {

@@ -62,6 +62,9 @@ type Config struct {
 	ActiveHours        string        `envconfig:"ACTIVE_HOURS" desc:"HH:MM-HH:MM window outside which no batch starts; empty = always"`
 	ActiveTZ           string        `envconfig:"ACTIVE_TZ" default:"UTC" desc:"time zone of ACTIVE_HOURS (IANA name)"`
 	ThrottleResume     float64       `envconfig:"THROTTLE_RESUME" default:"0.5" desc:"a paused signal resumes at or below threshold x this (0 < r <= 1)"`
+
+	// Running many.
+	LeaseTTL time.Duration `envconfig:"LEASE_TTL" default:"15s" desc:"the active instance's lease runs out this long after its last renewal; another instance then takes over"`
 }
 
 // ByteSize is a size in bytes written as PostgreSQL writes memory sizes:
@@ -329,6 +332,9 @@ func (c Config) problems() problems {
 	}
 	if c.MaxReplicaLagBytes <= 0 {
 		ps.addf(n["MaxReplicaLagBytes"], "%s must be greater than 0", c.MaxReplicaLagBytes)
+	}
+	if c.LeaseTTL < 3*time.Second {
+		ps.addf(n["LeaseTTL"], "%s must be at least 3s", c.LeaseTTL)
 	}
 	if c.BatchTarget <= 0 {
 		ps.addf(n["BatchTarget"], "%s must be greater than 0", c.BatchTarget)

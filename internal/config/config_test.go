@@ -51,6 +51,7 @@ var defaults = Config{
 	BatchSizeMax:       50000,
 	ActiveTZ:           "UTC",
 	ThrottleResume:     0.5,
+	LeaseTTL:           15 * time.Second,
 }
 
 func TestLoadDefaults(t *testing.T) {
@@ -245,8 +246,8 @@ func TestKnownVariables(t *testing.T) {
 			t.Errorf("missing %s", name)
 		}
 	}
-	if len(got) != 27 {
-		t.Errorf("got %d names, want 27: %v", len(got), got)
+	if len(got) != 28 {
+		t.Errorf("got %d names, want 28: %v", len(got), got)
 	}
 }
 

@@ -1,0 +1,321 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/robfig/cron/v3"
+
+	"github.com/inboxkeeper/inboxkeeper/expiry"
+	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/config"
+	"github.com/inboxkeeper/inboxkeeper/internal/daemonmetrics"
+	"github.com/inboxkeeper/inboxkeeper/internal/lease"
+	"github.com/inboxkeeper/inboxkeeper/internal/policy"
+	"github.com/inboxkeeper/inboxkeeper/migrations"
+)
+
+// daemon is `inboxkeeper run`: passes on a schedule that never overlap, one
+// active instance per database, metrics on a listener, nothing done against
+// a standby, and a clean stop on SIGTERM.
+func (a *app) daemon(ctx context.Context, args []string) error {
+	fs := newFlags("run", a.stderr)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usagef("run: unexpected argument %q", fs.Arg(0))
+	}
+	var sched cron.Schedule
+	if a.cfg.Schedule != "" {
+		s, err := cron.ParseStandard(a.cfg.Schedule)
+		if err != nil {
+			return configError{fmt.Errorf("INBOXKEEPER_SCHEDULE: %v", err)}
+		}
+		sched = s
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := expiry.NewMetrics(reg)
+	dm := daemonmetrics.New(reg, buildVersion())
+	if a.cfg.MetricsAddr != "" {
+		stopServer, err := serveMetrics(a, reg)
+		if err != nil {
+			return err
+		}
+		defer stopServer()
+	}
+
+	pool, tables, err := a.prepareWithRetry(ctx)
+	if err != nil || ctx.Err() != nil {
+		return err
+	}
+	th := a.startThrottle(ctx, pool, reg)
+	defer th.Stop()
+
+	ls := lease.New(pool, a.cfg.LeaseTTL, a.log)
+	leaseCtx, stopLease := context.WithCancel(ctx)
+	leaseDone := make(chan struct{})
+	go func() { defer close(leaseDone); ls.Keep(leaseCtx) }()
+	defer func() {
+		stopLease()
+		<-leaseDone
+		// Hand over at once instead of making the next instance wait a ttl.
+		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		ls.Release(rctx)
+	}()
+
+	d := a.deleter(pool, tables, false, th, metrics, a.progressPrinter())
+	d.SetActive(ls.Check)
+	a.log.Info("inboxkeeper: running", "tables", len(tables), "interval", a.cfg.Interval, "schedule", a.cfg.Schedule,
+		"database", config.RedactURL(a.cfg.DatabaseURL), "instance", ls.Name())
+	p := &passer{a: a, pool: pool, d: d, ls: ls, dm: dm}
+	for {
+		start := time.Now()
+		if err := p.run(ctx); err != nil {
+			a.log.Info("inboxkeeper: stopped", "reason", "signal", "during_pass", true)
+			return nil
+		}
+		next := start.Add(a.cfg.Interval)
+		if sched != nil {
+			next = sched.Next(time.Now())
+		}
+		timer := time.NewTimer(time.Until(next))
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			a.log.Info("inboxkeeper: stopped", "reason", "signal", "during_pass", false)
+			return nil
+		case <-timer.C:
+		}
+	}
+}
+
+// passer runs the daemon's passes and keeps what it must remember between
+// them, so that state changes are logged once, not every pass.
+type passer struct {
+	a         *app
+	pool      *pgxpool.Pool
+	d         *expiry.Deleter
+	ls        *lease.Lease
+	dm        *daemonmetrics.Metrics
+	lastState string
+}
+
+func (p *passer) say(state string, args ...any) {
+	if state != p.lastState {
+		p.a.log.Info("inboxkeeper: "+state, args...)
+		p.lastState = state
+	}
+}
+
+// run does one pass if this instance may; it returns an error only when
+// ctx ended the pass.
+func (p *passer) run(ctx context.Context) error {
+	start := time.Now()
+	outcome := daemonmetrics.PassSkipped
+	defer func() {
+		p.dm.Passes.WithLabelValues(outcome).Inc()
+		p.dm.LastPass.Set(float64(time.Now().Unix()))
+	}()
+	standby, err := inRecovery(ctx, p.pool)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		outcome = daemonmetrics.PassFailed
+		p.dm.Active.Set(0)
+		p.say("database unreachable; retrying next pass", "error", err)
+		return nil
+	}
+	if standby {
+		p.dm.InRecovery.Set(1)
+		p.dm.Active.Set(0)
+		p.say("the database is a standby (in recovery): doing nothing until it is promoted")
+		return nil
+	}
+	p.dm.InRecovery.Set(0)
+	if !p.ls.Held() {
+		// Try now rather than wait for the keeper's next tick: a promoted
+		// standby or a restarted database should not wait a ttl.
+		if held, h, _ := p.ls.TryAcquire(ctx); !held {
+			p.dm.Active.Set(0)
+			p.say("another instance is active; waiting", "holder", h.Name)
+			return nil
+		}
+	}
+	p.dm.Active.Set(1)
+	p.say("active")
+	p.dm.PassesInFlight.Set(1)
+	results, err := p.d.RunPass(ctx)
+	p.dm.PassesInFlight.Set(0)
+	if err != nil {
+		return err
+	}
+	failed, early := 0, 0
+	for _, r := range results {
+		switch {
+		case r.Err != nil:
+			failed++
+		case r.StoppedEarly != "":
+			early++
+		}
+		p.record(r)
+	}
+	switch {
+	case failed == len(results) && failed > 0:
+		outcome = daemonmetrics.PassFailed
+	case failed > 0 || early > 0:
+		outcome = daemonmetrics.PassPartial
+	default:
+		outcome = daemonmetrics.PassOK
+	}
+	if err := p.controlStats(ctx); err != nil && ctx.Err() == nil {
+		p.a.log.Warn("inboxkeeper: read the control schema for metrics", "error", err)
+	}
+	p.a.log.Info("inboxkeeper: pass done", "outcome", outcome, "tables", len(results), "failed", failed,
+		"duration", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// record exports what a pass measured about one table.
+func (p *passer) record(r expiry.TableResult) {
+	if r.Err != nil {
+		return
+	}
+	p.dm.RowsProtected.WithLabelValues(r.Table, "hold").Set(float64(r.ProtectedByHolds))
+	p.dm.RowsProtected.WithLabelValues(r.Table, "replay").Set(float64(r.ProtectedByReplays))
+	if r.Oldest != nil {
+		p.dm.OldestExpiry.WithLabelValues(r.Table).Set(float64(r.Oldest.Unix()))
+		p.dm.NewestExpiry.WithLabelValues(r.Table).Set(float64(r.Newest.Unix()))
+	} else {
+		p.dm.OldestExpiry.DeleteLabelValues(r.Table)
+		p.dm.NewestExpiry.DeleteLabelValues(r.Table)
+	}
+	p.dm.BytesPerKey.WithLabelValues(r.Table).Set(r.BytesPerKey)
+}
+
+// controlStats exports the installed retention rules (the configured replay
+// and redrive horizons) and the replays forced past the window.
+func (p *passer) controlStats(ctx context.Context) error {
+	rows, err := p.pool.Query(ctx, `SELECT schema_name, table_name, scope,
+       extract(epoch FROM post_receipt)::float8, extract(epoch FROM replay)::float8, extract(epoch FROM margin)::float8
+FROM inboxkeeper.retention_rules`)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	p.dm.ReplayHorizon.Reset()
+	p.dm.PostReceipt.Reset()
+	p.dm.Margin.Reset()
+	for rows.Next() {
+		var schema, table, scope string
+		var post, replay *float64
+		var margin float64
+		if err := rows.Scan(&schema, &table, &scope, &post, &replay, &margin); err != nil {
+			return err
+		}
+		name := policy.QualifiedName{Schema: schema, Name: table}.String()
+		if post != nil {
+			p.dm.PostReceipt.WithLabelValues(name, scope).Set(*post)
+		}
+		if replay != nil {
+			p.dm.ReplayHorizon.WithLabelValues(name, scope).Set(*replay)
+		}
+		p.dm.Margin.WithLabelValues(name, scope).Set(margin)
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	rows.Close()
+	rows, err = p.pool.Query(ctx, `SELECT table_name, count(*) FILTER (WHERE beyond_window)
+FROM inboxkeeper.replays WHERE finished_at IS NULL GROUP BY table_name`)
+	if err != nil {
+		return err
+	}
+	p.dm.ReplaysBeyond.Reset()
+	for rows.Next() {
+		var table string
+		var n float64
+		if err := rows.Scan(&table, &n); err != nil {
+			return err
+		}
+		p.dm.ReplaysBeyond.WithLabelValues(table).Set(n)
+	}
+	return rows.Err()
+}
+
+// prepareWithRetry is prepare for a daemon: a database that is not up yet,
+// or a control schema a migrate job has not created yet, is waited for with
+// backoff instead of crash-looping; a configuration error still ends it.
+func (a *app) prepareWithRetry(ctx context.Context) (*pgxpool.Pool, []*catalog.Table, error) {
+	wait := time.Second
+	for {
+		pool, tables, err := a.prepare(ctx)
+		if err == nil {
+			return pool, tables, nil
+		}
+		var ce configError
+		var ue usageError
+		if errors.As(err, &ce) || errors.As(err, &ue) || errors.Is(err, catalog.ErrInvalid) {
+			return nil, nil, err
+		}
+		if errors.Is(err, migrations.ErrNotMigrated) {
+			a.log.Warn("inboxkeeper: waiting for the control schema", "error", err, "retry_in", wait)
+		} else {
+			a.log.Warn("inboxkeeper: waiting for the database", "error", err, "retry_in", wait)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, nil, nil
+		case <-t.C:
+		}
+		wait = min(wait*2, 30*time.Second)
+	}
+}
+
+// waitForLease makes `once` the active instance, waiting (and saying so)
+// while another instance holds the lease.
+func (a *app) waitForLease(ctx context.Context, pool *pgxpool.Pool) (*lease.Lease, func(), error) {
+	ls := lease.New(pool, a.cfg.LeaseTTL, a.log)
+	tick := time.NewTicker(a.cfg.LeaseTTL / 3)
+	defer tick.Stop()
+	for {
+		held, _, err := ls.TryAcquire(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		if held {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		case <-tick.C:
+		}
+	}
+	keepCtx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); ls.Keep(keepCtx) }()
+	return ls, func() {
+		stop()
+		<-done
+		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		ls.Release(rctx)
+	}, nil
+}
+
+func inRecovery(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
+	var standby bool
+	err := pool.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&standby)
+	return standby, err
+}

@@ -1,0 +1,187 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"regexp"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
+)
+
+var (
+	activeLogged  = regexp.MustCompile(`msg="inboxkeeper: active"`)
+	waitingLogged = regexp.MustCompile(`msg="inboxkeeper: another instance is active; waiting"`)
+	standbyLogged = regexp.MustCompile(`msg="inboxkeeper: the database is a standby`)
+	downLogged    = regexp.MustCompile(`msg="inboxkeeper: database unreachable|expiry: table failed`)
+)
+
+func metricsAddr(t *testing.T, d *daemon) string {
+	t.Helper()
+	return metricsListening.FindStringSubmatch(d.waitLine(metricsListening, 30*time.Second))[1]
+}
+
+// Two daemons on one database: exactly one works, the other waits and says
+// so, and takes over when the first stops.
+func TestTwoInstancesOneActive(t *testing.T) {
+	t.Parallel()
+	f := inboxFixture(t)
+	env := f.env("INBOXKEEPER_METRICS_ADDR=127.0.0.1:0", "INBOXKEEPER_SCHEDULE=@every 1s", "INBOXKEEPER_LEASE_TTL=3s")
+	a := startDaemon(t, f.dir, env, "run")
+	addrA := metricsAddr(t, a)
+	a.waitLine(activeLogged, 30*time.Second)
+	a.waitLine(passDone, 30*time.Second)
+
+	b := startDaemon(t, f.dir, env, "run")
+	addrB := metricsAddr(t, b)
+	b.waitLine(waitingLogged, 30*time.Second)
+	if v := metricValue(t, httpGet(t, "http://"+addrB+"/metrics"), "inboxkeeper_active"); v != 0 {
+		t.Errorf("the waiting instance reports inboxkeeper_active %v", v)
+	}
+	if v := metricValue(t, httpGet(t, "http://"+addrA+"/metrics"), "inboxkeeper_active"); v != 1 {
+		t.Errorf("the working instance reports inboxkeeper_active %v", v)
+	}
+
+	a.signal(syscall.SIGTERM)
+	if code, _ := a.exit(10 * time.Second); code != 0 {
+		t.Fatalf("first instance exit %d\n%s", code, a.log())
+	}
+	// The first one released the lease on the way out: the second takes
+	// over at its next pass, without waiting for the lease to run out.
+	b.waitLine(activeLogged, 30*time.Second)
+	b.waitLine(passDone, 30*time.Second)
+	b.signal(syscall.SIGTERM)
+	if code, _ := b.exit(10 * time.Second); code != 0 {
+		t.Fatalf("second instance exit %d\n%s", code, b.log())
+	}
+}
+
+// Beside a standby the daemon does nothing and says so in logs and metrics,
+// and starts working when the standby is promoted.
+func TestStandbyThenPromoted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	primary := pgtest.NewCluster(t)
+	url := primary.URL("postgres")
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, inboxDDL); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	pol := filepath.Join(dir, "inboxkeeper.yaml")
+	if err := os.WriteFile(pol, []byte(inboxPolicy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	primaryEnv := cliEnv("INBOXKEEPER_DATABASE_URL="+url, "INBOXKEEPER_POLICY_FILE="+pol)
+	wantExit(t, runCLI(t, dir, primaryEnv, "migrate"), 0)
+	standby := pgtest.NewStandby(t, primary, nil)
+
+	env := cliEnv("INBOXKEEPER_DATABASE_URL="+standby.URL("postgres"), "INBOXKEEPER_POLICY_FILE="+pol,
+		"INBOXKEEPER_METRICS_ADDR=127.0.0.1:0", "INBOXKEEPER_SCHEDULE=@every 1s")
+	wantExit(t, runCLI(t, dir, env, "once"), 0, "standby")
+	d := startDaemon(t, dir, env, "run")
+	addr := metricsAddr(t, d)
+	d.waitLine(standbyLogged, 30*time.Second)
+	m := httpGet(t, "http://"+addr+"/metrics")
+	if metricValue(t, m, "inboxkeeper_in_recovery") != 1 || metricValue(t, m, "inboxkeeper_active") != 0 {
+		t.Errorf("on a standby: in_recovery/active metrics wrong\n%s", m)
+	}
+
+	if err := primary.StopServer(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sconn, err := pgx.Connect(ctx, standby.URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sconn.Close(ctx)
+	if _, err := sconn.Exec(ctx, "SELECT pg_promote()"); err != nil {
+		t.Fatal(err)
+	}
+	d.waitLine(activeLogged, 30*time.Second)
+	d.waitLine(passDone, 30*time.Second)
+	var left int
+	if err := sconn.QueryRow(ctx, "SELECT count(*) FROM public.consumer_inbox WHERE remember_until <= now()").Scan(&left); err != nil || left != 0 {
+		t.Errorf("%d expired rows left on the promoted standby (%v)", left, err)
+	}
+	d.signal(syscall.SIGTERM)
+	if code, _ := d.exit(10 * time.Second); code != 0 {
+		t.Fatalf("exit %d\n%s", code, d.log())
+	}
+}
+
+// The database restarts under a running daemon: it notices, counts the
+// failure, does not exit, and cleans again once the database is back.
+func TestDatabaseRestartUnderDaemon(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c := pgtest.NewCluster(t)
+	url := c.URL("postgres")
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, inboxDDL); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close(ctx)
+	dir := t.TempDir()
+	pol := filepath.Join(dir, "inboxkeeper.yaml")
+	if err := os.WriteFile(pol, []byte(inboxPolicy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env := cliEnv("INBOXKEEPER_DATABASE_URL="+url, "INBOXKEEPER_POLICY_FILE="+pol,
+		"INBOXKEEPER_METRICS_ADDR=127.0.0.1:0", "INBOXKEEPER_SCHEDULE=@every 1s")
+	wantExit(t, runCLI(t, dir, env, "migrate"), 0)
+	d := startDaemon(t, dir, env, "run")
+	addr := metricsAddr(t, d)
+	d.waitLine(passDone, 30*time.Second)
+
+	if err := c.StopServer(ctx); err != nil {
+		t.Fatal(err)
+	}
+	d.waitLine(downLogged, 30*time.Second)
+	if err := c.StartServer(ctx); err != nil {
+		t.Fatal(err)
+	}
+	conn, err = pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `INSERT INTO public.consumer_inbox SELECT 'late', 'l-' || i, now(), now() - interval '1 minute' FROM generate_series(1, 10) i`); err != nil {
+		t.Fatal(err)
+	}
+	// Wait for a pass that starts after the insert and succeeds.
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		d.waitLine(passDone, 60*time.Second)
+		var left int
+		if err := conn.QueryRow(ctx, "SELECT count(*) FROM public.consumer_inbox WHERE remember_until <= now()").Scan(&left); err != nil {
+			t.Fatal(err)
+		}
+		if left == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d expired rows still there a minute after the restart\n%s", left, d.log())
+		}
+	}
+	m := httpGet(t, "http://"+addr+"/metrics")
+	if metricValue(t, m, `inboxkeeper_passes_total{outcome="failed"}`)+metricValue(t, m, `inboxkeeper_passes_total{outcome="partial"}`) < 1 {
+		t.Errorf("the outage was not counted\n%s", m)
+	}
+	d.signal(syscall.SIGTERM)
+	if code, _ := d.exit(10 * time.Second); code != 0 {
+		t.Fatalf("exit %d\n%s", code, d.log())
+	}
+}

@@ -1,0 +1,175 @@
+// Package lease makes one instance per database the active one. The lease
+// is a row in the control schema with an expiry on the database's clock; the
+// holder renews it, and another instance takes it over once it has run out.
+//
+// Two instances working at once would still be safe (batches skip each
+// other's locked rows, holds are fenced for every batch), so the lease is
+// about not doing the work twice, not about correctness.
+package lease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// DB is satisfied by *pgxpool.Pool and *pgx.Conn.
+type DB interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}
+
+// Lease is one instance's view of the lease.
+type Lease struct {
+	db     DB
+	holder string
+	ttl    time.Duration
+	log    *slog.Logger
+
+	mu         sync.Mutex
+	validUntil time.Time // host monotonic clock: when our hold certainly ends
+	other      Holder    // the other holder, when we do not hold it
+	holding    bool
+}
+
+// Holder describes who holds the lease.
+type Holder struct {
+	Name      string
+	ExpiresAt time.Time
+}
+
+// New returns a lease handle for this process. Holder names are
+// hostname/pid plus a start time, so a restarted process is a new holder.
+func New(db DB, ttl time.Duration, log *slog.Logger) *Lease {
+	host, _ := os.Hostname()
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Lease{db: db, ttl: ttl, log: log,
+		holder: fmt.Sprintf("%s/%d/%d", host, os.Getpid(), time.Now().UnixNano())}
+}
+
+// Name is this instance's holder name.
+func (l *Lease) Name() string { return l.holder }
+
+// TryAcquire takes or renews the lease once. It reports whether this
+// instance holds it, and otherwise who does.
+func (l *Lease) TryAcquire(ctx context.Context) (bool, Holder, error) {
+	start := time.Now()
+	var got string
+	err := l.db.QueryRow(ctx, `
+INSERT INTO inboxkeeper.lease AS l (holder, acquired_at, renewed_at, expires_at)
+VALUES ($1, now(), now(), now() + $2 * interval '1 millisecond')
+ON CONFLICT (id) DO UPDATE SET holder = excluded.holder, renewed_at = now(), expires_at = excluded.expires_at,
+    acquired_at = CASE WHEN l.holder = excluded.holder THEN l.acquired_at ELSE now() END
+WHERE l.holder = excluded.holder OR l.expires_at < now()
+RETURNING holder`, l.holder, l.ttl.Milliseconds()).Scan(&got)
+	if err == nil {
+		l.mu.Lock()
+		was := l.holding
+		// The database's expiry is its now + ttl, and its now is no earlier
+		// than our start; a fifth of the ttl is kept as slack for clock rate.
+		l.validUntil = start.Add(l.ttl * 4 / 5)
+		l.holding = true
+		l.mu.Unlock()
+		if !was {
+			l.log.Info("lease: this instance is now the active one", "holder", l.holder)
+		}
+		return true, Holder{Name: l.holder}, nil
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		l.lost()
+		return false, Holder{}, fmt.Errorf("lease: %w", err)
+	}
+	var h Holder
+	if err := l.db.QueryRow(ctx, "SELECT holder, expires_at FROM inboxkeeper.lease").Scan(&h.Name, &h.ExpiresAt); err != nil {
+		l.lost()
+		return false, Holder{}, fmt.Errorf("lease: read holder: %w", err)
+	}
+	l.mu.Lock()
+	was, prev := l.holding, l.other
+	l.holding, l.other = false, h
+	l.mu.Unlock()
+	if was || prev.Name != h.Name {
+		l.log.Info("lease: another instance is active; waiting", "holder", h.Name, "expires_at", h.ExpiresAt.UTC().Format(time.RFC3339))
+	}
+	return false, h, nil
+}
+
+func (l *Lease) lost() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.holding && time.Now().After(l.validUntil) {
+		l.holding = false
+		l.log.Warn("lease: could not renew; no longer active", "holder", l.holder)
+	}
+}
+
+// Held reports whether this instance certainly holds the lease right now.
+func (l *Lease) Held() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.holding && time.Now().Before(l.validUntil)
+}
+
+// Check returns nil while the lease is held; the deleter asks before every
+// batch.
+func (l *Lease) Check() error {
+	if l.Held() {
+		return nil
+	}
+	return errors.New("this instance no longer holds the lease")
+}
+
+// Keep renews (or tries to take) the lease every third of its ttl until ctx
+// ends.
+func (l *Lease) Keep(ctx context.Context) {
+	tick := time.NewTicker(l.ttl / 3)
+	defer tick.Stop()
+	var last string
+	for {
+		_, _, err := l.TryAcquire(ctx)
+		// Say it once per kind of failure: on a standby every attempt
+		// fails the same way until promotion.
+		switch {
+		case err != nil && ctx.Err() == nil && err.Error() != last:
+			l.log.Warn("lease: cannot take or renew the lease", "error", err)
+			last = err.Error()
+		case err == nil:
+			last = ""
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// Release gives the lease up, so that another instance need not wait for it
+// to run out.
+func (l *Lease) Release(ctx context.Context) {
+	var n int
+	_ = l.db.QueryRow(ctx, "WITH d AS (DELETE FROM inboxkeeper.lease WHERE holder = $1 RETURNING 1) SELECT count(*) FROM d", l.holder).Scan(&n)
+	l.mu.Lock()
+	l.holding = false
+	l.mu.Unlock()
+}
+
+// Current reads who holds the lease, for status.
+func Current(ctx context.Context, db DB) (*Holder, error) {
+	var h Holder
+	err := db.QueryRow(ctx, "SELECT holder, expires_at FROM inboxkeeper.lease WHERE expires_at > now()").Scan(&h.Name, &h.ExpiresAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &h, nil
+}
