@@ -76,6 +76,9 @@ type Progress struct {
 	// The batch just committed.
 	BatchRows     int64
 	BatchDuration time.Duration
+	// Estimate is the planner's estimate of the rows due when the table's
+	// pass began (protected ones included); 0 when unknown.
+	Estimate int64
 }
 
 // TableResult is what one pass did to one table.
@@ -231,6 +234,10 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 	lower := pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
 	start := time.Now()
 	sizer := d.sizer(t)
+	var estimate int64
+	if d.opts.Progress != nil {
+		estimate = d.estimateDue(ctx, t)
+	}
 	for {
 		if !deadline.IsZero() && time.Now().After(deadline) {
 			res.StoppedEarly = "run time reached"
@@ -262,7 +269,7 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 			lower = pgtype.Timestamptz{Time: newest, Valid: true}
 			if d.opts.Progress != nil {
 				d.opts.Progress(Progress{Table: t.Name, Deleted: res.Deleted, Batches: res.Batches, Elapsed: time.Since(start),
-					BatchRows: n, BatchDuration: time.Since(began)})
+					BatchRows: n, BatchDuration: time.Since(began), Estimate: estimate})
 			}
 		}
 		if n < int64(size) {
@@ -274,6 +281,30 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 			}
 		}
 	}
+}
+
+// estimateDue asks the planner how many rows are due: cheap on any size of
+// table, and good enough for a progress bar. Errors just mean no estimate.
+func (d *Deleter) estimateDue(ctx context.Context, t *catalog.Table) int64 {
+	var est int64
+	_ = d.readTx(ctx, func(tx pgx.Tx) error {
+		now, err := d.now(ctx, tx)
+		if err != nil {
+			return err
+		}
+		var plan []struct {
+			Plan struct {
+				Rows float64 `json:"Plan Rows"`
+			} `json:"Plan"`
+		}
+		sql := fmt.Sprintf("EXPLAIN (FORMAT JSON) SELECT 1 FROM %s t WHERE t.%s <= %s", t.Ident, t.Expiry.Quoted, t.Expiry.Instant("$1::timestamptz"))
+		if err := tx.QueryRow(ctx, sql, cutoff(t, now)).Scan(&plan); err != nil || len(plan) == 0 {
+			return err
+		}
+		est = int64(plan[0].Plan.Rows)
+		return nil
+	})
+	return est
 }
 
 // waitThrottle blocks while the throttle says so. It returns a reason to stop

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -183,5 +184,34 @@ func TestDatabaseRestartUnderDaemon(t *testing.T) {
 	d.signal(syscall.SIGTERM)
 	if code, _ := d.exit(10 * time.Second); code != 0 {
 		t.Fatalf("exit %d\n%s", code, d.log())
+	}
+}
+
+func TestStatusJSON(t *testing.T) {
+	t.Parallel()
+	f := inboxFixture(t)
+	wantExit(t, f.run("hold", "add", "--table", "public.consumer_inbox", "--scope", "billing", "--reason", "r", "--owner", "o"), 0)
+	r := f.run("status", "--json")
+	wantExit(t, r, 0)
+	var got struct {
+		InRecovery bool `json:"in_recovery"`
+		Tables     []struct {
+			Table             string  `json:"table"`
+			Due               int     `json:"due"`
+			CleanupLagSeconds float64 `json:"cleanup_lag_seconds"`
+			Holds             []struct {
+				Scope string `json:"scope"`
+			} `json:"holds"`
+		} `json:"tables"`
+		Throttle struct {
+			Throttled bool `json:"throttled"`
+		} `json:"throttle"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil {
+		t.Fatalf("status --json is not JSON: %v\n%s", err, r.stdout)
+	}
+	if got.InRecovery || len(got.Tables) != 1 || got.Tables[0].Table != "public.consumer_inbox" || got.Tables[0].Due != expiredRows ||
+		got.Tables[0].CleanupLagSeconds < 7000 || len(got.Tables[0].Holds) != 1 || got.Tables[0].Holds[0].Scope != "billing" || got.Throttle.Throttled {
+		t.Errorf("status --json: %+v\n%s", got, r.stdout)
 	}
 }

@@ -2,12 +2,16 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -16,6 +20,7 @@ import (
 
 	"github.com/inboxkeeper/inboxkeeper/expiry"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/lease"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
 )
 
@@ -86,6 +91,9 @@ func (a *app) once(ctx context.Context, args []string) error {
 	d := a.deleter(pool, tables, *dryRun, th, nil, a.progressPrinter())
 	d.SetActive(active)
 	results, err := d.RunPass(ctx)
+	if isTerminal(a.stderr) {
+		fmt.Fprint(a.stderr, "\r\033[K") // clear the progress bar
+	}
 	failed := printResults(a.stdout, results, *dryRun)
 	if err != nil {
 		return fmt.Errorf("pass interrupted: %w", err)
@@ -96,9 +104,12 @@ func (a *app) once(ctx context.Context, args []string) error {
 	return nil
 }
 
-// progressPrinter logs a progress line at most every few seconds, so a long
-// first pass over a big backlog is visibly alive.
+// progressPrinter shows a long pass is alive: on a terminal, a progress bar
+// redrawn in place; otherwise a log line every few seconds.
 func (a *app) progressPrinter() func(expiry.Progress) {
+	if isTerminal(a.stderr) {
+		return progressBar(a.stderr)
+	}
 	var last time.Time
 	return func(p expiry.Progress) {
 		if time.Since(last) < 3*time.Second {
@@ -106,7 +117,43 @@ func (a *app) progressPrinter() func(expiry.Progress) {
 		}
 		last = time.Now()
 		rate := float64(p.Deleted) / max(p.Elapsed.Seconds(), 1e-9)
-		a.log.Info("expiry: progress", "table", p.Table, "deleted", p.Deleted, "batches", p.Batches, "rows_per_second", int64(rate))
+		args := []any{"table", p.Table, "deleted", p.Deleted, "batches", p.Batches, "rows_per_second", int64(rate)}
+		if left := p.Estimate - p.Deleted; p.Estimate > 0 && left > 0 && rate > 0 {
+			args = append(args, "estimated_rows_left", left, "estimated_time_left", (time.Duration(float64(left)/rate) * time.Second).Round(time.Second))
+		}
+		a.log.Info("expiry: progress", args...)
+	}
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// progressBar draws "table [#####.....] 50% 5000/10000 rows 2500 rows/s ~2s left".
+func progressBar(w io.Writer) func(expiry.Progress) {
+	var last time.Time
+	return func(p expiry.Progress) {
+		if time.Since(last) < 200*time.Millisecond {
+			return
+		}
+		last = time.Now()
+		rate := float64(p.Deleted) / max(p.Elapsed.Seconds(), 1e-9)
+		const width = 30
+		line := fmt.Sprintf("%s %d rows, %.0f rows/s", p.Table, p.Deleted, rate)
+		if p.Estimate > 0 {
+			frac := min(float64(p.Deleted)/float64(p.Estimate), 1)
+			done := int(frac * width)
+			left := max(p.Estimate-p.Deleted, 0)
+			line = fmt.Sprintf("%s [%s%s] %3.0f%% %d/~%d rows, %.0f rows/s, ~%s left", p.Table,
+				strings.Repeat("#", done), strings.Repeat(".", width-done), frac*100, p.Deleted, p.Estimate, rate,
+				(time.Duration(float64(left)/max(rate, 1e-9)) * time.Second).Round(time.Second))
+		}
+		fmt.Fprintf(w, "\r\033[K%s", line)
 	}
 }
 
@@ -154,6 +201,7 @@ func serveMetrics(a *app, reg *prometheus.Registry) (func(), error) {
 
 func (a *app) status(ctx context.Context, args []string) error {
 	fs := newFlags("status", a.stderr)
+	asJSON := fs.Bool("json", false, "print the status as one JSON object, for scripts")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -164,13 +212,87 @@ func (a *app) status(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := printStatus(ctx, a, a.deleter(pool, tables, false, nil, nil, nil), tables); err != nil {
+	rep := statusReport{}
+	if rep.InRecovery, err = inRecovery(ctx, pool); err != nil {
 		return err
+	}
+	if rep.Lease, err = lease.Current(ctx, pool); err != nil {
+		return err
+	}
+	d := a.deleter(pool, tables, false, nil, nil, nil)
+	for _, t := range tables {
+		st, err := d.Status(ctx, t)
+		if err != nil {
+			return err
+		}
+		rep.Tables = append(rep.Tables, st)
 	}
 	th := throttle.New(pool, a.throttleConfig(), a.log, nil)
 	th.MeasureOnce(ctx)
+	if *asJSON {
+		return json.NewEncoder(a.stdout).Encode(rep.JSON(th))
+	}
+	for _, st := range rep.Tables {
+		writeStatus(a.stdout, st)
+	}
+	switch {
+	case rep.InRecovery:
+		fmt.Fprintln(a.stdout, "database: a standby (in recovery): the daemon does nothing here")
+	case rep.Lease != nil:
+		fmt.Fprintf(a.stdout, "active instance: %s (lease until %s)\n", rep.Lease.Name, rep.Lease.ExpiresAt.UTC().Format(time.RFC3339))
+	default:
+		fmt.Fprintln(a.stdout, "active instance: none holds the lease")
+	}
 	writeThrottle(a.stdout, th)
 	return nil
+}
+
+type statusReport struct {
+	InRecovery bool
+	Lease      *lease.Holder
+	Tables     []expiry.TableStatus
+}
+
+// JSON is the shape of `status --json`: snake_case, durations in seconds,
+// instants in RFC 3339.
+func (r statusReport) JSON(th *throttle.Throttler) map[string]any {
+	tables := []map[string]any{}
+	for _, st := range r.Tables {
+		var holds, replays []map[string]any
+		for _, h := range st.Holds {
+			holds = append(holds, map[string]any{"id": h.ID, "scope": h.Scope, "from": h.From, "to": h.To,
+				"reason": h.Reason, "owner": h.Owner, "created_at": h.CreatedAt, "expires_at": h.ExpiresAt})
+		}
+		for _, p := range st.Replays {
+			replays = append(replays, map[string]any{"id": p.ID, "scope": p.Scope, "from": p.From, "to": p.To,
+				"owner": p.Owner, "started_at": p.StartedAt, "beyond_window": p.BeyondWindow})
+		}
+		tables = append(tables, map[string]any{
+			"table": st.Table, "now": st.Now, "due": st.Due, "due_capped": st.DueCapped,
+			"cleanup_lag_seconds": st.CleanupLag.Seconds(), "oldest_expiry": st.Oldest, "newest_expiry": st.Newest,
+			"holds": holds, "replays": replays,
+		})
+	}
+	state := th.Check()
+	var signals []map[string]any
+	for _, s := range th.Readings() {
+		v := any(s.Value)
+		if math.IsInf(s.Value, 0) {
+			v = nil // unknown: JSON has no infinity
+		}
+		signals = append(signals, map[string]any{"kind": s.Kind, "subject": s.Subject, "value": v, "threshold": s.Threshold,
+			"unit": s.Unit, "over": s.Over, "detail": s.Detail})
+	}
+	out := map[string]any{
+		"in_recovery":     r.InRecovery,
+		"tables":          tables,
+		"throttle":        map[string]any{"throttled": state.Throttled, "kind": state.Kind, "reason": state.Reason, "signals": signals},
+		"active_instance": nil,
+	}
+	if r.Lease != nil {
+		out["active_instance"] = map[string]any{"holder": r.Lease.Name, "lease_expires_at": r.Lease.ExpiresAt}
+	}
+	return out
 }
 
 func writeStatus(w io.Writer, st expiry.TableStatus) {
