@@ -103,6 +103,22 @@ WHERE n.nspname = $1 AND c.relname = $2`, pt.Name.Schema, pt.Name.Name).Scan(&t.
 		return nil, invalid(pt, "table", "is not a table (relkind %s)", t.Kind)
 	}
 
+	// On a Citus coordinator a distributed table is a shell: ctid batches and
+	// FOR UPDATE SKIP LOCKED do not reach its shards. Refuse it by name
+	// rather than fail at the first batch.
+	var distributed bool
+	if err := q.QueryRow(ctx, `SELECT to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL`).Scan(&distributed); err != nil {
+		return nil, fmt.Errorf("table %s: look for Citus: %w", t.Name, err)
+	}
+	if distributed {
+		if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = $1::regclass)`, t.OID).Scan(&distributed); err != nil {
+			return nil, fmt.Errorf("table %s: look for Citus: %w", t.Name, err)
+		}
+		if distributed {
+			return nil, invalid(pt, "table", "is a Citus distributed table; inboxkeeper works on ordinary tables (see the README on Citus)")
+		}
+	}
+
 	cols := map[string]string{}
 	rows, err := q.Query(ctx, `
 SELECT attname, format_type(atttypid, atttypmod)
