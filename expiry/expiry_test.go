@@ -446,7 +446,7 @@ func TestFenceInFlightBatch(t *testing.T) {
 	}()
 	// Wait until the hold writer is queued on the fence: it must not get
 	// past it while the batch is open.
-	waitFor(t, func() bool {
+	pgtest.WaitFor(t, 30*time.Second, "the hold writer to queue on the fence", func() bool {
 		var waiting bool
 		_ = f.pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted)").Scan(&waiting)
 		return waiting
@@ -472,18 +472,6 @@ func TestFenceInFlightBatch(t *testing.T) {
 	}
 	if n := f.count(t, "true"); n != 20 {
 		t.Errorf("%d rows left, want 20", n)
-	}
-}
-
-// waitFor polls cond until it holds, failing the test after 30 s.
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 30s")
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 

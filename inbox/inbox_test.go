@@ -212,7 +212,7 @@ func TestCleanupConcurrentWithDuplicate(t *testing.T) {
 		done <- r
 	}()
 	// The claim's UPDATE waits on the cleaner's row lock.
-	waitFor(t, func() bool {
+	pgtest.WaitFor(t, 30*time.Second, "the claim to wait on the cleaner's row lock", func() bool {
 		var n int
 		_ = pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%inboxkeeper.claim%'").Scan(&n)
 		return n > 0
@@ -274,7 +274,7 @@ func TestConcurrentClaims(t *testing.T) {
 				}()
 			}
 			// Hold the first claim open until every other one waits on it.
-			waitFor(t, func() bool {
+			pgtest.WaitFor(t, 30*time.Second, "every other claim to wait on the identity lock", func() bool {
 				var w int
 				_ = pool.QueryRow(ctx, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted").Scan(&w)
 				return w == n-1
@@ -368,16 +368,5 @@ func TestClaimErrors(t *testing.T) {
 	})
 	if err == nil || !strings.Contains(err.Error(), "nope") {
 		t.Errorf("unknown table: %v", err)
-	}
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 30s")
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -76,18 +76,6 @@ func (e env) left(t *testing.T) int {
 	return n
 }
 
-// waitFor polls cond until it holds, failing the test after timeout.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for: %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func startThrottle(t *testing.T, pool *pgxpool.Pool, cfg throttle.Config) *throttle.Throttler {
 	t.Helper()
 	th := throttle.New(pool, cfg, nil, nil)
@@ -121,7 +109,7 @@ func TestReplicaLagStopsTheDeleter(t *testing.T) {
 	const maxLag = time.Second
 	const beat = 100 * time.Millisecond
 	th := startThrottle(t, e.pool, throttle.Config{ReplicaURLs: []string{standby.URL("postgres")}, MaxReplicaLag: maxLag, HeartbeatInterval: beat})
-	waitFor(t, 30*time.Second, "the standby to apply a heartbeat", func() bool { return !th.Check().Throttled })
+	pgtest.WaitFor(t, 30*time.Second, "the standby to apply a heartbeat", func() bool { return !th.Check().Throttled })
 
 	var mu sync.Mutex
 	var batchEnds []time.Time
@@ -137,11 +125,11 @@ func TestReplicaLagStopsTheDeleter(t *testing.T) {
 		done <- res[0]
 	}()
 	batches := func() int { mu.Lock(); defer mu.Unlock(); return len(batchEnds) }
-	waitFor(t, 30*time.Second, "the first batches", func() bool { return batches() >= 3 })
+	pgtest.WaitFor(t, 30*time.Second, "the first batches", func() bool { return batches() >= 3 })
 
 	exec(t, standby.URL("postgres"), "SELECT pg_wal_replay_pause()")
 	paused := time.Now()
-	waitFor(t, 30*time.Second, "the throttle to see the lag", func() bool { return th.State().Throttled })
+	pgtest.WaitFor(t, 30*time.Second, "the throttle to see the lag", func() bool { return th.State().Throttled })
 	if k := th.State().Kind; k != throttle.ReplicaLag {
 		t.Errorf("throttled for %q, want %q (%s)", k, throttle.ReplicaLag, th.State().Reason)
 	}
@@ -181,12 +169,12 @@ func TestStoppedStandbyFailsClosedOrOpen(t *testing.T) {
 	closed := startThrottle(t, e.pool, cfg)
 	cfg.ReplicaFailOpen = true
 	open := startThrottle(t, e.pool, cfg)
-	waitFor(t, 30*time.Second, "a healthy standby", func() bool { return !closed.Check().Throttled && !open.Check().Throttled })
+	pgtest.WaitFor(t, 30*time.Second, "a healthy standby", func() bool { return !closed.Check().Throttled && !open.Check().Throttled })
 
 	if err := standby.StopServer(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "fail closed", func() bool { return closed.Check().Kind == throttle.ReplicaUnreachable })
+	pgtest.WaitFor(t, 30*time.Second, "fail closed", func() bool { return closed.Check().Kind == throttle.ReplicaUnreachable })
 	if s := open.Check(); s.Throttled {
 		t.Errorf("fail open throttled anyway: %s", s.Reason)
 	}
@@ -202,7 +190,7 @@ func TestStoppedStandbyFailsClosedOrOpen(t *testing.T) {
 	if err := standby.StartServer(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "recovery after the standby is back", func() bool { return !closed.Check().Throttled })
+	pgtest.WaitFor(t, 30*time.Second, "recovery after the standby is back", func() bool { return !closed.Check().Throttled })
 }
 
 func TestLogicalSlotLag(t *testing.T) {
@@ -215,13 +203,13 @@ func TestLogicalSlotLag(t *testing.T) {
 		t.Fatalf("throttled before any WAL: %s", s.Reason)
 	}
 	exec(t, e.url, "CREATE TABLE filler AS SELECT md5(i::text) AS f FROM generate_series(1, 50000) i") // ~5 MB of WAL
-	waitFor(t, 30*time.Second, "slot lag to throttle", func() bool { return th.Check().Kind == throttle.SlotLag })
+	pgtest.WaitFor(t, 30*time.Second, "slot lag to throttle", func() bool { return th.Check().Kind == throttle.SlotLag })
 	if !strings.Contains(th.Check().Reason, "cdc") {
 		t.Errorf("reason %q does not name the slot", th.Check().Reason)
 	}
 	// The CDC consumer reads (and confirms) everything, and keeps reading
 	// what autovacuum writes meanwhile, as a real one would.
-	waitFor(t, 30*time.Second, "the slot to catch up", func() bool {
+	pgtest.WaitFor(t, 30*time.Second, "the slot to catch up", func() bool {
 		exec(t, e.url, "SELECT count(*) FROM pg_logical_slot_get_changes('cdc', NULL, NULL)")
 		return !th.Check().Throttled
 	})
@@ -246,7 +234,7 @@ CREATE TRIGGER slow BEFORE DELETE ON public.consumer_inbox FOR EACH ROW EXECUTE 
 		done <- res[0]
 	}()
 	ctx := context.Background()
-	waitFor(t, 30*time.Second, "the batch to be in its triggers", func() bool {
+	pgtest.WaitFor(t, 30*time.Second, "the batch to be in its triggers", func() bool {
 		var n int
 		_ = e.pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'").Scan(&n)
 		return n > 0
@@ -329,7 +317,7 @@ func TestManualPauseAcrossInstances(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, th := range map[string]*throttle.Throttler{"a": a, "b": b} {
-		waitFor(t, 10*time.Second, "instance "+name+" to pause", func() bool { return th.Check().Kind == throttle.ManualPause })
+		pgtest.WaitFor(t, 10*time.Second, "instance "+name+" to pause", func() bool { return th.Check().Kind == throttle.ManualPause })
 		if !strings.Contains(th.Check().Reason, "vacuum running") {
 			t.Errorf("instance %s: reason %q lacks the pause reason", name, th.Check().Reason)
 		}
@@ -338,13 +326,13 @@ func TestManualPauseAcrossInstances(t *testing.T) {
 		t.Fatalf("resume: %v %v", was, err)
 	}
 	for name, th := range map[string]*throttle.Throttler{"a": a, "b": b} {
-		waitFor(t, 10*time.Second, "instance "+name+" to resume", func() bool { return !th.Check().Throttled })
+		pgtest.WaitFor(t, 10*time.Second, "instance "+name+" to resume", func() bool { return !th.Check().Throttled })
 	}
 	// A pause with a duration ends by itself.
 	if _, err := throttle.SetPause(ctx, e.pool, "short", "dba", time.Microsecond); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "a timed pause to have passed", func() bool {
+	pgtest.WaitFor(t, 5*time.Second, "a timed pause to have passed", func() bool {
 		p, err := throttle.ActivePause(ctx, e.pool)
 		return err == nil && p == nil
 	})
@@ -359,9 +347,9 @@ func TestCustomQuery(t *testing.T) {
 		t.Fatal("throttled at 0")
 	}
 	exec(t, url, "UPDATE busy SET n = 3")
-	waitFor(t, 10*time.Second, "the query to throttle", func() bool { return th.Check().Kind == throttle.CustomQuery })
+	pgtest.WaitFor(t, 10*time.Second, "the query to throttle", func() bool { return th.Check().Kind == throttle.CustomQuery })
 	exec(t, url, "UPDATE busy SET n = 0")
-	waitFor(t, 10*time.Second, "the query to release", func() bool { return !th.Check().Throttled })
+	pgtest.WaitFor(t, 10*time.Second, "the query to release", func() bool { return !th.Check().Throttled })
 
 	broken := startThrottle(t, e.pool, throttle.Config{Query: "SELECT nope FROM busy"})
 	if s := broken.Check(); s.Kind != throttle.CustomQuery || !strings.Contains(s.Reason, "query failed") {

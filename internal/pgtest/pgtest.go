@@ -194,3 +194,17 @@ func NewStandby(t testing.TB, c *pgcluster.Cluster, settings map[string]string) 
 	t.Cleanup(s.Destroy)
 	return s
 }
+
+// WaitFor polls cond until it holds, failing the test after timeout. It is
+// for conditions only the database can report (a session waiting on a lock,
+// a slot's position): tests wait on a condition, never a fixed sleep.
+func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for: %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
