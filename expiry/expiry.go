@@ -126,6 +126,17 @@ func New(pool *pgxpool.Pool, tables []*catalog.Table, opts Options) *Deleter {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	if m := opts.Metrics; m != nil {
+		// Every series exists from the start, so that increase() sees the
+		// first error instead of a series appearing at 1.
+		for _, t := range tables {
+			for _, k := range ErrorKinds {
+				m.Errors.WithLabelValues(t.Name, k).Add(0)
+			}
+			m.RowsDeleted.WithLabelValues(t.Name).Add(0)
+			m.Batches.WithLabelValues(t.Name).Add(0)
+		}
+	}
 	return &Deleter{pool: pool, tables: tables, opts: opts, log: log, sizers: map[string]*throttle.Sizer{}}
 }
 
@@ -561,6 +572,9 @@ func cleanupLag(ctx context.Context, q catalog.Querier, t *catalog.Table, now ti
 	// where lateness starts.
 	return now.Sub(oldest.Add(t.Policy.ExpiryOffset())), nil
 }
+
+// ErrorKinds are the values of the kind label of inboxkeeper_errors_total.
+var ErrorKinds = []string{"lock_timeout", "deadlock", "statement_timeout", "serialization", "connection", "lock_wait", "other"}
 
 // ErrorKind classifies an error for metrics and retry decisions.
 func ErrorKind(err error) string {

@@ -32,7 +32,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"table"}),
 		LastSuccess: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "inboxkeeper_last_success_timestamp_seconds",
-			Help: "Unix time at which a pass last finished this table without error.",
+			Help: "Unix time at which a pass last finished this table without error and without stopping early.",
 		}, []string{"table"}),
 		CleanupLag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "inboxkeeper_cleanup_lag_seconds",

@@ -75,7 +75,7 @@ func (a *app) daemon(ctx context.Context, args []string) error {
 	d.SetActive(ls.Check)
 	a.log.Info("inboxkeeper: running", "tables", len(tables), "interval", a.cfg.Interval, "schedule", a.cfg.Schedule,
 		"database", config.RedactURL(a.cfg.DatabaseURL), "instance", ls.Name())
-	p := &passer{a: a, pool: pool, d: d, ls: ls, dm: dm}
+	p := &passer{a: a, pool: pool, d: d, ls: ls, dm: dm, m: metrics}
 	for {
 		start := time.Now()
 		if err := p.run(ctx); err != nil {
@@ -105,6 +105,7 @@ type passer struct {
 	d         *expiry.Deleter
 	ls        *lease.Lease
 	dm        *daemonmetrics.Metrics
+	m         *expiry.Metrics
 	lastState string
 }
 
@@ -136,7 +137,7 @@ func (p *passer) run(ctx context.Context) error {
 	}
 	if standby {
 		p.dm.InRecovery.Set(1)
-		p.dm.Active.Set(0)
+		p.inactive()
 		p.say("the database is a standby (in recovery): doing nothing until it is promoted")
 		return nil
 	}
@@ -145,7 +146,7 @@ func (p *passer) run(ctx context.Context) error {
 		// Try now rather than wait for the keeper's next tick: a promoted
 		// standby or a restarted database should not wait a ttl.
 		if held, h, _ := p.ls.TryAcquire(ctx); !held {
-			p.dm.Active.Set(0)
+			p.inactive()
 			p.say("another instance is active; waiting", "holder", h.Name)
 			return nil
 		}
@@ -184,6 +185,17 @@ func (p *passer) run(ctx context.Context) error {
 	return nil
 }
 
+// inactive clears what this instance measured while it was the active one:
+// stale per-table gauges from a waiting instance would contradict the
+// active one's. Counters and last-success timestamps keep their history.
+func (p *passer) inactive() {
+	p.dm.Active.Set(0)
+	for _, g := range []*prometheus.GaugeVec{p.dm.RowsProtected, p.dm.OldestExpiry, p.dm.NewestExpiry, p.dm.BytesPerKey,
+		p.dm.ReplayHorizon, p.dm.PostReceipt, p.dm.Margin, p.dm.ReplaysBeyond, p.m.CleanupLag, p.m.BatchSize} {
+		g.Reset()
+	}
+}
+
 // record exports what a pass measured about one table.
 func (p *passer) record(r expiry.TableResult) {
 	if r.Err != nil {
@@ -198,7 +210,11 @@ func (p *passer) record(r expiry.TableResult) {
 		p.dm.OldestExpiry.DeleteLabelValues(r.Table)
 		p.dm.NewestExpiry.DeleteLabelValues(r.Table)
 	}
-	p.dm.BytesPerKey.WithLabelValues(r.Table).Set(r.BytesPerKey)
+	if r.BytesPerKey > 0 {
+		p.dm.BytesPerKey.WithLabelValues(r.Table).Set(r.BytesPerKey)
+	} else {
+		p.dm.BytesPerKey.DeleteLabelValues(r.Table) // unknown before the first ANALYZE
+	}
 }
 
 // controlStats exports the installed retention rules (the configured replay

@@ -1,0 +1,841 @@
+// Tests of the Prometheus alert rules and the Grafana dashboard: the rules
+// pass promtool's checks and unit tests, every query names a metric the
+// project exports, those names follow Prometheus' conventions, and the
+// daemon's live /metrics passes `promtool check metrics`.
+package prometheus_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/inboxkeeper/inboxkeeper/expiry"
+	"github.com/inboxkeeper/inboxkeeper/inbox"
+	"github.com/inboxkeeper/inboxkeeper/internal/daemonmetrics"
+	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
+	"github.com/inboxkeeper/inboxkeeper/throttle"
+)
+
+const (
+	rulesFile     = "inboxkeeper.rules.yml"
+	rulesTestFile = "inboxkeeper.rules_test.yml"
+	dashboardFile = "../grafana/inboxkeeper.json"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// promtool finds promtool or fails the test: without it the rules and the
+// exposition would go unchecked, so it never skips.
+func promtool(t *testing.T) string {
+	t.Helper()
+	p, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Fatalf("promtool not found (%v). It comes with Prometheus; on Debian: "+
+			"`apt-get update && apt-get install -y prometheus` installs /usr/bin/promtool", err)
+	}
+	return p
+}
+
+// runPromtool runs promtool with args in this directory and fails the test
+// unless it exits 0; note is added to the failure message.
+func runPromtool(t *testing.T, note string, args ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if out, err := exec.CommandContext(ctx, promtool(t), args...).CombinedOutput(); err != nil {
+		t.Fatalf("promtool %s: %v\n%s%s", strings.Join(args, " "), err, out, note)
+	}
+}
+
+// --- the files ---
+
+type rule struct {
+	Alert       string            `yaml:"alert"`
+	Record      string            `yaml:"record"`
+	Expr        string            `yaml:"expr"`
+	For         string            `yaml:"for"`
+	Labels      map[string]string `yaml:"labels"`
+	Annotations map[string]string `yaml:"annotations"`
+}
+
+type ruleFile struct {
+	Groups []struct {
+		Name  string `yaml:"name"`
+		Rules []rule `yaml:"rules"`
+	} `yaml:"groups"`
+}
+
+type ruleTests struct {
+	Tests []struct {
+		AlertRuleTest []struct {
+			EvalTime  string `yaml:"eval_time"`
+			Alertname string `yaml:"alertname"`
+			ExpAlerts []struct {
+				ExpLabels map[string]string `yaml:"exp_labels"`
+			} `yaml:"exp_alerts"`
+		} `yaml:"alert_rule_test"`
+	} `yaml:"tests"`
+}
+
+func readYAML(t *testing.T, path string, v any) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(b, v); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+}
+
+func readRules(t *testing.T) ruleFile {
+	t.Helper()
+	var f ruleFile
+	readYAML(t, rulesFile, &f)
+	return f
+}
+
+// query is one PromQL expression and where it comes from.
+type query struct{ where, expr string }
+
+func ruleQueries(t *testing.T) []query {
+	t.Helper()
+	var qs []query
+	for _, g := range readRules(t).Groups {
+		for i, r := range g.Rules {
+			qs = append(qs, query{fmt.Sprintf("%s: group %s, rule %d (%s%s)", rulesFile, g.Name, i, r.Alert, r.Record), r.Expr})
+		}
+	}
+	return qs
+}
+
+func readDashboard(t *testing.T) map[string]any {
+	t.Helper()
+	b, err := os.ReadFile(dashboardFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d map[string]any
+	if err := json.Unmarshal(b, &d); err != nil {
+		t.Fatalf("%s: %v", dashboardFile, err)
+	}
+	return d
+}
+
+// panelsOf is every panel of the dashboard, those inside rows included.
+func panelsOf(d map[string]any) []map[string]any {
+	var out []map[string]any
+	var walk func(v any)
+	walk = func(v any) {
+		list, _ := v.([]any)
+		for _, p := range list {
+			if m, ok := p.(map[string]any); ok {
+				out = append(out, m)
+				walk(m["panels"])
+			}
+		}
+	}
+	walk(d["panels"])
+	return out
+}
+
+func targetsOf(p map[string]any) []map[string]any {
+	var out []map[string]any
+	list, _ := p["targets"].([]any)
+	for _, t := range list {
+		if m, ok := t.(map[string]any); ok {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// dashboardQueries are the panels' target expressions; withVariables adds
+// the query variables' queries (label_values(...), not PromQL).
+func dashboardQueries(t *testing.T, withVariables bool) []query {
+	t.Helper()
+	d := readDashboard(t)
+	var qs []query
+	for _, p := range panelsOf(d) {
+		for _, tg := range targetsOf(p) {
+			expr, _ := tg["expr"].(string)
+			qs = append(qs, query{fmt.Sprintf("%s: panel %q, target %v", dashboardFile, p["title"], tg["refId"]), expr})
+		}
+	}
+	if withVariables {
+		templating, _ := d["templating"].(map[string]any)
+		vars, _ := templating["list"].([]any)
+		for _, v := range vars {
+			m, _ := v.(map[string]any)
+			if m["type"] != "query" {
+				continue
+			}
+			q := m["query"]
+			if qm, ok := q.(map[string]any); ok {
+				q = qm["query"]
+			}
+			s, _ := q.(string)
+			qs = append(qs, query{fmt.Sprintf("%s: variable %v", dashboardFile, m["name"]), s})
+		}
+	}
+	return qs
+}
+
+// --- promtool on the rules and the dashboard ---
+
+func TestRules(t *testing.T) {
+	runPromtool(t, "", "check", "rules", rulesFile)
+	runPromtool(t, "", "test", "rules", rulesTestFile)
+
+	// What promtool does not insist on: every rule is an alert with a
+	// severity, a summary and a description, and each (alert, severity)
+	// has a test where it fires and a test where the alert stays quiet.
+	var tests ruleTests
+	readYAML(t, rulesTestFile, &tests)
+	fires := map[string]bool{} // alertname + "/" + severity
+	quiet := map[string]bool{} // alertname
+	for _, tc := range tests.Tests {
+		for _, at := range tc.AlertRuleTest {
+			if len(at.ExpAlerts) == 0 {
+				quiet[at.Alertname] = true
+			}
+			for _, a := range at.ExpAlerts {
+				fires[at.Alertname+"/"+a.ExpLabels["severity"]] = true
+			}
+		}
+	}
+	f := readRules(t)
+	if len(f.Groups) != 1 || f.Groups[0].Name != "inboxkeeper" {
+		t.Errorf("%s: want one group named inboxkeeper", rulesFile)
+	}
+	n := 0
+	for _, g := range f.Groups {
+		for _, r := range g.Rules {
+			n++
+			if r.Alert == "" {
+				t.Errorf("%s: rule %q is not an alert", rulesFile, r.Record)
+				continue
+			}
+			sev := r.Labels["severity"]
+			if sev != "warning" && sev != "critical" {
+				t.Errorf("%s: %s: severity %q, want warning or critical", rulesFile, r.Alert, sev)
+			}
+			for _, a := range []string{"summary", "description"} {
+				if strings.TrimSpace(r.Annotations[a]) == "" {
+					t.Errorf("%s: %s (%s) has no %s annotation", rulesFile, r.Alert, sev, a)
+				}
+			}
+			if !fires[r.Alert+"/"+sev] {
+				t.Errorf("%s: no test in %s where %s fires with severity %s", rulesFile, rulesTestFile, r.Alert, sev)
+			}
+			if !quiet[r.Alert] {
+				t.Errorf("%s: no test in %s where %s stays quiet", rulesFile, rulesTestFile, r.Alert)
+			}
+		}
+	}
+	if n == 0 {
+		t.Fatalf("%s: no rules", rulesFile)
+	}
+}
+
+// grafanaVariable matches the dashboard's variables and Grafana's built-in
+// interval macros, which PromQL does not know.
+var grafanaVariable = regexp.MustCompile(`\$(__rate_interval|__interval|__range|\{table\}|table)\b`)
+
+// The dashboard's queries are valid PromQL: promtool checks them as the
+// expressions of recording rules, with the Grafana variables filled in.
+func TestDashboard(t *testing.T) {
+	d := readDashboard(t)
+	if v, _ := d["schemaVersion"].(float64); v < 36 {
+		t.Errorf("schemaVersion %v: want 36 or later (Grafana 9+)", d["schemaVersion"])
+	}
+	templating, _ := d["templating"].(map[string]any)
+	vars, _ := templating["list"].([]any)
+	found := map[string]bool{}
+	for _, v := range vars {
+		m, _ := v.(map[string]any)
+		switch m["name"] {
+		case "datasource":
+			found["datasource"] = m["type"] == "datasource" && m["query"] == "prometheus"
+		case "table":
+			found["table"] = m["type"] == "query" && m["query"] == "label_values(inboxkeeper_cleanup_lag_seconds, table)"
+		}
+	}
+	if !found["datasource"] || !found["table"] {
+		t.Errorf("templating: want a prometheus datasource variable and the table variable, got %v", vars)
+	}
+
+	ids := map[float64]bool{}
+	for _, p := range panelsOf(d) {
+		id, _ := p["id"].(float64)
+		if ids[id] {
+			t.Errorf("panel %q: id %v used twice", p["title"], p["id"])
+		}
+		ids[id] = true
+		refs := map[any]bool{}
+		for _, tg := range targetsOf(p) {
+			if refs[tg["refId"]] {
+				t.Errorf("panel %q: refId %v used twice", p["title"], tg["refId"])
+			}
+			refs[tg["refId"]] = true
+			ds, _ := tg["datasource"].(map[string]any)
+			if ds["uid"] != "${datasource}" {
+				t.Errorf("panel %q, target %v: datasource %v, want the ${datasource} variable", p["title"], tg["refId"], tg["datasource"])
+			}
+		}
+	}
+
+	var rules, index strings.Builder
+	rules.WriteString("groups:\n  - name: dashboard\n    rules:\n")
+	index.WriteString("\nthe recording rules are the dashboard's queries:\n")
+	qs := dashboardQueries(t, false)
+	for i, q := range qs {
+		fmt.Fprintf(&index, "  dashboard_query_%d: %s\n", i, q.where)
+		expr := grafanaVariable.ReplaceAllStringFunc(q.expr, func(v string) string {
+			if strings.Contains(v, "table") {
+				return ".*"
+			}
+			return "5m"
+		})
+		if strings.TrimSpace(expr) == "" || strings.Contains(expr, "$") {
+			t.Errorf("%s: empty, or a variable this test does not know: %q", q.where, q.expr)
+			continue
+		}
+		b, _ := json.Marshal(expr) // a JSON string is a YAML string
+		fmt.Fprintf(&rules, "      - record: dashboard_query_%d\n        expr: %s\n", i, b)
+	}
+	if len(qs) == 0 {
+		t.Fatal("the dashboard has no queries")
+	}
+	path := filepath.Join(t.TempDir(), "dashboard.rules.yml")
+	if err := os.WriteFile(path, []byte(rules.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	runPromtool(t, index.String(), "check", "rules", path)
+}
+
+// --- every query names an exported metric, and the names are conventional ---
+
+// recorder is a prometheus.Registerer that only writes down what the
+// collectors registered on it describe.
+type recorder struct {
+	metrics map[string]exported
+	err     error
+}
+
+type exported struct{ kind, help string }
+
+var descFields = regexp.MustCompile(`^Desc\{fqName: ("(?:[^"\\]|\\.)*"), help: ("(?:[^"\\]|\\.)*")`)
+
+func (r *recorder) Register(c prometheus.Collector) error {
+	kind := kindOf(c)
+	ch := make(chan *prometheus.Desc)
+	go func() { c.Describe(ch); close(ch) }()
+	for d := range ch {
+		m := descFields.FindStringSubmatch(d.String())
+		if m == nil {
+			r.err = errors.Join(r.err, fmt.Errorf("cannot parse %s", d))
+			continue
+		}
+		name, err1 := strconv.Unquote(m[1])
+		help, err2 := strconv.Unquote(m[2])
+		if err := errors.Join(err1, err2); err != nil {
+			r.err = errors.Join(r.err, fmt.Errorf("%s: %w", d, err))
+			continue
+		}
+		if _, dup := r.metrics[name]; dup {
+			r.err = errors.Join(r.err, fmt.Errorf("%s registered twice", name))
+		}
+		r.metrics[name] = exported{kind, help}
+	}
+	return nil
+}
+
+func (r *recorder) MustRegister(cs ...prometheus.Collector) {
+	for _, c := range cs {
+		_ = r.Register(c)
+	}
+}
+
+func (r *recorder) Unregister(prometheus.Collector) bool { return false }
+
+// kindOf tells the metric type from the collector's Go type. Gauge comes
+// before Counter: a gauge has Inc and Add too.
+func kindOf(c prometheus.Collector) string {
+	switch c.(type) {
+	case *prometheus.CounterVec:
+		return "counter"
+	case *prometheus.GaugeVec:
+		return "gauge"
+	case *prometheus.HistogramVec:
+		return "histogram"
+	case *prometheus.SummaryVec:
+		return "summary"
+	case prometheus.Gauge:
+		return "gauge"
+	case prometheus.Counter:
+		return "counter"
+	case prometheus.Histogram:
+		return "histogram" // a plain Summary looks the same; the project has none
+	}
+	return fmt.Sprintf("unknown (%T)", c)
+}
+
+// exportedMetrics registers every metric constructor of the project on a
+// recorder: the daemon's (expiry, throttle, daemonmetrics) and the claim
+// path's (inbox, on the consumers' registries).
+func exportedMetrics(t *testing.T) map[string]exported {
+	t.Helper()
+	r := &recorder{metrics: map[string]exported{}}
+	expiry.NewMetrics(r)
+	throttle.NewMetrics(r)
+	inbox.NewMetrics(r)
+	daemonmetrics.New(r, "test")
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if len(r.metrics) == 0 {
+		t.Fatal("no metric registered")
+	}
+	return r.metrics
+}
+
+// seriesNames are the names the exposition holds for the metrics: a
+// histogram is name_bucket, name_sum and name_count.
+func seriesNames(metrics map[string]exported) map[string]bool {
+	names := map[string]bool{}
+	for name, m := range metrics {
+		switch m.kind {
+		case "histogram":
+			names[name+"_bucket"], names[name+"_sum"], names[name+"_count"] = true, true, true
+		case "summary":
+			names[name], names[name+"_sum"], names[name+"_count"] = true, true, true
+		default:
+			names[name] = true
+		}
+	}
+	return names
+}
+
+var (
+	metricName = regexp.MustCompile(`\binboxkeeper_[a-zA-Z0-9_]+`)
+	upSelector = regexp.MustCompile(`\bup\s*\{`)
+)
+
+// unknownNames returns, for each query, the inboxkeeper_* names it uses that
+// are not in names, and the queries that name no metric at all (so the
+// check would pass them vacuously). `up` is Prometheus' own.
+func unknownNames(qs []query, names map[string]bool) []string {
+	var problems []string
+	for _, q := range qs {
+		found := metricName.FindAllString(q.expr, -1)
+		if len(found) == 0 && !upSelector.MatchString(q.expr) {
+			problems = append(problems, fmt.Sprintf("%s: names no metric: %q", q.where, q.expr))
+		}
+		for _, n := range found {
+			if !names[n] {
+				problems = append(problems, fmt.Sprintf("%s: %s is not a metric the project exports", q.where, n))
+			}
+		}
+	}
+	return problems
+}
+
+var (
+	// nonBaseUnits are unit words Prometheus wants in base units instead.
+	nonBaseUnits = map[string]string{
+		"ms": "seconds", "millis": "seconds", "milliseconds": "seconds", "us": "seconds", "microseconds": "seconds",
+		"ns": "seconds", "nanoseconds": "seconds", "sec": "seconds", "secs": "seconds", "minutes": "seconds",
+		"hours": "seconds", "days": "seconds", "kb": "bytes", "kib": "bytes", "kilobytes": "bytes", "mb": "bytes",
+		"mib": "bytes", "megabytes": "bytes", "gb": "bytes", "gib": "bytes", "gigabytes": "bytes", "bits": "bytes",
+		"percent": "ratio",
+	}
+	baseUnits = map[string]bool{"seconds": true, "bytes": true}
+	// timeWords name quantities that have a unit.
+	timeWords = map[string]bool{
+		"duration": true, "latency": true, "lag": true, "age": true, "horizon": true, "margin": true,
+		"elapsed": true, "timestamp": true, "time": true,
+	}
+	snakeCase = regexp.MustCompile(`^inboxkeeper_[a-z][a-z0-9]*(_[a-z0-9]+)*$`)
+)
+
+// pinnedNames are names an issue fixed before this test existed; the users'
+// dashboards and alerts follow the issue, so the name stays although it
+// breaks a convention.
+var pinnedNames = map[string]bool{
+	"inboxkeeper_bytes_per_key": true, // issue 5 (tiering) pins inboxkeeper_bytes_per_key{table,tier}
+}
+
+// conventionProblems says where a metric's name breaks Prometheus'
+// conventions: the application prefix, counters and only counters end in
+// _total, base units as the name's suffix, timestamps in
+// _timestamp_seconds, and a help text.
+func conventionProblems(name string, m exported) []string {
+	if pinnedNames[name] {
+		return nil
+	}
+	var ps []string
+	add := func(format string, args ...any) { ps = append(ps, name+": "+fmt.Sprintf(format, args...)) }
+	if !snakeCase.MatchString(name) {
+		add("want inboxkeeper_ and then snake_case")
+	}
+	if strings.TrimSpace(m.help) == "" {
+		add("no help text")
+	}
+	switch m.kind {
+	case "counter", "gauge", "histogram", "summary":
+	default:
+		add("metric type %s: teach this test", m.kind)
+	}
+	counter := m.kind == "counter"
+	if counter && !strings.HasSuffix(name, "_total") {
+		add("a counter's name ends in _total")
+	}
+	if !counter && strings.HasSuffix(name, "_total") {
+		add("only a counter's name ends in _total (this is a %s)", m.kind)
+	}
+	for _, s := range []string{"_bucket", "_sum", "_count", "_created"} {
+		if strings.HasSuffix(name, s) {
+			add("the suffix %s is reserved", s)
+		}
+	}
+	words := strings.Split(strings.TrimSuffix(name, "_total"), "_")
+	last := words[len(words)-1]
+	for i, w := range words {
+		if base, ok := nonBaseUnits[w]; ok {
+			add("%q is not a base unit: use %s", w, base)
+		}
+		if baseUnits[w] && i != len(words)-1 {
+			add("the unit %s must be the name's suffix (before _total), e.g. …_%s", w, w)
+		}
+		if timeWords[w] && !baseUnits[last] {
+			add("%q is a quantity with a unit: end the name in its base unit (_seconds)", w)
+		}
+	}
+	if slices.Contains(words, "timestamp") || strings.Contains(strings.ToLower(m.help), "unix time") {
+		if !strings.HasSuffix(name, "_timestamp_seconds") {
+			add("a Unix time's name ends in _timestamp_seconds")
+		}
+	}
+	return ps
+}
+
+func TestEveryQueryNamesAnExportedMetric(t *testing.T) {
+	metrics := exportedMetrics(t)
+	names := seriesNames(metrics)
+	names["up"] = true
+
+	t.Run("checker", func(t *testing.T) {
+		// The checks themselves catch what they are for.
+		bad := []query{{"typo", `rate(inboxkeeper_rows_delted_total[5m])`}, {"no metric", `vector(1)`}}
+		if got := unknownNames(bad, names); len(got) != 2 {
+			t.Errorf("unknownNames(%v) = %q, want two problems", bad, got)
+		}
+		for name, m := range map[string]exported{
+			"inboxkeeper_deleted":              {"counter", "h"},
+			"inboxkeeper_lag_ms":               {"gauge", "h"},
+			"inboxkeeper_size_total":           {"gauge", "h"},
+			"inboxkeeper_last_run":             {"gauge", "Unix time of the last run."},
+			"inboxkeeper_bytes_per_row":        {"gauge", "h"},
+			"inboxkeeper_batch_duration":       {"histogram", "h"},
+			"inboxkeeper_lag_seconds":          {"gauge", ""},
+			"inboxkeeper_LagSeconds":           {"gauge", "h"},
+			"inboxkeeper_scans_count":          {"gauge", "h"},
+			"inboxkeeper_pass_timestamp":       {"gauge", "h"},
+			"inboxkeeper_expiry_minutes_total": {"counter", "h"},
+		} {
+			if len(conventionProblems(name, m)) == 0 {
+				t.Errorf("conventionProblems(%s, %v) found nothing", name, m)
+			}
+		}
+		if p := conventionProblems("inboxkeeper_last_success_timestamp_seconds", exported{"gauge", "Unix time at which..."}); p != nil {
+			t.Errorf("a good name has problems: %q", p)
+		}
+	})
+
+	t.Run("queries", func(t *testing.T) {
+		qs := append(ruleQueries(t), dashboardQueries(t, true)...)
+		for _, p := range unknownNames(qs, names) {
+			t.Error(p)
+		}
+	})
+
+	t.Run("conventions", func(t *testing.T) {
+		sorted := make([]string, 0, len(metrics))
+		for name := range metrics {
+			sorted = append(sorted, name)
+		}
+		sort.Strings(sorted)
+		for _, name := range sorted {
+			for _, p := range conventionProblems(name, metrics[name]) {
+				t.Error(p)
+			}
+		}
+	})
+}
+
+// --- the daemon's own exposition ---
+
+const (
+	liveDDL = `
+CREATE TABLE public.consumer_inbox (
+    consumer       text NOT NULL,
+    message_id     text NOT NULL,
+    event_time     timestamptz,
+    first_seen_at  timestamptz,
+    remember_until timestamptz,
+    PRIMARY KEY (consumer, message_id)
+);
+CREATE INDEX ON public.consumer_inbox (remember_until);
+INSERT INTO public.consumer_inbox
+SELECT 'payments', 'old-' || i, now() - interval '3 days', now() - interval '3 days', now() - interval '1 hour' - i * interval '1 minute'
+FROM generate_series(1, 20) i;
+INSERT INTO public.consumer_inbox
+SELECT 'payments', 'new-' || i, now(), now(), now() + interval '1 day'
+FROM generate_series(1, 5) i;`
+
+	// A retention record, so that the daemon exports the installed horizons.
+	livePolicy = `tables:
+  - table: public.consumer_inbox
+    key: [consumer, message_id]
+    scope: consumer
+    event_time: event_time
+    first_seen: first_seen_at
+    expires_at: remember_until
+retention:
+  - scope: payments
+    table: public.consumer_inbox
+    consequence: high
+    owner: payments-team
+    margin: 1d
+    margin_reason: clock skew
+    after_expiry: a redelivery is applied again
+    extension: { owner: payments-oncall }
+    paths:
+      - { name: broker redelivery, stages: [{ after: 7d, from: event_time }] }
+      - { name: dead-letter redrive, stages: [{ after: 10d, from: first_seen }] }
+`
+)
+
+var (
+	metricsListening = regexp.MustCompile(`msg="inboxkeeper: metrics listening" addr=(\S+)`)
+	passDone         = regexp.MustCompile(`msg="inboxkeeper: pass done"`)
+)
+
+// daemonEnv is this process's environment without any INBOXKEEPER_*
+// variable (whatever its case), then vars.
+func daemonEnv(vars ...string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(strings.ToUpper(name), "INBOXKEEPER_") {
+			env = append(env, kv)
+		}
+	}
+	return append(env, vars...)
+}
+
+// buildDaemon builds the inboxkeeper command into dir.
+func buildDaemon(t *testing.T, dir string) string {
+	t.Helper()
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("the go command is needed to build the daemon: %v", err)
+	}
+	bin := filepath.Join(dir, "inboxkeeper")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, goTool, "build", "-o", bin, "github.com/inboxkeeper/inboxkeeper/cmd/inboxkeeper").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// command runs bin with args to completion and fails the test unless it
+// exits 0.
+func command(t *testing.T, bin string, env []string, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Env = env
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("inboxkeeper %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// lines delivers a reader's lines on a channel, closed at EOF, and keeps
+// them all for messages.
+type lines struct {
+	ch   chan string
+	seen []string
+}
+
+func readLines(r io.Reader) *lines {
+	l := &lines{ch: make(chan string, 1024)}
+	go func() {
+		defer close(l.ch)
+		s := bufio.NewScanner(r)
+		s.Buffer(make([]byte, 64<<10), 1<<20)
+		for s.Scan() {
+			l.ch <- s.Text()
+		}
+	}()
+	return l
+}
+
+// wait returns the first line from here on that matches re, failing the
+// test at the deadline or at EOF.
+func (l *lines) wait(t *testing.T, re *regexp.Regexp, timeout time.Duration) string {
+	t.Helper()
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		select {
+		case line, ok := <-l.ch:
+			if !ok {
+				t.Fatalf("the daemon's stderr ended before a line matching %s\n%s", re, strings.Join(l.seen, "\n"))
+			}
+			l.seen = append(l.seen, line)
+			if re.MatchString(line) {
+				return line
+			}
+		case <-deadline.C:
+			t.Fatalf("no line matching %s within %s\n%s", re, timeout, strings.Join(l.seen, "\n"))
+		}
+	}
+}
+
+// drain reads to EOF, and reports whether EOF came before the deadline.
+func (l *lines) drain(timeout time.Duration) bool {
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		select {
+		case line, ok := <-l.ch:
+			if !ok {
+				return true
+			}
+			l.seen = append(l.seen, line)
+		case <-deadline.C:
+			return false
+		}
+	}
+}
+
+func httpGet(t *testing.T, url string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s\n%s", url, resp.Status, body)
+	}
+	return string(body)
+}
+
+// The real daemon's /metrics, after a pass, passes promtool's lint (names,
+// help, types, units).
+func TestLiveMetricsPassPromtool(t *testing.T) {
+	promtool(t)
+	dir := t.TempDir()
+	bin := buildDaemon(t, dir)
+
+	url := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pgtest.Exec(t, conn, liveDDL)
+	conn.Close(ctx)
+	policy := filepath.Join(dir, "inboxkeeper.yaml")
+	if err := os.WriteFile(policy, []byte(livePolicy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env := daemonEnv("INBOXKEEPER_DATABASE_URL="+url, "INBOXKEEPER_POLICY_FILE="+policy)
+	command(t, bin, env, "migrate")
+	command(t, bin, env, "plan", "--apply")
+
+	runCtx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(runCtx, bin, "run")
+	cmd.Env = append(env, "INBOXKEEPER_METRICS_ADDR=127.0.0.1:0")
+	cmd.Dir = dir
+	cmd.WaitDelay = 5 * time.Second
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start inboxkeeper run: %v", err)
+	}
+	exited := false
+	t.Cleanup(func() {
+		if !exited {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	})
+	log := readLines(stderr)
+	addr := metricsListening.FindStringSubmatch(log.wait(t, metricsListening, 2*time.Minute))[1]
+	log.wait(t, passDone, 2*time.Minute)
+
+	exposition := httpGet(t, "http://"+addr+"/metrics")
+	for _, name := range []string{"inboxkeeper_rows_deleted_total", "inboxkeeper_cleanup_lag_seconds"} {
+		if !strings.Contains(exposition, "\n"+name) {
+			t.Errorf("/metrics lacks %s after a pass that deleted rows", name)
+		}
+	}
+	c := exec.CommandContext(runCtx, promtool(t), "check", "metrics")
+	c.Stdin = strings.NewReader(exposition)
+	if out, err := c.CombinedOutput(); err != nil {
+		t.Errorf("promtool check metrics: %v\n%s\n--- /metrics:\n%s", err, out, exposition)
+	}
+
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if !log.drain(20 * time.Second) {
+		t.Fatalf("the daemon did not stop within 20s of SIGTERM\n%s", strings.Join(log.seen, "\n"))
+	}
+	err = cmd.Wait()
+	exited = true
+	if err != nil {
+		t.Fatalf("inboxkeeper run after SIGTERM: %v\n%s", err, strings.Join(log.seen, "\n"))
+	}
+}
