@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"reflect"
+	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -228,6 +229,12 @@ func parseProblem(v variable, typ reflect.Type, err error) problem {
 	return problem{v.name, val + " is not a valid " + typ.String()}
 }
 
+// serviceLink matches what Kubernetes injects for a Service named
+// "inboxkeeper" in the same namespace (INBOXKEEPER_SERVICE_HOST,
+// INBOXKEEPER_PORT_9610_TCP, ...): not the user's settings, and no reason to
+// refuse to start.
+var serviceLink = regexp.MustCompile(`^INBOXKEEPER_(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT(_[0-9]+_(TCP|UDP|SCTP)(_(PROTO|PORT|ADDR))?)?)$`)
+
 func unknownVariables(environ []string) problems {
 	known := KnownVariables()
 	var ps problems
@@ -235,7 +242,7 @@ func unknownVariables(environ []string) problems {
 		name, _, _ := strings.Cut(kv, "=")
 		// Case-insensitive so that a lower-cased name is reported rather than
 		// silently ignored.
-		if !strings.HasPrefix(strings.ToUpper(name), Prefix+"_") || slices.Contains(known, name) {
+		if !strings.HasPrefix(strings.ToUpper(name), Prefix+"_") || slices.Contains(known, name) || serviceLink.MatchString(name) {
 			continue
 		}
 		if s := suggest(strings.ToUpper(name), known); s != "" {

@@ -320,3 +320,25 @@ func TestLogger(t *testing.T) {
 		t.Errorf("text logger wrote %q", b.String())
 	}
 }
+
+// A Kubernetes Service named "inboxkeeper" injects service-link variables
+// into every pod of its namespace; they must not stop the daemon.
+func TestServiceLinkVariablesIgnored(t *testing.T) {
+	setEnv(t, map[string]string{
+		"INBOXKEEPER_SERVICE_HOST":         "10.0.0.1",
+		"INBOXKEEPER_SERVICE_PORT":         "9610",
+		"INBOXKEEPER_SERVICE_PORT_METRICS": "9610",
+		"INBOXKEEPER_PORT":                 "tcp://10.0.0.1:9610",
+		"INBOXKEEPER_PORT_9610_TCP":        "tcp://10.0.0.1:9610",
+		"INBOXKEEPER_PORT_9610_TCP_PROTO":  "tcp",
+		"INBOXKEEPER_PORT_9610_TCP_PORT":   "9610",
+		"INBOXKEEPER_PORT_9610_TCP_ADDR":   "10.0.0.1",
+	})
+	if _, err := Load(); err != nil {
+		t.Errorf("service-link variables refused: %v", err)
+	}
+	setEnv(t, map[string]string{"INBOXKEEPER_PORTS": "1"})
+	if _, err := Load(); err == nil {
+		t.Error("INBOXKEEPER_PORTS accepted: only Kubernetes' exact shapes are ignored")
+	}
+}

@@ -155,7 +155,10 @@ func (l *Lease) Keep(ctx context.Context) {
 // to run out.
 func (l *Lease) Release(ctx context.Context) {
 	var n int
-	_ = l.db.QueryRow(ctx, "WITH d AS (DELETE FROM inboxkeeper.lease WHERE holder = $1 RETURNING 1) SELECT count(*) FROM d", l.holder).Scan(&n)
+	if err := l.db.QueryRow(ctx, "WITH d AS (DELETE FROM inboxkeeper.lease WHERE holder = $1 RETURNING 1) SELECT count(*) FROM d", l.holder).Scan(&n); err != nil {
+		// The next instance waits for the lease to run out instead.
+		l.log.Warn("lease: could not release", "error", err, "runs_out_within", l.ttl)
+	}
 	l.mu.Lock()
 	l.holding = false
 	l.mu.Unlock()
