@@ -356,3 +356,29 @@ func TestCustomQuery(t *testing.T) {
 		t.Errorf("a failing query must throttle and say why: %+v", s)
 	}
 }
+
+// A standby that is not listed in REPLICA_URLS is still watched, through
+// pg_stat_replication on the primary: bytes it has not replayed.
+func TestUnlistedStandbyBytesBehind(t *testing.T) {
+	t.Parallel()
+	primary := pgtest.NewCluster(t)
+	standby := pgtest.NewStandby(t, primary, nil)
+	e := newEnv(t, primary.URL("postgres"), 10, "")
+	th := startThrottle(t, e.pool, throttle.Config{MaxReplicaLagBytes: 1 << 20, MaxReplicaLag: time.Hour, StatsInterval: 50 * time.Millisecond})
+	pgtest.WaitFor(t, 30*time.Second, "the standby to appear in pg_stat_replication", func() bool {
+		for _, r := range th.Readings() {
+			if r.Kind == throttle.ReplicaLagBytes {
+				return true
+			}
+		}
+		return false
+	})
+	exec(t, standby.URL("postgres"), "SELECT pg_wal_replay_pause()")
+	exec(t, e.url, "CREATE TABLE filler AS SELECT md5(i::text) AS f FROM generate_series(1, 50000) i") // ~5 MB of WAL
+	pgtest.WaitFor(t, 30*time.Second, "the bytes behind to throttle", func() bool { return th.Check().Kind == throttle.ReplicaLagBytes })
+	if !strings.Contains(th.Check().Reason, "walsender") {
+		t.Errorf("reason %q does not name the walsender", th.Check().Reason)
+	}
+	exec(t, standby.URL("postgres"), "SELECT pg_wal_replay_resume()")
+	pgtest.WaitFor(t, 30*time.Second, "the standby to catch up", func() bool { return !th.Check().Throttled })
+}
