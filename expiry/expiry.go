@@ -95,7 +95,14 @@ type TableResult struct {
 	BytesPerKey        float64    // table size with indexes and TOAST per estimated row; 0 when unknown
 	StoppedEarly       string     // non-empty when RUN_TIME, the lease or shutdown ended the pass early
 	Err                error
+
+	// resume is where the keyset ended: the measurements after the pass
+	// start there instead of walking the index entries of every row the
+	// pass just deleted (a million dead entries cost seconds).
+	resume pgtype.Timestamptz
 }
+
+var negInf = pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
 
 // Deleter runs passes over a fixed set of resolved tables.
 type Deleter struct {
@@ -242,7 +249,8 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 	// The keyset: every batch starts at the newest expiry the previous batch
 	// deleted, so rows it passed over (held, or locked by someone else) are
 	// not scanned again in this pass.
-	lower := pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
+	lower := negInf
+	defer func() { res.resume = lower }()
 	start := time.Now()
 	sizer := d.sizer(t)
 	var estimate int64
@@ -507,16 +515,19 @@ func (d *Deleter) measure(ctx context.Context, tx pgx.Tx, t *catalog.Table, res 
 	if err != nil {
 		return err
 	}
+	var oldestCovered pgtype.Timestamptz
 	if !cov.Empty() {
 		var args holds.Args
 		hp, rp := cov.Predicates(t, "t", &args)
-		sql := fmt.Sprintf(`SELECT count(*) FILTER (WHERE %[3]s), count(*) FILTER (WHERE %[4]s AND NOT %[3]s)
-FROM %[1]s t WHERE t.%[5]s <= %[2]s AND (%[3]s OR %[4]s)`, t.Ident, t.Expiry.Instant(args.Add(cutoff(t, now))+"::timestamptz"), hp, rp, t.Expiry.Quoted)
-		if err := tx.QueryRow(ctx, sql, args.Values...).Scan(&res.ProtectedByHolds, &res.ProtectedByReplays); err != nil {
+		sql := fmt.Sprintf(`SELECT count(*) FILTER (WHERE %[3]s), count(*) FILTER (WHERE %[4]s AND NOT %[3]s), min(%[6]s)
+FROM %[1]s t WHERE t.%[5]s <= %[2]s AND (%[3]s OR %[4]s)`, t.Ident, t.Expiry.Instant(args.Add(cutoff(t, now))+"::timestamptz"), hp, rp, t.Expiry.Quoted, t.Expiry.AsTimestamptz("t"))
+		if err := tx.QueryRow(ctx, sql, args.Values...).Scan(&res.ProtectedByHolds, &res.ProtectedByReplays, &oldestCovered); err != nil {
 			return fmt.Errorf("count protected rows: %w", err)
 		}
 	}
-	lag, err := cleanupLag(ctx, tx, t, now, cov)
+	// Rows the pass skipped because another session held them locked lie
+	// before res.resume: the next pass deletes them, and counts them.
+	lag, err := cleanupLag(ctx, tx, t, now, cov, res.resume)
 	if err != nil {
 		return err
 	}
@@ -524,8 +535,14 @@ FROM %[1]s t WHERE t.%[5]s <= %[2]s AND (%[3]s OR %[4]s)`, t.Ident, t.Expiry.Ins
 	if d.opts.Metrics != nil {
 		d.opts.Metrics.CleanupLag.WithLabelValues(t.Name).Set(lag.Seconds())
 	}
-	if res.Oldest, res.Newest, err = retainedRange(ctx, tx, t); err != nil {
+	if res.Oldest, res.Newest, err = retainedRange(ctx, tx, t, res.resume); err != nil {
 		return err
+	}
+	if oldestCovered.Valid {
+		o := oldestCovered.Time.Add(t.Policy.ExpiryOffset())
+		if res.Oldest == nil || o.Before(*res.Oldest) {
+			res.Oldest = &o
+		}
 	}
 	// reltuples is the planner's estimate (-1 before the first ANALYZE).
 	err = tx.QueryRow(ctx, `SELECT CASE WHEN reltuples > 0 THEN pg_total_relation_size(oid) / reltuples ELSE 0 END
@@ -536,13 +553,13 @@ FROM pg_class WHERE oid = $1`, t.OID).Scan(&res.BytesPerKey)
 	return nil
 }
 
-// retainedRange is the oldest and newest expiry present (column +
-// expires_after), read from both ends of the expiry index.
-func retainedRange(ctx context.Context, q catalog.Querier, t *catalog.Table) (oldest, newest *time.Time, err error) {
+// retainedRange is the oldest (at or after from) and newest expiry present
+// (column + expires_after), read from both ends of the expiry index.
+func retainedRange(ctx context.Context, q catalog.Querier, t *catalog.Table, from pgtype.Timestamptz) (oldest, newest *time.Time, err error) {
 	var o, n pgtype.Timestamptz
-	err = q.QueryRow(ctx, fmt.Sprintf(`SELECT (SELECT %[1]s FROM %[2]s t WHERE t.%[3]s IS NOT NULL ORDER BY t.%[3]s LIMIT 1),
+	err = q.QueryRow(ctx, fmt.Sprintf(`SELECT (SELECT %[1]s FROM %[2]s t WHERE t.%[3]s >= %[4]s ORDER BY t.%[3]s LIMIT 1),
        (SELECT %[1]s FROM %[2]s t WHERE t.%[3]s IS NOT NULL ORDER BY t.%[3]s DESC LIMIT 1)`,
-		t.Expiry.AsTimestamptz("t"), t.Ident, t.Expiry.Quoted)).Scan(&o, &n)
+		t.Expiry.AsTimestamptz("t"), t.Ident, t.Expiry.Quoted, t.Expiry.Instant("$1::timestamptz")), from).Scan(&o, &n)
 	if err != nil || !o.Valid {
 		return nil, nil, err
 	}
@@ -554,12 +571,13 @@ func retainedRange(ctx context.Context, q catalog.Querier, t *catalog.Table) (ol
 // cleanupLag is now minus the oldest expiry among rows that are due and that
 // nothing protects: how late the deleter is, not how long a legal hold has
 // kept rows (that is reported as protected rows instead).
-func cleanupLag(ctx context.Context, q catalog.Querier, t *catalog.Table, now time.Time, cov holds.Coverage) (time.Duration, error) {
+func cleanupLag(ctx context.Context, q catalog.Querier, t *catalog.Table, now time.Time, cov holds.Coverage, from pgtype.Timestamptz) (time.Duration, error) {
 	var args holds.Args
 	hp, rp := cov.Predicates(t, "t", &args)
 	c := args.Add(cutoff(t, now))
-	sql := fmt.Sprintf(`SELECT %[1]s FROM %[2]s t WHERE t.%[3]s <= %[4]s AND NOT %[5]s AND NOT %[6]s ORDER BY t.%[3]s LIMIT 1`,
-		t.Expiry.AsTimestamptz("t"), t.Ident, t.Expiry.Quoted, t.Expiry.Instant(c+"::timestamptz"), hp, rp)
+	f := args.Add(from)
+	sql := fmt.Sprintf(`SELECT %[1]s FROM %[2]s t WHERE t.%[3]s <= %[4]s AND t.%[3]s >= %[7]s AND NOT %[5]s AND NOT %[6]s ORDER BY t.%[3]s LIMIT 1`,
+		t.Expiry.AsTimestamptz("t"), t.Ident, t.Expiry.Quoted, t.Expiry.Instant(c+"::timestamptz"), hp, rp, t.Expiry.Instant(f+"::timestamptz"))
 	var oldest time.Time
 	err := q.QueryRow(ctx, sql, args.Values...).Scan(&oldest)
 	if errors.Is(err, pgx.ErrNoRows) {

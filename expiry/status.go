@@ -47,7 +47,7 @@ func (d *Deleter) status(ctx context.Context, tx pgx.Tx, t *catalog.Table, st *T
 	}
 	st.Holds, st.Replays = cov.Holds, cov.Replays
 
-	if st.Oldest, st.Newest, err = retainedRange(ctx, tx, t); err != nil {
+	if st.Oldest, st.Newest, err = retainedRange(ctx, tx, t, negInf); err != nil {
 		return fmt.Errorf("status %s: oldest and newest expiry: %w", t.Name, err)
 	}
 	err = tx.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM (SELECT 1 FROM %s t WHERE t.%s <= %s LIMIT $2) due`,
@@ -56,6 +56,6 @@ func (d *Deleter) status(ctx context.Context, tx pgx.Tx, t *catalog.Table, st *T
 		return fmt.Errorf("status %s: count due rows: %w", t.Name, err)
 	}
 	st.DueCapped = st.Due >= StatusCountCap
-	st.CleanupLag, err = cleanupLag(ctx, tx, t, now, cov)
+	st.CleanupLag, err = cleanupLag(ctx, tx, t, now, cov, negInf)
 	return err
 }
