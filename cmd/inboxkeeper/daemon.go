@@ -304,8 +304,15 @@ func (a *app) waitForLease(ctx context.Context, pool *pgxpool.Pool) (*lease.Leas
 	ls := lease.New(pool, a.cfg.LeaseTTL, a.log)
 	tick := time.NewTicker(a.cfg.LeaseTTL / 3)
 	defer tick.Stop()
+	// RUN_TIME bounds the wait too: a cron job must end within its slot.
+	var giveUp <-chan time.Time
+	if a.cfg.RunTime > 0 {
+		t := time.NewTimer(a.cfg.RunTime)
+		defer t.Stop()
+		giveUp = t.C
+	}
 	for {
-		held, _, err := ls.TryAcquire(ctx)
+		held, h, err := ls.TryAcquire(ctx)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -315,6 +322,8 @@ func (a *app) waitForLease(ctx context.Context, pool *pgxpool.Pool) (*lease.Leas
 		select {
 		case <-ctx.Done():
 			return nil, nil, ctx.Err()
+		case <-giveUp:
+			return nil, nil, fmt.Errorf("another instance (%s) held the lease for the whole INBOXKEEPER_RUN_TIME (%s); nothing deleted", h.Name, a.cfg.RunTime)
 		case <-tick.C:
 		}
 	}

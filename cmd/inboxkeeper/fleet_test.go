@@ -215,3 +215,21 @@ func TestStatusJSON(t *testing.T) {
 		t.Errorf("status --json: %+v\n%s", got, r.stdout)
 	}
 }
+
+// once waits while a daemon holds the lease, and RUN_TIME bounds the wait.
+func TestOnceWaitsForTheLease(t *testing.T) {
+	t.Parallel()
+	f := inboxFixture(t)
+	d := startDaemon(t, f.dir, f.env("INBOXKEEPER_METRICS_ADDR=", "INBOXKEEPER_INTERVAL=1h", "INBOXKEEPER_LEASE_TTL=3s"), "run")
+	d.waitLine(passDone, 30*time.Second)
+	f.pool.Exec(context.Background(), `INSERT INTO public.consumer_inbox VALUES ('late', 'l1', now(), now() - interval '1 minute')`)
+	r := f.runWith([]string{"INBOXKEEPER_RUN_TIME=2s", "INBOXKEEPER_LEASE_TTL=3s"}, "once")
+	wantExit(t, r, 1, "held the lease", "nothing deleted")
+	f.wantCount("the expired row once did not take", 1, "SELECT count(*) FROM public.consumer_inbox WHERE remember_until <= now()")
+	d.signal(syscall.SIGTERM)
+	if code, _ := d.exit(10 * time.Second); code != 0 {
+		t.Fatalf("exit %d\n%s", code, d.log())
+	}
+	// With the daemon gone (and its lease released), once works.
+	wantExit(t, f.run("once"), 0, "deleted 1")
+}
