@@ -268,7 +268,7 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 				return nil
 			}
 		}
-		if stop, err := d.waitThrottle(ctx, deadline); err != nil || stop != "" {
+		if stop, err := d.waitThrottle(ctx, deadline, sizer); err != nil || stop != "" {
 			res.StoppedEarly = stop
 			return err
 		}
@@ -328,7 +328,7 @@ func (d *Deleter) estimateDue(ctx context.Context, t *catalog.Table) int64 {
 
 // waitThrottle blocks while the throttle says so. It returns a reason to stop
 // the pass when RUN_TIME ran out while waiting.
-func (d *Deleter) waitThrottle(ctx context.Context, deadline time.Time) (string, error) {
+func (d *Deleter) waitThrottle(ctx context.Context, deadline time.Time, sizer *throttle.Sizer) (string, error) {
 	if d.opts.Throttle == nil {
 		return "", nil
 	}
@@ -338,7 +338,13 @@ func (d *Deleter) waitThrottle(ctx context.Context, deadline time.Time) (string,
 		wctx, cancel = context.WithDeadline(ctx, deadline)
 		defer cancel()
 	}
-	if err := d.opts.Throttle.Wait(wctx); err != nil {
+	st, err := d.opts.Throttle.Wait(wctx)
+	if st.Throttled && throttle.Backlog(st.Kind) {
+		// The throttle saw the backlog only after this much WAL: the next
+		// batches must bring less.
+		sizer.Pressure()
+	}
+	if err != nil {
 		if ctx.Err() != nil {
 			return "", ctx.Err()
 		}

@@ -200,7 +200,8 @@ func (t *Throttler) measurePrimary(ctx context.Context) {
 	// nothing is measured until it is promoted.
 	rows, err := t.pool.Query(ctx, `SELECT coalesce(nullif(application_name, ''), client_addr::text, pid::text),
        CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn)::float8 END,
-       extract(epoch FROM replay_lag)::float8
+       extract(epoch FROM replay_lag)::float8,
+       pg_wal_lsn_diff(replay_lsn, '0/0')::float8
 FROM pg_stat_replication`)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -211,8 +212,8 @@ FROM pg_stat_replication`)
 	seen := map[string]bool{}
 	for rows.Next() {
 		var name string
-		var bytes, lag *float64
-		if err := rows.Scan(&name, &bytes, &lag); err != nil {
+		var bytes, lag, replayed *float64
+		if err := rows.Scan(&name, &bytes, &lag, &replayed); err != nil {
 			t.log.Warn("throttle: read pg_stat_replication", "error", err)
 			rows.Close()
 			return
@@ -221,6 +222,14 @@ FROM pg_stat_replication`)
 		seen[subject] = true
 		if bytes != nil {
 			t.set(Reading{Kind: ReplicaLagBytes, Subject: subject, Value: *bytes, Threshold: float64(t.cfg.MaxReplicaLagBytes), Unit: "bytes"})
+			if replayed != nil {
+				if q, rate, ok := t.queueLag(name, *replayed, *bytes); ok {
+					queue := subject + " (queue)"
+					seen[queue] = true
+					t.set(Reading{Kind: ReplicaLag, Subject: queue, Value: q, Threshold: t.cfg.MaxReplicaLag.Seconds(), Unit: "s",
+						Detail: fmt.Sprintf("WAL not yet replayed / replay rate %.1f MiB/s", rate/(1<<20))})
+				}
+			}
 		}
 		// replay_lag is NULL when the standby is idle and caught up.
 		v := 0.0
@@ -256,6 +265,46 @@ FROM pg_replication_slots WHERE slot_type = 'logical' AND confirmed_flush_lsn IS
 	}
 	rows.Close()
 	t.drop(SlotLag, slots)
+}
+
+// sender remembers a walsender's replay position, to measure how fast the
+// standby applies WAL.
+type sender struct {
+	replayed, behind float64
+	at               time.Time
+	rate             float64 // bytes/s, measured only while a backlog existed
+}
+
+// backlogBytes is how far behind a standby must be for its replay progress
+// to measure its apply rate rather than the primary's write rate.
+const backlogBytes = 1 << 20
+
+// queueLag estimates how long the standby needs to apply the WAL it has not
+// replayed yet. The heartbeat only ages at (1 - apply/write) seconds per
+// second while the queue grows at write/apply seconds per second, so by the
+// time the heartbeat says 1 s, many seconds of WAL are queued; this reading
+// sees the queue itself.
+func (t *Throttler) queueLag(name string, replayed, behind float64) (lag, rate float64, ok bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := time.Now()
+	s := t.senders[name]
+	if s == nil {
+		s = &sender{}
+		t.senders[name] = s
+	} else if dt := now.Sub(s.at).Seconds(); dt > 0 && s.behind > backlogBytes && replayed >= s.replayed {
+		inst := (replayed - s.replayed) / dt
+		if s.rate == 0 {
+			s.rate = inst
+		} else {
+			s.rate = 0.7*s.rate + 0.3*inst
+		}
+	}
+	s.replayed, s.behind, s.at = replayed, behind, now
+	if s.rate <= 0 {
+		return 0, 0, false
+	}
+	return behind / s.rate, s.rate, true
 }
 
 // dropWalsenders forgets pg_stat_replication readings of standbys that went

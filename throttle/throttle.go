@@ -48,7 +48,7 @@ type Config struct {
 	ActiveHours        string        // "22:00-06:00"; empty = always
 	ActiveTZ           *time.Location
 	ResumeRatio        float64 // resume when a value is at or below threshold*ratio; default 0.5
-	StatsInterval      time.Duration
+	StatsInterval      time.Duration // pg_stat_replication and slots; default 250ms
 	LockWaitCooldown   time.Duration // how long a detected lock wait keeps new batches out; default 1s
 	// Clock is the time source for the active window; nil is time.Now.
 	Clock func() time.Time
@@ -68,7 +68,7 @@ func (c *Config) defaults() {
 		c.ResumeRatio = 0.5
 	}
 	if c.StatsInterval <= 0 {
-		c.StatsInterval = 500 * time.Millisecond
+		c.StatsInterval = 250 * time.Millisecond
 	}
 	if c.LockWaitCooldown <= 0 {
 		c.LockWaitCooldown = time.Second
@@ -161,6 +161,7 @@ type Throttler struct {
 	changed  chan struct{} // closed and replaced when a reading changes
 	watched  map[uint32]*watch
 	lockWait time.Time // last detected lock wait
+	senders  map[string]*sender
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -173,7 +174,7 @@ func New(pool *pgxpool.Pool, cfg Config, log *slog.Logger, m *Metrics) *Throttle
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Throttler{cfg: cfg, pool: pool, log: log, metrics: m,
-		readings: map[string]Reading{}, changed: make(chan struct{}), watched: map[uint32]*watch{}}
+		readings: map[string]Reading{}, changed: make(chan struct{}), watched: map[uint32]*watch{}, senders: map[string]*sender{}}
 }
 
 // set stores a reading, applying hysteresis against the previous one.
@@ -262,11 +263,13 @@ func (t *Throttler) Check() State {
 	return s
 }
 
-// Wait returns nil as soon as no signal throttles, or ctx's error. It logs
+// Wait returns as soon as no signal throttles, or with ctx's error. It
+// returns the first throttled state it saw (zero when it did not wait), logs
 // every change of state or reason, and accounts the time spent throttled.
-func (t *Throttler) Wait(ctx context.Context) error {
+func (t *Throttler) Wait(ctx context.Context) (State, error) {
 	tick := time.NewTicker(100 * time.Millisecond) // the active window moves with the clock
 	defer tick.Stop()
+	var first State
 	for {
 		t.mu.Lock()
 		changed := t.changed
@@ -274,15 +277,29 @@ func (t *Throttler) Wait(ctx context.Context) error {
 		s := t.Check()
 		t.transition(s)
 		if !s.Throttled {
-			return nil
+			return first, nil
+		}
+		if !first.Throttled {
+			first = s
 		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return first, ctx.Err()
 		case <-changed:
 		case <-tick.C:
 		}
 	}
+}
+
+// Backlog reports whether a kind means WAL is piling up somewhere: the
+// batch size should shrink, since the throttle measures too late for a big
+// batch's WAL.
+func Backlog(kind string) bool {
+	switch kind {
+	case ReplicaLag, ReplicaLagBytes, ReplicaUnreachable, SlotLag:
+		return true
+	}
+	return false
 }
 
 // transition records a new verdict: a log line when the state or reason
