@@ -23,6 +23,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/inboxkeeper/inboxkeeper/bench/internal/benchdata"
 	"io"
 	"os"
 	"os/exec"
@@ -101,20 +102,14 @@ type result struct {
 
 func benchmark(ctx context.Context, o options, w io.Writer) error {
 	b := &bench{o: o, started: time.Now()}
-	root, err := moduleRoot()
-	if err != nil {
-		return err
-	}
+	var err error
 	if b.dir, err = os.MkdirTemp("", "inboxkeeper-bench-"); err != nil {
 		return err
 	}
 	defer os.RemoveAll(b.dir)
-	b.bin = filepath.Join(b.dir, "inboxkeeper")
 	b.logf("building cmd/inboxkeeper")
-	build := exec.CommandContext(ctx, "go", "build", "-o", b.bin, "./cmd/inboxkeeper")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		return fmt.Errorf("go build ./cmd/inboxkeeper: %w\n%s", err, out)
+	if b.bin, err = benchdata.BuildBinary(ctx, b.dir); err != nil {
+		return err
 	}
 
 	b.logf("starting a durable PostgreSQL")
@@ -152,7 +147,7 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 				return err
 			}
 			fmt.Fprintf(w, "rows: %d total, %d expired; batch size %d; tables a and b each %.0f MB heap + %.0f MB indexes\n",
-				total, expired, o.batch, mb(heap), mb(idx))
+				total, expired, o.batch, benchdata.MB(heap), benchdata.MB(idx))
 			if extra := passedThrough(); len(extra) > 0 {
 				fmt.Fprintf(w, "daemon settings from the environment: %s\n", strings.Join(extra, " "))
 			}
@@ -179,8 +174,8 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 		rss1M = max(rss1M, d.rss)
 		fmt.Fprintf(w, "rep %d of %d (%s):\n", rep+1, o.reps, order)
 		fmt.Fprintf(w, "  daemon (inboxkeeper once): %6.1f s %8.0f rows/s  WAL %5.0f MB  CPU %5.1f s  peak RSS %.1f MB  %s\n",
-			d.wall.Seconds(), rd, mb(d.wal), d.cpu.Seconds(), mb(d.rss), batches(d, expired))
-		fmt.Fprintf(w, "  unbounded DELETE:          %6.1f s %8.0f rows/s  WAL %5.0f MB  CPU %5.1f s\n", u.wall.Seconds(), ru, mb(u.wal), u.cpu.Seconds())
+			d.wall.Seconds(), rd, benchdata.MB(d.wal), d.cpu.Seconds(), benchdata.MB(d.rss), batches(d, expired))
+		fmt.Fprintf(w, "  unbounded DELETE:          %6.1f s %8.0f rows/s  WAL %5.0f MB  CPU %5.1f s\n", u.wall.Seconds(), ru, benchdata.MB(u.wal), u.cpu.Seconds())
 		fmt.Fprintf(w, "  daemon/unbounded: throughput %.2f, WAL %.2f, CPU %.2f\n", rd/ru, float64(d.wal)/float64(u.wal), d.cpu.Seconds()/u.cpu.Seconds())
 	}
 	of := ""
@@ -188,7 +183,7 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 		of = fmt.Sprintf(" (median of %d reps)", o.reps)
 	}
 	tr := median(throughput)
-	fmt.Fprintf(w, "throughput ratio daemon/unbounded: %.2f%s (goal >= %.1f) %s\n", tr, of, goalThroughput, verdict(tr >= goalThroughput))
+	fmt.Fprintf(w, "throughput ratio daemon/unbounded: %.2f%s (goal >= %.1f) %s\n", tr, of, goalThroughput, benchdata.Verdict(tr >= goalThroughput))
 	fmt.Fprintf(w, "WAL ratio daemon/unbounded: %.2f%s\n", median(walRatio), of)
 	// CPU seconds are less disturbed than wall time by other load on the
 	// machine, so they say whether a bad throughput ratio is noise.
@@ -206,63 +201,24 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 		}
 		peak = max(peak, f.rss)
 		ratio := float64(f.rss) / float64(rss1M)
-		fmt.Fprintf(w, "daemon on %d expired narrow rows: %.1f s, peak RSS %.1f MB  %s\n", n, f.wall.Seconds(), mb(f.rss), batches(f, n))
+		fmt.Fprintf(w, "daemon on %d expired narrow rows: %.1f s, peak RSS %.1f MB  %s\n", n, f.wall.Seconds(), benchdata.MB(f.rss), batches(f, n))
 		fmt.Fprintf(w, "peak RSS: %.1f MB at %d expired rows, %.1f MB at %d; ratio %.2f (flat within %.1fx) %s\n",
-			mb(rss1M), expired, mb(f.rss), n, ratio, goalFlat, verdict(ratio <= goalFlat))
+			benchdata.MB(rss1M), expired, benchdata.MB(f.rss), n, ratio, goalFlat, benchdata.Verdict(ratio <= goalFlat))
 	} else {
 		fmt.Fprintln(w, "peak RSS flatness: skipped (-flat-rows 0)")
 	}
-	fmt.Fprintf(w, "daemon peak RSS: %.1f MB (goal < %d MB) %s\n", mb(peak), goalRSSMB, verdict(mb(peak) < goalRSSMB))
+	fmt.Fprintf(w, "daemon peak RSS: %.1f MB (goal < %d MB) %s\n", benchdata.MB(peak), goalRSSMB, benchdata.Verdict(benchdata.MB(peak) < goalRSSMB))
 	b.logf("done")
 	return nil
 }
 
-func verdict(ok bool) string {
-	if ok {
-		return "GOAL MET"
-	}
-	return "GOAL MISSED"
+// fillPair makes a and b from the same deterministic rows, one session each,
+// so they have the same physical layout.
+// fill (re)creates table with the shared benchmark inbox.
+func (b *bench) verify(ctx context.Context, table string, n, expired int64) error {
+	return benchdata.Verify(ctx, b.pool, table, n, expired)
 }
 
-// inboxDDL is a typical inbox table. Autovacuum is off on the benchmark
-// tables because WAL is measured for the whole cluster: a vacuum of a
-// starting during the DELETE on b would be charged to the DELETE.
-const inboxDDL = `
-DROP TABLE IF EXISTS %[1]s;
-CREATE TABLE %[1]s (
-    consumer       text        NOT NULL,
-    message_id     uuid        NOT NULL,
-    payload_hash   bytea       NOT NULL,
-    outcome        text        NOT NULL,
-    event_time     timestamptz NOT NULL,
-    first_seen_at  timestamptz NOT NULL,
-    remember_until timestamptz NOT NULL%[2]s
-) WITH (autovacuum_enabled = off)`
-
-// insertSQL makes rows $1..$2 of a table of $4 rows whose first $3 are
-// expired at $5. Rows come in first_seen_at order; consumer k%4 remembers a
-// message 30, 45, 50 or 60 days, so expiry order is not insertion order.
-// Expired rows were first seen 161 to 61 days before $5 and so expired at
-// least a day ago; live rows were first seen in the last 29 days and expire
-// a day from now at the earliest: the expected count is exact, however long
-// the run takes.
-const insertSQL = `
-INSERT INTO %[1]s
-SELECT (ARRAY['billing', 'payments', 'shipping', 'email'])[1 + k %% 4],
-       md5(k::text)::uuid,
-       sha256(k::text::bytea),
-       'applied',
-       f - interval '5 minutes',
-       f,
-       f + (ARRAY[30, 45, 50, 60])[1 + k %% 4] * interval '1 day'%[2]s
-FROM generate_series($1::bigint, $2::bigint) AS k,
-LATERAL (SELECT CASE WHEN k < $3::bigint
-  THEN $5::timestamptz - interval '161 days' + k * (interval '100 days' / $3::bigint)
-  ELSE $5::timestamptz - interval '29 days' + (k - $3::bigint) * (interval '29 days' / greatest($4::bigint - $3::bigint, 1)) END) AS s(f)`
-
-// fill (re)creates table with n rows, the first expired of them expired at
-// t0, then indexes, vacuums and analyzes it. The indexes are built after the
-// load because that is much faster; both tables get the same treatment.
 func (b *bench) fill(ctx context.Context, table string, payload bool, n, expired int64, t0 time.Time) error {
 	b.logf("filling %s with %d rows", table, n)
 	conn, err := b.pool.Acquire(ctx)
@@ -270,33 +226,9 @@ func (b *bench) fill(ctx context.Context, table string, payload bool, n, expired
 		return err
 	}
 	defer conn.Release()
-	col, val := "", ""
-	if payload {
-		col, val = ",\n    payload        text        NOT NULL", ",\n       left(repeat(md5(k::text), 10), 300)"
-	}
-	if _, err := conn.Exec(ctx, fmt.Sprintf(inboxDDL, table, col)+"; SET maintenance_work_mem = '512MB'"); err != nil {
-		return fmt.Errorf("create %s: %w", table, err)
-	}
-	const chunk = 500_000 // statements of bounded size, in first_seen_at order
-	for lo := int64(0); lo < n; lo += chunk {
-		if _, err := conn.Exec(ctx, fmt.Sprintf(insertSQL, table, val), lo, min(lo+chunk, n)-1, expired, n, t0); err != nil {
-			return fmt.Errorf("fill %s: %w", table, err)
-		}
-	}
-	for _, sql := range []string{
-		"ALTER TABLE %[1]s ADD PRIMARY KEY (consumer, message_id)",
-		"CREATE INDEX %[1]s_remember_until_idx ON %[1]s (remember_until)",
-		"VACUUM (ANALYZE) %[1]s", // hint bits and visibility map, as on a settled table
-	} {
-		if _, err := conn.Exec(ctx, fmt.Sprintf(sql, table)); err != nil {
-			return fmt.Errorf("%s: %w", fmt.Sprintf(sql, table), err)
-		}
-	}
-	return nil
+	return benchdata.Fill(ctx, conn, table, payload, n, expired, t0)
 }
 
-// fillPair makes a and b from the same deterministic rows, one session each,
-// so they have the same physical layout.
 func (b *bench) fillPair(ctx context.Context, n, expired int64) error {
 	t0 := b.now(ctx)
 	err := parallel(
@@ -376,19 +308,6 @@ func (b *bench) unbounded(ctx context.Context, table string, n, expired int64) (
 		return r, err
 	}
 	return r, b.verify(ctx, table, n, expired)
-}
-
-// verify fails unless exactly the expired rows are gone.
-func (b *bench) verify(ctx context.Context, table string, n, expired int64) error {
-	var left, rows int64
-	err := b.pool.QueryRow(ctx, "SELECT count(*) FILTER (WHERE remember_until <= now()), count(*) FROM "+table).Scan(&left, &rows)
-	if err != nil {
-		return err
-	}
-	if left != 0 || rows != n-expired {
-		return fmt.Errorf("%s after the run: %d expired rows left (want 0), %d rows in all (want %d)", table, left, rows, n-expired)
-	}
-	return nil
 }
 
 // checkpoint makes both runs start with the same full-page-write situation
@@ -517,23 +436,6 @@ func (b *bench) logf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "[%6.1fs] %s\n", time.Since(b.started).Seconds(), fmt.Sprintf(format, args...))
 }
 
-func moduleRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("no go.mod in or above the working directory; run from inside the repository")
-		}
-		dir = parent
-	}
-}
-
 func parallel(fns ...func() error) error {
 	errs := make([]error, len(fns))
 	var wg sync.WaitGroup
@@ -551,5 +453,3 @@ func median(xs []float64) float64 {
 	}
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
-
-func mb(bytes int64) float64 { return float64(bytes) / (1 << 20) }

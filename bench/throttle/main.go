@@ -58,6 +58,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/inboxkeeper/inboxkeeper/bench/internal/benchdata"
 	"io"
 	"os"
 	"os/exec"
@@ -136,21 +137,15 @@ type phase struct {
 }
 
 func benchmark(ctx context.Context, o options, w io.Writer) error {
+	var err error
 	b := &bench{o: o, started: time.Now()}
-	root, err := moduleRoot()
-	if err != nil {
-		return err
-	}
 	if b.dir, err = os.MkdirTemp("", "inboxkeeper-bench-throttle-"); err != nil {
 		return err
 	}
 	defer os.RemoveAll(b.dir)
-	b.bin = filepath.Join(b.dir, "inboxkeeper")
 	b.logf("building cmd/inboxkeeper")
-	build := exec.CommandContext(ctx, "go", "build", "-o", b.bin, "./cmd/inboxkeeper")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		return fmt.Errorf("go build ./cmd/inboxkeeper: %w\n%s", err, out)
+	if b.bin, err = benchdata.BuildBinary(ctx, b.dir); err != nil {
+		return err
 	}
 
 	b.logf("starting a durable primary and a streaming standby")
@@ -242,7 +237,7 @@ INSERT INTO bench_heartbeat VALUES (true, clock_timestamp())`); err != nil {
 		slowed = fmt.Sprintf("apply capped at %g MB/s of WAL (replay paused whenever it gets ahead)", o.applyRate)
 	}
 	fmt.Fprintf(w, "standby apply slowed by: %s (baseline lag %.2f s, the median of 2 s idle; at most %.2f s)\n", slowed, b.baseline, idle[len(idle)-1])
-	fmt.Fprintf(w, "rows: %d total, %d expired; tables a, b, c each %.0f MB heap + %.0f MB indexes\n", total, expired, mb(heap), mb(idx))
+	fmt.Fprintf(w, "rows: %d total, %d expired; tables a, b, c each %.0f MB heap + %.0f MB indexes\n", total, expired, benchdata.MB(heap), benchdata.MB(idx))
 
 	maxLag := o.maxLag.String()
 	thr, err := b.measure(ctx, "A: inboxkeeper once on a, throttled", func() (time.Duration, daemonLog, error) {
@@ -278,21 +273,21 @@ INSERT INTO bench_heartbeat VALUES (true, clock_timestamp())`); err != nil {
 	line("daemon, unthrottled:", free, true)
 	bound := o.maxLag.Seconds() + thr.log.longest.Seconds()
 	fmt.Fprintf(w, "goal: throttled peak <= %s + one batch's worth (longest batch %.2f s) = %.2f s: %s; unbounded above it: %s\n",
-		maxLag, thr.log.longest.Seconds(), bound, verdict(thr.peak.lag <= bound), yesNo(unb.peak.lag > bound))
+		maxLag, thr.log.longest.Seconds(), bound, benchdata.Verdict(thr.peak.lag <= bound), yesNo(unb.peak.lag > bound))
 	fmt.Fprintf(w, "throughput throttled/unthrottled: %.2f\n", rate(thr)/rate(free))
 
 	fmt.Fprintln(w, "details (WAL of the whole cluster; replay_lag and bytes behind from pg_stat_replication; catch-up from the end of the deletion):")
 	detail := func(name string, p phase) {
 		fmt.Fprintf(w, "  %-12s WAL %4.0f MB, peak replay_lag %5.2f s, peak %4.0f MB behind, catch-up %5.1f s\n",
-			name, mb(p.wal), p.peak.replayLag, mb(p.peak.bytes), p.catchUp.Seconds())
+			name, benchdata.MB(p.wal), p.peak.replayLag, benchdata.MB(p.peak.bytes), p.catchUp.Seconds())
 		l := p.log
 		if l.batches == 0 {
 			return
 		}
 		perRow := p.wal / max(l.rows, 1) // FPIs included: the run's average
-		fmt.Fprintf(w, "  %-12s %d batches of up to %d rows (~%.1f MB of WAL", "", l.batches, l.maxRows, mb(perRow*l.maxRows))
+		fmt.Fprintf(w, "  %-12s %d batches of up to %d rows (~%.1f MB of WAL", "", l.batches, l.maxRows, benchdata.MB(perRow*l.maxRows))
 		if o.applyRate > 0 {
-			fmt.Fprintf(w, ", %.2f s of apply", mb(perRow*l.maxRows)/o.applyRate)
+			fmt.Fprintf(w, ", %.2f s of apply", benchdata.MB(perRow*l.maxRows)/o.applyRate)
 		}
 		fmt.Fprintf(w, "), longest %.2f s; paused %d times, %.1f s in all", l.longest.Seconds(), l.pauses, l.paused.Seconds())
 		if len(l.kinds) > 0 {
@@ -310,13 +305,6 @@ INSERT INTO bench_heartbeat VALUES (true, clock_timestamp())`); err != nil {
 	return nil
 }
 
-func verdict(ok bool) string {
-	if ok {
-		return "GOAL MET"
-	}
-	return "GOAL MISSED"
-}
-
 func yesNo(ok bool) string {
 	if ok {
 		return "yes"
@@ -326,6 +314,10 @@ func yesNo(ok bool) string {
 
 // measure runs one deletion after a CHECKPOINT with the standby caught up,
 // and keeps sampling the lag until the standby has caught up again.
+func (b *bench) verify(ctx context.Context, table string, n, expired int64) error {
+	return benchdata.Verify(ctx, b.pool, table, n, expired)
+}
+
 func (b *bench) measure(ctx context.Context, name string, deletion func() (time.Duration, daemonLog, error)) (phase, error) {
 	var p phase
 	if _, err := b.pool.Exec(ctx, "CHECKPOINT"); err != nil {
@@ -348,7 +340,7 @@ func (b *bench) measure(ctx context.Context, name string, deletion func() (time.
 	if err := b.pool.QueryRow(ctx, "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::pg_lsn)::bigint", lsn).Scan(&p.wal); err != nil {
 		return p, err
 	}
-	b.logf("%.1f s, %.0f MB of WAL; waiting for the standby", p.wall.Seconds(), mb(p.wal))
+	b.logf("%.1f s, %.0f MB of WAL; waiting for the standby", p.wall.Seconds(), benchdata.MB(p.wal))
 	ended := time.Now()
 	if err := b.waitReplay(ctx, b.baseline+0.1); err != nil {
 		return p, err
@@ -389,43 +381,9 @@ func (b *bench) waitReplay(ctx context.Context, lagBelow float64) error {
 	}
 }
 
-// inboxDDL is a typical inbox table, as in bench/expiry. Autovacuum is off so
-// that no vacuum of an earlier phase's table writes WAL during a later phase.
-const inboxDDL = `
-DROP TABLE IF EXISTS %[1]s;
-CREATE TABLE %[1]s (
-    consumer       text        NOT NULL,
-    message_id     uuid        NOT NULL,
-    payload_hash   bytea       NOT NULL,
-    outcome        text        NOT NULL,
-    event_time     timestamptz NOT NULL,
-    first_seen_at  timestamptz NOT NULL,
-    remember_until timestamptz NOT NULL,
-    payload        text        NOT NULL
-) WITH (autovacuum_enabled = off)`
-
-// insertSQL makes rows $1..$2 of a table of $4 rows whose first $3 are
-// expired at $5 (bench/expiry's rows). Expired rows expired at least a day
-// ago, live rows expire a day from now at the earliest, so the expected
-// count is exact however long the run takes; remember_until order is not
-// insertion order (consumer k%4 remembers for 30, 45, 50 or 60 days).
-const insertSQL = `
-INSERT INTO %[1]s
-SELECT (ARRAY['billing', 'payments', 'shipping', 'email'])[1 + k %% 4],
-       md5(k::text)::uuid,
-       sha256(k::text::bytea),
-       'applied',
-       f - interval '5 minutes',
-       f,
-       f + (ARRAY[30, 45, 50, 60])[1 + k %% 4] * interval '1 day',
-       left(repeat(md5(k::text), 10), 300)
-FROM generate_series($1::bigint, $2::bigint) AS k,
-LATERAL (SELECT CASE WHEN k < $3::bigint
-  THEN $5::timestamptz - interval '161 days' + k * (interval '100 days' / $3::bigint)
-  ELSE $5::timestamptz - interval '29 days' + (k - $3::bigint) * (interval '29 days' / greatest($4::bigint - $3::bigint, 1)) END) AS s(f)`
-
-// fill (re)creates table with n rows, indexes it after the load (faster),
-// and vacuums and analyzes it.
+// fillAll makes a, b and c from the same rows, one session each, so they
+// have the same physical layout.
+// fill (re)creates table with the shared benchmark inbox (with payload).
 func (b *bench) fill(ctx context.Context, table string, n, expired int64, t0 time.Time) error {
 	b.logf("filling %s with %d rows", table, n)
 	conn, err := b.pool.Acquire(ctx)
@@ -433,29 +391,9 @@ func (b *bench) fill(ctx context.Context, table string, n, expired int64, t0 tim
 		return err
 	}
 	defer conn.Release()
-	if _, err := conn.Exec(ctx, fmt.Sprintf(inboxDDL, table)+"; SET maintenance_work_mem = '256MB'"); err != nil {
-		return fmt.Errorf("create %s: %w", table, err)
-	}
-	const chunk = 500_000
-	for lo := int64(0); lo < n; lo += chunk {
-		if _, err := conn.Exec(ctx, fmt.Sprintf(insertSQL, table), lo, min(lo+chunk, n)-1, expired, n, t0); err != nil {
-			return fmt.Errorf("fill %s: %w", table, err)
-		}
-	}
-	for _, sql := range []string{
-		"ALTER TABLE %[1]s ADD PRIMARY KEY (consumer, message_id)",
-		"CREATE INDEX %[1]s_remember_until_idx ON %[1]s (remember_until)",
-		"VACUUM (ANALYZE) %[1]s",
-	} {
-		if _, err := conn.Exec(ctx, fmt.Sprintf(sql, table)); err != nil {
-			return fmt.Errorf("%s: %w", fmt.Sprintf(sql, table), err)
-		}
-	}
-	return nil
+	return benchdata.Fill(ctx, conn, table, true, n, expired, t0)
 }
 
-// fillAll makes a, b and c from the same rows, one session each, so they
-// have the same physical layout.
 func (b *bench) fillAll(ctx context.Context, n, expired int64) error {
 	var t0 time.Time
 	if err := b.pool.QueryRow(ctx, "SELECT now()").Scan(&t0); err != nil {
@@ -517,19 +455,6 @@ func (b *bench) unbounded(ctx context.Context, table string, n, expired int64) (
 		return wall, fmt.Errorf("unbounded DELETE on %s deleted %d rows, want %d", table, tag.RowsAffected(), expired)
 	}
 	return wall, b.verify(ctx, table, n, expired)
-}
-
-// verify fails unless exactly the expired rows are gone.
-func (b *bench) verify(ctx context.Context, table string, n, expired int64) error {
-	var left, rows int64
-	err := b.pool.QueryRow(ctx, "SELECT count(*) FILTER (WHERE remember_until <= now()), count(*) FROM "+table).Scan(&left, &rows)
-	if err != nil {
-		return err
-	}
-	if left != 0 || rows != n-expired {
-		return fmt.Errorf("%s after the run: %d expired rows left (want 0), %d rows in all (want %d)", table, left, rows, n-expired)
-	}
-	return nil
 }
 
 // inboxkeeper runs the built binary with a clean INBOXKEEPER_* environment
@@ -840,22 +765,3 @@ func (g *governor) run(ctx context.Context, url string, logf func(string, ...any
 func (b *bench) logf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "[%6.1fs] %s\n", time.Since(b.started).Seconds(), fmt.Sprintf(format, args...))
 }
-
-func moduleRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("no go.mod in or above the working directory; run from inside the repository")
-		}
-		dir = parent
-	}
-}
-
-func mb(bytes int64) float64 { return float64(bytes) / (1 << 20) }

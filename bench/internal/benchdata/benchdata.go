@@ -1,0 +1,144 @@
+// Package benchdata is what the benchmarks share: the inbox they fill, the
+// binary they run, and how they judge a goal.
+package benchdata
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// DB is satisfied by *pgxpool.Conn, *pgx.Conn and *pgxpool.Pool.
+type DB interface {
+	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+	QueryRow(context.Context, string, ...any) pgx.Row
+}
+
+// inboxDDL is a typical inbox table. Autovacuum is off on the benchmark
+// tables because WAL is measured for the whole cluster: a vacuum of one
+// table during a measurement of another would be charged to it.
+const inboxDDL = `
+DROP TABLE IF EXISTS %[1]s;
+CREATE TABLE %[1]s (
+    consumer       text        NOT NULL,
+    message_id     uuid        NOT NULL,
+    payload_hash   bytea       NOT NULL,
+    outcome        text        NOT NULL,
+    event_time     timestamptz NOT NULL,
+    first_seen_at  timestamptz NOT NULL,
+    remember_until timestamptz NOT NULL%[2]s
+) WITH (autovacuum_enabled = off)`
+
+// insertSQL makes rows $1..$2 of a table of $4 rows whose first $3 are
+// expired at $5. Rows come in first_seen_at order; consumer k%4 remembers a
+// message 30, 45, 50 or 60 days, so expiry order is not insertion order.
+// Expired rows were first seen 161 to 61 days before $5 and so expired at
+// least a day ago; live rows were first seen in the last 29 days and expire
+// a day from now at the earliest: the expected count is exact, however long
+// the run takes.
+const insertSQL = `
+INSERT INTO %[1]s
+SELECT (ARRAY['billing', 'payments', 'shipping', 'email'])[1 + k %% 4],
+       md5(k::text)::uuid,
+       sha256(k::text::bytea),
+       'applied',
+       f - interval '5 minutes',
+       f,
+       f + (ARRAY[30, 45, 50, 60])[1 + k %% 4] * interval '1 day'%[2]s
+FROM generate_series($1::bigint, $2::bigint) AS k,
+LATERAL (SELECT CASE WHEN k < $3::bigint
+  THEN $5::timestamptz - interval '161 days' + k * (interval '100 days' / $3::bigint)
+  ELSE $5::timestamptz - interval '29 days' + (k - $3::bigint) * (interval '29 days' / greatest($4::bigint - $3::bigint, 1)) END) AS s(f)`
+
+// Fill (re)creates table with n rows, the first `expired` of them expired at
+// t0, with a ~300-byte payload column when payload is set; then indexes,
+// vacuums and analyzes it. The indexes are built after the load because
+// that is much faster; every table gets the same treatment.
+func Fill(ctx context.Context, db DB, table string, payload bool, n, expired int64, t0 time.Time) error {
+	col, val := "", ""
+	if payload {
+		col, val = ",\n    payload        text        NOT NULL", ",\n       left(repeat(md5(k::text), 10), 300)"
+	}
+	if _, err := db.Exec(ctx, fmt.Sprintf(inboxDDL, table, col)+"; SET maintenance_work_mem = '256MB'"); err != nil {
+		return fmt.Errorf("create %s: %w", table, err)
+	}
+	const chunk = 500_000 // statements of bounded size, in first_seen_at order
+	for lo := int64(0); lo < n; lo += chunk {
+		if _, err := db.Exec(ctx, fmt.Sprintf(insertSQL, table, val), lo, min(lo+chunk, n)-1, expired, n, t0); err != nil {
+			return fmt.Errorf("fill %s: %w", table, err)
+		}
+	}
+	for _, sql := range []string{
+		"ALTER TABLE %[1]s ADD PRIMARY KEY (consumer, message_id)",
+		"CREATE INDEX %[1]s_remember_until_idx ON %[1]s (remember_until)",
+		"VACUUM (ANALYZE) %[1]s", // hint bits and visibility map, as on a settled table
+	} {
+		if _, err := db.Exec(ctx, fmt.Sprintf(sql, table)); err != nil {
+			return fmt.Errorf("%s: %w", fmt.Sprintf(sql, table), err)
+		}
+	}
+	return nil
+}
+
+// Verify fails unless exactly the expired rows of table are gone.
+func Verify(ctx context.Context, db DB, table string, n, expired int64) error {
+	var left, rows int64
+	err := db.QueryRow(ctx, "SELECT count(*) FILTER (WHERE remember_until <= now()), count(*) FROM "+table).Scan(&left, &rows)
+	if err != nil {
+		return err
+	}
+	if left != 0 || rows != n-expired {
+		return fmt.Errorf("%s after the run: %d expired rows left (want 0), %d rows in all (want %d)", table, left, rows, n-expired)
+	}
+	return nil
+}
+
+// BuildBinary builds cmd/inboxkeeper into dir and returns its path.
+func BuildBinary(ctx context.Context, dir string) (string, error) {
+	root, err := moduleRoot()
+	if err != nil {
+		return "", err
+	}
+	bin := filepath.Join(dir, "inboxkeeper")
+	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/inboxkeeper")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build ./cmd/inboxkeeper: %w\n%s", err, out)
+	}
+	return bin, nil
+}
+
+func moduleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("no go.mod in or above the working directory; run from inside the repository")
+		}
+		dir = parent
+	}
+}
+
+// Verdict is how a report states a goal.
+func Verdict(ok bool) string {
+	if ok {
+		return "GOAL MET"
+	}
+	return "GOAL MISSED"
+}
+
+// MB is bytes in MiB.
+func MB(bytes int64) float64 { return float64(bytes) / (1 << 20) }
