@@ -273,6 +273,9 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 			return err
 		}
 		size := sizer.Size()
+		if d.opts.Throttle != nil {
+			size = sizer.Capped(d.opts.Throttle.BatchBytesCap())
+		}
 		if m := d.opts.Metrics; m != nil {
 			m.BatchSize.WithLabelValues(t.Name).Set(float64(size))
 		}
@@ -358,9 +361,10 @@ func (d *Deleter) waitThrottle(ctx context.Context, deadline time.Time, sizer *t
 func (d *Deleter) batchWithRetry(ctx context.Context, t *catalog.Table, lower pgtype.Timestamptz, size int, sizer *throttle.Sizer, res *TableResult) (int64, time.Time, int, error) {
 	for attempt := 0; ; attempt++ {
 		began := time.Now()
-		n, newest, err := d.batch(ctx, t, lower, size)
+		n, newest, wal, err := d.batch(ctx, t, lower, size)
 		if err == nil {
 			sizer.Observe(int(n), time.Since(began))
+			sizer.ObserveWAL(int(n), wal)
 			if m := d.opts.Metrics; m != nil {
 				m.BatchDuration.WithLabelValues(t.Name).Observe(time.Since(began).Seconds())
 				if n > 0 {
@@ -402,10 +406,10 @@ func (d *Deleter) batchWithRetry(ctx context.Context, t *catalog.Table, lower pg
 
 // batch deletes at most BatchSize expired, uncovered rows in one transaction
 // and returns how many it deleted and the newest expiry among them.
-func (d *Deleter) batch(ctx context.Context, t *catalog.Table, lower pgtype.Timestamptz, size int) (n int64, newest time.Time, err error) {
+func (d *Deleter) batch(ctx context.Context, t *catalog.Table, lower pgtype.Timestamptz, size int) (n int64, newest time.Time, wal float64, err error) {
 	tx, err := d.pool.Begin(ctx)
 	if err != nil {
-		return 0, time.Time{}, err
+		return 0, time.Time{}, 0, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	if d.opts.Throttle != nil {
@@ -421,19 +425,20 @@ func (d *Deleter) batch(ctx context.Context, t *catalog.Table, lower pgtype.Time
 	if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true),
        set_config('plan_cache_mode', 'force_custom_plan', true)`,
 		millis(d.opts.LockTimeout), millis(d.opts.StatementTimeout)); err != nil {
-		return 0, time.Time{}, err
+		return 0, time.Time{}, 0, err
 	}
 	// The fence comes before the coverage is read, in its own statement, so
 	// the read below takes its snapshot after any hold whose writer we
 	// waited for has committed.
 	var now time.Time
-	if err := tx.QueryRow(ctx, "SELECT coalesce($1::timestamptz, now()), pg_advisory_xact_lock_shared($2)::text",
-		d.pinned(), holds.FenceKey).Scan(&now, new(string)); err != nil {
-		return 0, time.Time{}, err
+	var walStart string
+	if err := tx.QueryRow(ctx, "SELECT coalesce($1::timestamptz, now()), pg_advisory_xact_lock_shared($2)::text, pg_current_wal_insert_lsn()::text",
+		d.pinned(), holds.FenceKey).Scan(&now, new(string), &walStart); err != nil {
+		return 0, time.Time{}, 0, err
 	}
 	cov, err := holds.Active(ctx, tx, t.Name, now)
 	if err != nil {
-		return 0, time.Time{}, err
+		return 0, time.Time{}, 0, err
 	}
 	var args holds.Args
 	holdPred, replayPred := cov.Predicates(t, "t", &args)
@@ -458,15 +463,20 @@ SELECT count(*), max(expiry) FROM gone`,
 		t.Expiry.AsTimestamptz("d"))
 	var newestTS pgtype.Timestamptz
 	if err := tx.QueryRow(ctx, sql, args.Values...).Scan(&n, &newestTS); err != nil {
-		return 0, time.Time{}, err
+		return 0, time.Time{}, 0, err
 	}
 	if d.opts.beforeCommit != nil {
 		d.opts.beforeCommit(t.Name, n)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return 0, time.Time{}, err
+		return 0, time.Time{}, 0, err
 	}
-	return n, newestTS.Time, nil
+	// The WAL the batch wrote (other sessions' writes meanwhile included):
+	// the throttle caps batches in bytes for a slow standby.
+	if err := d.pool.QueryRow(ctx, "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::pg_lsn)::float8", walStart).Scan(&wal); err != nil {
+		wal = 0
+	}
+	return n, newestTS.Time, wal, nil
 }
 
 // readTx runs fn in a read-only transaction with the batch timeouts, so that

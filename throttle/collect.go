@@ -307,6 +307,25 @@ func (t *Throttler) queueLag(name string, replayed, behind float64) (lag, rate f
 	return behind / s.rate, s.rate, true
 }
 
+// BatchBytesCap is the most WAL one batch should write: half of what the
+// slowest standby with a measured replay rate applies in MAX_REPLICA_LAG.
+// A batch is atomic, so its WAL reaches the standby whole; a batch bigger
+// than this alone would push the lag past the threshold. 0 means no cap.
+func (t *Throttler) BatchBytesCap() float64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	limit := 0.0
+	for _, s := range t.senders {
+		if s.rate <= 0 {
+			continue
+		}
+		if c := t.cfg.MaxReplicaLag.Seconds() * s.rate / 2; limit == 0 || c < limit {
+			limit = c
+		}
+	}
+	return limit
+}
+
 // dropWalsenders forgets pg_stat_replication readings of standbys that went
 // away; heartbeat readings of listed standbys are kept.
 func (t *Throttler) dropWalsenders(seen map[string]bool) {

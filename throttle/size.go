@@ -13,6 +13,7 @@ type Sizer struct {
 	size     int
 	min, max int
 	target   time.Duration
+	perRow   float64 // WAL bytes a deleted row costs, averaged; 0 until measured
 }
 
 // NewSizer starts at start (clamped into [min, max]).
@@ -53,4 +54,30 @@ func (s *Sizer) Pressure() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.size = s.clamp(s.size / 2)
+}
+
+// ObserveWAL records the WAL a batch of n rows wrote.
+func (s *Sizer) ObserveWAL(n int, bytes float64) {
+	if n <= 0 || bytes <= 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	per := bytes / float64(n)
+	if s.perRow == 0 {
+		s.perRow = per
+	} else {
+		s.perRow = 0.7*s.perRow + 0.3*per
+	}
+}
+
+// Capped is Size, lowered so that a batch writes at most capBytes of WAL
+// (once the WAL per row is known). It never goes below Min.
+func (s *Sizer) Capped(capBytes float64) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if capBytes <= 0 || s.perRow <= 0 {
+		return s.size
+	}
+	return max(s.min, min(s.size, int(capBytes/s.perRow)))
 }

@@ -100,3 +100,20 @@ func TestSizer(t *testing.T) {
 		t.Error("start size not clamped")
 	}
 }
+
+func TestSizerByteCap(t *testing.T) {
+	s := NewSizer(10000, 100, 50000, time.Second)
+	if s.Capped(1<<20) != 10000 {
+		t.Error("capped before the WAL per row is known")
+	}
+	s.ObserveWAL(1000, 500*1000) // 500 bytes a row
+	if got := s.Capped(1 << 20); got != 2097 {
+		t.Errorf("1 MiB cap at 500 B/row: %d, want 2097", got)
+	}
+	if got := s.Capped(10); got != 100 {
+		t.Errorf("a tiny cap: %d, want the minimum 100", got)
+	}
+	if got := s.Capped(0); got != 10000 {
+		t.Errorf("no cap: %d", got)
+	}
+}
