@@ -47,7 +47,7 @@ type Config struct {
 	Query              string        // custom query; a result > 0 throttles
 	ActiveHours        string        // "22:00-06:00"; empty = always
 	ActiveTZ           *time.Location
-	ResumeRatio        float64 // resume when a value is at or below threshold*ratio; default 0.5
+	ResumeRatio        float64       // resume when a value is at or below threshold*ratio; default 0.5
 	StatsInterval      time.Duration // pg_stat_replication and slots; default 250ms
 	LockWaitCooldown   time.Duration // how long a detected lock wait keeps new batches out; default 1s
 	// Clock is the time source for the active window; nil is time.Now.
