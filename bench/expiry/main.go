@@ -23,7 +23,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/inboxkeeper/inboxkeeper/bench/internal/benchdata"
 	"io"
 	"os"
 	"os/exec"
@@ -40,6 +39,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/pgcluster"
+
+	"github.com/inboxkeeper/inboxkeeper/bench/internal/benchdata"
 )
 
 // The goals of the issue.

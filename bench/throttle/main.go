@@ -58,7 +58,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/inboxkeeper/inboxkeeper/bench/internal/benchdata"
 	"io"
 	"os"
 	"os/exec"
@@ -76,6 +75,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/pgcluster"
+
+	"github.com/inboxkeeper/inboxkeeper/bench/internal/benchdata"
 )
 
 type options struct {
