@@ -74,9 +74,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/pgcluster"
-
 	"github.com/inboxkeeper/inboxkeeper/bench/internal/benchdata"
+	"github.com/inboxkeeper/inboxkeeper/internal/pgcluster"
 )
 
 type options struct {
