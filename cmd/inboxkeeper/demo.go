@@ -121,7 +121,7 @@ func (a *app) demo(ctx context.Context, args []string) error {
 	if err := printStatus(ctx, a, d, tables); err != nil {
 		return err
 	}
-	fmt.Fprintf(a.stdout, "\ndemo: one pass, batches of %d\n", a.cfg.BatchSize)
+	fmt.Fprintf(a.stdout, "\ndemo: one pass, batches starting at %d rows and adapting toward %s each\n", a.cfg.BatchSize, a.cfg.BatchTarget)
 	results, err := d.RunPass(ctx)
 	if printResults(a.stdout, results, false) > 0 || err != nil {
 		return fmt.Errorf("demo: the pass failed: %v", err)
