@@ -37,6 +37,7 @@ var ignoredVariables = []string{"INBOXKEEPER_PG_BINDIR", "INBOXKEEPER_TEST_DATAB
 // string that must only ever be shown through RedactURL.
 type Config struct {
 	DatabaseURL      string        `envconfig:"DATABASE_URL" secret:"true" desc:"PostgreSQL connection string (URL or keyword/value); empty uses libpq PG* variables"`
+	DatabaseURLFile  string        `envconfig:"DATABASE_URL_FILE" desc:"a file holding the connection string (Docker secrets, systemd credentials); instead of DATABASE_URL"`
 	PolicyFile       string        `envconfig:"POLICY_FILE" default:"./inboxkeeper.yaml" desc:"path of the retention policy file"`
 	BatchSize        int           `envconfig:"BATCH_SIZE" default:"5000" desc:"rows in the first delete batch; the size then adapts toward BATCH_TARGET"`
 	BatchPause       time.Duration `envconfig:"BATCH_PAUSE" default:"0s" desc:"sleep between batches (>= 0)"`
@@ -197,6 +198,20 @@ func Load() (Config, error) {
 	for _, p := range c.problems() {
 		if !failed[p.name] { // a zero left by a parse failure is not news
 			ps = append(ps, p)
+		}
+	}
+	// A connection string kept in a file (a Docker secret, a systemd
+	// credential) stays out of the environment, where other processes of
+	// the same user can read it.
+	if c.DatabaseURLFile != "" {
+		b, err := os.ReadFile(c.DatabaseURLFile)
+		switch {
+		case c.DatabaseURL != "":
+			ps.addf(Prefix+"_DATABASE_URL_FILE", "INBOXKEEPER_DATABASE_URL is set too; give one of them")
+		case err != nil:
+			ps.addf(Prefix+"_DATABASE_URL_FILE", "cannot read the connection string: %v", err)
+		default:
+			c.DatabaseURL = strings.TrimSpace(string(b))
 		}
 	}
 	return c, ps.err()

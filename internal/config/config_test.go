@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
@@ -246,8 +247,8 @@ func TestKnownVariables(t *testing.T) {
 			t.Errorf("missing %s", name)
 		}
 	}
-	if len(got) != 28 {
-		t.Errorf("got %d names, want 28: %v", len(got), got)
+	if len(got) != 29 {
+		t.Errorf("got %d names, want 29: %v", len(got), got)
 	}
 }
 
@@ -340,5 +341,25 @@ func TestServiceLinkVariablesIgnored(t *testing.T) {
 	setEnv(t, map[string]string{"INBOXKEEPER_PORTS": "1"})
 	if _, err := Load(); err == nil {
 		t.Error("INBOXKEEPER_PORTS accepted: only Kubernetes' exact shapes are ignored")
+	}
+}
+
+func TestDatabaseURLFile(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "url")
+	if err := os.WriteFile(f, []byte("postgres://u:s3cret@db/app\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	setEnv(t, map[string]string{"INBOXKEEPER_DATABASE_URL_FILE": f})
+	c, err := Load()
+	if err != nil || c.DatabaseURL != "postgres://u:s3cret@db/app" {
+		t.Errorf("from a file: %q, %v", c.DatabaseURL, err)
+	}
+	setEnv(t, map[string]string{"INBOXKEEPER_DATABASE_URL_FILE": f, "INBOXKEEPER_DATABASE_URL": "postgres://other/db"})
+	if _, err := Load(); err == nil || !strings.Contains(err.Error(), "INBOXKEEPER_DATABASE_URL_FILE") {
+		t.Errorf("both set: %v", err)
+	}
+	setEnv(t, map[string]string{"INBOXKEEPER_DATABASE_URL_FILE": f + ".missing"})
+	if _, err := Load(); err == nil || !strings.Contains(err.Error(), "cannot read") {
+		t.Errorf("missing file: %v", err)
 	}
 }
