@@ -48,7 +48,7 @@ type Config struct {
 	ActiveHours        string        // "22:00-06:00"; empty = always
 	ActiveTZ           *time.Location
 	ResumeRatio        float64       // resume when a value is at or below threshold*ratio; default 0.5
-	StatsInterval      time.Duration // pg_stat_replication and slots; default 250ms
+	StatsInterval      time.Duration // pg_stat_replication and slots; default 50ms
 	LockWaitCooldown   time.Duration // how long a detected lock wait keeps new batches out; default 1s
 	// Clock is the time source for the active window; nil is time.Now.
 	Clock func() time.Time
@@ -68,7 +68,7 @@ func (c *Config) defaults() {
 		c.ResumeRatio = 0.5
 	}
 	if c.StatsInterval <= 0 {
-		c.StatsInterval = 250 * time.Millisecond
+		c.StatsInterval = 50 * time.Millisecond
 	}
 	if c.LockWaitCooldown <= 0 {
 		c.LockWaitCooldown = time.Second
