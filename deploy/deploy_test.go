@@ -1688,20 +1688,9 @@ func count(t *testing.T, conn *pgx.Conn, where string) int {
 	return n
 }
 
-const inboxDDL = `
-CREATE TABLE public.consumer_inbox (
-    consumer       text        NOT NULL,
-    message_id     text        NOT NULL,
-    payload_hash   bytea       NOT NULL,
-    outcome        text,
-    event_time     timestamptz NOT NULL,
-    first_seen_at  timestamptz NOT NULL,
-    remember_until timestamptz NOT NULL,
-    business_key   text,
-    PRIMARY KEY (consumer, message_id)
-);
-CREATE INDEX consumer_inbox_remember_until_idx ON public.consumer_inbox (remember_until);
-
+// inboxRows fill the recommended inbox table (inbox/testdata/inbox_plain.sql,
+// the layout the README shows).
+const inboxRows = `
 -- expired, deletable
 INSERT INTO public.consumer_inbox (consumer, message_id, payload_hash, event_time, first_seen_at, remember_until)
 SELECT 'payments', 'old-' || i, '\x00', now() - interval '60 days', now() - interval '60 days', now() - interval '10 days' + i * interval '1 second'
@@ -1728,7 +1717,11 @@ func TestRoleScriptOnPostgreSQL(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer owner.Close(ctx)
-	pgtest.Exec(t, owner, inboxDDL)
+	ddl, err := os.ReadFile("../inbox/testdata/inbox_plain.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pgtest.Exec(t, owner, string(ddl)+inboxRows)
 	if _, err := migrations.Migrate(ctx, owner); err != nil {
 		t.Fatal(err)
 	}

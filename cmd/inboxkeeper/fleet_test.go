@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/inboxkeeper/inboxkeeper/internal/pgcluster"
 	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
 )
 
@@ -21,6 +22,31 @@ var (
 	standbyLogged = regexp.MustCompile(`msg="inboxkeeper: the database is a standby`)
 	downLogged    = regexp.MustCompile(`msg="inboxkeeper: database unreachable|expiry: table failed`)
 )
+
+// clusterFixture is a cluster of the test's own (for tests that stop,
+// restart or replicate it), with the usual inbox in its database
+// "postgres", migrated, and the policy file in a directory to run in.
+func clusterFixture(t *testing.T) (c *pgcluster.Cluster, dir, policyFile string) {
+	t.Helper()
+	ctx := context.Background()
+	c = pgtest.NewCluster(t)
+	conn, err := pgx.Connect(ctx, c.URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, inboxDDL); err != nil {
+		t.Fatal(err)
+	}
+	dir = t.TempDir()
+	policyFile = filepath.Join(dir, "inboxkeeper.yaml")
+	if err := os.WriteFile(policyFile, []byte(inboxPolicy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env := cliEnv("INBOXKEEPER_DATABASE_URL="+c.URL("postgres"), "INBOXKEEPER_POLICY_FILE="+policyFile)
+	wantExit(t, runCLI(t, dir, env, "migrate"), 0)
+	return c, dir, policyFile
+}
 
 func metricsAddr(t *testing.T, d *daemon) string {
 	t.Helper()
@@ -67,23 +93,7 @@ func TestTwoInstancesOneActive(t *testing.T) {
 func TestStandbyThenPromoted(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	primary := pgtest.NewCluster(t)
-	url := primary.URL("postgres")
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, inboxDDL); err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	pol := filepath.Join(dir, "inboxkeeper.yaml")
-	if err := os.WriteFile(pol, []byte(inboxPolicy), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	primaryEnv := cliEnv("INBOXKEEPER_DATABASE_URL="+url, "INBOXKEEPER_POLICY_FILE="+pol)
-	wantExit(t, runCLI(t, dir, primaryEnv, "migrate"), 0)
+	primary, dir, pol := clusterFixture(t)
 	standby := pgtest.NewStandby(t, primary, nil)
 
 	env := cliEnv("INBOXKEEPER_DATABASE_URL="+standby.URL("postgres"), "INBOXKEEPER_POLICY_FILE="+pol,
@@ -125,24 +135,10 @@ func TestStandbyThenPromoted(t *testing.T) {
 func TestDatabaseRestartUnderDaemon(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	c := pgtest.NewCluster(t)
+	c, dir, pol := clusterFixture(t)
 	url := c.URL("postgres")
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conn.Exec(ctx, inboxDDL); err != nil {
-		t.Fatal(err)
-	}
-	conn.Close(ctx)
-	dir := t.TempDir()
-	pol := filepath.Join(dir, "inboxkeeper.yaml")
-	if err := os.WriteFile(pol, []byte(inboxPolicy), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	env := cliEnv("INBOXKEEPER_DATABASE_URL="+url, "INBOXKEEPER_POLICY_FILE="+pol,
 		"INBOXKEEPER_METRICS_ADDR=127.0.0.1:0", "INBOXKEEPER_SCHEDULE=@every 1s")
-	wantExit(t, runCLI(t, dir, env, "migrate"), 0)
 	d := startDaemon(t, dir, env, "run")
 	addr := metricsAddr(t, d)
 	d.waitLine(passDone, 30*time.Second)
@@ -154,7 +150,7 @@ func TestDatabaseRestartUnderDaemon(t *testing.T) {
 	if err := c.StartServer(ctx); err != nil {
 		t.Fatal(err)
 	}
-	conn, err = pgx.Connect(ctx, url)
+	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
 		t.Fatal(err)
 	}
