@@ -69,7 +69,12 @@ type Table struct {
 }
 
 // HasScope and HasEventTime say whether holds may name a scope or a range.
-func (t *Table) HasScope() bool     { return t.Scope != nil }
+func (t *Table) HasScope() bool { return t.Scope != nil }
+
+// Partitioned reports whether the table is a partitioned parent, managed by
+// retiring whole partitions instead of deleting rows.
+func (t *Table) Partitioned() bool { return t.Kind == "p" }
+
 func (t *Table) HasEventTime() bool { return t.EventTime != nil }
 
 // ErrInvalid marks problems with the policy against the catalog (a missing
@@ -95,10 +100,14 @@ WHERE n.nspname = $1 AND c.relname = $2`, pt.Name.Schema, pt.Name.Name).Scan(&t.
 	if err != nil {
 		return nil, fmt.Errorf("table %s: look up: %w", t.Name, err)
 	}
-	switch t.Kind {
-	case "r":
-	case "p":
-		return nil, invalid(pt, "table", "is a partitioned table; row expiry on partitioned tables is not supported yet")
+	switch {
+	case t.Kind == "r" && pt.Partitions != nil:
+		return nil, invalid(pt, "partitions", "the table is not partitioned; a table managed by partition must be created PARTITION BY RANGE (%s) (see the README, \"Partitions\"), or remove the partitions section to expire rows one by one",
+			policy.QuoteIdent(pt.ExpiryColumn()))
+	case t.Kind == "r":
+	case t.Kind == "p" && pt.Partitions == nil:
+		return nil, invalid(pt, "table", "is a partitioned table; add a partitions section to the policy (inboxkeeper retires whole partitions; it does not delete rows one by one from partitioned tables)")
+	case t.Kind == "p":
 	default:
 		return nil, invalid(pt, "table", "is not a table (relkind %s)", t.Kind)
 	}
@@ -189,6 +198,13 @@ FROM pg_attribute WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped`, t.OI
 		t.FirstSeen = &c
 	}
 
+	if t.Partitioned() {
+		// Whole partitions go; no batch walks an expiry index.
+		if err := checkPartitioned(ctx, q, t); err != nil {
+			return nil, err
+		}
+		return t, nil
+	}
 	var indexed bool
 	err = q.QueryRow(ctx, `
 SELECT EXISTS (

@@ -59,7 +59,17 @@ type Table struct {
 	FirstSeen    string // column of the first receipt; "" when not configured
 	ExpiresAt    string // "" when expires_after is used
 	ExpiresAfter *ExpiresAfter
-	Line         int // line of this entry in the file, for messages
+	Partitions   *Partitions // nil: the table is not managed by partition
+	Line         int         // line of this entry in the file, for messages
+}
+
+// Partitions manages a table range-partitioned on its expiry column, one
+// partition per calendar month (UTC).
+type Partitions struct {
+	By                string        // "month", the only one so far
+	Premake           int           // months kept ready beyond now + MaxExpiry
+	MaxExpiry         time.Duration // the furthest ahead of now a new row's expiry column may be
+	DetachedRetention time.Duration // keep a detached partition this long before dropping it
 }
 
 // ExpiresAfter expires a row a fixed time after a timestamp column.
@@ -100,6 +110,14 @@ type rawTable struct {
 	FirstSeen    string           `yaml:"first_seen"`
 	ExpiresAt    string           `yaml:"expires_at"`
 	ExpiresAfter *rawExpiresAfter `yaml:"expires_after"`
+	Partitions   *rawPartitions   `yaml:"partitions"`
+}
+
+type rawPartitions struct {
+	By                string    `yaml:"by"`
+	Premake           *int      `yaml:"premake"`
+	MaxExpiry         *Duration `yaml:"max_expiry"`
+	DetachedRetention *Duration `yaml:"detached_retention"`
 }
 
 type rawExpiresAfter struct {
@@ -297,7 +315,45 @@ func (d *decoder) table(rt rawTable, ctx string, line int) (Table, bool) {
 		}
 		t.ExpiresAfter = &ExpiresAfter{Column: ea.Column, After: time.Duration(ea.After)}
 	}
+	if rp := rt.Partitions; rp != nil {
+		t.Partitions = d.partitions(rp, fail)
+	}
 	return t, len(d.errs) == before
+}
+
+// partitions checks the partitions section. Defaults: premake 3 months,
+// detached partitions kept 7 days; max_expiry has no default, because
+// guessing it short would make inserts fail.
+func (d *decoder) partitions(rp *rawPartitions, fail func(field, format string, args ...any)) *Partitions {
+	p := &Partitions{By: rp.By, Premake: 3, DetachedRetention: 7 * 24 * time.Hour}
+	switch rp.By {
+	case "month":
+	case "":
+		fail("partitions.by", "required: month")
+	default:
+		fail("partitions.by", "%q is not supported; use month", rp.By)
+	}
+	if rp.Premake != nil {
+		p.Premake = *rp.Premake
+		if p.Premake < 1 || p.Premake > 120 {
+			fail("partitions.premake", "must be between 1 and 120 months, not %d", p.Premake)
+		}
+	}
+	switch {
+	case rp.MaxExpiry == nil:
+		fail("partitions.max_expiry", "required: the longest expiry - now a new row may carry (e.g. 60d)")
+	case *rp.MaxExpiry <= 0:
+		fail("partitions.max_expiry", "must be positive")
+	default:
+		p.MaxExpiry = time.Duration(*rp.MaxExpiry)
+	}
+	if rp.DetachedRetention != nil {
+		p.DetachedRetention = time.Duration(*rp.DetachedRetention)
+		if p.DetachedRetention < 0 {
+			fail("partitions.detached_retention", "must not be negative (0 drops at once)")
+		}
+	}
+	return p
 }
 
 func checkColumn(c string) error {

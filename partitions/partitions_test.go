@@ -1,0 +1,631 @@
+package partitions
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/inboxkeeper/inboxkeeper/holds"
+	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
+	"github.com/inboxkeeper/inboxkeeper/internal/policy"
+	"github.com/inboxkeeper/inboxkeeper/migrations"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// t0 is the pinned "now" of most tests.
+var t0 = time.Date(2026, 6, 15, 12, 0, 0, 0, time.UTC)
+
+func pinned(t time.Time) func() time.Time { return func() time.Time { return t } }
+
+// parentDDL is the recommended partitioned layout with no partitions yet.
+const parentDDL = `
+CREATE TABLE public.consumer_inbox (
+    consumer       text        NOT NULL,
+    message_id     text        NOT NULL,
+    event_time     timestamptz,
+    remember_until timestamptz NOT NULL
+) PARTITION BY RANGE (remember_until);
+CREATE INDEX ON public.consumer_inbox (consumer, message_id);`
+
+func policyText(retention string) string {
+	return `tables:
+  - table: public.consumer_inbox
+    key: [consumer, message_id]
+    scope: consumer
+    event_time: event_time
+    expires_at: remember_until
+    partitions:
+      by: month
+      premake: 3
+      max_expiry: 60d
+      detached_retention: ` + retention + "\n"
+}
+
+type fixture struct {
+	pool  *pgxpool.Pool
+	url   string
+	table *catalog.Table
+}
+
+func setup(t *testing.T, ddl, pol string) fixture {
+	t.Helper()
+	ctx := context.Background()
+	pool, url := pgtest.NewPool(t)
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := migrations.Migrate(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	pgtest.Exec(t, pool, ddl)
+	p, err := policy.Parse([]byte(pol), "test.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ct, err := catalog.Resolve(ctx, pool, p.Tables[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fixture{pool: pool, url: url, table: ct}
+}
+
+func (f fixture) manager(opts Options) *Manager {
+	return New(f.pool, []*catalog.Table{f.table}, opts)
+}
+
+func (f fixture) pass(t *testing.T, opts Options) TableResult {
+	t.Helper()
+	res, err := f.manager(opts).RunPass(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res[0].Err != nil {
+		t.Fatalf("pass failed: %v", res[0].Err)
+	}
+	return res[0]
+}
+
+// names lists the partitions of the parent as "name [lower, upper)".
+func (f fixture) names(t *testing.T) []string {
+	t.Helper()
+	parts, err := readPartitions(context.Background(), f.pool, f.table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, p := range parts {
+		out = append(out, fmt.Sprintf("%s [%s, %s)", p.Name, fmtBound(p.Lower), fmtBound(p.Upper)))
+	}
+	return out
+}
+
+func fmtBound(x *time.Time) string {
+	if x == nil {
+		return "∞"
+	}
+	return x.Format("2006-01-02")
+}
+
+func (f fixture) exists(t *testing.T, name string) bool {
+	t.Helper()
+	var ok bool
+	if err := f.pool.QueryRow(context.Background(), "SELECT to_regclass($1) IS NOT NULL", name).Scan(&ok); err != nil {
+		t.Fatal(err)
+	}
+	return ok
+}
+
+func (f fixture) count(t *testing.T, rel, where string, args ...any) int64 {
+	t.Helper()
+	var n int64
+	if err := f.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+rel+" WHERE "+where, args...).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func wantNames(t *testing.T, got []string, want ...string) {
+	t.Helper()
+	if !slices.Equal(got, want) {
+		t.Fatalf("partitions:\n got %s\nwant %s", strings.Join(got, "\n     "), strings.Join(want, "\n     "))
+	}
+}
+
+func TestPremakeFromEmpty(t *testing.T) {
+	t.Parallel()
+	f := setup(t, parentDDL, policyText("0"))
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
+	res := f.pass(t, Options{Clock: pinned(t0), Metrics: m})
+	// now + 60d is in August; three more months make it November.
+	wantNames(t, f.names(t),
+		"consumer_inbox_p202606 [2026-06-01, 2026-07-01)",
+		"consumer_inbox_p202607 [2026-07-01, 2026-08-01)",
+		"consumer_inbox_p202608 [2026-08-01, 2026-09-01)",
+		"consumer_inbox_p202609 [2026-09-01, 2026-10-01)",
+		"consumer_inbox_p202610 [2026-10-01, 2026-11-01)",
+		"consumer_inbox_p202611 [2026-11-01, 2026-12-01)")
+	if len(res.Created) != 6 {
+		t.Fatalf("created %v", res.Created)
+	}
+	wantCoverage := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC).Sub(t0)
+	if res.Coverage != wantCoverage {
+		t.Fatalf("coverage %v, want %v", res.Coverage, wantCoverage)
+	}
+	if got := testutil.ToFloat64(m.Coverage.WithLabelValues("public.consumer_inbox")); got != wantCoverage.Seconds() {
+		t.Fatalf("coverage metric %v, want %v", got, wantCoverage.Seconds())
+	}
+	if got := testutil.ToFloat64(m.MaxExpiry.WithLabelValues("public.consumer_inbox")); got != (60 * 24 * time.Hour).Seconds() {
+		t.Fatalf("max expiry metric %v", got)
+	}
+	if got := testutil.ToFloat64(m.Created.WithLabelValues("public.consumer_inbox")); got != 6 {
+		t.Fatalf("created metric %v", got)
+	}
+
+	// Idempotent: the next pass creates nothing.
+	if res := f.pass(t, Options{Clock: pinned(t0)}); len(res.Created) != 0 {
+		t.Fatalf("second pass created %v", res.Created)
+	}
+	// A month later, one more month is due at the far end.
+	later := t0.AddDate(0, 1, 0)
+	if res := f.pass(t, Options{Clock: pinned(later)}); !slices.Equal(res.Created, []string{"public.consumer_inbox_p202612"}) {
+		t.Fatalf("a month later created %v", res.Created)
+	}
+
+	// Each partition got the parent's index on the key.
+	var idx int
+	if err := f.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_index WHERE indrelid = 'public.consumer_inbox_p202608'::regclass`).Scan(&idx); err != nil || idx != 1 {
+		t.Fatalf("indexes on a new partition: %d, %v", idx, err)
+	}
+}
+
+func TestInsertBeyondCoverageFails(t *testing.T) {
+	t.Parallel()
+	f := setup(t, parentDDL, policyText("0"))
+	res := f.pass(t, Options{Clock: pinned(t0)})
+	pgtest.Exec(t, f.pool, `INSERT INTO public.consumer_inbox VALUES ('c', 'inside', NULL, $1)`, res.CoveredUntil.Add(-time.Second))
+	_, err := f.pool.Exec(context.Background(), `INSERT INTO public.consumer_inbox VALUES ('c', 'beyond', NULL, $1)`, *res.CoveredUntil)
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || pe.Code != "23514" {
+		t.Fatalf("insert beyond coverage: %v, want a check violation (no partition for the row)", err)
+	}
+}
+
+func TestPremakeFillsGaps(t *testing.T) {
+	t.Parallel()
+	f := setup(t, parentDDL+`
+CREATE TABLE public.consumer_inbox_p202606 PARTITION OF public.consumer_inbox FOR VALUES FROM ('2026-06-01 00:00:00+00') TO ('2026-07-01 00:00:00+00');
+-- made by hand, another name, half a month
+CREATE TABLE public.inbox_hand PARTITION OF public.consumer_inbox FOR VALUES FROM ('2026-08-01 00:00:00+00') TO ('2026-08-16 00:00:00+00');
+CREATE TABLE public.consumer_inbox_p202610 PARTITION OF public.consumer_inbox FOR VALUES FROM ('2026-10-01 00:00:00+00') TO ('2026-11-01 00:00:00+00');`, policyText("0"))
+	res := f.pass(t, Options{Clock: pinned(t0)})
+	wantNames(t, f.names(t),
+		"consumer_inbox_p202606 [2026-06-01, 2026-07-01)",
+		"consumer_inbox_p202607 [2026-07-01, 2026-08-01)",
+		"inbox_hand [2026-08-01, 2026-08-16)",
+		"consumer_inbox_p202608 [2026-08-16, 2026-09-01)",
+		"consumer_inbox_p202609 [2026-09-01, 2026-10-01)",
+		"consumer_inbox_p202610 [2026-10-01, 2026-11-01)",
+		"consumer_inbox_p202611 [2026-11-01, 2026-12-01)")
+	if len(res.Created) != 4 {
+		t.Fatalf("created %v", res.Created)
+	}
+}
+
+func TestCoverageStopsAtAGap(t *testing.T) {
+	parts := []Partition{
+		{Lower: ptr(t0.AddDate(0, 0, -20)), Upper: ptr(t0.AddDate(0, 0, 10))},
+		{Lower: ptr(t0.AddDate(0, 0, 10)), Upper: ptr(t0.AddDate(0, 0, 40))},
+		{Lower: ptr(t0.AddDate(0, 0, 50)), Upper: nil},
+	}
+	if got := coveredUntil(parts, t0); !got.Equal(t0.AddDate(0, 0, 40)) {
+		t.Fatalf("covered until %v", got)
+	}
+	if got := coveredUntil(parts, t0.AddDate(0, 0, 55)); got != nil {
+		t.Fatalf("a MAXVALUE partition covers everything, got %v", got)
+	}
+	if got := coveredUntil(parts, t0.AddDate(0, 0, 45)); !got.Equal(t0.AddDate(0, 0, 45)) {
+		t.Fatalf("uncovered now: %v", got)
+	}
+	parts[1].DetachPending = true
+	if got := coveredUntil(parts, t0); !got.Equal(t0.AddDate(0, 0, 10)) {
+		t.Fatalf("a pending detach takes no rows: covered until %v", got)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func TestParseBound(t *testing.T) {
+	for _, c := range []struct {
+		in           string
+		lower, upper string
+		err          bool
+	}{
+		{in: "FOR VALUES FROM ('2026-01-01 00:00:00+00') TO ('2026-02-01 00:00:00+00')", lower: "2026-01-01T00:00:00Z", upper: "2026-02-01T00:00:00Z"},
+		{in: "FOR VALUES FROM ('2026-01-01 00:00:00') TO ('2026-02-01 12:30:00.5')", lower: "2026-01-01T00:00:00Z", upper: "2026-02-01T12:30:00.5Z"},
+		{in: "FOR VALUES FROM (MINVALUE) TO ('2026-02-01 00:00:00+00')", lower: "∞", upper: "2026-02-01T00:00:00Z"},
+		{in: "FOR VALUES FROM ('2026-02-01 00:00:00+00') TO (MAXVALUE)", lower: "2026-02-01T00:00:00Z", upper: "∞"},
+		{in: "DEFAULT", err: true},
+		{in: "FOR VALUES IN ('a')", err: true},
+		{in: "FOR VALUES FROM ('yesterday') TO ('2026-02-01 00:00:00+00')", err: true},
+	} {
+		lo, up, err := parseBound(c.in)
+		if c.err {
+			if err == nil {
+				t.Errorf("%s: no error", c.in)
+			}
+			continue
+		}
+		f := func(x *time.Time) string {
+			if x == nil {
+				return "∞"
+			}
+			return x.Format(time.RFC3339Nano)
+		}
+		if err != nil || f(lo) != c.lower || f(up) != c.upper {
+			t.Errorf("%s: %s %s %v", c.in, f(lo), f(up), err)
+		}
+	}
+}
+
+// insertRows puts n rows of consumer in the month of at.
+func (f fixture) insertRows(t *testing.T, consumer string, n int, at time.Time) {
+	t.Helper()
+	pgtest.Exec(t, f.pool, `INSERT INTO public.consumer_inbox (consumer, message_id, event_time, remember_until)
+SELECT $1, $1 || '-' || i, $2::timestamptz - interval '30 days', $2::timestamptz + i * interval '1 minute' FROM generate_series(1, $3) i`, consumer, at, n)
+}
+
+const mayDDL = parentDDL + `
+CREATE TABLE public.consumer_inbox_p202605 PARTITION OF public.consumer_inbox FOR VALUES FROM ('2026-05-01 00:00:00+00') TO ('2026-06-01 00:00:00+00');`
+
+func TestHoldOnOneScopeKeepsThePartition(t *testing.T) {
+	t.Parallel()
+	f := setup(t, mayDDL, policyText("0"))
+	ctx := context.Background()
+	f.pass(t, Options{Clock: pinned(time.Date(2026, 5, 20, 0, 0, 0, 0, time.UTC))}) // premake
+	f.insertRows(t, "a", 10, time.Date(2026, 5, 10, 0, 0, 0, 0, time.UTC))
+	f.insertRows(t, "b", 10, time.Date(2026, 5, 10, 0, 0, 0, 0, time.UTC))
+	f.insertRows(t, "b", 5, time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC))
+
+	scope := "a"
+	id, err := holds.AddHold(ctx, f.pool, f.table, holds.HoldSpec{Scope: &scope, Reason: "legal", Owner: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
+	res := f.pass(t, Options{Clock: pinned(t0), Metrics: m})
+	if len(res.Detached) != 0 || len(res.Blocked) != 1 || res.Blocked[0].Reason != "hold" || res.Blocked[0].Partition != "public.consumer_inbox_p202605" {
+		t.Fatalf("with a hold: detached %v, blocked %+v", res.Detached, res.Blocked)
+	}
+	if got := testutil.ToFloat64(m.Blocked.WithLabelValues("public.consumer_inbox", "hold")); got != 1 {
+		t.Fatalf("blocked{reason=hold} = %v", got)
+	}
+	// Rows of the other scope in the covered partition are kept too.
+	if n := f.count(t, "public.consumer_inbox", "consumer = 'b' AND remember_until < '2026-06-01'"); n != 10 {
+		t.Fatalf("rows of b kept: %d", n)
+	}
+	if res.CleanupLag != 0 {
+		t.Fatalf("a held partition is not lag: %v", res.CleanupLag)
+	}
+
+	if err := holds.ReleaseHold(ctx, f.pool, id); err != nil {
+		t.Fatal(err)
+	}
+	res = f.pass(t, Options{Clock: pinned(t0), Metrics: m})
+	if !slices.Equal(res.Detached, []string{"public.consumer_inbox_p202605"}) || !slices.Equal(res.Dropped, []string{"public.consumer_inbox_p202605"}) {
+		t.Fatalf("after release: detached %v dropped %v blocked %+v", res.Detached, res.Dropped, res.Blocked)
+	}
+	if f.exists(t, "public.consumer_inbox_p202605") {
+		t.Fatal("the partition still exists")
+	}
+	if n := f.count(t, "public.consumer_inbox", "true"); n != 5 {
+		t.Fatalf("rows left: %d, want the 5 of June", n)
+	}
+	if got := testutil.ToFloat64(m.Blocked.WithLabelValues("public.consumer_inbox", "hold")); got != 0 {
+		t.Fatalf("blocked{reason=hold} after release = %v", got)
+	}
+	if got := testutil.ToFloat64(m.Dropped.WithLabelValues("public.consumer_inbox")); got != 1 {
+		t.Fatalf("dropped metric %v", got)
+	}
+}
+
+func TestReplayKeepsThePartition(t *testing.T) {
+	t.Parallel()
+	f := setup(t, mayDDL, policyText("0"))
+	ctx := context.Background()
+	f.insertRows(t, "a", 3, time.Date(2026, 5, 10, 0, 0, 0, 0, time.UTC))
+	from, to := time.Date(2026, 4, 1, 0, 0, 0, 0, time.UTC), time.Date(2026, 4, 30, 0, 0, 0, 0, time.UTC)
+	id, err := holds.StartReplay(ctx, f.pool, f.table, holds.ReplaySpec{Scope: "a", From: from, To: to, Owner: "test", Force: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := f.pass(t, Options{Clock: pinned(t0)})
+	if len(res.Blocked) != 1 || res.Blocked[0].Reason != "replay" {
+		t.Fatalf("blocked %+v", res.Blocked)
+	}
+	if err := holds.FinishReplay(ctx, f.pool, id); err != nil {
+		t.Fatal(err)
+	}
+	if res := f.pass(t, Options{Clock: pinned(t0)}); len(res.Dropped) != 1 {
+		t.Fatalf("after the replay: %+v", res)
+	}
+}
+
+func TestEmptyPartitionUnderScopedHoldGoes(t *testing.T) {
+	t.Parallel()
+	f := setup(t, mayDDL, policyText("0"))
+	scope := "a"
+	if _, err := holds.AddHold(context.Background(), f.pool, f.table, holds.HoldSpec{Scope: &scope, Reason: "legal", Owner: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	f.insertRows(t, "b", 3, time.Date(2026, 5, 10, 0, 0, 0, 0, time.UTC))
+	if res := f.pass(t, Options{Clock: pinned(t0)}); len(res.Dropped) != 1 {
+		t.Fatalf("a partition with no held row must go: %+v", res)
+	}
+}
+
+func TestDetachedRetentionWithPinnedClock(t *testing.T) {
+	t.Parallel()
+	f := setup(t, mayDDL, policyText("7d"))
+	f.insertRows(t, "a", 3, time.Date(2026, 5, 10, 0, 0, 0, 0, time.UTC))
+	res := f.pass(t, Options{Clock: pinned(t0)})
+	if !slices.Equal(res.Detached, []string{"public.consumer_inbox_p202605"}) || len(res.Dropped) != 0 || len(res.Waiting) != 1 {
+		t.Fatalf("first pass: %+v", res)
+	}
+	// Detached, still a table, no longer seen through the parent.
+	if !f.exists(t, "public.consumer_inbox_p202605") || f.count(t, "public.consumer_inbox", "true") != 0 || f.count(t, "public.consumer_inbox_p202605", "true") != 3 {
+		t.Fatal("the detached partition should exist apart from the parent, rows intact")
+	}
+	if res := f.pass(t, Options{Clock: pinned(t0.Add(7*24*time.Hour - time.Second))}); len(res.Dropped) != 0 {
+		t.Fatalf("dropped before its retention: %+v", res.Dropped)
+	}
+	if res := f.pass(t, Options{Clock: pinned(t0.Add(7 * 24 * time.Hour))}); !slices.Equal(res.Dropped, []string{"public.consumer_inbox_p202605"}) {
+		t.Fatalf("not dropped after its retention: %+v", res)
+	}
+	if f.exists(t, "public.consumer_inbox_p202605") {
+		t.Fatal("still exists")
+	}
+	var detached, dropped time.Time
+	if err := f.pool.QueryRow(context.Background(), `SELECT detached_at, dropped_at FROM inboxkeeper.partitions WHERE partition_name = 'consumer_inbox_p202605'`).Scan(&detached, &dropped); err != nil {
+		t.Fatal(err)
+	}
+	if !detached.Equal(t0) || !dropped.Equal(t0.Add(7*24*time.Hour)) {
+		t.Fatalf("record: detached %v dropped %v", detached, dropped)
+	}
+}
+
+func TestHoldAddedAfterDetachKeepsTheTable(t *testing.T) {
+	t.Parallel()
+	f := setup(t, mayDDL, policyText("1d"))
+	f.insertRows(t, "a", 3, time.Date(2026, 5, 10, 0, 0, 0, 0, time.UTC))
+	f.pass(t, Options{Clock: pinned(t0)})
+	if _, err := holds.AddHold(context.Background(), f.pool, f.table, holds.HoldSpec{Reason: "incident", Owner: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	res := f.pass(t, Options{Clock: pinned(t0.AddDate(0, 0, 2))})
+	if len(res.Dropped) != 0 || len(res.Blocked) != 1 || !res.Blocked[0].Detached || res.Blocked[0].Reason != "hold" {
+		t.Fatalf("a hold on detached rows must keep them: %+v", res)
+	}
+	if !f.exists(t, "public.consumer_inbox_p202605") {
+		t.Fatal("dropped under a hold")
+	}
+}
+
+// A reader that began before the detach keeps DETACH CONCURRENTLY waiting
+// in its second phase; the lock timeout ends the wait with the detach
+// pending, and the next pass finishes it with FINALIZE.
+func TestInterruptedDetachIsFinished(t *testing.T) {
+	t.Parallel()
+	f := setup(t, mayDDL, policyText("0"))
+	ctx := context.Background()
+	f.insertRows(t, "a", 3, time.Date(2026, 5, 10, 0, 0, 0, 0, time.UTC))
+	if _, err := f.manager(Options{Clock: pinned(t0)}).Ensure(ctx); err != nil { // premake only
+		t.Fatal(err)
+	}
+
+	reader, err := pgx.Connect(ctx, f.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Close(ctx)
+	rtx, err := reader.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rtx.Exec(ctx, "SELECT count(*) FROM public.consumer_inbox"); err != nil {
+		t.Fatal(err)
+	}
+	res := f.pass(t, Options{Clock: pinned(t0), MaxRetries: 1})
+	if len(res.Blocked) != 1 || res.Blocked[0].Reason != "lock_timeout" {
+		t.Fatalf("with a reader open: %+v", res)
+	}
+	var pending bool
+	if err := f.pool.QueryRow(ctx, `SELECT inhdetachpending FROM pg_inherits WHERE inhrelid = 'public.consumer_inbox_p202605'::regclass`).Scan(&pending); err != nil || !pending {
+		t.Fatalf("the detach should be pending: %v %v", pending, err)
+	}
+	// Inserts into the parent never waited meanwhile; they do not now.
+	pgtest.Exec(t, f.pool, `INSERT INTO public.consumer_inbox VALUES ('c', 'during', NULL, $1)`, t0.AddDate(0, 0, 1))
+	if err := rtx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	res = f.pass(t, Options{Clock: pinned(t0)})
+	if !slices.Equal(res.Detached, []string{"public.consumer_inbox_p202605"}) || !slices.Equal(res.Dropped, []string{"public.consumer_inbox_p202605"}) {
+		t.Fatalf("next pass: %+v", res)
+	}
+}
+
+// A partition detached by a pass that died before it recorded the end of
+// the detach is still dropped by a later pass.
+func TestDetachRecordedBeforeDeath(t *testing.T) {
+	t.Parallel()
+	f := setup(t, mayDDL, policyText("0"))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	m := f.manager(Options{Clock: pinned(t0)})
+	m.opts.beforeDetach = func(p Partition) {
+		// The detach happens, by someone else's hand, and this pass dies.
+		pgtest.Exec(t, f.pool, fmt.Sprintf("ALTER TABLE public.consumer_inbox DETACH PARTITION %s", p.Ident()))
+		cancel()
+	}
+	m.RunPass(ctx)
+	if !f.exists(t, "public.consumer_inbox_p202605") {
+		t.Fatal("the table should still exist")
+	}
+	res := f.pass(t, Options{Clock: pinned(t0)})
+	if !slices.Equal(res.Dropped, []string{"public.consumer_inbox_p202605"}) {
+		t.Fatalf("next pass: %+v", res)
+	}
+}
+
+func TestHandMadePartitionsWithOtherNames(t *testing.T) {
+	t.Parallel()
+	ddl, err := os.ReadFile("../inbox/testdata/inbox_partitioned.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := setup(t, string(ddl), `tables:
+  - table: public.consumer_inbox
+    key: [consumer, message_id]
+    scope: consumer
+    expires_at: remember_until
+    partitions: {by: month, max_expiry: 30d, detached_retention: 0}
+`)
+	pgtest.Exec(t, f.pool, `INSERT INTO public.consumer_inbox (consumer, message_id, payload_hash, event_time, first_seen_at, remember_until)
+VALUES ('c', 'old', '\x00', now(), now(), '2026-06-30'), ('c', 'new', '\x00', now(), now(), '2026-07-02')`)
+	// p1 runs to 2026-07-01 and p2 to 2030: nothing to make, nothing due.
+	res := f.pass(t, Options{Clock: pinned(t0)})
+	if len(res.Created) != 0 || len(res.Detached) != 0 {
+		t.Fatalf("before July: %+v", res)
+	}
+	if want := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC).Sub(t0); res.Coverage != want {
+		t.Fatalf("coverage %v, want %v", res.Coverage, want)
+	}
+	res = f.pass(t, Options{Clock: pinned(time.Date(2026, 7, 1, 0, 0, 0, 0, time.UTC))})
+	if !slices.Equal(res.Dropped, []string{"public.consumer_inbox_p1"}) {
+		t.Fatalf("on July 1st: %+v", res)
+	}
+	if n := f.count(t, "public.consumer_inbox", "true"); n != 1 {
+		t.Fatalf("rows left %d", n)
+	}
+}
+
+// Two instances working at once (an overlapping cron run) make each month
+// once and retire each partition once, and neither fails.
+func TestTwoInstances(t *testing.T) {
+	t.Parallel()
+	f := setup(t, mayDDL, policyText("0"))
+	f.insertRows(t, "a", 3, time.Date(2026, 5, 10, 0, 0, 0, 0, time.UTC))
+	var wg sync.WaitGroup
+	results := make([][]TableResult, 4)
+	for i := range results {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i], _ = f.manager(Options{Clock: pinned(t0)}).RunPass(context.Background())
+		}()
+	}
+	wg.Wait()
+	created, dropped := 0, 0
+	for i, r := range results {
+		if len(r) != 1 || r[0].Err != nil {
+			t.Fatalf("instance %d: %+v", i, r)
+		}
+		created += len(r[0].Created)
+		dropped += len(r[0].Dropped)
+	}
+	wantNames(t, f.names(t),
+		"consumer_inbox_p202606 [2026-06-01, 2026-07-01)",
+		"consumer_inbox_p202607 [2026-07-01, 2026-08-01)",
+		"consumer_inbox_p202608 [2026-08-01, 2026-09-01)",
+		"consumer_inbox_p202609 [2026-09-01, 2026-10-01)",
+		"consumer_inbox_p202610 [2026-10-01, 2026-11-01)",
+		"consumer_inbox_p202611 [2026-11-01, 2026-12-01)")
+	if created != 6 || dropped != 1 {
+		t.Fatalf("created %d (want 6) and dropped %d (want 1) across instances", created, dropped)
+	}
+}
+
+func TestDryRunChangesNothing(t *testing.T) {
+	t.Parallel()
+	f := setup(t, mayDDL, policyText("0"))
+	f.insertRows(t, "a", 3, time.Date(2026, 5, 10, 0, 0, 0, 0, time.UTC))
+	res := f.pass(t, Options{Clock: pinned(t0), DryRun: true})
+	if len(res.Created) != 6 || !slices.Equal(res.Detached, []string{"public.consumer_inbox_p202605"}) {
+		t.Fatalf("dry run: %+v", res)
+	}
+	wantNames(t, f.names(t), "consumer_inbox_p202605 [2026-05-01, 2026-06-01)")
+}
+
+func TestCatalogRefusals(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := pgtest.NewPool(t)
+	pgtest.Exec(t, pool, `
+CREATE TABLE public.plain (consumer text, message_id text, remember_until timestamptz);
+CREATE TABLE public.by_list (consumer text, message_id text, remember_until timestamptz) PARTITION BY LIST (consumer);
+CREATE TABLE public.other_col (consumer text, message_id text, remember_until timestamptz, t2 timestamptz) PARTITION BY RANGE (t2);
+CREATE TABLE public.with_default (consumer text, message_id text, remember_until timestamptz) PARTITION BY RANGE (remember_until);
+CREATE INDEX ON public.with_default (consumer, message_id);
+CREATE TABLE public.with_default_d PARTITION OF public.with_default DEFAULT;
+CREATE TABLE public.no_key_index (consumer text, message_id text, remember_until timestamptz) PARTITION BY RANGE (remember_until);
+CREATE TABLE public."aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa" (consumer text, message_id text, remember_until timestamptz) PARTITION BY RANGE (remember_until);
+CREATE TABLE public.unmanaged (consumer text, message_id text, remember_until timestamptz) PARTITION BY RANGE (remember_until);`)
+	for _, c := range []struct {
+		table, partitions, want string
+	}{
+		{"public.plain", "{by: month, max_expiry: 1d}", "the table is not partitioned"},
+		{"public.by_list", "{by: month, max_expiry: 1d}", "not by range"},
+		{"public.other_col", "{by: month, max_expiry: 1d}", `partitioned on column "t2"`},
+		{"public.with_default", "{by: month, max_expiry: 1d}", "DEFAULT partition (public.with_default_d)"},
+		{"public.no_key_index", "{by: month, max_expiry: 1d}", `CREATE INDEX ON "public"."no_key_index" ("consumer", "message_id")`},
+		{`public."aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"`, "{by: month, max_expiry: 1d}", "too long"},
+		{"public.unmanaged", "", "add a partitions section"},
+	} {
+		pol := "tables:\n  - table: " + c.table + "\n    key: [consumer, message_id]\n    expires_at: remember_until\n"
+		if c.partitions != "" {
+			pol += "    partitions: " + c.partitions + "\n"
+		}
+		p, err := policy.Parse([]byte(pol), "test.yaml")
+		if err != nil {
+			t.Fatalf("%s: %v", c.table, err)
+		}
+		_, err = catalog.Resolve(ctx, pool, p.Tables[0])
+		if !errors.Is(err, catalog.ErrInvalid) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want %q", c.table, err, c.want)
+		}
+	}
+}
+
+// A timestamp-without-time-zone expiry column gets UTC bounds.
+func TestTimestampWithoutTimeZone(t *testing.T) {
+	t.Parallel()
+	f := setup(t, `
+CREATE TABLE public.consumer_inbox (consumer text, message_id text, event_time timestamp, remember_until timestamp NOT NULL) PARTITION BY RANGE (remember_until);
+CREATE INDEX ON public.consumer_inbox (consumer, message_id);`, policyText("0"))
+	f.pass(t, Options{Clock: pinned(t0)})
+	var bound string
+	if err := f.pool.QueryRow(context.Background(), `SELECT pg_get_expr(relpartbound, oid) FROM pg_class WHERE relname = 'consumer_inbox_p202607'`).Scan(&bound); err != nil {
+		t.Fatal(err)
+	}
+	if bound != "FOR VALUES FROM ('2026-07-01 00:00:00') TO ('2026-08-01 00:00:00')" {
+		t.Fatalf("bound %s", bound)
+	}
+}
