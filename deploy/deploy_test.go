@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
@@ -2010,5 +2011,120 @@ func TestDeployDocumentMentionsEveryFile(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Tiering with the least-privilege roles: the owner's migrate creates the
+// permanent key tables, and the daemon role demotes (in place and from a
+// side table) and deletes with keys, with only the grants role.sql gives.
+func TestRoleScriptTiering(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	bin := inboxkeeperBinary(t)
+	ownerURL := pgtest.NewDatabase(t)
+	owner, err := pgx.Connect(ctx, ownerURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer owner.Close(ctx)
+	pgtest.Exec(t, owner, `
+CREATE TABLE public.inplace (consumer text NOT NULL, message_id text NOT NULL, payload_hash bytea NOT NULL, outcome text,
+  first_seen_at timestamptz, remember_until timestamptz, business_key text, payload text, PRIMARY KEY (consumer, message_id));
+CREATE INDEX ON public.inplace (remember_until);
+CREATE INDEX ON public.inplace (first_seen_at) WHERE payload IS NOT NULL;
+CREATE TABLE public.side (consumer text NOT NULL, message_id text NOT NULL, payload_hash bytea NOT NULL, outcome text,
+  first_seen_at timestamptz, remember_until timestamptz, PRIMARY KEY (consumer, message_id));
+CREATE INDEX ON public.side (remember_until);
+CREATE SCHEMA payloads;
+CREATE TABLE payloads.side_payload (consumer text NOT NULL, message_id text NOT NULL, first_seen_at timestamptz NOT NULL, payload text,
+  PRIMARY KEY (consumer, message_id));
+CREATE INDEX ON payloads.side_payload (first_seen_at);
+INSERT INTO public.inplace SELECT 'c', 'old-' || i, '\x01', 'applied', now() - interval '40 days', now() - interval '1 day', 'bk' || i, 'p' FROM generate_series(1, 10) i;
+INSERT INTO public.inplace SELECT 'c', 'warm-' || i, '\x01', 'applied', now() - interval '5 days', now() + interval '1 day', 'bk' || i, 'p' FROM generate_series(11, 20) i;
+INSERT INTO public.side SELECT consumer, message_id, payload_hash, outcome, first_seen_at, remember_until FROM public.inplace;
+INSERT INTO payloads.side_payload SELECT consumer, message_id, first_seen_at, payload FROM public.inplace;`)
+	policyFile := filepath.Join(t.TempDir(), "inboxkeeper.yaml")
+	if err := os.WriteFile(policyFile, []byte(`tables:
+  - table: public.inplace
+    key: [consumer, message_id]
+    scope: consumer
+    expires_at: remember_until
+    tiers:
+      hot_for: 3d
+      anchor: first_seen_at
+      payload_columns: [payload]
+      permanent_key: {columns: [consumer, business_key], hash: payload_hash}
+  - table: public.side
+    key: [consumer, message_id]
+    expires_at: remember_until
+    tiers:
+      hot_for: 3d
+      anchor: first_seen_at
+      payload_table: payloads.side_payload
+      permanent_key: {columns: [consumer, message_id], table: payloads.side_keys}
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	base := cli{t: t, bin: bin}.with("INBOXKEEPER_POLICY_FILE="+policyFile, "INBOXKEEPER_LOG_FORMAT=json")
+	if out := base.with("INBOXKEEPER_DATABASE_URL=" + ownerURL).ok("migrate"); !strings.Contains(out, "permanent key table payloads.side_keys created for public.side") {
+		t.Errorf("migrate as the owner did not create the key tables:\n%s", out)
+	}
+
+	suffix := fmt.Sprintf("%d_%d", os.Getpid(), time.Now().UnixNano()%1e6)
+	role, operatorRole, consumerRole := "ik_tdaemon_"+suffix, "ik_toperator_"+suffix, "ik_tconsumer_"+suffix
+	daemonUser := "ik_tapp_" + suffix
+	dropRoles(t, ownerURL, daemonUser, operatorRole, consumerRole, role)
+	roles := map[string]string{"role": role, "operator_role": operatorRole, "consumer_role": consumerRole}
+	with := func(vars map[string]string) map[string]string {
+		out := maps.Clone(roles)
+		maps.Copy(out, vars)
+		return out
+	}
+	applyRoleScript(t, owner, with(map[string]string{"table_schema": "public", "table_name": "inplace", "expiry_column": "remember_until",
+		"payload_column": "payload", "keys_schema": "inboxkeeper", "keys_table": "keys_public_inplace"}))
+	applyRoleScript(t, owner, with(map[string]string{"table_schema": "public", "table_name": "side", "expiry_column": "remember_until",
+		"payload_schema": "payloads", "payload_table": "side_payload", "anchor_column": "first_seen_at", "keys_schema": "payloads", "keys_table": "side_keys"}))
+	const password = "deploy-test-password"
+	pgtest.Exec(t, owner, fmt.Sprintf("CREATE ROLE %s LOGIN PASSWORD '%s' IN ROLE %s", daemonUser, password, role))
+	daemonURL := asUser(t, ownerURL, daemonUser, password)
+	daemon := base.with("INBOXKEEPER_DATABASE_URL=" + daemonURL)
+
+	out := daemon.ok("once")
+	for _, want := range []string{"public.inplace: demoted 20 to warm", "public.side: demoted 20 to warm",
+		"public.inplace: deleted 10,", "public.side: deleted 10,"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("once as the daemon role: no %q in\n%s", want, out)
+		}
+	}
+	for sql, want := range map[string]int{
+		"SELECT count(*) FROM public.inplace WHERE payload IS NULL AND outcome = 'applied'": 10,
+		"SELECT count(*) FROM payloads.side_payload":                                        0,
+		"SELECT count(*) FROM inboxkeeper.keys_public_inplace":                              10,
+		"SELECT count(*) FROM payloads.side_keys":                                           10,
+	} {
+		var n int
+		if err := owner.QueryRow(ctx, sql).Scan(&n); err != nil || n != want {
+			t.Errorf("%s: %d (%v), want %d", sql, n, err, want)
+		}
+	}
+	dcfg, err := pgx.ParseConfig(daemonURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dconn, err := pgx.ConnectConfig(ctx, dcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dconn.Close(ctx)
+	for _, sql := range []string{
+		"UPDATE public.inplace SET outcome = 'x'",          // only the payload column
+		"UPDATE public.inplace SET payload_hash = '\\x00'", // never the hash
+		"UPDATE payloads.side_payload SET payload = 'x'",   // deletes, does not rewrite
+		"DELETE FROM inboxkeeper.keys_public_inplace",      // keys are kept
+		"UPDATE payloads.side_keys SET first_seen = now()", // and not changed
+		"CREATE TABLE inboxkeeper.keys_x (i int)",          // creates no table
+		"INSERT INTO payloads.side_payload VALUES ('c', 'x', now(), 'p')",
+	} {
+		expectSQLState(t, dconn, "42501", sql)
 	}
 }

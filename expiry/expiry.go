@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"time"
 
@@ -93,6 +94,7 @@ type TableResult struct {
 	CleanupLag         time.Duration
 	Oldest, Newest     *time.Time // retained expiries after the pass
 	BytesPerKey        float64    // table size with indexes and TOAST per estimated row; 0 when unknown
+	PermanentKeys      int64      // permanent keys written with the deleted rows (tiers.permanent_key)
 	StoppedEarly       string     // non-empty when RUN_TIME, the lease or shutdown ended the pass early
 	Err                error
 
@@ -133,6 +135,15 @@ func New(pool *pgxpool.Pool, tables []*catalog.Table, opts Options) *Deleter {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	// Partitioned parents lose whole partitions (package partitions): ctid
+	// batches do not apply to them.
+	var rowTables []*catalog.Table
+	for _, t := range tables {
+		if !t.Partitioned() {
+			rowTables = append(rowTables, t)
+		}
+	}
+	tables = rowTables
 	if m := opts.Metrics; m != nil {
 		// Every series exists from the start, so that increase() sees the
 		// first error instead of a series appearing at 1.
@@ -361,7 +372,7 @@ func (d *Deleter) waitThrottle(ctx context.Context, deadline time.Time, sizer *t
 func (d *Deleter) batchWithRetry(ctx context.Context, t *catalog.Table, lower pgtype.Timestamptz, size int, sizer *throttle.Sizer, res *TableResult) (int64, time.Time, int, error) {
 	for attempt := 0; ; attempt++ {
 		began := time.Now()
-		n, newest, wal, err := d.batch(ctx, t, lower, size)
+		n, newest, wal, err := d.batch(ctx, t, lower, size, res)
 		if err == nil {
 			sizer.Observe(int(n), time.Since(began))
 			sizer.ObserveWAL(int(n), wal)
@@ -406,7 +417,7 @@ func (d *Deleter) batchWithRetry(ctx context.Context, t *catalog.Table, lower pg
 
 // batch deletes at most BatchSize expired, uncovered rows in one transaction
 // and returns how many it deleted and the newest expiry among them.
-func (d *Deleter) batch(ctx context.Context, t *catalog.Table, lower pgtype.Timestamptz, size int) (n int64, newest time.Time, wal float64, err error) {
+func (d *Deleter) batch(ctx context.Context, t *catalog.Table, lower pgtype.Timestamptz, size int, res *TableResult) (n int64, newest time.Time, wal float64, err error) {
 	tx, err := d.pool.Begin(ctx)
 	if err != nil {
 		return 0, time.Time{}, 0, err
@@ -443,6 +454,7 @@ func (d *Deleter) batch(ctx context.Context, t *catalog.Table, lower pgtype.Time
 	var args holds.Args
 	holdPred, replayPred := cov.Predicates(t, "t", &args)
 	e := "t." + t.Expiry.Quoted
+	keysReturning, keysCTE, keysCount := permanentKeys(t)
 	sql := fmt.Sprintf(`
 WITH victims AS (
   SELECT t.ctid FROM %[1]s t
@@ -452,17 +464,19 @@ WITH victims AS (
   FOR UPDATE OF t SKIP LOCKED
 ), gone AS (
   DELETE FROM %[1]s d WHERE d.ctid = ANY (ARRAY(SELECT ctid FROM victims))
-  RETURNING %[8]s AS expiry
-)
-SELECT count(*), max(expiry) FROM gone`,
+  RETURNING %[8]s AS expiry%[9]s
+)%[10]s
+SELECT count(*), max(expiry), %[11]s FROM gone`,
 		t.Ident, e,
 		t.Expiry.Instant(args.Add(cutoff(t, now))+"::timestamptz"),
 		t.Expiry.Instant(args.Add(lower)+"::timestamptz"),
 		holdPred, replayPred,
 		args.Add(size),
-		t.Expiry.AsTimestamptz("d"))
+		t.Expiry.AsTimestamptz("d"),
+		keysReturning, keysCTE, keysCount)
 	var newestTS pgtype.Timestamptz
-	if err := tx.QueryRow(ctx, sql, args.Values...).Scan(&n, &newestTS); err != nil {
+	var keys int64
+	if err := tx.QueryRow(ctx, sql, args.Values...).Scan(&n, &newestTS, &keys); err != nil {
 		return 0, time.Time{}, 0, err
 	}
 	if d.opts.beforeCommit != nil {
@@ -471,6 +485,7 @@ SELECT count(*), max(expiry) FROM gone`,
 	if err := tx.Commit(ctx); err != nil {
 		return 0, time.Time{}, 0, err
 	}
+	res.PermanentKeys += keys
 	// The WAL the batch wrote (other sessions' writes meanwhile included):
 	// the throttle caps batches in bytes for a slow standby. Without a
 	// throttle nobody needs it, so the round trip is saved.
@@ -480,6 +495,25 @@ SELECT count(*), max(expiry) FROM gone`,
 		}
 	}
 	return n, newestTS.Time, wal, nil
+}
+
+// permanentKeys returns the parts of a batch's DELETE that write the
+// permanent keys of the deleted rows (tiers.permanent_key) in the same
+// statement, so that there is never a moment when neither the row nor its
+// key exists: extra RETURNING columns, a data-modifying CTE reading them, and
+// the count of keys written. Without a permanent key: nothing, and 0.
+func permanentKeys(t *catalog.Table) (returning, cte, count string) {
+	if t.Tiers == nil || t.Tiers.Key == nil {
+		return "", "", "0::bigint"
+	}
+	k := t.Tiers.Key
+	var b strings.Builder
+	for i, c := range k.Columns {
+		fmt.Fprintf(&b, ", d.%s AS pk_%d", c.Quoted, i)
+	}
+	fmt.Fprintf(&b, ", d.%s AS pk_first_seen", k.FirstSeen.Quoted)
+	insert := k.Insert("gone g", func(i int) string { return fmt.Sprintf("g.pk_%d", i) }, "g.pk_first_seen")
+	return b.String(), ", kept AS (\n  " + insert + "\n)", "(SELECT count(*) FROM kept)"
 }
 
 // readTx runs fn in a read-only transaction with the batch timeouts, so that

@@ -57,7 +57,16 @@ type Hold struct {
 	CreatedAt  time.Time
 	ExpiresAt  *time.Time
 	ReleasedAt *time.Time
+	// Blocks is what the hold stops: BlocksAll (demotion and deletion, a
+	// legal hold) or BlocksDelete (deletion only, like a replay marker).
+	Blocks string
 }
+
+// What a hold blocks.
+const (
+	BlocksAll    = "all"    // demotion of the payload and deletion of the row
+	BlocksDelete = "delete" // deletion only: the payload may still be demoted
+)
 
 // Replay marks a scope and event-time range being replayed: its rows must
 // stay until the replay finishes.
@@ -81,6 +90,7 @@ type HoldSpec struct {
 	Reason   string
 	Owner    string
 	Expires  *time.Time
+	Blocks   string // BlocksAll or BlocksDelete; "" means BlocksAll
 }
 
 // ReplaySpec is what `inboxkeeper replay start` asks for.
@@ -148,6 +158,14 @@ func AddHold(ctx context.Context, db Beginner, t *catalog.Table, s HoldSpec) (in
 	if err := checkRange(t, s.From, s.To); err != nil {
 		return 0, err
 	}
+	blocks := s.Blocks
+	switch blocks {
+	case "":
+		blocks = BlocksAll
+	case BlocksAll, BlocksDelete:
+	default:
+		return 0, fmt.Errorf("%w: a hold blocks %q or %q, not %q", ErrInvalid, BlocksDelete, BlocksAll, s.Blocks)
+	}
 	var id int64
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		var scope *string
@@ -159,9 +177,9 @@ func AddHold(ctx context.Context, db Beginner, t *catalog.Table, s HoldSpec) (in
 			scope = &v
 		}
 		if err := tx.QueryRow(ctx, `
-INSERT INTO inboxkeeper.holds (table_name, scope_value, event_from, event_to, reason, owner, expires_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id`,
-			t.Name, scope, s.From, s.To, s.Reason, s.Owner, s.Expires).Scan(&id); err != nil {
+INSERT INTO inboxkeeper.holds (table_name, scope_value, event_from, event_to, reason, owner, expires_at, blocks)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id`,
+			t.Name, scope, s.From, s.To, s.Reason, s.Owner, s.Expires, blocks).Scan(&id); err != nil {
 			return fmt.Errorf("add hold: %w", err)
 		}
 		return fence(ctx, tx)
@@ -246,12 +264,12 @@ func FinishReplay(ctx context.Context, db Querier, id int64) error {
 	return nil
 }
 
-const holdColumns = `id, table_name, scope_value, event_from, event_to, reason, owner, created_at, expires_at, released_at`
+const holdColumns = `id, table_name, scope_value, event_from, event_to, reason, owner, created_at, expires_at, released_at, blocks`
 
 func scanHolds(rows pgx.Rows) ([]Hold, error) {
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Hold, error) {
 		var h Hold
-		err := r.Scan(&h.ID, &h.Table, &h.Scope, &h.From, &h.To, &h.Reason, &h.Owner, &h.CreatedAt, &h.ExpiresAt, &h.ReleasedAt)
+		err := r.Scan(&h.ID, &h.Table, &h.Scope, &h.From, &h.To, &h.Reason, &h.Owner, &h.CreatedAt, &h.ExpiresAt, &h.ReleasedAt, &h.Blocks)
 		return h, err
 	})
 }
@@ -345,6 +363,31 @@ func (c Coverage) Predicates(t *catalog.Table, alias string, args *Args) (hold, 
 		rs = append(rs, coverOne(t, alias, args, &scope, &from, &to))
 	}
 	return orAll(hs), orAll(rs)
+}
+
+// DemotionPredicate returns an SQL expression, over the row alias, that is
+// true when a hold that blocks demotion (BlocksAll, a legal hold) covers the
+// row; "false" when none does. Replay markers and BlocksDelete holds never
+// block demotion: a replay needs the identity, not the payload.
+func (c Coverage) DemotionPredicate(t *catalog.Table, alias string, args *Args) string {
+	var hs []string
+	for _, h := range c.Holds {
+		if h.Blocks == BlocksDelete {
+			continue
+		}
+		hs = append(hs, coverOne(t, alias, args, h.Scope, h.From, h.To))
+	}
+	return orAll(hs)
+}
+
+// BlocksDemotion reports whether any hold blocks demotion.
+func (c Coverage) BlocksDemotion() bool {
+	for _, h := range c.Holds {
+		if h.Blocks != BlocksDelete {
+			return true
+		}
+	}
+	return false
 }
 
 func coverOne(t *catalog.Table, alias string, args *Args, scope *string, from, to *time.Time) string {

@@ -208,3 +208,14 @@ func literal(c catalog.Column, x time.Time) string {
 	}
 	return "'" + s + "'"
 }
+
+// CoveredUntil reads t's partitions and returns the end of the unbroken run
+// of them that starts at now (now itself when no partition holds now; nil
+// when a MAXVALUE partition ends the run).
+func CoveredUntil(ctx context.Context, pool *pgxpool.Pool, t *catalog.Table, now time.Time) (*time.Time, error) {
+	parts, err := readPartitions(ctx, pool, t)
+	if err != nil {
+		return nil, err
+	}
+	return coveredUntil(parts, now), nil
+}

@@ -281,8 +281,18 @@ func (m *Manager) premake(ctx context.Context, t *catalog.Table, now time.Time, 
 				p.Ident(), t.Ident, literal(t.Expiry, g[0]), literal(t.Expiry, g[1]))
 			err = m.retrying(ctx, t, "create "+p.String(), func() error {
 				return m.ddl(ctx, t, "create "+p.String(), func(c *pgxpool.Conn) error {
-					_, err := c.Exec(ctx, sql)
-					return err
+					return pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
+						// The new partition belongs to the parent's owner, as
+						// one made by hand would, when the daemon's role is a
+						// member of it (which creating a partition requires).
+						if _, err := tx.Exec(ctx, `SELECT set_config('role', r.rolname, true)
+FROM pg_class c JOIN pg_roles r ON r.oid = c.relowner
+WHERE c.oid = $1 AND r.rolname <> current_user AND pg_has_role(current_user, r.oid, 'MEMBER')`, t.OID); err != nil {
+							return err
+						}
+						_, err := tx.Exec(ctx, sql)
+						return err
+					})
 				})
 			})
 			if raced(err) {

@@ -22,6 +22,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
 	"github.com/inboxkeeper/inboxkeeper/migrations"
+	"github.com/inboxkeeper/inboxkeeper/tiering"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -627,5 +628,120 @@ CREATE INDEX ON public.consumer_inbox (consumer, message_id);`, policyText("0"))
 	}
 	if bound != "FOR VALUES FROM ('2026-07-01 00:00:00') TO ('2026-08-01 00:00:00')" {
 		t.Fatalf("bound %s", bound)
+	}
+}
+
+// The daemon's role is a member of the role that owns the parent, as the
+// README asks: it can create, detach and drop, and the partitions it makes
+// belong to the parent's owner.
+func TestAsMemberOfTheOwningRole(t *testing.T) {
+	t.Parallel()
+	f := setup(t, mayDDL, policyText("0"))
+	ctx := context.Background()
+	var db string
+	if err := f.pool.QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil {
+		t.Fatal(err)
+	}
+	owner, daemon := "own_"+db, "ik_"+db
+	pgtest.Exec(t, f.pool, fmt.Sprintf(`
+CREATE ROLE %[1]s NOLOGIN;
+CREATE ROLE %[2]s LOGIN IN ROLE %[1]s;
+ALTER TABLE public.consumer_inbox OWNER TO %[1]s;
+ALTER TABLE public.consumer_inbox_p202605 OWNER TO %[1]s;
+GRANT USAGE, CREATE ON SCHEMA public TO %[1]s;
+GRANT USAGE ON SCHEMA inboxkeeper TO %[2]s;
+GRANT SELECT ON inboxkeeper.holds, inboxkeeper.replays TO %[2]s;
+GRANT SELECT, INSERT, UPDATE, DELETE ON inboxkeeper.partitions TO %[2]s;`, owner, daemon))
+	t.Cleanup(func() {
+		pgtest.Exec(t, f.pool, fmt.Sprintf("DROP TABLE public.consumer_inbox; DROP OWNED BY %[1]s, %[2]s; DROP ROLE %[2]s; DROP ROLE %[1]s", owner, daemon))
+	})
+	cfg, err := pgxpool.ParseConfig(f.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.User = daemon
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	f.insertRows(t, "a", 3, time.Date(2026, 5, 10, 0, 0, 0, 0, time.UTC))
+	res, err := New(pool, []*catalog.Table{f.table}, Options{Clock: pinned(t0)}).RunPass(ctx)
+	if err != nil || res[0].Err != nil {
+		t.Fatalf("as %s: %v %+v", daemon, err, res)
+	}
+	if len(res[0].Created) != 6 || len(res[0].Dropped) != 1 {
+		t.Fatalf("as %s: %+v", daemon, res[0])
+	}
+	var owners []string
+	rows, err := f.pool.Query(ctx, `SELECT DISTINCT pg_get_userbyid(c.relowner) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'public.consumer_inbox'::regclass`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if owners, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil || !slices.Equal(owners, []string{owner}) {
+		t.Fatalf("partition owners %v (%v), want %s", owners, err, owner)
+	}
+}
+
+// A policy that keeps a permanent business key: the keys of a retired
+// month are copied out in the transaction that drops it, and stay.
+func TestPermanentKeysSurviveRetirement(t *testing.T) {
+	t.Parallel()
+	f := setup(t, `
+CREATE TABLE public.consumer_inbox (
+    consumer       text        NOT NULL,
+    message_id     text        NOT NULL,
+    business_key   text,
+    payload_hash   bytea,
+    payload        jsonb,
+    event_time     timestamptz,
+    first_seen_at  timestamptz NOT NULL,
+    remember_until timestamptz NOT NULL
+) PARTITION BY RANGE (remember_until);
+CREATE INDEX ON public.consumer_inbox (consumer, message_id);
+CREATE INDEX ON public.consumer_inbox (first_seen_at);
+CREATE TABLE public.consumer_inbox_p202605 PARTITION OF public.consumer_inbox FOR VALUES FROM ('2026-05-01 00:00:00+00') TO ('2026-06-01 00:00:00+00');`, `tables:
+  - table: public.consumer_inbox
+    key: [consumer, message_id]
+    scope: consumer
+    first_seen: first_seen_at
+    expires_at: remember_until
+    partitions: {by: month, max_expiry: 30d, detached_retention: 1d}
+    tiers:
+      hot_for: 72h
+      anchor: first_seen_at
+      payload_columns: [payload]
+      permanent_key: {columns: [consumer, business_key], hash: payload_hash}
+`)
+	ctx := context.Background()
+	if _, err := tiering.EnsureKeyTable(ctx, f.pool, f.table); err != nil {
+		t.Fatal(err)
+	}
+	pgtest.Exec(t, f.pool, `INSERT INTO public.consumer_inbox (consumer, message_id, business_key, payload_hash, first_seen_at, remember_until)
+SELECT 'payments', 'm-' || i, 'payout-' || i, '\x01', '2026-04-01', '2026-05-10' FROM generate_series(1, 5) i`)
+	keys := func() int64 { return f.count(t, f.table.Tiers.Key.Ident, "true") }
+
+	opts := Options{Clock: pinned(t0), CopyKeys: tiering.CopyPermanentKeys}
+	if res := f.pass(t, opts); len(res.Detached) != 1 || len(res.Dropped) != 0 {
+		t.Fatalf("first pass: %+v", res)
+	}
+	if n := keys(); n != 0 {
+		t.Fatalf("%d keys copied before the drop", n)
+	}
+	opts.Clock = pinned(t0.Add(24 * time.Hour))
+	if res := f.pass(t, opts); len(res.Dropped) != 1 {
+		t.Fatalf("second pass: %+v", res)
+	}
+	if n := keys(); n != 5 {
+		t.Fatalf("%d permanent keys after the drop, want 5", n)
+	}
+	var hash []byte
+	var firstSeen time.Time
+	if err := f.pool.QueryRow(ctx, "SELECT payload_hash, first_seen FROM "+f.table.Tiers.Key.Ident+" WHERE business_key = 'payout-3'").Scan(&hash, &firstSeen); err != nil || len(hash) != 1 || hash[0] != 1 {
+		t.Fatalf("key payout-3: %x %v %v", hash, firstSeen, err)
+	}
+	var kept int64
+	if err := f.pool.QueryRow(ctx, "SELECT keys_copied FROM inboxkeeper.partitions WHERE partition_name = 'consumer_inbox_p202605'").Scan(&kept); err != nil || kept != 5 {
+		t.Fatalf("record says %d keys copied (%v)", kept, err)
 	}
 }

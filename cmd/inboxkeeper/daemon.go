@@ -18,6 +18,8 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/lease"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
 	"github.com/inboxkeeper/inboxkeeper/migrations"
+	"github.com/inboxkeeper/inboxkeeper/partitions"
+	"github.com/inboxkeeper/inboxkeeper/tiering"
 )
 
 // daemon is `inboxkeeper run`: passes on a schedule that never overlap, one
@@ -42,6 +44,9 @@ func (a *app) daemon(ctx context.Context, args []string) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := expiry.NewMetrics(reg)
+	tmetrics := tiering.NewMetrics(reg)
+	pmetrics := partitions.NewMetrics(reg)
+	pmetrics.Errors, pmetrics.CleanupLag, pmetrics.LastSuccess = metrics.Errors, metrics.CleanupLag, metrics.LastSuccess
 	dm := daemonmetrics.New(reg, buildVersion())
 	if a.cfg.MetricsAddr != "" {
 		stopServer, err := serveMetrics(a, reg)
@@ -53,6 +58,9 @@ func (a *app) daemon(ctx context.Context, args []string) error {
 
 	pool, tables, err := a.prepareWithRetry(ctx)
 	if err != nil || ctx.Err() != nil {
+		return err
+	}
+	if err := a.ensureKeyTables(ctx, pool, tables); err != nil {
 		return err
 	}
 	th := a.startThrottle(ctx, pool, reg)
@@ -73,9 +81,17 @@ func (a *app) daemon(ctx context.Context, args []string) error {
 
 	d := a.deleter(pool, tables, false, th, metrics, a.progressPrinter())
 	d.SetActive(ls.Check)
+	pm := a.partitionManager(pool, tables, false, th, pmetrics)
+	pm.SetActive(ls.Check)
 	a.log.Info("inboxkeeper: running", "tables", len(tables), "interval", a.cfg.Interval, "schedule", a.cfg.Schedule,
 		"database", config.RedactURL(a.cfg.DatabaseURL), "instance", ls.Name())
-	p := &passer{a: a, pool: pool, d: d, ls: ls, dm: dm, m: metrics}
+	p := &passer{a: a, pool: pool, d: d, pm: pm, ls: ls, dm: dm, m: metrics, pmm: pmetrics,
+		tables: map[string]*catalog.Table{}, scopeIdx: map[string]*expiry.ScopeIndexes{}}
+	for _, t := range tables {
+		p.tables[t.Name] = t
+	}
+	p.dem, p.tm = a.demoter(pool, tables, false, th, tmetrics, metrics.Errors), tmetrics
+	p.dem.SetActive(ls.Check)
 	for {
 		start := time.Now()
 		if err := p.run(ctx); err != nil {
@@ -103,10 +119,19 @@ type passer struct {
 	a         *app
 	pool      *pgxpool.Pool
 	d         *expiry.Deleter
+	pm        *partitions.Manager
+	pmm       *partitions.Metrics
 	ls        *lease.Lease
 	dm        *daemonmetrics.Metrics
 	m         *expiry.Metrics
+	dem       *tiering.Demoter // demotion through the tiers (tiers.go)
+	tm        *tiering.Metrics
 	lastState string
+
+	// Per-scope ranges are measured only where an index makes them cheap;
+	// which indexes exist is looked up once.
+	tables   map[string]*catalog.Table
+	scopeIdx map[string]*expiry.ScopeIndexes
 }
 
 func (p *passer) say(state string, args ...any) {
@@ -154,23 +179,46 @@ func (p *passer) run(ctx context.Context) error {
 	p.dm.Active.Set(1)
 	p.say("active")
 	p.dm.PassesInFlight.Set(1)
+	defer p.dm.PassesInFlight.Set(0)
+	// Partitions first: a missing month makes inserts fail, an expired
+	// row only waits.
+	presults, err := p.pm.RunPass(ctx)
+	if err != nil {
+		return err
+	}
+	// Demotion before deletion: a row due for both loses its payload
+	// first, then goes with its permanent key.
+	tresults, err := p.demote(ctx)
+	if err != nil {
+		return err
+	}
 	results, err := p.d.RunPass(ctx)
-	p.dm.PassesInFlight.Set(0)
 	if err != nil {
 		return err
 	}
 	failed, early := 0, 0
-	for _, r := range results {
+	count := func(err error, stopped string) {
 		switch {
-		case r.Err != nil:
+		case err != nil:
 			failed++
-		case r.StoppedEarly != "":
+		case stopped != "":
 			early++
 		}
+	}
+	for _, r := range presults {
+		count(r.Err, r.StoppedEarly)
+	}
+	for _, r := range results {
+		count(r.Err, r.StoppedEarly)
 		p.record(r)
 	}
+	for _, r := range tresults {
+		count(r.Err, r.StoppedEarly)
+	}
+	p.measureTiers(ctx)
+	total := len(results) + len(presults) + len(tresults)
 	switch {
-	case failed == len(results) && failed > 0:
+	case failed == total && failed > 0:
 		outcome = daemonmetrics.PassFailed
 	case failed > 0 || early > 0:
 		outcome = daemonmetrics.PassPartial
@@ -180,7 +228,7 @@ func (p *passer) run(ctx context.Context) error {
 	if err := p.controlStats(ctx); err != nil && ctx.Err() == nil {
 		p.a.log.Warn("inboxkeeper: read the control schema for metrics", "error", err)
 	}
-	p.a.log.Info("inboxkeeper: pass done", "outcome", outcome, "tables", len(results), "failed", failed,
+	p.a.log.Info("inboxkeeper: pass done", "outcome", outcome, "tables", total, "failed", failed,
 		"duration", time.Since(start).Round(time.Millisecond))
 	return nil
 }
@@ -191,8 +239,12 @@ func (p *passer) run(ctx context.Context) error {
 func (p *passer) inactive() {
 	p.dm.Active.Set(0)
 	for _, g := range []*prometheus.GaugeVec{p.dm.RowsProtected, p.dm.OldestExpiry, p.dm.NewestExpiry, p.dm.BytesPerKey,
-		p.dm.ReplayHorizon, p.dm.PostReceipt, p.dm.Margin, p.dm.ReplaysBeyond, p.m.CleanupLag, p.m.BatchSize} {
+		p.dm.ReplayHorizon, p.dm.PostReceipt, p.dm.Margin, p.dm.ReplaysBeyond, p.m.CleanupLag, p.m.BatchSize,
+		p.pmm.Coverage, p.pmm.Blocked, p.pmm.Count, p.dm.ScopeExpiry, p.dm.ScopeFirstSeen} {
 		g.Reset()
+	}
+	if p.tm != nil {
+		p.tm.TierRows.Reset()
 	}
 }
 
@@ -211,10 +263,47 @@ func (p *passer) record(r expiry.TableResult) {
 		p.dm.NewestExpiry.DeleteLabelValues(r.Table)
 	}
 	if r.BytesPerKey > 0 {
-		p.dm.BytesPerKey.WithLabelValues(r.Table).Set(r.BytesPerKey)
+		p.dm.BytesPerKey.WithLabelValues(r.Table, "all").Set(r.BytesPerKey)
 	} else {
-		p.dm.BytesPerKey.DeleteLabelValues(r.Table) // unknown before the first ANALYZE
+		p.dm.BytesPerKey.DeleteLabelValues(r.Table, "all") // unknown before the first ANALYZE
 	}
+	p.countPermanent(r)
+}
+
+// scopeStats exports the retained range of one scope that has a retention
+// rule: bounded label values, and four index probes per scope.
+func (p *passer) scopeStats(ctx context.Context, table, scope string) error {
+	t := p.tables[table]
+	if t == nil || t.Scope == nil {
+		return nil
+	}
+	si := p.scopeIdx[table]
+	if si == nil {
+		found, err := expiry.FindScopeIndexes(ctx, p.pool, t)
+		if err != nil {
+			return err
+		}
+		si = &found
+		p.scopeIdx[table] = si
+		if !si.Expiry || (t.FirstSeen != nil && !si.FirstSeen) {
+			p.a.log.Info("inboxkeeper: per-scope retained ranges need an index leading with the scope column: without it they would scan the scope every pass",
+				"table", table, "expiry_indexed", si.Expiry, "first_seen_indexed", si.FirstSeen)
+		}
+	}
+	r, err := expiry.ScopeRanges(ctx, p.pool, t, *si, scope)
+	if err != nil {
+		return err
+	}
+	set := func(g *prometheus.GaugeVec, end string, v *time.Time) {
+		if v != nil {
+			g.WithLabelValues(table, scope, end).Set(float64(v.Unix()))
+		}
+	}
+	set(p.dm.ScopeExpiry, "oldest", r.OldestExpiry)
+	set(p.dm.ScopeExpiry, "newest", r.NewestExpiry)
+	set(p.dm.ScopeFirstSeen, "oldest", r.OldestFirstSeen)
+	set(p.dm.ScopeFirstSeen, "newest", r.NewestFirstSeen)
+	return nil
 }
 
 // controlStats exports the installed retention rules (the configured replay
@@ -230,6 +319,8 @@ FROM inboxkeeper.retention_rules`)
 	p.dm.ReplayHorizon.Reset()
 	p.dm.PostReceipt.Reset()
 	p.dm.Margin.Reset()
+	type scoped struct{ table, scope string }
+	var scopes []scoped
 	for rows.Next() {
 		var schema, table, scope string
 		var post, replay *float64
@@ -245,11 +336,22 @@ FROM inboxkeeper.retention_rules`)
 			p.dm.ReplayHorizon.WithLabelValues(name, scope).Set(*replay)
 		}
 		p.dm.Margin.WithLabelValues(name, scope).Set(margin)
+		scopes = append(scopes, scoped{name, scope})
 	}
 	if err := rows.Err(); err != nil {
 		return err
 	}
 	rows.Close()
+	p.dm.ScopeExpiry.Reset()
+	p.dm.ScopeFirstSeen.Reset()
+	for _, s := range scopes {
+		if err := p.scopeStats(ctx, s.table, s.scope); err != nil {
+			if ctx.Err() != nil {
+				return err
+			}
+			p.a.log.Warn("inboxkeeper: per-scope retained range", "table", s.table, "scope", s.scope, "error", err)
+		}
+	}
 	rows, err = p.pool.Query(ctx, `SELECT table_name, count(*) FILTER (WHERE beyond_window)
 FROM inboxkeeper.replays WHERE finished_at IS NULL GROUP BY table_name`)
 	if err != nil {

@@ -127,8 +127,12 @@ func (a *app) hold(ctx context.Context, args []string) error {
 		fs.Var(&from, "from", "only rows whose event time is at or after this (RFC 3339)")
 		fs.Var(&to, "to", "only rows whose event time is before this (RFC 3339)")
 		fs.Var(&expires, "expires", "the hold ends by itself at this time (RFC 3339)")
+		blocks := fs.String("blocks", holds.BlocksAll, "what the hold blocks: all (demotion of the payload and deletion: a legal hold) or delete (deletion only)")
 		if err := parseFlags(fs, args[1:]); err != nil {
 			return err
+		}
+		if *blocks != holds.BlocksAll && *blocks != holds.BlocksDelete {
+			return usagef("hold add: --blocks %q: want delete or all", *blocks)
 		}
 		if fs.NArg() > 0 {
 			return usagef("hold add: unexpected argument %q", fs.Arg(0))
@@ -140,7 +144,7 @@ func (a *app) hold(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		id, err := holds.AddHold(ctx, pool, t, holds.HoldSpec{Scope: scope.v, From: from.t, To: to.t, Reason: *reason, Owner: *owner, Expires: expires.t})
+		id, err := holds.AddHold(ctx, pool, t, holds.HoldSpec{Scope: scope.v, From: from.t, To: to.t, Reason: *reason, Owner: *owner, Expires: expires.t, Blocks: *blocks})
 		if err != nil {
 			return holdErr(err)
 		}
@@ -275,6 +279,9 @@ func describeHold(h holds.Hold) string {
 	}
 	if h.From != nil {
 		fmt.Fprintf(&b, " events [%s, %s)", h.From.UTC().Format(time.RFC3339), h.To.UTC().Format(time.RFC3339))
+	}
+	if h.Blocks == holds.BlocksDelete {
+		b.WriteString(" blocks=delete") // deletion only: the payload may be demoted
 	}
 	fmt.Fprintf(&b, " owner=%q reason=%q since %s", h.Owner, h.Reason, h.CreatedAt.UTC().Format(time.RFC3339))
 	if h.ExpiresAt != nil {

@@ -42,14 +42,15 @@ func main() {
 	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
 }
 
-const usage = `inboxkeeper: delete expired inbox rows safely.
+const usage = `inboxkeeper: forget expired inbox rows safely.
 
 Usage:
   inboxkeeper migrate                 create or upgrade the control schema
   inboxkeeper once [--dry-run]        one pass over every table, then exit
   inboxkeeper run                     the daemon: a pass every INTERVAL or on SCHEDULE
-  inboxkeeper status                  what is due, cleanup lag, holds and replays per table
-  inboxkeeper hold add --table T [--scope V] [--from TIME --to TIME] --reason TEXT --owner NAME [--expires TIME]
+  inboxkeeper status [--json]         what is due, cleanup lag, holds and replays per table; partitions and why they wait
+  inboxkeeper partitions ensure [--dry-run]   create the missing monthly partitions now (retires nothing)
+  inboxkeeper hold add --table T [--scope V] [--from TIME --to TIME] --reason TEXT --owner NAME [--expires TIME] [--blocks delete|all]
   inboxkeeper hold list [--all]
   inboxkeeper hold release ID
   inboxkeeper replay start --table T --scope V --from TIME --to TIME --owner NAME
@@ -125,6 +126,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		cmdErr = a.daemon(ctx, rest)
 	case "status":
 		cmdErr = a.status(ctx, rest)
+	case "partitions":
+		cmdErr = a.partitionsCmd(ctx, rest)
 	case "hold":
 		cmdErr = a.hold(ctx, rest)
 	case "replay":
@@ -282,6 +285,7 @@ func (a *app) migrate(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	a.migrateKeyTables(ctx, conn)
 	if len(applied) == 0 {
 		fmt.Fprintf(a.stdout, "control schema %s is up to date (version %d)\n", migrations.Schema, migrations.Latest())
 		return nil

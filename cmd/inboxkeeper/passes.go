@@ -21,7 +21,9 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/expiry"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/lease"
+	"github.com/inboxkeeper/inboxkeeper/partitions"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
+	"github.com/inboxkeeper/inboxkeeper/tiering"
 )
 
 func newFlags(name string, stderr io.Writer) *flag.FlagSet {
@@ -88,18 +90,30 @@ func (a *app) once(ctx context.Context, args []string) error {
 		th = a.startThrottle(ctx, pool, nil)
 		defer th.Stop()
 	}
+	pm := a.partitionManager(pool, tables, *dryRun, th, nil)
+	pm.SetActive(active)
+	presults, err := pm.RunPass(ctx)
+	failed := printPartitionResults(a.stdout, presults, *dryRun)
+	if err != nil {
+		return fmt.Errorf("pass interrupted: %w", err)
+	}
+	tfailed, tn, err := a.onceDemote(ctx, pool, tables, *dryRun, th, active)
+	failed += tfailed
+	if err != nil {
+		return err
+	}
 	d := a.deleter(pool, tables, *dryRun, th, nil, a.progressPrinter())
 	d.SetActive(active)
 	results, err := d.RunPass(ctx)
 	if isTerminal(a.stderr) {
 		fmt.Fprint(a.stderr, "\r\033[K") // clear the progress bar
 	}
-	failed := printResults(a.stdout, results, *dryRun)
+	failed += printResults(a.stdout, results, *dryRun)
 	if err != nil {
 		return fmt.Errorf("pass interrupted: %w", err)
 	}
 	if failed > 0 {
-		return fmt.Errorf("%d of %d tables failed (see the log)", failed, len(results))
+		return fmt.Errorf("%d of %d tables failed (see the log)", failed, len(results)+len(presults)+tn)
 	}
 	return nil
 }
@@ -221,11 +235,21 @@ func (a *app) status(ctx context.Context, args []string) error {
 	}
 	d := a.deleter(pool, tables, false, nil, nil, nil)
 	for _, t := range tables {
+		if t.Partitioned() {
+			continue
+		}
 		st, err := d.Status(ctx, t)
 		if err != nil {
 			return err
 		}
 		rep.Tables = append(rep.Tables, st)
+	}
+	// A dry-run pass shows what the next one would make, detach and drop.
+	if rep.Partitions, err = a.partitionManager(pool, tables, true, nil, nil).RunPass(ctx); err != nil {
+		return err
+	}
+	if rep.Tiers, err = a.tierStatus(ctx, pool, tables); err != nil {
+		return err
 	}
 	th := throttle.New(pool, a.throttleConfig(), a.log, nil)
 	th.MeasureOnce(ctx)
@@ -234,6 +258,12 @@ func (a *app) status(ctx context.Context, args []string) error {
 	}
 	for _, st := range rep.Tables {
 		writeStatus(a.stdout, st)
+	}
+	for _, r := range rep.Partitions {
+		writePartitionStatus(a.stdout, r)
+	}
+	for _, t := range tables {
+		writeTierStatus(a.stdout, t.Name, rep.Tiers[t.Name])
 	}
 	switch {
 	case rep.InRecovery:
@@ -251,6 +281,8 @@ type statusReport struct {
 	InRecovery bool
 	Lease      *lease.Holder
 	Tables     []expiry.TableStatus
+	Partitions []partitions.TableResult
+	Tiers      map[string]*tiering.Status // tables with tiers, by name
 }
 
 // JSON is the shape of `status --json`: snake_case, durations in seconds,
@@ -261,7 +293,7 @@ func (r statusReport) JSON(th *throttle.Throttler) map[string]any {
 		var holds, replays []map[string]any
 		for _, h := range st.Holds {
 			holds = append(holds, map[string]any{"id": h.ID, "scope": h.Scope, "from": h.From, "to": h.To,
-				"reason": h.Reason, "owner": h.Owner, "created_at": h.CreatedAt, "expires_at": h.ExpiresAt})
+				"reason": h.Reason, "owner": h.Owner, "created_at": h.CreatedAt, "expires_at": h.ExpiresAt, "blocks": h.Blocks})
 		}
 		for _, p := range st.Replays {
 			replays = append(replays, map[string]any{"id": p.ID, "scope": p.Scope, "from": p.From, "to": p.To,
@@ -272,6 +304,9 @@ func (r statusReport) JSON(th *throttle.Throttler) map[string]any {
 			"cleanup_lag_seconds": st.CleanupLag.Seconds(), "oldest_expiry": st.Oldest, "newest_expiry": st.Newest,
 			"holds": holds, "replays": replays,
 		})
+	}
+	for _, r := range r.Partitions {
+		tables = append(tables, partitionJSON(r))
 	}
 	state := th.Check()
 	var signals []map[string]any
@@ -288,6 +323,13 @@ func (r statusReport) JSON(th *throttle.Throttler) map[string]any {
 		"tables":          tables,
 		"throttle":        map[string]any{"throttled": state.Throttled, "kind": state.Kind, "reason": state.Reason, "signals": signals},
 		"active_instance": nil,
+	}
+	if len(r.Tiers) > 0 {
+		tiers := map[string]any{}
+		for name, st := range r.Tiers {
+			tiers[name] = tierJSON(st)
+		}
+		out["tiers"] = tiers
 	}
 	if r.Lease != nil {
 		out["active_instance"] = map[string]any{"holder": r.Lease.Name, "lease_expires_at": r.Lease.ExpiresAt}

@@ -17,6 +17,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
 	"github.com/inboxkeeper/inboxkeeper/internal/redisprobe"
+	"github.com/inboxkeeper/inboxkeeper/partitions"
 	"github.com/inboxkeeper/inboxkeeper/retention"
 )
 
@@ -200,9 +201,46 @@ func (a *app) checkTable(ctx context.Context, pool *pgxpool.Pool, r retention.Ru
 		}
 	}
 	out = append(out, a.checkRows(ctx, pool, r, t))
-	// Partitioned tables are refused by catalog.Resolve for now, so there is
-	// no partition whose retirement could cut a promise short.
-	return append(out, checkLine{"OK", "", "partition coverage: not partitioned"})
+	return append(out, checkCoverage(ctx, pool, r, t)...)
+}
+
+// checkCoverage compares how far ahead the rule writes expiries with the
+// table's partitions: a new row beyond the last partition fails its insert.
+// Retirement cannot cut a promise short (a partition goes only once its
+// upper bound has passed), so coverage is the one thing to check.
+func checkCoverage(ctx context.Context, pool *pgxpool.Pool, r retention.Rule, t *catalog.Table) []checkLine {
+	if !t.Partitioned() {
+		return []checkLine{{"OK", "", "partition coverage: not partitioned"}}
+	}
+	var now time.Time
+	if err := pool.QueryRow(ctx, "SELECT now()").Scan(&now); err != nil {
+		return []checkLine{{"FAIL", "", "partition coverage: read the clock: " + err.Error()}}
+	}
+	// A message first seen now gets at most the longest scenario plus the
+	// margin; a deadline may reach further.
+	ahead := r.Retention
+	if r.Deadline != nil {
+		ahead = max(ahead, r.Deadline.Add(r.Margin).Sub(now))
+	}
+	var out []checkLine
+	if me := t.Policy.Partitions.MaxExpiry; me < ahead {
+		out = append(out, checkLine{"FAIL", "", fmt.Sprintf("partition coverage: partitions.max_expiry %s is shorter than the %s ahead the rule writes; premake will not keep partitions for the newest rows", dur(me), dur(ahead))})
+	} else {
+		out = append(out, checkLine{"OK", "", fmt.Sprintf("partition coverage: partitions.max_expiry %s covers the %s ahead the rule writes", dur(me), dur(ahead))})
+	}
+	until, err := partitions.CoveredUntil(ctx, pool, t, now)
+	switch {
+	case err != nil:
+		out = append(out, checkLine{"FAIL", "", "partition coverage: " + err.Error()})
+	case until == nil:
+		out = append(out, checkLine{"OK", "", "partition coverage: a MAXVALUE partition takes every row"})
+	case until.Sub(now) < ahead:
+		out = append(out, checkLine{"FAIL", "", fmt.Sprintf("partition coverage: the partitions reach %s (%s ahead), the rule writes up to %s ahead: inserts beyond fail; run inboxkeeper partitions ensure",
+			until.UTC().Format(time.RFC3339), dur(until.Sub(now).Round(time.Second)), dur(ahead))})
+	default:
+		out = append(out, checkLine{"OK", "", fmt.Sprintf("partition coverage: the partitions reach %s, beyond the %s the rule writes", until.UTC().Format(time.RFC3339), dur(ahead))})
+	}
+	return out
 }
 
 // rowCap bounds the count, like status does: the check says "more than"

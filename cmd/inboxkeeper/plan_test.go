@@ -14,11 +14,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
 	"github.com/inboxkeeper/inboxkeeper/internal/redisprobe"
 	"github.com/inboxkeeper/inboxkeeper/internal/redisprobe/redistest"
+	"github.com/inboxkeeper/inboxkeeper/migrations"
 	"github.com/inboxkeeper/inboxkeeper/retention"
 )
 
@@ -303,4 +306,58 @@ func TestPlanCheckRedis(t *testing.T) {
 	if strings.Contains(r.output(), "s3cret") {
 		t.Errorf("the password is shown\n%s", r)
 	}
+}
+
+// A partitioned table: the rule writes expiries up to 50d ahead (48d of
+// restore and backlog + 2d margin), so max_expiry and the partitions that
+// exist must reach that far.
+func TestPlanCheckPartitionCoverage(t *testing.T) {
+	t.Parallel()
+	db, url := pgtest.NewPool(t)
+	tables := func(maxExpiry string) string {
+		return `tables:
+  - table: public.consumer_inbox
+    key: [consumer, message_id]
+    scope: consumer
+    event_time: event_time
+    first_seen: first_seen_at
+    expires_at: remember_until
+    partitions: {by: month, max_expiry: ` + maxExpiry + `, premake: 1}
+`
+	}
+	payments := planEntries[:strings.Index(planEntries, "  - scope: masstransit")]
+	e := newPlanEnv(t, tables("30d")+payments)
+	e.cfg.DatabaseURL = url
+	e.cfg.DDLLockTimeout = 100 * time.Millisecond
+	pgtest.Exec(t, db, `
+CREATE TABLE public.consumer_inbox (consumer text NOT NULL, message_id text NOT NULL, event_time timestamptz,
+    first_seen_at timestamptz, remember_until timestamptz NOT NULL) PARTITION BY RANGE (remember_until);
+CREATE INDEX ON public.consumer_inbox (consumer, message_id);
+CREATE TABLE public.consumer_inbox_now PARTITION OF public.consumer_inbox FOR VALUES FROM (now() - interval '1 day') TO (now() + interval '10 days');`)
+	r := e.run("--check")
+	wantExit(t, r, 1)
+	for _, re := range []string{
+		`(?m)^FAIL payments \(public\.consumer_inbox\): partition coverage: partitions\.max_expiry 30d is shorter than the 50d ahead the rule writes`,
+		`(?m)^FAIL payments \(public\.consumer_inbox\): partition coverage: the partitions reach \S+ \(\S+ ahead\), the rule writes up to 50d ahead: inserts beyond fail`,
+	} {
+		if !regexp.MustCompile(re).MatchString(r.stdout) {
+			t.Errorf("output does not match %s\n%s", re, r)
+		}
+	}
+
+	e.write("inboxkeeper.yaml", tables("60d")+payments)
+	f := &fixture{t: t, pool: db, url: url, dir: e.dir, policy: filepath.Join(e.dir, "inboxkeeper.yaml")}
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := migrations.Migrate(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	wantExit(t, f.run("partitions", "ensure"), 0, "created")
+	r = e.run("--check")
+	wantExit(t, r, 0, "OK   payments (public.consumer_inbox): partition coverage: partitions.max_expiry 60d covers the 50d ahead the rule writes",
+		"OK   payments (public.consumer_inbox): partition coverage: the partitions reach ")
 }

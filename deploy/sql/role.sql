@@ -29,6 +29,10 @@
 --            one managed table from the policy file, and its expiry column
 --            (expires_at, or expires_after's column). Run the script once per
 --            table. Without table_name only the control-schema part runs.
+--   payload_column, payload_schema, payload_table, anchor_column,
+--   keys_schema, keys_table
+--            tiering, for a table with a tiers section: see the end of the
+--            script.
 --   role, operator_role, consumer_role
 --            the role names; defaults inboxkeeper, inboxkeeper_operator,
 --            inboxkeeper_consumer.
@@ -118,6 +122,12 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE inboxkeeper.lease TO :"role";
 -- (plan --apply) is the operator's.
 GRANT SELECT ON TABLE inboxkeeper.retention_rules TO :"role";
 
+-- Tables managed by partition: run and once record each detach before it starts
+-- and drop the partition later. (Creating, detaching and dropping partitions
+-- needs ownership of the partitioned table, which no GRANT gives: see the
+-- README, "Partitions", on running the daemon as a member of the owning role.)
+GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE inboxkeeper.partitions TO :"role";
+
 -- Throttle, pg_stat_replication and lock waits: without this the replay
 -- positions in pg_stat_replication and the wait events of other roles' sessions
 -- in pg_stat_activity read as NULL, and those two signals see nothing.
@@ -185,5 +195,31 @@ GRANT SELECT, DELETE ON TABLE :"table_schema".:"table_name" TO :"role";
 -- expiry earlier, moving it later only keeps the row longer, and no other
 -- column can be changed.
 GRANT UPDATE (:"expiry_column") ON TABLE :"table_schema".:"table_name" TO :"role";
+
+-- Tiering (the table's tiers section), each part only when its variables are
+-- set:
+--   payload_column               in place: a payload column the daemon empties
+--                                (SET ... = NULL). Run the script once per column.
+--   payload_schema, payload_table, anchor_column
+--                                side table: the daemon deletes its rows; FOR
+--                                UPDATE SKIP LOCKED needs UPDATE on one column,
+--                                granted on the anchor alone.
+--   keys_schema, keys_table      the permanent key table: every deletion writes
+--                                the deleted rows' keys into it. The daemon does
+--                                not create it (that would need CREATE on the
+--                                schema): `inboxkeeper migrate`, run as the owner
+--                                with the policy file, creates it first.
+\if :{?payload_column}
+GRANT UPDATE (:"payload_column") ON TABLE :"table_schema".:"table_name" TO :"role";
+\endif
+\if :{?payload_table}
+GRANT USAGE ON SCHEMA :"payload_schema" TO :"role";
+GRANT SELECT, DELETE ON TABLE :"payload_schema".:"payload_table" TO :"role";
+GRANT UPDATE (:"anchor_column") ON TABLE :"payload_schema".:"payload_table" TO :"role";
+\endif
+\if :{?keys_table}
+GRANT USAGE ON SCHEMA :"keys_schema" TO :"role";
+GRANT SELECT, INSERT ON TABLE :"keys_schema".:"keys_table" TO :"role";
+\endif
 
 \endif

@@ -66,6 +66,7 @@ type Table struct {
 	Scope     *Column
 	EventTime *Column
 	FirstSeen *Column // the first-receipt column, for the retention rule
+	Tiers     *Tiers  // the tiers section, resolved (tiers.go); nil without one
 }
 
 // HasScope and HasEventTime say whether holds may name a scope or a range.
@@ -196,6 +197,9 @@ FROM pg_attribute WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped`, t.OI
 			return nil, err
 		}
 		t.FirstSeen = &c
+	}
+	if err := resolveTiers(ctx, q, t, cols); err != nil {
+		return nil, err
 	}
 
 	if t.Partitioned() {

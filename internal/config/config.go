@@ -46,6 +46,7 @@ type Config struct {
 	RunTime          time.Duration `envconfig:"RUN_TIME" default:"0s" desc:"stop a pass after this long; 0 means no limit"`
 	LockTimeout      time.Duration `envconfig:"LOCK_TIMEOUT" default:"500ms" desc:"lock_timeout per batch transaction (> 0)"`
 	StatementTimeout time.Duration `envconfig:"STATEMENT_TIMEOUT" default:"30s" desc:"statement_timeout per batch statement (> 0)"`
+	DDLLockTimeout   time.Duration `envconfig:"DDL_LOCK_TIMEOUT" default:"100ms" desc:"lock_timeout of every partition DDL statement: the longest an insert can queue behind one (> 0)"`
 	MetricsAddr      string        `envconfig:"METRICS_ADDR" default:"127.0.0.1:9610" desc:"run: host:port of the /metrics listener; empty disables it"`
 	LogFormat        string        `envconfig:"LOG_FORMAT" default:"text" desc:"log format: text or json"`
 	LogLevel         string        `envconfig:"LOG_LEVEL" default:"info" desc:"log level: debug, info, warn or error"`
@@ -327,7 +328,7 @@ func (c Config) problems() problems {
 			ps.addf(n[field], "%s must not be negative", d)
 		}
 	}
-	for field, d := range map[string]time.Duration{"Interval": c.Interval, "LockTimeout": c.LockTimeout, "StatementTimeout": c.StatementTimeout} {
+	for field, d := range map[string]time.Duration{"Interval": c.Interval, "LockTimeout": c.LockTimeout, "StatementTimeout": c.StatementTimeout, "DDLLockTimeout": c.DDLLockTimeout} {
 		if d <= 0 {
 			ps.addf(n[field], "%s must be greater than 0", d)
 		}

@@ -39,6 +39,7 @@ var defaults = Config{
 	Interval:         time.Minute,
 	LockTimeout:      500 * time.Millisecond,
 	StatementTimeout: 30 * time.Second,
+	DDLLockTimeout:   100 * time.Millisecond,
 	MetricsAddr:      "127.0.0.1:9610",
 	LogFormat:        "text",
 	LogLevel:         "info",
@@ -247,8 +248,8 @@ func TestKnownVariables(t *testing.T) {
 			t.Errorf("missing %s", name)
 		}
 	}
-	if len(got) != 29 {
-		t.Errorf("got %d names, want 29: %v", len(got), got)
+	if len(got) != 30 {
+		t.Errorf("got %d names, want 30: %v", len(got), got)
 	}
 }
 

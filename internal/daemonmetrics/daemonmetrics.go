@@ -1,7 +1,7 @@
 // Package daemonmetrics holds the metrics of the daemon as a whole (which
 // build, whether this instance works, how passes end) and the per-table
 // facts a pass measures besides deleting (protected rows, retained range,
-// bytes per key, the configured horizons).
+// bytes per key by tier, the configured horizons).
 package daemonmetrics
 
 import (
@@ -27,6 +27,8 @@ type Metrics struct {
 	LastPass       prometheus.Gauge
 	RowsProtected  *prometheus.GaugeVec
 	OldestExpiry   *prometheus.GaugeVec
+	ScopeExpiry    *prometheus.GaugeVec // {table, scope, end}
+	ScopeFirstSeen *prometheus.GaugeVec // {table, scope, end}
 	NewestExpiry   *prometheus.GaugeVec
 	BytesPerKey    *prometheus.GaugeVec
 	ReplayHorizon  *prometheus.GaugeVec
@@ -77,8 +79,8 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 		}, []string{"table"}),
 		BytesPerKey: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "inboxkeeper_bytes_per_key",
-			Help: "Table size with indexes and TOAST divided by the planner's row estimate.",
-		}, []string{"table"}),
+			Help: "Storage one key costs, indexes and TOAST included, by tier: all (the table's size divided by the planner's row estimate), and for tables with tiers hot (a row with its payload), warm (a row without) and permanent (one key in the permanent key table).",
+		}, []string{"table", "tier"}),
 		ReplayHorizon: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "inboxkeeper_replay_horizon_seconds",
 			Help: "Installed rule: how long after its event time an identity is remembered (before the margin).",
@@ -91,13 +93,21 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 			Name: "inboxkeeper_retention_margin_seconds",
 			Help: "Installed rule: the safety margin added to every horizon.",
 		}, []string{"table", "scope"}),
+		ScopeExpiry: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "inboxkeeper_scope_retained_expiry_timestamp_seconds",
+			Help: "Per scope with an installed retention rule: the oldest (end=oldest) and newest (end=newest) expiry present. Exported when an index leads with (scope, expiry column).",
+		}, []string{"table", "scope", "end"}),
+		ScopeFirstSeen: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "inboxkeeper_scope_first_seen_timestamp_seconds",
+			Help: "Per scope with an installed retention rule: the first receipt of the oldest (end=oldest) and newest (end=newest) identity retained. Exported when an index leads with (scope, first_seen column).",
+		}, []string{"table", "scope", "end"}),
 		ReplaysBeyond: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "inboxkeeper_replays_beyond_window",
 			Help: "Active replays started with --force although their range reaches past what is remembered.",
 		}, []string{"table"}),
 	}
 	reg.MustRegister(m.BuildInfo, m.Active, m.InRecovery, m.Passes, m.LastPass, m.PassesInFlight, m.RowsProtected,
-		m.OldestExpiry, m.NewestExpiry, m.BytesPerKey, m.ReplayHorizon, m.PostReceipt, m.Margin, m.ReplaysBeyond)
+		m.OldestExpiry, m.NewestExpiry, m.ScopeExpiry, m.ScopeFirstSeen, m.BytesPerKey, m.ReplayHorizon, m.PostReceipt, m.Margin, m.ReplaysBeyond)
 	m.BuildInfo.WithLabelValues(version, runtime.Version()).Set(1)
 	for _, o := range []string{PassOK, PassPartial, PassFailed, PassSkipped} {
 		m.Passes.WithLabelValues(o).Add(0)

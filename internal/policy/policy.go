@@ -60,6 +60,7 @@ type Table struct {
 	ExpiresAt    string // "" when expires_after is used
 	ExpiresAfter *ExpiresAfter
 	Partitions   *Partitions // nil: the table is not managed by partition
+	Tiers        *Tiers      // nil: rows are not demoted (see tiers.go)
 	Line         int         // line of this entry in the file, for messages
 }
 
@@ -111,6 +112,7 @@ type rawTable struct {
 	ExpiresAt    string           `yaml:"expires_at"`
 	ExpiresAfter *rawExpiresAfter `yaml:"expires_after"`
 	Partitions   *rawPartitions   `yaml:"partitions"`
+	Tiers        *rawTiers        `yaml:"tiers"`
 }
 
 type rawPartitions struct {
@@ -317,6 +319,9 @@ func (d *decoder) table(rt rawTable, ctx string, line int) (Table, bool) {
 	}
 	if rp := rt.Partitions; rp != nil {
 		t.Partitions = d.partitions(rp, fail)
+	}
+	if rt.Tiers != nil {
+		t.Tiers = d.tiers(rt.Tiers, t, fail)
 	}
 	return t, len(d.errs) == before
 }

@@ -1,0 +1,197 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/partitions"
+	"github.com/inboxkeeper/inboxkeeper/throttle"
+	"github.com/inboxkeeper/inboxkeeper/tiering"
+)
+
+func (a *app) partitionManager(pool *pgxpool.Pool, tables []*catalog.Table, dryRun bool, th *throttle.Throttler, m *partitions.Metrics) *partitions.Manager {
+	return partitions.New(pool, tables, partitions.Options{
+		LockTimeout:      a.cfg.DDLLockTimeout,
+		StatementTimeout: a.cfg.StatementTimeout,
+		Throttle:         th,
+		DryRun:           dryRun,
+		Logger:           a.log,
+		Metrics:          m,
+		CopyKeys:         tiering.CopyPermanentKeys,
+	})
+}
+
+// partitionsCmd is `inboxkeeper partitions ensure`: create the missing
+// partitions now (before a deploy that writes further ahead, say) without
+// retiring anything.
+func (a *app) partitionsCmd(ctx context.Context, args []string) error {
+	if len(args) == 0 || args[0] != "ensure" {
+		return usagef("partitions: want \"partitions ensure\"")
+	}
+	fs := newFlags("partitions ensure", a.stderr)
+	dryRun := fs.Bool("dry-run", false, "list the partitions that would be created; create nothing")
+	if err := parseFlags(fs, args[1:]); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usagef("partitions ensure: unexpected argument %q", fs.Arg(0))
+	}
+	pool, tables, err := a.prepare(ctx)
+	if err != nil {
+		return err
+	}
+	if standby, err := inRecovery(ctx, pool); err != nil {
+		return err
+	} else if standby {
+		fmt.Fprintln(a.stdout, "the database is a standby (in recovery): nothing to do here; run inboxkeeper against the primary")
+		return nil
+	}
+	m := a.partitionManager(pool, tables, *dryRun, nil, nil)
+	if len(m.Tables()) == 0 {
+		fmt.Fprintln(a.stdout, "no table in the policy has a partitions section")
+		return nil
+	}
+	results, err := m.Ensure(ctx)
+	failed := printPartitionResults(a.stdout, results, *dryRun)
+	if err != nil {
+		return fmt.Errorf("interrupted: %w", err)
+	}
+	if failed > 0 {
+		return fmt.Errorf("%d of %d tables failed (see the log)", failed, len(results))
+	}
+	return nil
+}
+
+// printPartitionResults writes one line per table and returns how many
+// failed.
+func printPartitionResults(w io.Writer, results []partitions.TableResult, dryRun bool) int {
+	would := ""
+	if dryRun {
+		would = "would be "
+	}
+	failed := 0
+	for _, r := range results {
+		line := fmt.Sprintf("%s: partitions %screated %d, %sdetached %d, %sdropped %d, blocked %d, coverage %s, %s",
+			r.Table, would, len(r.Created), would, len(r.Detached), would, len(r.Dropped), len(r.Blocked),
+			coverage(r), r.Duration.Round(time.Millisecond))
+		for _, c := range r.Created {
+			line += "\n  " + would + "created " + c
+		}
+		for _, d := range r.Detached {
+			line += "\n  " + would + "detached " + d
+		}
+		for _, d := range r.Dropped {
+			line += "\n  " + would + "dropped " + d
+		}
+		for _, b := range r.Blocked {
+			line += fmt.Sprintf("\n  waits: %s (%s: %s)", b.Partition, b.Reason, b.Detail)
+		}
+		if r.StoppedEarly != "" {
+			line += "\n  stopped early: " + r.StoppedEarly
+		}
+		if r.Err != nil {
+			failed++
+			line += "\n  FAILED: " + r.Err.Error()
+		}
+		fmt.Fprintln(w, line)
+	}
+	return failed
+}
+
+// coverage spells how far ahead rows can land.
+func coverage(r partitions.TableResult) string {
+	if r.CoveredUntil == nil {
+		return "unbounded (a MAXVALUE partition)"
+	}
+	return fmt.Sprintf("%s (until %s)", days(r.Coverage), r.CoveredUntil.Format(time.RFC3339))
+}
+
+func days(d time.Duration) string {
+	if d >= 48*time.Hour {
+		return fmt.Sprintf("%.1fd", d.Hours()/24)
+	}
+	return d.Round(time.Second).String()
+}
+
+// writePartitionStatus describes a partitioned table for `status`, from a
+// dry-run pass: what exists, what is due and why it waits.
+func writePartitionStatus(w io.Writer, r partitions.TableResult) {
+	fmt.Fprintf(w, "%s (managed by partition)\n", r.Table)
+	if r.Err != nil {
+		fmt.Fprintf(w, "  ERROR: %v\n", r.Err)
+	}
+	fmt.Fprintf(w, "  coverage:                 %s\n", coverage(r))
+	fmt.Fprintf(w, "  cleanup lag:              %s\n", r.CleanupLag.Round(time.Second))
+	if len(r.Created) > 0 {
+		fmt.Fprintf(w, "  missing (next pass makes): %s\n", strings.Join(r.Created, ", "))
+	}
+	fmt.Fprintf(w, "  attached partitions:      %d\n", len(r.Partitions))
+	for _, p := range r.Partitions {
+		state := ""
+		switch {
+		case p.DetachPending:
+			state = " detach pending (the next pass finishes it)"
+		case p.Upper != nil && !p.Upper.After(r.Now):
+			state = " due"
+		}
+		fmt.Fprintf(w, "    %s [%s, %s)%s\n", p, bound(p.Lower), bound(p.Upper), state)
+	}
+	for _, d := range r.Detached {
+		fmt.Fprintf(w, "  next pass detaches:       %s\n", d)
+	}
+	for _, b := range r.Blocked {
+		fmt.Fprintf(w, "  waits:                    %s (%s: %s)\n", b.Partition, b.Reason, b.Detail)
+	}
+	for _, d := range r.Waiting {
+		fmt.Fprintf(w, "  detached, dropped after:  %s at %s\n", policyName(d), d.DropAt.Format(time.RFC3339))
+	}
+	for _, d := range r.Dropped {
+		fmt.Fprintf(w, "  next pass drops:          %s\n", d)
+	}
+}
+
+func policyName(d partitions.Detached) string {
+	return partitions.Partition{Schema: d.Schema, Name: d.Name}.String()
+}
+
+func bound(x *time.Time) string {
+	if x == nil {
+		return "unbounded"
+	}
+	return x.UTC().Format(time.RFC3339)
+}
+
+// partitionJSON is one partitioned table in `status --json`.
+func partitionJSON(r partitions.TableResult) map[string]any {
+	cov := any(r.Coverage.Seconds())
+	if r.CoveredUntil == nil {
+		cov = nil // unbounded: JSON has no infinity
+	}
+	var attached []map[string]any
+	for _, p := range r.Partitions {
+		attached = append(attached, map[string]any{"name": p.String(), "from": p.Lower, "to": p.Upper, "detach_pending": p.DetachPending})
+	}
+	var blocked []map[string]any
+	for _, b := range r.Blocked {
+		blocked = append(blocked, map[string]any{"partition": b.Partition, "reason": b.Reason, "detail": b.Detail, "detached": b.Detached})
+	}
+	var waiting []map[string]any
+	for _, d := range r.Waiting {
+		waiting = append(waiting, map[string]any{"partition": policyName(d), "detached_at": d.DetachedAt, "drop_at": d.DropAt})
+	}
+	out := map[string]any{
+		"table": r.Table, "now": r.Now, "managed_by": "partition",
+		"coverage_seconds": cov, "covered_until": r.CoveredUntil, "cleanup_lag_seconds": r.CleanupLag.Seconds(),
+		"partitions": attached, "missing": r.Created, "due": r.Detached, "blocked": blocked, "detached": waiting,
+	}
+	if r.Err != nil {
+		out["error"] = r.Err.Error()
+	}
+	return out
+}

@@ -1,0 +1,124 @@
+package main
+
+import (
+	"encoding/json"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// A partitioned inbox with one month that expired two months ago (3 rows)
+// and a partition for the current month (1 row). Bounds follow the
+// database clock, which the commands use.
+const (
+	partitionedDDL = `
+CREATE TABLE public.consumer_inbox (
+    consumer       text        NOT NULL,
+    message_id     text        NOT NULL,
+    event_time     timestamptz,
+    remember_until timestamptz NOT NULL
+) PARTITION BY RANGE (remember_until);
+CREATE INDEX ON public.consumer_inbox (consumer, message_id);
+DO $$
+DECLARE m timestamptz := date_trunc('month', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC';
+BEGIN
+  EXECUTE format('CREATE TABLE public.old_month PARTITION OF public.consumer_inbox FOR VALUES FROM (%L) TO (%L)', m - interval '2 months', m - interval '1 month');
+  EXECUTE format('CREATE TABLE public.this_month PARTITION OF public.consumer_inbox FOR VALUES FROM (%L) TO (%L)', m, m + interval '1 month');
+END $$;
+INSERT INTO public.consumer_inbox
+SELECT 'billing', 'old-' || i, NULL, date_trunc('month', now()) - interval '45 days' FROM generate_series(1, 3) i;
+INSERT INTO public.consumer_inbox VALUES ('billing', 'new', NULL, now() + interval '1 minute');`
+
+	partitionedPolicy = `tables:
+  - table: public.consumer_inbox
+    key: [consumer, message_id]
+    scope: consumer
+    expires_at: remember_until
+    partitions:
+      by: month
+      premake: 2
+      max_expiry: 30d
+      detached_retention: 0
+`
+)
+
+func TestPartitionsCommands(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, partitionedDDL, partitionedPolicy, true)
+
+	r := f.run("partitions", "ensure", "--dry-run")
+	wantExit(t, r, 0, "partitions would be created")
+	f.wantCount("partitions after a dry run", 2, "SELECT count(*) FROM pg_inherits WHERE inhparent = 'public.consumer_inbox'::regclass")
+
+	r = f.run("partitions", "ensure")
+	wantExit(t, r, 0, "created public.consumer_inbox_p")
+	// This month exists (by hand); the next 1-2 months for max_expiry, then
+	// premake 2 more.
+	made := f.count("SELECT count(*) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE inhparent = 'public.consumer_inbox'::regclass AND c.relname LIKE 'consumer\\_inbox\\_p%'")
+	if made < 3 || made > 4 {
+		t.Fatalf("ensure made %d partitions\n%s", made, r)
+	}
+	if !regexp.MustCompile(`coverage \d+\.\dd`).MatchString(r.stdout) {
+		t.Fatalf("no coverage in the output\n%s", r)
+	}
+	// ensure retires nothing.
+	f.wantCount("rows after ensure", 4, "SELECT count(*) FROM public.consumer_inbox")
+
+	r = f.run("status")
+	wantExit(t, r, 0, "public.consumer_inbox (managed by partition)", "public.old_month [", " due", "next pass detaches:       public.old_month")
+
+	r = f.run("partitions", "bogus")
+	wantExit(t, r, 2, `want "partitions ensure"`)
+
+	r = f.run("once")
+	wantExit(t, r, 0, "detached 1", "dropped 1", "detached public.old_month", "dropped public.old_month")
+	f.wantCount("rows after once", 1, "SELECT count(*) FROM public.consumer_inbox")
+	f.wantCount("the old month is gone", 0, "SELECT count(*) FROM pg_class WHERE relname = 'old_month'")
+
+	r = f.run("status", "--json")
+	wantExit(t, r, 0)
+	var st struct {
+		Tables []struct {
+			Table     string   `json:"table"`
+			ManagedBy string   `json:"managed_by"`
+			Coverage  *float64 `json:"coverage_seconds"`
+		} `json:"tables"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
+		t.Fatalf("status --json: %v\n%s", err, r)
+	}
+	if len(st.Tables) != 1 || st.Tables[0].ManagedBy != "partition" || st.Tables[0].Coverage == nil || *st.Tables[0].Coverage < 30*86400 {
+		t.Fatalf("status --json: %+v\n%s", st, r)
+	}
+}
+
+func TestPartitionsMetricsInTheDaemon(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, partitionedDDL, partitionedPolicy, true)
+	d := startDaemon(t, f.dir, f.env("INBOXKEEPER_METRICS_ADDR=127.0.0.1:0", "INBOXKEEPER_INTERVAL=1h"), "run")
+	addr := metricsAddr(t, d)
+	d.waitLine(passDone, 30*time.Second)
+	m := httpGet(t, "http://"+addr+"/metrics")
+	cov := metricValue(t, m, `inboxkeeper_partition_coverage_seconds{table="public.consumer_inbox"}`)
+	maxExp := metricValue(t, m, `inboxkeeper_partition_max_expiry_seconds{table="public.consumer_inbox"}`)
+	if maxExp != 30*86400 || cov < maxExp {
+		t.Errorf("coverage %v, max expiry %v\n%s", cov, maxExp, m)
+	}
+	for _, series := range []string{
+		`inboxkeeper_partitions_detached_total{table="public.consumer_inbox"} 1`,
+		`inboxkeeper_partitions_dropped_total{table="public.consumer_inbox"} 1`,
+		`inboxkeeper_partitions_blocked{reason="hold",table="public.consumer_inbox"} 0`,
+		`inboxkeeper_cleanup_lag_seconds{table="public.consumer_inbox"} 0`,
+		`inboxkeeper_partitions{state="detached",table="public.consumer_inbox"} 0`,
+	} {
+		if !strings.Contains(m, series+"\n") {
+			t.Errorf("metrics lack %s\n%s", series, m)
+		}
+	}
+	d.signal(syscall.SIGTERM)
+	if code, _ := d.exit(10 * time.Second); code != 0 {
+		t.Errorf("exit %d\n%s", code, d.log())
+	}
+}

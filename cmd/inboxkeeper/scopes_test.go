@@ -1,0 +1,82 @@
+package main
+
+import (
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Per-scope retained ranges: exported for the scopes with an installed
+// rule, from the (scope, column) indexes; a scope whose table lacks the
+// first-seen index gets only the expiry range.
+func TestScopeRangesInTheDaemon(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, `
+CREATE TABLE public.consumer_inbox (
+    consumer text NOT NULL, message_id text NOT NULL, event_time timestamptz,
+    first_seen_at timestamptz, remember_until timestamptz,
+    PRIMARY KEY (consumer, message_id));
+CREATE INDEX ON public.consumer_inbox (remember_until);
+CREATE INDEX ON public.consumer_inbox (consumer, remember_until);
+CREATE INDEX ON public.consumer_inbox (consumer, first_seen_at);
+INSERT INTO public.consumer_inbox VALUES
+  ('payments', 'p1', NULL, '2026-01-01 00:00Z', now() + interval '1 day'),
+  ('payments', 'p2', NULL, '2026-01-05 00:00Z', now() + interval '5 days'),
+  ('payments', 'gone', NULL, '2025-01-01 00:00Z', now() - interval '1 day'),
+  ('billing', 'b1', NULL, '2026-02-01 00:00Z', now() + interval '2 days'),
+  ('unruled', 'u1', NULL, '2026-02-01 00:00Z', now() + interval '2 days');`, `tables:
+  - table: public.consumer_inbox
+    key: [consumer, message_id]
+    scope: consumer
+    first_seen: first_seen_at
+    expires_at: remember_until
+`, true)
+	pgtest := f.pool
+	if _, err := pgtest.Exec(t.Context(), `INSERT INTO inboxkeeper.retention_rules (schema_name, table_name, scope, post_receipt, margin)
+VALUES ('public', 'consumer_inbox', 'payments', '30 days', '2 days'), ('public', 'consumer_inbox', 'billing', '30 days', '2 days')`); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, f.dir, f.env("INBOXKEEPER_METRICS_ADDR=127.0.0.1:0", "INBOXKEEPER_INTERVAL=1h"), "run")
+	addr := metricsAddr(t, d)
+	d.waitLine(passDone, 30*time.Second)
+	m := httpGet(t, "http://"+addr+"/metrics")
+	var newest float64
+	if err := f.pool.QueryRow(t.Context(), "SELECT extract(epoch FROM remember_until)::bigint FROM public.consumer_inbox WHERE message_id = 'p2'").Scan(&newest); err != nil {
+		t.Fatal(err)
+	}
+	for series, want := range map[string]float64{
+		`inboxkeeper_scope_first_seen_timestamp_seconds{end="oldest",scope="payments",table="public.consumer_inbox"}`:      float64(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).Unix()),
+		`inboxkeeper_scope_first_seen_timestamp_seconds{end="newest",scope="payments",table="public.consumer_inbox"}`:      float64(time.Date(2026, 1, 5, 0, 0, 0, 0, time.UTC).Unix()),
+		`inboxkeeper_scope_first_seen_timestamp_seconds{end="oldest",scope="billing",table="public.consumer_inbox"}`:       float64(time.Date(2026, 2, 1, 0, 0, 0, 0, time.UTC).Unix()),
+		`inboxkeeper_scope_retained_expiry_timestamp_seconds{end="newest",scope="payments",table="public.consumer_inbox"}`: newest,
+	} {
+		if got := metricValue(t, m, series); got != want {
+			t.Errorf("%s = %v, want %v", series, got, want)
+		}
+	}
+	if strings.Contains(m, `scope="unruled"`) {
+		t.Errorf("a scope without a rule got series\n%s", m)
+	}
+	d.signal(syscall.SIGTERM)
+	if code, _ := d.exit(10 * time.Second); code != 0 {
+		t.Errorf("exit %d\n%s", code, d.log())
+	}
+
+	// Without the (scope, first_seen) index only the expiry range is read.
+	if _, err := pgtest.Exec(t.Context(), `DROP INDEX public.consumer_inbox_consumer_first_seen_at_idx`); err != nil {
+		t.Fatal(err)
+	}
+	d = startDaemon(t, f.dir, f.env("INBOXKEEPER_METRICS_ADDR=127.0.0.1:0", "INBOXKEEPER_INTERVAL=1h"), "run")
+	addr = metricsAddr(t, d)
+	d.waitLine(passDone, 30*time.Second)
+	m = httpGet(t, "http://"+addr+"/metrics")
+	if strings.Contains(m, "inboxkeeper_scope_first_seen_timestamp_seconds{") || !strings.Contains(m, `inboxkeeper_scope_retained_expiry_timestamp_seconds{end="oldest",scope="billing"`) {
+		t.Errorf("without the first-seen index\n%s", m)
+	}
+	if !strings.Contains(d.log(), "per-scope retained ranges need an index") {
+		t.Errorf("the log does not say why\n%s", d.log())
+	}
+	d.signal(syscall.SIGTERM)
+	d.exit(10 * time.Second)
+}

@@ -1,0 +1,166 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"testing"
+)
+
+// A tiered inbox, relative to the database clock:
+//   - legal: 5 rows first seen 10 days ago, expired 2 hours ago
+//   - audit: 5 rows the same
+//   - free: 5 rows the same, and 5 first seen 10 days ago that expire in a day
+//   - fresh: 5 rows first seen an hour ago
+const tieredDDL = `
+CREATE TABLE public.inbox (
+    consumer       text        NOT NULL,
+    message_id     text        NOT NULL,
+    payload_hash   bytea       NOT NULL,
+    event_time     timestamptz,
+    first_seen_at  timestamptz,
+    remember_until timestamptz,
+    business_key   text,
+    payload        text,
+    PRIMARY KEY (consumer, message_id)
+);
+CREATE INDEX ON public.inbox (remember_until);
+CREATE INDEX ON public.inbox (first_seen_at) WHERE payload IS NOT NULL;
+INSERT INTO public.inbox
+SELECT c, c || '-' || i, '\x01', now() - interval '10 days', now() - interval '10 days', now() - interval '2 hours', c || '-bk-' || i, 'secret'
+FROM unnest(ARRAY['legal', 'audit', 'free']) c, generate_series(1, 5) i;
+INSERT INTO public.inbox
+SELECT 'free', 'live-' || i, '\x01', now() - interval '10 days', now() - interval '10 days', now() + interval '1 day', 'live-bk-' || i, 'secret'
+FROM generate_series(1, 5) i;
+INSERT INTO public.inbox
+SELECT 'fresh', 'f-' || i, '\x01', now(), now() - interval '1 hour', now() + interval '30 days', 'f-bk-' || i, 'secret'
+FROM generate_series(1, 5) i;`
+
+const tieredPolicy = `tables:
+  - table: public.inbox
+    key: [consumer, message_id]
+    scope: consumer
+    event_time: event_time
+    first_seen: first_seen_at
+    expires_at: remember_until
+    tiers:
+      hot_for: 3d
+      anchor: first_seen_at
+      payload_columns: [payload]
+      permanent_key: {columns: [consumer, business_key], hash: payload_hash}
+`
+
+func TestHoldBlocks(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, tieredDDL, tieredPolicy, true)
+
+	r := f.run("hold", "add", "--table", "public.inbox", "--scope", "legal", "--reason", "r", "--owner", "o", "--blocks", "payload")
+	wantExit(t, r, 2, `--blocks "payload": want delete or all`)
+	f.wantCount("holds after a refused hold", 0, "SELECT count(*) FROM inboxkeeper.holds")
+
+	legal := f.addID("hold", "add", "--table", "public.inbox", "--scope", "legal", "--reason", "litigation", "--owner", "legal")
+	audit := f.addID("hold", "add", "--table", "public.inbox", "--scope", "audit", "--reason", "audit", "--owner", "ops", "--blocks", "delete")
+	r = f.run("hold", "list")
+	wantExit(t, r, 0, "hold "+audit+` on public.inbox scope="audit" blocks=delete owner="ops"`)
+	if strings.Contains(r.stdout, "hold "+legal+` on public.inbox scope="legal" blocks=`) {
+		t.Errorf("a hold that blocks all is listed with blocks=\n%s", r)
+	}
+	f.wantCount("blocks stored", 1, "SELECT count(*) FROM inboxkeeper.holds WHERE blocks = 'delete' AND id = $1::bigint", audit)
+
+	r = f.run("once", "--dry-run")
+	wantExit(t, r, 0, "public.inbox: would demote 15 to warm, payload kept by holds 5, ")
+	wantResult(t, r, "public.inbox", "would delete", 5, 10, 0)
+	f.wantCount("payloads after the dry run", 25, "SELECT count(*) FROM public.inbox WHERE payload IS NOT NULL")
+	f.wantCount("key tables after the dry run", 0, "SELECT count(*) FROM pg_class WHERE relname = 'keys_public_inbox'")
+
+	r = f.run("once")
+	wantExit(t, r, 0, "public.inbox: demoted 15 to warm, payload kept by holds 5, ")
+	wantResult(t, r, "public.inbox", "deleted", 5, 10, 0)
+	f.wantCount("legal payloads", 5, "SELECT count(*) FROM public.inbox WHERE consumer = 'legal' AND payload IS NOT NULL")
+	f.wantCount("audit payloads", 0, "SELECT count(*) FROM public.inbox WHERE consumer = 'audit' AND payload IS NOT NULL")
+	f.wantCount("audit rows", 5, "SELECT count(*) FROM public.inbox WHERE consumer = 'audit'")
+	f.wantCount("fresh payloads", 5, "SELECT count(*) FROM public.inbox WHERE consumer = 'fresh' AND payload IS NOT NULL")
+	f.wantCount("permanent keys", 5, "SELECT count(*) FROM inboxkeeper.keys_public_inbox WHERE consumer = 'free' AND business_key LIKE 'free-bk-%' AND first_seen IS NOT NULL")
+
+	pgtestAnalyze(t, f)
+	r = f.run("status")
+	wantExit(t, r, 0, "public.inbox\n  tiers:                    hot for 3d, payload in place",
+		"due for demotion:       5 (held ones included; holds blocking demotion: 1)", "permanent:              ~5 rows", "in inboxkeeper.keys_public_inbox")
+	r = f.run("status", "--json")
+	wantExit(t, r, 0)
+	var st struct {
+		Tiers map[string]struct {
+			Due   int64              `json:"due"`
+			Rows  map[string]float64 `json:"rows"`
+			Table string             `json:"permanent_key_table"`
+		} `json:"tiers"`
+		Tables []struct {
+			Holds []struct {
+				Blocks string `json:"blocks"`
+			} `json:"holds"`
+		} `json:"tables"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
+		t.Fatalf("status --json: %v\n%s", err, r)
+	}
+	if ti := st.Tiers["public.inbox"]; ti.Due != 5 || ti.Rows["warm"] != 10 || ti.Rows["hot"] != 10 || ti.Table != "inboxkeeper.keys_public_inbox" {
+		t.Errorf("status --json tiers: %+v\n%s", st.Tiers, r)
+	}
+	if len(st.Tables) != 1 || len(st.Tables[0].Holds) != 2 || st.Tables[0].Holds[1].Blocks != "delete" {
+		t.Errorf("status --json holds: %+v", st.Tables)
+	}
+}
+
+func pgtestAnalyze(t *testing.T, f *fixture) {
+	t.Helper()
+	if _, err := f.pool.Exec(t.Context(), "ANALYZE public.inbox; ANALYZE inboxkeeper.keys_public_inbox"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A daemon role that may not create the permanent key table: once exits 2,
+// says what to run, and changes nothing.
+func TestOnceWithoutKeyTablePrivilege(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, tieredDDL, tieredPolicy, true)
+	role := fmt.Sprintf("ik_nokeys_%d", os.Getpid()) // roles are cluster-wide
+	pgtestExecf(t, f, "DROP ROLE IF EXISTS "+role)
+	pgtestExecf(t, f, "CREATE ROLE "+role+" LOGIN PASSWORD 'pw'")
+	t.Cleanup(func() { _, _ = f.pool.Exec(t.Context(), "DROP OWNED BY "+role+"; DROP ROLE "+role) })
+	pgtestExecf(t, f, "GRANT USAGE ON SCHEMA inboxkeeper TO "+role+"; GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA inboxkeeper TO "+role+
+		"; GRANT SELECT, UPDATE, DELETE ON public.inbox TO "+role)
+	r := f.runWith([]string{"INBOXKEEPER_DATABASE_URL=" + asRole(t, f.url, role)}, "once")
+	wantExit(t, r, 2, "permanent key table inboxkeeper.keys_public_inbox of table public.inbox does not exist and cannot be created", "inboxkeeper migrate")
+	f.wantCount("rows after the refused pass", 25, "SELECT count(*) FROM public.inbox WHERE payload IS NOT NULL")
+
+	// migrate, as the owner, creates it; then the role can run.
+	r = f.run("migrate")
+	wantExit(t, r, 0, "permanent key table inboxkeeper.keys_public_inbox created for public.inbox")
+	pgtestExecf(t, f, "GRANT SELECT, INSERT ON inboxkeeper.keys_public_inbox TO "+role)
+	r = f.runWith([]string{"INBOXKEEPER_DATABASE_URL=" + asRole(t, f.url, role)}, "once")
+	wantExit(t, r, 0, "public.inbox: demoted 20 to warm")
+	f.wantCount("permanent keys", 15, "SELECT count(*) FROM inboxkeeper.keys_public_inbox")
+}
+
+// asRole is the connection string url with another user.
+func asRole(t *testing.T, dsn, role string) string {
+	t.Helper()
+	if !strings.Contains(dsn, "://") {
+		return dsn + " user=" + role + " password=pw"
+	}
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.UserPassword(role, "pw")
+	return u.String()
+}
+
+func pgtestExecf(t *testing.T, f *fixture, sql string) {
+	t.Helper()
+	if _, err := f.pool.Exec(t.Context(), sql); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}

@@ -1,0 +1,218 @@
+package policy
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// Tiers demotes rows through storage tiers (issue 5):
+//
+//	tiers:
+//	  hot_for: 72h                         # full row: payload and diagnostics
+//	  anchor: first_seen_at                # the column the hot window counts from
+//	  payload_columns: [payload, headers]  # emptied in place (set to NULL) ...
+//	  payload_table: public.inbox_payload  # ... or rows deleted from a side table
+//	  permanent_key:                       # optional: kept after the row is deleted
+//	    columns: [consumer, business_key]  # the compact business-operation key
+//	    hash: payload_hash                 # optional: kept with it
+//	    table: inboxkeeper.payments_keys   # optional; default inboxkeeper."keys_<schema>_<table>"
+//
+// hot: the full row. warm: the row without its payload. permanent: the key,
+// written when the row is deleted.
+type Tiers struct {
+	HotFor         time.Duration
+	Anchor         string
+	PayloadColumns []string       // in-place layout; nil with PayloadTable
+	PayloadTable   *QualifiedName // side-table layout; nil with PayloadColumns
+	PermanentKey   *PermanentKey  // nil: nothing is kept after deletion
+}
+
+// PermanentKey is the compact key kept after a row is deleted.
+type PermanentKey struct {
+	Columns []string
+	Hash    string        // "" when not kept
+	Table   QualifiedName // where the keys go (the default filled in)
+}
+
+// ControlSchema is the schema of inboxkeeper's own tables (migrations.Schema;
+// repeated here because migrations cannot be imported by this package).
+const ControlSchema = "inboxkeeper"
+
+// FirstSeenColumn is the date column every permanent key table has.
+const FirstSeenColumn = "first_seen"
+
+// DefaultKeyTable is where a table's permanent keys go when the policy names
+// no table: inboxkeeper."keys_<schema>_<table>", within PostgreSQL's 63-byte
+// identifier limit. A longer name is cut and ends in a hash of the whole
+// name, so that two long names do not end up as one table.
+func DefaultKeyTable(t QualifiedName) QualifiedName {
+	name := "keys_" + t.Schema + "_" + t.Name
+	const limit = 63
+	if len(name) > limit {
+		sum := sha256.Sum256([]byte(t.Schema + "\x00" + t.Name))
+		suffix := "_" + hex.EncodeToString(sum[:4])
+		cut := limit - len(suffix)
+		// Do not cut a UTF-8 sequence in half.
+		for cut > 0 && name[cut]&0xC0 == 0x80 {
+			cut--
+		}
+		name = name[:cut] + suffix
+	}
+	return QualifiedName{Schema: ControlSchema, Name: name}
+}
+
+type rawTiers struct {
+	HotFor         *Duration        `yaml:"hot_for"`
+	Anchor         string           `yaml:"anchor"`
+	PayloadColumns []string         `yaml:"payload_columns"`
+	PayloadTable   string           `yaml:"payload_table"`
+	PermanentKey   *rawPermanentKey `yaml:"permanent_key"`
+}
+
+type rawPermanentKey struct {
+	Columns []string `yaml:"columns"`
+	Hash    string   `yaml:"hash"`
+	Table   string   `yaml:"table"`
+}
+
+// tiers checks the tiers section of table t (whose other fields are already
+// decoded) and reports problems through fail.
+func (d *decoder) tiers(rt *rawTiers, t Table, fail func(field, format string, args ...any)) *Tiers {
+	column := func(field, c string) bool {
+		if err := checkColumn(c); err != nil {
+			fail(field, "%v", err)
+			return false
+		}
+		return true
+	}
+	out := &Tiers{Anchor: rt.Anchor}
+	switch {
+	case rt.HotFor == nil:
+		fail("tiers.hot_for", "required: how long a row keeps its payload (e.g. 72h)")
+	case *rt.HotFor <= 0:
+		fail("tiers.hot_for", "must be positive")
+	default:
+		out.HotFor = time.Duration(*rt.HotFor)
+	}
+	if rt.Anchor == "" {
+		fail("tiers.anchor", "required: the timestamp column the hot window counts from (e.g. first_seen_at)")
+	} else {
+		column("tiers.anchor", rt.Anchor)
+	}
+
+	// Columns a demotion must never empty: they identify the row, decide
+	// its expiry, or are what holds match on.
+	reserved := map[string]string{}
+	for i, k := range t.Key {
+		reserved[k] = fmt.Sprintf("key[%d]", i)
+	}
+	for _, c := range []struct{ col, field string }{
+		{t.Scope, "scope"}, {t.EventTime, "event_time"}, {t.FirstSeen, "first_seen"},
+		{t.ExpiryColumn(), "the expiry column"}, {rt.Anchor, "tiers.anchor"},
+	} {
+		if _, dup := reserved[c.col]; c.col != "" && !dup {
+			reserved[c.col] = c.field
+		}
+	}
+	if pk := rt.PermanentKey; pk != nil {
+		for i, c := range pk.Columns {
+			if _, dup := reserved[c]; c != "" && !dup {
+				reserved[c] = fmt.Sprintf("tiers.permanent_key.columns[%d]", i)
+			}
+		}
+	}
+
+	switch {
+	case rt.PayloadColumns != nil && rt.PayloadTable != "":
+		fail("tiers.payload_table", "cannot be combined with payload_columns; use one")
+	case rt.PayloadColumns == nil && rt.PayloadTable == "":
+		fail("tiers", "payload_columns or payload_table is required: where the payload lives")
+	case rt.PayloadTable != "":
+		q, err := ParseQualifiedName(rt.PayloadTable)
+		switch {
+		case err != nil:
+			fail("tiers.payload_table", "%v", err)
+		case q == t.Name:
+			fail("tiers.payload_table", "is the table itself; name the side table that holds the payload, or use payload_columns")
+		default:
+			out.PayloadTable = &q
+		}
+	default:
+		if len(rt.PayloadColumns) == 0 {
+			fail("tiers.payload_columns", "must list at least one column")
+		}
+		for i, c := range rt.PayloadColumns {
+			field := fmt.Sprintf("tiers.payload_columns[%d]", i)
+			if !column(field, c) {
+				continue
+			}
+			if j := slices.Index(rt.PayloadColumns[:i], c); j >= 0 {
+				fail(field, "column %q is already payload_columns[%d]", c, j)
+				continue
+			}
+			if why, ok := reserved[c]; ok {
+				fail(field, "column %q is %s: a demotion must not empty it", c, why)
+			}
+			if pk := rt.PermanentKey; pk != nil && pk.Hash == c {
+				fail(field, "column %q is the permanent key's hash: the payload hash is never demoted separately from the identity it proves", c)
+			}
+		}
+		out.PayloadColumns = rt.PayloadColumns
+	}
+
+	if pk := rt.PermanentKey; pk != nil {
+		out.PermanentKey = d.permanentKey(pk, t, fail)
+	}
+	return out
+}
+
+func (d *decoder) permanentKey(rp *rawPermanentKey, t Table, fail func(field, format string, args ...any)) *PermanentKey {
+	pk := &PermanentKey{Columns: rp.Columns, Hash: rp.Hash}
+	if len(rp.Columns) == 0 {
+		fail("tiers.permanent_key.columns", "required: the columns of the compact key kept after the row is deleted")
+	}
+	clash := func(field, c string) {
+		if c == FirstSeenColumn {
+			fail(field, "column %q clashes with the %s date column every permanent key table has", c, FirstSeenColumn)
+		}
+	}
+	for i, c := range rp.Columns {
+		field := fmt.Sprintf("tiers.permanent_key.columns[%d]", i)
+		if err := checkColumn(c); err != nil {
+			fail(field, "%v", err)
+			continue
+		}
+		if j := slices.Index(rp.Columns[:i], c); j >= 0 {
+			fail(field, "column %q is already columns[%d]", c, j)
+		}
+		clash(field, c)
+	}
+	if rp.Hash != "" {
+		if err := checkColumn(rp.Hash); err != nil {
+			fail("tiers.permanent_key.hash", "%v", err)
+		} else if slices.Contains(rp.Columns, rp.Hash) {
+			fail("tiers.permanent_key.hash", "column %q is already one of the key columns", rp.Hash)
+		}
+		clash("tiers.permanent_key.hash", rp.Hash)
+	}
+	if t.Scope != "" && !slices.Contains(rp.Columns, t.Scope) {
+		clash("scope", t.Scope)
+	}
+	if rp.Table == "" {
+		pk.Table = DefaultKeyTable(t.Name)
+		return pk
+	}
+	q, err := ParseQualifiedName(rp.Table)
+	switch {
+	case err != nil:
+		fail("tiers.permanent_key.table", "%v", err)
+	case q == t.Name:
+		fail("tiers.permanent_key.table", "is the table itself; name a table of its own")
+	default:
+		pk.Table = q
+	}
+	return pk
+}

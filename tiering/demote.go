@@ -1,0 +1,532 @@
+// Package tiering demotes inbox rows through storage tiers: hot (the full
+// row), warm (identity, hash, outcome and timestamps: the payload is gone)
+// and permanent (a compact business key kept after the row is deleted).
+//
+// Demotion runs like the expiry deleter: ordered, index-driven batches on
+// the tiers anchor that advance by keyset, each a short transaction with
+// its own lock and statement timeouts, rows other sessions hold locked
+// skipped, "now" from the database, retries with backoff, and the same
+// throttle. In place it sets the payload columns to NULL; with a side table
+// it deletes the side-table rows. A hold that blocks demotion (a legal hold,
+// --blocks all) keeps the payload; a replay marker and a --blocks delete
+// hold do not, because a replay needs the identity, not the payload.
+//
+// Permanent keys are written by the expiry deleter in the statement that
+// deletes the rows, and by CopyPermanentKeys before a partition is dropped.
+package tiering
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/inboxkeeper/inboxkeeper/expiry"
+	"github.com/inboxkeeper/inboxkeeper/holds"
+	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/throttle"
+)
+
+// Tier names: the values of the tier label.
+const (
+	Hot       = "hot"
+	Warm      = "warm"
+	Permanent = "permanent"
+)
+
+// Options tune a Demoter; zero values get the expiry deleter's defaults.
+type Options struct {
+	BatchSize        int // rows per batch (the starting size with Sizing), default 5000
+	BatchPause       time.Duration
+	LockTimeout      time.Duration // default 500ms
+	StatementTimeout time.Duration // default 30s
+	RunTime          time.Duration // stop a pass after this long; 0 = no limit
+	MaxRetries       int           // default 5
+	DryRun           bool          // count what a pass would demote; change nothing
+	Clock            expiry.Clock  // nil: the database's clock, read once per batch
+	Throttle         *throttle.Throttler
+	Active           func() error // asked before every batch; an error stops the pass
+	Sizing           *expiry.Sizing
+	Logger           *slog.Logger
+	Metrics          *Metrics
+	// Errors is inboxkeeper_errors_total{table,kind}, shared with the
+	// deleter (expiry.Metrics.Errors); may be nil.
+	Errors *prometheus.CounterVec
+
+	// beforeCommit lets tests hold a batch open before its COMMIT.
+	beforeCommit func(table string, n int64)
+}
+
+// Result is what one pass did to one table.
+type Result struct {
+	Table            string
+	Tier             string // the tier rows went to: warm
+	Demoted          int64  // with DryRun: rows that would be demoted
+	ProtectedByHolds int64  // rows due for demotion that a hold blocking demotion keeps hot
+	Batches          int
+	Retries          int
+	Duration         time.Duration
+	StoppedEarly     string // non-empty when RUN_TIME, the lease or a lock wait ended the pass early
+	Err              error
+}
+
+// errLockWait marks a batch cancelled because a session waited on its locks.
+var errLockWait = errors.New("a session waited on a lock this demotion batch held; batch cancelled and rolled back")
+
+// Demoter runs demotion passes over the tables that have a tiers section.
+type Demoter struct {
+	pool   *pgxpool.Pool
+	tables []*catalog.Table
+	opts   Options
+	log    *slog.Logger
+
+	mu     sync.Mutex
+	sizers map[string]*throttle.Sizer
+}
+
+// New returns a Demoter for the tables of tables that have tiers.
+func New(pool *pgxpool.Pool, tables []*catalog.Table, opts Options) *Demoter {
+	if opts.BatchSize <= 0 {
+		opts.BatchSize = 5000
+	}
+	if opts.LockTimeout <= 0 {
+		opts.LockTimeout = 500 * time.Millisecond
+	}
+	if opts.StatementTimeout <= 0 {
+		opts.StatementTimeout = 30 * time.Second
+	}
+	if opts.MaxRetries <= 0 {
+		opts.MaxRetries = 5
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	d := &Demoter{pool: pool, opts: opts, log: log, sizers: map[string]*throttle.Sizer{}}
+	for _, t := range tables {
+		if t.Tiers == nil {
+			continue
+		}
+		d.tables = append(d.tables, t)
+		if m := opts.Metrics; m != nil {
+			m.RowsDemoted.WithLabelValues(t.Name, Warm).Add(0)
+			if t.Tiers.Key != nil {
+				m.RowsDemoted.WithLabelValues(t.Name, Permanent).Add(0)
+			}
+		}
+	}
+	return d
+}
+
+// Tables are the tables this Demoter works on.
+func (d *Demoter) Tables() []*catalog.Table { return d.tables }
+
+// SetActive sets Options.Active after construction.
+func (d *Demoter) SetActive(f func() error) { d.opts.Active = f }
+
+// RunPass demotes what is due in every tiered table, in policy order. A
+// failure on one table is recorded in its result and the pass goes on; the
+// error is non-nil only when ctx ended the pass.
+func (d *Demoter) RunPass(ctx context.Context) ([]Result, error) {
+	var deadline time.Time
+	if d.opts.RunTime > 0 {
+		deadline = time.Now().Add(d.opts.RunTime)
+	}
+	var out []Result
+	for _, t := range d.tables {
+		if err := ctx.Err(); err != nil {
+			return out, err
+		}
+		r := d.runTable(ctx, t, deadline)
+		out = append(out, r)
+		if errors.Is(r.Err, errLockWait) {
+			r := &out[len(out)-1]
+			r.StoppedEarly, r.Err = "a session waited on a lock the daemon held", nil
+			break
+		}
+	}
+	return out, ctx.Err()
+}
+
+func (d *Demoter) runTable(ctx context.Context, t *catalog.Table, deadline time.Time) Result {
+	start := time.Now()
+	res := Result{Table: t.Name, Tier: Warm}
+	if d.opts.DryRun {
+		res.Err = d.readTx(ctx, func(tx pgx.Tx) error { return d.count(ctx, tx, t, &res, true) })
+	} else {
+		res.Err = d.demoteAll(ctx, t, deadline, &res)
+		if res.Err == nil {
+			res.Err = d.readTx(ctx, func(tx pgx.Tx) error { return d.count(ctx, tx, t, &res, false) })
+		}
+	}
+	res.Duration = time.Since(start)
+	log := d.log.With("table", t.Name)
+	if res.Err != nil {
+		if ctx.Err() != nil {
+			res.StoppedEarly = "shutdown"
+		}
+		log.Error("tiering: table failed", "error", res.Err, "demoted", res.Demoted, "batches", res.Batches)
+		return res
+	}
+	log.Info("tiering: table done", "demoted", res.Demoted, "tier", res.Tier, "protected_by_holds", res.ProtectedByHolds,
+		"batches", res.Batches, "dry_run", d.opts.DryRun, "duration", res.Duration.Round(time.Millisecond), "stopped_early", res.StoppedEarly)
+	return res
+}
+
+func (d *Demoter) sizer(t *catalog.Table) *throttle.Sizer {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s := d.sizers[t.Name]
+	if s == nil {
+		if z := d.opts.Sizing; z != nil {
+			s = throttle.NewSizer(d.opts.BatchSize, z.Min, z.Max, z.Target)
+		} else {
+			s = throttle.NewSizer(d.opts.BatchSize, d.opts.BatchSize, d.opts.BatchSize, 0)
+		}
+		d.sizers[t.Name] = s
+	}
+	return s
+}
+
+func (d *Demoter) pinned() *time.Time {
+	if d.opts.Clock == nil {
+		return nil
+	}
+	t := d.opts.Clock()
+	return &t
+}
+
+func (d *Demoter) demoteAll(ctx context.Context, t *catalog.Table, deadline time.Time, res *Result) error {
+	lower := pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
+	sizer := d.sizer(t)
+	for {
+		if !deadline.IsZero() && time.Now().After(deadline) {
+			res.StoppedEarly = "run time reached"
+			return nil
+		}
+		if d.opts.Active != nil {
+			if err := d.opts.Active(); err != nil {
+				res.StoppedEarly = err.Error()
+				return nil
+			}
+		}
+		if stop, err := d.waitThrottle(ctx, deadline, sizer); err != nil || stop != "" {
+			res.StoppedEarly = stop
+			return err
+		}
+		size := sizer.Size()
+		if d.opts.Throttle != nil {
+			size = sizer.Capped(d.opts.Throttle.BatchBytesCap())
+		}
+		n, newest, size, err := d.batchWithRetry(ctx, t, lower, size, sizer, res)
+		if err != nil {
+			return err
+		}
+		d.log.Debug("tiering: batch", "table", t.Name, "demoted", n, "newest_anchor", newest)
+		if n > 0 {
+			res.Demoted += n
+			res.Batches++
+			lower = pgtype.Timestamptz{Time: newest, Valid: true}
+		}
+		if n < int64(size) {
+			return nil
+		}
+		if d.opts.BatchPause > 0 {
+			if err := sleep(ctx, d.opts.BatchPause); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func (d *Demoter) waitThrottle(ctx context.Context, deadline time.Time, sizer *throttle.Sizer) (string, error) {
+	if d.opts.Throttle == nil {
+		return "", nil
+	}
+	wctx := ctx
+	if !deadline.IsZero() {
+		var cancel context.CancelFunc
+		wctx, cancel = context.WithDeadline(ctx, deadline)
+		defer cancel()
+	}
+	st, err := d.opts.Throttle.Wait(wctx)
+	if st.Throttled && throttle.Backlog(st.Kind) {
+		sizer.Pressure()
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return "", ctx.Err()
+		}
+		return "run time reached while throttled (" + d.opts.Throttle.Check().Reason + ")", nil
+	}
+	return "", nil
+}
+
+func (d *Demoter) batchWithRetry(ctx context.Context, t *catalog.Table, lower pgtype.Timestamptz, size int, sizer *throttle.Sizer, res *Result) (int64, time.Time, int, error) {
+	for attempt := 0; ; attempt++ {
+		began := time.Now()
+		n, newest, wal, err := d.batch(ctx, t, lower, size)
+		if err == nil {
+			sizer.Observe(int(n), time.Since(began))
+			sizer.ObserveWAL(int(n), wal)
+			if m := d.opts.Metrics; m != nil && n > 0 {
+				m.RowsDemoted.WithLabelValues(t.Name, Warm).Add(float64(n))
+			}
+			return n, newest, size, nil
+		}
+		if ctx.Err() != nil {
+			return 0, time.Time{}, size, ctx.Err()
+		}
+		kind := expiry.ErrorKind(err)
+		if errors.Is(err, errLockWait) {
+			kind = "lock_wait"
+		}
+		if d.opts.Errors != nil {
+			d.opts.Errors.WithLabelValues(t.Name, kind).Inc()
+		}
+		switch kind {
+		case "lock_wait":
+			sizer.Pressure()
+			return 0, time.Time{}, size, err
+		case "lock_timeout", "statement_timeout", "deadlock":
+			sizer.Pressure()
+			size = sizer.Size()
+		}
+		if !retryable(kind) || attempt >= d.opts.MaxRetries {
+			return 0, time.Time{}, size, fmt.Errorf("demotion batch (%s, after %d retries): %w", kind, attempt, err)
+		}
+		res.Retries++
+		wait := backoff(attempt)
+		d.log.Warn("tiering: batch failed, retrying", "table", t.Name, "kind", kind, "attempt", attempt+1, "wait", wait, "error", err)
+		if err := sleep(ctx, wait); err != nil {
+			return 0, time.Time{}, size, err
+		}
+	}
+}
+
+// cutoff is the newest anchor value that is out of the hot tier at now.
+func cutoff(t *catalog.Table, now time.Time) time.Time { return now.Add(-t.Tiers.HotFor) }
+
+// batch demotes at most size due rows no blocking hold covers, in one
+// transaction, and returns how many and the newest anchor among them.
+func (d *Demoter) batch(ctx context.Context, t *catalog.Table, lower pgtype.Timestamptz, size int) (n int64, newest time.Time, wal float64, err error) {
+	tx, err := d.pool.Begin(ctx)
+	if err != nil {
+		return 0, time.Time{}, 0, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if d.opts.Throttle != nil {
+		done, blocked := d.opts.Throttle.Watch(tx.Conn().PgConn().PID())
+		defer func() {
+			done()
+			if err != nil && blocked() {
+				err = fmt.Errorf("%w (%v)", errLockWait, err)
+			}
+		}()
+	}
+	if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true),
+       set_config('plan_cache_mode', 'force_custom_plan', true)`,
+		millis(d.opts.LockTimeout), millis(d.opts.StatementTimeout)); err != nil {
+		return 0, time.Time{}, 0, err
+	}
+	// The fence, as in the deleter: taken before the holds are read, so a
+	// hold whose writer we waited for is in this batch's snapshot.
+	var now time.Time
+	var walStart string
+	if err := tx.QueryRow(ctx, "SELECT coalesce($1::timestamptz, now()), pg_advisory_xact_lock_shared($2)::text, pg_current_wal_insert_lsn()::text",
+		d.pinned(), holds.FenceKey).Scan(&now, new(string), &walStart); err != nil {
+		return 0, time.Time{}, 0, err
+	}
+	cov, err := holds.Active(ctx, tx, t.Name, now)
+	if err != nil {
+		return 0, time.Time{}, 0, err
+	}
+	var args holds.Args
+	sql := demoteSQL(t, cov, &args, cutoff(t, now), lower, size)
+	var newestTS pgtype.Timestamptz
+	if err := tx.QueryRow(ctx, sql, args.Values...).Scan(&n, &newestTS); err != nil {
+		return 0, time.Time{}, 0, err
+	}
+	if d.opts.beforeCommit != nil {
+		d.opts.beforeCommit(t.Name, n)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, time.Time{}, 0, err
+	}
+	if d.opts.Throttle != nil {
+		if err := d.pool.QueryRow(ctx, "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::pg_lsn)::float8", walStart).Scan(&wal); err != nil {
+			wal = 0
+		}
+	}
+	return n, newestTS.Time, wal, nil
+}
+
+// due is the SQL condition, over the alias of the relation demotion walks
+// (the table in place, the side table otherwise), of a row due for
+// demotion at cutoff and at or after lower, and not yet demoted; and the
+// anchor column there.
+func due(t *catalog.Table, alias string, args *holds.Args, cut time.Time, lower pgtype.Timestamptz) (cond string, anchor string) {
+	ti := t.Tiers
+	a := alias + "." + ti.Anchor.Quoted
+	cond = fmt.Sprintf("%s <= %s", a, ti.Anchor.Instant(args.Add(cut)+"::timestamptz"))
+	if lower.InfinityModifier != pgtype.NegativeInfinity {
+		cond += fmt.Sprintf(" AND %s >= %s", a, ti.Anchor.Instant(args.Add(lower)+"::timestamptz"))
+	}
+	if ti.Side == nil {
+		cond += " AND " + catalog.HasPayload(ti.Payload, alias)
+	}
+	return cond, a
+}
+
+// blocked is the SQL condition, over the alias of the walked relation, of a
+// row a hold that blocks demotion covers; "false" when none does. With a
+// side table that lacks a hold column, the hold is matched on the table's
+// row of the same key.
+func blocked(t *catalog.Table, cov holds.Coverage, alias string, args *holds.Args) string {
+	if !cov.BlocksDemotion() {
+		return "false"
+	}
+	s := t.Tiers.Side
+	if s == nil {
+		return cov.DemotionPredicate(t, alias, args)
+	}
+	if s.HoldColumnsLocal(t) {
+		return cov.DemotionPredicate(s.LocalTable(t), alias, args)
+	}
+	var join []string
+	for _, k := range t.Key {
+		join = append(join, fmt.Sprintf("m.%s = %s.%s", k.Quoted, alias, k.Quoted))
+	}
+	return fmt.Sprintf("EXISTS (SELECT 1 FROM %s m WHERE %s AND %s)", t.Ident, strings.Join(join, " AND "), cov.DemotionPredicate(t, "m", args))
+}
+
+// demoteSQL is one batch's statement: pick the rows in anchor order with
+// FOR UPDATE SKIP LOCKED, then empty (in place) or delete (side table)
+// exactly those; it returns the count and the newest anchor.
+func demoteSQL(t *catalog.Table, cov holds.Coverage, args *holds.Args, cut time.Time, lower pgtype.Timestamptz, size int) string {
+	ti := t.Tiers
+	rel, kind := t.Ident, t.Kind
+	if ti.Side != nil {
+		rel, kind = ti.Side.Ident, ti.Side.Kind
+	}
+	cond, anchor := due(t, "t", args, cut, lower)
+	hold := blocked(t, cov, "t", args)
+	limit := args.Add(size)
+	// A partitioned relation has a ctid per partition: match on
+	// (tableoid, ctid) there; an ordinary one uses a TID array, the cheap
+	// path the deleter measured.
+	pick, match := "t.ctid AS c", "u.ctid = ANY (ARRAY(SELECT c FROM victims))"
+	using := ""
+	if kind == "p" {
+		pick, match = "t.tableoid AS o, t.ctid AS c", "u.tableoid = v.o AND u.ctid = v.c"
+	}
+	var change string
+	ret := ti.Anchor.AsTimestamptz("u")
+	if ti.Side == nil {
+		var sets []string
+		for _, c := range ti.Payload {
+			sets = append(sets, c.Quoted+" = NULL")
+		}
+		if kind == "p" {
+			using = " FROM victims v"
+		}
+		change = fmt.Sprintf("UPDATE %s u SET %s%s WHERE %s RETURNING %s AS anchor", rel, strings.Join(sets, ", "), using, match, ret)
+	} else {
+		if kind == "p" {
+			using = " USING victims v"
+		}
+		change = fmt.Sprintf("DELETE FROM %s u%s WHERE %s RETURNING %s AS anchor", rel, using, match, ret)
+	}
+	return fmt.Sprintf(`
+WITH victims AS (
+  SELECT %s FROM %s t
+  WHERE %s AND NOT %s
+  ORDER BY %s
+  LIMIT %s
+  FOR UPDATE OF t SKIP LOCKED
+), done AS (
+  %s
+)
+SELECT count(*), max(anchor) FROM done`, pick, rel, cond, hold, anchor, limit, change)
+}
+
+// count fills in the rows due for demotion that a blocking hold keeps and,
+// for a dry run, the rows a pass would demote.
+func (d *Demoter) count(ctx context.Context, tx pgx.Tx, t *catalog.Table, res *Result, dry bool) error {
+	var now time.Time
+	if err := tx.QueryRow(ctx, "SELECT coalesce($1::timestamptz, now())", d.pinned()).Scan(&now); err != nil {
+		return err
+	}
+	cov, err := holds.Active(ctx, tx, t.Name, now)
+	if err != nil {
+		return err
+	}
+	if !dry && !cov.BlocksDemotion() {
+		res.ProtectedByHolds = 0
+		return nil
+	}
+	var args holds.Args
+	rel := t.Ident
+	if t.Tiers.Side != nil {
+		rel = t.Tiers.Side.Ident
+	}
+	cond, _ := due(t, "t", &args, cutoff(t, now), pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true})
+	hold := blocked(t, cov, "t", &args)
+	var would int64
+	err = tx.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FILTER (WHERE NOT %[3]s), count(*) FILTER (WHERE %[3]s) FROM %[1]s t WHERE %[2]s`, rel, cond, hold),
+		args.Values...).Scan(&would, &res.ProtectedByHolds)
+	if err != nil {
+		return fmt.Errorf("count rows due for demotion: %w", err)
+	}
+	if dry {
+		res.Demoted = would
+	}
+	return nil
+}
+
+// readTx runs fn in a read-only transaction with the batch timeouts.
+func (d *Demoter) readTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
+	return pgx.BeginTxFunc(ctx, d.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true)`,
+			millis(d.opts.LockTimeout), millis(d.opts.StatementTimeout)); err != nil {
+			return err
+		}
+		return fn(tx)
+	})
+}
+
+func retryable(kind string) bool {
+	switch kind {
+	case "lock_timeout", "deadlock", "statement_timeout", "serialization", "connection":
+		return true
+	}
+	return false
+}
+
+func backoff(attempt int) time.Duration {
+	d := 100 * time.Millisecond << min(attempt, 6)
+	d = min(d, 5*time.Second)
+	return d/2 + rand.N(d/2+1)
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+func millis(d time.Duration) string { return fmt.Sprintf("%dms", d.Milliseconds()) }

@@ -1,0 +1,90 @@
+package tiering
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+)
+
+// ErrKeyTable marks a permanent key table that is missing and cannot be
+// created with the privileges at hand: a configuration problem, fixed by
+// running `inboxkeeper migrate` as the owner.
+var ErrKeyTable = errors.New("permanent key table")
+
+// Querier is satisfied by *pgx.Conn, *pgxpool.Pool and pgx.Tx.
+type Querier interface {
+	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+	QueryRow(context.Context, string, ...any) pgx.Row
+}
+
+// EnsureKeyTable creates the permanent key table of t when it does not exist
+// yet: the key columns, the scope and the hash named and typed as in t, the
+// first_seen date, and the primary key on the key columns. It returns
+// whether it created the table. Without a permanent key it does nothing.
+//
+// Existence is checked first, so a role without CREATE on the schema works
+// once the owner has created the table (`inboxkeeper migrate` does).
+func EnsureKeyTable(ctx context.Context, db Querier, t *catalog.Table) (bool, error) {
+	if t.Tiers == nil || t.Tiers.Key == nil {
+		return false, nil
+	}
+	k := t.Tiers.Key
+	exists := func() (bool, error) {
+		var ok bool
+		err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = $1 AND c.relname = $2)`, k.Table.Schema, k.Table.Name).Scan(&ok)
+		return ok, err
+	}
+	ok, err := exists()
+	if err != nil {
+		return false, fmt.Errorf("table %s: look up the permanent key table %s: %w", t.Name, k.Name, err)
+	}
+	if ok {
+		k.Exists = true
+		return false, nil
+	}
+	_, err = db.Exec(ctx, k.CreateSQL())
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		switch pe.Code {
+		case "42P07", "23505": // created meanwhile by another instance
+			if ok, _ := exists(); ok {
+				k.Exists = true
+				return false, nil
+			}
+		case "42501", "3F000": // insufficient privilege, no such schema
+			return false, fmt.Errorf("%w %s of table %s does not exist and cannot be created (%s); run `inboxkeeper migrate` as the owner of the schema, or create it:\n%s",
+				ErrKeyTable, k.Name, t.Name, pe.Message, k.CreateSQL())
+		}
+	}
+	if err != nil {
+		return false, fmt.Errorf("table %s: create the permanent key table %s: %w", t.Name, k.Name, err)
+	}
+	k.Exists = true
+	return true, nil
+}
+
+// CopyPermanentKeys writes the permanent keys of every row of source (a
+// quoted relation with t's columns: t itself, or one of its partitions) in
+// one statement of tx, and returns how many keys were new. Partition
+// retirement calls it in the transaction that drops a detached partition,
+// so the keys and the rows never both go missing. A table without a
+// permanent key copies nothing.
+func CopyPermanentKeys(ctx context.Context, tx pgx.Tx, t *catalog.Table, source string) (int64, error) {
+	if t.Tiers == nil || t.Tiers.Key == nil {
+		return 0, nil
+	}
+	k := t.Tiers.Key
+	sql := k.Insert(source+" s", func(i int) string { return "s." + k.Columns[i].Quoted }, "s."+k.FirstSeen.Quoted)
+	tag, err := tx.Exec(ctx, sql)
+	if err != nil {
+		return 0, fmt.Errorf("table %s: copy the permanent keys of %s into %s: %w", t.Name, source, k.Name, err)
+	}
+	return tag.RowsAffected(), nil
+}

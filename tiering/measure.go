@@ -1,0 +1,183 @@
+package tiering
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/inboxkeeper/inboxkeeper/expiry"
+	"github.com/inboxkeeper/inboxkeeper/holds"
+	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+)
+
+// Stats are a tiered table's tiers as the planner's statistics see them:
+// cheap on any size of table (nothing is counted), and as fresh as the last
+// ANALYZE. A tier missing from a map is unknown (no statistics yet).
+type Stats struct {
+	Table string
+	// Rows estimates the rows per tier: hot (with payload), warm (without)
+	// and permanent (keys in the key table).
+	Rows map[string]float64
+	// BytesPerKey is the storage one key costs in each tier, indexes and
+	// TOAST included:
+	//   warm: the table's size per row, less the payload's share (in place:
+	//         the payload columns' average width times the rows that have
+	//         one);
+	//   hot: warm plus the payload of one row (in place: the payload
+	//        columns' average width; with a side table: the side table's
+	//        size per row);
+	//   permanent: the key table's size per key.
+	BytesPerKey map[string]float64
+}
+
+// relStats is the estimated rows and total bytes of a relation, partitions
+// included; ok is false before the first ANALYZE (or VACUUM).
+func relStats(ctx context.Context, q Querier, oid uint32) (rows, bytes float64, ok bool, err error) {
+	var known *bool
+	err = q.QueryRow(ctx, `
+SELECT coalesce(sum(greatest(c.reltuples, 0)), 0)::float8,
+       coalesce(sum(pg_total_relation_size(c.oid)), 0)::float8,
+       bool_and(c.reltuples >= 0)
+FROM pg_class c
+WHERE (c.oid = $1 AND c.relkind = 'r')
+   OR c.oid IN (SELECT relid FROM pg_partition_tree($1::oid::regclass) WHERE isleaf)`, oid).Scan(&rows, &bytes, &known)
+	return rows, bytes, known != nil && *known, err
+}
+
+// Measure estimates the tiers of t. A table without tiers has no Stats.
+func Measure(ctx context.Context, q Querier, t *catalog.Table) (Stats, error) {
+	st := Stats{Table: t.Name, Rows: map[string]float64{}, BytesPerKey: map[string]float64{}}
+	ti := t.Tiers
+	if ti == nil {
+		return st, nil
+	}
+	rows, bytes, ok, err := relStats(ctx, q, t.OID)
+	if err != nil {
+		return st, fmt.Errorf("table %s: measure tiers: %w", t.Name, err)
+	}
+	if ok && rows > 0 {
+		if ti.Side != nil {
+			srows, sbytes, sok, err := relStats(ctx, q, ti.Side.OID)
+			if err != nil {
+				return st, fmt.Errorf("table %s: measure the side table %s: %w", t.Name, ti.Side.Name, err)
+			}
+			if sok {
+				hot := min(srows, rows)
+				st.Rows[Hot], st.Rows[Warm] = hot, rows-hot
+				st.BytesPerKey[Warm] = bytes / rows
+				if srows > 0 {
+					st.BytesPerKey[Hot] = bytes/rows + sbytes/srows
+				}
+			}
+		} else if err := inPlaceStats(ctx, q, t, rows, bytes, &st); err != nil {
+			return st, err
+		}
+	}
+	if k := ti.Key; k != nil && k.Exists {
+		var oid uint32
+		err := q.QueryRow(ctx, `SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2`,
+			k.Table.Schema, k.Table.Name).Scan(&oid)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return st, fmt.Errorf("table %s: look up %s: %w", t.Name, k.Name, err)
+		}
+		if err == nil {
+			krows, kbytes, kok, err := relStats(ctx, q, oid)
+			if err != nil {
+				return st, fmt.Errorf("table %s: measure %s: %w", t.Name, k.Name, err)
+			}
+			if kok {
+				st.Rows[Permanent] = krows
+				if krows > 0 {
+					st.BytesPerKey[Permanent] = kbytes / krows
+				}
+			}
+		}
+	}
+	return st, nil
+}
+
+// inPlaceStats splits the table by the payload columns' statistics: a row
+// is hot when some payload column is not NULL (estimated from the smallest
+// null fraction), and its payload weighs the columns' average widths.
+func inPlaceStats(ctx context.Context, q Querier, t *catalog.Table, rows, bytes float64, st *Stats) error {
+	var names []string
+	for _, c := range t.Tiers.Payload {
+		names = append(names, c.Name)
+	}
+	var minNull, width, payloadBytes *float64
+	err := q.QueryRow(ctx, `
+SELECT min(null_frac)::float8, sum(avg_width)::float8, sum(avg_width * (1 - null_frac))::float8, count(*)
+FROM pg_stats
+WHERE schemaname = $1 AND tablename = $2 AND attname = ANY ($3::text[]) AND inherited = $4`,
+		t.Policy.Name.Schema, t.Policy.Name.Name, names, t.Kind == "p").Scan(&minNull, &width, &payloadBytes, new(int64))
+	if err != nil {
+		return fmt.Errorf("table %s: read the payload columns' statistics: %w", t.Name, err)
+	}
+	if minNull == nil {
+		return nil // not analyzed yet
+	}
+	hot := rows * (1 - *minNull)
+	st.Rows[Hot], st.Rows[Warm] = hot, rows-hot
+	warm := max(bytes-*payloadBytes*rows, 0) / rows
+	st.BytesPerKey[Warm] = warm
+	st.BytesPerKey[Hot] = warm + *width
+	return nil
+}
+
+// Status is `inboxkeeper status` for one tiered table.
+type Status struct {
+	Stats
+	Now        time.Time
+	HotFor     time.Duration
+	Layout     string // "in place" or "side table <name>"
+	Due        int64  // rows due for demotion now (held ones included); at most expiry.StatusCountCap
+	DueCapped  bool
+	Blocking   int // active holds that block demotion
+	KeyTable   string
+	KeyMissing bool // the permanent key table does not exist yet
+}
+
+// Status reads the tiers of t now, with the Demoter's clock.
+func (d *Demoter) Status(ctx context.Context, t *catalog.Table) (Status, error) {
+	st := Status{HotFor: t.Tiers.HotFor, Layout: "in place"}
+	if s := t.Tiers.Side; s != nil {
+		st.Layout = "side table " + s.Name
+	}
+	if k := t.Tiers.Key; k != nil {
+		st.KeyTable = k.Name
+		st.KeyMissing = !k.Exists
+	}
+	err := d.readTx(ctx, func(tx pgx.Tx) error {
+		if err := tx.QueryRow(ctx, "SELECT coalesce($1::timestamptz, now())", d.pinned()).Scan(&st.Now); err != nil {
+			return err
+		}
+		cov, err := holds.Active(ctx, tx, t.Name, st.Now)
+		if err != nil {
+			return err
+		}
+		for _, h := range cov.Holds {
+			if h.Blocks != holds.BlocksDelete {
+				st.Blocking++
+			}
+		}
+		var args holds.Args
+		rel := t.Ident
+		if t.Tiers.Side != nil {
+			rel = t.Tiers.Side.Ident
+		}
+		cond, _ := due(t, "t", &args, cutoff(t, st.Now), pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true})
+		capArg := args.Add(expiry.StatusCountCap)
+		if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM (SELECT 1 FROM %s t WHERE %s LIMIT %s) due`, rel, cond, capArg),
+			args.Values...).Scan(&st.Due); err != nil {
+			return fmt.Errorf("status %s: count rows due for demotion: %w", t.Name, err)
+		}
+		st.DueCapped = st.Due >= expiry.StatusCountCap
+		st.Stats, err = Measure(ctx, tx, t)
+		return err
+	})
+	return st, err
+}

@@ -1,0 +1,30 @@
+package tiering
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are the tiering metrics. Labels are table names from the policy
+// file and the fixed tier names, so their number is bounded.
+type Metrics struct {
+	// RowsDemoted counts rows by the tier they went to: warm (payload
+	// demoted) and permanent (a permanent key written as the row was
+	// deleted).
+	RowsDemoted *prometheus.CounterVec
+	// TierRows estimates the rows in each tier: hot, warm and permanent.
+	TierRows *prometheus.GaugeVec
+}
+
+// NewMetrics creates the metrics and registers them on reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		RowsDemoted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "inboxkeeper_rows_demoted_total",
+			Help: "Rows demoted, by the tier they went to: warm (payload emptied or its side-table row deleted), permanent (a permanent key written as the row was deleted).",
+		}, []string{"table", "tier"}),
+		TierRows: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "inboxkeeper_tier_rows",
+			Help: "Estimated rows per tier (hot, warm, permanent), from the planner's statistics.",
+		}, []string{"table", "tier"}),
+	}
+	reg.MustRegister(m.RowsDemoted, m.TierRows)
+	return m
+}
