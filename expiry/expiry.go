@@ -9,18 +9,18 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxkeeper/inboxkeeper/holds"
+	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
 )
 
@@ -66,7 +66,7 @@ type Sizing struct {
 }
 
 // errLockWait marks a batch cancelled because a session waited on its locks.
-var errLockWait = errors.New("a session waited on a lock this batch held; batch cancelled and rolled back")
+var errLockWait = retry.ErrLockWait
 
 // Progress reports a pass's advance through one table.
 type Progress struct {
@@ -260,60 +260,54 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 	// The keyset: every batch starts at the newest expiry the previous batch
 	// deleted, so rows it passed over (held, or locked by someone else) are
 	// not scanned again in this pass.
-	lower := negInf
-	defer func() { res.resume = lower }()
 	start := time.Now()
-	sizer := d.sizer(t)
 	var estimate int64
 	if d.opts.Progress != nil {
 		estimate = d.estimateDue(ctx, t)
 	}
-	for {
-		if !deadline.IsZero() && time.Now().After(deadline) {
-			res.StoppedEarly = "run time reached"
-			return nil
-		}
-		if d.opts.Active != nil {
-			if err := d.opts.Active(); err != nil {
-				res.StoppedEarly = err.Error()
-				return nil
+	m := d.opts.Metrics
+	loop := batchloop.Loop{
+		What: "delete", Sizer: d.sizer(t), Throttle: d.opts.Throttle, Active: d.opts.Active, Deadline: deadline,
+		MaxRetries: d.opts.MaxRetries, BatchPause: d.opts.BatchPause, Log: d.log.With("table", t.Name), OnRetry: d.opts.onRetry,
+		BeforeBatch: func(size int) {
+			if m != nil {
+				m.BatchSize.WithLabelValues(t.Name).Set(float64(size))
 			}
-		}
-		if stop, err := d.waitThrottle(ctx, deadline, sizer); err != nil || stop != "" {
-			res.StoppedEarly = stop
-			return err
-		}
-		size := sizer.Size()
-		if d.opts.Throttle != nil {
-			size = sizer.Capped(d.opts.Throttle.BatchBytesCap())
-		}
-		if m := d.opts.Metrics; m != nil {
-			m.BatchSize.WithLabelValues(t.Name).Set(float64(size))
-		}
-		began := time.Now()
-		n, newest, size, err := d.batchWithRetry(ctx, t, lower, size, sizer, res)
-		if err != nil {
-			return err
-		}
-		d.log.Debug("expiry: batch", "table", t.Name, "deleted", n, "newest_expiry", newest)
-		if n > 0 {
-			res.Deleted += n
-			res.Batches++
-			lower = pgtype.Timestamptz{Time: newest, Valid: true}
-			if d.opts.Progress != nil {
+		},
+		AfterBatch: func(n int64, took time.Duration) {
+			if m != nil {
+				m.BatchDuration.WithLabelValues(t.Name).Observe(took.Seconds())
+				if n > 0 {
+					m.Batches.WithLabelValues(t.Name).Inc()
+					m.RowsDeleted.WithLabelValues(t.Name).Add(float64(n))
+				}
+			}
+			if n > 0 && d.opts.Progress != nil {
 				d.opts.Progress(Progress{Table: t.Name, Deleted: res.Deleted, Batches: res.Batches, Elapsed: time.Since(start),
-					BatchRows: n, BatchDuration: time.Since(began), Estimate: estimate})
+					BatchRows: n, BatchDuration: took, Estimate: estimate})
 			}
-		}
-		if n < int64(size) {
-			return nil
-		}
-		if d.opts.BatchPause > 0 {
-			if err := sleep(ctx, d.opts.BatchPause); err != nil {
-				return err
+		},
+		OnError: func(kind string) {
+			if m != nil {
+				m.Errors.WithLabelValues(t.Name, kind).Inc()
 			}
-		}
+		},
 	}
+	r, err := loop.Run(ctx, func(ctx context.Context, lower pgtype.Timestamptz, size int) (int64, time.Time, float64, error) {
+		n, newest, wal, err := d.batch(ctx, t, lower, size, res)
+		if err == nil {
+			d.log.Debug("expiry: batch", "table", t.Name, "deleted", n, "newest_expiry", newest)
+			res.Deleted += n
+			if n > 0 {
+				res.Batches++
+			}
+		}
+		return n, newest, wal, err
+	})
+	res.Retries += r.Retries
+	res.StoppedEarly = r.StoppedEarly
+	res.resume = r.Resume
+	return err
 }
 
 // estimateDue asks the planner how many rows are due: cheap on any size of
@@ -340,81 +334,6 @@ func (d *Deleter) estimateDue(ctx context.Context, t *catalog.Table) int64 {
 	return est
 }
 
-// waitThrottle blocks while the throttle says so. It returns a reason to stop
-// the pass when RUN_TIME ran out while waiting.
-func (d *Deleter) waitThrottle(ctx context.Context, deadline time.Time, sizer *throttle.Sizer) (string, error) {
-	if d.opts.Throttle == nil {
-		return "", nil
-	}
-	wctx := ctx
-	if !deadline.IsZero() {
-		var cancel context.CancelFunc
-		wctx, cancel = context.WithDeadline(ctx, deadline)
-		defer cancel()
-	}
-	st, err := d.opts.Throttle.Wait(wctx)
-	if st.Throttled && throttle.Backlog(st.Kind) {
-		// The throttle saw the backlog only after this much WAL: the next
-		// batches must bring less.
-		sizer.Pressure()
-	}
-	if err != nil {
-		if ctx.Err() != nil {
-			return "", ctx.Err()
-		}
-		return "run time reached while throttled (" + d.opts.Throttle.Check().Reason + ")", nil
-	}
-	return "", nil
-}
-
-// batchWithRetry runs one batch, retrying transient failures with a smaller
-// size after pressure. It returns the size the successful attempt used.
-func (d *Deleter) batchWithRetry(ctx context.Context, t *catalog.Table, lower pgtype.Timestamptz, size int, sizer *throttle.Sizer, res *TableResult) (int64, time.Time, int, error) {
-	for attempt := 0; ; attempt++ {
-		began := time.Now()
-		n, newest, wal, err := d.batch(ctx, t, lower, size, res)
-		if err == nil {
-			sizer.Observe(int(n), time.Since(began))
-			sizer.ObserveWAL(int(n), wal)
-			if m := d.opts.Metrics; m != nil {
-				m.BatchDuration.WithLabelValues(t.Name).Observe(time.Since(began).Seconds())
-				if n > 0 {
-					m.Batches.WithLabelValues(t.Name).Inc()
-					m.RowsDeleted.WithLabelValues(t.Name).Add(float64(n))
-				}
-			}
-			return n, newest, size, nil
-		}
-		if ctx.Err() != nil {
-			return 0, time.Time{}, size, ctx.Err()
-		}
-		kind := ErrorKind(err)
-		if m := d.opts.Metrics; m != nil {
-			m.Errors.WithLabelValues(t.Name, kind).Inc()
-		}
-		switch kind {
-		case "lock_wait":
-			sizer.Pressure()
-			return 0, time.Time{}, size, err
-		case "lock_timeout", "statement_timeout", "deadlock":
-			sizer.Pressure()
-			size = sizer.Size()
-		}
-		if !retryable(kind) || attempt >= d.opts.MaxRetries {
-			return 0, time.Time{}, size, fmt.Errorf("delete batch (%s, after %d retries): %w", kind, attempt, err)
-		}
-		res.Retries++
-		if d.opts.onRetry != nil {
-			d.opts.onRetry(kind)
-		}
-		wait := backoff(attempt)
-		d.log.Warn("expiry: batch failed, retrying", "table", t.Name, "kind", kind, "attempt", attempt+1, "wait", wait, "error", err)
-		if err := sleep(ctx, wait); err != nil {
-			return 0, time.Time{}, size, err
-		}
-	}
-}
-
 // batch deletes at most BatchSize expired, uncovered rows in one transaction
 // and returns how many it deleted and the newest expiry among them.
 func (d *Deleter) batch(ctx context.Context, t *catalog.Table, lower pgtype.Timestamptz, size int, res *TableResult) (n int64, newest time.Time, wal float64, err error) {
@@ -435,7 +354,7 @@ func (d *Deleter) batch(ctx context.Context, t *catalog.Table, lower pgtype.Time
 
 	if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true),
        set_config('plan_cache_mode', 'force_custom_plan', true)`,
-		millis(d.opts.LockTimeout), millis(d.opts.StatementTimeout)); err != nil {
+		retry.Millis(d.opts.LockTimeout), retry.Millis(d.opts.StatementTimeout)); err != nil {
 		return 0, time.Time{}, 0, err
 	}
 	// The fence comes before the coverage is read, in its own statement, so
@@ -521,7 +440,7 @@ func permanentKeys(t *catalog.Table) (returning, cte, count string) {
 func (d *Deleter) readTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 	return pgx.BeginTxFunc(ctx, d.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true)`,
-			millis(d.opts.LockTimeout), millis(d.opts.StatementTimeout)); err != nil {
+			retry.Millis(d.opts.LockTimeout), retry.Millis(d.opts.StatementTimeout)); err != nil {
 			return err
 		}
 		return fn(tx)
@@ -645,62 +564,7 @@ func cleanupLag(ctx context.Context, q catalog.Querier, t *catalog.Table, now ti
 }
 
 // ErrorKinds are the values of the kind label of inboxkeeper_errors_total.
-var ErrorKinds = []string{"lock_timeout", "deadlock", "statement_timeout", "serialization", "connection", "lock_wait", "other"}
+var ErrorKinds = retry.Kinds
 
 // ErrorKind classifies an error for metrics and retry decisions.
-func ErrorKind(err error) string {
-	if errors.Is(err, errLockWait) {
-		return "lock_wait"
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		switch pgErr.Code {
-		case "55P03":
-			return "lock_timeout"
-		case "40P01":
-			return "deadlock"
-		case "57014":
-			return "statement_timeout"
-		case "40001":
-			return "serialization"
-		case "57P01", "57P02", "57P03", "08000", "08003", "08006", "08001", "08004":
-			return "connection"
-		}
-		return "other"
-	}
-	if pgconn.SafeToRetry(err) || errors.Is(err, pgx.ErrTxClosed) {
-		return "connection"
-	}
-	var netErr interface{ Timeout() bool }
-	if errors.As(err, &netErr) {
-		return "connection"
-	}
-	return "other"
-}
-
-func retryable(kind string) bool {
-	switch kind {
-	case "lock_timeout", "deadlock", "statement_timeout", "serialization", "connection":
-		return true
-	}
-	return false
-}
-
-func backoff(attempt int) time.Duration {
-	d := 100 * time.Millisecond << min(attempt, 6)
-	d = min(d, 5*time.Second)
-	return d/2 + rand.N(d/2+1)
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}
-
-func millis(d time.Duration) string { return fmt.Sprintf("%dms", d.Milliseconds()) }
+func ErrorKind(err error) string { return retry.Kind(err) }

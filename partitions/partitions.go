@@ -15,16 +15,15 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"math/rand/v2"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/inboxkeeper/inboxkeeper/expiry"
 	"github.com/inboxkeeper/inboxkeeper/holds"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
 )
 
@@ -136,7 +135,7 @@ func New(pool *pgxpool.Pool, tables []*catalog.Table, opts Options) *Manager {
 				mm.Blocked.WithLabelValues(t.Name, r).Set(0)
 			}
 			if mm.Errors != nil {
-				for _, k := range expiry.ErrorKinds {
+				for _, k := range retry.Kinds {
 					mm.Errors.WithLabelValues(t.Name, k).Add(0)
 				}
 			}
@@ -418,16 +417,13 @@ func (m *Manager) retireOne(ctx context.Context, t *catalog.Table, p Partition, 
 		if errors.As(err, &stop) || ctx.Err() != nil {
 			return err
 		}
-		kind := expiry.ErrorKind(err)
-		if errors.Is(err, errLockWait) {
-			kind = "lock_wait"
-		}
-		if !retryable(kind) || attempt >= m.opts.MaxRetries {
+		kind := retry.Kind(err)
+		if !(retry.Transient(kind) || kind == "lock_wait") || attempt >= m.opts.MaxRetries {
 			break
 		}
-		wait := backoff(attempt)
+		wait := retry.Backoff(attempt, 200*time.Millisecond)
 		m.log.Warn("partitions: detach failed, retrying", "table", t.Name, "partition", p.String(), "kind", kind, "attempt", attempt+1, "wait", wait, "error", err)
-		if err := sleep(ctx, wait); err != nil {
+		if err := retry.Sleep(ctx, wait); err != nil {
 			return err
 		}
 		// Phase one may have committed before the failure: look again.
@@ -436,7 +432,7 @@ func (m *Manager) retireOne(ctx context.Context, t *catalog.Table, p Partition, 
 		}
 	}
 	reason := "error"
-	if k := expiry.ErrorKind(err); k == "lock_timeout" || errors.Is(err, errLockWait) {
+	if k := retry.Kind(err); k == "lock_timeout" || k == "lock_wait" {
 		reason = "lock_timeout"
 	}
 	m.log.Warn("partitions: partition stays attached this pass", "table", t.Name, "partition", p.String(), "reason", reason, "error", err)
@@ -547,7 +543,7 @@ func (m *Manager) coveredOn(ctx context.Context, c *pgxpool.Conn, t *catalog.Tab
 }
 
 func coveredIn(ctx context.Context, tx pgx.Tx, t *catalog.Table, source string, now time.Time, timeout time.Duration) (reason, detail string, err error) {
-	if _, err := tx.Exec(ctx, "SELECT set_config('statement_timeout', $1, true)", millis(timeout)); err != nil {
+	if _, err := tx.Exec(ctx, "SELECT set_config('statement_timeout', $1, true)", retry.Millis(timeout)); err != nil {
 		return "", "", err
 	}
 	cov, err := holds.Active(ctx, tx, t.Name, now)
@@ -665,7 +661,7 @@ WHERE partition_schema = $1 AND partition_name = $2 AND detach_started = $3`, ap
 				return err
 			}
 			reason, detail = "error", err.Error()
-			if expiry.ErrorKind(err) == "lock_timeout" || errors.Is(err, errLockWait) {
+			if k := retry.Kind(err); k == "lock_timeout" || k == "lock_wait" {
 				reason = "lock_timeout"
 			}
 		}
@@ -796,7 +792,7 @@ func (m *Manager) measure(ctx context.Context, t *catalog.Table, now time.Time, 
 
 // errLockWait marks a DDL statement cancelled because a session queued
 // behind a lock it held.
-var errLockWait = errors.New("a session waited on a lock the DDL statement held; statement cancelled")
+var errLockWait = retry.ErrLockWait
 
 // ddl runs fn on a connection of its own with lock_timeout set for the
 // session (DETACH CONCURRENTLY cannot run in a transaction block), after
@@ -823,16 +819,13 @@ func (m *Manager) ddl(ctx context.Context, t *catalog.Table, what string, fn fun
 	defer c.Release()
 	defer func() {
 		if err != nil {
-			kind := expiry.ErrorKind(err)
-			if errors.Is(err, errLockWait) {
-				kind = "lock_wait"
-			}
+			kind := retry.Kind(err)
 			if mm := m.opts.Metrics; mm != nil && mm.Errors != nil {
 				mm.Errors.WithLabelValues(t.Name, kind).Inc()
 			}
 		}
 	}()
-	if _, err := c.Exec(ctx, "SELECT set_config('lock_timeout', $1, false)", millis(m.opts.LockTimeout)); err != nil {
+	if _, err := c.Exec(ctx, "SELECT set_config('lock_timeout', $1, false)", retry.Millis(m.opts.LockTimeout)); err != nil {
 		return err
 	}
 	defer func() {
@@ -865,44 +858,14 @@ func (m *Manager) retrying(ctx context.Context, t *catalog.Table, what string, s
 			return err
 		}
 		var stop errStop
-		kind := expiry.ErrorKind(err)
-		if errors.Is(err, errLockWait) {
-			kind = "lock_wait"
-		}
-		if errors.As(err, &stop) || !retryable(kind) {
+		kind := retry.Kind(err)
+		if errors.As(err, &stop) || !(retry.Transient(kind) || kind == "lock_wait") {
 			return err
 		}
-		wait := backoff(attempt)
+		wait := retry.Backoff(attempt, 200*time.Millisecond)
 		m.log.Warn("partitions: DDL failed, retrying", "table", t.Name, "step", what, "kind", kind, "attempt", attempt+1, "wait", wait, "error", err)
-		if err := sleep(ctx, wait); err != nil {
+		if err := retry.Sleep(ctx, wait); err != nil {
 			return err
 		}
 	}
 }
-
-func retryable(kind string) bool {
-	switch kind {
-	case "lock_timeout", "deadlock", "serialization", "connection", "lock_wait":
-		return true
-	}
-	return false
-}
-
-func backoff(attempt int) time.Duration {
-	d := 200 * time.Millisecond << min(attempt, 5)
-	d = min(d, 5*time.Second)
-	return d/2 + rand.N(d/2+1)
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}
-
-func millis(d time.Duration) string { return fmt.Sprintf("%dms", d.Milliseconds()) }

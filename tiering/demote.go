@@ -20,7 +20,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"strings"
 	"sync"
 	"time"
@@ -32,7 +31,9 @@ import (
 
 	"github.com/inboxkeeper/inboxkeeper/expiry"
 	"github.com/inboxkeeper/inboxkeeper/holds"
+	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
 )
 
@@ -80,7 +81,7 @@ type Result struct {
 }
 
 // errLockWait marks a batch cancelled because a session waited on its locks.
-var errLockWait = errors.New("a session waited on a lock this demotion batch held; batch cancelled and rolled back")
+var errLockWait = retry.ErrLockWait
 
 // Demoter runs demotion passes over the tables that have a tiers section.
 type Demoter struct {
@@ -206,111 +207,32 @@ func (d *Demoter) pinned() *time.Time {
 }
 
 func (d *Demoter) demoteAll(ctx context.Context, t *catalog.Table, deadline time.Time, res *Result) error {
-	lower := pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
-	sizer := d.sizer(t)
-	for {
-		if !deadline.IsZero() && time.Now().After(deadline) {
-			res.StoppedEarly = "run time reached"
-			return nil
-		}
-		if d.opts.Active != nil {
-			if err := d.opts.Active(); err != nil {
-				res.StoppedEarly = err.Error()
-				return nil
-			}
-		}
-		if stop, err := d.waitThrottle(ctx, deadline, sizer); err != nil || stop != "" {
-			res.StoppedEarly = stop
-			return err
-		}
-		size := sizer.Size()
-		if d.opts.Throttle != nil {
-			size = sizer.Capped(d.opts.Throttle.BatchBytesCap())
-		}
-		n, newest, size, err := d.batchWithRetry(ctx, t, lower, size, sizer, res)
-		if err != nil {
-			return err
-		}
-		d.log.Debug("tiering: batch", "table", t.Name, "demoted", n, "newest_anchor", newest)
-		if n > 0 {
-			res.Demoted += n
-			res.Batches++
-			lower = pgtype.Timestamptz{Time: newest, Valid: true}
-		}
-		if n < int64(size) {
-			return nil
-		}
-		if d.opts.BatchPause > 0 {
-			if err := sleep(ctx, d.opts.BatchPause); err != nil {
-				return err
-			}
-		}
-	}
-}
-
-func (d *Demoter) waitThrottle(ctx context.Context, deadline time.Time, sizer *throttle.Sizer) (string, error) {
-	if d.opts.Throttle == nil {
-		return "", nil
-	}
-	wctx := ctx
-	if !deadline.IsZero() {
-		var cancel context.CancelFunc
-		wctx, cancel = context.WithDeadline(ctx, deadline)
-		defer cancel()
-	}
-	st, err := d.opts.Throttle.Wait(wctx)
-	if st.Throttled && throttle.Backlog(st.Kind) {
-		sizer.Pressure()
-	}
-	if err != nil {
-		if ctx.Err() != nil {
-			return "", ctx.Err()
-		}
-		return "run time reached while throttled (" + d.opts.Throttle.Check().Reason + ")", nil
-	}
-	return "", nil
-}
-
-func (d *Demoter) batchWithRetry(ctx context.Context, t *catalog.Table, lower pgtype.Timestamptz, size int, sizer *throttle.Sizer, res *Result) (int64, time.Time, int, error) {
-	for attempt := 0; ; attempt++ {
-		began := time.Now()
-		n, newest, wal, err := d.batch(ctx, t, lower, size)
-		if err == nil {
-			sizer.Observe(int(n), time.Since(began))
-			sizer.ObserveWAL(int(n), wal)
+	loop := batchloop.Loop{
+		What: "demotion", Sizer: d.sizer(t), Throttle: d.opts.Throttle, Active: d.opts.Active, Deadline: deadline,
+		MaxRetries: d.opts.MaxRetries, BatchPause: d.opts.BatchPause, Log: d.log.With("table", t.Name),
+		AfterBatch: func(n int64, _ time.Duration) {
 			if m := d.opts.Metrics; m != nil && n > 0 {
 				m.RowsDemoted.WithLabelValues(t.Name, Warm).Add(float64(n))
 			}
-			return n, newest, size, nil
-		}
-		if ctx.Err() != nil {
-			return 0, time.Time{}, size, ctx.Err()
-		}
-		kind := expiry.ErrorKind(err)
-		if errors.Is(err, errLockWait) {
-			kind = "lock_wait"
-		}
-		if d.opts.Errors != nil {
-			d.opts.Errors.WithLabelValues(t.Name, kind).Inc()
-		}
-		switch kind {
-		case "lock_wait":
-			sizer.Pressure()
-			return 0, time.Time{}, size, err
-		case "lock_timeout", "statement_timeout", "deadlock":
-			sizer.Pressure()
-			size = sizer.Size()
-		}
-		if !retryable(kind) || attempt >= d.opts.MaxRetries {
-			return 0, time.Time{}, size, fmt.Errorf("demotion batch (%s, after %d retries): %w", kind, attempt, err)
-		}
-		res.Retries++
-		wait := backoff(attempt)
-		d.log.Warn("tiering: batch failed, retrying", "table", t.Name, "kind", kind, "attempt", attempt+1, "wait", wait, "error", err)
-		if err := sleep(ctx, wait); err != nil {
-			return 0, time.Time{}, size, err
-		}
+		},
+		OnError: func(kind string) {
+			if d.opts.Errors != nil {
+				d.opts.Errors.WithLabelValues(t.Name, kind).Inc()
+			}
+		},
 	}
+	r, err := loop.Run(ctx, func(ctx context.Context, lower pgtype.Timestamptz, size int) (int64, time.Time, float64, error) {
+		n, newest, wal, err := d.batch(ctx, t, lower, size)
+		if err == nil {
+			d.log.Debug("tiering: batch", "table", t.Name, "demoted", n, "newest_anchor", newest)
+		}
+		return n, newest, wal, err
+	})
+	res.Demoted += r.Rows
+	res.Batches += r.Batches
+	res.Retries += r.Retries
+	res.StoppedEarly = r.StoppedEarly
+	return err
 }
 
 // cutoff is the newest anchor value that is out of the hot tier at now.
@@ -335,7 +257,7 @@ func (d *Demoter) batch(ctx context.Context, t *catalog.Table, lower pgtype.Time
 	}
 	if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true),
        set_config('plan_cache_mode', 'force_custom_plan', true)`,
-		millis(d.opts.LockTimeout), millis(d.opts.StatementTimeout)); err != nil {
+		retry.Millis(d.opts.LockTimeout), retry.Millis(d.opts.StatementTimeout)); err != nil {
 		return 0, time.Time{}, 0, err
 	}
 	// The fence, as in the deleter: taken before the holds are read, so a
@@ -497,36 +419,9 @@ func (d *Demoter) count(ctx context.Context, tx pgx.Tx, t *catalog.Table, res *R
 func (d *Demoter) readTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 	return pgx.BeginTxFunc(ctx, d.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true)`,
-			millis(d.opts.LockTimeout), millis(d.opts.StatementTimeout)); err != nil {
+			retry.Millis(d.opts.LockTimeout), retry.Millis(d.opts.StatementTimeout)); err != nil {
 			return err
 		}
 		return fn(tx)
 	})
 }
-
-func retryable(kind string) bool {
-	switch kind {
-	case "lock_timeout", "deadlock", "statement_timeout", "serialization", "connection":
-		return true
-	}
-	return false
-}
-
-func backoff(attempt int) time.Duration {
-	d := 100 * time.Millisecond << min(attempt, 6)
-	d = min(d, 5*time.Second)
-	return d/2 + rand.N(d/2+1)
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}
-
-func millis(d time.Duration) string { return fmt.Sprintf("%dms", d.Milliseconds()) }

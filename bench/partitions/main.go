@@ -74,6 +74,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/pgcluster"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
+	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 	"github.com/inboxkeeper/inboxkeeper/migrations"
 	"github.com/inboxkeeper/inboxkeeper/partitions"
 )
@@ -552,7 +553,7 @@ func (b *bench) inboxkeeperUnderReader(ctx context.Context, t *catalog.Table) (u
 			if time.Now().After(deadline) {
 				return r
 			}
-			if err := sleep(ctx, passPause); err != nil {
+			if err := retry.Sleep(ctx, passPause); err != nil {
 				r.err = err
 				return r
 			}
@@ -629,7 +630,7 @@ func (b *bench) underReader(ctx context.Context, table string, retire func(conte
 	go func() { retired <- retire(rctx) }()
 
 	// The workload: the reader keeps its transaction open for -reader.
-	if err := sleep(ctx, b.o.reader); err != nil {
+	if err := retry.Sleep(ctx, b.o.reader); err != nil {
 		return u, err
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -882,17 +883,6 @@ func later(a, b time.Time) time.Time {
 		return b
 	}
 	return a
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }
 
 func parallel(fns ...func() error) error {

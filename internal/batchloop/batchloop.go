@@ -1,0 +1,178 @@
+// Package batchloop is the loop the row deleter and the demoter share: wait
+// for the lease and the throttle, size the batch, run it as one short
+// transaction, retry what is transient with backoff, advance the keyset,
+// and stop when a batch comes back short, when RUN_TIME runs out or when the
+// lease is lost.
+package batchloop
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/retry"
+	"github.com/inboxkeeper/inboxkeeper/throttle"
+)
+
+// Batch runs one batch transaction of at most size rows starting at the
+// keyset position lower. It returns the rows it changed, the newest key
+// among them, and the WAL it wrote (0 when unmeasured).
+type Batch func(ctx context.Context, lower pgtype.Timestamptz, size int) (n int64, newest time.Time, wal float64, err error)
+
+// Loop is one pass over one table.
+type Loop struct {
+	What       string // "delete", "demotion": names the batch in errors and logs
+	Sizer      *throttle.Sizer
+	Throttle   *throttle.Throttler // nil: never waits
+	Active     func() error        // nil: always active; an error stops the pass
+	Deadline   time.Time           // zero: no RUN_TIME
+	MaxRetries int
+	BatchPause time.Duration
+	Log        *slog.Logger
+
+	// BeforeBatch is told the size of the next batch (a gauge).
+	BeforeBatch func(size int)
+	// AfterBatch is told of every committed batch, including empty ones.
+	AfterBatch func(n int64, took time.Duration)
+	// OnError is told of every failed attempt (a counter by kind).
+	OnError func(kind string)
+	// OnRetry is told before a failed batch is retried (tests).
+	OnRetry func(kind string)
+}
+
+// Result is what the loop did.
+type Result struct {
+	Rows         int64
+	Batches      int // batches that changed at least one row
+	Retries      int
+	StoppedEarly string
+	// Resume is the keyset position the pass ended at.
+	Resume pgtype.Timestamptz
+}
+
+// NegInf is the keyset position before every row.
+var NegInf = pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
+
+// Run runs batches until one comes back short. The error is non-nil when a
+// batch failed for good (its kind is retry.Kind of it) or ctx ended.
+func (l *Loop) Run(ctx context.Context, batch Batch) (res Result, err error) {
+	res.Resume = NegInf
+	for {
+		if !l.Deadline.IsZero() && time.Now().After(l.Deadline) {
+			res.StoppedEarly = "run time reached"
+			return res, nil
+		}
+		if l.Active != nil {
+			if err := l.Active(); err != nil {
+				res.StoppedEarly = err.Error()
+				return res, nil
+			}
+		}
+		if stop, err := l.waitThrottle(ctx); err != nil || stop != "" {
+			res.StoppedEarly = stop
+			return res, err
+		}
+		size := l.Sizer.Size()
+		if l.Throttle != nil {
+			size = l.Sizer.Capped(l.Throttle.BatchBytesCap())
+		}
+		if l.BeforeBatch != nil {
+			l.BeforeBatch(size)
+		}
+		n, newest, size, err := l.withRetry(ctx, batch, res.Resume, size, &res)
+		if err != nil {
+			return res, err
+		}
+		if n > 0 {
+			res.Rows += n
+			res.Batches++
+			res.Resume = pgtype.Timestamptz{Time: newest, Valid: true}
+		}
+		if n < int64(size) {
+			return res, nil
+		}
+		if l.BatchPause > 0 {
+			if err := retry.Sleep(ctx, l.BatchPause); err != nil {
+				return res, err
+			}
+		}
+	}
+}
+
+// waitThrottle blocks while the throttle says so. It returns a reason to stop
+// the pass when RUN_TIME ran out while waiting.
+func (l *Loop) waitThrottle(ctx context.Context) (string, error) {
+	if l.Throttle == nil {
+		return "", nil
+	}
+	wctx := ctx
+	if !l.Deadline.IsZero() {
+		var cancel context.CancelFunc
+		wctx, cancel = context.WithDeadline(ctx, l.Deadline)
+		defer cancel()
+	}
+	st, err := l.Throttle.Wait(wctx)
+	if st.Throttled && throttle.Backlog(st.Kind) {
+		// The throttle saw the backlog only after this much WAL: the next
+		// batches must bring less.
+		l.Sizer.Pressure()
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return "", ctx.Err()
+		}
+		return "run time reached while throttled (" + l.Throttle.Check().Reason + ")", nil
+	}
+	return "", nil
+}
+
+// withRetry runs one batch, retrying transient failures with a smaller size
+// after pressure. It returns the size the successful attempt used.
+func (l *Loop) withRetry(ctx context.Context, batch Batch, lower pgtype.Timestamptz, size int, res *Result) (int64, time.Time, int, error) {
+	for attempt := 0; ; attempt++ {
+		began := time.Now()
+		n, newest, wal, err := batch(ctx, lower, size)
+		if err == nil {
+			took := time.Since(began)
+			l.Sizer.Observe(int(n), took)
+			l.Sizer.ObserveWAL(int(n), wal)
+			if l.AfterBatch != nil {
+				l.AfterBatch(n, took)
+			}
+			return n, newest, size, nil
+		}
+		if ctx.Err() != nil {
+			return 0, time.Time{}, size, ctx.Err()
+		}
+		kind := retry.Kind(err)
+		if l.OnError != nil {
+			l.OnError(kind)
+		}
+		switch kind {
+		case "lock_wait":
+			// Someone queued behind the batch: the pass stops here.
+			l.Sizer.Pressure()
+			return 0, time.Time{}, size, err
+		case "lock_timeout", "statement_timeout", "deadlock":
+			l.Sizer.Pressure()
+			size = l.Sizer.Size()
+		}
+		if !retry.Transient(kind) || attempt >= l.MaxRetries {
+			return 0, time.Time{}, size, fmt.Errorf("%s batch (%s, after %d retries): %w", l.What, kind, attempt, err)
+		}
+		res.Retries++
+		if l.OnRetry != nil {
+			l.OnRetry(kind)
+		}
+		wait := retry.Backoff(attempt, 100*time.Millisecond)
+		if l.Log != nil {
+			l.Log.Warn(l.What+": batch failed, retrying", "kind", kind, "attempt", attempt+1, "wait", wait, "error", err)
+		}
+		if err := retry.Sleep(ctx, wait); err != nil {
+			return 0, time.Time{}, size, err
+		}
+	}
+}
