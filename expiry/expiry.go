@@ -337,39 +337,14 @@ func (d *Deleter) estimateDue(ctx context.Context, t *catalog.Table) int64 {
 // batch deletes at most BatchSize expired, uncovered rows in one transaction
 // and returns how many it deleted and the newest expiry among them.
 func (d *Deleter) batch(ctx context.Context, t *catalog.Table, lower pgtype.Timestamptz, size int, res *TableResult) (n int64, newest time.Time, wal float64, err error) {
-	tx, err := d.pool.Begin(ctx)
+	// See docs/expiry-design.md, "One batch".
+	tx, err := batchloop.Begin(ctx, d.pool, t.Name, batchloop.TxOptions{
+		LockTimeout: d.opts.LockTimeout, StatementTimeout: d.opts.StatementTimeout, Throttle: d.opts.Throttle, Pinned: d.pinned()})
 	if err != nil {
 		return 0, time.Time{}, 0, err
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
-	if d.opts.Throttle != nil {
-		done, blocked := d.opts.Throttle.Watch(tx.Conn().PgConn().PID())
-		defer func() {
-			done()
-			if err != nil && blocked() {
-				err = fmt.Errorf("%w (%v)", errLockWait, err)
-			}
-		}()
-	}
-
-	if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true),
-       set_config('plan_cache_mode', 'force_custom_plan', true)`,
-		retry.Millis(d.opts.LockTimeout), retry.Millis(d.opts.StatementTimeout)); err != nil {
-		return 0, time.Time{}, 0, err
-	}
-	// The fence comes before the coverage is read, in its own statement, so
-	// the read below takes its snapshot after any hold whose writer we
-	// waited for has committed.
-	var now time.Time
-	var walStart string
-	if err := tx.QueryRow(ctx, "SELECT coalesce($1::timestamptz, now()), pg_advisory_xact_lock_shared($2)::text, pg_current_wal_insert_lsn()::text",
-		d.pinned(), holds.FenceKey).Scan(&now, new(string), &walStart); err != nil {
-		return 0, time.Time{}, 0, err
-	}
-	cov, err := holds.Active(ctx, tx, t.Name, now)
-	if err != nil {
-		return 0, time.Time{}, 0, err
-	}
+	defer tx.Close(ctx, &err)
+	now, cov := tx.Now, tx.Coverage
 	var args holds.Args
 	holdPred, replayPred := cov.Predicates(t, "t", &args)
 	e := "t." + t.Expiry.Quoted
@@ -401,18 +376,10 @@ SELECT count(*), max(expiry), %[11]s FROM gone`,
 	if d.opts.beforeCommit != nil {
 		d.opts.beforeCommit(t.Name, n)
 	}
-	if err := tx.Commit(ctx); err != nil {
+	if wal, err = tx.Commit(ctx); err != nil {
 		return 0, time.Time{}, 0, err
 	}
 	res.PermanentKeys += keys
-	// The WAL the batch wrote (other sessions' writes meanwhile included):
-	// the throttle caps batches in bytes for a slow standby. Without a
-	// throttle nobody needs it, so the round trip is saved.
-	if d.opts.Throttle != nil {
-		if err := d.pool.QueryRow(ctx, "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::pg_lsn)::float8", walStart).Scan(&wal); err != nil {
-			wal = 0
-		}
-	}
 	return n, newestTS.Time, wal, nil
 }
 

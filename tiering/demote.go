@@ -241,37 +241,15 @@ func cutoff(t *catalog.Table, now time.Time) time.Time { return now.Add(-t.Tiers
 // batch demotes at most size due rows no blocking hold covers, in one
 // transaction, and returns how many and the newest anchor among them.
 func (d *Demoter) batch(ctx context.Context, t *catalog.Table, lower pgtype.Timestamptz, size int) (n int64, newest time.Time, wal float64, err error) {
-	tx, err := d.pool.Begin(ctx)
-	if err != nil {
-		return 0, time.Time{}, 0, err
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
-	if d.opts.Throttle != nil {
-		done, blocked := d.opts.Throttle.Watch(tx.Conn().PgConn().PID())
-		defer func() {
-			done()
-			if err != nil && blocked() {
-				err = fmt.Errorf("%w (%v)", errLockWait, err)
-			}
-		}()
-	}
-	if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true),
-       set_config('plan_cache_mode', 'force_custom_plan', true)`,
-		retry.Millis(d.opts.LockTimeout), retry.Millis(d.opts.StatementTimeout)); err != nil {
-		return 0, time.Time{}, 0, err
-	}
 	// The fence, as in the deleter: taken before the holds are read, so a
 	// hold whose writer we waited for is in this batch's snapshot.
-	var now time.Time
-	var walStart string
-	if err := tx.QueryRow(ctx, "SELECT coalesce($1::timestamptz, now()), pg_advisory_xact_lock_shared($2)::text, pg_current_wal_insert_lsn()::text",
-		d.pinned(), holds.FenceKey).Scan(&now, new(string), &walStart); err != nil {
-		return 0, time.Time{}, 0, err
-	}
-	cov, err := holds.Active(ctx, tx, t.Name, now)
+	tx, err := batchloop.Begin(ctx, d.pool, t.Name, batchloop.TxOptions{
+		LockTimeout: d.opts.LockTimeout, StatementTimeout: d.opts.StatementTimeout, Throttle: d.opts.Throttle, Pinned: d.pinned()})
 	if err != nil {
 		return 0, time.Time{}, 0, err
 	}
+	defer tx.Close(ctx, &err)
+	now, cov := tx.Now, tx.Coverage
 	var args holds.Args
 	sql := demoteSQL(t, cov, &args, cutoff(t, now), lower, size)
 	var newestTS pgtype.Timestamptz
@@ -281,13 +259,8 @@ func (d *Demoter) batch(ctx context.Context, t *catalog.Table, lower pgtype.Time
 	if d.opts.beforeCommit != nil {
 		d.opts.beforeCommit(t.Name, n)
 	}
-	if err := tx.Commit(ctx); err != nil {
+	if wal, err = tx.Commit(ctx); err != nil {
 		return 0, time.Time{}, 0, err
-	}
-	if d.opts.Throttle != nil {
-		if err := d.pool.QueryRow(ctx, "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::pg_lsn)::float8", walStart).Scan(&wal); err != nil {
-			wal = 0
-		}
 	}
 	return n, newestTS.Time, wal, nil
 }

@@ -1,0 +1,104 @@
+package batchloop
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/inboxkeeper/inboxkeeper/holds"
+	"github.com/inboxkeeper/inboxkeeper/internal/retry"
+	"github.com/inboxkeeper/inboxkeeper/throttle"
+)
+
+// TxOptions set up a batch transaction.
+type TxOptions struct {
+	LockTimeout, StatementTimeout time.Duration
+	// Throttle, when set, watches the transaction's backend for sessions
+	// queueing behind its locks, and asks for the WAL the batch wrote.
+	Throttle *throttle.Throttler
+	// Pinned replaces the database's now (tests); nil: now().
+	Pinned *time.Time
+}
+
+// Tx is one batch transaction, ready for its statement: timeouts set, the
+// hold fence taken in shared mode, now read, and the holds and replays
+// active on the table read after the fence (in a statement of their own,
+// so that their snapshot follows any hold writer the fence waited for).
+type Tx struct {
+	pgx.Tx
+	Now      time.Time
+	Coverage holds.Coverage
+
+	pool      *pgxpool.Pool
+	measure   bool
+	walStart  string
+	done      func()
+	blocked   func() bool
+	committed bool
+}
+
+// Begin opens a batch transaction on table.
+func Begin(ctx context.Context, pool *pgxpool.Pool, table string, o TxOptions) (_ *Tx, err error) {
+	ptx, err := pool.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	t := &Tx{Tx: ptx, pool: pool, measure: o.Throttle != nil}
+	if o.Throttle != nil {
+		t.done, t.blocked = o.Throttle.Watch(ptx.Conn().PgConn().PID())
+	}
+	defer func() {
+		if err != nil {
+			t.Close(ctx, &err)
+		}
+	}()
+	if _, err := ptx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true),
+       set_config('plan_cache_mode', 'force_custom_plan', true)`,
+		retry.Millis(o.LockTimeout), retry.Millis(o.StatementTimeout)); err != nil {
+		return nil, err
+	}
+	if err := ptx.QueryRow(ctx, "SELECT coalesce($1::timestamptz, now()), pg_advisory_xact_lock_shared($2)::text, pg_current_wal_insert_lsn()::text",
+		o.Pinned, holds.FenceKey).Scan(&t.Now, new(string), &t.walStart); err != nil {
+		return nil, err
+	}
+	if t.Coverage, err = holds.Active(ctx, ptx, table, t.Now); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// Commit commits the batch and, with a throttle, returns the WAL written
+// since Begin (other sessions' writes meanwhile included): the throttle caps
+// batches in bytes for a slow standby. Without one the round trip is saved.
+func (t *Tx) Commit(ctx context.Context) (wal float64, err error) {
+	if err := t.Tx.Commit(ctx); err != nil {
+		return 0, err
+	}
+	t.committed = true
+	if t.measure {
+		if err := t.pool.QueryRow(ctx, "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::pg_lsn)::float8", t.walStart).Scan(&wal); err != nil {
+			wal = 0
+		}
+	}
+	return wal, nil
+}
+
+// Close ends the transaction: a rollback unless it committed. When *errp is
+// set and a session queued behind the batch's locks meanwhile (the watch
+// cancelled it), the error is marked retry.ErrLockWait. Defer it.
+func (t *Tx) Close(ctx context.Context, errp *error) {
+	if t.done != nil {
+		t.done()
+		if *errp != nil && t.blocked() && !errors.Is(*errp, retry.ErrLockWait) {
+			*errp = fmt.Errorf("%w (%v)", retry.ErrLockWait, *errp)
+		}
+		t.done = nil
+	}
+	if !t.committed {
+		_ = t.Tx.Rollback(context.WithoutCancel(ctx))
+	}
+}
