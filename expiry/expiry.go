@@ -65,8 +65,6 @@ type Sizing struct {
 	Target   time.Duration
 }
 
-// errLockWait marks a batch cancelled because a session waited on its locks.
-var errLockWait = retry.ErrLockWait
 
 // Progress reports a pass's advance through one table.
 type Progress struct {
@@ -162,26 +160,10 @@ func New(pool *pgxpool.Pool, tables []*catalog.Table, opts Options) *Deleter {
 // table is recorded in its result and the pass goes on to the next; the
 // returned error is non-nil only when ctx ended the pass.
 func (d *Deleter) RunPass(ctx context.Context) ([]TableResult, error) {
-	var deadline time.Time
-	if d.opts.RunTime > 0 {
-		deadline = time.Now().Add(d.opts.RunTime)
-	}
-	var out []TableResult
-	for _, t := range d.tables {
-		if err := ctx.Err(); err != nil {
-			return out, err
-		}
-		r := d.runTable(ctx, t, deadline)
-		out = append(out, r)
-		if errors.Is(r.Err, errLockWait) {
-			// Someone waited on us: the whole pass stops at once, and the
-			// next one starts with a smaller batch.
-			r := &out[len(out)-1]
-			r.StoppedEarly, r.Err = "a session waited on a lock the daemon held", nil
-			break
-		}
-	}
-	return out, ctx.Err()
+	return batchloop.Pass(ctx, d.tables, d.opts.RunTime,
+		func(t *catalog.Table, deadline time.Time) TableResult { return d.runTable(ctx, t, deadline) },
+		func(r *TableResult) error { return r.Err },
+		func(r *TableResult, reason string) { r.StoppedEarly, r.Err = reason, nil })
 }
 
 func (d *Deleter) now(ctx context.Context, q interface {

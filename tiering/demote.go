@@ -17,7 +17,6 @@ package tiering
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -80,8 +79,6 @@ type Result struct {
 	Err              error
 }
 
-// errLockWait marks a batch cancelled because a session waited on its locks.
-var errLockWait = retry.ErrLockWait
 
 // Demoter runs demotion passes over the tables that have a tiers section.
 type Demoter struct {
@@ -138,24 +135,10 @@ func (d *Demoter) SetActive(f func() error) { d.opts.Active = f }
 // failure on one table is recorded in its result and the pass goes on; the
 // error is non-nil only when ctx ended the pass.
 func (d *Demoter) RunPass(ctx context.Context) ([]Result, error) {
-	var deadline time.Time
-	if d.opts.RunTime > 0 {
-		deadline = time.Now().Add(d.opts.RunTime)
-	}
-	var out []Result
-	for _, t := range d.tables {
-		if err := ctx.Err(); err != nil {
-			return out, err
-		}
-		r := d.runTable(ctx, t, deadline)
-		out = append(out, r)
-		if errors.Is(r.Err, errLockWait) {
-			r := &out[len(out)-1]
-			r.StoppedEarly, r.Err = "a session waited on a lock the daemon held", nil
-			break
-		}
-	}
-	return out, ctx.Err()
+	return batchloop.Pass(ctx, d.tables, d.opts.RunTime,
+		func(t *catalog.Table, deadline time.Time) Result { return d.runTable(ctx, t, deadline) },
+		func(r *Result) error { return r.Err },
+		func(r *Result, reason string) { r.StoppedEarly, r.Err = reason, nil })
 }
 
 func (d *Demoter) runTable(ctx context.Context, t *catalog.Table, deadline time.Time) Result {

@@ -42,15 +42,9 @@ func (a *app) partitionsCmd(ctx context.Context, args []string) error {
 	if fs.NArg() > 0 {
 		return usagef("partitions ensure: unexpected argument %q", fs.Arg(0))
 	}
-	pool, tables, err := a.prepare(ctx)
-	if err != nil {
+	pool, tables, err := a.preparePrimary(ctx)
+	if err != nil || pool == nil {
 		return err
-	}
-	if standby, err := inRecovery(ctx, pool); err != nil {
-		return err
-	} else if standby {
-		fmt.Fprintln(a.stdout, "the database is a standby (in recovery): nothing to do here; run inboxkeeper against the primary")
-		return nil
 	}
 	m := a.partitionManager(pool, tables, *dryRun, nil, nil)
 	if len(m.Tables()) == 0 {

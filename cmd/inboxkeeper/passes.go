@@ -59,6 +59,22 @@ func (a *app) deleter(pool *pgxpool.Pool, tables []*catalog.Table, dryRun bool, 
 	})
 }
 
+// preparePrimary is prepare for commands that change the database: against
+// a standby it says so and returns a nil pool, and the command does nothing.
+func (a *app) preparePrimary(ctx context.Context) (*pgxpool.Pool, []*catalog.Table, error) {
+	pool, tables, err := a.prepare(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	if standby, err := inRecovery(ctx, pool); err != nil {
+		return nil, nil, err
+	} else if standby {
+		fmt.Fprintln(a.stdout, "the database is a standby (in recovery): nothing to do here; run inboxkeeper against the primary")
+		return nil, nil, nil
+	}
+	return pool, tables, nil
+}
+
 func (a *app) once(ctx context.Context, args []string) error {
 	fs := newFlags("once", a.stderr)
 	dryRun := fs.Bool("dry-run", false, "count what would be deleted; delete nothing")
@@ -68,15 +84,9 @@ func (a *app) once(ctx context.Context, args []string) error {
 	if fs.NArg() > 0 {
 		return usagef("once: unexpected argument %q", fs.Arg(0))
 	}
-	pool, tables, err := a.prepare(ctx)
-	if err != nil {
+	pool, tables, err := a.preparePrimary(ctx)
+	if err != nil || pool == nil {
 		return err
-	}
-	if standby, err := inRecovery(ctx, pool); err != nil {
-		return err
-	} else if standby {
-		fmt.Fprintln(a.stdout, "the database is a standby (in recovery): nothing to do here; run inboxkeeper against the primary")
-		return nil
 	}
 	var th *throttle.Throttler
 	var active func() error

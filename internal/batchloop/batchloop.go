@@ -7,6 +7,7 @@ package batchloop
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -175,4 +176,29 @@ func (l *Loop) withRetry(ctx context.Context, batch Batch, lower pgtype.Timestam
 			return 0, time.Time{}, size, err
 		}
 	}
+}
+
+// Pass runs one table after the other, in policy order, with one RUN_TIME
+// deadline for them all. A table whose error is a lock wait ends the pass
+// at once (someone queued behind the daemon: the next pass starts with a
+// smaller batch); stopped turns that result into "stopped early". The error
+// is non-nil only when ctx ended the pass.
+func Pass[T any, R any](ctx context.Context, tables []T, runTime time.Duration, run func(t T, deadline time.Time) R,
+	errOf func(*R) error, stopped func(r *R, reason string)) ([]R, error) {
+	var deadline time.Time
+	if runTime > 0 {
+		deadline = time.Now().Add(runTime)
+	}
+	var out []R
+	for _, t := range tables {
+		if err := ctx.Err(); err != nil {
+			return out, err
+		}
+		out = append(out, run(t, deadline))
+		if r := &out[len(out)-1]; errors.Is(errOf(r), retry.ErrLockWait) {
+			stopped(r, "a session waited on a lock the daemon held")
+			break
+		}
+	}
+	return out, ctx.Err()
 }
