@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -60,11 +59,7 @@ type Options struct {
 }
 
 // Sizing bounds the adaptive batch size.
-type Sizing struct {
-	Min, Max int
-	Target   time.Duration
-}
-
+type Sizing = batchloop.Sizing
 
 // Progress reports a pass's advance through one table.
 type Progress struct {
@@ -111,8 +106,7 @@ type Deleter struct {
 	opts   Options
 	log    *slog.Logger
 
-	mu     sync.Mutex
-	sizers map[string]*throttle.Sizer // per table, kept across passes
+	sizers *batchloop.Sizers // per table, kept across passes
 }
 
 // New returns a Deleter with defaults filled in.
@@ -153,7 +147,7 @@ func New(pool *pgxpool.Pool, tables []*catalog.Table, opts Options) *Deleter {
 			m.Batches.WithLabelValues(t.Name).Add(0)
 		}
 	}
-	return &Deleter{pool: pool, tables: tables, opts: opts, log: log, sizers: map[string]*throttle.Sizer{}}
+	return &Deleter{pool: pool, tables: tables, opts: opts, log: log, sizers: batchloop.NewSizers(opts.BatchSize, opts.Sizing)}
 }
 
 // RunPass runs one pass over every table, in policy order. A failure on one
@@ -187,21 +181,7 @@ func cutoff(t *catalog.Table, now time.Time) time.Time {
 	return now.Add(-t.Policy.ExpiryOffset())
 }
 
-// sizer returns the table's batch sizer; without Sizing it never adapts.
-func (d *Deleter) sizer(t *catalog.Table) *throttle.Sizer {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	s := d.sizers[t.Name]
-	if s == nil {
-		if z := d.opts.Sizing; z != nil {
-			s = throttle.NewSizer(d.opts.BatchSize, z.Min, z.Max, z.Target)
-		} else {
-			s = throttle.NewSizer(d.opts.BatchSize, d.opts.BatchSize, d.opts.BatchSize, 0)
-		}
-		d.sizers[t.Name] = s
-	}
-	return s
-}
+func (d *Deleter) sizer(t *catalog.Table) *throttle.Sizer { return d.sizers.For(t.Name) }
 
 // SetActive sets Options.Active after construction.
 func (d *Deleter) SetActive(f func() error) { d.opts.Active = f }

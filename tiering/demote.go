@@ -20,7 +20,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -79,7 +78,6 @@ type Result struct {
 	Err              error
 }
 
-
 // Demoter runs demotion passes over the tables that have a tiers section.
 type Demoter struct {
 	pool   *pgxpool.Pool
@@ -87,8 +85,7 @@ type Demoter struct {
 	opts   Options
 	log    *slog.Logger
 
-	mu     sync.Mutex
-	sizers map[string]*throttle.Sizer
+	sizers *batchloop.Sizers // per table, kept across passes
 }
 
 // New returns a Demoter for the tables of tables that have tiers.
@@ -109,7 +106,7 @@ func New(pool *pgxpool.Pool, tables []*catalog.Table, opts Options) *Demoter {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	d := &Demoter{pool: pool, opts: opts, log: log, sizers: map[string]*throttle.Sizer{}}
+	d := &Demoter{pool: pool, opts: opts, log: log, sizers: batchloop.NewSizers(opts.BatchSize, opts.Sizing)}
 	for _, t := range tables {
 		if t.Tiers == nil {
 			continue
@@ -166,20 +163,7 @@ func (d *Demoter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 	return res
 }
 
-func (d *Demoter) sizer(t *catalog.Table) *throttle.Sizer {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	s := d.sizers[t.Name]
-	if s == nil {
-		if z := d.opts.Sizing; z != nil {
-			s = throttle.NewSizer(d.opts.BatchSize, z.Min, z.Max, z.Target)
-		} else {
-			s = throttle.NewSizer(d.opts.BatchSize, d.opts.BatchSize, d.opts.BatchSize, 0)
-		}
-		d.sizers[t.Name] = s
-	}
-	return s
-}
+func (d *Demoter) sizer(t *catalog.Table) *throttle.Sizer { return d.sizers.For(t.Name) }
 
 func (d *Demoter) pinned() *time.Time {
 	if d.opts.Clock == nil {

@@ -26,7 +26,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -72,13 +71,7 @@ func run(args []string, stdout io.Writer) int {
 		fmt.Fprintln(os.Stderr, "bench/expiry: want -rows >= 2, -batch >= 1, -flat-rows >= 0, -reps >= 1 and no arguments")
 		return 2
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := benchmark(ctx, o, stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "bench/expiry: FAILED:", err)
-		return 1
-	}
-	return 0
+	return benchdata.Run("bench/expiry", func(ctx context.Context) error { return benchmark(ctx, o, stdout) })
 }
 
 type bench struct {
@@ -255,7 +248,7 @@ func (b *bench) daemon(ctx context.Context, table string, n, expired int64) (res
 	if err := os.WriteFile(policy, []byte(yaml), 0o644); err != nil {
 		return result{}, err
 	}
-	lsn, err := b.checkpoint(ctx)
+	lsn, err := benchdata.Checkpoint(ctx, b.pool)
 	if err != nil {
 		return result{}, err
 	}
@@ -272,7 +265,7 @@ func (b *bench) daemon(ctx context.Context, table string, n, expired int64) (res
 		return r, err
 	}
 	r.cpu += cpu2 - cpu
-	if r.wal, err = b.walSince(ctx, lsn); err != nil {
+	if r.wal, err = benchdata.WALSince(ctx, b.pool, lsn); err != nil {
 		return r, err
 	}
 	return r, b.verify(ctx, table, n, expired)
@@ -282,7 +275,7 @@ func (b *bench) daemon(ctx context.Context, table string, n, expired int64) (res
 // checkpoint, as the daemon's run is.
 func (b *bench) unbounded(ctx context.Context, table string, n, expired int64) (result, error) {
 	b.logf("unbounded DELETE on %s", table)
-	lsn, err := b.checkpoint(ctx)
+	lsn, err := benchdata.Checkpoint(ctx, b.pool)
 	if err != nil {
 		return result{}, err
 	}
@@ -304,28 +297,10 @@ func (b *bench) unbounded(ctx context.Context, table string, n, expired int64) (
 	if tag.RowsAffected() != expired {
 		return r, fmt.Errorf("unbounded DELETE on %s deleted %d rows, want %d", table, tag.RowsAffected(), expired)
 	}
-	if r.wal, err = b.walSince(ctx, lsn); err != nil {
+	if r.wal, err = benchdata.WALSince(ctx, b.pool, lsn); err != nil {
 		return r, err
 	}
 	return r, b.verify(ctx, table, n, expired)
-}
-
-// checkpoint makes both runs start with the same full-page-write situation
-// and returns the WAL position after it. The insert position, not the write
-// position, so that nothing inserted but not yet written is missed.
-func (b *bench) checkpoint(ctx context.Context) (string, error) {
-	if _, err := b.pool.Exec(ctx, "CHECKPOINT"); err != nil {
-		return "", err
-	}
-	var lsn string
-	err := b.pool.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&lsn)
-	return lsn, err
-}
-
-func (b *bench) walSince(ctx context.Context, lsn string) (int64, error) {
-	var n int64
-	err := b.pool.QueryRow(ctx, "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::pg_lsn)::bigint", lsn).Scan(&n)
-	return n, err
 }
 
 func (b *bench) now(ctx context.Context) time.Time {

@@ -57,11 +57,9 @@ import (
 	"log/slog"
 	"math"
 	"os"
-	"os/signal"
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -108,13 +106,10 @@ func run(args []string, stdout io.Writer) int {
 	if !ok {
 		return 2
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if _, err := benchmark(ctx, o, stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "bench/partitions: FAILED:", err)
-		return 1
-	}
-	return 0
+	return benchdata.Run("bench/partitions", func(ctx context.Context) error {
+		_, err := benchmark(ctx, o, stdout)
+		return err
+	})
 }
 
 func parseArgs(args []string) (options, bool) {
@@ -787,7 +782,7 @@ func (b *bench) printUnderReader(w io.Writer, r *report) {
 func (b *bench) forget(ctx context.Context, part, rows *catalog.Table) (forgetting, error) {
 	var f forgetting
 	b.logf("%s: inboxkeeper retires the month", forgetPart)
-	lsn, err := b.checkpoint(ctx)
+	lsn, err := benchdata.Checkpoint(ctx, b.pool)
 	if err != nil {
 		return f, err
 	}
@@ -800,7 +795,7 @@ func (b *bench) forget(ctx context.Context, part, rows *catalog.Table) (forgetti
 	if err != nil {
 		return f, fmt.Errorf("inboxkeeper on %s: %w", forgetPart, err)
 	}
-	if f.partWAL, err = b.walSince(ctx, lsn); err != nil {
+	if f.partWAL, err = benchdata.WALSince(ctx, b.pool, lsn); err != nil {
 		return f, err
 	}
 	want := "public." + ikPartition(forgetPart, b.month)
@@ -809,7 +804,7 @@ func (b *bench) forget(ctx context.Context, part, rows *catalog.Table) (forgetti
 	}
 
 	b.logf("%s: the expiry deleter deletes the same rows", forgetRows)
-	if lsn, err = b.checkpoint(ctx); err != nil {
+	if lsn, err = benchdata.Checkpoint(ctx, b.pool); err != nil {
 		return f, err
 	}
 	d := expiry.New(b.pool, []*catalog.Table{rows}, expiry.Options{
@@ -825,7 +820,7 @@ func (b *bench) forget(ctx context.Context, part, rows *catalog.Table) (forgetti
 	if err != nil {
 		return f, fmt.Errorf("expiry deleter on %s: %w", forgetRows, err)
 	}
-	if f.rowsWAL, err = b.walSince(ctx, lsn); err != nil {
+	if f.rowsWAL, err = benchdata.WALSince(ctx, b.pool, lsn); err != nil {
 		return f, err
 	}
 	f.deleted, f.batches = dres[0].Deleted, dres[0].Batches
@@ -848,23 +843,6 @@ func (b *bench) printForget(w io.Writer, r *report) {
 	fmt.Fprintf(w, "  %-60s %8.3fs %12s\n", fmt.Sprintf("by rows: inboxkeeper expiry deleter (%d batches)", f.batches), f.rowsTime.Seconds(), fmtBytes(f.rowsWAL))
 	fmt.Fprintf(w, "by rows / by partition: time %.0fx, WAL %.0fx\n", f.rowsTime.Seconds()/f.partTime.Seconds(), r.walRatio)
 	fmt.Fprintf(w, "goal: forgetting by partition at least %dx cheaper in WAL: %.0fx %s\n", goalWALRatio, r.walRatio, benchdata.Verdict(r.walRatio >= goalWALRatio))
-}
-
-// checkpoint returns the WAL insert position right after a CHECKPOINT, so
-// that both measurements start with the same full-page-write situation.
-func (b *bench) checkpoint(ctx context.Context) (string, error) {
-	if _, err := b.pool.Exec(ctx, "CHECKPOINT"); err != nil {
-		return "", err
-	}
-	var lsn string
-	err := b.pool.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&lsn)
-	return lsn, err
-}
-
-func (b *bench) walSince(ctx context.Context, lsn string) (int64, error) {
-	var n int64
-	err := b.pool.QueryRow(ctx, "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::pg_lsn)::bigint", lsn).Scan(&n)
-	return n, err
 }
 
 func (b *bench) logf(format string, args ...any) {

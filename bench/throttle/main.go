@@ -61,14 +61,12 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -104,13 +102,7 @@ func run(args []string, stdout io.Writer) int {
 		fmt.Fprintln(os.Stderr, "bench/throttle: want -rows >= 2, -max-lag > 0, -apply-rate >= 0 and no arguments")
 		return 2
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := benchmark(ctx, o, stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "bench/throttle: FAILED:", err)
-		return 1
-	}
-	return 0
+	return benchdata.Run("bench/throttle", func(ctx context.Context) error { return benchmark(ctx, o, stdout) })
 }
 
 type bench struct {

@@ -32,8 +32,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -71,13 +69,7 @@ func run(args []string, stdout io.Writer) int {
 		fmt.Fprintln(os.Stderr, "bench/tiering: want -rows >= 1, -batch >= 1 and no arguments")
 		return 2
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := benchmark(ctx, o, stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "bench/tiering: FAILED:", err)
-		return 1
-	}
-	return 0
+	return benchdata.Run("bench/tiering", func(ctx context.Context) error { return benchmark(ctx, o, stdout) })
 }
 
 type bench struct {

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
@@ -201,4 +202,41 @@ func Pass[T any, R any](ctx context.Context, tables []T, runTime time.Duration, 
 		}
 	}
 	return out, ctx.Err()
+}
+
+// Sizing bounds the adaptive batch size.
+type Sizing struct {
+	Min, Max int
+	Target   time.Duration
+}
+
+// Sizers keeps one batch sizer per table across passes, so that what a
+// pass learnt about a table's batches is where the next one starts.
+type Sizers struct {
+	start  int
+	sizing *Sizing // nil: every batch has start rows
+	mu     sync.Mutex
+	m      map[string]*throttle.Sizer
+}
+
+// NewSizers starts every table's batches at start rows, adapting within
+// sizing when it is set.
+func NewSizers(start int, sizing *Sizing) *Sizers {
+	return &Sizers{start: start, sizing: sizing, m: map[string]*throttle.Sizer{}}
+}
+
+// For returns table's sizer.
+func (s *Sizers) For(table string) *throttle.Sizer {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	z := s.m[table]
+	if z == nil {
+		if s.sizing != nil {
+			z = throttle.NewSizer(s.start, s.sizing.Min, s.sizing.Max, s.sizing.Target)
+		} else {
+			z = throttle.NewSizer(s.start, s.start, s.start, 0)
+		}
+		s.m[table] = z
+	}
+	return z
 }

@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -142,3 +144,35 @@ func Verdict(ok bool) string {
 
 // MB is bytes in MiB.
 func MB(bytes int64) float64 { return float64(bytes) / (1 << 20) }
+
+// Checkpoint makes a measurement start with the same full-page-write
+// situation as the one it is compared with, and returns the WAL position
+// after it: the insert position, not the write position, so that nothing
+// inserted but not yet written is missed.
+func Checkpoint(ctx context.Context, db DB) (string, error) {
+	if _, err := db.Exec(ctx, "CHECKPOINT"); err != nil {
+		return "", err
+	}
+	var lsn string
+	err := db.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&lsn)
+	return lsn, err
+}
+
+// WALSince is the WAL inserted since lsn, by every session.
+func WALSince(ctx context.Context, db DB, lsn string) (int64, error) {
+	var n int64
+	err := db.QueryRow(ctx, "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::pg_lsn)::bigint", lsn).Scan(&n)
+	return n, err
+}
+
+// Run runs a benchmark until it ends or SIGINT/SIGTERM, and returns the
+// exit status: 1 with "<name>: FAILED: <error>" on stderr when it failed.
+func Run(name string, bench func(ctx context.Context) error) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := bench(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, name+": FAILED:", err)
+		return 1
+	}
+	return 0
+}
