@@ -39,6 +39,34 @@ func FindScopeIndexes(ctx context.Context, q catalog.Querier, t *catalog.Table) 
 	return si, err
 }
 
+// FirstSeenIndexed reports whether an index leads with t's first_seen
+// column, which makes FirstSeenRange two index probes.
+func FirstSeenIndexed(ctx context.Context, q catalog.Querier, t *catalog.Table) (bool, error) {
+	if t.FirstSeen == nil {
+		return false, nil
+	}
+	return catalog.IndexLeads(ctx, q, t, *t.FirstSeen)
+}
+
+// FirstSeenRange is the first receipt of the oldest and newest identity t
+// retains (nil, nil for an empty table).
+func FirstSeenRange(ctx context.Context, q catalog.Querier, t *catalog.Table) (oldest, newest *time.Time, err error) {
+	var o, n pgtype.Timestamptz
+	c := t.FirstSeen
+	err = q.QueryRow(ctx, fmt.Sprintf(`SELECT (SELECT %[1]s FROM %[2]s t WHERE t.%[3]s IS NOT NULL ORDER BY t.%[3]s LIMIT 1),
+       (SELECT %[1]s FROM %[2]s t WHERE t.%[3]s IS NOT NULL ORDER BY t.%[3]s DESC LIMIT 1)`, c.AsTimestamptz("t"), t.Ident, c.Quoted)).Scan(&o, &n)
+	if err != nil {
+		return nil, nil, fmt.Errorf("table %s: measure the first-seen range: %w", t.Name, err)
+	}
+	if o.Valid {
+		oldest = &o.Time
+	}
+	if n.Valid {
+		newest = &n.Time
+	}
+	return oldest, newest, nil
+}
+
 // ScopeRanges measures one scope value of t, reading only what si says is
 // indexed. The expiry is column + expires_after, as elsewhere.
 func ScopeRanges(ctx context.Context, q catalog.Querier, t *catalog.Table, si ScopeIndexes, scope string) (ScopeRange, error) {

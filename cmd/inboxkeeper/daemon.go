@@ -56,7 +56,7 @@ func (a *app) daemon(ctx context.Context, args []string) error {
 		defer stopServer()
 	}
 
-	pool, tables, err := a.prepareWithRetry(ctx)
+	pool, tables, err := a.prepareWithRetry(ctx, dm.PolicyMismatch)
 	if err != nil || ctx.Err() != nil {
 		return err
 	}
@@ -130,8 +130,10 @@ type passer struct {
 
 	// Per-scope ranges are measured only where an index makes them cheap;
 	// which indexes exist is looked up once.
-	tables   map[string]*catalog.Table
-	scopeIdx map[string]*expiry.ScopeIndexes
+	tables    map[string]*catalog.Table
+	scopeIdx  map[string]*expiry.ScopeIndexes
+	seenIdx   map[string]bool // table -> an index leads with first_seen
+	seenKnown bool
 }
 
 func (p *passer) say(state string, args ...any) {
@@ -240,7 +242,7 @@ func (p *passer) inactive() {
 	p.dm.Active.Set(0)
 	for _, g := range []*prometheus.GaugeVec{p.dm.RowsProtected, p.dm.OldestExpiry, p.dm.NewestExpiry, p.dm.BytesPerKey,
 		p.dm.ReplayHorizon, p.dm.PostReceipt, p.dm.Margin, p.dm.ReplaysBeyond, p.m.CleanupLag, p.m.BatchSize,
-		p.pmm.Coverage, p.pmm.Blocked, p.pmm.Count, p.dm.ScopeExpiry, p.dm.ScopeFirstSeen} {
+		p.pmm.Coverage, p.pmm.Blocked, p.pmm.Count, p.dm.ScopeExpiry, p.dm.ScopeFirstSeen, p.dm.FirstSeen} {
 		g.Reset()
 	}
 	if p.tm != nil {
@@ -268,6 +270,37 @@ func (p *passer) record(r expiry.TableResult) {
 		p.dm.BytesPerKey.DeleteLabelValues(r.Table, "all") // unknown before the first ANALYZE
 	}
 	p.countPermanent(r)
+}
+
+// firstSeenStats exports, per table whose first_seen column leads an
+// index, the first receipt of the oldest and newest identity retained.
+func (p *passer) firstSeenStats(ctx context.Context) error {
+	if !p.seenKnown {
+		p.seenIdx = map[string]bool{}
+		for name, t := range p.tables {
+			ok, err := expiry.FirstSeenIndexed(ctx, p.pool, t)
+			if err != nil {
+				return err
+			}
+			p.seenIdx[name] = ok
+		}
+		p.seenKnown = true
+	}
+	p.dm.FirstSeen.Reset()
+	for name, ok := range p.seenIdx {
+		if !ok {
+			continue
+		}
+		oldest, newest, err := expiry.FirstSeenRange(ctx, p.pool, p.tables[name])
+		if err != nil {
+			return err
+		}
+		if oldest != nil {
+			p.dm.FirstSeen.WithLabelValues(name, "oldest").Set(float64(oldest.Unix()))
+			p.dm.FirstSeen.WithLabelValues(name, "newest").Set(float64(newest.Unix()))
+		}
+	}
+	return nil
 }
 
 // scopeStats exports the retained range of one scope that has a retention
@@ -342,6 +375,9 @@ FROM inboxkeeper.retention_rules`)
 		return err
 	}
 	rows.Close()
+	if err := p.firstSeenStats(ctx); err != nil {
+		return err
+	}
 	p.dm.ScopeExpiry.Reset()
 	p.dm.ScopeFirstSeen.Reset()
 	for _, s := range scopes {
@@ -370,23 +406,31 @@ FROM inboxkeeper.replays WHERE finished_at IS NULL GROUP BY table_name`)
 }
 
 // prepareWithRetry is prepare for a daemon: a database that is not up yet,
-// or a control schema a migrate job has not created yet, is waited for with
-// backoff instead of crash-looping; a configuration error still ends it.
-func (a *app) prepareWithRetry(ctx context.Context) (*pgxpool.Pool, []*catalog.Table, error) {
+// a control schema a migrate job has not created yet, or tables the
+// application's migration has not created yet, are waited for with backoff
+// instead of crash-looping (a crash-looping native sidecar would take its
+// database pod out of service). The policy file is read again on every try,
+// so a corrected ConfigMap is picked up. A bad environment or a policy file
+// that does not parse still ends it (exit 2).
+func (a *app) prepareWithRetry(ctx context.Context, mismatch prometheus.Gauge) (*pgxpool.Pool, []*catalog.Table, error) {
 	wait := time.Second
 	for {
 		pool, tables, err := a.prepare(ctx)
 		if err == nil {
+			mismatch.Set(0)
 			return pool, tables, nil
 		}
 		var ce configError
 		var ue usageError
-		if errors.As(err, &ce) || errors.As(err, &ue) || errors.Is(err, catalog.ErrInvalid) {
+		switch {
+		case errors.As(err, &ce) || errors.As(err, &ue):
 			return nil, nil, err
-		}
-		if errors.Is(err, migrations.ErrNotMigrated) {
+		case errors.Is(err, catalog.ErrInvalid):
+			mismatch.Set(1)
+			a.log.Error("inboxkeeper: the policy does not match the database; nothing is touched until it does", "error", err, "retry_in", wait)
+		case errors.Is(err, migrations.ErrNotMigrated):
 			a.log.Warn("inboxkeeper: waiting for the control schema", "error", err, "retry_in", wait)
-		} else {
+		default:
 			a.log.Warn("inboxkeeper: waiting for the database", "error", err, "retry_in", wait)
 		}
 		t := time.NewTimer(wait)

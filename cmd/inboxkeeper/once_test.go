@@ -166,6 +166,9 @@ INSERT INTO public.second_inbox SELECT * FROM public.consumer_inbox;`
 		policy string   // default inboxPolicy
 		vars   []string // extra environment
 		want   []string // in the output; "POLICY" stands for the policy file's path
+		// catalog: the policy does not match the database. once exits 2;
+		// run waits for the database to match, touching nothing.
+		catalog bool
 	}{
 		{name: "unknown variable", vars: []string{"INBOXKEEPER_BATCHSIZE=10"},
 			want: []string{"INBOXKEEPER_BATCHSIZE", "unknown variable", "INBOXKEEPER_BATCH_SIZE"}},
@@ -188,27 +191,27 @@ INSERT INTO public.second_inbox SELECT * FROM public.consumer_inbox;`
 		{name: "invalid yaml", policy: swap("key: [consumer, message_id]", "key: [consumer, message_id"),
 			want: []string{"POLICY"}},
 		{name: "missing table", policy: swap("public.consumer_inbox", "public.consumer_inbx"),
-			want: []string{"POLICY", "public.consumer_inbx", "no such table"}},
+			want: []string{"POLICY", "public.consumer_inbx", "no such table"}, catalog: true},
 		{name: "missing expiry column", policy: swap("expires_at: remember_until", "expires_at: remember_untill"),
-			want: []string{"POLICY", `"remember_untill"`, "does not exist"}},
+			want: []string{"POLICY", `"remember_untill"`, "does not exist"}, catalog: true},
 		{name: "missing key column", policy: swap("key: [consumer, message_id]", "key: [consumer, msg_id]"),
-			want: []string{"POLICY", `"msg_id"`, "does not exist"}},
+			want: []string{"POLICY", `"msg_id"`, "does not exist"}, catalog: true},
 		{name: "missing scope column", policy: swap("scope: consumer", "scope: Consumer"),
-			want: []string{"POLICY", `"Consumer"`, "does not exist"}},
+			want: []string{"POLICY", `"Consumer"`, "does not exist"}, catalog: true},
 		{name: "expiry column of the wrong type", policy: swap("expires_at: remember_until", "expires_at: consumer"),
-			want: []string{"POLICY", `"consumer"`, "timestamptz"}},
+			want: []string{"POLICY", `"consumer"`, "timestamptz"}, catalog: true},
 		{name: "event time column of the wrong type", policy: swap("event_time: event_time", "event_time: message_id"),
-			want: []string{"POLICY", `"message_id"`, "timestamptz"}},
+			want: []string{"POLICY", `"message_id"`, "timestamptz"}, catalog: true},
 		{name: "no index on the expiry column", policy: swap("public.consumer_inbox", "public.noindex_inbox"),
-			want: []string{"POLICY", "public.noindex_inbox", `"remember_until"`, "index"}},
+			want: []string{"POLICY", "public.noindex_inbox", `"remember_until"`, "index"}, catalog: true},
 		{name: "only a partial index on the expiry column", policy: swap("public.consumer_inbox", "public.partial_inbox"),
-			want: []string{"POLICY", "public.partial_inbox", `"remember_until"`, "index"}},
+			want: []string{"POLICY", "public.partial_inbox", `"remember_until"`, "index"}, catalog: true},
 		{name: "expiry column second in the index", policy: swap("public.consumer_inbox", "public.second_inbox"),
-			want: []string{"POLICY", "public.second_inbox", `"remember_until"`, "index"}},
+			want: []string{"POLICY", "public.second_inbox", `"remember_until"`, "index"}, catalog: true},
 		{name: "one good table and one missing", policy: inboxPolicy + `  - table: public.missing_inbox
     key: [id]
     expires_at: remember_until
-`, want: []string{"POLICY", "public.missing_inbox", "no such table"}},
+`, want: []string{"POLICY", "public.missing_inbox", "no such table"}, catalog: true},
 	}
 	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -222,10 +225,24 @@ INSERT INTO public.second_inbox SELECT * FROM public.consumer_inbox;`
 			}
 			env := f.env(append([]string{"INBOXKEEPER_POLICY_FILE=" + policy}, c.vars...)...)
 			for _, args := range [][]string{{"once"}, {"run"}} {
-				r := runCLI(t, f.dir, env, args...)
-				wantExit(t, r, 2, want...)
+				if c.catalog && args[0] == "run" {
+					d := startDaemon(t, f.dir, env, "run")
+					line := d.waitLine(regexp.MustCompile(`the policy does not match the database`), 30*time.Second)
+					for _, w := range want {
+						if !strings.Contains(line, strings.ReplaceAll(w, `"`, `\"`)) && !strings.Contains(line, w) {
+							t.Errorf("run's log line lacks %q\n%s", w, line)
+						}
+					}
+					d.signal(syscall.SIGTERM)
+					if code, _ := d.exit(10 * time.Second); code != 0 {
+						t.Errorf("run waiting for the tables exited %d on SIGTERM\n%s", code, d.log())
+					}
+				} else {
+					r := runCLI(t, f.dir, env, args...)
+					wantExit(t, r, 2, want...)
+				}
 				if got := f.count(countAll); got != rows {
-					t.Fatalf("%d of %d rows left after\n%s", got, rows, r)
+					t.Fatalf("%d of %d rows left after %s", got, rows, args[0])
 				}
 			}
 		})

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
+	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
 )
 
 var (
@@ -151,4 +152,32 @@ func TestRunOnSchedule(t *testing.T) {
 		t.Errorf("no log line saying it stopped\nstderr:\n%s", d.log())
 	}
 	f.wantCount("rows", allRows-expiredRows, "SELECT count(*) FROM public.consumer_inbox")
+}
+
+// A sidecar that starts before the application's migration has created the
+// inbox waits for it (a crash-looping native sidecar would take the
+// database pod out of service), says so in its log and in
+// inboxkeeper_policy_mismatch, and starts working once the table exists.
+func TestRunWaitsForTheTables(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, "", inboxPolicy, true)
+	d := startDaemon(t, f.dir, f.env("INBOXKEEPER_METRICS_ADDR=127.0.0.1:0", "INBOXKEEPER_INTERVAL=1h"), "run")
+	addr := metricsAddr(t, d)
+	d.waitLine(regexp.MustCompile(`the policy does not match the database.*public\.consumer_inbox.*no such table`), 30*time.Second)
+	if v := metricValue(t, httpGet(t, "http://"+addr+"/metrics"), "inboxkeeper_policy_mismatch"); v != 1 {
+		t.Errorf("inboxkeeper_policy_mismatch = %v while the table is missing", v)
+	}
+	if body := httpGet(t, "http://"+addr+"/readyz"); !strings.Contains(body, "ok") {
+		t.Errorf("/readyz while waiting: %q", body)
+	}
+	pgtest.Exec(t, f.pool, inboxDDL)
+	d.waitLine(passDone, 60*time.Second)
+	if v := metricValue(t, httpGet(t, "http://"+addr+"/metrics"), "inboxkeeper_policy_mismatch"); v != 0 {
+		t.Errorf("inboxkeeper_policy_mismatch = %v once the table exists", v)
+	}
+	f.wantCount("expired rows after the first pass", 0, "SELECT count(*) FROM public.consumer_inbox WHERE remember_until <= now()")
+	d.signal(syscall.SIGTERM)
+	if code, _ := d.exit(10 * time.Second); code != 0 {
+		t.Errorf("exit %d\n%s", code, d.log())
+	}
 }

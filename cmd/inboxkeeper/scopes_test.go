@@ -20,6 +20,7 @@ CREATE TABLE public.consumer_inbox (
 CREATE INDEX ON public.consumer_inbox (remember_until);
 CREATE INDEX ON public.consumer_inbox (consumer, remember_until);
 CREATE INDEX ON public.consumer_inbox (consumer, first_seen_at);
+CREATE INDEX ON public.consumer_inbox (first_seen_at);
 INSERT INTO public.consumer_inbox VALUES
   ('payments', 'p1', NULL, '2026-01-01 00:00Z', now() + interval '1 day'),
   ('payments', 'p2', NULL, '2026-01-05 00:00Z', now() + interval '5 days'),
@@ -50,6 +51,9 @@ VALUES ('public', 'consumer_inbox', 'payments', '30 days', '2 days'), ('public',
 		`inboxkeeper_scope_first_seen_timestamp_seconds{end="newest",scope="payments",table="public.consumer_inbox"}`:      float64(time.Date(2026, 1, 5, 0, 0, 0, 0, time.UTC).Unix()),
 		`inboxkeeper_scope_first_seen_timestamp_seconds{end="oldest",scope="billing",table="public.consumer_inbox"}`:       float64(time.Date(2026, 2, 1, 0, 0, 0, 0, time.UTC).Unix()),
 		`inboxkeeper_scope_retained_expiry_timestamp_seconds{end="newest",scope="payments",table="public.consumer_inbox"}`: newest,
+		// The whole table; the expired row first seen in 2025 is gone.
+		`inboxkeeper_retained_first_seen_timestamp_seconds{end="oldest",table="public.consumer_inbox"}`: float64(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).Unix()),
+		`inboxkeeper_retained_first_seen_timestamp_seconds{end="newest",table="public.consumer_inbox"}`: float64(time.Date(2026, 2, 1, 0, 0, 0, 0, time.UTC).Unix()),
 	} {
 		if got := metricValue(t, m, series); got != want {
 			t.Errorf("%s = %v, want %v", series, got, want)

@@ -23,11 +23,13 @@ type Metrics struct {
 	BuildInfo      *prometheus.GaugeVec
 	Active         prometheus.Gauge
 	InRecovery     prometheus.Gauge
+	PolicyMismatch prometheus.Gauge
 	Passes         *prometheus.CounterVec
 	LastPass       prometheus.Gauge
 	RowsProtected  *prometheus.GaugeVec
 	OldestExpiry   *prometheus.GaugeVec
 	ScopeExpiry    *prometheus.GaugeVec // {table, scope, end}
+	FirstSeen      *prometheus.GaugeVec // {table, end}
 	ScopeFirstSeen *prometheus.GaugeVec // {table, scope, end}
 	NewestExpiry   *prometheus.GaugeVec
 	BytesPerKey    *prometheus.GaugeVec
@@ -52,6 +54,10 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 		InRecovery: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "inboxkeeper_in_recovery",
 			Help: "1 when the database is a standby (pg_is_in_recovery): the daemon does nothing there.",
+		}),
+		PolicyMismatch: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "inboxkeeper_policy_mismatch",
+			Help: "1 while run waits because the policy names a table, column or index the database lacks: nothing is touched until it matches.",
 		}),
 		Passes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "inboxkeeper_passes_total",
@@ -93,6 +99,10 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 			Name: "inboxkeeper_retention_margin_seconds",
 			Help: "Installed rule: the safety margin added to every horizon.",
 		}, []string{"table", "scope"}),
+		FirstSeen: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "inboxkeeper_retained_first_seen_timestamp_seconds",
+			Help: "The first receipt of the oldest (end=oldest) and newest (end=newest) identity the table retains. Exported when an index leads with the first_seen column.",
+		}, []string{"table", "end"}),
 		ScopeExpiry: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "inboxkeeper_scope_retained_expiry_timestamp_seconds",
 			Help: "Per scope with an installed retention rule: the oldest (end=oldest) and newest (end=newest) expiry present. Exported when an index leads with (scope, expiry column).",
@@ -106,8 +116,8 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 			Help: "Active replays started with --force although their range reaches past what is remembered.",
 		}, []string{"table"}),
 	}
-	reg.MustRegister(m.BuildInfo, m.Active, m.InRecovery, m.Passes, m.LastPass, m.PassesInFlight, m.RowsProtected,
-		m.OldestExpiry, m.NewestExpiry, m.ScopeExpiry, m.ScopeFirstSeen, m.BytesPerKey, m.ReplayHorizon, m.PostReceipt, m.Margin, m.ReplaysBeyond)
+	reg.MustRegister(m.BuildInfo, m.Active, m.InRecovery, m.PolicyMismatch, m.Passes, m.LastPass, m.PassesInFlight, m.RowsProtected,
+		m.OldestExpiry, m.NewestExpiry, m.ScopeExpiry, m.ScopeFirstSeen, m.FirstSeen, m.BytesPerKey, m.ReplayHorizon, m.PostReceipt, m.Margin, m.ReplaysBeyond)
 	m.BuildInfo.WithLabelValues(version, runtime.Version()).Set(1)
 	for _, o := range []string{PassOK, PassPartial, PassFailed, PassSkipped} {
 		m.Passes.WithLabelValues(o).Add(0)
