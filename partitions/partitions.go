@@ -362,19 +362,35 @@ func (m *Manager) retire(ctx context.Context, t *catalog.Table, now time.Time, r
 	if err != nil {
 		return err
 	}
-	// At most one detach can be pending per parent: it goes first.
+	// At most one detach can be pending per parent: it goes first, and while
+	// one stays pending no other detach can start.
+	stuck := ""
 	for _, p := range parts {
 		if p.DetachPending {
-			if err := m.retireOne(ctx, t, p, now, res); err != nil {
+			pending, err := m.retireOne(ctx, t, p, now, res)
+			if err != nil {
 				return err
+			}
+			if pending {
+				stuck = p.String()
 			}
 		}
 	}
 	for _, p := range parts {
-		if !p.DetachPending && due(t, p, now) {
-			if err := m.retireOne(ctx, t, p, now, res); err != nil {
-				return err
-			}
+		if p.DetachPending || !due(t, p, now) {
+			continue
+		}
+		if stuck != "" {
+			res.Blocked = append(res.Blocked, Blocked{Partition: p.String(), Reason: "lock_timeout",
+				Detail: "waits for the interrupted detach of " + stuck + " to finish (PostgreSQL allows one per table)"})
+			continue
+		}
+		pending, err := m.retireOne(ctx, t, p, now, res)
+		if err != nil {
+			return err
+		}
+		if pending {
+			stuck = p.String()
 		}
 	}
 	return nil
@@ -384,38 +400,37 @@ func (m *Manager) retire(ctx context.Context, t *catalog.Table, now time.Time, r
 // timeouts; a partition it cannot detach this pass is reported blocked.
 // The error is for what should stop the table's pass (the lease, the
 // connection, shutdown).
-func (m *Manager) retireOne(ctx context.Context, t *catalog.Table, p Partition, now time.Time, res *TableResult) error {
+func (m *Manager) retireOne(ctx context.Context, t *catalog.Table, p Partition, now time.Time, res *TableResult) (pending bool, err error) {
 	if m.opts.DryRun {
 		reason, detail, err := m.covered(ctx, t, p.Ident(), now)
 		if err != nil {
-			return err
+			return false, err
 		}
 		if reason != "" {
 			res.Blocked = append(res.Blocked, Blocked{Partition: p.String(), Reason: reason, Detail: detail})
 		} else {
 			res.Detached = append(res.Detached, p.String())
 		}
-		return nil
+		return false, nil
 	}
-	var err error
 	for attempt := 0; ; attempt++ {
 		var reason, detail string
 		reason, detail, err = m.detachOnce(ctx, t, p, now)
 		if err == nil {
 			if reason != "" {
 				res.Blocked = append(res.Blocked, Blocked{Partition: p.String(), Reason: reason, Detail: detail})
-				return nil
+				return false, nil
 			}
 			res.Detached = append(res.Detached, p.String())
 			if mm := m.opts.Metrics; mm != nil {
 				mm.Detached.WithLabelValues(t.Name).Inc()
 			}
 			m.log.Info("partitions: detached", "table", t.Name, "partition", p.String())
-			return nil
+			return false, nil
 		}
 		var stop errStop
 		if errors.As(err, &stop) || ctx.Err() != nil {
-			return err
+			return false, err
 		}
 		kind := retry.Kind(err)
 		if !(retry.Transient(kind) || kind == "lock_wait") || attempt >= m.opts.MaxRetries {
@@ -424,11 +439,12 @@ func (m *Manager) retireOne(ctx context.Context, t *catalog.Table, p Partition, 
 		wait := retry.Backoff(attempt, 200*time.Millisecond)
 		m.log.Warn("partitions: detach failed, retrying", "table", t.Name, "partition", p.String(), "kind", kind, "attempt", attempt+1, "wait", wait, "error", err)
 		if err := retry.Sleep(ctx, wait); err != nil {
-			return err
+			return false, err
 		}
 		// Phase one may have committed before the failure: look again.
-		if p, err = m.refresh(ctx, t, p); err != nil || p.OID == 0 {
-			return err
+		var rerr error
+		if p, rerr = m.refresh(ctx, t, p); rerr != nil || p.OID == 0 {
+			return false, rerr
 		}
 	}
 	reason := "error"
@@ -437,7 +453,9 @@ func (m *Manager) retireOne(ctx context.Context, t *catalog.Table, p Partition, 
 	}
 	m.log.Warn("partitions: partition stays attached this pass", "table", t.Name, "partition", p.String(), "reason", reason, "error", err)
 	res.Blocked = append(res.Blocked, Blocked{Partition: p.String(), Reason: reason, Detail: err.Error()})
-	return nil
+	// Phase one may have committed: then nothing else can be detached.
+	cur, rerr := m.refresh(ctx, t, p)
+	return rerr == nil && cur.DetachPending, rerr
 }
 
 // refresh reads p again; OID 0 means it is no longer a partition of t.

@@ -434,9 +434,11 @@ func TestHoldAddedAfterDetachKeepsTheTable(t *testing.T) {
 // pending, and the next pass finishes it with FINALIZE.
 func TestInterruptedDetachIsFinished(t *testing.T) {
 	t.Parallel()
-	f := setup(t, mayDDL, policyText("0"))
+	f := setup(t, mayDDL+`
+CREATE TABLE public.consumer_inbox_p202604 PARTITION OF public.consumer_inbox FOR VALUES FROM ('2026-04-01 00:00:00+00') TO ('2026-05-01 00:00:00+00');`, policyText("0"))
 	ctx := context.Background()
-	f.insertRows(t, "a", 3, time.Date(2026, 5, 10, 0, 0, 0, 0, time.UTC))
+	f.insertRows(t, "a", 3, time.Date(2026, 4, 10, 0, 0, 0, 0, time.UTC))
+	f.insertRows(t, "b", 3, time.Date(2026, 5, 10, 0, 0, 0, 0, time.UTC))
 	if _, err := f.manager(Options{Clock: pinned(t0)}).Ensure(ctx); err != nil { // premake only
 		t.Fatal(err)
 	}
@@ -454,11 +456,12 @@ func TestInterruptedDetachIsFinished(t *testing.T) {
 		t.Fatal(err)
 	}
 	res := f.pass(t, Options{Clock: pinned(t0), MaxRetries: 1})
-	if len(res.Blocked) != 1 || res.Blocked[0].Reason != "lock_timeout" {
+	if len(res.Blocked) != 2 || res.Blocked[0].Reason != "lock_timeout" || res.Blocked[0].Partition != "public.consumer_inbox_p202604" ||
+		res.Blocked[1].Reason != "lock_timeout" || !strings.Contains(res.Blocked[1].Detail, "waits for the interrupted detach of public.consumer_inbox_p202604") {
 		t.Fatalf("with a reader open: %+v", res)
 	}
 	var pending bool
-	if err := f.pool.QueryRow(ctx, `SELECT inhdetachpending FROM pg_inherits WHERE inhrelid = 'public.consumer_inbox_p202605'::regclass`).Scan(&pending); err != nil || !pending {
+	if err := f.pool.QueryRow(ctx, `SELECT inhdetachpending FROM pg_inherits WHERE inhrelid = 'public.consumer_inbox_p202604'::regclass`).Scan(&pending); err != nil || !pending {
 		t.Fatalf("the detach should be pending: %v %v", pending, err)
 	}
 	// Inserts into the parent never waited meanwhile; they do not now.
@@ -468,7 +471,8 @@ func TestInterruptedDetachIsFinished(t *testing.T) {
 	}
 
 	res = f.pass(t, Options{Clock: pinned(t0)})
-	if !slices.Equal(res.Detached, []string{"public.consumer_inbox_p202605"}) || !slices.Equal(res.Dropped, []string{"public.consumer_inbox_p202605"}) {
+	want := []string{"public.consumer_inbox_p202604", "public.consumer_inbox_p202605"}
+	if !slices.Equal(res.Detached, want) || !slices.Equal(res.Dropped, want) {
 		t.Fatalf("next pass: %+v", res)
 	}
 }
