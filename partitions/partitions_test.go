@@ -749,3 +749,42 @@ SELECT 'payments', 'm-' || i, 'payout-' || i, '\x01', '2026-04-01', '2026-05-10'
 		t.Fatalf("record says %d keys copied (%v)", kept, err)
 	}
 }
+
+// Quoted, mixed-case and SQL-looking names: the parent, its schema, the
+// expiry column and the partitions made from them are data, never SQL.
+func TestHostileNames(t *testing.T) {
+	t.Parallel()
+	f := setup(t, `
+CREATE SCHEMA "Odd Schema";
+CREATE TABLE "Odd Schema"."In""box; drop table x" ("Consumer" text NOT NULL, "Message Id" text NOT NULL, "Remember Until" timestamptz NOT NULL)
+    PARTITION BY RANGE ("Remember Until");
+CREATE INDEX ON "Odd Schema"."In""box; drop table x" ("Consumer", "Message Id");
+CREATE TABLE "Odd Schema"."old ""May""" PARTITION OF "Odd Schema"."In""box; drop table x" FOR VALUES FROM ('2026-05-01 00:00:00+00') TO ('2026-06-01 00:00:00+00');
+INSERT INTO "Odd Schema"."In""box; drop table x" VALUES ('it''s; drop table x', 'm', '2026-05-03');
+CREATE TABLE public.x (id int);`, `tables:
+  - table: '"Odd Schema"."In""box; drop table x"'
+    key: [Consumer, Message Id]
+    scope: Consumer
+    expires_at: Remember Until
+    partitions: {by: month, max_expiry: 10d, premake: 1, detached_retention: 0}
+`)
+	scope := "it's; drop table x"
+	id, err := holds.AddHold(context.Background(), f.pool, f.table, holds.HoldSpec{Scope: &scope, Reason: "legal", Owner: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := f.pass(t, Options{Clock: pinned(t0)})
+	if len(res.Created) != 2 || len(res.Blocked) != 1 || res.Blocked[0].Reason != "hold" {
+		t.Fatalf("with a hold: %+v", res)
+	}
+	if !f.exists(t, `"Odd Schema"."In""box; drop table x_p202606"`) || !f.exists(t, "public.x") {
+		t.Fatal("the June partition is missing, or public.x was dropped")
+	}
+	if err := holds.ReleaseHold(context.Background(), f.pool, id); err != nil {
+		t.Fatal(err)
+	}
+	res = f.pass(t, Options{Clock: pinned(t0)})
+	if !slices.Equal(res.Dropped, []string{`"Odd Schema"."old ""May"""`}) || !f.exists(t, "public.x") {
+		t.Fatalf("after release: %+v", res)
+	}
+}
