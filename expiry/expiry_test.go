@@ -16,8 +16,6 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/holds"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
-	"github.com/inboxkeeper/inboxkeeper/internal/policy"
-	"github.com/inboxkeeper/inboxkeeper/migrations"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -53,30 +51,10 @@ type fixture struct {
 // setup makes a migrated database with ddl applied and the policy resolved.
 func setup(t *testing.T, ddl, pol string) fixture {
 	t.Helper()
-	ctx := context.Background()
 	pool, url := pgtest.NewPool(t)
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	if _, err := migrations.Migrate(ctx, conn); err != nil {
-		t.Fatal(err)
-	}
+	pgtest.Migrate(t, url)
 	pgtest.Exec(t, pool, ddl)
-	p, err := policy.Parse([]byte(pol), "test.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var tables []*catalog.Table
-	for _, pt := range p.Tables {
-		ct, err := catalog.Resolve(ctx, pool, pt)
-		if err != nil {
-			t.Fatal(err)
-		}
-		tables = append(tables, ct)
-	}
-	return fixture{pool: pool, tables: tables}
+	return fixture{pool: pool, tables: pgtest.Resolve(t, pool, pol)}
 }
 
 // insert adds n rows of consumer whose expiry is base + i*step and whose

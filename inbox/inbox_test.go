@@ -15,7 +15,6 @@ import (
 
 	"github.com/inboxkeeper/inboxkeeper/inbox"
 	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
-	"github.com/inboxkeeper/inboxkeeper/migrations"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -32,16 +31,8 @@ VALUES ('public', 'consumer_inbox', 'payments', interval '30 days', interval '48
 
 func setup(t *testing.T, layout string) *pgxpool.Pool {
 	t.Helper()
-	ctx := context.Background()
 	pool, url := pgtest.NewPool(t)
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	if _, err := migrations.Migrate(ctx, conn); err != nil {
-		t.Fatal(err)
-	}
+	pgtest.Migrate(t, url)
 	ddl, err := os.ReadFile("testdata/inbox_" + layout + ".sql")
 	if err != nil {
 		t.Fatal(err)

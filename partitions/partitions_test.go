@@ -21,7 +21,6 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
-	"github.com/inboxkeeper/inboxkeeper/migrations"
 	"github.com/inboxkeeper/inboxkeeper/tiering"
 )
 
@@ -64,26 +63,10 @@ type fixture struct {
 
 func setup(t *testing.T, ddl, pol string) fixture {
 	t.Helper()
-	ctx := context.Background()
 	pool, url := pgtest.NewPool(t)
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	if _, err := migrations.Migrate(ctx, conn); err != nil {
-		t.Fatal(err)
-	}
+	pgtest.Migrate(t, url)
 	pgtest.Exec(t, pool, ddl)
-	p, err := policy.Parse([]byte(pol), "test.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ct, err := catalog.Resolve(ctx, pool, p.Tables[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return fixture{pool: pool, url: url, table: ct}
+	return fixture{pool: pool, url: url, table: pgtest.Resolve(t, pool, pol)[0]}
 }
 
 func (f fixture) manager(opts Options) *Manager {

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -17,8 +16,6 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/holds"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
-	"github.com/inboxkeeper/inboxkeeper/internal/policy"
-	"github.com/inboxkeeper/inboxkeeper/migrations"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -79,15 +76,7 @@ type fixture struct {
 
 func resolve(t *testing.T, pool *pgxpool.Pool, pol string) *catalog.Table {
 	t.Helper()
-	p, err := policy.Parse([]byte(pol), "test.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ct, err := catalog.Resolve(context.Background(), pool, p.Tables[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ct
+	return pgtest.Resolve(t, pool, pol)[0]
 }
 
 // setup makes a migrated database with ddl, resolves the policy's first
@@ -96,14 +85,7 @@ func setup(t *testing.T, ddl, pol string) fixture {
 	t.Helper()
 	ctx := context.Background()
 	pool, url := pgtest.NewPool(t)
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	if _, err := migrations.Migrate(ctx, conn); err != nil {
-		t.Fatal(err)
-	}
+	pgtest.Migrate(t, url)
 	pgtest.Exec(t, pool, ddl)
 	ct := resolve(t, pool, pol)
 	if _, err := EnsureKeyTable(ctx, pool, ct); err != nil {
@@ -556,14 +538,7 @@ func TestEnsureKeyTableWithoutPrivilege(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool, url := pgtest.NewPool(t)
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	if _, err := migrations.Migrate(ctx, conn); err != nil {
-		t.Fatal(err)
-	}
+	pgtest.Migrate(t, url)
 	pgtest.Exec(t, pool, inboxDDL)
 	ct := resolve(t, pool, inPlacePolicy)
 	role := fmt.Sprintf("ik_tiering_%d", time.Now().UnixNano()%1e9)

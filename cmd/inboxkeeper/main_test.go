@@ -23,11 +23,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
-	"github.com/inboxkeeper/inboxkeeper/migrations"
 )
 
 // beMain makes the test binary behave as the inboxkeeper binary: TestMain
@@ -224,15 +222,7 @@ func newFixture(t *testing.T, ddl, policy string, migrate bool) *fixture {
 	}
 	f.policy = f.writeFile("inboxkeeper.yaml", policy)
 	if migrate {
-		ctx := context.Background()
-		conn, err := pgx.Connect(ctx, url)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close(ctx)
-		if _, err := migrations.Migrate(ctx, conn); err != nil {
-			t.Fatal(err)
-		}
+		pgtest.Migrate(t, url)
 	}
 	return f
 }

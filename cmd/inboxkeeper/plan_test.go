@@ -14,14 +14,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
 	"github.com/inboxkeeper/inboxkeeper/internal/redisprobe"
 	"github.com/inboxkeeper/inboxkeeper/internal/redisprobe/redistest"
-	"github.com/inboxkeeper/inboxkeeper/migrations"
 	"github.com/inboxkeeper/inboxkeeper/retention"
 )
 
@@ -347,15 +344,7 @@ CREATE TABLE public.consumer_inbox_now PARTITION OF public.consumer_inbox FOR VA
 
 	e.write("inboxkeeper.yaml", tables("60d")+payments)
 	f := &fixture{t: t, pool: db, url: url, dir: e.dir, policy: filepath.Join(e.dir, "inboxkeeper.yaml")}
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	if _, err := migrations.Migrate(ctx, conn); err != nil {
-		t.Fatal(err)
-	}
+	pgtest.Migrate(t, url)
 	wantExit(t, f.run("partitions", "ensure"), 0, "created")
 	r = e.run("--check")
 	wantExit(t, r, 0, "OK   payments (public.consumer_inbox): partition coverage: partitions.max_expiry 60d covers the 50d ahead the rule writes",

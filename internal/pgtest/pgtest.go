@@ -21,7 +21,10 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/pgcluster"
+	"github.com/inboxkeeper/inboxkeeper/internal/policy"
+	"github.com/inboxkeeper/inboxkeeper/migrations"
 )
 
 var (
@@ -207,4 +210,37 @@ func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// Migrate creates inboxkeeper's control schema in the database at url.
+func Migrate(t testing.TB, url string) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := migrations.Migrate(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Resolve parses a policy file's text and resolves every table in it
+// against db.
+func Resolve(t testing.TB, db catalog.Querier, policyText string) []*catalog.Table {
+	t.Helper()
+	p, err := policy.Parse([]byte(policyText), "test.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []*catalog.Table
+	for _, pt := range p.Tables {
+		ct, err := catalog.Resolve(context.Background(), db, pt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, ct)
+	}
+	return out
 }
