@@ -1,12 +1,8 @@
 package main
 
 import (
-	"context"
-	"io"
-	"net/http"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -14,6 +10,7 @@ import (
 
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
+	"github.com/inboxkeeper/inboxkeeper/internal/scrape"
 )
 
 var (
@@ -23,41 +20,10 @@ var (
 	stoppedLogged    = regexp.MustCompile(`msg="inboxkeeper: stopped"`)
 )
 
-func httpGet(t *testing.T, url string) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("GET %s: %v", url, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("GET %s: %v", url, err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET %s: %s\n%s", url, resp.Status, body)
-	}
-	return string(body)
-}
+func httpGet(t *testing.T, url string) string { return scrape.Get(t, url) }
 
-// metricValue reads one sample of a Prometheus text exposition.
 func metricValue(t *testing.T, exposition, series string) float64 {
-	t.Helper()
-	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(series) + ` (\S+)$`).FindStringSubmatch(exposition)
-	if m == nil {
-		t.Fatalf("no sample %s in\n%s", series, exposition)
-	}
-	v, err := strconv.ParseFloat(m[1], 64)
-	if err != nil {
-		t.Fatalf("sample %s: %v", series, err)
-	}
-	return v
+	return scrape.Value(t, exposition, series)
 }
 
 // The daemon serves metrics while it deletes, and SIGTERM in the middle of a

@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -32,6 +31,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/inbox"
 	"github.com/inboxkeeper/inboxkeeper/internal/daemonmetrics"
 	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
+	"github.com/inboxkeeper/inboxkeeper/internal/scrape"
 	"github.com/inboxkeeper/inboxkeeper/partitions"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
 	"github.com/inboxkeeper/inboxkeeper/tiering"
@@ -747,29 +747,6 @@ func (l *lines) drain(timeout time.Duration) bool {
 	}
 }
 
-func httpGet(t *testing.T, url string) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("GET %s: %v", url, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("GET %s: %v", url, err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET %s: %s\n%s", url, resp.Status, body)
-	}
-	return string(body)
-}
-
 // The real daemon's /metrics, after a pass, passes promtool's lint (names,
 // help, types, units).
 func TestLiveMetricsPassPromtool(t *testing.T) {
@@ -817,7 +794,7 @@ func TestLiveMetricsPassPromtool(t *testing.T) {
 	addr := metricsListening.FindStringSubmatch(log.wait(t, metricsListening, 2*time.Minute))[1]
 	log.wait(t, passDone, 2*time.Minute)
 
-	exposition := httpGet(t, "http://"+addr+"/metrics")
+	exposition := scrape.Get(t, "http://"+addr+"/metrics")
 	for _, name := range []string{"inboxkeeper_rows_deleted_total", "inboxkeeper_cleanup_lag_seconds"} {
 		if !strings.Contains(exposition, "\n"+name) {
 			t.Errorf("/metrics lacks %s after a pass that deleted rows", name)
