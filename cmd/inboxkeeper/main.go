@@ -53,7 +53,7 @@ Usage:
   inboxkeeper hold add --table T [--scope V] [--from TIME --to TIME] --reason TEXT --owner NAME [--expires TIME] [--blocks delete|all]
   inboxkeeper hold list [--all]
   inboxkeeper hold release ID
-  inboxkeeper replay start --table T --scope V --from TIME --to TIME --owner NAME
+  inboxkeeper replay start --table T --scope V --from TIME --to TIME --owner NAME [--force]
   inboxkeeper replay finish ID
   inboxkeeper replay list [--all]
   inboxkeeper plan [FILE] [--json] [--apply]   the retention record of each consumer scope (Markdown or JSON)
