@@ -65,23 +65,23 @@ func (a *app) partitionsCmd(ctx context.Context, args []string) error {
 // printPartitionResults writes one line per table and returns how many
 // failed.
 func printPartitionResults(w io.Writer, results []partitions.TableResult, dryRun bool) int {
-	would := ""
+	created, detached, dropped := "created", "detached", "dropped"
 	if dryRun {
-		would = "would be "
+		created, detached, dropped = "to create", "to detach", "to drop"
 	}
 	failed := 0
 	for _, r := range results {
-		line := fmt.Sprintf("%s: partitions %screated %d, %sdetached %d, %sdropped %d, blocked %d, coverage %s, %s",
-			r.Table, would, len(r.Created), would, len(r.Detached), would, len(r.Dropped), len(r.Blocked),
+		line := fmt.Sprintf("%s: partitions %s %d, %s %d, %s %d, waiting %d, coverage %s, %s",
+			r.Table, created, len(r.Created), detached, len(r.Detached), dropped, len(r.Dropped), len(r.Blocked),
 			coverage(r), r.Duration.Round(time.Millisecond))
 		for _, c := range r.Created {
-			line += "\n  " + would + "created " + c
+			line += "\n  " + created + " " + c
 		}
 		for _, d := range r.Detached {
-			line += "\n  " + would + "detached " + d
+			line += "\n  " + detached + " " + d
 		}
 		for _, d := range r.Dropped {
-			line += "\n  " + would + "dropped " + d
+			line += "\n  " + dropped + " " + d
 		}
 		for _, b := range r.Blocked {
 			line += fmt.Sprintf("\n  waits: %s (%s: %s)", b.Partition, b.Reason, b.Detail)

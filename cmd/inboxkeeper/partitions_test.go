@@ -49,7 +49,7 @@ func TestPartitionsCommands(t *testing.T) {
 	f := newFixture(t, partitionedDDL, partitionedPolicy, true)
 
 	r := f.run("partitions", "ensure", "--dry-run")
-	wantExit(t, r, 0, "partitions would be created")
+	wantExit(t, r, 0, "partitions to create ", "  to create public.consumer_inbox_p")
 	f.wantCount("partitions after a dry run", 2, "SELECT count(*) FROM pg_inherits WHERE inhparent = 'public.consumer_inbox'::regclass")
 
 	r = f.run("partitions", "ensure")
