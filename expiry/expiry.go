@@ -154,7 +154,14 @@ func New(pool *pgxpool.Pool, tables []*catalog.Table, opts Options) *Deleter {
 // table is recorded in its result and the pass goes on to the next; the
 // returned error is non-nil only when ctx ended the pass.
 func (d *Deleter) RunPass(ctx context.Context) ([]TableResult, error) {
-	return batchloop.Pass(ctx, d.tables, d.opts.RunTime,
+	return d.RunPassUntil(ctx, batchloop.Deadline(d.opts.RunTime))
+}
+
+// RunPassUntil is RunPass with the deadline of a larger pass (the daemon's
+// pass runs partitions, demotion and deletion within one RUN_TIME); zero
+// means none.
+func (d *Deleter) RunPassUntil(ctx context.Context, deadline time.Time) ([]TableResult, error) {
+	return batchloop.Pass(ctx, d.tables, deadline,
 		func(t *catalog.Table, deadline time.Time) TableResult { return d.runTable(ctx, t, deadline) },
 		func(r *TableResult) error { return r.Err },
 		func(r *TableResult, reason string) { r.StoppedEarly, r.Err = reason, nil })

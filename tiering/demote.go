@@ -132,7 +132,14 @@ func (d *Demoter) SetActive(f func() error) { d.opts.Active = f }
 // failure on one table is recorded in its result and the pass goes on; the
 // error is non-nil only when ctx ended the pass.
 func (d *Demoter) RunPass(ctx context.Context) ([]Result, error) {
-	return batchloop.Pass(ctx, d.tables, d.opts.RunTime,
+	return d.RunPassUntil(ctx, batchloop.Deadline(d.opts.RunTime))
+}
+
+// RunPassUntil is RunPass with the deadline of a larger pass (the daemon's
+// pass runs partitions, demotion and deletion within one RUN_TIME); zero
+// means none.
+func (d *Demoter) RunPassUntil(ctx context.Context, deadline time.Time) ([]Result, error) {
+	return batchloop.Pass(ctx, d.tables, deadline,
 		func(t *catalog.Table, deadline time.Time) Result { return d.runTable(ctx, t, deadline) },
 		func(r *Result) error { return r.Err },
 		func(r *Result, reason string) { r.StoppedEarly, r.Err = reason, nil })

@@ -12,6 +12,7 @@ import (
 	"github.com/robfig/cron/v3"
 
 	"github.com/inboxkeeper/inboxkeeper/expiry"
+	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/daemonmetrics"
@@ -182,19 +183,20 @@ func (p *passer) run(ctx context.Context) error {
 	p.say("active")
 	p.dm.PassesInFlight.Set(1)
 	defer p.dm.PassesInFlight.Set(0)
-	// Partitions first: a missing month makes inserts fail, an expired
-	// row only waits.
+	// One RUN_TIME for the whole pass. Partitions first: a missing month
+	// makes inserts fail, an expired row only waits.
+	deadline := batchloop.Deadline(p.a.cfg.RunTime)
 	presults, err := p.pm.RunPass(ctx)
 	if err != nil {
 		return err
 	}
 	// Demotion before deletion: a row due for both loses its payload
 	// first, then goes with its permanent key.
-	tresults, err := p.demote(ctx)
+	tresults, err := p.demote(ctx, deadline)
 	if err != nil {
 		return err
 	}
-	results, err := p.d.RunPass(ctx)
+	results, err := p.d.RunPassUntil(ctx, deadline)
 	if err != nil {
 		return err
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/inboxkeeper/inboxkeeper/expiry"
+	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/lease"
 	"github.com/inboxkeeper/inboxkeeper/partitions"
@@ -100,32 +101,45 @@ func (a *app) once(ctx context.Context, args []string) error {
 		th = a.startThrottle(ctx, pool, nil)
 		defer th.Stop()
 	}
-	pm := a.partitionManager(pool, tables, *dryRun, th, nil)
-	pm.SetActive(active)
-	presults, err := pm.RunPass(ctx)
-	failed := printPartitionResults(a.stdout, presults, *dryRun)
-	if err != nil {
-		return fmt.Errorf("pass interrupted: %w", err)
-	}
-	tfailed, tn, err := a.onceDemote(ctx, pool, tables, *dryRun, th, active)
-	failed += tfailed
+	failed, total, err := a.onePass(ctx, pool, tables, *dryRun, th, active, a.progressPrinter())
 	if err != nil {
 		return err
 	}
-	d := a.deleter(pool, tables, *dryRun, th, nil, a.progressPrinter())
+	if failed > 0 {
+		return fmt.Errorf("%d of %d tables failed (see the log)", failed, total)
+	}
+	return nil
+}
+
+// onePass is what once does, and the demo: partitions (premake, then
+// retirement), demotion, then row deletion, with a line per table and step
+// on stdout. It returns how many table steps failed, out of how many.
+func (a *app) onePass(ctx context.Context, pool *pgxpool.Pool, tables []*catalog.Table, dryRun bool, th *throttle.Throttler,
+	active func() error, progress func(expiry.Progress)) (failed, total int, err error) {
+	deadline := batchloop.Deadline(a.cfg.RunTime) // one RUN_TIME for the whole pass
+	pm := a.partitionManager(pool, tables, dryRun, th, nil)
+	pm.SetActive(active)
+	presults, err := pm.RunPass(ctx)
+	failed = printPartitionResults(a.stdout, presults, dryRun)
+	if err != nil {
+		return failed, 0, fmt.Errorf("pass interrupted: %w", err)
+	}
+	tfailed, tn, err := a.onceDemote(ctx, pool, tables, dryRun, th, active, deadline)
+	failed += tfailed
+	if err != nil {
+		return failed, 0, err
+	}
+	d := a.deleter(pool, tables, dryRun, th, nil, progress)
 	d.SetActive(active)
-	results, err := d.RunPass(ctx)
+	results, err := d.RunPassUntil(ctx, deadline)
 	if isTerminal(a.stderr) {
 		fmt.Fprint(a.stderr, "\r\033[K") // clear the progress bar
 	}
-	failed += printResults(a.stdout, results, *dryRun)
+	failed += printResults(a.stdout, results, dryRun)
 	if err != nil {
-		return fmt.Errorf("pass interrupted: %w", err)
+		return failed, 0, fmt.Errorf("pass interrupted: %w", err)
 	}
-	if failed > 0 {
-		return fmt.Errorf("%d of %d tables failed (see the log)", failed, len(results)+len(presults)+tn)
-	}
-	return nil
+	return failed, len(results) + len(presults) + tn, nil
 }
 
 // progressPrinter shows a long pass is alive: on a terminal, a progress bar
@@ -243,6 +257,30 @@ func (a *app) status(ctx context.Context, args []string) error {
 	if rep.Lease, err = lease.Current(ctx, pool); err != nil {
 		return err
 	}
+	if err := a.tableStatus(ctx, pool, tables, &rep); err != nil {
+		return err
+	}
+	th := throttle.New(pool, a.throttleConfig(), a.log, nil)
+	th.MeasureOnce(ctx)
+	if *asJSON {
+		return json.NewEncoder(a.stdout).Encode(rep.JSON(th))
+	}
+	rep.writeTables(a.stdout, tables)
+	switch {
+	case rep.InRecovery:
+		fmt.Fprintln(a.stdout, "database: a standby (in recovery): the daemon does nothing here")
+	case rep.Lease != nil:
+		fmt.Fprintf(a.stdout, "active instance: %s (lease until %s)\n", rep.Lease.Name, rep.Lease.ExpiresAt.UTC().Format(time.RFC3339))
+	default:
+		fmt.Fprintln(a.stdout, "active instance: none holds the lease")
+	}
+	writeThrottle(a.stdout, th)
+	return nil
+}
+
+// tableStatus reads what status shows per table: rows due for ordinary
+// tables, a dry-run partition pass for partitioned ones, and the tiers.
+func (a *app) tableStatus(ctx context.Context, pool *pgxpool.Pool, tables []*catalog.Table, rep *statusReport) error {
 	d := a.deleter(pool, tables, false, nil, nil, nil)
 	for _, t := range tables {
 		if t.Partitioned() {
@@ -255,36 +293,25 @@ func (a *app) status(ctx context.Context, args []string) error {
 		rep.Tables = append(rep.Tables, st)
 	}
 	// A dry-run pass shows what the next one would make, detach and drop.
+	var err error
 	if rep.Partitions, err = a.partitionManager(pool, tables, true, nil, nil).RunPass(ctx); err != nil {
 		return err
 	}
-	if rep.Tiers, err = a.tierStatus(ctx, pool, tables); err != nil {
-		return err
+	rep.Tiers, err = a.tierStatus(ctx, pool, tables)
+	return err
+}
+
+// writeTables prints the per-table part of status.
+func (r statusReport) writeTables(w io.Writer, tables []*catalog.Table) {
+	for _, st := range r.Tables {
+		writeStatus(w, st)
 	}
-	th := throttle.New(pool, a.throttleConfig(), a.log, nil)
-	th.MeasureOnce(ctx)
-	if *asJSON {
-		return json.NewEncoder(a.stdout).Encode(rep.JSON(th))
-	}
-	for _, st := range rep.Tables {
-		writeStatus(a.stdout, st)
-	}
-	for _, r := range rep.Partitions {
-		writePartitionStatus(a.stdout, r)
+	for _, p := range r.Partitions {
+		writePartitionStatus(w, p)
 	}
 	for _, t := range tables {
-		writeTierStatus(a.stdout, t.Name, rep.Tiers[t.Name])
+		writeTierStatus(w, t.Name, r.Tiers[t.Name])
 	}
-	switch {
-	case rep.InRecovery:
-		fmt.Fprintln(a.stdout, "database: a standby (in recovery): the daemon does nothing here")
-	case rep.Lease != nil:
-		fmt.Fprintf(a.stdout, "active instance: %s (lease until %s)\n", rep.Lease.Name, rep.Lease.ExpiresAt.UTC().Format(time.RFC3339))
-	default:
-		fmt.Fprintln(a.stdout, "active instance: none holds the lease")
-	}
-	writeThrottle(a.stdout, th)
-	return nil
 }
 
 type statusReport struct {

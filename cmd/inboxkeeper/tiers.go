@@ -115,7 +115,7 @@ func printTierResults(w io.Writer, results []tiering.Result, dryRun bool) int {
 
 // onceDemote is the demotion part of `once`: before the deletions, like the
 // daemon's pass.
-func (a *app) onceDemote(ctx context.Context, pool *pgxpool.Pool, tables []*catalog.Table, dryRun bool, th *throttle.Throttler, active func() error) (failed, n int, err error) {
+func (a *app) onceDemote(ctx context.Context, pool *pgxpool.Pool, tables []*catalog.Table, dryRun bool, th *throttle.Throttler, active func() error, deadline time.Time) (failed, n int, err error) {
 	if !dryRun {
 		if err := a.ensureKeyTables(ctx, pool, tables); err != nil {
 			return 0, 0, err
@@ -123,7 +123,7 @@ func (a *app) onceDemote(ctx context.Context, pool *pgxpool.Pool, tables []*cata
 	}
 	dem := a.demoter(pool, tables, dryRun, th, nil, nil)
 	dem.SetActive(active)
-	results, err := dem.RunPass(ctx)
+	results, err := dem.RunPassUntil(ctx, deadline)
 	failed = printTierResults(a.stdout, results, dryRun)
 	if err != nil {
 		return failed, len(results), fmt.Errorf("pass interrupted: %w", err)
@@ -132,11 +132,11 @@ func (a *app) onceDemote(ctx context.Context, pool *pgxpool.Pool, tables []*cata
 }
 
 // demote runs the demotion part of a daemon pass and returns its results.
-func (p *passer) demote(ctx context.Context) ([]tiering.Result, error) {
+func (p *passer) demote(ctx context.Context, deadline time.Time) ([]tiering.Result, error) {
 	if p.dem == nil {
 		return nil, nil
 	}
-	return p.dem.RunPass(ctx)
+	return p.dem.RunPassUntil(ctx, deadline)
 }
 
 // countPermanent adds the permanent keys a deletion pass wrote.

@@ -164,3 +164,24 @@ func pgtestExecf(t *testing.T, f *fixture, sql string) {
 		t.Fatalf("%s: %v", sql, err)
 	}
 }
+
+// RUN_TIME bounds the whole pass, demotion and deletion together: with the
+// daemon paused, demotion waits out the run time, and deletion, which
+// comes after it, starts past the deadline and stops at once instead of
+// waiting a second RUN_TIME.
+func TestRunTimeCoversTheWholePass(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, tieredDDL, tieredPolicy, true)
+	wantExit(t, f.run("pause", "--reason", "test"), 0)
+	r := f.runWith([]string{"INBOXKEEPER_RUN_TIME=1s"}, "once")
+	wantExit(t, r, 0)
+	for _, want := range []string{
+		"public.inbox: demoted 0 to warm", "(stopped early: run time reached while throttled (manual_pause",
+		"public.inbox: deleted 0,", "(stopped early: run time reached)",
+	} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("once lacks %q\n%s", want, r)
+		}
+	}
+	f.wantCount("rows, nothing deleted", 25, "SELECT count(*) FROM public.inbox")
+}

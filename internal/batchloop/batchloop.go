@@ -179,17 +179,22 @@ func (l *Loop) withRetry(ctx context.Context, batch Batch, lower pgtype.Timestam
 	}
 }
 
-// Pass runs one table after the other, in policy order, with one RUN_TIME
-// deadline for them all. A table whose error is a lock wait ends the pass
-// at once (someone queued behind the daemon: the next pass starts with a
-// smaller batch); stopped turns that result into "stopped early". The error
-// is non-nil only when ctx ended the pass.
-func Pass[T any, R any](ctx context.Context, tables []T, runTime time.Duration, run func(t T, deadline time.Time) R,
-	errOf func(*R) error, stopped func(r *R, reason string)) ([]R, error) {
-	var deadline time.Time
-	if runTime > 0 {
-		deadline = time.Now().Add(runTime)
+// Deadline is when a pass that starts now must stop: RUN_TIME from now, or
+// never (zero) without one.
+func Deadline(runTime time.Duration) time.Time {
+	if runTime <= 0 {
+		return time.Time{}
 	}
+	return time.Now().Add(runTime)
+}
+
+// Pass runs one table after the other, in policy order, with one RUN_TIME
+// deadline for them all (zero: none). A table whose error is a lock wait
+// ends the pass at once (someone queued behind the daemon: the next pass
+// starts with a smaller batch); stopped turns that result into "stopped
+// early". The error is non-nil only when ctx ended the pass.
+func Pass[T any, R any](ctx context.Context, tables []T, deadline time.Time, run func(t T, deadline time.Time) R,
+	errOf func(*R) error, stopped func(r *R, reason string)) ([]R, error) {
 	var out []R
 	for _, t := range tables {
 		if err := ctx.Err(); err != nil {
