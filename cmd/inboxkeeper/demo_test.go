@@ -18,7 +18,11 @@ func TestDemo(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := runCLI(t, t.TempDir(), cliEnv("INBOXKEEPER_PG_BINDIR="+bin), "demo")
-	wantExit(t, r, 0, "deleted", "protected by holds", "cluster removed")
+	wantExit(t, r, 0, "deleted", "protected by holds", "cluster removed",
+		"detached public.big_inbox_old", "dropped public.big_inbox_old", "created public.big_inbox_p")
+	if m := regexp.MustCompile(`public\.consumer_inbox: demoted (\d+) to warm, payload kept by holds (\d+)`).FindStringSubmatch(r.stdout); m == nil || m[1] == "0" || m[2] == "0" {
+		t.Errorf("the demo demoted nothing, or its hold kept no payload\n%s", r)
+	}
 	deleted, held, replayed := resultLine(t, r, "public.consumer_inbox", "deleted")
 	if deleted == 0 || held == 0 || replayed == 0 {
 		t.Errorf("the demo pass deleted %d, held %d, replayed %d: want all three non-zero\n%s", deleted, held, replayed, r)
