@@ -707,6 +707,16 @@ CREATE TABLE public.consumer_inbox_p202605 PARTITION OF public.consumer_inbox FO
 	pgtest.Exec(t, f.pool, `INSERT INTO public.consumer_inbox (consumer, message_id, business_key, payload_hash, first_seen_at, remember_until)
 SELECT 'payments', 'm-' || i, 'payout-' || i, '\x01', '2026-04-01', '2026-05-10' FROM generate_series(1, 5) i`)
 	keys := func() int64 { return f.count(t, f.table.Tiers.Key.Ident, "true") }
+	pgtest.Exec(t, f.pool, `UPDATE public.consumer_inbox SET payload = '{"secret": 1}'`)
+
+	// Demotion in place on a partitioned inbox: matched on (tableoid, ctid).
+	dres, err := tiering.New(f.pool, []*catalog.Table{f.table}, tiering.Options{Clock: pinned(time.Date(2026, 5, 1, 0, 0, 0, 0, time.UTC))}).RunPass(ctx)
+	if err != nil || dres[0].Err != nil || dres[0].Demoted != 5 {
+		t.Fatalf("demotion of the partitioned inbox: %+v %v", dres, err)
+	}
+	if n := f.count(t, "public.consumer_inbox", "payload IS NOT NULL"); n != 0 {
+		t.Fatalf("%d payloads left after demotion", n)
+	}
 
 	opts := Options{Clock: pinned(t0), CopyKeys: tiering.CopyPermanentKeys}
 	if res := f.pass(t, opts); len(res.Detached) != 1 || len(res.Dropped) != 0 {

@@ -225,7 +225,7 @@ func (d *Demoter) batch(ctx context.Context, t *catalog.Table, lower pgtype.Time
 	defer tx.Close(ctx, &err)
 	now, cov := tx.Now, tx.Coverage
 	var args holds.Args
-	sql := demoteSQL(t, cov, &args, cutoff(t, now), lower, size)
+	sql := demoteSQL(t, cov, &args, now, lower, size)
 	var newestTS pgtype.Timestamptz
 	if err := tx.QueryRow(ctx, sql, args.Values...).Scan(&n, &newestTS); err != nil {
 		return 0, time.Time{}, 0, err
@@ -241,17 +241,28 @@ func (d *Demoter) batch(ctx context.Context, t *catalog.Table, lower pgtype.Time
 
 // due is the SQL condition, over the alias of the relation demotion walks
 // (the table in place, the side table otherwise), of a row due for
-// demotion at cutoff and at or after lower, and not yet demoted; and the
+// demotion at now and at or after lower, and not yet demoted; and the
 // anchor column there.
-func due(t *catalog.Table, alias string, args *holds.Args, cut time.Time, lower pgtype.Timestamptz) (cond string, anchor string) {
+//
+// In place, a row the deleter will delete in this same pass (expired, and
+// no hold or replay covers it) is left to it: emptying its payload first
+// would cost an UPDATE, three times a DELETE, for a row about to go. With
+// a side table the demotion is itself a cheap DELETE and goes ahead.
+func due(t *catalog.Table, alias string, args *holds.Args, cov holds.Coverage, now time.Time, lower pgtype.Timestamptz) (cond string, anchor string) {
 	ti := t.Tiers
 	a := alias + "." + ti.Anchor.Quoted
-	cond = fmt.Sprintf("%s <= %s", a, ti.Anchor.Instant(args.Add(cut)+"::timestamptz"))
+	cond = fmt.Sprintf("%s <= %s", a, ti.Anchor.Instant(args.Add(cutoff(t, now))+"::timestamptz"))
 	if lower.InfinityModifier != pgtype.NegativeInfinity {
 		cond += fmt.Sprintf(" AND %s >= %s", a, ti.Anchor.Instant(args.Add(lower)+"::timestamptz"))
 	}
 	if ti.Side == nil {
 		cond += " AND " + catalog.HasPayload(ti.Payload, alias)
+		if !t.Partitioned() {
+			hp, rp := cov.Predicates(t, alias, args)
+			expired := fmt.Sprintf("%s.%s <= %s", alias, t.Expiry.Quoted,
+				t.Expiry.Instant(args.Add(now.Add(-t.Policy.ExpiryOffset()))+"::timestamptz"))
+			cond += fmt.Sprintf(" AND NOT (coalesce(%s, false) AND NOT %s AND NOT %s)", expired, hp, rp)
+		}
 	}
 	return cond, a
 }
@@ -281,13 +292,13 @@ func blocked(t *catalog.Table, cov holds.Coverage, alias string, args *holds.Arg
 // demoteSQL is one batch's statement: pick the rows in anchor order with
 // FOR UPDATE SKIP LOCKED, then empty (in place) or delete (side table)
 // exactly those; it returns the count and the newest anchor.
-func demoteSQL(t *catalog.Table, cov holds.Coverage, args *holds.Args, cut time.Time, lower pgtype.Timestamptz, size int) string {
+func demoteSQL(t *catalog.Table, cov holds.Coverage, args *holds.Args, now time.Time, lower pgtype.Timestamptz, size int) string {
 	ti := t.Tiers
 	rel, kind := t.Ident, t.Kind
 	if ti.Side != nil {
 		rel, kind = ti.Side.Ident, ti.Side.Kind
 	}
-	cond, anchor := due(t, "t", args, cut, lower)
+	cond, anchor := due(t, "t", args, cov, now, lower)
 	hold := blocked(t, cov, "t", args)
 	limit := args.Add(size)
 	// A partitioned relation has a ctid per partition: match on
@@ -348,7 +359,7 @@ func (d *Demoter) count(ctx context.Context, tx pgx.Tx, t *catalog.Table, res *R
 	if t.Tiers.Side != nil {
 		rel = t.Tiers.Side.Ident
 	}
-	cond, _ := due(t, "t", &args, cutoff(t, now), pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true})
+	cond, _ := due(t, "t", &args, cov, now, batchloop.NegInf)
 	hold := blocked(t, cov, "t", &args)
 	var would int64
 	err = tx.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FILTER (WHERE NOT %[3]s), count(*) FILTER (WHERE %[3]s) FROM %[1]s t WHERE %[2]s`, rel, cond, hold),

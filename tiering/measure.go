@@ -7,10 +7,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/inboxkeeper/inboxkeeper/expiry"
 	"github.com/inboxkeeper/inboxkeeper/holds"
+	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 )
 
@@ -169,7 +169,7 @@ func (d *Demoter) Status(ctx context.Context, t *catalog.Table) (Status, error) 
 		if t.Tiers.Side != nil {
 			rel = t.Tiers.Side.Ident
 		}
-		cond, _ := due(t, "t", &args, cutoff(t, st.Now), pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true})
+		cond, _ := due(t, "t", &args, cov, st.Now, batchloop.NegInf)
 		capArg := args.Add(expiry.StatusCountCap)
 		if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM (SELECT 1 FROM %s t WHERE %s LIMIT %s) due`, rel, cond, capArg),
 			args.Values...).Scan(&st.Due); err != nil {

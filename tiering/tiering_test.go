@@ -577,3 +577,39 @@ FROM pg_attribute WHERE attrelid = 'inboxkeeper.keys_public_inbox'::regclass AND
 		t.Errorf("key table columns %q, want %q", cols, want)
 	}
 }
+
+// In place, rows the deleter is about to take (expired, no hold or replay
+// covering them) are left to it: an UPDATE costs three DELETEs. Expired rows
+// a replay keeps are still demoted. With a side table, demotion is itself a
+// DELETE and takes them all.
+func TestInPlaceLeavesExpiredRowsToTheDeleter(t *testing.T) {
+	t.Parallel()
+	for _, layout := range []struct {
+		name, policy string
+		demoted      int64
+	}{{"in place", inPlacePolicy, 6}, {"side table", sidePolicy, 9}} {
+		t.Run(layout.name, func(t *testing.T) {
+			t.Parallel()
+			f := setup(t, inboxDDL, layout.policy)
+			f.insert(t, "gone", 3, t0.Add(-40*24*time.Hour), time.Minute)
+			f.insert(t, "replayed", 3, t0.Add(-40*24*time.Hour), time.Minute)
+			f.insert(t, "live", 3, t0.Add(-10*24*time.Hour), time.Minute)
+			if _, err := holds.StartReplay(context.Background(), f.pool, f.table, holds.ReplaySpec{Scope: "replayed",
+				From: t0.Add(-50 * 24 * time.Hour), To: t0.Add(-30 * 24 * time.Hour), Owner: "test", Force: true}); err != nil {
+				t.Fatal(err)
+			}
+			if res := f.demote(t, Options{Clock: pinned(t0)}); res.Demoted != layout.demoted {
+				t.Fatalf("demoted %d, want %d", res.Demoted, layout.demoted)
+			}
+			if res := f.expire(t, t0); res.Deleted != 3 || res.ProtectedByReplays != 3 {
+				t.Fatalf("expiry after demotion: %+v", res)
+			}
+			if n := f.count(t, "SELECT count(*) FROM inboxkeeper.keys_public_inbox WHERE consumer = 'gone'"); n != 3 {
+				t.Fatalf("%d permanent keys of the deleted rows, want 3", n)
+			}
+			if n := f.hot(t, "true"); n != 0 {
+				t.Fatalf("%d rows still hot", n)
+			}
+		})
+	}
+}

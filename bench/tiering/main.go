@@ -104,7 +104,9 @@ const policyFile = `tables:
   - table: public.inplace
     key: [consumer, message_id]
     scope: consumer
-    expires_at: remember_until
+    # In place, demotion leaves rows the deleter is about to delete alone;
+    # here they are kept ten years longer, so that all of them are demoted.
+    expires_after: {column: remember_until, after: 3650d}
     tiers:
       hot_for: 72h
       anchor: first_seen_at
