@@ -61,9 +61,6 @@ func (a *app) daemon(ctx context.Context, args []string) error {
 	if err != nil || ctx.Err() != nil {
 		return err
 	}
-	if err := a.ensureKeyTables(ctx, pool, tables); err != nil {
-		return err
-	}
 	th := a.startThrottle(ctx, pool, reg)
 	defer th.Stop()
 
@@ -419,12 +416,19 @@ func (a *app) prepareWithRetry(ctx context.Context, mismatch prometheus.Gauge) (
 	for {
 		pool, tables, err := a.prepare(ctx)
 		if err == nil {
-			mismatch.Set(0)
-			return pool, tables, nil
+			// A deletion writes its permanent keys in the same statement:
+			// the key tables must exist before anything runs.
+			if err = a.ensureKeyTables(ctx, pool, tables); err == nil {
+				mismatch.Set(0)
+				return pool, tables, nil
+			}
 		}
 		var ce configError
 		var ue usageError
 		switch {
+		case errors.Is(err, tiering.ErrKeyTable):
+			mismatch.Set(1)
+			a.log.Error("inboxkeeper: waiting for a permanent key table; nothing is touched until it exists", "error", err, "retry_in", wait)
 		case errors.As(err, &ce) || errors.As(err, &ue):
 			return nil, nil, err
 		case errors.Is(err, catalog.ErrInvalid):

@@ -5,8 +5,11 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"regexp"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // A tiered inbox, relative to the database clock:
@@ -137,14 +140,25 @@ func TestOnceWithoutKeyTablePrivilege(t *testing.T) {
 	wantExit(t, r, 2, "permanent key table inboxkeeper.keys_public_inbox of table public.inbox does not exist and cannot be created", "inboxkeeper migrate")
 	f.wantCount("rows after the refused pass", 25, "SELECT count(*) FROM public.inbox WHERE payload IS NOT NULL")
 
+	// run, as a sidecar would, waits for it instead of exiting.
+	d := startDaemon(t, f.dir, f.env("INBOXKEEPER_DATABASE_URL="+asRole(t, f.url, role), "INBOXKEEPER_INTERVAL=1h"), "run")
+	d.waitLine(regexp.MustCompile(`waiting for a permanent key table.*inboxkeeper migrate`), 30*time.Second)
+
 	// migrate, as the owner, creates it; then the role can run.
 	r = f.run("migrate")
 	wantExit(t, r, 0, "permanent key table inboxkeeper.keys_public_inbox created for public.inbox")
 	pgtestExecf(t, f, "GRANT SELECT, INSERT ON inboxkeeper.keys_public_inbox TO "+role)
-	r = f.runWith([]string{"INBOXKEEPER_DATABASE_URL=" + asRole(t, f.url, role)}, "once")
-	// Only free's live rows: every expired row is the deleter's.
-	wantExit(t, r, 0, "public.inbox: demoted 5 to warm")
+	d.waitLine(passDone, 60*time.Second)
+	d.signal(syscall.SIGTERM)
+	if code, _ := d.exit(10 * time.Second); code != 0 {
+		t.Errorf("run exited %d\n%s", code, d.log())
+	}
+	// The daemon's pass demoted free's live rows (every expired row is the
+	// deleter's) and deleted the 15 expired ones with their keys.
+	f.wantCount("payloads left", 5, "SELECT count(*) FROM public.inbox WHERE payload IS NOT NULL")
 	f.wantCount("permanent keys", 15, "SELECT count(*) FROM inboxkeeper.keys_public_inbox")
+	r = f.runWith([]string{"INBOXKEEPER_DATABASE_URL=" + asRole(t, f.url, role)}, "once")
+	wantExit(t, r, 0, "public.inbox: demoted 0 to warm", "public.inbox: deleted 0,")
 }
 
 // asRole is the connection string url with another user.
