@@ -57,7 +57,7 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 		}),
 		PolicyMismatch: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "inboxkeeper_policy_mismatch",
-			Help: "1 while run waits because the policy names a table, column or index the database lacks: nothing is touched until it matches.",
+			Help: "1 while run waits because the policy names a table, column or index the database lacks, or a permanent key table it may not create: nothing is touched until it matches.",
 		}),
 		Passes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "inboxkeeper_passes_total",
