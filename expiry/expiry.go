@@ -111,18 +111,7 @@ type Deleter struct {
 
 // New returns a Deleter with defaults filled in.
 func New(pool *pgxpool.Pool, tables []*catalog.Table, opts Options) *Deleter {
-	if opts.BatchSize <= 0 {
-		opts.BatchSize = 5000
-	}
-	if opts.LockTimeout <= 0 {
-		opts.LockTimeout = 500 * time.Millisecond
-	}
-	if opts.StatementTimeout <= 0 {
-		opts.StatementTimeout = 30 * time.Second
-	}
-	if opts.MaxRetries <= 0 {
-		opts.MaxRetries = 5
-	}
+	batchloop.FillDefaults(&opts.BatchSize, &opts.LockTimeout, &opts.StatementTimeout, &opts.MaxRetries)
 	log := opts.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)

@@ -245,3 +245,28 @@ func (s *Sizers) For(table string) *throttle.Sizer {
 	}
 	return z
 }
+
+// The defaults of a batch, one set for the deleter and the demoter: the
+// README documents them once.
+const (
+	DefaultBatchSize        = 5000
+	DefaultLockTimeout      = 500 * time.Millisecond
+	DefaultStatementTimeout = 30 * time.Second
+	DefaultMaxRetries       = 5
+)
+
+// FillDefaults replaces the zero (or negative) settings with the defaults.
+func FillDefaults(batchSize *int, lockTimeout, statementTimeout *time.Duration, maxRetries *int) {
+	if *batchSize <= 0 {
+		*batchSize = DefaultBatchSize
+	}
+	if *lockTimeout <= 0 {
+		*lockTimeout = DefaultLockTimeout
+	}
+	if *statementTimeout <= 0 {
+		*statementTimeout = DefaultStatementTimeout
+	}
+	if *maxRetries <= 0 {
+		*maxRetries = DefaultMaxRetries
+	}
+}
