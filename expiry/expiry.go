@@ -19,6 +19,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/holds"
 	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
 )
@@ -33,6 +34,7 @@ type Options struct {
 	BatchPause       time.Duration // sleep between batches
 	LockTimeout      time.Duration // per batch transaction, default 500ms
 	StatementTimeout time.Duration // per batch statement, default 30s
+	IdleTimeout      time.Duration // idle_in_transaction_session_timeout of every transaction, default 10s
 	RunTime          time.Duration // stop a pass after this long; 0 = no limit
 	MaxRetries       int           // per batch, on lock timeouts and the like; default 5
 	DryRun           bool          // count what a pass would delete, delete nothing
@@ -297,7 +299,7 @@ func (d *Deleter) estimateDue(ctx context.Context, t *catalog.Table) int64 {
 func (d *Deleter) batch(ctx context.Context, t *catalog.Table, lower pgtype.Timestamptz, size int, res *TableResult) (n int64, newest time.Time, wal float64, err error) {
 	// See docs/expiry-design.md, "One batch".
 	tx, err := batchloop.Begin(ctx, d.pool, t.Name, batchloop.TxOptions{
-		LockTimeout: d.opts.LockTimeout, StatementTimeout: d.opts.StatementTimeout, Throttle: d.opts.Throttle, Pinned: d.pinned()})
+		LockTimeout: d.opts.LockTimeout, StatementTimeout: d.opts.StatementTimeout, IdleInTx: d.opts.IdleTimeout, Throttle: d.opts.Throttle, Pinned: d.pinned()})
 	if err != nil {
 		return 0, time.Time{}, 0, err
 	}
@@ -364,8 +366,7 @@ func permanentKeys(t *catalog.Table) (returning, cte, count string) {
 // counting and measuring never queue behind a lock for long either.
 func (d *Deleter) readTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 	return pgx.BeginTxFunc(ctx, d.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true)`,
-			retry.Millis(d.opts.LockTimeout), retry.Millis(d.opts.StatementTimeout)); err != nil {
+		if _, err := (dbconn.TxSettings{LockTimeout: d.opts.LockTimeout, StatementTimeout: d.opts.StatementTimeout, IdleInTx: d.opts.IdleTimeout}).Apply(ctx, tx); err != nil {
 			return err
 		}
 		return fn(tx)

@@ -18,8 +18,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
+	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 )
 
 // FenceKey is the advisory lock (single bigint form) shared by cleanup
@@ -89,9 +92,33 @@ type HoldSpec struct {
 	From, To *time.Time
 	Reason   string
 	Owner    string
-	Expires  *time.Time
-	Blocks   string // BlocksAll or BlocksDelete; "" means BlocksAll
+	// Expires ends the hold at that instant, which must lie in the future
+	// on the database's clock; or ExpiresIn ends it that long after the
+	// database's now. At most one of them; neither: the hold stays until
+	// released.
+	Expires   *time.Time
+	ExpiresIn time.Duration
+	Blocks    string // BlocksAll or BlocksDelete; "" means BlocksAll
+	Fence     FenceOptions
 }
+
+// FenceOptions bound how a hold or replay writer waits for the fence.
+type FenceOptions struct {
+	// Timeout is the longest the writer waits for the cleanup batches in
+	// flight (default DefaultFenceTimeout); then it fails with
+	// ErrFenceTimeout, naming the sessions that hold the fence, and writes
+	// nothing.
+	Timeout time.Duration
+	// IdleTimeout is the transaction's idle_in_transaction_session_timeout
+	// (default dbconn.DefaultIdleTimeout).
+	IdleTimeout time.Duration
+}
+
+// DefaultFenceTimeout is INBOXKEEPER_FENCE_TIMEOUT's default.
+const DefaultFenceTimeout = 30 * time.Second
+
+// ErrFenceTimeout: the fence could not be taken in time; nothing was written.
+var ErrFenceTimeout = errors.New("timed out waiting for the cleanup batches in flight (the hold fence)")
 
 // ReplaySpec is what `inboxkeeper replay start` asks for.
 type ReplaySpec struct {
@@ -101,6 +128,7 @@ type ReplaySpec struct {
 	// Force starts a replay whose range reaches past what is still
 	// remembered; the marker records that it did.
 	Force bool
+	Fence FenceOptions
 }
 
 // ErrBeyondWindow refuses a replay that reaches further back than the
@@ -139,11 +167,77 @@ func normaliseScope(ctx context.Context, tx pgx.Tx, t *catalog.Table, v string) 
 	return out, nil
 }
 
-// fence waits for every cleanup batch in flight to finish and keeps new ones
-// out until the calling transaction ends.
-func fence(ctx context.Context, tx pgx.Tx) error {
-	_, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", FenceKey)
-	return err
+// writeFenced runs write in a transaction, then takes the fence: it waits
+// for every cleanup batch in flight to finish and keeps new ones out until
+// the transaction commits. The wait is bounded by o.Timeout; past it the
+// transaction rolls back and the error names the sessions holding the
+// fence.
+func writeFenced(ctx context.Context, db Beginner, o FenceOptions, write func(tx pgx.Tx) error) error {
+	timeout := o.Timeout
+	if timeout <= 0 {
+		timeout = DefaultFenceTimeout
+	}
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := (dbconn.TxSettings{IdleInTx: o.IdleTimeout}).Apply(ctx, tx); err != nil {
+			return err
+		}
+		if err := write(tx); err != nil {
+			return err
+		}
+		// The timeout covers the fence alone: set just before it.
+		_, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true), pg_advisory_xact_lock($2)", retry.Millis(timeout), FenceKey)
+		return err
+	})
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != retry.SQLStateLockTimeout {
+		return err
+	}
+	who, rerr := fenceHolders(ctx, db)
+	if rerr != nil {
+		who = "(could not read them: " + rerr.Error() + ")"
+	}
+	return fmt.Errorf("%w after %s; nothing was written. Sessions holding it: %s. A batch takes a moment; a session idle in its transaction is a frozen or vanished process, which PostgreSQL ends after its idle_in_transaction_session_timeout (INBOXKEEPER_IDLE_IN_TRANSACTION_TIMEOUT)",
+		ErrFenceTimeout, timeout, who)
+}
+
+// fenceHolders describes the sessions that hold the fence lock.
+func fenceHolders(ctx context.Context, db Beginner) (string, error) {
+	var out []string
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `
+SELECT l.pid, coalesce(a.application_name, ''), coalesce(a.state, ''), a.xact_start, a.state_change
+FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.granted AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND l.classid = ($1::bigint >> 32)::oid AND l.objid = ($1::bigint & 4294967295)::oid AND l.objsubid = 1
+ORDER BY a.xact_start NULLS LAST, l.pid`, FenceKey)
+		if err != nil {
+			return err
+		}
+		out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
+			var pid int32
+			var app, state string
+			var xact, change pgtype.Timestamptz
+			if err := r.Scan(&pid, &app, &state, &xact, &change); err != nil {
+				return "", err
+			}
+			s := fmt.Sprintf("pid %d (application_name %q, state %q", pid, app, state)
+			if xact.Valid {
+				s += ", in a transaction since " + xact.Time.UTC().Format(time.RFC3339)
+			}
+			if change.Valid {
+				s += ", in this state since " + change.Time.UTC().Format(time.RFC3339)
+			}
+			return s + ")", nil
+		})
+		return err
+	})
+	if err != nil {
+		return "", err
+	}
+	if len(out) == 0 {
+		return "none any more (retry)", nil
+	}
+	return strings.Join(out, "; "), nil
 }
 
 // AddHold writes a hold and returns its id once no cleanup transaction can
@@ -166,8 +260,14 @@ func AddHold(ctx context.Context, db Beginner, t *catalog.Table, s HoldSpec) (in
 	default:
 		return 0, fmt.Errorf("%w: a hold blocks %q or %q, not %q", ErrInvalid, BlocksDelete, BlocksAll, s.Blocks)
 	}
+	if s.Expires != nil && s.ExpiresIn != 0 {
+		return 0, fmt.Errorf("%w: give --expires or --for, not both", ErrInvalid)
+	}
+	if s.ExpiresIn < 0 {
+		return 0, fmt.Errorf("%w: --for %s must be positive", ErrInvalid, s.ExpiresIn)
+	}
 	var id int64
-	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+	err := writeFenced(ctx, db, s.Fence, func(tx pgx.Tx) error {
 		var scope *string
 		if s.Scope != nil {
 			v, err := normaliseScope(ctx, tx, t, *s.Scope)
@@ -176,13 +276,29 @@ func AddHold(ctx context.Context, db Beginner, t *catalog.Table, s HoldSpec) (in
 			}
 			scope = &v
 		}
+		// A hold that has already ended protects nothing: a mistyped year
+		// must fail loudly, not pass for a legal hold. The database's clock
+		// decides, as it does for the batches.
+		var now time.Time
+		if err := tx.QueryRow(ctx, "SELECT now()").Scan(&now); err != nil {
+			return err
+		}
+		expires := s.Expires
+		if s.ExpiresIn > 0 {
+			e := now.Add(s.ExpiresIn)
+			expires = &e
+		}
+		if expires != nil && !expires.After(now) {
+			return fmt.Errorf("%w: the hold would expire at %s, which is not in the future (the database's now is %s); nothing was written",
+				ErrInvalid, expires.UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339))
+		}
 		if err := tx.QueryRow(ctx, `
 INSERT INTO inboxkeeper.holds (table_name, scope_value, event_from, event_to, reason, owner, expires_at, blocks)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id`,
-			t.Name, scope, s.From, s.To, s.Reason, s.Owner, s.Expires, blocks).Scan(&id); err != nil {
+			t.Name, scope, s.From, s.To, s.Reason, s.Owner, expires, blocks).Scan(&id); err != nil {
 			return fmt.Errorf("add hold: %w", err)
 		}
-		return fence(ctx, tx)
+		return nil
 	})
 	return id, err
 }
@@ -209,7 +325,7 @@ func StartReplay(ctx context.Context, db Beginner, t *catalog.Table, s ReplaySpe
 		return 0, err
 	}
 	var id int64
-	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+	err := writeFenced(ctx, db, s.Fence, func(tx pgx.Tx) error {
 		scope, err := normaliseScope(ctx, tx, t, s.Scope)
 		if err != nil {
 			return err
@@ -226,7 +342,7 @@ INSERT INTO inboxkeeper.replays (table_name, scope_value, event_from, event_to, 
 VALUES ($1, $2, $3, $4, $5, $6) RETURNING id`, t.Name, scope, s.From, s.To, s.Owner, beyond != "").Scan(&id); err != nil {
 			return fmt.Errorf("start replay: %w", err)
 		}
-		return fence(ctx, tx)
+		return nil
 	})
 	return id, err
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
 )
 
@@ -43,9 +44,12 @@ func (p Partition) contains(x time.Time) bool {
 // readPartitions lists the partitions of t, ordered by lower bound, with
 // bounds taken from the catalog (pg_get_expr of relpartbound), never from
 // names: partitions made by hand are recognised whatever they are called.
-func readPartitions(ctx context.Context, db *pgxpool.Pool, t *catalog.Table) ([]Partition, error) {
+func readPartitions(ctx context.Context, db *pgxpool.Pool, t *catalog.Table, s dbconn.TxSettings) ([]Partition, error) {
 	var out []Partition
 	err := pgx.BeginTxFunc(ctx, db, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		if _, err := s.Apply(ctx, tx); err != nil {
+			return err
+		}
 		// Bounds print in the session's time zone: pin it.
 		if _, err := tx.Exec(ctx, "SET LOCAL TimeZone = 'UTC'"); err != nil {
 			return err
@@ -213,7 +217,7 @@ func literal(c catalog.Column, x time.Time) string {
 // of them that starts at now (now itself when no partition holds now; nil
 // when a MAXVALUE partition ends the run).
 func CoveredUntil(ctx context.Context, pool *pgxpool.Pool, t *catalog.Table, now time.Time) (*time.Time, error) {
-	parts, err := readPartitions(ctx, pool, t)
+	parts, err := readPartitions(ctx, pool, t, dbconn.TxSettings{})
 	if err != nil {
 		return nil, err
 	}

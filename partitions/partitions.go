@@ -23,6 +23,7 @@ import (
 
 	"github.com/inboxkeeper/inboxkeeper/holds"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
 )
@@ -35,6 +36,10 @@ type Options struct {
 	LockTimeout time.Duration
 	// StatementTimeout bounds the coverage checks. Default 30s.
 	StatementTimeout time.Duration
+	// IdleTimeout is idle_in_transaction_session_timeout in every
+	// transaction, and idle_session_timeout while a DDL session holds the
+	// fence: a frozen process lets go of it. Default 10s.
+	IdleTimeout time.Duration
 	// MaxRetries is how often one DDL step is retried in a pass after a lock
 	// timeout before the partition is reported blocked. Default 5.
 	MaxRetries int
@@ -108,6 +113,9 @@ type Manager struct {
 func New(pool *pgxpool.Pool, tables []*catalog.Table, opts Options) *Manager {
 	if opts.LockTimeout <= 0 {
 		opts.LockTimeout = 100 * time.Millisecond
+	}
+	if opts.IdleTimeout <= 0 {
+		opts.IdleTimeout = dbconn.DefaultIdleTimeout
 	}
 	if opts.StatementTimeout <= 0 {
 		opts.StatementTimeout = 30 * time.Second
@@ -263,7 +271,7 @@ func horizon(t *catalog.Table, now time.Time) time.Time {
 // horizon that no partition covers yet. A month partly covered by a
 // partition made by hand gets one for the rest only.
 func (m *Manager) premake(ctx context.Context, t *catalog.Table, now time.Time, res *TableResult) error {
-	parts, err := readPartitions(ctx, m.pool, t)
+	parts, err := readPartitions(ctx, m.pool, t, m.txSettings())
 	if err != nil {
 		return err
 	}
@@ -301,7 +309,7 @@ WHERE c.oid = $1 AND r.rolname <> current_user AND pg_has_role(current_user, r.o
 			if raced(err) {
 				// Another instance (or a DBA) made it meanwhile: look again.
 				m.log.Info("partitions: partition appeared meanwhile", "table", t.Name, "partition", p.String(), "error", err)
-				if parts, err = readPartitions(ctx, m.pool, t); err != nil {
+				if parts, err = readPartitions(ctx, m.pool, t, m.txSettings()); err != nil {
 					return err
 				}
 				if len(gaps(parts, g[0], g[1])) > 0 {
@@ -362,7 +370,7 @@ func due(t *catalog.Table, p Partition, now time.Time) bool {
 // retire finishes interrupted detaches, then detaches every due partition
 // no hold or replay covers, oldest first.
 func (m *Manager) retire(ctx context.Context, t *catalog.Table, now time.Time, res *TableResult) error {
-	parts, err := readPartitions(ctx, m.pool, t)
+	parts, err := readPartitions(ctx, m.pool, t, m.txSettings())
 	if err != nil {
 		return err
 	}
@@ -464,7 +472,7 @@ func (m *Manager) retireOne(ctx context.Context, t *catalog.Table, p Partition, 
 
 // refresh reads p again; OID 0 means it is no longer a partition of t.
 func (m *Manager) refresh(ctx context.Context, t *catalog.Table, p Partition) (Partition, error) {
-	parts, err := readPartitions(ctx, m.pool, t)
+	parts, err := readPartitions(ctx, m.pool, t, m.txSettings())
 	if err != nil {
 		return p, err
 	}
@@ -558,14 +566,14 @@ func (m *Manager) covered(ctx context.Context, t *catalog.Table, source string, 
 
 func (m *Manager) coveredOn(ctx context.Context, c *pgxpool.Conn, t *catalog.Table, source string, now time.Time) (reason, detail string, err error) {
 	err = pgx.BeginTxFunc(ctx, c, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		reason, detail, err = coveredIn(ctx, tx, t, source, now, m.opts.StatementTimeout)
+		reason, detail, err = coveredIn(ctx, tx, t, source, now, m.txSettings())
 		return err
 	})
 	return reason, detail, err
 }
 
-func coveredIn(ctx context.Context, tx pgx.Tx, t *catalog.Table, source string, now time.Time, timeout time.Duration) (reason, detail string, err error) {
-	if _, err := tx.Exec(ctx, "SELECT set_config('statement_timeout', $1, true)", retry.Millis(timeout)); err != nil {
+func coveredIn(ctx context.Context, tx pgx.Tx, t *catalog.Table, source string, now time.Time, s dbconn.TxSettings) (reason, detail string, err error) {
+	if _, err := s.Apply(ctx, tx); err != nil {
 		return "", "", err
 	}
 	cov, err := holds.Active(ctx, tx, t.Name, now)
@@ -721,7 +729,7 @@ WHERE partition_schema = $1 AND partition_name = $2 AND detach_started = $3 AND 
 					return err
 				}
 				var err error
-				if reason, detail, err = coveredIn(ctx, tx, t, p.Ident(), now, m.opts.StatementTimeout); err != nil || reason != "" {
+				if reason, detail, err = coveredIn(ctx, tx, t, p.Ident(), now, m.txSettings()); err != nil || reason != "" {
 					return err
 				}
 				// Copying keys reads the whole partition: no statement
@@ -757,7 +765,7 @@ WHERE partition_schema = $1 AND partition_name = $2 AND detach_started = $3`, ap
 // measure reads the partitions after the pass: coverage, cleanup lag and
 // the gauges.
 func (m *Manager) measure(ctx context.Context, t *catalog.Table, now time.Time, res *TableResult) error {
-	parts, err := readPartitions(ctx, m.pool, t)
+	parts, err := readPartitions(ctx, m.pool, t, m.txSettings())
 	if err != nil {
 		return err
 	}
@@ -812,6 +820,11 @@ func (m *Manager) measure(ctx context.Context, t *catalog.Table, now time.Time, 
 	return nil
 }
 
+// txSettings are the settings of the manager's own transactions.
+func (m *Manager) txSettings() dbconn.TxSettings {
+	return dbconn.TxSettings{StatementTimeout: m.opts.StatementTimeout, IdleInTx: m.opts.IdleTimeout}
+}
+
 // errLockWait marks a DDL statement cancelled because a session queued
 // behind a lock it held.
 var errLockWait = retry.ErrLockWait
@@ -847,11 +860,17 @@ func (m *Manager) ddl(ctx context.Context, t *catalog.Table, what string, fn fun
 			}
 		}
 	}()
-	if _, err := c.Exec(ctx, "SELECT set_config('lock_timeout', $1, false)", retry.Millis(m.opts.LockTimeout)); err != nil {
+	// Session settings: this connection is a session of its own (direct,
+	// or INBOXKEEPER_SESSION_DATABASE_URL), never one a transaction pooler
+	// shares. idle_session_timeout ends the session, and its fence lock
+	// with it, should this process freeze between statements.
+	idle := retry.Millis(m.opts.IdleTimeout)
+	if _, err := c.Exec(ctx, `SELECT set_config('lock_timeout', $1, false), set_config('idle_session_timeout', $2, false),
+       set_config('idle_in_transaction_session_timeout', $2, false)`, retry.Millis(m.opts.LockTimeout), idle); err != nil {
 		return err
 	}
 	defer func() {
-		if _, rerr := c.Exec(context.WithoutCancel(ctx), "RESET lock_timeout"); rerr != nil {
+		if _, rerr := c.Exec(context.WithoutCancel(ctx), "RESET lock_timeout; RESET idle_session_timeout; RESET idle_in_transaction_session_timeout"); rerr != nil {
 			// Never hand a connection with a changed setting back.
 			c.Conn().Close(context.WithoutCancel(ctx))
 		}

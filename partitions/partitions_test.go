@@ -19,6 +19,7 @@ import (
 
 	"github.com/inboxkeeper/inboxkeeper/holds"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
 	"github.com/inboxkeeper/inboxkeeper/tiering"
@@ -88,7 +89,7 @@ func (f fixture) pass(t *testing.T, opts Options) TableResult {
 // names lists the partitions of the parent as "name [lower, upper)".
 func (f fixture) names(t *testing.T) []string {
 	t.Helper()
-	parts, err := readPartitions(context.Background(), f.pool, f.table)
+	parts, err := readPartitions(context.Background(), f.pool, f.table, dbconn.TxSettings{})
 	if err != nil {
 		t.Fatal(err)
 	}

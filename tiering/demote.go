@@ -31,7 +31,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/holds"
 	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
-	"github.com/inboxkeeper/inboxkeeper/internal/retry"
+	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
 )
 
@@ -48,6 +48,7 @@ type Options struct {
 	BatchPause       time.Duration
 	LockTimeout      time.Duration // default 500ms
 	StatementTimeout time.Duration // default 30s
+	IdleTimeout      time.Duration // idle_in_transaction_session_timeout of every transaction, default 10s
 	RunTime          time.Duration // stop a pass after this long; 0 = no limit
 	MaxRetries       int           // default 5
 	DryRun           bool          // count what a pass would demote; change nothing
@@ -207,7 +208,7 @@ func (d *Demoter) batch(ctx context.Context, t *catalog.Table, lower pgtype.Time
 	// The fence, as in the deleter: taken before the holds are read, so a
 	// hold whose writer we waited for is in this batch's snapshot.
 	tx, err := batchloop.Begin(ctx, d.pool, t.Name, batchloop.TxOptions{
-		LockTimeout: d.opts.LockTimeout, StatementTimeout: d.opts.StatementTimeout, Throttle: d.opts.Throttle, Pinned: d.pinned()})
+		LockTimeout: d.opts.LockTimeout, StatementTimeout: d.opts.StatementTimeout, IdleInTx: d.opts.IdleTimeout, Throttle: d.opts.Throttle, Pinned: d.pinned()})
 	if err != nil {
 		return 0, time.Time{}, 0, err
 	}
@@ -365,8 +366,7 @@ func (d *Demoter) count(ctx context.Context, tx pgx.Tx, t *catalog.Table, res *R
 // readTx runs fn in a read-only transaction with the batch timeouts.
 func (d *Demoter) readTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 	return pgx.BeginTxFunc(ctx, d.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true)`,
-			retry.Millis(d.opts.LockTimeout), retry.Millis(d.opts.StatementTimeout)); err != nil {
+		if _, err := (dbconn.TxSettings{LockTimeout: d.opts.LockTimeout, StatementTimeout: d.opts.StatementTimeout, IdleInTx: d.opts.IdleTimeout}).Apply(ctx, tx); err != nil {
 			return err
 		}
 		return fn(tx)

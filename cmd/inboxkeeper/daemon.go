@@ -61,6 +61,9 @@ func (a *app) daemon(ctx context.Context, args []string) error {
 	if err != nil || ctx.Err() != nil {
 		return err
 	}
+	if err := a.sessionForPartitions(ctx, tables, false); err != nil {
+		return err
+	}
 	th := a.startThrottle(ctx, pool, reg)
 	defer th.Stop()
 

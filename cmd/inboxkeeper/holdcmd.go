@@ -17,7 +17,8 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/migrations"
 )
 
-// timeFlag is an optional RFC 3339 flag value.
+// timeFlag is an optional time flag value: RFC 3339, or a date meaning
+// 00:00 UTC of that day.
 type timeFlag struct{ t *time.Time }
 
 func (f *timeFlag) String() string {
@@ -28,12 +29,47 @@ func (f *timeFlag) String() string {
 }
 
 func (f *timeFlag) Set(s string) error {
-	t, err := time.Parse(time.RFC3339, s)
+	t, err := parseTime(s)
 	if err != nil {
-		return fmt.Errorf("not an RFC 3339 time (like 2026-01-31T00:00:00Z): %q", s)
+		return err
 	}
 	f.t = &t
 	return nil
+}
+
+// parseTime reads an RFC 3339 time (2026-12-31T18:00:00+01:00) or a date
+// (2026-12-31, meaning 00:00 UTC of that day).
+func parseTime(s string) (time.Time, error) {
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return t, nil
+	}
+	if t, err := time.ParseInLocation(time.DateOnly, s, time.UTC); err == nil {
+		return t, nil
+	}
+	return time.Time{}, fmt.Errorf("%q is neither an RFC 3339 time (like 2026-01-31T00:00:00Z) nor a date (like 2026-01-31, meaning 00:00 UTC)", s)
+}
+
+// durationFlag is a positive duration in the policy file's syntax (90d,
+// 36h, 1d12h).
+type durationFlag struct{ d time.Duration }
+
+func (f *durationFlag) String() string { return policy.Duration(f.d).String() }
+
+func (f *durationFlag) Set(s string) error {
+	d, err := policy.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	if d <= 0 {
+		return fmt.Errorf("%q must be longer than 0", s)
+	}
+	f.d = d
+	return nil
+}
+
+// fence is how hold and replay writers wait for the batches in flight.
+func (a *app) fence() holds.FenceOptions {
+	return holds.FenceOptions{Timeout: a.cfg.FenceTimeout, IdleTimeout: a.cfg.IdleTimeout}
 }
 
 // stringFlag records whether it was given, so --scope "" differs from no --scope.
@@ -123,10 +159,12 @@ func (a *app) hold(ctx context.Context, args []string) error {
 		owner := fs.String("owner", "", "who is responsible for the hold (required)")
 		var scope stringFlag
 		var from, to, expires timeFlag
+		var lasts durationFlag
 		fs.Var(&scope, "scope", "only rows whose scope column has this value")
-		fs.Var(&from, "from", "only rows whose event time is at or after this (RFC 3339)")
-		fs.Var(&to, "to", "only rows whose event time is before this (RFC 3339)")
-		fs.Var(&expires, "expires", "the hold ends by itself at this time (RFC 3339)")
+		fs.Var(&from, "from", "only rows whose event time is at or after this (RFC 3339, or a date: 00:00 UTC)")
+		fs.Var(&to, "to", "only rows whose event time is before this (RFC 3339, or a date: 00:00 UTC)")
+		fs.Var(&expires, "expires", "the hold ends by itself at this time, which must lie in the future (RFC 3339, or a date: 00:00 UTC)")
+		fs.Var(&lasts, "for", "the hold ends by itself this long from now (90d, 36h); instead of --expires")
 		blocks := fs.String("blocks", holds.BlocksAll, "what the hold blocks: all (demotion of the payload and deletion: a legal hold) or delete (deletion only)")
 		if err := parseFlags(fs, args[1:]); err != nil {
 			return err
@@ -140,11 +178,15 @@ func (a *app) hold(ctx context.Context, args []string) error {
 		if *reason == "" || *owner == "" {
 			return usagef("hold add: --reason and --owner are required")
 		}
+		if expires.t != nil && lasts.d != 0 {
+			return usagef("hold add: give --expires or --for, not both")
+		}
 		pool, t, err := a.tableFor(ctx, *table)
 		if err != nil {
 			return err
 		}
-		id, err := holds.AddHold(ctx, pool, t, holds.HoldSpec{Scope: scope.v, From: from.t, To: to.t, Reason: *reason, Owner: *owner, Expires: expires.t, Blocks: *blocks})
+		id, err := holds.AddHold(ctx, pool, t, holds.HoldSpec{Scope: scope.v, From: from.t, To: to.t, Reason: *reason, Owner: *owner,
+			Expires: expires.t, ExpiresIn: lasts.d, Blocks: *blocks, Fence: a.fence()})
 		if err != nil {
 			return holdErr(err)
 		}
@@ -206,8 +248,8 @@ func (a *app) replay(ctx context.Context, args []string) error {
 		owner := fs.String("owner", "", "who runs the replay (required)")
 		force := fs.Bool("force", false, "start even if the range reaches past what is still remembered (recorded and counted)")
 		var from, to timeFlag
-		fs.Var(&from, "from", "event-time range start, inclusive (RFC 3339, required)")
-		fs.Var(&to, "to", "event-time range end, exclusive (RFC 3339, required)")
+		fs.Var(&from, "from", "event-time range start, inclusive (RFC 3339, or a date: 00:00 UTC; required)")
+		fs.Var(&to, "to", "event-time range end, exclusive (RFC 3339, or a date: 00:00 UTC; required)")
 		if err := parseFlags(fs, args[1:]); err != nil {
 			return err
 		}
@@ -221,7 +263,7 @@ func (a *app) replay(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		id, err := holds.StartReplay(ctx, pool, t, holds.ReplaySpec{Scope: *scope, From: *from.t, To: *to.t, Owner: *owner, Force: *force})
+		id, err := holds.StartReplay(ctx, pool, t, holds.ReplaySpec{Scope: *scope, From: *from.t, To: *to.t, Owner: *owner, Force: *force, Fence: a.fence()})
 		if err != nil {
 			return holdErr(err)
 		}

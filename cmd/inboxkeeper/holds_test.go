@@ -2,11 +2,19 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/inboxkeeper/inboxkeeper/holds"
+	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
 )
 
 var idLine = regexp.MustCompile(`^[1-9][0-9]*\n$`)
@@ -69,9 +77,12 @@ func TestHold(t *testing.T) {
 	wantExit(t, r, 0)
 	wantResult(t, r, "public.consumer_inbox", "deleted", 7, 3, 0)
 
-	// A hold that has already ended by itself protects nothing.
+	// A hold that would already have ended (a mistyped year) is refused,
+	// on the database's clock, and nothing is written.
 	past := time.Now().Add(-time.Hour).UTC().Format(time.RFC3339)
-	f.addID("hold", "add", "--table", "public.consumer_inbox", "--reason", "r", "--owner", "o", "--expires", past)
+	r = f.run("hold", "add", "--table", "public.consumer_inbox", "--reason", "r", "--owner", "o", "--expires", past)
+	wantExit(t, r, 2, "not in the future", "nothing was written")
+	f.wantCount("holds", 2, "SELECT count(*) FROM inboxkeeper.holds")
 	wantExit(t, f.run("hold", "release", rangeID), 0)
 	r = f.run("once")
 	wantExit(t, r, 0)
@@ -104,7 +115,13 @@ func TestHoldAndReplayUsageErrors(t *testing.T) {
 		{"hold with blank reason", "", with(hold, "--reason", " ", "--owner", "o"), "reason"},
 		{"hold without table", "", []string{"hold", "add", "--reason", "r", "--owner", "o"}, "--table"},
 		{"hold with a bad --from", "", with(hold, "--reason", "r", "--owner", "o", "--from", "yesterday", "--to", "2026-01-01T00:00:00Z"), `"yesterday"`},
-		{"hold with a bad --expires", "", with(hold, "--reason", "r", "--owner", "o", "--expires", "2026-01-01"), "expires"},
+		{"hold with a bad --expires", "", with(hold, "--reason", "r", "--owner", "o", "--expires", "31/12/2026"), "expires"},
+		{"hold expiring in the past", "", with(hold, "--reason", "r", "--owner", "o", "--expires", "2025-12-01T00:00:00Z"), "not in the future"},
+		{"hold expiring on a past date", "", with(hold, "--reason", "r", "--owner", "o", "--expires", "2025-12-01"), "2025-12-01T00:00:00Z, which is not in the future"},
+		{"hold with --expires and --for", "", with(hold, "--reason", "r", "--owner", "o", "--expires", "2099-01-01", "--for", "90d"), "not both"},
+		{"hold for no time", "", with(hold, "--reason", "r", "--owner", "o", "--for", "0"), "longer than 0"},
+		{"hold for a negative time", "", with(hold, "--reason", "r", "--owner", "o", "--for", "-1h"), "longer than 0"},
+		{"hold for a malformed time", "", with(hold, "--reason", "r", "--owner", "o", "--for", "3 months"), "invalid duration"},
 		{"hold with --from only", "", with(hold, "--reason", "r", "--owner", "o", "--from", "2026-01-01T00:00:00Z"), "--to"},
 		{"hold with --from after --to", "", with(hold, "--reason", "r", "--owner", "o",
 			"--from", "2026-01-02T00:00:00Z", "--to", "2026-01-01T00:00:00Z"), "before"},
@@ -276,4 +293,115 @@ FROM public.other_inbox`).Scan(&oldest, &newest); err != nil {
 	wantResult(t, r, "public.other_inbox", "deleted", 7, 0, 0)
 	// Left: three rows first seen about 30 minutes ago, expiring in about 1h30m.
 	check(f.run("status"), 0, `0s`)
+}
+
+// --expires takes a date (00:00 UTC) as well as RFC 3339, and --for a
+// duration from the database's now.
+func TestHoldExpiryForms(t *testing.T) {
+	t.Parallel()
+	f := inboxFixture(t)
+	id := f.addID("hold", "add", "--table", "public.consumer_inbox", "--reason", "r", "--owner", "o", "--expires", "2099-12-31")
+	wantExit(t, f.run("hold", "list"), 0, "hold "+id+" ", " expires 2099-12-31T00:00:00Z")
+	id = f.addID("hold", "add", "--table", "public.consumer_inbox", "--reason", "r", "--owner", "o", "--for", "90d")
+	f.wantCount("a hold ending 90 days from the database's now", 1,
+		"SELECT count(*) FROM inboxkeeper.holds WHERE id = $1 AND expires_at = created_at + interval '90 days'", id)
+	// Replays take dates too.
+	rid := f.addID("replay", "start", "--table", "public.consumer_inbox", "--scope", "payments", "--from", "2026-01-01", "--to", "2026-01-02", "--owner", "o")
+	wantExit(t, f.run("replay", "list"), 0, "replay "+rid+` on public.consumer_inbox scope="payments" events [2026-01-01T00:00:00Z, 2026-01-02T00:00:00Z)`)
+}
+
+// holdFence takes the hold fence in shared mode, as a cleanup batch does, on
+// a connection of its own named like a daemon, and keeps it until the test
+// ends or release is called.
+func holdFence(t *testing.T, url string) (pid int32, release func()) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url+"&application_name=inboxkeeper%20run")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.QueryRow(ctx, "SELECT pg_backend_pid() FROM (SELECT pg_advisory_xact_lock_shared($1)) l", holds.FenceKey).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	release = func() {
+		once.Do(func() {
+			_ = tx.Rollback(ctx)
+			conn.Close(ctx)
+		})
+	}
+	t.Cleanup(release)
+	return pid, release
+}
+
+// hold add and replay start wait for the fence at most FENCE_TIMEOUT, then
+// fail naming the sessions in the way, and write nothing.
+func TestFenceTimeout(t *testing.T) {
+	t.Parallel()
+	f := inboxFixture(t)
+	pid, _ := holdFence(t, f.url)
+	vars := []string{"INBOXKEEPER_FENCE_TIMEOUT=300ms"}
+	start := time.Now()
+	r := f.runWith(vars, "hold", "add", "--table", "public.consumer_inbox", "--reason", "r", "--owner", "o")
+	wantExit(t, r, 1, "timed out waiting for the cleanup batches in flight", "after 300ms", "nothing was written",
+		fmt.Sprintf(`pid %d (application_name "inboxkeeper run", state "idle in transaction", in a transaction since `, pid))
+	if took := time.Since(start); took > 20*time.Second {
+		t.Errorf("hold add took %s with a 300ms fence timeout", took)
+	}
+	r = f.runWith(vars, "replay", "start", "--table", "public.consumer_inbox", "--scope", "payments",
+		"--from", "2026-01-01", "--to", "2026-01-02", "--owner", "o")
+	wantExit(t, r, 1, "timed out waiting", fmt.Sprintf("pid %d ", pid))
+	f.wantCount("holds", 0, "SELECT count(*) FROM inboxkeeper.holds")
+	f.wantCount("replays", 0, "SELECT count(*) FROM inboxkeeper.replays")
+}
+
+// A daemon frozen in the middle of a batch (SIGSTOP, a paused VM) keeps its
+// transaction open, and with it the fence; PostgreSQL ends that transaction
+// after IDLE_IN_TRANSACTION_TIMEOUT, so hold add gets through, and the
+// frozen batch deletes nothing.
+func TestFrozenDaemonReleasesTheFence(t *testing.T) {
+	t.Parallel()
+	f := inboxFixture(t)
+	ctx := context.Background()
+	// Every deletion waits on advisory lock 42, which the test holds: the
+	// batch is caught inside its DELETE, holding the fence.
+	pgtest.Exec(t, f.pool, `
+CREATE FUNCTION public.wait_42() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN PERFORM pg_advisory_xact_lock(42); RETURN OLD; END $$;
+CREATE TRIGGER wait_42 BEFORE DELETE ON public.consumer_inbox FOR EACH ROW EXECUTE FUNCTION public.wait_42();`)
+	gate, err := f.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gate.Rollback(ctx)
+	pgtest.Exec(t, gate, "SELECT pg_advisory_xact_lock(42)")
+
+	d := startDaemon(t, f.dir, f.env("INBOXKEEPER_LOCK_TIMEOUT=60s", "INBOXKEEPER_STATEMENT_TIMEOUT=60s",
+		"INBOXKEEPER_IDLE_IN_TRANSACTION_TIMEOUT=1s", "INBOXKEEPER_INTERVAL=1h"), "run")
+	var pid int32
+	pgtest.WaitFor(t, 30*time.Second, "the daemon's batch waiting on the gate", func() bool {
+		err := f.pool.QueryRow(ctx, `SELECT pid FROM pg_stat_activity
+WHERE datname = current_database() AND application_name = 'inboxkeeper run' AND wait_event_type = 'Lock' AND query LIKE '%DELETE%'`).Scan(&pid)
+		return err == nil
+	})
+	d.signal(syscall.SIGSTOP)
+	defer d.signal(syscall.SIGCONT)
+	if err := gate.Rollback(ctx); err != nil { // the DELETE finishes; COMMIT never comes
+		t.Fatal(err)
+	}
+	var state string
+	pgtest.WaitFor(t, 30*time.Second, "the frozen batch idle in its transaction", func() bool {
+		err := f.pool.QueryRow(ctx, "SELECT state FROM pg_stat_activity WHERE pid = $1", pid).Scan(&state)
+		return err == nil && state == "idle in transaction"
+	})
+	start := time.Now()
+	r := f.runWith([]string{"INBOXKEEPER_FENCE_TIMEOUT=30s"}, "hold", "add", "--table", "public.consumer_inbox", "--reason", "r", "--owner", "o")
+	wantExit(t, r, 0)
+	t.Logf("hold add returned after %s", time.Since(start))
+	f.wantCount("the frozen batch's backend", 0, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid)
+	f.wantCount("rows (the frozen batch rolled back)", allRows, "SELECT count(*) FROM public.consumer_inbox")
 }

@@ -50,7 +50,7 @@ Usage:
   inboxkeeper run                     the daemon: a pass every INTERVAL or on SCHEDULE
   inboxkeeper status [--json]         what is due, cleanup lag, holds and replays per table; partitions and why they wait
   inboxkeeper partitions ensure [--dry-run]   create the missing monthly partitions now (retires nothing)
-  inboxkeeper hold add --table T [--scope V] [--from TIME --to TIME] --reason TEXT --owner NAME [--expires TIME] [--blocks delete|all]
+  inboxkeeper hold add --table T [--scope V] [--from TIME --to TIME] --reason TEXT --owner NAME [--expires TIME | --for DURATION] [--blocks delete|all]
   inboxkeeper hold list [--all]
   inboxkeeper hold release ID
   inboxkeeper replay start --table T --scope V --from TIME --to TIME --owner NAME [--force]
@@ -64,7 +64,8 @@ Usage:
   inboxkeeper help env                the environment variables and the values in effect
   inboxkeeper version
 
-Times are RFC 3339 (2026-01-31T00:00:00Z). Configuration comes from INBOXKEEPER_*
+Times are RFC 3339 (2026-01-31T00:00:00Z) or a date (2026-01-31: 00:00 UTC); durations
+are like 90d, 36h or 1d12h. Configuration comes from INBOXKEEPER_*
 environment variables and the policy file (INBOXKEEPER_POLICY_FILE).
 Exit status: 0 ok, 1 runtime failure, 2 usage or configuration error.
 `
@@ -113,7 +114,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	log := cfg.Logger(stderr)
-	a := &app{cfg: cfg, log: log, stdout: stdout, stderr: stderr}
+	a := &app{cfg: cfg, log: log, stdout: stdout, stderr: stderr, command: cmd}
+	switch cmd {
+	case "hold", "replay", "partitions":
+		if len(rest) > 0 {
+			a.command += " " + rest[0]
+		}
+	}
 	defer a.close()
 
 	var cmdErr error
@@ -182,9 +189,20 @@ type app struct {
 	stdout io.Writer
 	stderr io.Writer
 	pool   *pgxpool.Pool
+	// command names the connections (application_name "inboxkeeper run").
+	command string
+	// pooled: the connection goes through a pooler (see dbconn.Pooled), so
+	// nothing may rely on session state over DATABASE_URL.
+	pooled bool
+	// ddl is the pool on INBOXKEEPER_SESSION_DATABASE_URL for partition
+	// DDL, when that is set and needed (sessionForPartitions).
+	ddl *pgxpool.Pool
 }
 
 func (a *app) close() {
+	if a.ddl != nil {
+		a.ddl.Close()
+	}
 	if a.pool != nil {
 		a.pool.Close()
 	}
@@ -195,23 +213,77 @@ func (a *app) connect(ctx context.Context) (*pgxpool.Pool, error) {
 		return a.pool, nil
 	}
 	// The deleter uses one connection; the throttle's collectors a few more.
-	pc, err := dbconn.Pool(a.cfg.DatabaseURL, 8)
+	pc, err := dbconn.Pool(a.cfg.DatabaseURL, 8, dbconn.AppName(a.command))
 	if err != nil {
 		return nil, configError{fmt.Errorf("INBOXKEEPER_DATABASE_URL: %w (%s)", err, config.RedactURL(a.cfg.DatabaseURL))}
+	}
+	connCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	// One connection first, to see whether a pooler stands in between: the
+	// pool's query mode depends on it.
+	probe, err := pgx.ConnectConfig(connCtx, pc.ConnConfig.Copy())
+	if err != nil {
+		return nil, fmt.Errorf("connect to %s: %w", config.RedactURL(a.cfg.DatabaseURL), err)
+	}
+	a.pooled, err = dbconn.Pooled(connCtx, probe)
+	probe.Close(context.WithoutCancel(ctx))
+	if err != nil {
+		return nil, fmt.Errorf("connect to %s: %w", config.RedactURL(a.cfg.DatabaseURL), err)
+	}
+	if a.pooled {
+		dbconn.ForPooler(pc.ConnConfig)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, err
 	}
-	pingCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	defer cancel()
-	if err := pool.Ping(pingCtx); err != nil {
+	if err := pool.Ping(connCtx); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("connect to %s: %w", config.RedactURL(a.cfg.DatabaseURL), err)
 	}
-	a.log.Debug("inboxkeeper: connected", "database", config.RedactURL(a.cfg.DatabaseURL))
+	a.log.Debug("inboxkeeper: connected", "database", config.RedactURL(a.cfg.DatabaseURL), "pooler", a.pooled)
 	a.pool = pool
 	return pool, nil
+}
+
+// sessionURL is the connection string for what needs a session of its own
+// (DETACH ... CONCURRENTLY and its session-level fence, the migration
+// lock): INBOXKEEPER_SESSION_DATABASE_URL when set, else DATABASE_URL unless
+// that goes through a pooler, where a session-level lock or setting would
+// leak to whichever client gets the server connection next. Then the
+// caller is refused before it touches anything. Call connect first.
+func (a *app) sessionURL(what string) (string, error) {
+	if a.cfg.SessionURL != "" {
+		return a.cfg.SessionURL, nil
+	}
+	if a.pooled {
+		return "", configError{fmt.Errorf("%s needs a database session of its own, but INBOXKEEPER_DATABASE_URL (%s) goes through a connection pooler, "+
+			"where session state leaks between clients; set INBOXKEEPER_SESSION_DATABASE_URL to a direct connection (or a session-mode pool) for it",
+			what, config.RedactURL(a.cfg.DatabaseURL))}
+	}
+	return a.cfg.DatabaseURL, nil
+}
+
+// txSettings are the settings of the transactions a command opens itself.
+func (a *app) txSettings() dbconn.TxSettings {
+	return dbconn.TxSettings{StatementTimeout: a.cfg.StatementTimeout, IdleInTx: a.cfg.IdleTimeout}
+}
+
+// sessionConn opens a connection of its own to url (from sessionURL).
+func (a *app) sessionConn(ctx context.Context, url string) (*pgx.Conn, error) {
+	name := "INBOXKEEPER_DATABASE_URL"
+	if url == a.cfg.SessionURL {
+		name = "INBOXKEEPER_SESSION_DATABASE_URL"
+	}
+	pc, err := dbconn.Conn(url, dbconn.AppName(a.command))
+	if err != nil {
+		return nil, configError{fmt.Errorf("%s: %w (%s)", name, err, config.RedactURL(url))}
+	}
+	conn, err := pgx.ConnectConfig(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("connect to %s: %w", config.RedactURL(url), err)
+	}
+	return conn, nil
 }
 
 func (a *app) loadPolicy() (*policy.Policy, error) {
@@ -271,14 +343,17 @@ func (a *app) migrate(ctx context.Context, args []string) error {
 	if len(args) > 0 {
 		return usagef("migrate takes no arguments")
 	}
-	pc, err := dbconn.Conn(a.cfg.DatabaseURL)
-	if err != nil {
-		return configError{fmt.Errorf("INBOXKEEPER_DATABASE_URL: %w (%s)", err, config.RedactURL(a.cfg.DatabaseURL))}
+	if _, err := a.connect(ctx); err != nil {
+		return err
 	}
 	// A dedicated connection: the migration lock is a session lock.
-	conn, err := pgx.ConnectConfig(ctx, pc)
+	url, err := a.sessionURL("migrate")
 	if err != nil {
-		return fmt.Errorf("connect to %s: %w", config.RedactURL(a.cfg.DatabaseURL), err)
+		return err
+	}
+	conn, err := a.sessionConn(ctx, url)
+	if err != nil {
+		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	applied, err := migrations.Migrate(ctx, conn)

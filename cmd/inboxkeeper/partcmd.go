@@ -4,27 +4,62 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/config"
+	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/partitions"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
 	"github.com/inboxkeeper/inboxkeeper/tiering"
 )
 
 func (a *app) partitionManager(pool *pgxpool.Pool, tables []*catalog.Table, dryRun bool, th *throttle.Throttler, m *partitions.Metrics) *partitions.Manager {
+	if a.ddl != nil && !dryRun {
+		pool = a.ddl
+	}
 	return partitions.New(pool, tables, partitions.Options{
 		LockTimeout:      a.cfg.DDLLockTimeout,
 		StatementTimeout: a.cfg.StatementTimeout,
+		IdleTimeout:      a.cfg.IdleTimeout,
 		Throttle:         th,
 		DryRun:           dryRun,
 		Logger:           a.log,
 		Metrics:          m,
 		CopyKeys:         tiering.CopyPermanentKeys,
 	})
+}
+
+// sessionForPartitions makes sure, before anything is touched, that the
+// partition DDL of tables can have sessions of its own (DETACH ...
+// CONCURRENTLY cannot run in a transaction, and its fence is a session
+// lock), and opens a pool on INBOXKEEPER_SESSION_DATABASE_URL for it when
+// that is set. A dry run does no DDL and needs none.
+func (a *app) sessionForPartitions(ctx context.Context, tables []*catalog.Table, dryRun bool) error {
+	if dryRun || a.ddl != nil || !slices.ContainsFunc(tables, (*catalog.Table).Partitioned) {
+		return nil
+	}
+	url, err := a.sessionURL("partition DDL (DETACH ... CONCURRENTLY under the hold fence)")
+	if err != nil || url != a.cfg.SessionURL {
+		return err // DATABASE_URL is direct: the main pool serves
+	}
+	pc, err := dbconn.Pool(url, 4, dbconn.AppName(a.command))
+	if err != nil {
+		return configError{fmt.Errorf("INBOXKEEPER_SESSION_DATABASE_URL: %w (%s)", err, config.RedactURL(url))}
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err == nil {
+		err = pool.Ping(ctx)
+	}
+	if err != nil {
+		return fmt.Errorf("connect to %s (INBOXKEEPER_SESSION_DATABASE_URL): %w", config.RedactURL(url), err)
+	}
+	a.ddl = pool
+	return nil
 }
 
 // partitionsCmd is `inboxkeeper partitions ensure`: create the missing
@@ -44,6 +79,9 @@ func (a *app) partitionsCmd(ctx context.Context, args []string) error {
 	}
 	pool, tables, err := a.preparePrimary(ctx)
 	if err != nil || pool == nil {
+		return err
+	}
+	if err := a.sessionForPartitions(ctx, tables, *dryRun); err != nil {
 		return err
 	}
 	m := a.partitionManager(pool, tables, *dryRun, nil, nil)

@@ -52,6 +52,7 @@ func (a *app) deleter(pool *pgxpool.Pool, tables []*catalog.Table, dryRun bool, 
 		BatchPause:       a.cfg.BatchPause,
 		LockTimeout:      a.cfg.LockTimeout,
 		StatementTimeout: a.cfg.StatementTimeout,
+		IdleTimeout:      a.cfg.IdleTimeout,
 		RunTime:          a.cfg.RunTime,
 		DryRun:           dryRun,
 		Logger:           a.log,
@@ -87,6 +88,9 @@ func (a *app) once(ctx context.Context, args []string) error {
 	}
 	pool, tables, err := a.preparePrimary(ctx)
 	if err != nil || pool == nil {
+		return err
+	}
+	if err := a.sessionForPartitions(ctx, tables, *dryRun); err != nil {
 		return err
 	}
 	var th *throttle.Throttler

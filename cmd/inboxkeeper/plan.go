@@ -301,7 +301,7 @@ func (a *app) checkRows(ctx context.Context, pool *pgxpool.Pool, r retention.Rul
 		expiry, until time.Time
 	}
 	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "SELECT set_config('statement_timeout', $1, true)", fmt.Sprint(a.cfg.StatementTimeout.Milliseconds())); err != nil {
+		if _, err := a.txSettings().Apply(ctx, tx); err != nil {
 			return err
 		}
 		if err := tx.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM (SELECT 1 FROM %s WHERE %s LIMIT %d) s", t.Ident, where, rowCap+1), args...).Scan(&n); err != nil {
@@ -371,6 +371,9 @@ func (a *app) applyPlans(ctx context.Context, plans []retention.Plan) error {
 	}
 	var lines []string
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := a.txSettings().Apply(ctx, tx); err != nil {
+			return err
+		}
 		for _, pl := range plans {
 			if pl.Rule.Table == "" {
 				lines = append(lines, fmt.Sprintf("SKIP scope %q: the record names no table", pl.Rule.Scope))

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxkeeper/inboxkeeper/holds"
+	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
 )
@@ -17,6 +18,9 @@ import (
 // TxOptions set up a batch transaction.
 type TxOptions struct {
 	LockTimeout, StatementTimeout time.Duration
+	// IdleInTx is the transaction's idle_in_transaction_session_timeout
+	// (0: dbconn.DefaultIdleTimeout): a frozen daemon lets go of the fence.
+	IdleInTx time.Duration
 	// Throttle, when set, watches the transaction's backend for sessions
 	// queueing behind its locks, and asks for the WAL the batch wrote.
 	Throttle *throttle.Throttler
@@ -48,18 +52,17 @@ func Begin(ctx context.Context, pool *pgxpool.Pool, table string, o TxOptions) (
 		return nil, err
 	}
 	t := &Tx{Tx: ptx, pool: pool, measure: o.Throttle != nil}
-	if o.Throttle != nil {
-		t.done, t.blocked = o.Throttle.Watch(ptx.Conn().PgConn().PID())
-	}
 	defer func() {
 		if err != nil {
 			t.Close(ctx, &err)
 		}
 	}()
-	if _, err := ptx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true),
-       set_config('plan_cache_mode', 'force_custom_plan', true)`,
-		retry.Millis(o.LockTimeout), retry.Millis(o.StatementTimeout)); err != nil {
+	pid, err := dbconn.TxSettings{LockTimeout: o.LockTimeout, StatementTimeout: o.StatementTimeout, IdleInTx: o.IdleInTx, CustomPlans: true}.Apply(ctx, ptx)
+	if err != nil {
 		return nil, err
+	}
+	if o.Throttle != nil {
+		t.done, t.blocked = o.Throttle.Watch(pid)
 	}
 	if err := ptx.QueryRow(ctx, "SELECT coalesce($1::timestamptz, now()), pg_advisory_xact_lock_shared($2)::text, pg_current_wal_insert_lsn()::text",
 		o.Pinned, holds.FenceKey).Scan(&t.Now, new(string), &t.walStart); err != nil {

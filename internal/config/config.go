@@ -47,6 +47,9 @@ type Config struct {
 	LockTimeout      time.Duration `envconfig:"LOCK_TIMEOUT" default:"500ms" desc:"lock_timeout per batch transaction (> 0)"`
 	StatementTimeout time.Duration `envconfig:"STATEMENT_TIMEOUT" default:"30s" desc:"statement_timeout per batch statement (> 0)"`
 	DDLLockTimeout   time.Duration `envconfig:"DDL_LOCK_TIMEOUT" default:"100ms" desc:"lock_timeout of every partition DDL statement: the longest an insert can queue behind one (> 0)"`
+	FenceTimeout     time.Duration `envconfig:"FENCE_TIMEOUT" default:"30s" desc:"hold add and replay start: the longest they wait for the cleanup batches in flight; then they fail, name the blocking sessions and write nothing"`
+	IdleTimeout      time.Duration `envconfig:"IDLE_IN_TRANSACTION_TIMEOUT" default:"10s" desc:"idle_in_transaction_session_timeout of every transaction inboxkeeper opens: a frozen or vanished process loses its locks (the hold fence among them) after this long"`
+	SessionURL       string        `envconfig:"SESSION_DATABASE_URL" secret:"true" desc:"a direct (not transaction-pooled) connection string for what needs a session: partition DDL and migrate; empty: DATABASE_URL"`
 	MetricsAddr      string        `envconfig:"METRICS_ADDR" default:"127.0.0.1:9610" desc:"run: host:port of the /metrics listener; empty disables it"`
 	LogFormat        string        `envconfig:"LOG_FORMAT" default:"text" desc:"log format: text or json"`
 	LogLevel         string        `envconfig:"LOG_LEVEL" default:"info" desc:"log level: debug, info, warn or error"`
@@ -328,9 +331,15 @@ func (c Config) problems() problems {
 			ps.addf(n[field], "%s must not be negative", d)
 		}
 	}
-	for field, d := range map[string]time.Duration{"Interval": c.Interval, "LockTimeout": c.LockTimeout, "StatementTimeout": c.StatementTimeout, "DDLLockTimeout": c.DDLLockTimeout} {
-		if d <= 0 {
-			ps.addf(n[field], "%s must be greater than 0", d)
+	if c.Interval <= 0 {
+		ps.addf(n["Interval"], "%s must be greater than 0", c.Interval)
+	}
+	// PostgreSQL reads these in whole milliseconds, and 0 there means "no
+	// timeout": 999us would silently become no lock_timeout at all.
+	for field, d := range map[string]time.Duration{"LockTimeout": c.LockTimeout, "StatementTimeout": c.StatementTimeout,
+		"DDLLockTimeout": c.DDLLockTimeout, "FenceTimeout": c.FenceTimeout, "IdleTimeout": c.IdleTimeout} {
+		if err := CheckMillis(d); err != nil {
+			ps.addf(n[field], "%v", err)
 		}
 	}
 	if c.Schedule != "" {
@@ -378,6 +387,9 @@ func (c Config) problems() problems {
 			ps.addf(n["ReplicaURLs"], "entry %d is not a connection string", i+1)
 		}
 	}
+	if c.SessionURL != "" && RedactURL(c.SessionURL) == unparseable {
+		ps.addf(n["SessionURL"], "is not a connection string")
+	}
 	if c.ActiveHours != "" {
 		if _, _, err := throttle.ParseWindow(c.ActiveHours); err != nil {
 			ps.addf(n["ActiveHours"], "%v (for example 22:00-06:00)", err)
@@ -396,6 +408,18 @@ func (c Config) problems() problems {
 		ps.addf(n["LogLevel"], "%q must be debug, info, warn or error", c.LogLevel)
 	}
 	return ps
+}
+
+// CheckMillis accepts a duration PostgreSQL takes in milliseconds (a
+// timeout setting): a whole number of milliseconds, at least 1ms.
+func CheckMillis(d time.Duration) error {
+	if d < time.Millisecond {
+		return fmt.Errorf("%s must be at least 1ms (PostgreSQL reads 0 as no timeout at all)", d)
+	}
+	if d%time.Millisecond != 0 {
+		return fmt.Errorf("%s must be a whole number of milliseconds (PostgreSQL would round it)", d)
+	}
+	return nil
 }
 
 // checkSchedule recovers because cron v3.0.1 panics on a TZ= prefix that is

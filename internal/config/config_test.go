@@ -40,6 +40,8 @@ var defaults = Config{
 	LockTimeout:      500 * time.Millisecond,
 	StatementTimeout: 30 * time.Second,
 	DDLLockTimeout:   100 * time.Millisecond,
+	FenceTimeout:     30 * time.Second,
+	IdleTimeout:      10 * time.Second,
 	MetricsAddr:      "127.0.0.1:9610",
 	LogFormat:        "text",
 	LogLevel:         "info",
@@ -138,7 +140,14 @@ func TestLoadBadValues(t *testing.T) {
 		{"SCHEDULE", "* * * * * *", "is not a valid cron schedule"},
 		{"SCHEDULE", "TZ=UTC", "malformed TZ="},
 		{"RUN_TIME", "-5m", "must not be negative"},
-		{"LOCK_TIMEOUT", "0", "0s must be greater than 0"},
+		{"LOCK_TIMEOUT", "0", "0s must be at least 1ms"},
+		// PostgreSQL reads milliseconds: 999us would round to 0, "no timeout".
+		{"LOCK_TIMEOUT", "999us", "999µs must be at least 1ms"},
+		{"DDL_LOCK_TIMEOUT", "500us", "500µs must be at least 1ms"},
+		{"STATEMENT_TIMEOUT", "1500us", "must be a whole number of milliseconds"},
+		{"FENCE_TIMEOUT", "0s", "must be at least 1ms"},
+		{"IDLE_IN_TRANSACTION_TIMEOUT", "10.5ms", "must be a whole number of milliseconds"},
+		{"SESSION_DATABASE_URL", "postgres://u:p/x@h/db", "is not a connection string"},
 		{"STATEMENT_TIMEOUT", "soon", `"soon" is not a duration`},
 		{"METRICS_ADDR", "9610", `"9610" must be host:port`},
 		{"METRICS_ADDR", "localhost:http", "must be host:port"},
@@ -248,8 +257,8 @@ func TestKnownVariables(t *testing.T) {
 			t.Errorf("missing %s", name)
 		}
 	}
-	if len(got) != 30 {
-		t.Errorf("got %d names, want 30: %v", len(got), got)
+	if len(got) != 33 {
+		t.Errorf("got %d names, want 33: %v", len(got), got)
 	}
 }
 

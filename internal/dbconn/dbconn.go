@@ -1,28 +1,51 @@
 // Package dbconn builds connection configurations the same way for every
-// connection the daemon opens.
+// connection the daemon opens, and tells whether a connection goes through
+// a transaction pooler (PgBouncer and the like).
 package dbconn
 
 import (
+	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 )
 
 // ErrBadURL is returned for a connection string pgx cannot parse. Its text
 // never repeats the string, which may hold a password.
 var ErrBadURL = fmt.Errorf("cannot parse the connection string")
 
-// cancelOnContext makes a cancelled context send a cancel request to the
-// server. pgx's default only closes the socket, and a backend busy in a
-// statement notices that late, keeping its row locks meanwhile: a stopped or
-// backing-off daemon must release its locks at once.
-func cancelOnContext(c *pgconn.Config) {
+// Option adjusts a connection configuration.
+type Option func(*pgconn.Config)
+
+// AppName sets application_name to "inboxkeeper <command>" (say "inboxkeeper
+// run" or "inboxkeeper hold add"), so that pg_stat_activity, pg_locks
+// reports and PgBouncer's SHOW CLIENTS tell which inboxkeeper holds what.
+// An application_name given in the connection string wins.
+func AppName(command string) Option {
+	return func(c *pgconn.Config) {
+		if c.RuntimeParams["application_name"] == "" && command != "" {
+			c.RuntimeParams["application_name"] = "inboxkeeper " + command
+		}
+	}
+}
+
+// base makes a cancelled context send a cancel request to the server. pgx's
+// default only closes the socket, and a backend busy in a statement notices
+// that late, keeping its row locks meanwhile: a stopped or backing-off
+// daemon must release its locks at once.
+func base(c *pgconn.Config, opts []Option) {
 	c.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.CancelRequestContextWatcherHandler{Conn: pc, DeadlineDelay: 5 * time.Second}
+	}
+	for _, o := range opts {
+		o(c)
 	}
 	if c.RuntimeParams["application_name"] == "" {
 		c.RuntimeParams["application_name"] = "inboxkeeper"
@@ -30,22 +53,97 @@ func cancelOnContext(c *pgconn.Config) {
 }
 
 // Pool parses url (empty: libpq's PG* variables) into a pool configuration.
-func Pool(url string, maxConns int32) (*pgxpool.Config, error) {
+func Pool(url string, maxConns int32, opts ...Option) (*pgxpool.Config, error) {
 	pc, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, ErrBadURL
 	}
 	pc.MaxConns = maxConns
-	cancelOnContext(&pc.ConnConfig.Config)
+	base(&pc.ConnConfig.Config, opts)
 	return pc, nil
 }
 
 // Conn parses url into a single-connection configuration.
-func Conn(url string) (*pgx.ConnConfig, error) {
+func Conn(url string, opts ...Option) (*pgx.ConnConfig, error) {
 	cc, err := pgx.ParseConfig(url)
 	if err != nil {
 		return nil, ErrBadURL
 	}
-	cancelOnContext(&cc.Config)
+	base(&cc.Config, opts)
 	return cc, nil
+}
+
+// Pooled reports whether conn reaches PostgreSQL through a connection
+// pooler. A pooler answers the startup with a backend key of its own, so the
+// process id the connection was told differs from the one the server reports.
+// That holds for PgBouncer in every pool mode, Odyssey, pgcat and
+// pgpool-II alike: inboxkeeper cannot tell a transaction pool from a session
+// pool, so it assumes the worst (no session state survives a transaction)
+// unless INBOXKEEPER_SESSION_DATABASE_URL names a connection for sessions.
+func Pooled(ctx context.Context, conn *pgx.Conn) (bool, error) {
+	var pid uint32
+	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		return false, err
+	}
+	return pid != conn.PgConn().PID(), nil
+}
+
+// ForPooler makes a configuration safe behind a transaction pooler: queries
+// use unnamed prepared statements (with cached descriptions, still one round
+// trip each), so that no named statement is left on a server connection
+// another client gets next (SQLSTATE 42P05, "prepared statement ... already
+// exists"). A query execution mode chosen in the connection string stays.
+func ForPooler(c *pgx.ConnConfig) {
+	if c.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement {
+		c.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
+	}
+}
+
+// Querier reads a row: pgx.Tx, *pgx.Conn, *pgxpool.Conn.
+type Querier interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}
+
+// DefaultIdleTimeout is INBOXKEEPER_IDLE_IN_TRANSACTION_TIMEOUT's default.
+const DefaultIdleTimeout = 10 * time.Second
+
+// TxSettings are what every transaction inboxkeeper opens sets for itself
+// with set_config(..., true): local to the transaction, so that nothing is
+// left on a server connection a pooler hands to another client. A zero
+// duration leaves that setting alone, except IdleInTx, which defaults to
+// DefaultIdleTimeout: no transaction of ours may stay open, holding the hold
+// fence or row locks, after its process froze or vanished.
+type TxSettings struct {
+	LockTimeout, StatementTimeout, IdleInTx time.Duration
+	// CustomPlans sets plan_cache_mode to force_custom_plan: batch
+	// statements are planned for their own parameters every time.
+	CustomPlans bool
+}
+
+// Apply sets them in tx, in one round trip, and returns the server process
+// id of the transaction's backend (behind a pooler the connection's own
+// backend key is the pooler's, and the server connection changes per
+// transaction).
+func (s TxSettings) Apply(ctx context.Context, tx Querier) (pid uint32, err error) {
+	idle := s.IdleInTx
+	if idle <= 0 {
+		idle = DefaultIdleTimeout
+	}
+	sets := []string{"set_config('idle_in_transaction_session_timeout', $1, true)"}
+	args := []any{retry.Millis(idle)}
+	for _, kv := range []struct {
+		name string
+		d    time.Duration
+	}{{"lock_timeout", s.LockTimeout}, {"statement_timeout", s.StatementTimeout}} {
+		if kv.d > 0 {
+			args = append(args, retry.Millis(kv.d))
+			sets = append(sets, fmt.Sprintf("set_config('%s', $%d, true)", kv.name, len(args)))
+		}
+	}
+	if s.CustomPlans {
+		sets = append(sets, "set_config('plan_cache_mode', 'force_custom_plan', true)")
+	}
+	sql := "SELECT pg_backend_pid(), concat_ws(',', " + strings.Join(sets, ", ") + ")"
+	err = tx.QueryRow(ctx, sql, args...).Scan(&pid, nil)
+	return pid, err
 }

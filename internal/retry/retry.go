@@ -21,6 +21,11 @@ var ErrLockWait = errors.New("a session waited on a lock this transaction held; 
 // Kinds are the values of the kind label of inboxkeeper_errors_total.
 var Kinds = []string{"lock_timeout", "deadlock", "statement_timeout", "serialization", "connection", "lock_wait", "other"}
 
+// SQLSTATEs the retry decisions and the fence read.
+const (
+	SQLStateLockTimeout = "55P03" // lock_not_available: lock_timeout ran out
+)
+
 // Kind classifies an error.
 func Kind(err error) string {
 	if errors.Is(err, ErrLockWait) {
@@ -29,7 +34,7 @@ func Kind(err error) string {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code {
-		case "55P03":
+		case SQLStateLockTimeout:
 			return "lock_timeout"
 		case "40P01":
 			return "deadlock"
