@@ -22,7 +22,13 @@ var idLine = regexp.MustCompile(`^[1-9][0-9]*\n$`)
 // addID runs a command that prints a new hold or replay id and returns it.
 func (f *fixture) addID(args ...string) string {
 	f.t.Helper()
-	r := f.run(args...)
+	return f.addIDWith(nil, args...)
+}
+
+// addIDWith is addID with extra environment variables.
+func (f *fixture) addIDWith(vars []string, args ...string) string {
+	f.t.Helper()
+	r := f.runWith(vars, args...)
 	wantExit(f.t, r, 0)
 	if !idLine.MatchString(r.stdout) {
 		f.t.Fatalf("want an id on a line of its own\n%s", r)

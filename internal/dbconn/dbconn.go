@@ -82,7 +82,9 @@ func Conn(url string, opts ...Option) (*pgx.ConnConfig, error) {
 // unless INBOXKEEPER_SESSION_DATABASE_URL names a connection for sessions.
 func Pooled(ctx context.Context, conn *pgx.Conn) (bool, error) {
 	var pid uint32
-	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+	// The simple protocol: a named statement would stay behind on the
+	// pooler's server connection for the next client to trip over.
+	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()", pgx.QueryExecModeSimpleProtocol).Scan(&pid); err != nil {
 		return false, err
 	}
 	return pid != conn.PgConn().PID(), nil

@@ -198,6 +198,40 @@ func NewStandby(t testing.TB, c *pgcluster.Cluster, settings map[string]string) 
 	return s
 }
 
+// NewBouncer starts a PgBouncer in transaction pool mode in front of the
+// test server, stopped at the end of the test. Its URL(db) reaches any
+// database a test made with NewDatabase.
+func NewBouncer(t testing.TB) *pgcluster.Bouncer {
+	t.Helper()
+	cfg, err := pgconn.ParseConfig(adminDB)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	host := cfg.Host
+	if strings.HasPrefix(host, "/") {
+		t.Fatalf("pgtest: the pooler tests need a TCP server address, not the socket %s (INBOXKEEPER_TEST_DATABASE_URL)", host)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	b, err := pgcluster.StartBouncer(ctx, host, int(cfg.Port), cfg.User)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	t.Cleanup(b.Stop)
+	return b
+}
+
+// BouncerURL is url (from NewDatabase) with its host and port replaced by
+// the pooler's.
+func BouncerURL(t testing.TB, b *pgcluster.Bouncer, url string) string {
+	t.Helper()
+	cfg, err := pgconn.ParseConfig(url)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	return b.URL(cfg.Database)
+}
+
 // WaitFor polls cond until it holds, failing the test after timeout. It is
 // for conditions only the database can report (a session waiting on a lock,
 // a slot's position): tests wait on a condition, never a fixed sleep.

@@ -1,0 +1,140 @@
+package pgcluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+// HowToFixBouncer says how to get the pgbouncer binary the pooler tests need.
+const HowToFixBouncer = "install PgBouncer (Debian: apt-get install pgbouncer; .ci/run does it), or put pgbouncer on the PATH"
+
+// Bouncer is a PgBouncer in transaction pool mode in front of a cluster,
+// the way many production databases are reached: every transaction may land
+// on another server connection, and nothing of a session survives it.
+type Bouncer struct {
+	Port int
+	user string
+	root string
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// FindBouncer returns the path of the pgbouncer binary (Debian puts it in
+// /usr/sbin, which is not on every PATH).
+func FindBouncer() (string, error) {
+	if p, err := exec.LookPath("pgbouncer"); err == nil {
+		return p, nil
+	}
+	for _, p := range []string{"/usr/sbin/pgbouncer", "/usr/local/sbin/pgbouncer", "/usr/local/bin/pgbouncer"} {
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+	}
+	return "", errors.New("no pgbouncer binary found; " + HowToFixBouncer)
+}
+
+// StartBouncer starts a PgBouncer in transaction mode that forwards every
+// database to the server at host:port, trusting user (the server checks
+// the password, if any, itself), and waits until it listens.
+func StartBouncer(ctx context.Context, host string, serverPort int, user string) (*Bouncer, error) {
+	bin, err := FindBouncer()
+	if err != nil {
+		return nil, err
+	}
+	var cred *syscall.Credential
+	if os.Geteuid() == 0 {
+		if cred, err = postgresCredential(); err != nil {
+			return nil, err
+		}
+	}
+	root, err := os.MkdirTemp("", "inboxkeeper-pgbouncer-")
+	if err != nil {
+		return nil, err
+	}
+	port, err := freePort()
+	if err != nil {
+		os.RemoveAll(root)
+		return nil, err
+	}
+	b := &Bouncer{Port: port, user: user, root: root, done: make(chan struct{})}
+	ini := fmt.Sprintf(`[databases]
+* = host=%s port=%d
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = %d
+unix_socket_dir =
+auth_type = trust
+auth_file = %s
+pool_mode = transaction
+max_client_conn = 500
+default_pool_size = 20
+server_reset_query =
+logfile = %s
+pidfile = %s
+admin_users = postgres
+`, host, serverPort, port, filepath.Join(root, "users.txt"), filepath.Join(root, "pgbouncer.log"), filepath.Join(root, "pgbouncer.pid"))
+	for name, content := range map[string]string{"pgbouncer.ini": ini, "users.txt": strconv.Quote(user) + ` ""` + "\n"} {
+		if err := os.WriteFile(filepath.Join(root, name), []byte(content), 0o644); err != nil {
+			os.RemoveAll(root)
+			return nil, err
+		}
+	}
+	b.cmd = exec.Command(bin, filepath.Join(root, "pgbouncer.ini"))
+	b.cmd.Dir = root
+	// PgBouncer refuses to run as root, like PostgreSQL.
+	if cred != nil {
+		b.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+		if err := os.Chown(root, int(cred.Uid), int(cred.Gid)); err != nil {
+			os.RemoveAll(root)
+			return nil, err
+		}
+	}
+	if err := b.cmd.Start(); err != nil {
+		os.RemoveAll(root)
+		return nil, fmt.Errorf("start pgbouncer: %w; %s", err, HowToFixBouncer)
+	}
+	go func() { _ = b.cmd.Wait(); close(b.done) }()
+	for {
+		conn, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port), time.Second)
+		if err == nil {
+			conn.Close()
+			return b, nil
+		}
+		select {
+		case <-b.done:
+			log := tail(filepath.Join(root, "pgbouncer.log"), 2000)
+			os.RemoveAll(root)
+			return nil, fmt.Errorf("pgbouncer exited at start:\n%s", log)
+		case <-ctx.Done():
+			b.Stop()
+			return nil, fmt.Errorf("pgbouncer did not listen on port %d: %w", port, ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// URL is a connection string for database db through the pooler.
+func (b *Bouncer) URL(db string) string {
+	return fmt.Sprintf("postgres://%s@127.0.0.1:%d/%s?sslmode=disable", url.PathEscape(b.user), b.Port, url.PathEscape(db))
+}
+
+// Stop ends the pooler and removes its files.
+func (b *Bouncer) Stop() {
+	_ = b.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-b.done:
+	case <-time.After(5 * time.Second):
+		_ = b.cmd.Process.Kill()
+		<-b.done
+	}
+	_ = os.RemoveAll(b.root)
+}
