@@ -202,7 +202,10 @@ func (d *Deleter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 	res.Duration = time.Since(start)
 	if res.Err != nil {
 		if ctx.Err() != nil {
+			// A signal, not a failure: the batch in flight rolled back.
 			res.StoppedEarly = "shutdown"
+			log.Info("expiry: table stopped for shutdown", "deleted", res.Deleted, "batches", res.Batches)
+			return res
 		}
 		log.Error("expiry: table failed", "error", res.Err, "deleted", res.Deleted, "batches", res.Batches)
 		return res

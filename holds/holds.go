@@ -514,7 +514,7 @@ func coverOne(t *catalog.Table, alias string, args *Args, scope *string, from, t
 	if from != nil && to != nil && t.EventTime != nil {
 		col := alias + "." + t.EventTime.Quoted
 		parts = append(parts, fmt.Sprintf("(%s IS NULL OR (%s >= %s AND %s < %s))",
-			col, col, t.EventTime.Instant(args.Add(*from)+"::timestamptz"), col, t.EventTime.Instant(args.Add(*to)+"::timestamptz")))
+			col, col, t.EventTime.Instant(args.Add(*from)+"::timestamptz"), col, t.EventTime.InstantAbove(args.Add(*to)+"::timestamptz")))
 	}
 	if len(parts) == 0 {
 		return "true"

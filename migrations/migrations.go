@@ -121,6 +121,9 @@ func currentVersion(ctx context.Context, q interface {
 // binary; the fix is always the same command.
 var ErrNotMigrated = errors.New("run `inboxkeeper migrate` first")
 
+// ErrTooNew says the control schema was migrated by a newer inboxkeeper.
+var ErrTooNew = errors.New("upgrade inboxkeeper")
+
 // Check verifies that the control schema exists at the version this binary
 // expects. The daemon refuses to delete anything otherwise: without the holds
 // table it could not honour a hold.
@@ -142,7 +145,7 @@ func Check(ctx context.Context, q interface {
 	case v < latest:
 		return fmt.Errorf("control schema %q is at version %d, this binary needs %d: %w", Schema, v, latest, ErrNotMigrated)
 	case v > latest:
-		return fmt.Errorf("control schema %q is at version %d, newer than this binary knows (%d): upgrade inboxkeeper", Schema, v, latest)
+		return fmt.Errorf("control schema %q is at version %d, newer than this binary knows (%d): %w", Schema, v, latest, ErrTooNew)
 	}
 	return nil
 }

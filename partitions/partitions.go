@@ -231,7 +231,10 @@ func (m *Manager) runTable(ctx context.Context, t *catalog.Table, retire bool) T
 	res.Duration = time.Since(start)
 	if res.Err != nil {
 		if ctx.Err() != nil {
+			// A signal, not a failure: the batch in flight rolled back.
 			res.StoppedEarly = "shutdown"
+			log.Info("partitions: table stopped for shutdown", "created", res.Created, "detached", res.Detached, "dropped", res.Dropped)
+			return res
 		}
 		log.Error("partitions: table failed", "error", res.Err, "created", res.Created, "detached", res.Detached, "dropped", res.Dropped)
 		return res

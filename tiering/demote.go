@@ -150,7 +150,10 @@ func (d *Demoter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 	log := d.log.With("table", t.Name)
 	if res.Err != nil {
 		if ctx.Err() != nil {
+			// A signal, not a failure: the batch in flight rolled back.
 			res.StoppedEarly = "shutdown"
+			log.Info("tiering: table stopped for shutdown", "demoted", res.Demoted, "batches", res.Batches)
+			return res
 		}
 		log.Error("tiering: table failed", "error", res.Err, "demoted", res.Demoted, "batches", res.Batches)
 		return res

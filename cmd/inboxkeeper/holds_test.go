@@ -373,32 +373,13 @@ func TestFrozenDaemonReleasesTheFence(t *testing.T) {
 	t.Parallel()
 	f := inboxFixture(t)
 	ctx := context.Background()
-	// Every deletion waits on advisory lock 42, which the test holds: the
-	// batch is caught inside its DELETE, holding the fence.
-	pgtest.Exec(t, f.pool, `
-CREATE FUNCTION public.wait_42() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN PERFORM pg_advisory_xact_lock(42); RETURN OLD; END $$;
-CREATE TRIGGER wait_42 BEFORE DELETE ON public.consumer_inbox FOR EACH ROW EXECUTE FUNCTION public.wait_42();`)
-	gate, err := f.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer gate.Rollback(ctx)
-	pgtest.Exec(t, gate, "SELECT pg_advisory_xact_lock(42)")
-
+	gate := gateDeletes(t, f)
 	d := startDaemon(t, f.dir, f.env("INBOXKEEPER_LOCK_TIMEOUT=60s", "INBOXKEEPER_STATEMENT_TIMEOUT=60s",
 		"INBOXKEEPER_IDLE_IN_TRANSACTION_TIMEOUT=1s", "INBOXKEEPER_INTERVAL=1h"), "run")
-	var pid int32
-	pgtest.WaitFor(t, 30*time.Second, "the daemon's batch waiting on the gate", func() bool {
-		err := f.pool.QueryRow(ctx, `SELECT pid FROM pg_stat_activity
-WHERE datname = current_database() AND application_name = 'inboxkeeper run' AND wait_event_type = 'Lock' AND query LIKE '%DELETE%'`).Scan(&pid)
-		return err == nil
-	})
+	pid := gate.waitForBatch()
 	d.signal(syscall.SIGSTOP)
 	defer d.signal(syscall.SIGCONT)
-	if err := gate.Rollback(ctx); err != nil { // the DELETE finishes; COMMIT never comes
-		t.Fatal(err)
-	}
+	gate.open() // the DELETE finishes; COMMIT never comes
 	var state string
 	pgtest.WaitFor(t, 30*time.Second, "the frozen batch idle in its transaction", func() bool {
 		err := f.pool.QueryRow(ctx, "SELECT state FROM pg_stat_activity WHERE pid = $1", pid).Scan(&state)
@@ -408,6 +389,57 @@ WHERE datname = current_database() AND application_name = 'inboxkeeper run' AND 
 	r := f.runWith([]string{"INBOXKEEPER_FENCE_TIMEOUT=30s"}, "hold", "add", "--table", "public.consumer_inbox", "--reason", "r", "--owner", "o")
 	wantExit(t, r, 0)
 	t.Logf("hold add returned after %s", time.Since(start))
-	f.wantCount("the frozen batch's backend", 0, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid)
+	// Its locks go as its backend exits; the process entry a moment later.
+	pgtest.WaitFor(t, 10*time.Second, "the frozen batch's backend to end", func() bool {
+		return f.count("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid) == 0
+	})
 	f.wantCount("rows (the frozen batch rolled back)", allRows, "SELECT count(*) FROM public.consumer_inbox")
+}
+
+// deleteGate makes every deletion from public.consumer_inbox wait on an
+// advisory lock the test holds, so that a daemon's batch can be caught in
+// the middle of its DELETE, holding the fence and its row locks.
+type deleteGate struct {
+	t    *testing.T
+	f    *fixture
+	tx   pgx.Tx
+	once sync.Once
+}
+
+func gateDeletes(t *testing.T, f *fixture) *deleteGate {
+	t.Helper()
+	pgtest.Exec(t, f.pool, `
+CREATE FUNCTION public.wait_42() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN PERFORM pg_advisory_xact_lock(42); RETURN OLD; END $$;
+CREATE TRIGGER wait_42 BEFORE DELETE ON public.consumer_inbox FOR EACH ROW EXECUTE FUNCTION public.wait_42();`)
+	tx, err := f.pool.Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &deleteGate{t: t, f: f, tx: tx}
+	pgtest.Exec(t, tx, "SELECT pg_advisory_xact_lock(42)")
+	t.Cleanup(g.open)
+	return g
+}
+
+// waitForBatch waits until a daemon's batch waits at the gate, and returns
+// its backend's pid.
+func (g *deleteGate) waitForBatch() int32 {
+	g.t.Helper()
+	var pid int32
+	pgtest.WaitFor(g.t, 30*time.Second, "the daemon's batch waiting at the gate", func() bool {
+		err := g.f.pool.QueryRow(context.Background(), `SELECT pid FROM pg_stat_activity
+WHERE datname = current_database() AND application_name = 'inboxkeeper run' AND wait_event_type = 'Lock' AND query LIKE '%DELETE%'`).Scan(&pid)
+		return err == nil
+	})
+	return pid
+}
+
+// open lets the deletions through.
+func (g *deleteGate) open() {
+	g.once.Do(func() {
+		if err := g.tx.Rollback(context.Background()); err != nil {
+			g.t.Error(err)
+		}
+	})
 }

@@ -164,7 +164,7 @@ func exitCode(err error, stderr io.Writer) int {
 	case errors.As(err, &ue):
 		fmt.Fprintf(stderr, "inboxkeeper: %v\n", err)
 		return exitUsage
-	case errors.As(err, &ce), errors.Is(err, catalog.ErrInvalid):
+	case errors.As(err, &ce), isSetupError(err):
 		fmt.Fprintf(stderr, "inboxkeeper: configuration error: %v\n", err)
 		return exitUsage
 	}
@@ -309,14 +309,69 @@ func (a *app) prepare(ctx context.Context) (*pgxpool.Pool, []*catalog.Table, err
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := migrations.Check(ctx, pool); err != nil {
-		return nil, nil, err
+	// A missing or old control schema and a policy that does not match the
+	// catalog are reported together: fixing one must not reveal the other
+	// only on the next try.
+	schemaErr := migrations.Check(ctx, pool)
+	if schemaErr != nil && !isSetupError(schemaErr) {
+		return nil, nil, schemaErr
 	}
 	tables, err := resolveAll(ctx, pool, p)
-	if err != nil {
-		return nil, nil, err
+	if err != nil || schemaErr != nil {
+		return nil, nil, errors.Join(schemaErr, err)
 	}
+	a.warnLocalTime(ctx, pool, tables)
 	return pool, tables, nil
+}
+
+// isSetupError reports errors that mean "fix the setup, nothing was
+// touched": exit 2.
+func isSetupError(err error) bool {
+	var ue usageError
+	var ce configError
+	return errors.As(err, &ue) || errors.As(err, &ce) || errors.Is(err, catalog.ErrInvalid) || errors.Is(err, migrations.ErrNotMigrated) ||
+		errors.Is(err, migrations.ErrTooNew)
+}
+
+// warnLocalTime warns, once per table and column, when a timestamp without
+// time zone column is read as UTC (the policy gives no time_zone) while the
+// database's TimeZone is not UTC: an application that writes local time
+// would see rows go hours early or late.
+func (a *app) warnLocalTime(ctx context.Context, q catalog.Querier, tables []*catalog.Table) {
+	var tz string
+	if err := q.QueryRow(ctx, "SELECT current_setting('TimeZone')").Scan(&tz); err != nil {
+		a.log.Warn("inboxkeeper: cannot read the database's TimeZone", "error", err)
+		return
+	}
+	if isUTC(tz) {
+		return
+	}
+	for _, t := range tables {
+		if t.Policy.TimeZone != "" {
+			continue
+		}
+		for _, c := range t.TimeColumns() {
+			if c.Zone != "" {
+				a.log.Warn("inboxkeeper: a timestamp without time zone column is read as UTC, but the database's TimeZone is not UTC; if the application writes local time, set time_zone in the policy",
+					"table", t.Name, "column", c.Name, "database_time_zone", tz, "policy_time_zone", "UTC (default)")
+			}
+		}
+	}
+}
+
+// isUTC reports whether the zone named tz never differs from UTC.
+func isUTC(tz string) bool {
+	loc, err := time.LoadLocation(tz)
+	if err != nil {
+		return false
+	}
+	now := time.Now()
+	for _, t := range []time.Time{now, now.AddDate(0, 6, 0)} {
+		if _, off := t.In(loc).Zone(); off != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 func resolveAll(ctx context.Context, q catalog.Querier, p *policy.Policy) ([]*catalog.Table, error) {

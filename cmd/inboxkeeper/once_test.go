@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"regexp"
 	"strings"
@@ -8,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
 	"github.com/inboxkeeper/inboxkeeper/migrations"
 )
 
@@ -64,7 +68,14 @@ func TestOnceBeforeMigrate(t *testing.T) {
 		{"replay", "list"},
 	} {
 		r := f.run(args...)
-		wantExit(t, r, 1, "inboxkeeper migrate")
+		// A setup error, like a bad policy: exit 2.
+		wantExit(t, r, 2, "inboxkeeper migrate")
+	}
+	// Policy errors are reported with it, not only after migrate.
+	bad := f.writeFile("bad.yaml", strings.Replace(inboxPolicy, "scope: consumer", "scope: tenant", 1))
+	for _, args := range [][]string{{"once"}, {"status"}} {
+		r := f.runWith([]string{"INBOXKEEPER_POLICY_FILE=" + bad}, args...)
+		wantExit(t, r, 2, "inboxkeeper migrate", `column "tenant" does not exist`)
 	}
 	f.wantCount("rows", allRows, "SELECT count(*) FROM public.consumer_inbox")
 	f.wantCount("control schema", 0, "SELECT count(*) FROM pg_namespace WHERE nspname = 'inboxkeeper'")
@@ -326,4 +337,60 @@ INSERT INTO public.x VALUES (1);`
 	f.wantCount(`"Odd Schema".x`, 1, `SELECT count(*) FROM "Odd Schema".x`)
 	f.wantCount("public.x", 1, `SELECT count(*) FROM public.x`)
 	f.wantCount("tables in the database", 3, `SELECT count(*) FROM pg_tables WHERE schemaname IN ('public', 'Odd Schema')`)
+}
+
+// An application that writes local time into a timestamp column (database
+// TimeZone America/New_York): with time_zone in the policy, rows go when
+// their local time has passed, not hours early; without it, once, run and
+// status warn, naming table, column and zone.
+func TestLocalTimeColumns(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, `
+CREATE TABLE public.local_inbox (id int PRIMARY KEY, remember_until timestamp(0) NOT NULL);
+CREATE INDEX ON public.local_inbox (remember_until);`, `tables:
+  - table: public.local_inbox
+    key: [id]
+    expires_at: remember_until
+    time_zone: America/New_York
+`, true)
+	pgtest.Exec(t, f.pool, `DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET TimeZone = %L', current_database(), 'America/New_York'); END $$`)
+	// Written by the application in its own sessions: local wall time.
+	conn, err := pgx.Connect(context.Background(), f.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pgtest.Exec(t, conn, `INSERT INTO public.local_inbox
+SELECT i, localtimestamp - interval '10 minutes' FROM generate_series(1, 3) i
+UNION ALL SELECT i, localtimestamp + interval '30 minutes' FROM generate_series(4, 5) i
+UNION ALL SELECT i, localtimestamp + interval '3 hours' FROM generate_series(6, 7) i`)
+	conn.Close(context.Background())
+
+	r := f.run("once")
+	wantExit(t, r, 0)
+	wantResult(t, r, "public.local_inbox", "deleted", 3, 0, 0)
+	if strings.Contains(r.stderr, "level=WARN") {
+		t.Errorf("a warning although the policy names the zone:\n%s", r)
+	}
+	f.wantCount("rows not yet due", 4, "SELECT count(*) FROM public.local_inbox")
+
+	// Without time_zone the column is read as UTC, and each command says so.
+	utc := f.writeFile("utc.yaml", `tables:
+  - table: public.local_inbox
+    key: [id]
+    expires_at: remember_until
+`)
+	warning := regexp.MustCompile(`level=WARN msg="inboxkeeper: a timestamp without time zone column is read as UTC.*table=public.local_inbox column=remember_until database_time_zone=America/New_York`)
+	for _, args := range [][]string{{"once", "--dry-run"}, {"status"}} {
+		r := f.runWith([]string{"INBOXKEEPER_POLICY_FILE=" + utc}, args...)
+		wantExit(t, r, 0)
+		if n := len(warning.FindAllString(r.stderr, -1)); n != 1 {
+			t.Errorf("inboxkeeper %v warned %d times, want once:\n%s", args, n, r)
+		}
+	}
+	d := startDaemon(t, f.dir, f.env("INBOXKEEPER_POLICY_FILE="+utc, "INBOXKEEPER_INTERVAL=1h"), "run")
+	d.waitLine(warning, 30*time.Second)
+	d.signal(syscall.SIGTERM)
+	if code, _ := d.exit(30 * time.Second); code != 0 {
+		t.Errorf("run exited %d\n%s", code, d.log())
+	}
 }

@@ -147,3 +147,23 @@ func TestRunWaitsForTheTables(t *testing.T) {
 		t.Errorf("exit %d\n%s", code, d.log())
 	}
 }
+
+// A signal in the middle of a batch stops the daemon cleanly: exit 0, the
+// batch rolled back, and no ERROR in the log.
+func TestSignalDuringBatch(t *testing.T) {
+	t.Parallel()
+	f := inboxFixture(t)
+	gate := gateDeletes(t, f)
+	d := startDaemon(t, f.dir, f.env("INBOXKEEPER_LOCK_TIMEOUT=60s", "INBOXKEEPER_STATEMENT_TIMEOUT=60s", "INBOXKEEPER_INTERVAL=1h"), "run")
+	gate.waitForBatch()
+	d.signal(syscall.SIGTERM)
+	if code, _ := d.exit(30 * time.Second); code != 0 {
+		t.Errorf("run exited %d after SIGTERM\n%s", code, d.log())
+	}
+	if strings.Contains(d.log(), "level=ERROR") {
+		t.Errorf("a clean shutdown logged an ERROR:\n%s", d.log())
+	}
+	d.waitLine(regexp.MustCompile(`msg="expiry: table stopped for shutdown"`), time.Second)
+	gate.open()
+	f.wantCount("rows (the interrupted batch rolled back)", allRows, "SELECT count(*) FROM public.consumer_inbox")
+}

@@ -7,6 +7,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -23,22 +25,58 @@ type Querier interface {
 // Column is a resolved column of a managed table.
 type Column struct {
 	Name   string // as the catalog spells it
-	Type   string // format_type() of the column
+	Type   string // format_type() of the column, typmod included
 	Quoted string // ready for SQL text
+	// Zone is the IANA zone a timestamp-without-time-zone column is written
+	// in (the policy's time_zone, default UTC); "" for any other type.
+	Zone string
 }
 
-// IsTimestamptz reports whether the column is timestamp with time zone.
-// A timestamp without time zone is read as UTC.
-func (c Column) IsTimestamptz() bool { return c.Type == "timestamp with time zone" }
+// typmod matches the precision of a timestamp type, as in timestamp(3).
+var typmod = regexp.MustCompile(`\(\d+\)`)
+
+// baseType is a format_type() without its precision.
+func baseType(typ string) string { return typmod.ReplaceAllString(typ, "") }
+
+// IsTimestamptz reports whether the column is timestamp with time zone, of
+// any precision.
+func (c Column) IsTimestamptz() bool { return baseType(c.Type) == "timestamp with time zone" }
+
+// isTimestamp reports whether typ is a timestamp of either kind.
+func isTimestamp(typ string) bool {
+	b := baseType(typ)
+	return b == "timestamp with time zone" || b == "timestamp without time zone"
+}
+
+// zoneLiteral is the column's zone as an SQL string literal. Zones are
+// checked IANA names, but quoting keeps the SQL right whatever they hold.
+func (c Column) zoneLiteral() string { return "'" + strings.ReplaceAll(c.Zone, "'", "''") + "'" }
 
 // Instant returns SQL that turns the timestamptz expression expr into a
 // value comparable with this column, so that the comparison stays on the
-// column's own index.
+// column's own index: for a local-time column, the latest wall-clock value
+// whose instant is at or before expr. In the hour a daylight-saving change
+// repeats, the plain wall clock of expr reads an hour ahead (PostgreSQL takes
+// an ambiguous local time as the later instant), so the value is moved back
+// by that difference: "col <= Instant(now)" never takes a row early, and
+// "col >= Instant(from)" never leaves out a row from `from` on.
 func (c Column) Instant(expr string) string {
-	if c.IsTimestamptz() {
+	if c.Zone == "" {
 		return expr
 	}
-	return "(" + expr + " AT TIME ZONE 'UTC')"
+	local := "(" + expr + " AT TIME ZONE " + c.zoneLiteral() + ")"
+	// -infinity (the first keyset bound) has no offset to take away.
+	return "(CASE WHEN isfinite(" + expr + ") THEN " + local + " - ((" + local + " AT TIME ZONE " + c.zoneLiteral() + ") - " + expr + ") ELSE " + local + " END)"
+}
+
+// InstantAbove is Instant for an exclusive upper bound ("col < X"): the
+// plain wall clock of expr, which is never below the exact bound, so a
+// range ending at expr keeps every row before it.
+func (c Column) InstantAbove(expr string) string {
+	if c.Zone == "" {
+		return expr
+	}
+	return "(" + expr + " AT TIME ZONE " + c.zoneLiteral() + ")"
 }
 
 // AsTimestamptz returns SQL reading this column (qualified by alias when
@@ -48,10 +86,27 @@ func (c Column) AsTimestamptz(alias string) string {
 	if alias != "" {
 		ref = alias + "." + ref
 	}
-	if c.IsTimestamptz() {
+	if c.Zone == "" {
 		return ref
 	}
-	return "(" + ref + " AT TIME ZONE 'UTC')"
+	return "(" + ref + " AT TIME ZONE " + c.zoneLiteral() + ")"
+}
+
+// lookupColumn finds a column the policy names in cols (name to
+// format_type); timestamp requires a timestamp type.
+func lookupColumn(pt policy.Table, field, name string, cols map[string]string, timestamp bool) (Column, error) {
+	typ, ok := cols[name]
+	if !ok {
+		return Column{}, invalid(pt, field, "column %q does not exist%s", name, suggest(name, cols))
+	}
+	c := Column{Name: name, Type: typ, Quoted: policy.QuoteIdent(name)}
+	if baseType(typ) == "timestamp without time zone" {
+		c.Zone = pt.Zone()
+	}
+	if timestamp && !isTimestamp(typ) {
+		return c, invalid(pt, field, "column %q is %s; it must be timestamptz (or timestamp, read in the table's time_zone, UTC by default)", name, typ)
+	}
+	return c, nil
 }
 
 // Table is a policy table as it exists in the database.
@@ -67,6 +122,21 @@ type Table struct {
 	EventTime *Column
 	FirstSeen *Column // the first-receipt column, for the retention rule
 	Tiers     *Tiers  // the tiers section, resolved (tiers.go); nil without one
+}
+
+// TimeColumns are the table's timestamp columns the policy names.
+func (t *Table) TimeColumns() []Column {
+	all := []*Column{&t.Expiry, t.EventTime, t.FirstSeen}
+	if t.Tiers != nil {
+		all = append(all, &t.Tiers.Anchor)
+	}
+	var cs []Column
+	for _, c := range all {
+		if c != nil && !slices.ContainsFunc(cs, func(d Column) bool { return d.Name == c.Name }) {
+			cs = append(cs, *c)
+		}
+	}
+	return cs
 }
 
 // HasScope and HasEventTime say whether holds may name a scope or a range.
@@ -146,22 +216,16 @@ FROM pg_attribute WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped`, t.OI
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("table %s: read columns: %w", t.Name, err)
 	}
-	column := func(field, name string) (Column, error) {
-		typ, ok := cols[name]
-		if !ok {
-			return Column{}, invalid(pt, field, "column %q does not exist%s", name, suggest(name, cols))
+	column := func(field, name string) (Column, error) { return lookupColumn(pt, field, name, cols, false) }
+	timeColumn := func(field, name string) (Column, error) { return lookupColumn(pt, field, name, cols, true) }
+	if pt.TimeZone != "" {
+		var known bool
+		if err := q.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_timezone_names WHERE name = $1)", pt.TimeZone).Scan(&known); err != nil {
+			return nil, fmt.Errorf("table %s: look up time zone: %w", t.Name, err)
 		}
-		return Column{Name: name, Type: typ, Quoted: policy.QuoteIdent(name)}, nil
-	}
-	timeColumn := func(field, name string) (Column, error) {
-		c, err := column(field, name)
-		if err != nil {
-			return c, err
+		if !known {
+			return nil, invalid(pt, "time_zone", "%q is not a time zone this PostgreSQL knows (pg_timezone_names)", pt.TimeZone)
 		}
-		if c.Type != "timestamp with time zone" && c.Type != "timestamp without time zone" {
-			return c, invalid(pt, field, "column %q is %s; it must be timestamptz (or timestamp, read as UTC)", name, c.Type)
-		}
-		return c, nil
 	}
 	for i, k := range pt.Key {
 		c, err := column(fmt.Sprintf("key[%d]", i), k)
@@ -203,6 +267,10 @@ FROM pg_attribute WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped`, t.OI
 	}
 
 	if t.Partitioned() {
+		if t.Expiry.Zone != "" && t.Expiry.Zone != "UTC" {
+			return nil, invalid(pt, "time_zone", "monthly partitions are cut in UTC, so a partitioned table's %s column must be timestamptz, or timestamp written in UTC; %q is not supported here",
+				t.Expiry.Type, pt.TimeZone)
+		}
 		// Whole partitions go; no batch walks an expiry index.
 		if err := checkPartitioned(ctx, q, t); err != nil {
 			return nil, err

@@ -3,6 +3,7 @@ package catalog_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -27,7 +28,11 @@ CREATE INDEX ON public.partial (e) WHERE id > 0;
 CREATE TABLE public.second (id int, e timestamptz);
 CREATE INDEX ON public.second (id, e);
 CREATE TABLE public.parted (id int, e timestamptz) PARTITION BY RANGE (e);
-CREATE VIEW public.v AS SELECT * FROM public.ok;`)
+CREATE VIEW public.v AS SELECT * FROM public.ok;
+CREATE TABLE public.precise (id int, e0 timestamptz(0), e3 timestamp(3));
+CREATE INDEX ON public.precise (e0);
+CREATE INDEX ON public.precise (e3);
+CREATE TABLE public.local_parted (id int, e timestamp) PARTITION BY RANGE (e);`)
 
 	cases := []struct {
 		name, yaml string
@@ -82,6 +87,22 @@ CREATE VIEW public.v AS SELECT * FROM public.ok;`)
 		{"partitioned", `table: public.parted
     key: [id]
     expires_at: e`, []string{"partitioned"}},
+		{"timestamptz(0)", `table: public.precise
+    key: [id]
+    expires_at: e0`, nil},
+		{"timestamp(3) in a zone", `table: public.precise
+    key: [id]
+    expires_at: e3
+    time_zone: America/New_York`, nil},
+		{"a zone PostgreSQL knows not", `table: public.precise
+    key: [id]
+    expires_at: e3
+    time_zone: Etc/Unknown`, nil}, // the policy parser refuses it before the catalog is asked
+		{"partitioned local time", `table: public.local_parted
+    key: [id]
+    expires_at: e
+    time_zone: Europe/Berlin
+    partitions: {by: month, max_expiry: 30d}`, []string{"time_zone", "partitions are cut in UTC", "Europe/Berlin"}},
 		{"view", `table: public.v
     key: [id]
     expires_at: Seen`, []string{"not a table"}},
@@ -89,6 +110,12 @@ CREATE VIEW public.v AS SELECT * FROM public.ok;`)
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			p, err := policy.Parse([]byte("tables:\n  - "+c.yaml+"\n"), "p.yaml")
+			if c.name == "a zone PostgreSQL knows not" {
+				if err == nil || !strings.Contains(err.Error(), "time_zone") {
+					t.Fatalf("policy accepted an unknown zone: %v", err)
+				}
+				return
+			}
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -108,5 +135,84 @@ CREATE VIEW public.v AS SELECT * FROM public.ok;`)
 				}
 			}
 		})
+	}
+}
+
+// A timestamp-without-time-zone column in a zone with daylight saving time:
+// the comparison the batches use never takes a row before its instant, even
+// in the hour the fall-back repeats, and still uses the index.
+func TestLocalTimeComparisons(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := pgtest.NewPool(t)
+	pgtest.Exec(t, pool, `
+CREATE TABLE public.local (id int PRIMARY KEY, e timestamp(3) NOT NULL);
+CREATE INDEX ON public.local (e);
+-- New York falls back on 2026-11-01: 01:00-02:00 local happens twice.
+INSERT INTO public.local VALUES
+  (1, '2026-11-01 00:30'), (2, '2026-11-01 00:59:59'), (3, '2026-11-01 01:10'),
+  (4, '2026-11-01 01:45'), (5, '2026-11-01 02:10'), (6, '2026-10-31 21:00');`)
+	p, err := policy.Parse([]byte(`tables:
+  - table: public.local
+    key: [id]
+    expires_at: e
+    time_zone: America/New_York
+`), "p.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tbl, err := catalog.Resolve(ctx, pool, p.Tables[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	expired := func(now string) []int {
+		t.Helper()
+		rows, err := pool.Query(ctx, "SELECT id FROM public.local WHERE e <= "+tbl.Expiry.Instant("$1::timestamptz")+" ORDER BY id", now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []int
+		for rows.Next() {
+			var id int
+			if err := rows.Scan(&id); err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, id)
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return ids
+	}
+	for _, c := range []struct {
+		now  string
+		want string
+	}{
+		// 20:00 EDT: read as UTC, every row but 5 would look 4 hours old.
+		{"2026-11-01T00:00:00Z", "[]"},
+		{"2026-11-01T01:30:00Z", "[6]"},
+		// 01:30 EDT, the first pass through the repeated hour. Rows 3 and 4
+		// (01:10, 01:45) may mean the second pass (EST), an hour later:
+		// they stay; the plain wall clock (01:30) would take row 3. The
+		// bound moves back a whole hour, to 00:30, so row 2 (00:59:59 EDT,
+		// due half an hour ago) waits for the second pass: late, never early.
+		{"2026-11-01T05:30:00Z", "[1 6]"},
+		{"2026-11-01T06:00:00Z", "[1 2 6]"},
+		// 01:30 EST, the second pass: 01:10 has passed either way.
+		{"2026-11-01T06:30:00Z", "[1 2 3 6]"},
+		{"2026-11-01T07:15:00Z", "[1 2 3 4 5 6]"},
+	} {
+		if got := fmt.Sprint(expired(c.now)); got != c.want {
+			t.Errorf("expired at %s: %s, want %s", c.now, got, c.want)
+		}
+	}
+	// The comparison is a constant for the planner: an index scan.
+	pgtest.Exec(t, pool, "SET enable_seqscan = off; ANALYZE public.local")
+	var plan string
+	if err := pool.QueryRow(ctx, "EXPLAIN SELECT id FROM public.local WHERE e <= "+tbl.Expiry.Instant("$1::timestamptz"), "2026-11-01T05:30:00Z").Scan(&plan); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(plan, "Index") {
+		t.Errorf("the comparison does not use the index: %s", plan)
 	}
 }

@@ -128,7 +128,7 @@ func resolveTiers(ctx context.Context, q Querier, t *Table, cols map[string]stri
 		return nil
 	}
 	res := &Tiers{HotFor: pt.HotFor}
-	anchor, err := tierColumn(t.Policy, "tiers.anchor", pt.Anchor, cols, true)
+	anchor, err := lookupColumn(t.Policy, "tiers.anchor", pt.Anchor, cols, true)
 	if err != nil {
 		return err
 	}
@@ -152,23 +152,11 @@ func resolveTiers(ctx context.Context, q Querier, t *Table, cols map[string]stri
 	return nil
 }
 
-func tierColumn(pt policy.Table, field, name string, cols map[string]string, timestamp bool) (Column, error) {
-	typ, ok := cols[name]
-	if !ok {
-		return Column{}, invalid(pt, field, "column %q does not exist%s", name, suggest(name, cols))
-	}
-	c := Column{Name: name, Type: typ, Quoted: policy.QuoteIdent(name)}
-	if timestamp && typ != "timestamp with time zone" && typ != "timestamp without time zone" {
-		return c, invalid(pt, field, "column %q is %s; it must be timestamptz (or timestamp, read as UTC)", name, typ)
-	}
-	return c, nil
-}
-
 func resolveInPlace(ctx context.Context, q Querier, t *Table, res *Tiers, names []string, cols map[string]string) error {
 	pt := t.Policy
 	for i, name := range names {
 		field := fmt.Sprintf("tiers.payload_columns[%d]", i)
-		c, err := tierColumn(pt, field, name, cols, false)
+		c, err := lookupColumn(pt, field, name, cols, false)
 		if err != nil {
 			return err
 		}
@@ -263,7 +251,7 @@ WHERE n.nspname = $1 AND c.relname = $2`, name.Schema, name.Name).Scan(&s.OID, &
 		if typ != c.Type {
 			return nil, invalid(pt, field, "%s: column %q (%s) is %s in %s; it must have the table's type", s.Name, c.Name, what, typ, t.Name)
 		}
-		return &Column{Name: c.Name, Type: typ, Quoted: c.Quoted}, nil
+		return &Column{Name: c.Name, Type: typ, Quoted: c.Quoted, Zone: c.Zone}, nil
 	}
 	for i, k := range t.Key {
 		c, err := same(fmt.Sprintf("key[%d]", i), k)
@@ -307,7 +295,7 @@ func resolveKey(ctx context.Context, q Querier, t *Table, pk *policy.PermanentKe
 	pt := t.Policy
 	k := &PermanentKey{Table: pk.Table, Name: pk.Table.String(), Ident: pk.Table.Sanitize(), Hash: pk.Hash, FirstSeen: anchor}
 	for i, name := range pk.Columns {
-		c, err := tierColumn(pt, fmt.Sprintf("tiers.permanent_key.columns[%d]", i), name, cols, false)
+		c, err := lookupColumn(pt, fmt.Sprintf("tiers.permanent_key.columns[%d]", i), name, cols, false)
 		if err != nil {
 			return nil, err
 		}
@@ -318,7 +306,7 @@ func resolveKey(ctx context.Context, q Querier, t *Table, pk *policy.PermanentKe
 		k.Columns = append(k.Columns, *t.Scope)
 	}
 	if pk.Hash != "" {
-		c, err := tierColumn(pt, "tiers.permanent_key.hash", pk.Hash, cols, false)
+		c, err := lookupColumn(pt, "tiers.permanent_key.hash", pk.Hash, cols, false)
 		if err != nil {
 			return nil, err
 		}

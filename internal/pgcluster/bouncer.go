@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -103,15 +103,18 @@ admin_users = postgres
 		return nil, fmt.Errorf("start pgbouncer: %w; %s", err, HowToFixBouncer)
 	}
 	go func() { _ = b.cmd.Wait(); close(b.done) }()
+	// The port was free a moment ago; another server started meanwhile may
+	// have taken it, so a successful dial proves nothing: wait for the
+	// pooler's own word that it listens.
+	logFile := filepath.Join(root, "pgbouncer.log")
+	listening := fmt.Sprintf("listening on 127.0.0.1:%d", port)
 	for {
-		conn, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port), time.Second)
-		if err == nil {
-			conn.Close()
+		if log, _ := os.ReadFile(logFile); strings.Contains(string(log), listening) {
 			return b, nil
 		}
 		select {
 		case <-b.done:
-			log := tail(filepath.Join(root, "pgbouncer.log"), 2000)
+			log := tail(logFile, 2000)
 			os.RemoveAll(root)
 			return nil, fmt.Errorf("pgbouncer exited at start:\n%s", log)
 		case <-ctx.Done():
@@ -126,6 +129,9 @@ admin_users = postgres
 func (b *Bouncer) URL(db string) string {
 	return fmt.Sprintf("postgres://%s@127.0.0.1:%d/%s?sslmode=disable", url.PathEscape(b.user), b.Port, url.PathEscape(db))
 }
+
+// Log is the end of the pooler's log, for a failing test's output.
+func (b *Bouncer) Log() string { return tail(filepath.Join(b.root, "pgbouncer.log"), 4000) }
 
 // Stop ends the pooler and removes its files.
 func (b *Bouncer) Stop() {

@@ -213,11 +213,23 @@ func NewBouncer(t testing.TB) *pgcluster.Bouncer {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	b, err := pgcluster.StartBouncer(ctx, host, int(cfg.Port), cfg.User)
-	if err != nil {
-		t.Fatalf("pgtest: %v", err)
+	// A port picked free can be taken by a parallel test's server before
+	// the pooler binds it: then it exits, and another port is tried.
+	var b *pgcluster.Bouncer
+	for attempt := 1; ; attempt++ {
+		if b, err = pgcluster.StartBouncer(ctx, host, int(cfg.Port), cfg.User); err == nil {
+			break
+		}
+		if attempt == 3 {
+			t.Fatalf("pgtest: %v", err)
+		}
 	}
-	t.Cleanup(b.Stop)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("pgbouncer log:\n%s", b.Log())
+		}
+		b.Stop()
+	})
 	return b
 }
 

@@ -61,7 +61,19 @@ type Table struct {
 	ExpiresAfter *ExpiresAfter
 	Partitions   *Partitions // nil: the table is not managed by partition
 	Tiers        *Tiers      // nil: rows are not demoted (see tiers.go)
-	Line         int         // line of this entry in the file, for messages
+	// TimeZone is the IANA zone the application writes the table's
+	// timestamp-without-time-zone columns in; "" means UTC (and, when the
+	// database's TimeZone is not UTC, a warning at startup).
+	TimeZone string
+	Line     int // line of this entry in the file, for messages
+}
+
+// Zone is TimeZone, or UTC when it is not set.
+func (t Table) Zone() string {
+	if t.TimeZone == "" {
+		return "UTC"
+	}
+	return t.TimeZone
 }
 
 // Partitions manages a table range-partitioned on its expiry column, one
@@ -113,6 +125,7 @@ type rawTable struct {
 	ExpiresAfter *rawExpiresAfter `yaml:"expires_after"`
 	Partitions   *rawPartitions   `yaml:"partitions"`
 	Tiers        *rawTiers        `yaml:"tiers"`
+	TimeZone     string           `yaml:"time_zone"`
 }
 
 type rawPartitions struct {
@@ -319,6 +332,15 @@ func (d *decoder) table(rt rawTable, ctx string, line int) (Table, bool) {
 	}
 	if rp := rt.Partitions; rp != nil {
 		t.Partitions = d.partitions(rp, fail)
+	}
+	if rt.TimeZone != "" {
+		// Go's zone database is built into the binary; the catalog check
+		// asks PostgreSQL's too.
+		if _, err := time.LoadLocation(rt.TimeZone); err != nil || rt.TimeZone == "Local" || strings.ContainsAny(rt.TimeZone, "'\\") {
+			fail("time_zone", "%q is not an IANA time zone name (like UTC, Europe/Berlin or America/New_York)", rt.TimeZone)
+		} else {
+			t.TimeZone = rt.TimeZone
+		}
 	}
 	if rt.Tiers != nil {
 		t.Tiers = d.tiers(rt.Tiers, t, fail)
