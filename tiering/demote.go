@@ -17,6 +17,7 @@ package tiering
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -32,6 +33,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
+	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
 )
 
@@ -153,6 +155,12 @@ func (d *Demoter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 			// A signal, not a failure: the batch in flight rolled back.
 			res.StoppedEarly = "shutdown"
 			log.Info("tiering: table stopped for shutdown", "demoted", res.Demoted, "batches", res.Batches)
+			return res
+		}
+		if errors.Is(res.Err, retry.ErrLockWait) {
+			// Yielding to a session that queued behind the batch (a hold
+			// writer, a migration) is the design, not a failure.
+			log.Warn("tiering: table stopped early: a session queued behind the batch, which was cancelled and rolled back", "error", res.Err, "demoted", res.Demoted, "batches", res.Batches)
 			return res
 		}
 		log.Error("tiering: table failed", "error", res.Err, "demoted", res.Demoted, "batches", res.Batches)

@@ -124,10 +124,7 @@ func TestStandbyThenPromoted(t *testing.T) {
 	if err := sconn.QueryRow(ctx, "SELECT count(*) FROM public.consumer_inbox WHERE remember_until <= now()").Scan(&left); err != nil || left != 0 {
 		t.Errorf("%d expired rows left on the promoted standby (%v)", left, err)
 	}
-	d.signal(syscall.SIGTERM)
-	if code, _ := d.exit(10 * time.Second); code != 0 {
-		t.Fatalf("exit %d\n%s", code, d.log())
-	}
+	d.stop()
 }
 
 // The database restarts under a running daemon: it notices, counts the
@@ -177,10 +174,7 @@ func TestDatabaseRestartUnderDaemon(t *testing.T) {
 	if metricValue(t, m, `inboxkeeper_passes_total{outcome="failed"}`)+metricValue(t, m, `inboxkeeper_passes_total{outcome="partial"}`) < 1 {
 		t.Errorf("the outage was not counted\n%s", m)
 	}
-	d.signal(syscall.SIGTERM)
-	if code, _ := d.exit(10 * time.Second); code != 0 {
-		t.Fatalf("exit %d\n%s", code, d.log())
-	}
+	d.stop()
 }
 
 func TestStatusJSON(t *testing.T) {
@@ -222,10 +216,7 @@ func TestOnceWaitsForTheLease(t *testing.T) {
 	r := f.runWith([]string{"INBOXKEEPER_RUN_TIME=2s", "INBOXKEEPER_LEASE_TTL=3s"}, "once")
 	wantExit(t, r, 1, "held the lease", "nothing deleted")
 	f.wantCount("the expired row once did not take", 1, "SELECT count(*) FROM public.consumer_inbox WHERE remember_until <= now()")
-	d.signal(syscall.SIGTERM)
-	if code, _ := d.exit(10 * time.Second); code != 0 {
-		t.Fatalf("exit %d\n%s", code, d.log())
-	}
+	d.stop()
 	// With the daemon gone (and its lease released), once works.
 	wantExit(t, f.run("once"), 0, "deleted 1")
 }

@@ -451,6 +451,15 @@ func (d *daemon) signal(sig syscall.Signal) {
 	}
 }
 
+// stop sends SIGTERM and expects a clean exit (status 0) within 30 s.
+func (d *daemon) stop() {
+	d.t.Helper()
+	d.signal(syscall.SIGTERM)
+	if code, _ := d.exit(30 * time.Second); code != 0 {
+		d.t.Errorf("run exited %d after SIGTERM\n%s", code, d.log())
+	}
+}
+
 // exit waits at most timeout for the process to end and returns its exit
 // code and how long the wait took.
 func (d *daemon) exit(timeout time.Duration) (int, time.Duration) {

@@ -389,8 +389,5 @@ UNION ALL SELECT i, localtimestamp + interval '3 hours' FROM generate_series(6, 
 	}
 	d := startDaemon(t, f.dir, f.env("INBOXKEEPER_POLICY_FILE="+utc, "INBOXKEEPER_INTERVAL=1h"), "run")
 	d.waitLine(warning, 30*time.Second)
-	d.signal(syscall.SIGTERM)
-	if code, _ := d.exit(30 * time.Second); code != 0 {
-		t.Errorf("run exited %d\n%s", code, d.log())
-	}
+	d.stop()
 }

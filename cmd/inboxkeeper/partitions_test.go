@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"regexp"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -117,8 +116,5 @@ func TestPartitionsMetricsInTheDaemon(t *testing.T) {
 			t.Errorf("metrics lack %s\n%s", series, m)
 		}
 	}
-	d.signal(syscall.SIGTERM)
-	if code, _ := d.exit(10 * time.Second); code != 0 {
-		t.Errorf("exit %d\n%s", code, d.log())
-	}
+	d.stop()
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"regexp"
-	"syscall"
 	"testing"
 	"time"
 
@@ -49,10 +48,7 @@ func TestThroughPgBouncer(t *testing.T) {
 	d.waitLine(passDone, 30*time.Second)
 	d.waitLine(passDone, 30*time.Second)
 	f.wantCount("expired rows", 0, "SELECT count(*) FROM public.consumer_inbox WHERE remember_until <= now()")
-	d.signal(syscall.SIGTERM)
-	if code, _ := d.exit(30 * time.Second); code != 0 {
-		t.Errorf("run exited %d\n%s", code, d.log())
-	}
+	d.stop()
 	if regexp.MustCompile(`level=(ERROR|WARN)`).MatchString(d.log()) {
 		t.Errorf("run through PgBouncer logged warnings or errors:\n%s", d.log())
 	}

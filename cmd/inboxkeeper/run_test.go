@@ -142,10 +142,7 @@ func TestRunWaitsForTheTables(t *testing.T) {
 		t.Errorf("inboxkeeper_policy_mismatch = %v once the table exists", v)
 	}
 	f.wantCount("expired rows after the first pass", 0, "SELECT count(*) FROM public.consumer_inbox WHERE remember_until <= now()")
-	d.signal(syscall.SIGTERM)
-	if code, _ := d.exit(10 * time.Second); code != 0 {
-		t.Errorf("exit %d\n%s", code, d.log())
-	}
+	d.stop()
 }
 
 // A signal in the middle of a batch stops the daemon cleanly: exit 0, the

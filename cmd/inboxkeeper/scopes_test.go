@@ -62,10 +62,7 @@ VALUES ('public', 'consumer_inbox', 'payments', '30 days', '2 days'), ('public',
 	if strings.Contains(m, `scope="unruled"`) {
 		t.Errorf("a scope without a rule got series\n%s", m)
 	}
-	d.signal(syscall.SIGTERM)
-	if code, _ := d.exit(10 * time.Second); code != 0 {
-		t.Errorf("exit %d\n%s", code, d.log())
-	}
+	d.stop()
 
 	// Without the (scope, first_seen) index only the expiry range is read.
 	if _, err := pgtest.Exec(t.Context(), `DROP INDEX public.consumer_inbox_consumer_first_seen_at_idx`); err != nil {

@@ -7,7 +7,6 @@ import (
 	"os"
 	"regexp"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -149,10 +148,7 @@ func TestOnceWithoutKeyTablePrivilege(t *testing.T) {
 	wantExit(t, r, 0, "permanent key table inboxkeeper.keys_public_inbox created for public.inbox")
 	pgtestExecf(t, f, "GRANT SELECT, INSERT ON inboxkeeper.keys_public_inbox TO "+role)
 	d.waitLine(passDone, 60*time.Second)
-	d.signal(syscall.SIGTERM)
-	if code, _ := d.exit(10 * time.Second); code != 0 {
-		t.Errorf("run exited %d\n%s", code, d.log())
-	}
+	d.stop()
 	// The daemon's pass demoted free's live rows (every expired row is the
 	// deleter's) and deleted the 15 expired ones with their keys.
 	f.wantCount("payloads left", 5, "SELECT count(*) FROM public.inbox WHERE payload IS NOT NULL")

@@ -95,9 +95,18 @@ func Pooled(ctx context.Context, conn *pgx.Conn) (bool, error) {
 // trip each), so that no named statement is left on a server connection
 // another client gets next (SQLSTATE 42P05, "prepared statement ... already
 // exists"). A query execution mode chosen in the connection string stays.
+//
+// A cancelled context closes the connection instead of sending a cancel
+// request: PgBouncer 1.18 (Debian 12's) can crash on a cancel request that
+// races with the client's disconnect, taking every client of the pooler
+// down with it. The server then aborts the transaction when its statement
+// ends (at the latest at statement_timeout); nothing commits.
 func ForPooler(c *pgx.ConnConfig) {
 	if c.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement {
 		c.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
+	}
+	c.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.DeadlineContextWatcherHandler{Conn: pc.Conn()}
 	}
 }
 

@@ -55,7 +55,9 @@ func setup() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := pgcluster.Start(ctx, pgcluster.Options{})
+	// Commit timestamps let the randomized audit test tell when each
+	// deleting transaction committed.
+	c, err := pgcluster.Start(ctx, pgcluster.Options{Settings: map[string]string{"track_commit_timestamp": "on"}})
 	if err != nil {
 		return err
 	}
