@@ -13,7 +13,7 @@ import (
 
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
-	"github.com/inboxkeeper/inboxkeeper/internal/policy"
+	"github.com/inboxkeeper/inboxkeeper/internal/sqlident"
 )
 
 // Partition is one partition of a managed parent, read from the catalog.
@@ -28,12 +28,12 @@ type Partition struct {
 
 // Ident is the partition's name quoted for SQL text.
 func (p Partition) Ident() string {
-	return policy.QualifiedName{Schema: p.Schema, Name: p.Name}.Sanitize()
+	return sqlident.QualifiedName{Schema: p.Schema, Name: p.Name}.Sanitize()
 }
 
 // String names the partition for people.
 func (p Partition) String() string {
-	return policy.QualifiedName{Schema: p.Schema, Name: p.Name}.String()
+	return sqlident.QualifiedName{Schema: p.Schema, Name: p.Name}.String()
 }
 
 // contains reports whether instant x falls in [Lower, Upper).

@@ -30,6 +30,8 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
+	"github.com/inboxkeeper/inboxkeeper/internal/sqlident"
+	"github.com/inboxkeeper/inboxkeeper/internal/strictyaml"
 )
 
 // Anchor is what a scenario's first stage counts from.
@@ -168,7 +170,7 @@ func Load(p *policy.Policy) ([]Plan, error) {
 	if p.Retention == nil {
 		return nil, nil
 	}
-	return plan(policy.NewDecoder(p.Source), p.Retention, p)
+	return plan(strictyaml.New(p.Source), p.Retention, p)
 }
 
 // LoadFile plans a file that holds only a top-level "retention:" list. p,
@@ -179,7 +181,7 @@ func LoadFile(path string, p *policy.Policy) ([]Plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := policy.NewDecoder(path)
+	d := strictyaml.New(path)
 	root, err := d.Document(data)
 	if err != nil {
 		return nil, err
@@ -250,7 +252,7 @@ func (t *instant) UnmarshalYAML(n *yaml.Node) error {
 	return nil
 }
 
-func plan(d *policy.Decoder, list *yaml.Node, p *policy.Policy) ([]Plan, error) {
+func plan(d *strictyaml.Decoder, list *yaml.Node, p *policy.Policy) ([]Plan, error) {
 	if len(list.Content) == 0 {
 		d.Errorf(list.Line, "", "retention", "no entries: list one entry per consumer scope, or remove the section")
 	}
@@ -258,7 +260,7 @@ func plan(d *policy.Decoder, list *yaml.Node, p *policy.Policy) ([]Plan, error) 
 	firsts := map[string]string{}
 	for i, n := range list.Content {
 		ctx := fmt.Sprintf("retention[%d]", i)
-		if s := policy.ScalarField(n, "scope"); s != "" {
+		if s := strictyaml.ScalarField(n, "scope"); s != "" {
 			ctx += " (" + s + ")"
 		}
 		var re rawEntry
@@ -285,7 +287,7 @@ func plan(d *policy.Decoder, list *yaml.Node, p *policy.Policy) ([]Plan, error) 
 
 // entry checks one retention entry and computes its plan. Every problem is
 // reported through d; ok is false when there was any.
-func entry(d *policy.Decoder, re rawEntry, ctx string, line int, p *policy.Policy) (pl Plan, ok bool) {
+func entry(d *strictyaml.Decoder, re rawEntry, ctx string, line int, p *policy.Policy) (pl Plan, ok bool) {
 	failed := false
 	fail := func(field, format string, args ...any) {
 		d.Errorf(line, ctx, field, format, args...)
@@ -336,7 +338,7 @@ func entry(d *policy.Decoder, re rawEntry, ctx string, line int, p *policy.Polic
 	// The table that implements the scope, as the policy file names it.
 	var pt *policy.Table
 	if re.Table != "" {
-		q, err := policy.ParseQualifiedName(re.Table)
+		q, err := sqlident.ParseQualifiedName(re.Table)
 		switch {
 		case err != nil:
 			fail("table", "%v", err)

@@ -17,7 +17,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/daemonmetrics"
 	"github.com/inboxkeeper/inboxkeeper/internal/lease"
-	"github.com/inboxkeeper/inboxkeeper/internal/policy"
+	"github.com/inboxkeeper/inboxkeeper/internal/sqlident"
 	"github.com/inboxkeeper/inboxkeeper/migrations"
 	"github.com/inboxkeeper/inboxkeeper/partitions"
 	"github.com/inboxkeeper/inboxkeeper/tiering"
@@ -363,7 +363,7 @@ FROM inboxkeeper.retention_rules`)
 		if err := rows.Scan(&schema, &table, &scope, &post, &replay, &margin); err != nil {
 			return err
 		}
-		name := policy.QualifiedName{Schema: schema, Name: table}.String()
+		name := sqlident.QualifiedName{Schema: schema, Name: table}.String()
 		if post != nil {
 			p.dm.PostReceipt.WithLabelValues(name, scope).Set(*post)
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/holds"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
+	"github.com/inboxkeeper/inboxkeeper/internal/sqlident"
 	"github.com/inboxkeeper/inboxkeeper/migrations"
 )
 
@@ -90,7 +91,7 @@ func (a *app) tableFor(ctx context.Context, name string) (*pgxpool.Pool, *catalo
 	if name == "" {
 		return nil, nil, usagef("--table is required")
 	}
-	qn, err := policy.ParseQualifiedName(name)
+	qn, err := sqlident.ParseQualifiedName(name)
 	if err != nil {
 		return nil, nil, usagef("--table: %v", err)
 	}

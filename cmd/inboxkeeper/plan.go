@@ -17,6 +17,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
 	"github.com/inboxkeeper/inboxkeeper/internal/redisprobe"
+	"github.com/inboxkeeper/inboxkeeper/internal/sqlident"
 	"github.com/inboxkeeper/inboxkeeper/partitions"
 	"github.com/inboxkeeper/inboxkeeper/retention"
 )
@@ -379,7 +380,7 @@ func (a *app) applyPlans(ctx context.Context, plans []retention.Plan) error {
 				lines = append(lines, fmt.Sprintf("SKIP scope %q: the record names no table", pl.Rule.Scope))
 				continue
 			}
-			qn, err := policy.ParseQualifiedName(pl.Rule.Table)
+			qn, err := sqlident.ParseQualifiedName(pl.Rule.Table)
 			if err != nil {
 				return configError{err}
 			}

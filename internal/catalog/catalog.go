@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
+	"github.com/inboxkeeper/inboxkeeper/internal/sqlident"
 )
 
 // Querier is satisfied by *pgx.Conn, *pgxpool.Pool and pgx.Tx.
@@ -99,7 +100,7 @@ func lookupColumn(pt policy.Table, field, name string, cols map[string]string, t
 	if !ok {
 		return Column{}, invalid(pt, field, "column %q does not exist%s", name, suggest(name, cols))
 	}
-	c := Column{Name: name, Type: typ, Quoted: policy.QuoteIdent(name)}
+	c := Column{Name: name, Type: typ, Quoted: sqlident.QuoteIdent(name)}
 	if baseType(typ) == "timestamp without time zone" {
 		c.Zone = pt.Zone()
 	}
@@ -174,7 +175,7 @@ WHERE n.nspname = $1 AND c.relname = $2`, pt.Name.Schema, pt.Name.Name).Scan(&t.
 	switch {
 	case t.Kind == "r" && pt.Partitions != nil:
 		return nil, invalid(pt, "partitions", "the table is not partitioned; a table managed by partition must be created PARTITION BY RANGE (%s) (see the README, \"Partitions\"), or remove the partitions section to expire rows one by one",
-			policy.QuoteIdent(pt.ExpiryColumn()))
+			sqlident.QuoteIdent(pt.ExpiryColumn()))
 	case t.Kind == "r":
 	case t.Kind == "p" && pt.Partitions == nil:
 		return nil, invalid(pt, "table", "is a partitioned table; add a partitions section to the policy (inboxkeeper retires whole partitions; it does not delete rows one by one from partitioned tables)")

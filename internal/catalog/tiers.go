@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
+	"github.com/inboxkeeper/inboxkeeper/internal/sqlident"
 )
 
 // Tiers is a table's tiers section resolved against the catalog.
@@ -59,7 +60,7 @@ func (s *SideTable) LocalTable(t *Table) *Table {
 // PermanentKey describes the compact key table and the table's columns a
 // key row is made of.
 type PermanentKey struct {
-	Table  policy.QualifiedName
+	Table  sqlident.QualifiedName
 	Name   string // canonical spelling
 	Ident  string // quoted, for SQL text
 	Exists bool   // the table existed when the policy was resolved
@@ -98,7 +99,7 @@ func (k *PermanentKey) Insert(rel string, ref func(i int) string, firstSeen stri
 			notNull = append(notNull, ref(i)+" IS NOT NULL")
 		}
 	}
-	cols = append(cols, policy.QuoteIdent(policy.FirstSeenColumn))
+	cols = append(cols, sqlident.QuoteIdent(policy.FirstSeenColumn))
 	vals = append(vals, k.DateOf(firstSeen))
 	return fmt.Sprintf("INSERT INTO %s (%s) SELECT %s FROM %s WHERE %s ON CONFLICT DO NOTHING RETURNING 1",
 		k.Ident, strings.Join(cols, ", "), strings.Join(vals, ", "), rel, strings.Join(notNull, " AND "))
@@ -116,7 +117,7 @@ func (k *PermanentKey) CreateSQL() string {
 		}
 		defs = append(defs, def)
 	}
-	defs = append(defs, policy.QuoteIdent(policy.FirstSeenColumn)+" date")
+	defs = append(defs, sqlident.QuoteIdent(policy.FirstSeenColumn)+" date")
 	return fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s (\n    %s,\n    PRIMARY KEY (%s)\n)", k.Ident, strings.Join(defs, ",\n    "), strings.Join(pk, ", "))
 }
 
@@ -222,7 +223,7 @@ WHERE i.indrelid = $1 AND a.attname = $2 AND am.amname = 'btree' AND i.indisvali
 	return full, partial, err
 }
 
-func resolveSide(ctx context.Context, q Querier, t *Table, name policy.QualifiedName, anchor Column) (*SideTable, error) {
+func resolveSide(ctx context.Context, q Querier, t *Table, name sqlident.QualifiedName, anchor Column) (*SideTable, error) {
 	pt := t.Policy
 	const field = "tiers.payload_table"
 	s := &SideTable{Name: name.String(), Ident: name.Sanitize()}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inboxkeeper/inboxkeeper/internal/sqlident"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -30,13 +31,13 @@ func TestParseGood(t *testing.T) {
 		want []Table
 	}{
 		{"example", example, []Table{
-			{Name: QualifiedName{"public", "consumer_inbox"}, Key: []string{"consumer", "message_id"},
+			{Name: sqlident.QualifiedName{Schema: "public", Name: "consumer_inbox"}, Key: []string{"consumer", "message_id"},
 				Scope: "consumer", EventTime: "event_time", ExpiresAt: "remember_until", Line: 2},
-			{Name: QualifiedName{"public", "InboxState"}, Key: []string{"Id"},
+			{Name: sqlident.QualifiedName{Schema: "public", Name: "InboxState"}, Key: []string{"Id"},
 				ExpiresAfter: &ExpiresAfter{Column: "Delivered", After: 720 * time.Hour}, Line: 7},
 		}},
 		{"minimal", "tables: [{table: s.t, key: [id], expires_at: x}]", []Table{
-			{Name: QualifiedName{"s", "t"}, Key: []string{"id"}, ExpiresAt: "x", Line: 1},
+			{Name: sqlident.QualifiedName{Schema: "s", Name: "t"}, Key: []string{"id"}, ExpiresAt: "x", Line: 1},
 		}},
 		{"hostile names and days", `
 tables:
@@ -46,15 +47,15 @@ tables:
       column: "it's"
       after: 1d12h
 `, []Table{
-			{Name: QualifiedName{"public", `weird "name"; drop table x`}, Key: []string{"a b", "Sé;lect", "1"},
+			{Name: sqlident.QualifiedName{Schema: "public", Name: `weird "name"; drop table x`}, Key: []string{"a b", "Sé;lect", "1"},
 				ExpiresAfter: &ExpiresAfter{Column: "it's", After: 36 * time.Hour}, Line: 3},
 		}},
 		{"aliases", `tables:
   - {table: a.b, key: &k [id], expires_after: &e {column: c, after: 30d}}
   - {table: a.c, key: *k, expires_after: *e}
 `, []Table{
-			{Name: QualifiedName{"a", "b"}, Key: []string{"id"}, ExpiresAfter: &ExpiresAfter{Column: "c", After: 30 * 24 * time.Hour}, Line: 2},
-			{Name: QualifiedName{"a", "c"}, Key: []string{"id"}, ExpiresAfter: &ExpiresAfter{Column: "c", After: 30 * 24 * time.Hour}, Line: 3},
+			{Name: sqlident.QualifiedName{Schema: "a", Name: "b"}, Key: []string{"id"}, ExpiresAfter: &ExpiresAfter{Column: "c", After: 30 * 24 * time.Hour}, Line: 2},
+			{Name: sqlident.QualifiedName{Schema: "a", Name: "c"}, Key: []string{"id"}, ExpiresAfter: &ExpiresAfter{Column: "c", After: 30 * 24 * time.Hour}, Line: 3},
 		}},
 	}
 	for _, tt := range tests {
@@ -96,43 +97,6 @@ retention:
 	}
 }
 
-// Decoder gives a section owned by another package the same strictness and
-// error form as the tables.
-func TestDecoder(t *testing.T) {
-	t.Parallel()
-	d := NewDecoder("r.yaml")
-	root, err := d.Document([]byte("a: 1\nb:\n  c: x\n  c: y\n  e: 1d\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var v struct {
-		A int `yaml:"a"`
-		B struct {
-			C string   `yaml:"c"`
-			E Duration `yaml:"e"`
-		} `yaml:"b"`
-	}
-	if ScalarField(root, "a") != "1" {
-		t.Errorf("ScalarField = %q", ScalarField(root, "a"))
-	}
-	if d.Decode(root, &v, "entry") {
-		t.Error("Decode accepted a field set twice")
-	}
-	d.Errorf(1, "entry", "b.e", "too %s", "short")
-	d.Errorf(1, "entry", "b.nothing", "missing")
-	// In file order; b.nothing was not written, so it is reported on b's line.
-	want := "r.yaml:2: entry: b.nothing: missing\nr.yaml:4: entry: b.c: set twice (first on line 3)\nr.yaml:5: entry: b.e: too short"
-	if err := d.Err(); err == nil || err.Error() != want {
-		t.Errorf("Err =\n%v\nwant\n%s", err, want)
-	}
-	if n, err := NewDecoder("e.yaml").Document(nil); n != nil || err != nil {
-		t.Errorf("empty document = %v, %v", n, err)
-	}
-	if _, err := NewDecoder("e.yaml").Document([]byte("a: 1\n---\nb: 2\n")); err == nil || !strings.Contains(err.Error(), "e.yaml:2: only one YAML document") {
-		t.Errorf("two documents: %v", err)
-	}
-}
-
 func TestExpiryAccessors(t *testing.T) {
 	t.Parallel()
 	p, err := Parse([]byte(example), "policy.yaml")
@@ -146,9 +110,6 @@ func TestExpiryAccessors(t *testing.T) {
 	}
 	if got := b.Name.Sanitize(); got != `"public"."InboxState"` {
 		t.Errorf("Sanitize = %s", got)
-	}
-	if got := QuoteIdent(`a"b`); got != `"a""b"` {
-		t.Errorf("QuoteIdent = %s", got)
 	}
 }
 
@@ -265,58 +226,6 @@ func TestParseReportsAll(t *testing.T) {
 	if msg := err.Error(); !strings.Contains(msg, "p.yaml:2: tables[0] (x): table:") || !strings.Contains(msg, `p.yaml:3: tables[1] (a.b): unknown field "foo"`) {
 		t.Errorf("got %q", msg)
 	}
-}
-
-func TestQualifiedName(t *testing.T) {
-	t.Parallel()
-	tests := []struct {
-		in, str string
-		want    QualifiedName
-	}{
-		{"public.consumer_inbox", "public.consumer_inbox", QualifiedName{"public", "consumer_inbox"}},
-		{"Public.Consumer_Inbox", "public.consumer_inbox", QualifiedName{"public", "consumer_inbox"}},
-		{` public . "InboxState" `, `public."InboxState"`, QualifiedName{"public", "InboxState"}},
-		{`public."weird ""name""; drop table x"`, `public."weird ""name""; drop table x"`, QualifiedName{"public", `weird "name"; drop table x`}},
-		{`"a.b"."c d"`, `"a.b"."c d"`, QualifiedName{"a.b", "c d"}},
-		{`s.t$1`, `s.t$1`, QualifiedName{"s", "t$1"}},
-		{`s."1t"`, `s."1t"`, QualifiedName{"s", "1t"}},
-		{`"schéma"."ta""ble"`, `"schéma"."ta""ble"`, QualifiedName{"schéma", `ta"ble`}},
-	}
-	for _, tt := range tests {
-		got, err := ParseQualifiedName(tt.in)
-		if err != nil || got != tt.want || got.String() != tt.str {
-			t.Errorf("ParseQualifiedName(%q) = %#v (%s), %v; want %#v (%s)", tt.in, got, got, err, tt.want, tt.str)
-		}
-	}
-	for _, bad := range []string{"", "x", `"x"`, "a.b.c", "a..b", ".b", "a.", `a."b`, `a.""`, `a."b"c`, "a.b c", "a.b-c", "a.1b", "a.b;", "a.\x00"} {
-		if q, err := ParseQualifiedName(bad); err == nil {
-			t.Errorf("ParseQualifiedName(%q) = %#v, want error", bad, q)
-		}
-	}
-}
-
-func FuzzQualifiedNameRoundTrip(f *testing.F) {
-	for _, s := range [][2]string{
-		{"public", "consumer_inbox"}, {"Public", "InboxState"}, {"public", `weird "name"; drop table x`},
-		{" a ", "b.c"}, {`"`, `""`}, {"1", "$x"}, {"a\nb", "\t"}, {"schéma", "\xff"},
-	} {
-		f.Add(s[0], s[1])
-	}
-	f.Fuzz(func(t *testing.T, schema, name string) {
-		// Any text that parses must print back to the same name.
-		if q, err := ParseQualifiedName(schema + "." + name); err == nil {
-			if r, err := ParseQualifiedName(q.String()); err != nil || r != q {
-				t.Errorf("%#v printed as %s parsed back as %#v, %v", q, q, r, err)
-			}
-		}
-		if schema == "" || name == "" || strings.ContainsRune(schema+name, 0) {
-			return
-		}
-		q := QualifiedName{schema, name}
-		if r, err := ParseQualifiedName(q.String()); err != nil || r != q {
-			t.Errorf("%#v printed as %s parsed back as %#v, %v", q, q, r, err)
-		}
-	})
 }
 
 func TestDuration(t *testing.T) {

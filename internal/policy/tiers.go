@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/sqlident"
 )
 
 // Tiers demotes rows through storage tiers (issue 5):
@@ -25,16 +27,16 @@ import (
 type Tiers struct {
 	HotFor         time.Duration
 	Anchor         string
-	PayloadColumns []string       // in-place layout; nil with PayloadTable
-	PayloadTable   *QualifiedName // side-table layout; nil with PayloadColumns
-	PermanentKey   *PermanentKey  // nil: nothing is kept after deletion
+	PayloadColumns []string                // in-place layout; nil with PayloadTable
+	PayloadTable   *sqlident.QualifiedName // side-table layout; nil with PayloadColumns
+	PermanentKey   *PermanentKey           // nil: nothing is kept after deletion
 }
 
 // PermanentKey is the compact key kept after a row is deleted.
 type PermanentKey struct {
 	Columns []string
-	Hash    string        // "" when not kept
-	Table   QualifiedName // where the keys go (the default filled in)
+	Hash    string                 // "" when not kept
+	Table   sqlident.QualifiedName // where the keys go (the default filled in)
 }
 
 // ControlSchema is the schema of inboxkeeper's own tables (migrations.Schema;
@@ -48,7 +50,7 @@ const FirstSeenColumn = "first_seen"
 // no table: inboxkeeper."keys_<schema>_<table>", within PostgreSQL's 63-byte
 // identifier limit. A longer name is cut and ends in a hash of the whole
 // name, so that two long names do not end up as one table.
-func DefaultKeyTable(t QualifiedName) QualifiedName {
+func DefaultKeyTable(t sqlident.QualifiedName) sqlident.QualifiedName {
 	name := "keys_" + t.Schema + "_" + t.Name
 	const limit = 63
 	if len(name) > limit {
@@ -61,7 +63,7 @@ func DefaultKeyTable(t QualifiedName) QualifiedName {
 		}
 		name = name[:cut] + suffix
 	}
-	return QualifiedName{Schema: ControlSchema, Name: name}
+	return sqlident.QualifiedName{Schema: ControlSchema, Name: name}
 }
 
 type rawTiers struct {
@@ -80,7 +82,7 @@ type rawPermanentKey struct {
 
 // tiers checks the tiers section of table t (whose other fields are already
 // decoded) and reports problems through fail.
-func (d *decoder) tiers(rt *rawTiers, t Table, fail func(field, format string, args ...any)) *Tiers {
+func tiers(rt *rawTiers, t Table, fail func(field, format string, args ...any)) *Tiers {
 	column := func(field, c string) bool {
 		if err := checkColumn(c); err != nil {
 			fail(field, "%v", err)
@@ -131,7 +133,7 @@ func (d *decoder) tiers(rt *rawTiers, t Table, fail func(field, format string, a
 	case rt.PayloadColumns == nil && rt.PayloadTable == "":
 		fail("tiers", "payload_columns or payload_table is required: where the payload lives")
 	case rt.PayloadTable != "":
-		q, err := ParseQualifiedName(rt.PayloadTable)
+		q, err := sqlident.ParseQualifiedName(rt.PayloadTable)
 		switch {
 		case err != nil:
 			fail("tiers.payload_table", "%v", err)
@@ -164,12 +166,12 @@ func (d *decoder) tiers(rt *rawTiers, t Table, fail func(field, format string, a
 	}
 
 	if pk := rt.PermanentKey; pk != nil {
-		out.PermanentKey = d.permanentKey(pk, t, fail)
+		out.PermanentKey = permanentKey(pk, t, fail)
 	}
 	return out
 }
 
-func (d *decoder) permanentKey(rp *rawPermanentKey, t Table, fail func(field, format string, args ...any)) *PermanentKey {
+func permanentKey(rp *rawPermanentKey, t Table, fail func(field, format string, args ...any)) *PermanentKey {
 	pk := &PermanentKey{Columns: rp.Columns, Hash: rp.Hash}
 	if len(rp.Columns) == 0 {
 		fail("tiers.permanent_key.columns", "required: the columns of the compact key kept after the row is deleted")
@@ -205,7 +207,7 @@ func (d *decoder) permanentKey(rp *rawPermanentKey, t Table, fail func(field, fo
 		pk.Table = DefaultKeyTable(t.Name)
 		return pk
 	}
-	q, err := ParseQualifiedName(rp.Table)
+	q, err := sqlident.ParseQualifiedName(rp.Table)
 	switch {
 	case err != nil:
 		fail("tiers.permanent_key.table", "%v", err)

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/sqlident"
 )
 
 const tieredHead = `tables:
@@ -31,7 +33,7 @@ func TestParseTiers(t *testing.T) {
 	}
 	want := &Tiers{HotFor: 72 * time.Hour, Anchor: "first_seen_at", PayloadColumns: []string{"payload", "Headers"},
 		PermanentKey: &PermanentKey{Columns: []string{"consumer", "business_key"}, Hash: "payload_hash",
-			Table: QualifiedName{"inboxkeeper", "keys_public_consumer_inbox"}}}
+			Table: sqlident.QualifiedName{Schema: "inboxkeeper", Name: "keys_public_consumer_inbox"}}}
 	if got := p.Tables[0].Tiers; !reflect.DeepEqual(got, want) {
 		t.Errorf("tiers = %+v\nwant %+v", got, want)
 	}
@@ -45,10 +47,10 @@ func TestParseTiers(t *testing.T) {
 		t.Fatal(err)
 	}
 	tr := p.Tables[0].Tiers
-	if tr.PayloadTable == nil || *tr.PayloadTable != (QualifiedName{"app", "Inbox Payload"}) || tr.PayloadColumns != nil {
+	if tr.PayloadTable == nil || *tr.PayloadTable != (sqlident.QualifiedName{Schema: "app", Name: "Inbox Payload"}) || tr.PayloadColumns != nil {
 		t.Errorf("payload table = %v, columns %v", tr.PayloadTable, tr.PayloadColumns)
 	}
-	if tr.PermanentKey.Table != (QualifiedName{"audit", "Keys"}) || tr.PermanentKey.Hash != "" {
+	if tr.PermanentKey.Table != (sqlident.QualifiedName{Schema: "audit", Name: "Keys"}) || tr.PermanentKey.Hash != "" {
 		t.Errorf("permanent key = %+v", tr.PermanentKey)
 	}
 	if p.Tables[0].Partitions != nil {
@@ -58,11 +60,11 @@ func TestParseTiers(t *testing.T) {
 
 func TestDefaultKeyTable(t *testing.T) {
 	t.Parallel()
-	if got := DefaultKeyTable(QualifiedName{"Odd Schema", `we"ird`}); got != (QualifiedName{"inboxkeeper", `keys_Odd Schema_we"ird`}) {
+	if got := DefaultKeyTable(sqlident.QualifiedName{Schema: "Odd Schema", Name: `we"ird`}); got != (sqlident.QualifiedName{Schema: "inboxkeeper", Name: `keys_Odd Schema_we"ird`}) {
 		t.Errorf("got %v", got)
 	}
-	long1 := DefaultKeyTable(QualifiedName{"public", strings.Repeat("a", 60) + "1"})
-	long2 := DefaultKeyTable(QualifiedName{"public", strings.Repeat("a", 60) + "2"})
+	long1 := DefaultKeyTable(sqlident.QualifiedName{Schema: "public", Name: strings.Repeat("a", 60) + "1"})
+	long2 := DefaultKeyTable(sqlident.QualifiedName{Schema: "public", Name: strings.Repeat("a", 60) + "2"})
 	if len(long1.Name) > 63 || len(long2.Name) > 63 {
 		t.Errorf("names longer than 63 bytes: %q, %q", long1.Name, long2.Name)
 	}
@@ -70,7 +72,7 @@ func TestDefaultKeyTable(t *testing.T) {
 		t.Errorf("two long names map to one key table %v", long1)
 	}
 	// A multi-byte character is not cut in half.
-	u := DefaultKeyTable(QualifiedName{"public", strings.Repeat("é", 40)})
+	u := DefaultKeyTable(sqlident.QualifiedName{Schema: "public", Name: strings.Repeat("é", 40)})
 	if !strings.HasPrefix(u.Name, "keys_public_é") || strings.ToValidUTF8(u.Name, "?") != u.Name || len(u.Name) > 63 {
 		t.Errorf("utf-8 name cut badly: %q", u.Name)
 	}

@@ -1,0 +1,68 @@
+package sqlident
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestQuoteIdent(t *testing.T) {
+	t.Parallel()
+	if got := QuoteIdent(`a"b`); got != `"a""b"` {
+		t.Errorf("QuoteIdent = %s", got)
+	}
+	if got := (QualifiedName{"public", "InboxState"}).Sanitize(); got != `"public"."InboxState"` {
+		t.Errorf("Sanitize = %s", got)
+	}
+}
+
+func TestQualifiedName(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		in, str string
+		want    QualifiedName
+	}{
+		{"public.consumer_inbox", "public.consumer_inbox", QualifiedName{"public", "consumer_inbox"}},
+		{"Public.Consumer_Inbox", "public.consumer_inbox", QualifiedName{"public", "consumer_inbox"}},
+		{` public . "InboxState" `, `public."InboxState"`, QualifiedName{"public", "InboxState"}},
+		{`public."weird ""name""; drop table x"`, `public."weird ""name""; drop table x"`, QualifiedName{"public", `weird "name"; drop table x`}},
+		{`"a.b"."c d"`, `"a.b"."c d"`, QualifiedName{"a.b", "c d"}},
+		{`s.t$1`, `s.t$1`, QualifiedName{"s", "t$1"}},
+		{`s."1t"`, `s."1t"`, QualifiedName{"s", "1t"}},
+		{`"schéma"."ta""ble"`, `"schéma"."ta""ble"`, QualifiedName{"schéma", `ta"ble`}},
+	}
+	for _, tt := range tests {
+		got, err := ParseQualifiedName(tt.in)
+		if err != nil || got != tt.want || got.String() != tt.str {
+			t.Errorf("ParseQualifiedName(%q) = %#v (%s), %v; want %#v (%s)", tt.in, got, got, err, tt.want, tt.str)
+		}
+	}
+	for _, bad := range []string{"", "x", `"x"`, "a.b.c", "a..b", ".b", "a.", `a."b`, `a.""`, `a."b"c`, "a.b c", "a.b-c", "a.1b", "a.b;", "a.\x00"} {
+		if q, err := ParseQualifiedName(bad); err == nil {
+			t.Errorf("ParseQualifiedName(%q) = %#v, want error", bad, q)
+		}
+	}
+}
+
+func FuzzQualifiedNameRoundTrip(f *testing.F) {
+	for _, s := range [][2]string{
+		{"public", "consumer_inbox"}, {"Public", "InboxState"}, {"public", `weird "name"; drop table x`},
+		{" a ", "b.c"}, {`"`, `""`}, {"1", "$x"}, {"a\nb", "\t"}, {"schéma", "\xff"},
+	} {
+		f.Add(s[0], s[1])
+	}
+	f.Fuzz(func(t *testing.T, schema, name string) {
+		// Any text that parses must print back to the same name.
+		if q, err := ParseQualifiedName(schema + "." + name); err == nil {
+			if r, err := ParseQualifiedName(q.String()); err != nil || r != q {
+				t.Errorf("%#v printed as %s parsed back as %#v, %v", q, q, r, err)
+			}
+		}
+		if schema == "" || name == "" || strings.ContainsRune(schema+name, 0) {
+			return
+		}
+		q := QualifiedName{schema, name}
+		if r, err := ParseQualifiedName(q.String()); err != nil || r != q {
+			t.Errorf("%#v printed as %s parsed back as %#v, %v", q, q, r, err)
+		}
+	})
+}

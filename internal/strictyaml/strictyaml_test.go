@@ -1,0 +1,54 @@
+package strictyaml
+
+import (
+	"strings"
+	"testing"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// days is a leaf type with an unmarshaler of its own, like the policy's
+// durations.
+type days int
+
+func (d *days) UnmarshalYAML(n *yaml.Node) error {
+	*d = days(len(n.Value))
+	return nil
+}
+
+// A decoder keeps going past errors and reports them in file order, each on
+// the line of its field or of the nearest enclosing one.
+func TestDecoder(t *testing.T) {
+	t.Parallel()
+	d := New("r.yaml")
+	root, err := d.Document([]byte("a: 1\nb:\n  c: x\n  c: y\n  e: 1d\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v struct {
+		A int `yaml:"a"`
+		B struct {
+			C string `yaml:"c"`
+			E days   `yaml:"e"`
+		} `yaml:"b"`
+	}
+	if ScalarField(root, "a") != "1" {
+		t.Errorf("ScalarField = %q", ScalarField(root, "a"))
+	}
+	if d.Decode(root, &v, "entry") {
+		t.Error("Decode accepted a field set twice")
+	}
+	d.Errorf(1, "entry", "b.e", "too %s", "short")
+	d.Errorf(1, "entry", "b.nothing", "missing")
+	// In file order; b.nothing was not written, so it is reported on b's line.
+	want := "r.yaml:2: entry: b.nothing: missing\nr.yaml:4: entry: b.c: set twice (first on line 3)\nr.yaml:5: entry: b.e: too short"
+	if err := d.Err(); err == nil || err.Error() != want {
+		t.Errorf("Err =\n%v\nwant\n%s", err, want)
+	}
+	if n, err := New("e.yaml").Document(nil); n != nil || err != nil {
+		t.Errorf("empty document = %v, %v", n, err)
+	}
+	if _, err := New("e.yaml").Document([]byte("a: 1\n---\nb: 2\n")); err == nil || !strings.Contains(err.Error(), "e.yaml:2: only one YAML document") {
+		t.Errorf("two documents: %v", err)
+	}
+}
