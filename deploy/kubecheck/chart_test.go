@@ -26,9 +26,8 @@ const (
 	chartDir      = "../helm/inboxkeeper"
 	rulesFile     = "../prometheus/inboxkeeper.rules.yml"
 	policyExample = "../docker/inboxkeeper.yaml"
-	// The oldest Kubernetes the chart supports (Chart.yaml's kubeVersion
-	// says 1.29; podFailurePolicy, used by cronjob mode, is GA in 1.31).
-	kubeVersion    = "v1.31.0"
+	// The oldest Kubernetes the chart supports (Chart.yaml's kubeVersion).
+	kubeVersion    = "v1.29.0"
 	releaseName    = "ik"
 	namespace      = "db"
 	fullname       = "ik-inboxkeeper"
@@ -76,7 +75,7 @@ func valuesFor(t *testing.T, file string) map[string]any {
 }
 
 // render does what `helm template ik ../helm/inboxkeeper -n db -f FILE
-// --kube-version 1.31 --api-versions monitoring.coreos.com/v1` does.
+// --kube-version 1.29 --api-versions monitoring.coreos.com/v1` does.
 func render(vals map[string]any) (*release.Release, error) {
 	chrt, err := loader.Load(chartDir)
 	if err != nil {
@@ -217,6 +216,7 @@ func checkPod(t *testing.T, o object, spec corev1.PodSpec, command string) corev
 	if !c.Resources.Limits.Cpu().IsZero() {
 		t.Errorf("%s: no CPU limit: a throttled daemon holds its batches' row locks longer", o)
 	}
+	checkVariables(t, o, *c)
 	db := envOf(*c, "INBOXKEEPER_DATABASE_URL")
 	file := envOf(*c, "INBOXKEEPER_DATABASE_URL_FILE")
 	switch {
@@ -563,6 +563,7 @@ func checkSidecarNotes(t *testing.T, r rendered) {
 		t.Errorf("%s: args %q, want [run]", o, c.Args)
 	}
 	checkRestricted(t, o.String(), nil, c.SecurityContext)
+	checkVariables(t, o, c)
 	checkRunProbes(t, o, c)
 	checkPolicyMount(t, o, corev1.PodSpec{Volumes: vols}, c)
 	if db := envOf(c, "INBOXKEEPER_DATABASE_URL"); db == nil || db.ValueFrom == nil || db.ValueFrom.SecretKeyRef.Key != "sidecar-database-url" {
@@ -577,7 +578,10 @@ func TestChartRefuses(t *testing.T) {
 		want string
 	}{
 		"no policy":                {map[string]any{}, "set policy.inline"},
-		"unknown mode":             {map[string]any{"mode": "daemonset", "policy": map[string]any{"inline": "x"}}, `mode "daemonset"`},
+		"unknown mode":             {map[string]any{"mode": "daemonset", "policy": map[string]any{"inline": "x"}}, "value must be one of 'deployment', 'cronjob', 'sidecar'"},
+		"misspelt section":         {map[string]any{"policy": map[string]any{"inline": "x"}, "podMonitr": map[string]any{"enabled": true}}, "podMonitr"},
+		"misspelt key":             {map[string]any{"policy": map[string]any{"inline": "x"}, "prometheusRule": map[string]any{"enable": true}}, "enable"},
+		"env not INBOXKEEPER_":     {map[string]any{"policy": map[string]any{"inline": "x"}, "env": map[string]any{"GOMEMLIMIT": "1GiB"}}, "GOMEMLIMIT"},
 		"podMonitor of a CronJob":  {map[string]any{"mode": "cronjob", "policy": map[string]any{"inline": "x"}, "podMonitor": map[string]any{"enabled": true}}, "serves no metrics"},
 		"env sets the policy file": {map[string]any{"policy": map[string]any{"inline": "x"}, "env": map[string]any{"INBOXKEEPER_POLICY_FILE": "/x"}}, "the chart sets it"},
 		"sidecar without selector": {map[string]any{"mode": "sidecar", "policy": map[string]any{"inline": "x"}, "podMonitor": map[string]any{"enabled": true}}, "podMonitor.selector"},
