@@ -509,6 +509,9 @@ func checkPrometheusRule(t *testing.T, o object, pr *monitoringv1.PrometheusRule
 		if !strings.Contains(r.Expr.String(), "up{"+sel+"}") {
 			t.Errorf("%s: InboxkeeperAbsent's expression %q does not select %s", o, r.Expr.String(), sel)
 		}
+		if d := r.Annotations["description"]; !strings.Contains(d, "matching {"+sel+"}") || strings.Contains(d, "job inboxkeeper") {
+			t.Errorf("%s: InboxkeeperAbsent's description does not name the selector %s: %q", o, sel, d)
+		}
 	}
 	if r, ok := got["InboxkeeperCronJobNotSucceeding"]; ok {
 		sel, _ := p["cronJobSelector"].(string)
