@@ -149,7 +149,17 @@ type workloadSpec struct { // StatefulSet, Deployment, DaemonSet
 }
 
 type jobSpec struct {
-	BackoffLimit          *int        `yaml:"backoffLimit"`
+	BackoffLimit     *int `yaml:"backoffLimit"`
+	PodFailurePolicy *struct {
+		Rules []struct {
+			Action      string `yaml:"action"`
+			OnExitCodes *struct {
+				ContainerName string `yaml:"containerName"`
+				Operator      string `yaml:"operator"`
+				Values        []int  `yaml:"values"`
+			} `yaml:"onExitCodes"`
+		} `yaml:"rules"`
+	} `yaml:"podFailurePolicy"`
 	ActiveDeadlineSeconds *int        `yaml:"activeDeadlineSeconds"`
 	Template              podTemplate `yaml:"template"`
 }
@@ -475,12 +485,16 @@ func (c container) envValue(name string) string {
 	return ""
 }
 
-// findPod returns the single pod whose inboxkeeper container runs command.
-func (c cluster) findPod(t *testing.T, command string) (pod, container) {
+// findPod returns the single pod of file whose inboxkeeper container runs
+// command.
+func (c cluster) findPod(t *testing.T, command, file string) (pod, container) {
 	t.Helper()
 	var found []pod
 	var cs []container
 	for _, p := range c.pods {
+		if p.Owner.File != filepath.Join(kubernetesDir, file) {
+			continue
+		}
 		for _, ct := range p.inboxkeeperContainers() {
 			if slices.Equal(ct.Args, []string{command}) {
 				found = append(found, p)
@@ -489,7 +503,7 @@ func (c cluster) findPod(t *testing.T, command string) (pod, container) {
 		}
 	}
 	if len(found) != 1 {
-		t.Fatalf("want exactly one manifest running `inboxkeeper %s`, found %d: %v", command, len(found), found)
+		t.Fatalf("want exactly one manifest in %s running `inboxkeeper %s`, found %d: %v", file, command, len(found), found)
 	}
 	return found[0], cs[0]
 }
@@ -506,14 +520,14 @@ func TestKubernetesManifests(t *testing.T) {
 				checkInboxkeeperContainer(t, c, p, ct)
 			}
 		}
-		if n != 3 {
-			t.Errorf("want 3 inboxkeeper containers (sidecar, CronJob, migrate Job), found %d", n)
+		if n != 4 {
+			t.Errorf("want 4 inboxkeeper containers (sidecar, Deployment, CronJob, migrate Job), found %d", n)
 		}
 	})
 
 	t.Run("sidecar", func(t *testing.T) {
-		p, ct := c.findPod(t, "run")
-		if p.Owner.File != filepath.Join(kubernetesDir, "sidecar.yaml") || p.Owner.Kind != "StatefulSet" {
+		p, ct := c.findPod(t, "run", "sidecar.yaml")
+		if p.Owner.Kind != "StatefulSet" {
 			t.Errorf("`inboxkeeper run` is in %s, want the StatefulSet in sidecar.yaml", p)
 		}
 		if !slices.ContainsFunc(p.Spec.InitContainers, func(x container) bool { return x.Name == ct.Name }) || ct.RestartPolicy != "Always" {
@@ -522,87 +536,30 @@ func TestKubernetesManifests(t *testing.T) {
 		if !slices.ContainsFunc(p.Spec.Containers, func(x container) bool { return strings.HasPrefix(x.Image, "postgres:") }) {
 			t.Errorf("%s: the sidecar's pod has no postgres container", p)
 		}
-		addr := ct.envValue("INBOXKEEPER_METRICS_ADDR")
-		if addr == "" {
-			t.Fatalf("%s: `run` needs INBOXKEEPER_METRICS_ADDR for its probes", p)
+		checkRunContainer(t, p, ct)
+	})
+
+	t.Run("deployment", func(t *testing.T) {
+		p, ct := c.findPod(t, "run", "deployment.yaml")
+		if p.Owner.Kind != "Deployment" {
+			t.Errorf("`inboxkeeper run` is in %s, want a Deployment in deployment.yaml", p)
 		}
-		host, _, _ := net.SplitHostPort(addr)
-		if ip := net.ParseIP(host); host != "" && (ip == nil || !ip.IsUnspecified()) {
-			t.Errorf("%s: INBOXKEEPER_METRICS_ADDR=%s: the kubelet probes the pod IP, so listen on 0.0.0.0 (or [::])", p, addr)
+		if len(p.Spec.Containers) != 1 || len(p.Spec.InitContainers) != 0 {
+			t.Errorf("%s: want inboxkeeper alone in its pod", p)
 		}
-		port := portOf(t, p.String(), addr)
-		if !slices.ContainsFunc(ct.Ports, func(cp containerPort) bool { return cp.ContainerPort == port }) {
-			t.Errorf("%s: no containerPort %d for the metrics listener", p, port)
+		if ref := ct.secretRef("INBOXKEEPER_DATABASE_URL"); ref == nil || ref.Key != "database-url" {
+			t.Errorf("%s: want INBOXKEEPER_DATABASE_URL from the Secret's database-url key (a Service or endpoint, not loopback)", p)
 		}
-		for _, pr := range []struct {
-			name, path string
-			probe      *probe
-		}{{"livenessProbe", "/livez", ct.LivenessProbe}, {"readinessProbe", "/readyz", ct.ReadinessProbe}} {
-			if pr.probe == nil || pr.probe.HTTPGet == nil {
-				t.Errorf("%s: want a %s with httpGet %s", p, pr.name, pr.path)
-				continue
-			}
-			if pr.probe.HTTPGet.Path != pr.path {
-				t.Errorf("%s: %s.httpGet.path = %q, want %q", p, pr.name, pr.probe.HTTPGet.Path, pr.path)
-			}
-			if got := resolvePort(ct, pr.probe.HTTPGet.Port); got != port {
-				t.Errorf("%s: %s probes port %d, but INBOXKEEPER_METRICS_ADDR listens on %d", p, pr.name, got, port)
-			}
-		}
-		if ct.StartupProbe != nil {
-			t.Errorf("%s: a startupProbe on a native sidecar holds back the database container until it passes", p)
-		}
-		want := map[string]string{"requests.cpu": "10m", "requests.memory": "32Mi", "limits.memory": "128Mi"}
-		got := map[string]string{"requests.cpu": ct.Resources.Requests["cpu"], "requests.memory": ct.Resources.Requests["memory"],
-			"limits.memory": ct.Resources.Limits["memory"]}
-		for k, v := range want {
-			if got[k] != v {
-				t.Errorf("%s: resources.%s = %q, want %q", p, k, got[k], v)
-			}
-		}
-		if _, ok := ct.Resources.Limits["cpu"]; ok {
-			t.Errorf("%s: no CPU limit on the sidecar: throttling it stretches batches, which hold row locks longer", p)
-		}
+		checkRunContainer(t, p, ct)
 	})
 
 	t.Run("cronjob", func(t *testing.T) {
-		p, ct := c.findPod(t, "once")
-		if p.CronJob == nil {
-			t.Fatalf("`inboxkeeper once` is in %s, want a CronJob", p)
-		}
-		cj := p.CronJob
-		if cj.ConcurrencyPolicy != "Forbid" {
-			t.Errorf("%s: concurrencyPolicy = %q, want Forbid", p, cj.ConcurrencyPolicy)
-		}
-		sched, err := cron.ParseStandard(cj.Schedule)
-		if err != nil {
-			t.Fatalf("%s: schedule %q: %v", p, cj.Schedule, err)
-		}
-		if p.Spec.RestartPolicy != "OnFailure" {
-			t.Errorf("%s: restartPolicy = %q, want OnFailure", p, p.Spec.RestartPolicy)
-		}
-		if p.Job.BackoffLimit == nil || *p.Job.BackoffLimit > 3 {
-			t.Errorf("%s: want a small backoffLimit (at most 3)", p)
-		}
-		// A pass must end before the next one is due: RUN_TIME stops it
-		// cleanly, activeDeadlineSeconds kills it after that.
-		first := sched.Next(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-		every := sched.Next(first).Sub(first)
-		runTime, err := time.ParseDuration(ct.envValue("INBOXKEEPER_RUN_TIME"))
-		if err != nil || runTime <= 0 {
-			t.Fatalf("%s: want INBOXKEEPER_RUN_TIME set, below the schedule's %s: %v", p, every, err)
-		}
-		if p.Job.ActiveDeadlineSeconds == nil {
-			t.Fatalf("%s: want activeDeadlineSeconds", p)
-		}
-		deadline := time.Duration(*p.Job.ActiveDeadlineSeconds) * time.Second
-		if !(runTime < deadline && deadline < every) {
-			t.Errorf("%s: want INBOXKEEPER_RUN_TIME (%s) < activeDeadlineSeconds (%s) < the schedule's interval (%s)", p, runTime, deadline, every)
-		}
+		p, ct := c.findPod(t, "once", "cronjob.yaml")
+		checkOncePod(t, p, ct)
 	})
 
 	t.Run("migrate job", func(t *testing.T) {
-		p, ct := c.findPod(t, "migrate")
+		p, ct := c.findPod(t, "migrate", "migrate-job.yaml")
 		if p.Owner.Kind != "Job" || p.CronJob != nil {
 			t.Errorf("`inboxkeeper migrate` is in %s, want a Job", p)
 		}
@@ -611,13 +568,11 @@ func TestKubernetesManifests(t *testing.T) {
 		}
 		// migrate runs as the owner, the daemon as the limited role: two
 		// different credentials.
-		_, runC := c.findPod(t, "run")
-		_, onceC := c.findPod(t, "once")
 		mk := ct.secretRef("INBOXKEEPER_DATABASE_URL")
 		if mk == nil {
 			t.Fatalf("%s: INBOXKEEPER_DATABASE_URL is not from a Secret", p)
 		}
-		for _, other := range []container{runC, onceC} {
+		for _, other := range []container{c.must(t, "run", "sidecar.yaml"), c.must(t, "run", "deployment.yaml"), c.must(t, "once", "cronjob.yaml")} {
 			if ok := other.secretRef("INBOXKEEPER_DATABASE_URL"); ok != nil && *ok == *mk {
 				t.Errorf("%s: migrate and the daemon share the secret key %s/%s; migrate should run as the owner, the daemon as the limited role", p, mk.Name, mk.Key)
 			}
@@ -655,6 +610,114 @@ func TestKubernetesManifests(t *testing.T) {
 			t.Errorf("want one policy file in a ConfigMap, found %d", n)
 		}
 	})
+}
+
+func (c cluster) must(t *testing.T, command, file string) container {
+	t.Helper()
+	_, ct := c.findPod(t, command, file)
+	return ct
+}
+
+// checkRunContainer checks what `inboxkeeper run` needs in any pod: a
+// metrics listener the kubelet reaches, probes on it, and small resources.
+func checkRunContainer(t *testing.T, p pod, ct container) {
+	t.Helper()
+	addr := ct.envValue("INBOXKEEPER_METRICS_ADDR")
+	if addr == "" {
+		t.Fatalf("%s: `run` needs INBOXKEEPER_METRICS_ADDR for its probes", p)
+	}
+	host, _, _ := net.SplitHostPort(addr)
+	if ip := net.ParseIP(host); host != "" && (ip == nil || !ip.IsUnspecified()) {
+		t.Errorf("%s: INBOXKEEPER_METRICS_ADDR=%s: the kubelet probes the pod IP, so listen on 0.0.0.0 (or [::])", p, addr)
+	}
+	port := portOf(t, p.String(), addr)
+	if !slices.ContainsFunc(ct.Ports, func(cp containerPort) bool { return cp.ContainerPort == port }) {
+		t.Errorf("%s: no containerPort %d for the metrics listener", p, port)
+	}
+	for _, pr := range []struct {
+		name, path string
+		probe      *probe
+	}{{"livenessProbe", "/livez", ct.LivenessProbe}, {"readinessProbe", "/readyz", ct.ReadinessProbe}} {
+		if pr.probe == nil || pr.probe.HTTPGet == nil {
+			t.Errorf("%s: want a %s with httpGet %s", p, pr.name, pr.path)
+			continue
+		}
+		if pr.probe.HTTPGet.Path != pr.path {
+			t.Errorf("%s: %s.httpGet.path = %q, want %q", p, pr.name, pr.probe.HTTPGet.Path, pr.path)
+		}
+		if got := resolvePort(ct, pr.probe.HTTPGet.Port); got != port {
+			t.Errorf("%s: %s probes port %d, but INBOXKEEPER_METRICS_ADDR listens on %d", p, pr.name, got, port)
+		}
+	}
+	if ct.StartupProbe != nil {
+		t.Errorf("%s: a startupProbe on a native sidecar holds back the database container until it passes", p)
+	}
+	want := map[string]string{"requests.cpu": "10m", "requests.memory": "32Mi", "limits.memory": "128Mi"}
+	got := map[string]string{"requests.cpu": ct.Resources.Requests["cpu"], "requests.memory": ct.Resources.Requests["memory"],
+		"limits.memory": ct.Resources.Limits["memory"]}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s: resources.%s = %q, want %q", p, k, got[k], v)
+		}
+	}
+	if _, ok := ct.Resources.Limits["cpu"]; ok {
+		t.Errorf("%s: no CPU limit on the daemon: throttling it stretches batches, which hold row locks longer", p)
+	}
+}
+
+// checkOncePod checks the CronJob that runs `inboxkeeper once`.
+func checkOncePod(t *testing.T, p pod, ct container) {
+	t.Helper()
+	if p.CronJob == nil {
+		t.Fatalf("`inboxkeeper once` is in %s, want a CronJob", p)
+	}
+	cj := p.CronJob
+	if cj.ConcurrencyPolicy != "Forbid" {
+		t.Errorf("%s: concurrencyPolicy = %q, want Forbid", p, cj.ConcurrencyPolicy)
+	}
+	sched, err := cron.ParseStandard(cj.Schedule)
+	if err != nil {
+		t.Fatalf("%s: schedule %q: %v", p, cj.Schedule, err)
+	}
+	// Exit 1 (a table failed) is worth a retry, exit 2 (fix the
+	// configuration) is not: only a podFailurePolicy tells them apart,
+	// and it needs restartPolicy Never.
+	if p.Spec.RestartPolicy != "Never" {
+		t.Errorf("%s: restartPolicy = %q, want Never (podFailurePolicy needs it)", p, p.Spec.RestartPolicy)
+	}
+	if p.Job.BackoffLimit == nil || *p.Job.BackoffLimit > 3 {
+		t.Errorf("%s: want a small backoffLimit (at most 3)", p)
+	}
+	failsOnExit2 := false
+	if pfp := p.Job.PodFailurePolicy; pfp != nil {
+		for _, r := range pfp.Rules {
+			if e := r.OnExitCodes; r.Action == "FailJob" && e != nil && e.Operator == "In" && slices.Contains(e.Values, 2) &&
+				(e.ContainerName == "" || e.ContainerName == ct.Name) {
+				failsOnExit2 = true
+			}
+			if e := r.OnExitCodes; e != nil && r.Action != "FailJob" && e.Operator == "In" && slices.Contains(e.Values, 2) {
+				t.Errorf("%s: podFailurePolicy %s on exit 2; a configuration error must fail the Job", p, r.Action)
+			}
+		}
+	}
+	if !failsOnExit2 {
+		t.Errorf("%s: want a podFailurePolicy rule FailJob onExitCodes In [2]: exit 2 is a configuration error, a retry will not fix it", p)
+	}
+	// A pass must end before the next one is due: RUN_TIME stops it
+	// cleanly, activeDeadlineSeconds kills it after that.
+	first := sched.Next(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	every := sched.Next(first).Sub(first)
+	runTime, err := time.ParseDuration(ct.envValue("INBOXKEEPER_RUN_TIME"))
+	if err != nil || runTime <= 0 {
+		t.Fatalf("%s: want INBOXKEEPER_RUN_TIME set, below the schedule's %s: %v", p, every, err)
+	}
+	if p.Job.ActiveDeadlineSeconds == nil {
+		t.Fatalf("%s: want activeDeadlineSeconds", p)
+	}
+	deadline := time.Duration(*p.Job.ActiveDeadlineSeconds) * time.Second
+	if !(runTime < deadline && deadline < every) {
+		t.Errorf("%s: want INBOXKEEPER_RUN_TIME (%s) < activeDeadlineSeconds (%s) < the schedule's interval (%s)", p, runTime, deadline, every)
+	}
 }
 
 func resolvePort(c container, n yaml.Node) int {
@@ -716,12 +779,11 @@ func checkInboxkeeperContainer(t *testing.T, c cluster, p pod, ct container) {
 			t.Errorf("%s: INBOXKEEPER_DATABASE_URL refers to Secret %s key %s, which secret.example.yaml does not define", where, ref.Name, ref.Key)
 		}
 	}
-	if command != "migrate" {
-		if got := ct.envValue("INBOXKEEPER_LOG_FORMAT"); got != "json" {
-			t.Errorf("%s: INBOXKEEPER_LOG_FORMAT = %q, want json", where, got)
-		}
-		checkPolicyMount(t, c, p, ct, where)
+	if got := ct.envValue("INBOXKEEPER_LOG_FORMAT"); got != "json" {
+		t.Errorf("%s: INBOXKEEPER_LOG_FORMAT = %q, want json", where, got)
 	}
+	// migrate too: it creates a tiered policy's permanent key tables.
+	checkPolicyMount(t, c, p, ct, where)
 
 	// The restricted security context; the pod's applies where the
 	// container's is silent.
@@ -1073,15 +1135,17 @@ func TestDockerfile(t *testing.T) {
 			copyFrom = in
 		}
 	}
-	for _, want := range []string{"CGO_ENABLED=0", "-trimpath", "-X main.version=${VERSION}", "./cmd/inboxkeeper"} {
+	for _, want := range []string{"CGO_ENABLED=0", "-trimpath", "-X main.version=${VERSION}", "-X main.revision=${REVISION}", "./cmd/inboxkeeper"} {
 		if !strings.Contains(buildRun.args, want) {
 			t.Errorf("%s: the go build step lacks %q: %q", dockerfile, want, buildRun.args)
 		}
 	}
 	// The linker ignores -X for a variable that does not exist: make sure
 	// it does.
-	if !regexp.MustCompile(`(?m)^var version = `).MatchString(read(t, "../cmd/inboxkeeper/main.go")) {
-		t.Errorf("%s: -X main.version, but cmd/inboxkeeper/main.go has no `var version`", dockerfile)
+	for _, v := range []string{"version", "revision"} {
+		if !regexp.MustCompile(`(?m)^\s*(var )?` + v + `\s+= ""`).MatchString(read(t, "../cmd/inboxkeeper/main.go")) {
+			t.Errorf("%s: -X main.%s, but cmd/inboxkeeper/main.go has no package-level string variable %s", dockerfile, v, v)
+		}
 	}
 	out := regexp.MustCompile(`-o (\S+)`).FindStringSubmatch(buildRun.args)
 	if out == nil || !strings.Contains(copyFrom.args, out[1]) {
@@ -1998,11 +2062,16 @@ func TestDeployDocumentMentionsEveryFile(t *testing.T) {
 			return err
 		}
 		top := strings.Split(filepath.ToSlash(p), "/")[0]
-		if !slices.Contains([]string{"kubernetes", "systemd", "docker", "sql"}, top) {
+		if !slices.Contains([]string{"kubernetes", "systemd", "docker", "sql", "helm", "release", "kubecheck"}, top) {
 			return nil // doc.go, this file, and directories owned elsewhere
 		}
-		if top == "docker" && strings.HasPrefix(filepath.ToSlash(p), "docker/initdb/") {
+		switch {
+		case top == "docker" && strings.HasPrefix(filepath.ToSlash(p), "docker/initdb/"):
 			p = "docker/initdb"
+		case top == "helm": // the chart, as a whole
+			p = "helm/inboxkeeper"
+		case top == "kubecheck":
+			p = "kubecheck"
 		}
 		if !strings.Contains(doc, "deploy/"+filepath.ToSlash(p)) {
 			t.Errorf("%s does not mention deploy/%s", deployDocument, filepath.ToSlash(p))

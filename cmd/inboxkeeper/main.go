@@ -10,7 +10,9 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime"
 	"runtime/debug"
+	"strings"
 	"syscall"
 	"time"
 	_ "time/tzdata" // INBOXKEEPER_ACTIVE_TZ works in images without a zone database
@@ -33,8 +35,15 @@ const (
 	exitUsage   = 2 // bad command line, environment or policy: nothing was touched
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = ""
+// version and revision are set at build time with -ldflags "-X
+// main.version=... -X main.revision=..." (the Dockerfile and
+// deploy/release/release.sh do). Without them, the Go build info says what
+// it knows: the module version of `go install ...@v1.2.3`, or the VCS
+// revision of a build in a git checkout.
+var (
+	version  = ""
+	revision = ""
+)
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -104,7 +113,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stdout, usage)
 		return exitOK
 	case "version", "--version":
-		fmt.Fprintln(stdout, "inboxkeeper", buildVersion())
+		fmt.Fprintln(stdout, "inboxkeeper", versionLine())
 		return exitOK
 	}
 
@@ -172,14 +181,93 @@ func exitCode(err error, stderr io.Writer) int {
 	return exitFailure
 }
 
+// buildVersion is the short version: the build_info metric's label.
 func buildVersion() string {
-	if version != "" {
-		return version
+	bi, _ := debug.ReadBuildInfo()
+	return describeBuild(version, revision, bi).short()
+}
+
+// versionLine is what `inboxkeeper version` prints.
+func versionLine() string {
+	bi, _ := debug.ReadBuildInfo()
+	return describeBuild(version, revision, bi).String()
+}
+
+// build is what a binary knows about where it came from.
+type build struct {
+	version   string // a release, or "devel"
+	revision  string // the VCS commit, "" when unknown
+	time      string // the commit's time (RFC 3339), "" when unknown
+	modified  bool   // built from a work tree with uncommitted changes
+	goVersion string
+	platform  string
+}
+
+// describeBuild prefers the -X stamps, then the Go build info. The Go
+// toolchain records no build time, only the commit's: that is the one
+// reproducible time a build has.
+func describeBuild(stampVersion, stampRevision string, bi *debug.BuildInfo) build {
+	b := build{version: stampVersion, revision: stampRevision, goVersion: runtime.Version(), platform: runtime.GOOS + "/" + runtime.GOARCH}
+	if bi != nil {
+		if b.version == "" && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+			b.version = bi.Main.Version
+		}
+		if bi.GoVersion != "" {
+			b.goVersion = bi.GoVersion
+		}
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				if b.revision == "" {
+					b.revision = s.Value
+				}
+			case "vcs.time":
+				b.time = s.Value
+			case "vcs.modified":
+				b.modified = s.Value == "true"
+			}
+		}
 	}
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		return bi.Main.Version
+	if b.version == "" {
+		b.version = "devel"
 	}
-	return "(devel)"
+	return b
+}
+
+func (b build) short() string {
+	if b.version != "devel" || b.revision == "" {
+		return b.version
+	}
+	s := "devel+" + shortRevision(b.revision)
+	if b.modified {
+		s += "-dirty"
+	}
+	return s
+}
+
+func (b build) String() string {
+	var sb strings.Builder
+	sb.WriteString(b.version)
+	if b.revision == "" {
+		sb.WriteString(", revision unknown (built outside a git checkout, or with -buildvcs=false, and without -X main.revision)")
+	} else {
+		sb.WriteString(", revision " + b.revision)
+		if b.modified {
+			sb.WriteString(" (modified)")
+		}
+	}
+	if b.time != "" {
+		sb.WriteString(", committed " + b.time)
+	}
+	sb.WriteString(", " + b.goVersion + " " + b.platform)
+	return sb.String()
+}
+
+func shortRevision(r string) string {
+	if len(r) > 12 {
+		return r[:12]
+	}
+	return r
 }
 
 // app holds what the commands share; connections are opened on first use.

@@ -28,6 +28,11 @@ func TestMigrate(t *testing.T) {
 	}
 	f.wantCount("schema versions", int64(len(migrations.All())), "SELECT count(*) FROM inboxkeeper.schema_version")
 
+	// A migrate Job without the policy mounted still succeeds, but says
+	// that it could not create a tiered policy's key tables.
+	r = f.runWith([]string{"INBOXKEEPER_POLICY_FILE=" + f.dir + "/not-mounted.yaml"}, "migrate")
+	wantExit(t, r, 0, "permanent key tables: none checked, no policy file at "+f.dir+"/not-mounted.yaml", "mount it and run migrate again")
+
 	wantExit(t, f.run("once"), 0)
 	f.wantCount("rows left", allRows-expiredRows, "SELECT count(*) FROM public.consumer_inbox")
 }

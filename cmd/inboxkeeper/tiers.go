@@ -63,9 +63,13 @@ func (a *app) ensureKeyTables(ctx context.Context, pool *pgxpool.Pool, tables []
 // migrateKeyTables is the part of `migrate` that creates the permanent key
 // tables the policy names, as the owner, so that the daemon's role needs no
 // CREATE privilege. migrate does not need a policy: without a readable
-// policy file, or with tables not created yet, it says so and goes on.
+// policy file, or with tables not created yet, it says so and goes on. It
+// says so loudly, because a migrate Job without the policy mounted leaves a
+// tiered policy's daemon waiting for its key table.
 func (a *app) migrateKeyTables(ctx context.Context, conn *pgx.Conn) {
 	if _, err := os.Stat(a.cfg.PolicyFile); errors.Is(err, os.ErrNotExist) {
+		fmt.Fprintf(a.stdout, "permanent key tables: none checked, no policy file at %s (INBOXKEEPER_POLICY_FILE); "+
+			"with a tiers: section in the policy, mount it and run migrate again\n", a.cfg.PolicyFile)
 		return
 	}
 	p, err := a.loadPolicy()
@@ -88,6 +92,8 @@ func (a *app) migrateKeyTables(ctx context.Context, conn *pgx.Conn) {
 			fmt.Fprintf(a.stdout, "permanent key table of %s: %v\n", pt.Name, err)
 		case created:
 			fmt.Fprintf(a.stdout, "permanent key table %s created for %s\n", t.Tiers.Key.Name, t.Name)
+		default:
+			fmt.Fprintf(a.stdout, "permanent key table %s of %s exists\n", t.Tiers.Key.Name, t.Name)
 		}
 	}
 }

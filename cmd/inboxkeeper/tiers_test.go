@@ -146,6 +146,7 @@ func TestOnceWithoutKeyTablePrivilege(t *testing.T) {
 	// migrate, as the owner, creates it; then the role can run.
 	r = f.run("migrate")
 	wantExit(t, r, 0, "permanent key table inboxkeeper.keys_public_inbox created for public.inbox")
+	wantExit(t, f.run("migrate"), 0, "permanent key table inboxkeeper.keys_public_inbox of public.inbox exists")
 	pgtestExecf(t, f, "GRANT SELECT, INSERT ON inboxkeeper.keys_public_inbox TO "+role)
 	d.waitLine(passDone, 60*time.Second)
 	d.stop()

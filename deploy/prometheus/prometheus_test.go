@@ -41,6 +41,11 @@ const (
 	rulesFile     = "inboxkeeper.rules.yml"
 	rulesTestFile = "inboxkeeper.rules_test.yml"
 	dashboardFile = "../grafana/inboxkeeper.json"
+	runbooksFile  = "../../docs/runbooks.md"
+	// runbookBase is where every alert's runbook_url points: a section of
+	// runbooksFile, named after the alert. The Helm chart can point it
+	// elsewhere (prometheusRule.runbookBaseURL).
+	runbookBase = "https://github.com/inboxkeeper/inboxkeeper/blob/main/docs/runbooks.md#"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -246,6 +251,7 @@ func TestRules(t *testing.T) {
 					t.Errorf("%s: %s (%s) has no %s annotation", rulesFile, r.Alert, sev, a)
 				}
 			}
+			checkRunbook(t, r.Alert, r.Annotations["runbook_url"])
 			if !fires[r.Alert+"/"+sev] {
 				t.Errorf("%s: no test in %s where %s fires with severity %s", rulesFile, rulesTestFile, r.Alert, sev)
 			}
@@ -259,9 +265,72 @@ func TestRules(t *testing.T) {
 	}
 }
 
+// runbookSections are the alerts docs/runbooks.md has a section for, with
+// the subsections each section lacks.
+func runbookSections(t *testing.T) map[string][]string {
+	t.Helper()
+	b, err := os.ReadFile(runbooksFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sections := map[string][]string{}
+	parts := regexp.MustCompile(`(?m)^## `).Split(string(b), -1)
+	for _, part := range parts[1:] {
+		title, body, _ := strings.Cut(part, "\n")
+		var missing []string
+		for _, sub := range []string{"### What it means", "### What to check", "### What to do"} {
+			if !strings.Contains(body, sub) {
+				missing = append(missing, sub)
+			}
+		}
+		if !strings.Contains(body, "inboxkeeper status") && !strings.Contains(body, "```sql") {
+			missing = append(missing, "an `inboxkeeper status` or SQL command")
+		}
+		sections[strings.TrimSpace(title)] = missing
+	}
+	return sections
+}
+
+// checkRunbook fails unless url points at the alert's section of
+// docs/runbooks.md, and the section says what the alert means, what to
+// check and what to do.
+func checkRunbook(t *testing.T, alert, url string) {
+	t.Helper()
+	if want := runbookBase + strings.ToLower(alert); url != want {
+		t.Errorf("%s: %s: runbook_url %q, want %q", rulesFile, alert, url, want)
+	}
+	missing, ok := runbookSections(t)[alert]
+	switch {
+	case !ok:
+		t.Errorf("%s: no section \"## %s\" for the alert's runbook_url", runbooksFile, alert)
+	case len(missing) > 0:
+		t.Errorf("%s: section %s lacks %q", runbooksFile, alert, missing)
+	}
+}
+
 // grafanaVariable matches the dashboard's variables and Grafana's built-in
 // interval macros, which PromQL does not know.
-var grafanaVariable = regexp.MustCompile(`\$(__rate_interval|__interval|__range|\{table\}|table)\b`)
+var grafanaVariable = regexp.MustCompile(`\$(__rate_interval|__interval|__range|\{table\}|table|database|instance)\b`)
+
+// fleetMatchers are the matchers every metric selector of the dashboard
+// carries, so that a fleet's databases and instances are never summed
+// together unless the user picks All.
+var fleetMatchers = []string{`database=~"$database"`, `instance=~"$instance"`}
+
+// selectorsWithoutFleetMatchers returns the metric selectors of expr that
+// lack one of fleetMatchers.
+func selectorsWithoutFleetMatchers(expr string) []string {
+	var bad []string
+	for _, m := range regexp.MustCompile(`\binboxkeeper_\w+(\{[^}]*\})?`).FindAllStringSubmatch(expr, -1) {
+		for _, want := range fleetMatchers {
+			if !strings.Contains(m[1], want) {
+				bad = append(bad, m[0])
+				break
+			}
+		}
+	}
+	return bad
+}
 
 // The dashboard's queries are valid PromQL: promtool checks them as the
 // expressions of recording rules, with the Grafana variables filled in.
@@ -275,16 +344,48 @@ func TestDashboard(t *testing.T) {
 	found := map[string]bool{}
 	for _, v := range vars {
 		m, _ := v.(map[string]any)
+		query := func(q string) bool {
+			return m["type"] == "query" && m["query"] == q && m["includeAll"] == true && m["allValue"] == ".*"
+		}
 		switch m["name"] {
 		case "datasource":
 			found["datasource"] = m["type"] == "datasource" && m["query"] == "prometheus"
+		case "database":
+			// .* also matches series without a database label: a single
+			// database needs no relabelling.
+			found["database"] = query("label_values(inboxkeeper_build_info, database)")
+		case "instance":
+			found["instance"] = query(`label_values(inboxkeeper_build_info{database=~"$database"}, instance)`)
 		case "table":
-			found["table"] = m["type"] == "query" && m["query"] == "label_values(inboxkeeper_cleanup_lag_seconds, table)"
+			found["table"] = query(`label_values(inboxkeeper_cleanup_lag_seconds{database=~"$database", instance=~"$instance"}, table)`)
 		}
 	}
-	if !found["datasource"] || !found["table"] {
-		t.Errorf("templating: want a prometheus datasource variable and the table variable, got %v", vars)
+	for _, name := range []string{"datasource", "database", "instance", "table"} {
+		if !found[name] {
+			t.Errorf("templating: variable %s missing or not as expected, got %v", name, vars)
+		}
 	}
+	t.Run("every query filters on database and instance", func(t *testing.T) {
+		if bad := selectorsWithoutFleetMatchers(`rate(inboxkeeper_x_total{table=~"$table"}[5m]) and inboxkeeper_active`); len(bad) != 2 {
+			t.Errorf("the checker found %q, want two selectors", bad)
+		}
+		for _, q := range dashboardQueries(t, false) {
+			if bad := selectorsWithoutFleetMatchers(q.expr); len(bad) > 0 {
+				t.Errorf("%s: selectors without %v: %q", q.where, fleetMatchers, bad)
+			}
+		}
+	})
+	t.Run("health panels", func(t *testing.T) {
+		exprs := ""
+		for _, q := range dashboardQueries(t, false) {
+			exprs += q.expr + "\n"
+		}
+		for _, metric := range []string{"inboxkeeper_last_success_timestamp_seconds", "inboxkeeper_policy_mismatch", "inboxkeeper_build_info"} {
+			if !strings.Contains(exprs, metric+"{") {
+				t.Errorf("no panel shows %s", metric)
+			}
+		}
+	})
 
 	ids := map[float64]bool{}
 	for _, p := range panelsOf(d) {
@@ -313,7 +414,7 @@ func TestDashboard(t *testing.T) {
 	for i, q := range qs {
 		fmt.Fprintf(&index, "  dashboard_query_%d: %s\n", i, q.where)
 		expr := grafanaVariable.ReplaceAllStringFunc(q.expr, func(v string) string {
-			if strings.Contains(v, "table") {
+			if !strings.HasPrefix(v, "$__") {
 				return ".*"
 			}
 			return "5m"
@@ -443,6 +544,9 @@ func seriesNames(metrics map[string]exported) map[string]bool {
 var (
 	metricName = regexp.MustCompile(`\binboxkeeper_[a-zA-Z0-9_]+`)
 	upSelector = regexp.MustCompile(`\bup\s*\{`)
+	// kubeState is the one metric of kube-state-metrics a rule uses: the
+	// CronJob's `once` serves no metrics of its own.
+	kubeState = regexp.MustCompile(`\bkube_cronjob_status_last_successful_time\b`)
 )
 
 // unknownNames returns, for each query, the inboxkeeper_* names it uses that
@@ -452,7 +556,7 @@ func unknownNames(qs []query, names map[string]bool) []string {
 	var problems []string
 	for _, q := range qs {
 		found := metricName.FindAllString(q.expr, -1)
-		if len(found) == 0 && !upSelector.MatchString(q.expr) {
+		if len(found) == 0 && !upSelector.MatchString(q.expr) && !kubeState.MatchString(q.expr) {
 			problems = append(problems, fmt.Sprintf("%s: names no metric: %q", q.where, q.expr))
 		}
 		for _, n := range found {
