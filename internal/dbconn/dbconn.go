@@ -96,19 +96,26 @@ func Pooled(ctx context.Context, conn *pgx.Conn) (bool, error) {
 // another client gets next (SQLSTATE 42P05, "prepared statement ... already
 // exists"). A query execution mode chosen in the connection string stays.
 //
-// A cancelled context closes the connection instead of sending a cancel
-// request: PgBouncer 1.18 (Debian 12's) can crash on a cancel request that
-// races with the client's disconnect, taking every client of the pooler
-// down with it. The server then aborts the transaction when its statement
-// ends (at the latest at statement_timeout); nothing commits.
+// A cancelled context lets the statement in flight finish for up to
+// PoolerCancelDelay before the connection is cut, instead of sending a
+// cancel request at once: PgBouncer 1.18 (Debian 12's) can crash on a cancel
+// request that races with the client's disconnect, taking every client of
+// the pooler down with it. Batch statements take well under that delay, so
+// a shutdown waits for the one in flight and rolls its transaction back
+// (nothing commits after the context ends); only a statement still running
+// after the delay gets a cancel request, when pgx closes its connection.
 func ForPooler(c *pgx.ConnConfig) {
 	if c.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement {
 		c.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
 	}
 	c.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
-		return &pgconn.DeadlineContextWatcherHandler{Conn: pc.Conn()}
+		return &pgconn.DeadlineContextWatcherHandler{Conn: pc.Conn(), DeadlineDelay: PoolerCancelDelay}
 	}
 }
+
+// PoolerCancelDelay is how long a statement behind a pooler may go on after
+// its context ended.
+const PoolerCancelDelay = 5 * time.Second
 
 // Querier reads a row: pgx.Tx, *pgx.Conn, *pgxpool.Conn.
 type Querier interface {
