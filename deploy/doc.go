@@ -4,4 +4,6 @@
 // (deploy_test.go) parses every file here and checks it against the product:
 // the commands, the environment variables, the policy file and the control
 // schema. See docs/deploy.md.
+//
+// Not a library: the deployment material and its tests.
 package deploy

@@ -7,6 +7,9 @@
 // exclusive mode before committing. So a batch that was in flight when the
 // hold was written commits before the hold's command returns, and every
 // batch that commits later took its snapshot after the hold committed.
+//
+// Daemon internals: the command line and the daemon use it; its API may change
+// between releases. Holds are added with `inboxkeeper hold add`.
 package holds
 
 import (

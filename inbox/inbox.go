@@ -6,6 +6,9 @@
 // The work is done by the SQL function inboxkeeper.claim (created by
 // `inboxkeeper migrate`), so consumers in any language get the same answer;
 // this package calls it and keeps the consumer-side metrics.
+//
+// This is the library API for consumers: import it from your own module
+// (see the package examples). Everything else in the module is the daemon's.
 package inbox
 
 import (

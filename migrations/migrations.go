@@ -1,5 +1,8 @@
 // Package migrations creates and upgrades the control schema "inboxkeeper"
 // from numbered SQL files embedded in the binary.
+//
+// A library API for programs that embed inboxkeeper's control schema (tests,
+// an application's own migration step): Migrate and Check are stable.
 package migrations
 
 import (

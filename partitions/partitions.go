@@ -7,6 +7,9 @@
 // Every DDL statement runs with a short lock_timeout and is retried with
 // backoff, so the daemon never sits in a lock queue in front of the
 // application's inserts.
+//
+// Daemon internals: the daemon's pass and `inboxkeeper partitions ensure` use
+// it; its API may change between releases.
 package partitions
 
 import (

@@ -17,6 +17,8 @@
 //
 // The section is decoded with the policy file's strict decoder, and its
 // errors name the file, the line, the entry and the field.
+//
+// Daemon internals, and the types (Rule) that inbox.InstallRule takes.
 package retention
 
 import (

@@ -13,6 +13,9 @@
 //
 // Permanent keys are written by the expiry deleter in the statement that
 // deletes the rows, and by CopyPermanentKeys before a partition is dropped.
+//
+// Daemon internals: the daemon's pass uses it; its API may change between
+// releases.
 package tiering
 
 import (

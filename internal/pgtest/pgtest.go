@@ -80,34 +80,50 @@ func Cluster() *pgcluster.Cluster { return cluster }
 // and returns its connection string.
 func NewDatabase(t testing.TB) string {
 	t.Helper()
+	url, drop, err := CreateDatabase(t.Name())
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := drop(); err != nil {
+			t.Errorf("pgtest: %v", err)
+		}
+	})
+	return url
+}
+
+// CreateDatabase creates an empty database named after label and returns
+// its connection string and the function that drops it. It is for code that
+// has no testing.T, such as runnable examples.
+func CreateDatabase(label string) (url string, drop func() error, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	name := fmt.Sprintf("t_%d_%d_%s", os.Getpid(), seq.Add(1), sanitize(t.Name()))
+	name := fmt.Sprintf("t_%d_%d_%s", os.Getpid(), seq.Add(1), sanitize(label))
 	if len(name) > 60 {
 		name = name[:60]
 	}
 	admin, err := pgx.Connect(ctx, adminDB)
 	if err != nil {
-		t.Fatalf("pgtest: connect to test server: %v (%s)", err, pgcluster.HowToFix)
+		return "", nil, fmt.Errorf("connect to test server: %w (%s)", err, pgcluster.HowToFix)
 	}
 	defer admin.Close(ctx)
 	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+" TEMPLATE template0"); err != nil {
-		t.Fatalf("pgtest: create database: %v", err)
+		return "", nil, fmt.Errorf("create database: %w", err)
 	}
-	t.Cleanup(func() {
+	drop = func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		admin, err := pgx.Connect(ctx, adminDB)
 		if err != nil {
-			t.Errorf("pgtest: drop database: %v", err)
-			return
+			return fmt.Errorf("drop database %s: %w", name, err)
 		}
 		defer admin.Close(ctx)
 		if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
-			t.Errorf("pgtest: drop database %s: %v", name, err)
+			return fmt.Errorf("drop database %s: %w", name, err)
 		}
-	})
-	return withDatabase(adminDB, name)
+		return nil
+	}
+	return withDatabase(adminDB, name), drop, nil
 }
 
 // NewPool is NewDatabase plus a pool on it, closed at the end of the test.
