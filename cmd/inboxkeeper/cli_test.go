@@ -191,3 +191,53 @@ func TestUnexpectedArguments(t *testing.T) {
 	f.wantCount("holds", 0, "SELECT count(*) FROM inboxkeeper.holds")
 	f.wantCount("replays", 0, "SELECT count(*) FROM inboxkeeper.replays")
 }
+
+// commandsInUsage are the commands and subcommands the top-level usage
+// lists ("once", "hold add", "help env"), with the flags its line names.
+func commandsInUsage() map[string][]string {
+	cmds := map[string][]string{}
+	word := regexp.MustCompile(`^[a-z][a-z-]*$`)
+	flagRE := regexp.MustCompile(`--([a-z][a-z-]*)`)
+	gap := regexp.MustCompile(`\s{2,}`) // between the syntax and what it does
+	for _, line := range strings.Split(usage, "\n") {
+		line = gap.Split(strings.TrimSpace(line), 2)[0]
+		fields := strings.Fields(line)
+		if len(fields) < 2 || fields[0] != "inboxkeeper" {
+			continue
+		}
+		name := fields[1]
+		if len(fields) > 2 && word.MatchString(fields[2]) {
+			name += " " + fields[2]
+		}
+		for _, m := range flagRE.FindAllStringSubmatch(line, -1) {
+			cmds[name] = append(cmds[name], m[1])
+		}
+		if _, ok := cmds[name]; !ok {
+			cmds[name] = nil
+		}
+	}
+	return cmds
+}
+
+// Every command and subcommand answers --help and -h with its usage and
+// every flag, exit 0, even with a broken environment, and touches nothing.
+func TestHelpForEveryCommand(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	cmds := commandsInUsage()
+	if len(cmds) < 15 {
+		t.Fatalf("found only %d commands in the usage: %v", len(cmds), cmds)
+	}
+	for name, flags := range cmds {
+		for _, h := range []string{"--help", "-h"} {
+			args := append(strings.Fields(name), h)
+			r := runCLI(t, dir, cliEnv("INBOXKEEPER_NO_SUCH_SETTING=1", "INBOXKEEPER_DATABASE_URL=postgres://127.0.0.1:1/x"), args...)
+			wantExit(t, r, 0, "Usage:\n  inboxkeeper "+name)
+			for _, f := range flags {
+				if !strings.Contains(r.stdout, "\n  -"+f+" ") && !strings.Contains(r.stdout, "\n  -"+f+"\n") {
+					t.Errorf("inboxkeeper %s %s does not describe --%s\n%s", name, h, f, r)
+				}
+			}
+		}
+	}
+}

@@ -27,8 +27,8 @@ import (
 // active instance per database, metrics on a listener, nothing done against
 // a standby, and a clean stop on SIGTERM.
 func (a *app) daemon(ctx context.Context, args []string) error {
-	fs := newFlags("run", a.stderr)
-	if err := parseFlags(fs, args); err != nil {
+	fs := a.newFlags("run")
+	if err := a.parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {

@@ -86,8 +86,8 @@ const demoPolicy = `tables:
 `
 
 func (a *app) demo(ctx context.Context, args []string) error {
-	if len(args) > 0 {
-		return usagef("demo takes no arguments")
+	if err := a.noArgs("demo", args); err != nil {
+		return err
 	}
 	started := time.Now()
 	fmt.Fprintln(a.stdout, "demo: starting a throwaway PostgreSQL from the local server binaries...")

@@ -148,11 +148,24 @@ func parseID(fs *flag.FlagSet, what string) (int64, error) {
 	return id, nil
 }
 
-func (a *app) hold(ctx context.Context, args []string) error {
-	if len(args) == 0 {
-		return usagef("hold: expected add, list or release")
+// group handles a command group's own help: "hold", "hold --help" and
+// "hold -h" print its subcommands (the first as a usage error, exit 2).
+func (a *app) group(name string, args []string) error {
+	if len(args) > 0 && !wantsHelp(args[:1]) {
+		return nil
 	}
-	fs := newFlags("hold "+args[0], a.stderr)
+	fmt.Fprintf(a.stdout, "Usage:\n%s\n", strings.Join(usageLines(name), "\n"))
+	if len(args) == 0 {
+		return usagef("%s: expected a subcommand (see above)", name)
+	}
+	return errHelpShown
+}
+
+func (a *app) hold(ctx context.Context, args []string) error {
+	if err := a.group("hold", args); err != nil {
+		return err
+	}
+	fs := a.newFlags("hold "+args[0])
 	switch args[0] {
 	case "add":
 		table := fs.String("table", "", "schema-qualified table from the policy")
@@ -167,7 +180,7 @@ func (a *app) hold(ctx context.Context, args []string) error {
 		fs.Var(&expires, "expires", "the hold ends by itself at this time, which must lie in the future (RFC 3339, or a date: 00:00 UTC)")
 		fs.Var(&lasts, "for", "the hold ends by itself this long from now (90d, 36h); instead of --expires")
 		blocks := fs.String("blocks", holds.BlocksAll, "what the hold blocks: all (demotion of the payload and deletion: a legal hold) or delete (deletion only)")
-		if err := parseFlags(fs, args[1:]); err != nil {
+		if err := a.parseFlags(fs, args[1:]); err != nil {
 			return err
 		}
 		if *blocks != holds.BlocksAll && *blocks != holds.BlocksDelete {
@@ -195,7 +208,7 @@ func (a *app) hold(ctx context.Context, args []string) error {
 		return nil
 	case "list":
 		all := fs.Bool("all", false, "include released and expired holds")
-		if err := parseFlags(fs, args[1:]); err != nil {
+		if err := a.parseFlags(fs, args[1:]); err != nil {
 			return err
 		}
 		if fs.NArg() > 0 {
@@ -217,7 +230,7 @@ func (a *app) hold(ctx context.Context, args []string) error {
 		}
 		return nil
 	case "release":
-		if err := parseFlags(fs, args[1:]); err != nil {
+		if err := a.parseFlags(fs, args[1:]); err != nil {
 			return err
 		}
 		id, err := parseID(fs, "hold")
@@ -238,10 +251,10 @@ func (a *app) hold(ctx context.Context, args []string) error {
 }
 
 func (a *app) replay(ctx context.Context, args []string) error {
-	if len(args) == 0 {
-		return usagef("replay: expected start, finish or list")
+	if err := a.group("replay", args); err != nil {
+		return err
 	}
-	fs := newFlags("replay "+args[0], a.stderr)
+	fs := a.newFlags("replay "+args[0])
 	switch args[0] {
 	case "start":
 		table := fs.String("table", "", "schema-qualified table from the policy")
@@ -251,7 +264,7 @@ func (a *app) replay(ctx context.Context, args []string) error {
 		var from, to timeFlag
 		fs.Var(&from, "from", "event-time range start, inclusive (RFC 3339, or a date: 00:00 UTC; required)")
 		fs.Var(&to, "to", "event-time range end, exclusive (RFC 3339, or a date: 00:00 UTC; required)")
-		if err := parseFlags(fs, args[1:]); err != nil {
+		if err := a.parseFlags(fs, args[1:]); err != nil {
 			return err
 		}
 		if fs.NArg() > 0 {
@@ -272,7 +285,7 @@ func (a *app) replay(ctx context.Context, args []string) error {
 		return nil
 	case "list":
 		all := fs.Bool("all", false, "include finished replays")
-		if err := parseFlags(fs, args[1:]); err != nil {
+		if err := a.parseFlags(fs, args[1:]); err != nil {
 			return err
 		}
 		if fs.NArg() > 0 {
@@ -294,7 +307,7 @@ func (a *app) replay(ctx context.Context, args []string) error {
 		}
 		return nil
 	case "finish":
-		if err := parseFlags(fs, args[1:]); err != nil {
+		if err := a.parseFlags(fs, args[1:]); err != nil {
 			return err
 		}
 		id, err := parseID(fs, "replay")

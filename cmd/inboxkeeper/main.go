@@ -5,6 +5,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -79,6 +80,51 @@ environment variables and the policy file (INBOXKEEPER_POLICY_FILE).
 Exit status: 0 ok, 1 runtime failure, 2 usage or configuration error.
 `
 
+// errHelpShown ends a command whose --help was printed: exit 0.
+var errHelpShown = errors.New("help shown")
+
+// printHelp prints the usage lines of the command fs is for, what the
+// top-level usage says of it, and its flags.
+func printHelp(w io.Writer, fs *flag.FlagSet) {
+	fmt.Fprintln(w, "Usage:")
+	for _, line := range usageLines(fs.Name()) {
+		fmt.Fprintln(w, line)
+	}
+	var n int
+	fs.VisitAll(func(*flag.Flag) { n++ })
+	if n > 0 {
+		fmt.Fprintln(w, "\nFlags:")
+		fs.SetOutput(w)
+		fs.PrintDefaults()
+	}
+}
+
+// usageLines are the lines of the top-level usage for command (and its
+// subcommands, for a group such as "hold").
+func usageLines(command string) []string {
+	var out []string
+	for _, line := range strings.Split(usage, "\n") {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "inboxkeeper "+command)
+		if ok && (rest == "" || rest[0] == ' ') {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
+// wantsHelp reports whether the command line asks for a command's help.
+func wantsHelp(args []string) bool {
+	for _, a := range args {
+		switch a {
+		case "-h", "-help", "--help":
+			return true
+		case "--":
+			return false
+		}
+	}
+	return false
+}
+
 // usageError is a mistake on the command line: exit 2.
 type usageError struct{ msg string }
 
@@ -102,6 +148,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	switch cmd {
 	case "help", "-h", "--help":
 		if len(rest) > 0 && rest[0] == "env" {
+			if wantsHelp(rest[1:]) {
+				fmt.Fprintf(stdout, "Usage:\n%s\n", strings.Join(usageLines("help env"), "\n"))
+				return exitOK
+			}
 			cfg, err := config.Load()
 			config.WriteEnvHelp(stdout, cfg)
 			if err != nil {
@@ -113,15 +163,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stdout, usage)
 		return exitOK
 	case "version", "--version":
+		if wantsHelp(rest) {
+			fmt.Fprintf(stdout, "Usage:\n%s\n", strings.Join(usageLines("version"), "\n"))
+			return exitOK
+		}
 		fmt.Fprintln(stdout, "inboxkeeper", versionLine())
 		return exitOK
 	}
 
 	cfg, err := config.Load()
-	if err != nil {
+	if err != nil && !wantsHelp(rest) {
 		fmt.Fprintf(stderr, "inboxkeeper: configuration error:\n%v\n", err)
 		return exitUsage
 	}
+	// --help needs no valid environment: every command parses its flags
+	// before it touches anything.
 	log := cfg.Logger(stderr)
 	a := &app{cfg: cfg, log: log, stdout: stdout, stderr: stderr, command: cmd}
 	switch cmd {
@@ -170,6 +226,8 @@ func exitCode(err error, stderr io.Writer) int {
 	var ue usageError
 	var ce configError
 	switch {
+	case errors.Is(err, errHelpShown):
+		return exitOK
 	case errors.As(err, &ue):
 		fmt.Fprintf(stderr, "inboxkeeper: %v\n", err)
 		return exitUsage
@@ -483,8 +541,8 @@ func resolveAll(ctx context.Context, q catalog.Querier, p *policy.Policy) ([]*ca
 }
 
 func (a *app) migrate(ctx context.Context, args []string) error {
-	if len(args) > 0 {
-		return usagef("migrate takes no arguments")
+	if err := a.noArgs("migrate", args); err != nil {
+		return err
 	}
 	if _, err := a.connect(ctx); err != nil {
 		return err

@@ -66,12 +66,15 @@ func (a *app) sessionForPartitions(ctx context.Context, tables []*catalog.Table,
 // partitions now (before a deploy that writes further ahead, say) without
 // retiring anything.
 func (a *app) partitionsCmd(ctx context.Context, args []string) error {
-	if len(args) == 0 || args[0] != "ensure" {
+	if err := a.group("partitions", args); err != nil {
+		return err
+	}
+	if args[0] != "ensure" {
 		return usagef("partitions: want \"partitions ensure\"")
 	}
-	fs := newFlags("partitions ensure", a.stderr)
+	fs := a.newFlags("partitions ensure")
 	dryRun := fs.Bool("dry-run", false, "list the partitions that would be created; create nothing")
-	if err := parseFlags(fs, args[1:]); err != nil {
+	if err := a.parseFlags(fs, args[1:]); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {

@@ -27,19 +27,36 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/tiering"
 )
 
-func newFlags(name string, stderr io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet("inboxkeeper "+name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
+// newFlags makes the flag set of command name ("once", "hold add").
+func (a *app) newFlags(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(a.stderr)
+	fs.Usage = func() {} // parseFlags prints help, to stdout, and errors
 	return fs
 }
 
-// parseFlags turns flag errors into usage errors (exit 2).
-func parseFlags(fs *flag.FlagSet, args []string) error {
+// parseFlags parses a command's flags. -h or --help prints the command's
+// usage with every flag on stdout and ends the command (exit 0); a bad flag
+// is a usage error (exit 2).
+func (a *app) parseFlags(fs *flag.FlagSet, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return usagef("%s: see the usage above", fs.Name())
+			printHelp(a.stdout, fs)
+			return errHelpShown
 		}
-		return usagef("%s: %v", fs.Name(), err)
+		return usagef("%s: %v (see inboxkeeper %s --help)", fs.Name(), err, fs.Name())
+	}
+	return nil
+}
+
+// noArgs parses the flags of a command that takes none but --help.
+func (a *app) noArgs(name string, args []string) error {
+	fs := a.newFlags(name)
+	if err := a.parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usagef("%s takes no arguments (got %q)", name, fs.Arg(0))
 	}
 	return nil
 }
@@ -78,9 +95,9 @@ func (a *app) preparePrimary(ctx context.Context) (*pgxpool.Pool, []*catalog.Tab
 }
 
 func (a *app) once(ctx context.Context, args []string) error {
-	fs := newFlags("once", a.stderr)
+	fs := a.newFlags("once")
 	dryRun := fs.Bool("dry-run", false, "count what would be deleted; delete nothing")
-	if err := parseFlags(fs, args); err != nil {
+	if err := a.parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
@@ -242,9 +259,9 @@ func serveMetrics(a *app, reg *prometheus.Registry) (func(), error) {
 }
 
 func (a *app) status(ctx context.Context, args []string) error {
-	fs := newFlags("status", a.stderr)
+	fs := a.newFlags("status")
 	asJSON := fs.Bool("json", false, "print the status as one JSON object, for scripts")
-	if err := parseFlags(fs, args); err != nil {
+	if err := a.parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {

@@ -25,7 +25,7 @@ import (
 // plan prints the retention record of every consumer scope or, with
 // --check, compares the records with what is deployed.
 func (a *app) plan(ctx context.Context, args []string) error {
-	fl := newFlags("plan", a.stderr)
+	fl := a.newFlags("plan")
 	asJSON := fl.Bool("json", false, "print the records as a JSON array")
 	check := fl.Bool("check", false, "compare the records with the deployed tables; exit 1 when a promise is not kept")
 	redisURL := fl.String("redis-url", "", "with --check: also judge this Redis (redis://[user:password@]host[:port]) as a volatile tier")
@@ -33,7 +33,7 @@ func (a *app) plan(ctx context.Context, args []string) error {
 	// Flags may come before or after FILE.
 	var files []string
 	for {
-		if err := parseFlags(fl, args); err != nil {
+		if err := a.parseFlags(fl, args); err != nil {
 			return err
 		}
 		if fl.NArg() == 0 {

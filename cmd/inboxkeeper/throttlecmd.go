@@ -56,10 +56,10 @@ func whoami() string {
 }
 
 func (a *app) pause(ctx context.Context, args []string) error {
-	fs := newFlags("pause", a.stderr)
+	fs := a.newFlags("pause")
 	reason := fs.String("reason", "", "why cleanup must wait (required)")
 	forDur := fs.Duration("for", 0, "end the pause by itself after this long (Go duration); 0 = until resume")
-	if err := parseFlags(fs, args); err != nil {
+	if err := a.parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
@@ -84,8 +84,8 @@ func (a *app) pause(ctx context.Context, args []string) error {
 }
 
 func (a *app) resume(ctx context.Context, args []string) error {
-	if len(args) > 0 {
-		return usagef("resume takes no arguments")
+	if err := a.noArgs("resume", args); err != nil {
+		return err
 	}
 	pool, err := a.controlPool(ctx)
 	if err != nil {
