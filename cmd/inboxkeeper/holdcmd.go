@@ -165,7 +165,7 @@ func (a *app) hold(ctx context.Context, args []string) error {
 	if err := a.group("hold", args); err != nil {
 		return err
 	}
-	fs := a.newFlags("hold "+args[0])
+	fs := a.newFlags("hold " + args[0])
 	switch args[0] {
 	case "add":
 		table := fs.String("table", "", "schema-qualified table from the policy")
@@ -254,7 +254,7 @@ func (a *app) replay(ctx context.Context, args []string) error {
 	if err := a.group("replay", args); err != nil {
 		return err
 	}
-	fs := a.newFlags("replay "+args[0])
+	fs := a.newFlags("replay " + args[0])
 	switch args[0] {
 	case "start":
 		table := fs.String("table", "", "schema-qualified table from the policy")
