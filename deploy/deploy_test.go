@@ -63,7 +63,7 @@ const (
 	onceUnit       = "systemd/inboxkeeper-once.service"
 	onceTimer      = "systemd/inboxkeeper-once.timer"
 	kubernetesDir  = "kubernetes"
-	deployDocument = "../docs/deploy.md"
+	deployDocument = "../docs/operations/deploying.md"
 )
 
 func read(t *testing.T, name string) string {
@@ -2053,7 +2053,7 @@ wait:
 // The document
 // ---------------------------------------------------------------------------
 
-// docs/deploy.md mentions every file here, so that none is left unexplained.
+// docs/operations/deploying.md mentions every file here, so that none is left unexplained.
 func TestDeployDocumentMentionsEveryFile(t *testing.T) {
 	t.Parallel()
 	doc := read(t, deployDocument)

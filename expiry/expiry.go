@@ -309,7 +309,7 @@ func (d *Deleter) estimateDue(ctx context.Context, t *catalog.Table) int64 {
 // batch deletes at most BatchSize expired, uncovered rows in one transaction
 // and returns how many it deleted and the newest expiry among them.
 func (d *Deleter) batch(ctx context.Context, t *catalog.Table, lower pgtype.Timestamptz, size int, res *TableResult) (n int64, newest time.Time, wal float64, err error) {
-	// See docs/expiry-design.md, "One batch".
+	// See docs/design/expiry.md, "One batch".
 	tx, err := batchloop.Begin(ctx, d.pool, t.Name, batchloop.TxOptions{
 		LockTimeout: d.opts.LockTimeout, StatementTimeout: d.opts.StatementTimeout, IdleInTx: d.opts.IdleTimeout, Throttle: d.opts.Throttle, Pinned: d.pinned()})
 	if err != nil {

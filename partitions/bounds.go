@@ -101,7 +101,7 @@ var boundRE = regexp.MustCompile(`^FOR VALUES FROM \((.+)\) TO \((.+)\)$`)
 // catalog check refuses such tables before any pass runs.
 func parseBound(expr string) (lower, upper *time.Time, err error) {
 	if expr == "DEFAULT" {
-		return nil, nil, fmt.Errorf("is the DEFAULT partition, which inboxkeeper does not support (see the README, \"Partitions\")")
+		return nil, nil, fmt.Errorf("is the DEFAULT partition, which inboxkeeper does not support (see docs/guides/partitions.md)")
 	}
 	m := boundRE.FindStringSubmatch(expr)
 	if m == nil {

@@ -575,3 +575,6 @@ func add(a, b time.Duration) (time.Duration, bool) {
 }
 
 func days(d time.Duration) string { return policy.Duration(d).String() }
+
+// Fields lists every field path of a retention entry ("paths[].stages[].after").
+func Fields() []string { return strictyaml.Fields(rawEntry{}) }

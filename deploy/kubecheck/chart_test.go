@@ -31,7 +31,7 @@ const (
 	releaseName    = "ik"
 	namespace      = "db"
 	fullname       = "ik-inboxkeeper"
-	defaultRunbook = "https://github.com/inboxkeeper/inboxkeeper/blob/main/docs/runbooks.md#"
+	defaultRunbook = "https://github.com/inboxkeeper/inboxkeeper/blob/main/docs/operations/runbooks.md#"
 )
 
 // rendered is a chart rendered for one values file.

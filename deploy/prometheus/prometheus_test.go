@@ -8,7 +8,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -17,35 +16,28 @@ import (
 	"regexp"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/prometheus/client_golang/prometheus"
 	"go.yaml.in/yaml/v3"
 
-	"github.com/inboxkeeper/inboxkeeper/expiry"
-	"github.com/inboxkeeper/inboxkeeper/inbox"
-	"github.com/inboxkeeper/inboxkeeper/internal/daemonmetrics"
+	"github.com/inboxkeeper/inboxkeeper/internal/metricsinfo"
 	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
 	"github.com/inboxkeeper/inboxkeeper/internal/scrape"
-	"github.com/inboxkeeper/inboxkeeper/partitions"
-	"github.com/inboxkeeper/inboxkeeper/throttle"
-	"github.com/inboxkeeper/inboxkeeper/tiering"
 )
 
 const (
 	rulesFile     = "inboxkeeper.rules.yml"
 	rulesTestFile = "inboxkeeper.rules_test.yml"
 	dashboardFile = "../grafana/inboxkeeper.json"
-	runbooksFile  = "../../docs/runbooks.md"
+	runbooksFile  = "../../docs/operations/runbooks.md"
 	// runbookBase is where every alert's runbook_url points: a section of
 	// runbooksFile, named after the alert. The Helm chart can point it
 	// elsewhere (prometheusRule.runbookBaseURL).
-	runbookBase = "https://github.com/inboxkeeper/inboxkeeper/blob/main/docs/runbooks.md#"
+	runbookBase = "https://github.com/inboxkeeper/inboxkeeper/blob/main/docs/operations/runbooks.md#"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -265,7 +257,7 @@ func TestRules(t *testing.T) {
 	}
 }
 
-// runbookSections are the alerts docs/runbooks.md has a section for, with
+// runbookSections are the alerts docs/operations/runbooks.md has a section for, with
 // the subsections each section lacks.
 func runbookSections(t *testing.T) map[string][]string {
 	t.Helper()
@@ -292,7 +284,7 @@ func runbookSections(t *testing.T) map[string][]string {
 }
 
 // checkRunbook fails unless url points at the alert's section of
-// docs/runbooks.md, and the section says what the alert means, what to
+// docs/operations/runbooks.md, and the section says what the alert means, what to
 // check and what to do.
 func checkRunbook(t *testing.T, alert, url string) {
 	t.Helper()
@@ -438,98 +430,24 @@ func TestDashboard(t *testing.T) {
 
 // --- every query names an exported metric, and the names are conventional ---
 
-// recorder is a prometheus.Registerer that only writes down what the
-// collectors registered on it describe.
-type recorder struct {
-	metrics map[string]exported
-	err     error
-}
-
-type exported struct{ kind, help string }
-
-var descFields = regexp.MustCompile(`^Desc\{fqName: ("(?:[^"\\]|\\.)*"), help: ("(?:[^"\\]|\\.)*")`)
-
-func (r *recorder) Register(c prometheus.Collector) error {
-	kind := kindOf(c)
-	ch := make(chan *prometheus.Desc)
-	go func() { c.Describe(ch); close(ch) }()
-	for d := range ch {
-		m := descFields.FindStringSubmatch(d.String())
-		if m == nil {
-			r.err = errors.Join(r.err, fmt.Errorf("cannot parse %s", d))
-			continue
-		}
-		name, err1 := strconv.Unquote(m[1])
-		help, err2 := strconv.Unquote(m[2])
-		if err := errors.Join(err1, err2); err != nil {
-			r.err = errors.Join(r.err, fmt.Errorf("%s: %w", d, err))
-			continue
-		}
-		if _, dup := r.metrics[name]; dup {
-			r.err = errors.Join(r.err, fmt.Errorf("%s registered twice", name))
-		}
-		r.metrics[name] = exported{kind, help}
-	}
-	return nil
-}
-
-func (r *recorder) MustRegister(cs ...prometheus.Collector) {
-	for _, c := range cs {
-		_ = r.Register(c)
-	}
-}
-
-func (r *recorder) Unregister(prometheus.Collector) bool { return false }
-
-// kindOf tells the metric type from the collector's Go type. Gauge comes
-// before Counter: a gauge has Inc and Add too.
-func kindOf(c prometheus.Collector) string {
-	switch c.(type) {
-	case *prometheus.CounterVec:
-		return "counter"
-	case *prometheus.GaugeVec:
-		return "gauge"
-	case *prometheus.HistogramVec:
-		return "histogram"
-	case *prometheus.SummaryVec:
-		return "summary"
-	case prometheus.Gauge:
-		return "gauge"
-	case prometheus.Counter:
-		return "counter"
-	case prometheus.Histogram:
-		return "histogram" // a plain Summary looks the same; the project has none
-	}
-	return fmt.Sprintf("unknown (%T)", c)
-}
-
-// exportedMetrics registers every metric constructor of the project on a
-// recorder: the daemon's (expiry, partitions, throttle, daemonmetrics) and the claim
-// path's (inbox, on the consumers' registries).
+// exportedMetrics is every metric the project exports.
 func exportedMetrics(t *testing.T) map[string]exported {
 	t.Helper()
-	r := &recorder{metrics: map[string]exported{}}
-	expiry.NewMetrics(r)
-	throttle.NewMetrics(r)
-	inbox.NewMetrics(r)
-	partitions.NewMetrics(r)
-	daemonmetrics.New(r, "test")
-	tiering.NewMetrics(r)
-	if r.err != nil {
-		t.Fatal(r.err)
+	m, err := metricsinfo.All()
+	if err != nil {
+		t.Fatal(err)
 	}
-	if len(r.metrics) == 0 {
-		t.Fatal("no metric registered")
-	}
-	return r.metrics
+	return m
 }
+
+type exported = metricsinfo.Metric
 
 // seriesNames are the names the exposition holds for the metrics: a
 // histogram is name_bucket, name_sum and name_count.
 func seriesNames(metrics map[string]exported) map[string]bool {
 	names := map[string]bool{}
 	for name, m := range metrics {
-		switch m.kind {
+		switch m.Kind {
 		case "histogram":
 			names[name+"_bucket"], names[name+"_sum"], names[name+"_count"] = true, true, true
 		case "summary":
@@ -597,20 +515,20 @@ func conventionProblems(name string, m exported) []string {
 	if !snakeCase.MatchString(name) {
 		add("want inboxkeeper_ and then snake_case")
 	}
-	if strings.TrimSpace(m.help) == "" {
+	if strings.TrimSpace(m.Help) == "" {
 		add("no help text")
 	}
-	switch m.kind {
+	switch m.Kind {
 	case "counter", "gauge", "histogram", "summary":
 	default:
-		add("metric type %s: teach this test", m.kind)
+		add("metric type %s: teach this test", m.Kind)
 	}
-	counter := m.kind == "counter"
+	counter := m.Kind == "counter"
 	if counter && !strings.HasSuffix(name, "_total") {
 		add("a counter's name ends in _total")
 	}
 	if !counter && strings.HasSuffix(name, "_total") {
-		add("only a counter's name ends in _total (this is a %s)", m.kind)
+		add("only a counter's name ends in _total (this is a %s)", m.Kind)
 	}
 	for _, s := range []string{"_bucket", "_sum", "_count", "_created"} {
 		if strings.HasSuffix(name, s) {
@@ -631,7 +549,7 @@ func conventionProblems(name string, m exported) []string {
 			add("%q is a quantity with a unit: end the name in its base unit (_seconds)", w)
 		}
 	}
-	if slices.Contains(words, "timestamp") || strings.Contains(strings.ToLower(m.help), "unix time") {
+	if slices.Contains(words, "timestamp") || strings.Contains(strings.ToLower(m.Help), "unix time") {
 		if !strings.HasSuffix(name, "_timestamp_seconds") {
 			add("a Unix time's name ends in _timestamp_seconds")
 		}
@@ -651,18 +569,18 @@ func TestEveryQueryNamesAnExportedMetric(t *testing.T) {
 			t.Errorf("unknownNames(%v) = %q, want two problems", bad, got)
 		}
 		for name, m := range map[string]exported{
-			"inboxkeeper_deleted":              {"counter", "h"},
-			"inboxkeeper_lag_ms":               {"gauge", "h"},
-			"inboxkeeper_size_total":           {"gauge", "h"},
-			"inboxkeeper_last_run":             {"gauge", "Unix time of the last run."},
-			"inboxkeeper_batch_duration":       {"histogram", "h"},
-			"inboxkeeper_lag_seconds":          {"gauge", ""},
-			"inboxkeeper_LagSeconds":           {"gauge", "h"},
-			"inboxkeeper_scans_count":          {"gauge", "h"},
-			"inboxkeeper_pass_timestamp":       {"gauge", "h"},
-			"inboxkeeper_expiry_minutes_total": {"counter", "h"},
-			"inboxkeeper_bytes_stored_per_key": {"gauge", "h"},
-			"inboxkeeper_bytes_per_key_total":  {"gauge", "h"},
+			"inboxkeeper_deleted":              {Kind: "counter", Help: "h"},
+			"inboxkeeper_lag_ms":               {Kind: "gauge", Help: "h"},
+			"inboxkeeper_size_total":           {Kind: "gauge", Help: "h"},
+			"inboxkeeper_last_run":             {Kind: "gauge", Help: "Unix time of the last run."},
+			"inboxkeeper_batch_duration":       {Kind: "histogram", Help: "h"},
+			"inboxkeeper_lag_seconds":          {Kind: "gauge", Help: ""},
+			"inboxkeeper_LagSeconds":           {Kind: "gauge", Help: "h"},
+			"inboxkeeper_scans_count":          {Kind: "gauge", Help: "h"},
+			"inboxkeeper_pass_timestamp":       {Kind: "gauge", Help: "h"},
+			"inboxkeeper_expiry_minutes_total": {Kind: "counter", Help: "h"},
+			"inboxkeeper_bytes_stored_per_key": {Kind: "gauge", Help: "h"},
+			"inboxkeeper_bytes_per_key_total":  {Kind: "gauge", Help: "h"},
 		} {
 			if len(conventionProblems(name, m)) == 0 {
 				t.Errorf("conventionProblems(%s, %v) found nothing", name, m)
@@ -672,7 +590,7 @@ func TestEveryQueryNamesAnExportedMetric(t *testing.T) {
 			"inboxkeeper_last_success_timestamp_seconds": "Unix time at which...",
 			"inboxkeeper_bytes_per_key":                  "Storage one key costs.", // issue 5 pins this name; a unit per one thing is a unit
 		} {
-			if p := conventionProblems(name, exported{"gauge", help}); p != nil {
+			if p := conventionProblems(name, exported{Kind: "gauge", Help: help}); p != nil {
 				t.Errorf("a good name has problems: %q", p)
 			}
 		}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Cuts a release of inboxkeeper (docs/deploy.md, "Cutting a release").
+# Cuts a release of inboxkeeper (docs/operations/deploying.md, "Cutting a release").
 #
 #   deploy/release/release.sh VERSION [--image] [--push]
 #

@@ -174,7 +174,7 @@ WHERE n.nspname = $1 AND c.relname = $2`, pt.Name.Schema, pt.Name.Name).Scan(&t.
 	}
 	switch {
 	case t.Kind == "r" && pt.Partitions != nil:
-		return nil, invalid(pt, "partitions", "the table is not partitioned; a table managed by partition must be created PARTITION BY RANGE (%s) (see the README, \"Partitions\"), or remove the partitions section to expire rows one by one",
+		return nil, invalid(pt, "partitions", "the table is not partitioned; a table managed by partition must be created PARTITION BY RANGE (%s) (see docs/guides/partitions.md), or remove the partitions section to expire rows one by one",
 			sqlident.QuoteIdent(pt.ExpiryColumn()))
 	case t.Kind == "r":
 	case t.Kind == "p" && pt.Partitions == nil:
@@ -196,7 +196,7 @@ WHERE n.nspname = $1 AND c.relname = $2`, pt.Name.Schema, pt.Name.Name).Scan(&t.
 			return nil, fmt.Errorf("table %s: look for Citus: %w", t.Name, err)
 		}
 		if distributed {
-			return nil, invalid(pt, "table", "is a Citus distributed table; inboxkeeper works on ordinary tables (see the README on Citus)")
+			return nil, invalid(pt, "table", "is a Citus distributed table; inboxkeeper works on ordinary tables (see docs/operations/many-instances.md, Citus)")
 		}
 	}
 

@@ -46,7 +46,7 @@ FROM pg_partitioned_table p WHERE p.partrelid = $1`, t.OID).Scan(&strategy, &nat
 		if defaultName != nil {
 			name = " (" + *defaultName + ")"
 		}
-		return invalid(pt, "partitions", "the table has a DEFAULT partition%s: it forbids DETACH CONCURRENTLY and makes every new partition scan it; move its rows into monthly partitions and drop it (see the README, \"Partitions\")", name)
+		return invalid(pt, "partitions", "the table has a DEFAULT partition%s: it forbids DETACH CONCURRENTLY and makes every new partition scan it; move its rows into monthly partitions and drop it (see docs/guides/partitions.md)", name)
 	}
 	if n := len(PartitionName(pt.Name.Name, "000000")); n > MaxIdentifierBytes {
 		return invalid(pt, "table", "the name is too long for monthly partitions: %q needs %d bytes, PostgreSQL allows %d", PartitionName(pt.Name.Name, "YYYYMM"), n, MaxIdentifierBytes)

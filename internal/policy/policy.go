@@ -397,3 +397,7 @@ func ParseDuration(s string) (time.Duration, error) {
 	}
 	return total, nil
 }
+
+// Fields lists every field path of a policy table entry ("partitions.by");
+// the retention section's are retention.Fields.
+func Fields() []string { return strictyaml.Fields(rawTable{}) }

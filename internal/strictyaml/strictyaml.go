@@ -288,3 +288,36 @@ func (d *Decoder) err() error {
 	}
 	return errors.Join(errs...)
 }
+
+// Fields lists the field paths a value of v's type accepts, as the file
+// spells them: "key", "partitions.by", "paths[].stages[].after". A field
+// whose type decodes itself (yaml.Unmarshaler, yaml.Node) is a leaf. The
+// reference docs' test compares these with what the docs describe.
+func Fields(v any) []string {
+	var out []string
+	var walk func(t reflect.Type, prefix string)
+	walk = func(t reflect.Type, prefix string) {
+		for i := range t.NumField() {
+			f := t.Field(i)
+			name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+			if name == "" || name == "-" {
+				continue
+			}
+			path := prefix + name
+			out = append(out, path)
+			ft := f.Type
+			for ft.Kind() == reflect.Pointer {
+				ft = ft.Elem()
+			}
+			if ft.Kind() == reflect.Slice {
+				path += "[]"
+				ft = ft.Elem()
+			}
+			if ft.Kind() == reflect.Struct && ft != reflect.TypeFor[yaml.Node]() && !reflect.PointerTo(ft).Implements(unmarshalerType) {
+				walk(ft, path+".")
+			}
+		}
+	}
+	walk(reflect.TypeOf(v), "")
+	return out
+}

@@ -1,0 +1,231 @@
+// Package docs_test keeps the reference in docs/reference in step with the
+// code: every environment variable, command, flag, metric and policy field
+// that exists in the code is described, and nothing described is missing
+// from the code.
+package docs_test
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/config"
+	"github.com/inboxkeeper/inboxkeeper/internal/metricsinfo"
+	"github.com/inboxkeeper/inboxkeeper/internal/policy"
+	"github.com/inboxkeeper/inboxkeeper/retention"
+)
+
+func read(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// compare reports what is in code but not in the doc, and the other way round.
+func compare(t *testing.T, doc, what string, inCode, inDoc []string) {
+	t.Helper()
+	for _, n := range inCode {
+		if !slices.Contains(inDoc, n) {
+			t.Errorf("%s: %s %s exists in the code but is not described", doc, what, n)
+		}
+	}
+	for _, n := range inDoc {
+		if !slices.Contains(inCode, n) {
+			t.Errorf("%s: %s %s is described but does not exist in the code", doc, what, n)
+		}
+	}
+}
+
+func uniq(ss []string) []string {
+	sort.Strings(ss)
+	return slices.Compact(ss)
+}
+
+func TestConfigurationReference(t *testing.T) {
+	t.Parallel()
+	const doc = "reference/configuration.md"
+	names := regexp.MustCompile(`\bINBOXKEEPER_[A-Z0-9_]*[A-Z0-9]\b`).FindAllString(read(t, doc), -1)
+	compare(t, doc, "variable", config.KnownVariables(), uniq(names))
+}
+
+func TestMetricsReference(t *testing.T) {
+	t.Parallel()
+	const doc = "reference/metrics.md"
+	metrics, err := metricsinfo.All()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var inCode []string
+	for name := range metrics {
+		inCode = append(inCode, name)
+	}
+	// A histogram's series (_bucket, _sum, _count) name the histogram.
+	series := regexp.MustCompile(`\binboxkeeper_[a-z0-9_]*[a-z0-9]\b`).FindAllString(read(t, doc), -1)
+	var inDoc []string
+	for _, s := range series {
+		for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+			if base, ok := strings.CutSuffix(s, suffix); ok && metrics[base].Kind == "histogram" {
+				s = base
+			}
+		}
+		inDoc = append(inDoc, s)
+	}
+	compare(t, doc, "metric", uniq(inCode), uniq(inDoc))
+}
+
+func TestPolicyReference(t *testing.T) {
+	t.Parallel()
+	const doc = "reference/policy.md"
+	inCode := []string{"tables", "retention"}
+	for _, f := range policy.Fields() {
+		inCode = append(inCode, "tables[]."+f)
+	}
+	for _, f := range retention.Fields() {
+		inCode = append(inCode, "retention[]."+f)
+	}
+	// The field table: rows whose first cell is a backquoted path.
+	rows := regexp.MustCompile("(?m)^\\| `((?:tables|retention)[a-z_.\\[\\]]*)` \\|").FindAllStringSubmatch(read(t, doc), -1)
+	var inDoc []string
+	for _, r := range rows {
+		inDoc = append(inDoc, r[1])
+	}
+	compare(t, doc, "field", uniq(inCode), uniq(inDoc))
+}
+
+// The commands the binary lists in its usage, each with the flags its
+// --help shows, against the sections of commands.md: one or more "##
+// `inboxkeeper COMMAND ...`" headings per command, whose text names exactly
+// those flags as --flag.
+func TestCommandsReference(t *testing.T) {
+	t.Parallel()
+	const doc = "reference/commands.md"
+	bin := filepath.Join(t.TempDir(), "inboxkeeper")
+	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/inboxkeeper").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	run := func(args ...string) string {
+		t.Helper()
+		cmd := exec.Command(bin, args...)
+		cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("inboxkeeper %s: %v", strings.Join(args, " "), err)
+		}
+		return string(out)
+	}
+	inCode := map[string][]string{}
+	gap := regexp.MustCompile(`\s{2,}`)
+	word := regexp.MustCompile(`^[a-z][a-z-]*$`)
+	helpFlag := regexp.MustCompile(`(?m)^  -([a-z][a-z-]*)`)
+	for _, line := range strings.Split(run("help"), "\n") {
+		fields := strings.Fields(gap.Split(strings.TrimSpace(line), 2)[0])
+		if len(fields) < 2 || fields[0] != "inboxkeeper" {
+			continue
+		}
+		name := fields[1]
+		if len(fields) > 2 && word.MatchString(fields[2]) {
+			name += " " + fields[2]
+		}
+		var flags []string
+		for _, m := range helpFlag.FindAllStringSubmatch(run(append(strings.Fields(name), "--help")...), -1) {
+			flags = append(flags, m[1])
+		}
+		inCode[name] = uniq(flags)
+	}
+	if len(inCode) < 15 {
+		t.Fatalf("the usage lists only %d commands: %v", len(inCode), inCode)
+	}
+
+	inDoc := map[string][]string{}
+	sections := regexp.MustCompile("(?m)^## `inboxkeeper ([^`]*)`").FindAllStringSubmatchIndex(read(t, doc), -1)
+	text := read(t, doc)
+	docFlag := regexp.MustCompile(`--([a-z][a-z-]*)`)
+	for i, s := range sections {
+		end := len(text)
+		if i+1 < len(sections) {
+			end = sections[i+1][0]
+		}
+		syntax := strings.Fields(text[s[2]:s[3]])
+		name := syntax[0]
+		if len(syntax) > 1 && word.MatchString(syntax[1]) {
+			name += " " + syntax[1]
+		}
+		flags := inDoc[name]
+		if flags == nil {
+			flags = []string{}
+		}
+		for _, m := range docFlag.FindAllStringSubmatch(text[s[0]:end], -1) {
+			flags = append(flags, m[1])
+		}
+		inDoc[name] = uniq(flags)
+	}
+	var codeNames, docNames []string
+	for n := range inCode {
+		codeNames = append(codeNames, n)
+	}
+	for n := range inDoc {
+		docNames = append(docNames, n)
+	}
+	compare(t, doc, "command", uniq(codeNames), uniq(docNames))
+	for name, flags := range inCode {
+		if d, ok := inDoc[name]; ok {
+			compare(t, doc, "flag of "+name+":", prefixed(flags), prefixed(d))
+		}
+	}
+}
+
+func prefixed(flags []string) []string {
+	out := make([]string, len(flags))
+	for i, f := range flags {
+		out[i] = "--" + f
+	}
+	return out
+}
+
+// Every directory that holds Go code is in the layout table of
+// development.md.
+func TestLayout(t *testing.T) {
+	t.Parallel()
+	const doc = "development.md"
+	text := read(t, doc)
+	i := strings.Index(text, "## Layout")
+	if i < 0 {
+		t.Fatalf("%s has no Layout section", doc)
+	}
+	described := map[string]bool{}
+	for _, m := range regexp.MustCompile("`([a-z][a-z0-9/_-]*)`").FindAllStringSubmatch(text[i:], -1) {
+		described[m[1]] = true
+	}
+	err := filepath.WalkDir("..", func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == ".git" || d.Name() == "testdata" || d.Name() == "node_modules") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || filepath.Ext(path) != ".go" {
+			return nil
+		}
+		dir := filepath.ToSlash(filepath.Dir(path))
+		dir = strings.TrimPrefix(strings.TrimPrefix(dir, ".."), "/")
+		if strings.HasPrefix(dir, "deploy/kubecheck/") {
+			dir = "deploy/kubecheck"
+		}
+		if !described[dir] {
+			described[dir] = true // once
+			t.Errorf("%s: the Layout table does not describe %s", doc, dir)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,105 @@
+// Package metricsinfo describes every metric the project exports, with its
+// type and help text, without running anything: the tests of the alert rules,
+// the dashboard and the reference docs read it. Test support, not a library.
+package metricsinfo
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+
+	"github.com/inboxkeeper/inboxkeeper/expiry"
+	"github.com/inboxkeeper/inboxkeeper/inbox"
+	"github.com/inboxkeeper/inboxkeeper/internal/daemonmetrics"
+	"github.com/inboxkeeper/inboxkeeper/partitions"
+	"github.com/inboxkeeper/inboxkeeper/throttle"
+	"github.com/inboxkeeper/inboxkeeper/tiering"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metric is what a collector describes of one metric.
+type Metric struct{ Kind, Help string }
+
+// recorder is a prometheus.Registerer that only writes down what the
+// collectors registered on it describe.
+type recorder struct {
+	metrics map[string]Metric
+	err     error
+}
+
+type exported struct{ kind, help string }
+
+var descFields = regexp.MustCompile(`^Desc\{fqName: ("(?:[^"\\]|\\.)*"), help: ("(?:[^"\\]|\\.)*")`)
+
+func (r *recorder) Register(c prometheus.Collector) error {
+	kind := kindOf(c)
+	ch := make(chan *prometheus.Desc)
+	go func() { c.Describe(ch); close(ch) }()
+	for d := range ch {
+		m := descFields.FindStringSubmatch(d.String())
+		if m == nil {
+			r.err = errors.Join(r.err, fmt.Errorf("cannot parse %s", d))
+			continue
+		}
+		name, err1 := strconv.Unquote(m[1])
+		help, err2 := strconv.Unquote(m[2])
+		if err := errors.Join(err1, err2); err != nil {
+			r.err = errors.Join(r.err, fmt.Errorf("%s: %w", d, err))
+			continue
+		}
+		if _, dup := r.metrics[name]; dup {
+			r.err = errors.Join(r.err, fmt.Errorf("%s registered twice", name))
+		}
+		r.metrics[name] = Metric{Kind: kind, Help: help}
+	}
+	return nil
+}
+
+func (r *recorder) MustRegister(cs ...prometheus.Collector) {
+	for _, c := range cs {
+		_ = r.Register(c)
+	}
+}
+
+func (r *recorder) Unregister(prometheus.Collector) bool { return false }
+
+// kindOf tells the metric type from the collector's Go type. Gauge comes
+// before Counter: a gauge has Inc and Add too.
+func kindOf(c prometheus.Collector) string {
+	switch c.(type) {
+	case *prometheus.CounterVec:
+		return "counter"
+	case *prometheus.GaugeVec:
+		return "gauge"
+	case *prometheus.HistogramVec:
+		return "histogram"
+	case *prometheus.SummaryVec:
+		return "summary"
+	case prometheus.Gauge:
+		return "gauge"
+	case prometheus.Counter:
+		return "counter"
+	case prometheus.Histogram:
+		return "histogram" // a plain Summary looks the same; the project has none
+	}
+	return fmt.Sprintf("unknown (%T)", c)
+}
+
+// All registers every metric constructor of the project on a recorder: the
+// daemon's (expiry, partitions, throttle, tiering, daemonmetrics) and the
+// claim path's (inbox, on the consumers' registries), and returns what they
+// describe, by name.
+func All() (map[string]Metric, error) {
+	r := &recorder{metrics: map[string]Metric{}}
+	expiry.NewMetrics(r)
+	throttle.NewMetrics(r)
+	inbox.NewMetrics(r)
+	partitions.NewMetrics(r)
+	daemonmetrics.New(r, "test")
+	tiering.NewMetrics(r)
+	if r.err == nil && len(r.metrics) == 0 {
+		r.err = errors.New("no metric registered")
+	}
+	return r.metrics, r.err
+}
