@@ -505,4 +505,4 @@ func cleanupLag(ctx context.Context, q catalog.Querier, t *catalog.Table, now ti
 var ErrorKinds = retry.Kinds
 
 // ErrorKind classifies an error for metrics and retry decisions.
-func ErrorKind(err error) string { return retry.Kind(err) }
+func ErrorKind(err error) string { return string(retry.Kind(err)) }

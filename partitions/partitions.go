@@ -431,44 +431,39 @@ func (m *Manager) retireOne(ctx context.Context, t *catalog.Table, p Partition, 
 		}
 		return false, nil
 	}
-	for attempt := 0; ; attempt++ {
-		var reason, detail string
+	var reason, detail string
+	err = retry.Do(ctx, m.ddlPolicy(t, "detach "+p.String()), func(n int) error {
+		if n > 0 {
+			// Phase one may have committed before the failure: look again.
+			cur, err := m.refresh(ctx, t, p)
+			if err != nil || cur.OID == 0 {
+				return errGone{err}
+			}
+			p = cur
+		}
 		reason, detail, err = m.detachOnce(ctx, t, p, now)
-		if err == nil {
-			if reason != "" {
-				res.Blocked = append(res.Blocked, Blocked{Partition: p.String(), Reason: reason, Detail: detail})
-				return false, nil
-			}
-			res.Detached = append(res.Detached, p.String())
-			if mm := m.opts.Metrics; mm != nil {
-				mm.Detached.WithLabelValues(t.Name).Inc()
-			}
-			m.log.Info("partitions: detached", "table", t.Name, "partition", p.String())
-			return false, nil
+		return err
+	})
+	var gone errGone
+	switch {
+	case errors.As(err, &gone):
+		return false, gone.err
+	case err == nil && reason != "":
+		res.Blocked = append(res.Blocked, Blocked{Partition: p.String(), Reason: reason, Detail: detail})
+		return false, nil
+	case err == nil:
+		res.Detached = append(res.Detached, p.String())
+		if mm := m.opts.Metrics; mm != nil {
+			mm.Detached.WithLabelValues(t.Name).Inc()
 		}
-		var stop errStop
-		if errors.As(err, &stop) || ctx.Err() != nil {
-			return false, err
-		}
-		kind := retry.Kind(err)
-		if !(retry.Transient(kind) || kind == "lock_wait") || attempt >= m.opts.MaxRetries {
-			break
-		}
-		wait := retry.Backoff(attempt, 200*time.Millisecond)
-		m.log.Warn("partitions: detach failed, retrying", "table", t.Name, "partition", p.String(), "kind", kind, "attempt", attempt+1, "wait", wait, "error", err)
-		if err := retry.Sleep(ctx, wait); err != nil {
-			return false, err
-		}
-		// Phase one may have committed before the failure: look again.
-		var rerr error
-		if p, rerr = m.refresh(ctx, t, p); rerr != nil || p.OID == 0 {
-			return false, rerr
-		}
+		m.log.Info("partitions: detached", "table", t.Name, "partition", p.String())
+		return false, nil
 	}
-	reason := "error"
-	if k := retry.Kind(err); k == "lock_timeout" || k == "lock_wait" {
-		reason = "lock_timeout"
+	var stop errStop
+	if errors.As(err, &stop) || ctx.Err() != nil {
+		return false, err
 	}
+	reason = blockedReason(err)
 	m.log.Warn("partitions: partition stays attached this pass", "table", t.Name, "partition", p.String(), "reason", reason, "error", err)
 	res.Blocked = append(res.Blocked, Blocked{Partition: p.String(), Reason: reason, Detail: err.Error()})
 	// Phase one may have committed: then nothing else can be detached.
@@ -696,10 +691,7 @@ WHERE partition_schema = $1 AND partition_name = $2 AND detach_started = $3`, ap
 			if errors.As(err, &stop) || ctx.Err() != nil {
 				return err
 			}
-			reason, detail = "error", err.Error()
-			if k := retry.Kind(err); k == "lock_timeout" || k == "lock_wait" {
-				reason = "lock_timeout"
-			}
+			reason, detail = blockedReason(err), err.Error()
 		}
 		if reason != "" {
 			res.Blocked = append(res.Blocked, Blocked{Partition: p.String(), Reason: reason, Detail: detail, Detached: true})
@@ -862,7 +854,7 @@ func (m *Manager) ddl(ctx context.Context, t *catalog.Table, what string, fn fun
 		if err != nil {
 			kind := retry.Kind(err)
 			if mm := m.opts.Metrics; mm != nil && mm.Errors != nil {
-				mm.Errors.WithLabelValues(t.Name, kind).Inc()
+				mm.Errors.WithLabelValues(t.Name, string(kind)).Inc()
 			}
 		}
 	}()
@@ -896,23 +888,45 @@ func (m *Manager) ddl(ctx context.Context, t *catalog.Table, what string, fn fun
 	return nil
 }
 
-// retrying runs step until it succeeds, fails for good, or has been
-// retried MaxRetries times.
+// retrying runs step under the DDL retry policy.
 func (m *Manager) retrying(ctx context.Context, t *catalog.Table, what string, step func() error) error {
-	for attempt := 0; ; attempt++ {
-		err := step()
-		if err == nil || ctx.Err() != nil || attempt >= m.opts.MaxRetries {
-			return err
-		}
-		var stop errStop
-		kind := retry.Kind(err)
-		if errors.As(err, &stop) || !(retry.Transient(kind) || kind == "lock_wait") {
-			return err
-		}
-		wait := retry.Backoff(attempt, 200*time.Millisecond)
-		m.log.Warn("partitions: DDL failed, retrying", "table", t.Name, "step", what, "kind", kind, "attempt", attempt+1, "wait", wait, "error", err)
-		if err := retry.Sleep(ctx, wait); err != nil {
-			return err
-		}
+	return retry.Do(ctx, m.ddlPolicy(t, what), func(int) error { return step() })
+}
+
+// ddlPolicy retries a DDL step: lock timeouts, and being cancelled for a
+// session that queued behind it, are what a busy table is like; a stop (the
+// lease, the throttle) ends it.
+func (m *Manager) ddlPolicy(t *catalog.Table, what string) retry.Policy {
+	return retry.Policy{
+		MaxRetries: m.opts.MaxRetries,
+		Base:       200 * time.Millisecond,
+		Retry: func(err error, kind retry.ErrorKind) bool {
+			var stop errStop
+			var gone errGone
+			return !errors.As(err, &stop) && !errors.As(err, &gone) && (kind.Transient() || kind == retry.KindLockWait)
+		},
+		OnRetry: func(kind retry.ErrorKind, attempt int, wait time.Duration, err error) {
+			m.log.Warn("partitions: DDL failed, retrying", "table", t.Name, "step", what, "kind", kind, "attempt", attempt+1, "wait", wait, "error", err)
+		},
 	}
+}
+
+// errGone ends a retry whose partition went away meanwhile (err nil), or
+// could not be looked up again.
+type errGone struct{ err error }
+
+func (e errGone) Error() string {
+	if e.err == nil {
+		return "the partition is gone"
+	}
+	return e.err.Error()
+}
+
+// blockedReason is why a partition waits, for status and metrics, after a
+// failed step: lock_timeout (a busy table) or error.
+func blockedReason(err error) string {
+	if k := retry.Kind(err); k == retry.KindLockTimeout || k == retry.KindLockWait {
+		return "lock_timeout"
+	}
+	return "error"
 }

@@ -151,7 +151,7 @@ func (l *Loop) withRetry(ctx context.Context, batch Batch, lower pgtype.Timestam
 		}
 		kind := retry.Kind(err)
 		if l.OnError != nil {
-			l.OnError(kind)
+			l.OnError(string(kind))
 		}
 		switch kind {
 		case "lock_wait":
@@ -167,7 +167,7 @@ func (l *Loop) withRetry(ctx context.Context, batch Batch, lower pgtype.Timestam
 		}
 		res.Retries++
 		if l.OnRetry != nil {
-			l.OnRetry(kind)
+			l.OnRetry(string(kind))
 		}
 		wait := retry.Backoff(attempt, 100*time.Millisecond)
 		if l.Log != nil {
