@@ -12,11 +12,11 @@ import (
 	"github.com/robfig/cron/v3"
 
 	"github.com/inboxkeeper/inboxkeeper/expiry"
-	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/daemonmetrics"
 	"github.com/inboxkeeper/inboxkeeper/internal/lease"
+	"github.com/inboxkeeper/inboxkeeper/internal/pass"
 	"github.com/inboxkeeper/inboxkeeper/internal/sqlident"
 	"github.com/inboxkeeper/inboxkeeper/migrations"
 	"github.com/inboxkeeper/inboxkeeper/partitions"
@@ -93,6 +93,7 @@ func (a *app) daemon(ctx context.Context, args []string) error {
 	}
 	p.dem, p.tm = a.demoter(pool, tables, false, th, tmetrics, metrics.Errors), tmetrics
 	p.dem.SetActive(ls.Check)
+	p.runner = pass.Runner{Stages: []pass.Stage{pass.Partitions(pm), pass.Tiering(p.dem), pass.Expiry(d)}, RunTime: a.cfg.RunTime}
 	for {
 		start := time.Now()
 		if err := p.run(ctx); err != nil {
@@ -126,6 +127,7 @@ type passer struct {
 	dm        *daemonmetrics.Metrics
 	m         *expiry.Metrics
 	dem       *tiering.Demoter // demotion through the tiers (tiers.go)
+	runner    pass.Runner
 	tm        *tiering.Metrics
 	lastState string
 
@@ -183,52 +185,16 @@ func (p *passer) run(ctx context.Context) error {
 	p.say("active")
 	p.dm.PassesInFlight.Set(1)
 	defer p.dm.PassesInFlight.Set(0)
-	// One RUN_TIME for the whole pass. Partitions first: a missing month
-	// makes inserts fail, an expired row only waits.
-	deadline := batchloop.Deadline(p.a.cfg.RunTime)
-	presults, err := p.pm.RunPass(ctx)
+	res, err := p.runner.Run(ctx)
 	if err != nil {
 		return err
 	}
-	// Demotion before deletion: a row due for both loses its payload
-	// first, then goes with its permanent key.
-	tresults, err := p.demote(ctx, deadline)
-	if err != nil {
-		return err
-	}
-	results, err := p.d.RunPassUntil(ctx, deadline)
-	if err != nil {
-		return err
-	}
-	failed, early := 0, 0
-	count := func(err error, stopped string) {
-		switch {
-		case err != nil:
-			failed++
-		case stopped != "":
-			early++
-		}
-	}
-	for _, r := range presults {
-		count(r.Err, r.StoppedEarly)
-	}
-	for _, r := range results {
-		count(r.Err, r.StoppedEarly)
+	for _, r := range pass.Of[expiry.TableResult](res.Tables) {
 		p.record(r)
 	}
-	for _, r := range tresults {
-		count(r.Err, r.StoppedEarly)
-	}
+	outcome = res.Outcome()
+	failed, _, total := res.Counts()
 	p.measureTiers(ctx)
-	total := len(results) + len(presults) + len(tresults)
-	switch {
-	case failed == total && failed > 0:
-		outcome = daemonmetrics.PassFailed
-	case failed > 0 || early > 0:
-		outcome = daemonmetrics.PassPartial
-	default:
-		outcome = daemonmetrics.PassOK
-	}
 	if err := p.controlStats(ctx); err != nil && ctx.Err() == nil {
 		p.a.log.Warn("inboxkeeper: read the control schema for metrics", "error", err)
 	}

@@ -19,9 +19,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/inboxkeeper/inboxkeeper/expiry"
-	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/lease"
+	"github.com/inboxkeeper/inboxkeeper/internal/pass"
 	"github.com/inboxkeeper/inboxkeeper/partitions"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
 	"github.com/inboxkeeper/inboxkeeper/tiering"
@@ -132,35 +132,47 @@ func (a *app) once(ctx context.Context, args []string) error {
 	return nil
 }
 
-// onePass is what once does, and the demo: partitions (premake, then
-// retirement), demotion, then row deletion, with a line per table and step
-// on stdout. It returns how many table steps failed, out of how many.
+// onePass is what once does, and the demo: a pass (internal/pass) with a
+// line per table and step on stdout as each step ends. It returns how many
+// table steps failed, out of how many.
 func (a *app) onePass(ctx context.Context, pool *pgxpool.Pool, tables []*catalog.Table, dryRun bool, th *throttle.Throttler,
 	active func() error, progress func(expiry.Progress)) (failed, total int, err error) {
-	deadline := batchloop.Deadline(a.cfg.RunTime) // one RUN_TIME for the whole pass
+	if !dryRun {
+		// A deletion writes its permanent keys in the same statement: the
+		// key tables must exist before anything runs.
+		if err := a.ensureKeyTables(ctx, pool, tables); err != nil {
+			return 0, 0, err
+		}
+	}
 	pm := a.partitionManager(pool, tables, dryRun, th, nil)
 	pm.SetActive(active)
-	presults, err := pm.RunPass(ctx)
-	failed = printPartitionResults(a.stdout, presults, dryRun)
-	if err != nil {
-		return failed, 0, fmt.Errorf("pass interrupted: %w", err)
-	}
-	tfailed, tn, err := a.onceDemote(ctx, pool, tables, dryRun, th, active, deadline)
-	failed += tfailed
-	if err != nil {
-		return failed, 0, err
-	}
+	dem := a.demoter(pool, tables, dryRun, th, nil, nil)
+	dem.SetActive(active)
 	d := a.deleter(pool, tables, dryRun, th, nil, progress)
 	d.SetActive(active)
-	results, err := d.RunPassUntil(ctx, deadline)
-	if isTerminal(a.stderr) {
-		fmt.Fprint(a.stderr, "\r\033[K") // clear the progress bar
+	runner := pass.Runner{
+		Stages:     []pass.Stage{pass.Partitions(pm), pass.Tiering(dem), pass.Expiry(d)},
+		RunTime:    a.cfg.RunTime,
+		AfterStage: func(stage string, rs []pass.TableResult) { a.printStage(stage, rs, dryRun) },
 	}
-	failed += printResults(a.stdout, results, dryRun)
-	if err != nil {
-		return failed, 0, fmt.Errorf("pass interrupted: %w", err)
+	res, err := runner.Run(ctx)
+	failed, _, total = res.Counts()
+	return failed, total, err
+}
+
+// printStage prints a line per table for one step of a pass.
+func (a *app) printStage(stage string, rs []pass.TableResult, dryRun bool) {
+	switch stage {
+	case pass.StagePartitions:
+		printPartitionResults(a.stdout, pass.Of[partitions.TableResult](rs), dryRun)
+	case pass.StageTiering:
+		printTierResults(a.stdout, pass.Of[tiering.Result](rs), dryRun)
+	case pass.StageExpiry:
+		if isTerminal(a.stderr) {
+			fmt.Fprint(a.stderr, "\r\033[K") // clear the progress bar
+		}
+		printResults(a.stdout, pass.Of[expiry.TableResult](rs), dryRun)
 	}
-	return failed, len(results) + len(presults) + tn, nil
 }
 
 // progressPrinter shows a long pass is alive: on a terminal, a progress bar

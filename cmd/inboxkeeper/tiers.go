@@ -120,32 +120,6 @@ func printTierResults(w io.Writer, results []tiering.Result, dryRun bool) int {
 	return failed
 }
 
-// onceDemote is the demotion part of `once`: before the deletions, like the
-// daemon's pass.
-func (a *app) onceDemote(ctx context.Context, pool *pgxpool.Pool, tables []*catalog.Table, dryRun bool, th *throttle.Throttler, active func() error, deadline time.Time) (failed, n int, err error) {
-	if !dryRun {
-		if err := a.ensureKeyTables(ctx, pool, tables); err != nil {
-			return 0, 0, err
-		}
-	}
-	dem := a.demoter(pool, tables, dryRun, th, nil, nil)
-	dem.SetActive(active)
-	results, err := dem.RunPassUntil(ctx, deadline)
-	failed = printTierResults(a.stdout, results, dryRun)
-	if err != nil {
-		return failed, len(results), fmt.Errorf("pass interrupted: %w", err)
-	}
-	return failed, len(results), nil
-}
-
-// demote runs the demotion part of a daemon pass and returns its results.
-func (p *passer) demote(ctx context.Context, deadline time.Time) ([]tiering.Result, error) {
-	if p.dem == nil {
-		return nil, nil
-	}
-	return p.dem.RunPassUntil(ctx, deadline)
-}
-
 // countPermanent adds the permanent keys a deletion pass wrote.
 func (p *passer) countPermanent(r expiry.TableResult) {
 	if p.tm != nil && r.PermanentKeys > 0 {

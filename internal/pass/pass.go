@@ -1,0 +1,173 @@
+// Package pass runs one pass over the policy's tables, in the one order
+// the daemon, `once`, the demo and `status` share:
+//
+//  1. partitions: premake the months ahead, then retire expired ones (a
+//     missing month makes inserts fail, an expired row only waits);
+//  2. tiering: demote payloads (a row due for both loses its payload first,
+//     then goes with its permanent key);
+//  3. expiry: delete expired rows in batches.
+//
+// Every stage shares one deadline, RUN_TIME from the start of the pass, and
+// reports one result per table. The lease and the throttle are checked by
+// the stages themselves before every batch or DDL statement (their Active
+// and Throttle options). Daemon internals.
+package pass
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/inboxkeeper/inboxkeeper/expiry"
+	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
+	"github.com/inboxkeeper/inboxkeeper/internal/daemonmetrics"
+	"github.com/inboxkeeper/inboxkeeper/partitions"
+	"github.com/inboxkeeper/inboxkeeper/tiering"
+)
+
+// TableResult is what one stage did to one table.
+type TableResult struct {
+	Stage        string // StagePartitions, StageTiering or StageExpiry
+	Table        string
+	Err          error
+	StoppedEarly string
+	// Detail is the stage's own result: partitions.TableResult,
+	// tiering.Result or expiry.TableResult.
+	Detail any
+}
+
+// The stages, by name.
+const (
+	StagePartitions = "partitions"
+	StageTiering    = "tiering"
+	StageExpiry     = "expiry"
+)
+
+// Stage is one step of a pass.
+type Stage interface {
+	Name() string
+	// Run works through every table the stage manages. The error is non-nil
+	// only when ctx ended the stage; a table that failed says so in its
+	// result.
+	Run(ctx context.Context, deadline time.Time) ([]TableResult, error)
+}
+
+// Result is one pass: every stage's table results, in stage order.
+type Result struct {
+	Tables []TableResult
+}
+
+// Counts says how many table results failed, how many stopped early
+// (RUN_TIME, the lease, the throttle, a session queued behind a batch), and
+// how many there are.
+func (r Result) Counts() (failed, early, total int) {
+	for _, t := range r.Tables {
+		switch {
+		case t.Err != nil:
+			failed++
+		case t.StoppedEarly != "":
+			early++
+		}
+	}
+	return failed, early, len(r.Tables)
+}
+
+// Outcome is the pass's label for inboxkeeper_passes_total.
+func (r Result) Outcome() string {
+	failed, early, total := r.Counts()
+	switch {
+	case failed == total && failed > 0:
+		return daemonmetrics.PassFailed
+	case failed > 0 || early > 0:
+		return daemonmetrics.PassPartial
+	}
+	return daemonmetrics.PassOK
+}
+
+// Of returns the details of a stage's results, typed:
+// Of[expiry.TableResult](rs).
+func Of[T any](rs []TableResult) []T {
+	var out []T
+	for _, t := range rs {
+		if d, ok := t.Detail.(T); ok {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// Runner runs the stages in order within one RUN_TIME.
+type Runner struct {
+	Stages  []Stage
+	RunTime time.Duration // 0: no limit
+	// AfterStage, when set, is told each stage's results as soon as the
+	// stage ends (once prints them as the pass goes).
+	AfterStage func(stage string, results []TableResult)
+}
+
+// Run does one pass. The error is non-nil only when ctx ended it; the
+// results so far are returned with it.
+func (r Runner) Run(ctx context.Context) (Result, error) {
+	deadline := batchloop.Deadline(r.RunTime)
+	var res Result
+	for _, s := range r.Stages {
+		trs, err := s.Run(ctx, deadline)
+		res.Tables = append(res.Tables, trs...)
+		if r.AfterStage != nil {
+			r.AfterStage(s.Name(), trs)
+		}
+		if err != nil {
+			return res, fmt.Errorf("pass interrupted (%s): %w", s.Name(), err)
+		}
+	}
+	return res, nil
+}
+
+// Partitions is the partitions stage. Premaking is not bounded by RUN_TIME:
+// a missing month makes inserts fail.
+func Partitions(m *partitions.Manager) Stage {
+	return stage{StagePartitions, func(ctx context.Context, _ time.Time) ([]TableResult, error) {
+		rs, err := m.RunPass(ctx)
+		return wrap(StagePartitions, rs, func(r partitions.TableResult) (string, error, string) { return r.Table, r.Err, r.StoppedEarly }), err
+	}}
+}
+
+// Tiering is the demotion stage; a nil demoter demotes nothing.
+func Tiering(d *tiering.Demoter) Stage {
+	return stage{StageTiering, func(ctx context.Context, deadline time.Time) ([]TableResult, error) {
+		if d == nil {
+			return nil, nil
+		}
+		rs, err := d.RunPassUntil(ctx, deadline)
+		return wrap(StageTiering, rs, func(r tiering.Result) (string, error, string) { return r.Table, r.Err, r.StoppedEarly }), err
+	}}
+}
+
+// Expiry is the deletion stage.
+func Expiry(d *expiry.Deleter) Stage {
+	return stage{StageExpiry, func(ctx context.Context, deadline time.Time) ([]TableResult, error) {
+		rs, err := d.RunPassUntil(ctx, deadline)
+		return wrap(StageExpiry, rs, func(r expiry.TableResult) (string, error, string) { return r.Table, r.Err, r.StoppedEarly }), err
+	}}
+}
+
+type stage struct {
+	name string
+	run  func(ctx context.Context, deadline time.Time) ([]TableResult, error)
+}
+
+func (s stage) Name() string { return s.name }
+
+func (s stage) Run(ctx context.Context, deadline time.Time) ([]TableResult, error) {
+	return s.run(ctx, deadline)
+}
+
+// wrap turns a stage's own results into TableResults; Detail holds each.
+func wrap[R any](stage string, rs []R, fields func(R) (table string, err error, stopped string)) []TableResult {
+	out := make([]TableResult, len(rs))
+	for i, r := range rs {
+		table, err, stopped := fields(r)
+		out[i] = TableResult{Stage: stage, Table: table, Err: err, StoppedEarly: stopped, Detail: r}
+	}
+	return out
+}
