@@ -531,3 +531,22 @@ func orAll(ps []string) string {
 	}
 	return "(" + strings.Join(ps, " OR ") + ")"
 }
+
+// ReplaysBeyondWindow counts, per table, the active replays that were
+// started with --force although they reach past what is still remembered.
+func ReplaysBeyondWindow(ctx context.Context, db Querier) (map[string]int, error) {
+	rows, err := db.Query(ctx, `SELECT table_name, count(*) FILTER (WHERE beyond_window)::int
+FROM inboxkeeper.replays WHERE finished_at IS NULL GROUP BY table_name`)
+	if err != nil {
+		return nil, fmt.Errorf("count replays beyond the window: %w", err)
+	}
+	out := map[string]int{}
+	_, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (struct{}, error) {
+		var table string
+		var n int
+		err := r.Scan(&table, &n)
+		out[table] = n
+		return struct{}{}, err
+	})
+	return out, err
+}

@@ -3,7 +3,9 @@ package inbox
 import (
 	"context"
 	"fmt"
+	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/inboxkeeper/inboxkeeper/retention"
@@ -44,4 +46,45 @@ ON CONFLICT (schema_name, table_name, scope) DO UPDATE SET
 		return fmt.Errorf("install the retention rule of %s.%s scope %q: %w", schema, table, r.Scope, err)
 	}
 	return nil
+}
+
+// InstalledRule is a retention rule as installed for the claim path, with
+// its horizons (zero when a scenario is absent).
+type InstalledRule struct {
+	Schema, Table, Scope string
+	PostReceipt, Replay  time.Duration
+	HasPostReceipt       bool
+	HasReplay            bool
+	Margin               time.Duration
+}
+
+// Querier runs a query: *pgx.Conn, *pgxpool.Pool, pgx.Tx.
+type Querier interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}
+
+// InstalledRules reads every installed rule (the daemon exports their
+// horizons as metrics).
+func InstalledRules(ctx context.Context, db Querier) ([]InstalledRule, error) {
+	rows, err := db.Query(ctx, `SELECT schema_name, table_name, scope,
+       extract(epoch FROM post_receipt)::float8, extract(epoch FROM replay)::float8, extract(epoch FROM margin)::float8
+FROM inboxkeeper.retention_rules ORDER BY schema_name, table_name, scope`)
+	if err != nil {
+		return nil, fmt.Errorf("read the installed retention rules: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (InstalledRule, error) {
+		var ir InstalledRule
+		var post, replay *float64
+		var margin float64
+		err := r.Scan(&ir.Schema, &ir.Table, &ir.Scope, &post, &replay, &margin)
+		secs := func(f float64) time.Duration { return time.Duration(f * float64(time.Second)) }
+		if post != nil {
+			ir.PostReceipt, ir.HasPostReceipt = secs(*post), true
+		}
+		if replay != nil {
+			ir.Replay, ir.HasReplay = secs(*replay), true
+		}
+		ir.Margin = secs(margin)
+		return ir, err
+	})
 }

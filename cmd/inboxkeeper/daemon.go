@@ -12,9 +12,12 @@ import (
 	"github.com/robfig/cron/v3"
 
 	"github.com/inboxkeeper/inboxkeeper/expiry"
+	"github.com/inboxkeeper/inboxkeeper/holds"
+	"github.com/inboxkeeper/inboxkeeper/inbox"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/daemonmetrics"
+	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/lease"
 	"github.com/inboxkeeper/inboxkeeper/internal/pass"
 	"github.com/inboxkeeper/inboxkeeper/internal/sqlident"
@@ -155,7 +158,7 @@ func (p *passer) run(ctx context.Context) error {
 		p.dm.Passes.WithLabelValues(outcome).Inc()
 		p.dm.LastPass.Set(float64(time.Now().Unix()))
 	}()
-	standby, err := inRecovery(ctx, p.pool)
+	standby, err := dbconn.InRecovery(ctx, p.pool)
 	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -310,67 +313,46 @@ func (p *passer) scopeStats(ctx context.Context, table, scope string) error {
 // controlStats exports the installed retention rules (the configured replay
 // and redrive horizons) and the replays forced past the window.
 func (p *passer) controlStats(ctx context.Context) error {
-	rows, err := p.pool.Query(ctx, `SELECT schema_name, table_name, scope,
-       extract(epoch FROM post_receipt)::float8, extract(epoch FROM replay)::float8, extract(epoch FROM margin)::float8
-FROM inboxkeeper.retention_rules`)
+	rules, err := inbox.InstalledRules(ctx, p.pool)
 	if err != nil {
 		return err
 	}
-	defer rows.Close()
 	p.dm.ReplayHorizon.Reset()
 	p.dm.PostReceipt.Reset()
 	p.dm.Margin.Reset()
-	type scoped struct{ table, scope string }
-	var scopes []scoped
-	for rows.Next() {
-		var schema, table, scope string
-		var post, replay *float64
-		var margin float64
-		if err := rows.Scan(&schema, &table, &scope, &post, &replay, &margin); err != nil {
-			return err
+	for _, r := range rules {
+		name := sqlident.QualifiedName{Schema: r.Schema, Name: r.Table}.String()
+		if r.HasPostReceipt {
+			p.dm.PostReceipt.WithLabelValues(name, r.Scope).Set(r.PostReceipt.Seconds())
 		}
-		name := sqlident.QualifiedName{Schema: schema, Name: table}.String()
-		if post != nil {
-			p.dm.PostReceipt.WithLabelValues(name, scope).Set(*post)
+		if r.HasReplay {
+			p.dm.ReplayHorizon.WithLabelValues(name, r.Scope).Set(r.Replay.Seconds())
 		}
-		if replay != nil {
-			p.dm.ReplayHorizon.WithLabelValues(name, scope).Set(*replay)
-		}
-		p.dm.Margin.WithLabelValues(name, scope).Set(margin)
-		scopes = append(scopes, scoped{name, scope})
+		p.dm.Margin.WithLabelValues(name, r.Scope).Set(r.Margin.Seconds())
 	}
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	rows.Close()
 	if err := p.firstSeenStats(ctx); err != nil {
 		return err
 	}
 	p.dm.ScopeExpiry.Reset()
 	p.dm.ScopeFirstSeen.Reset()
-	for _, s := range scopes {
-		if err := p.scopeStats(ctx, s.table, s.scope); err != nil {
+	for _, r := range rules {
+		name := sqlident.QualifiedName{Schema: r.Schema, Name: r.Table}.String()
+		if err := p.scopeStats(ctx, name, r.Scope); err != nil {
 			if ctx.Err() != nil {
 				return err
 			}
-			p.a.log.Warn("inboxkeeper: per-scope retained range", "table", s.table, "scope", s.scope, "error", err)
+			p.a.log.Warn("inboxkeeper: per-scope retained range", "table", name, "scope", r.Scope, "error", err)
 		}
 	}
-	rows, err = p.pool.Query(ctx, `SELECT table_name, count(*) FILTER (WHERE beyond_window)
-FROM inboxkeeper.replays WHERE finished_at IS NULL GROUP BY table_name`)
+	beyond, err := holds.ReplaysBeyondWindow(ctx, p.pool)
 	if err != nil {
 		return err
 	}
 	p.dm.ReplaysBeyond.Reset()
-	for rows.Next() {
-		var table string
-		var n float64
-		if err := rows.Scan(&table, &n); err != nil {
-			return err
-		}
-		p.dm.ReplaysBeyond.WithLabelValues(table).Set(n)
+	for table, n := range beyond {
+		p.dm.ReplaysBeyond.WithLabelValues(table).Set(float64(n))
 	}
-	return rows.Err()
+	return nil
 }
 
 // prepareWithRetry is prepare for a daemon: a database that is not up yet,
@@ -461,7 +443,5 @@ func (a *app) waitForLease(ctx context.Context, pool *pgxpool.Pool) (*lease.Leas
 }
 
 func inRecovery(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
-	var standby bool
-	err := pool.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&standby)
-	return standby, err
+	return dbconn.InRecovery(ctx, pool)
 }

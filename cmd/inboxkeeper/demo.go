@@ -13,6 +13,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/expiry"
 	"github.com/inboxkeeper/inboxkeeper/holds"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/pgcluster"
 	"github.com/inboxkeeper/inboxkeeper/migrations"
 )
@@ -138,8 +139,8 @@ func (a *app) demo(ctx context.Context, args []string) error {
 		return err
 	}
 	fmt.Fprintf(a.stdout, "demo: hold %d keeps every row of consumer \"payments\"\n", holdID)
-	var now time.Time
-	if err := pool.QueryRow(ctx, "SELECT now()").Scan(&now); err != nil {
+	now, err := dbconn.Now(ctx, pool)
+	if err != nil {
 		return err
 	}
 	from, to := now.Add(-90*24*time.Hour), now.Add(-80*24*time.Hour)

@@ -484,8 +484,8 @@ func isSetupError(err error) bool {
 // database's TimeZone is not UTC: an application that writes local time
 // would see rows go hours early or late.
 func (a *app) warnLocalTime(ctx context.Context, q catalog.Querier, tables []*catalog.Table) {
-	var tz string
-	if err := q.QueryRow(ctx, "SELECT current_setting('TimeZone')").Scan(&tz); err != nil {
+	tz, err := dbconn.TimeZone(ctx, q)
+	if err != nil {
 		a.log.Warn("inboxkeeper: cannot read the database's TimeZone", "error", err)
 		return
 	}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/inboxkeeper/inboxkeeper/expiry"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/lease"
 	"github.com/inboxkeeper/inboxkeeper/internal/pass"
 	"github.com/inboxkeeper/inboxkeeper/partitions"
@@ -85,7 +86,7 @@ func (a *app) preparePrimary(ctx context.Context) (*pgxpool.Pool, []*catalog.Tab
 	if err != nil {
 		return nil, nil, err
 	}
-	if standby, err := inRecovery(ctx, pool); err != nil {
+	if standby, err := dbconn.InRecovery(ctx, pool); err != nil {
 		return nil, nil, err
 	} else if standby {
 		fmt.Fprintln(a.stdout, "the database is a standby (in recovery): nothing to do here; run inboxkeeper against the primary")
@@ -284,7 +285,7 @@ func (a *app) status(ctx context.Context, args []string) error {
 		return err
 	}
 	rep := statusReport{}
-	if rep.InRecovery, err = inRecovery(ctx, pool); err != nil {
+	if rep.InRecovery, err = dbconn.InRecovery(ctx, pool); err != nil {
 		return err
 	}
 	if rep.Lease, err = lease.Current(ctx, pool); err != nil {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/inboxkeeper/inboxkeeper/inbox"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
 	"github.com/inboxkeeper/inboxkeeper/internal/redisprobe"
 	"github.com/inboxkeeper/inboxkeeper/internal/sqlident"
@@ -213,8 +214,8 @@ func checkCoverage(ctx context.Context, pool *pgxpool.Pool, r retention.Rule, t 
 	if !t.Partitioned() {
 		return []checkLine{{"OK", "", "partition coverage: not partitioned"}}
 	}
-	var now time.Time
-	if err := pool.QueryRow(ctx, "SELECT now()").Scan(&now); err != nil {
+	now, err := dbconn.Now(ctx, pool)
+	if err != nil {
 		return []checkLine{{"FAIL", "", "partition coverage: read the clock: " + err.Error()}}
 	}
 	// A message first seen now gets at most the longest scenario plus the
@@ -244,103 +245,39 @@ func checkCoverage(ctx context.Context, pool *pgxpool.Pool, r retention.Rule, t 
 	return out
 }
 
-// rowCap bounds the count, like status does: the check says "more than"
-// instead of scanning a huge table to the end.
-const rowCap = 1_000_000
-
-// checkRows counts the rows of the scope whose expiry comes before the rule
-// computed from their own anchors, in SQL. Rows whose expiry is NULL are
-// never deleted, and rows whose anchors are all NULL cannot be judged: the
-// comparison is NULL for both, so neither counts.
+// checkRows says whether any row of the scope has an expiry before the one
+// the rule computes from its own anchors (retention.CheckRows).
 func (a *app) checkRows(ctx context.Context, pool *pgxpool.Pool, r retention.Rule, t *catalog.Table) checkLine {
-	var args []any
-	arg := func(v any) string {
-		args = append(args, v)
-		return fmt.Sprintf("$%d", len(args))
-	}
-	micros := func(d time.Duration) string { return arg(d.Microseconds()) + "::bigint * interval '1 microsecond'" }
-
-	expiry := t.Expiry.AsTimestamptz("")
-	if off := t.Policy.ExpiryOffset(); off != 0 {
-		expiry = "(" + expiry + " + " + micros(off) + ")"
-	}
-	// retention.Load refuses a scenario whose column the table lacks.
-	if r.PostReceipt > 0 && t.FirstSeen == nil || r.Replay > 0 && t.EventTime == nil {
-		return checkLine{"FAIL", "", "rows: the table lacks the first_seen or event_time column the rule counts from"}
-	}
-	var terms []string
-	if r.PostReceipt > 0 {
-		terms = append(terms, t.FirstSeen.AsTimestamptz("")+" + "+micros(r.PostReceipt))
-	}
-	if r.Replay > 0 {
-		terms = append(terms, t.EventTime.AsTimestamptz("")+" + "+micros(r.Replay))
-	}
-	if r.Deadline != nil {
-		terms = append(terms, arg(*r.Deadline)+"::timestamptz")
-	}
-	if len(terms) == 0 {
-		if t.FirstSeen == nil {
-			return checkLine{"OK", "", "rows: the rule has no inbox scenario (every path is left to the permanent business key); nothing to compare"}
-		}
-		terms = append(terms, t.FirstSeen.AsTimestamptz(""))
-	}
-	rule := "(greatest(" + strings.Join(terms, ", ") + ") + " + micros(r.Margin) + ")"
-	where := expiry + " < " + rule
+	rc, err := retention.CheckRows(ctx, pool, r, t, a.txSettings())
 	scope := ""
 	if t.Scope != nil {
-		where += " AND " + t.Scope.Quoted + "::text = " + arg(r.Scope)
 		scope = fmt.Sprintf(" (scope %q)", r.Scope)
 	}
-	keys := make([]string, len(t.Key))
-	for i, k := range t.Key {
-		keys[i] = k.Quoted + "::text"
-	}
-
-	var n int64
-	var ex struct {
-		key           []*string
-		expiry, until time.Time
-	}
-	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		if _, err := a.txSettings().Apply(ctx, tx); err != nil {
-			return err
-		}
-		if err := tx.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM (SELECT 1 FROM %s WHERE %s LIMIT %d) s", t.Ident, where, rowCap+1), args...).Scan(&n); err != nil {
-			return err
-		}
-		if n == 0 {
-			return nil
-		}
-		// The first to be deleted is the example.
-		ex.key = make([]*string, len(keys))
-		dst := []any{&ex.expiry, &ex.until}
-		for i := range ex.key {
-			dst = append(dst, &ex.key[i])
-		}
-		return tx.QueryRow(ctx, fmt.Sprintf("SELECT %s, %s, %s FROM %s WHERE %s ORDER BY 1 LIMIT 1",
-			expiry, rule, strings.Join(keys, ", "), t.Ident, where), args...).Scan(dst...)
-	})
-	if err != nil {
-		return checkLine{"FAIL", "", "rows: could not check: " + err.Error()}
-	}
 	formula := strings.TrimPrefix(r.String(), "remember_until = ")
-	if n == 0 {
+	switch {
+	case errors.Is(err, retention.ErrNoAnchor):
+		return checkLine{"FAIL", "", "rows: the table lacks the first_seen or event_time column the rule counts from"}
+	case err != nil:
+		return checkLine{"FAIL", "", "rows: could not check: " + err.Error()}
+	case rc.NoScenario:
+		return checkLine{"OK", "", "rows: the rule has no inbox scenario (every path is left to the permanent business key); nothing to compare"}
+	case rc.Early == 0:
 		return checkLine{"OK", "", fmt.Sprintf("rows: none with an expiry earlier than %s%s", formula, scope)}
 	}
-	count := fmt.Sprint(n)
-	if n > rowCap {
-		count = fmt.Sprintf("more than %d", rowCap)
+	count := fmt.Sprint(rc.Early)
+	if rc.Capped {
+		count = fmt.Sprintf("more than %d", retention.RowCheckCap)
 	}
 	id := make([]string, len(t.Key))
 	for i, k := range t.Key {
 		v := "NULL"
-		if ex.key[i] != nil {
-			v = *ex.key[i]
+		if rc.First.Key[i] != nil {
+			v = *rc.First.Key[i]
 		}
 		id[i] = k.Name + "=" + v
 	}
 	return checkLine{"FAIL", "", fmt.Sprintf("rows: %s with an expiry earlier than %s%s, so forgotten too early; the first: %s: expiry %s, rule %s",
-		count, formula, scope, strings.Join(id, " "), ex.expiry.UTC().Format(time.RFC3339), ex.until.UTC().Format(time.RFC3339))}
+		count, formula, scope, strings.Join(id, " "), rc.First.Expiry.UTC().Format(time.RFC3339), rc.First.Until.UTC().Format(time.RFC3339))}
 }
 
 // checkRedis judges a volatile tier: its TTLs are kept only if nothing

@@ -165,3 +165,25 @@ func (s TxSettings) Apply(ctx context.Context, tx Querier) (pid uint32, err erro
 	err = tx.QueryRow(ctx, sql, args...).Scan(&pid, nil)
 	return pid, err
 }
+
+// InRecovery reports whether the database is a standby.
+func InRecovery(ctx context.Context, db Querier) (bool, error) {
+	var standby bool
+	err := db.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&standby)
+	return standby, err
+}
+
+// TimeZone is the session's TimeZone: the database's and role's default
+// unless the connection string sets one.
+func TimeZone(ctx context.Context, db Querier) (string, error) {
+	var tz string
+	err := db.QueryRow(ctx, "SELECT current_setting('TimeZone')").Scan(&tz)
+	return tz, err
+}
+
+// Now is the database's now(): inboxkeeper never asks the host clock.
+func Now(ctx context.Context, db Querier) (time.Time, error) {
+	var now time.Time
+	err := db.QueryRow(ctx, "SELECT now()").Scan(&now)
+	return now, err
+}
