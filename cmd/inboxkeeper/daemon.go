@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -83,21 +85,48 @@ func (a *app) daemon(ctx context.Context, args []string) error {
 		ls.Release(rctx)
 	}()
 
-	d := a.deleter(pool, tables, false, th, metrics, a.progressPrinter())
-	d.SetActive(ls.Check)
-	pm := a.partitionManager(pool, tables, false, th, pmetrics)
-	pm.SetActive(ls.Check)
 	a.log.Info("inboxkeeper: running", "tables", len(tables), "interval", a.cfg.Interval, "schedule", a.cfg.Schedule,
 		"database", config.RedactURL(a.cfg.DatabaseURL), "instance", ls.Name())
-	p := &passer{a: a, pool: pool, d: d, pm: pm, ls: ls, dm: dm, m: metrics, pmm: pmetrics,
-		tables: map[string]*catalog.Table{}, scopeIdx: map[string]*expiry.ScopeIndexes{}}
-	for _, t := range tables {
-		p.tables[t.Name] = t
+	p := &passer{a: a, pool: pool, ls: ls, dm: dm, m: metrics, pmm: pmetrics, tm: tmetrics}
+	// use puts a (re)loaded policy's tables in force.
+	use := func(tables []*catalog.Table) {
+		d := a.deleter(pool, tables, false, th, metrics, a.progressPrinter())
+		d.SetActive(ls.Check)
+		pm := a.partitionManager(pool, tables, false, th, pmetrics)
+		pm.SetActive(ls.Check)
+		p.d, p.pm = d, pm
+		p.dem = a.demoter(pool, tables, false, th, tmetrics, metrics.Errors)
+		p.dem.SetActive(ls.Check)
+		p.runner = pass.Runner{Stages: []pass.Stage{pass.Partitions(pm), pass.Tiering(p.dem), pass.Expiry(d)}, RunTime: a.cfg.RunTime}
+		p.tables, p.scopeIdx, p.seenKnown = map[string]*catalog.Table{}, map[string]*expiry.ScopeIndexes{}, false
+		for _, t := range tables {
+			p.tables[t.Name] = t
+		}
+		dm.ReloadOK.Set(1)
+		dm.ReloadTime.Set(float64(time.Now().Unix()))
 	}
-	p.dem, p.tm = a.demoter(pool, tables, false, th, tmetrics, metrics.Errors), tmetrics
-	p.dem.SetActive(ls.Check)
-	p.runner = pass.Runner{Stages: []pass.Stage{pass.Partitions(pm), pass.Tiering(p.dem), pass.Expiry(d)}, RunTime: a.cfg.RunTime}
+	use(tables)
+	loaded := policyDigest(a.cfg.PolicyFile)
+	// reload re-reads the policy file: on SIGHUP, and before a pass when its
+	// content changed (a ConfigMap volume updates in place). A policy that
+	// fails its checks is not applied; the one in force stays.
+	reload := func(why string) {
+		loaded = policyDigest(a.cfg.PolicyFile)
+		tables, err := a.reloadPolicy(ctx, pool)
+		if err != nil {
+			if ctx.Err() == nil {
+				dm.ReloadOK.Set(0)
+				a.log.Error("inboxkeeper: the policy file cannot be applied; the policy in force stays", "trigger", why, "file", a.cfg.PolicyFile, "error", err)
+			}
+			return
+		}
+		use(tables)
+		a.log.Info("inboxkeeper: policy reloaded", "trigger", why, "file", a.cfg.PolicyFile, "tables", len(tables))
+	}
 	for {
+		if d := policyDigest(a.cfg.PolicyFile); d != loaded {
+			reload("file changed")
+		}
 		start := time.Now()
 		if err := p.run(ctx); err != nil {
 			a.log.Info("inboxkeeper: stopped", "reason", "signal", "during_pass", true)
@@ -108,14 +137,54 @@ func (a *app) daemon(ctx context.Context, args []string) error {
 			next = sched.Next(time.Now())
 		}
 		timer := time.NewTimer(time.Until(next))
+	wait:
 		select {
 		case <-ctx.Done():
 			timer.Stop()
 			a.log.Info("inboxkeeper: stopped", "reason", "signal", "during_pass", false)
 			return nil
+		case <-sighup:
+			reload("SIGHUP")
+			goto wait
 		case <-timer.C:
 		}
 	}
+}
+
+// sighup delivers SIGHUP, which never ends the process: run reloads its
+// policy on it, and the other commands ignore it (main sets it up).
+var sighup = make(chan os.Signal, 1)
+
+// policyDigest fingerprints the policy file's content; "" when unreadable
+// (a reload then says why).
+func policyDigest(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	sum := sha256.Sum256(b)
+	return string(sum[:])
+}
+
+// reloadPolicy loads and checks the policy file against the database, as
+// at startup, without touching anything.
+func (a *app) reloadPolicy(ctx context.Context, pool *pgxpool.Pool) ([]*catalog.Table, error) {
+	p, err := a.loadPolicy()
+	if err != nil {
+		return nil, err
+	}
+	tables, err := resolveAll(ctx, pool, p)
+	if err != nil {
+		return nil, err
+	}
+	if err := a.ensureKeyTables(ctx, pool, tables); err != nil {
+		return nil, err
+	}
+	if err := a.sessionForPartitions(ctx, tables, false); err != nil {
+		return nil, err
+	}
+	a.warnLocalTime(ctx, pool, tables)
+	return tables, nil
 }
 
 // passer runs the daemon's passes and keeps what it must remember between

@@ -49,6 +49,7 @@ var (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	signal.Notify(sighup, syscall.SIGHUP)
 	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
 }
 

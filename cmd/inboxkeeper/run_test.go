@@ -164,3 +164,62 @@ func TestSignalDuringBatch(t *testing.T) {
 	gate.open()
 	f.wantCount("rows (the interrupted batch rolled back)", allRows, "SELECT count(*) FROM public.consumer_inbox")
 }
+
+// SIGHUP, and a change of the policy file's content, make run re-read the
+// policy: a policy that fails its checks is not applied (the one in force
+// stays, the error is logged, the reload metric says 0), a good one is, and
+// SIGHUP never ends the process.
+func TestReload(t *testing.T) {
+	t.Parallel()
+	f := inboxFixture(t)
+	pgtest.Exec(t, f.pool, `
+CREATE TABLE public.second_inbox (id int PRIMARY KEY, remember_until timestamptz);
+CREATE INDEX ON public.second_inbox (remember_until);
+INSERT INTO public.second_inbox SELECT i, now() - interval '1 hour' FROM generate_series(1, 7) i;`)
+	d := startDaemon(t, f.dir, f.env("INBOXKEEPER_METRICS_ADDR=127.0.0.1:0", "INBOXKEEPER_INTERVAL=1h"), "run")
+	addr := metricsListening.FindStringSubmatch(d.waitLine(metricsListening, 30*time.Second))[1]
+	d.waitLine(passDone, 30*time.Second)
+	reloadOK := func() float64 {
+		return metricValue(t, httpGet(t, "http://"+addr+"/metrics"), "inboxkeeper_config_last_reload_successful")
+	}
+	if v := reloadOK(); v != 1 {
+		t.Errorf("inboxkeeper_config_last_reload_successful = %v at start, want 1", v)
+	}
+
+	// A policy that does not parse, then one that names a missing column.
+	for _, bad := range []string{"tables: [\n", strings.Replace(inboxPolicy, "scope: consumer", "scope: tenant", 1)} {
+		f.writeFile("inboxkeeper.yaml", bad)
+		d.signal(syscall.SIGHUP)
+		d.waitLine(regexp.MustCompile(`level=ERROR msg="inboxkeeper: the policy file cannot be applied; the policy in force stays" trigger=SIGHUP`), 30*time.Second)
+		if v := reloadOK(); v != 0 {
+			t.Errorf("inboxkeeper_config_last_reload_successful = %v after a bad policy, want 0", v)
+		}
+	}
+	f.wantCount("rows of the table the bad policies never applied to", 7, "SELECT count(*) FROM public.second_inbox")
+
+	// A good policy that adds a table, picked up on SIGHUP.
+	f.writeFile("inboxkeeper.yaml", inboxPolicy+`  - table: public.second_inbox
+    key: [id]
+    expires_at: remember_until
+`)
+	d.signal(syscall.SIGHUP)
+	d.waitLine(regexp.MustCompile(`msg="inboxkeeper: policy reloaded" trigger=SIGHUP .* tables=2`), 30*time.Second)
+	if v := reloadOK(); v != 1 {
+		t.Errorf("inboxkeeper_config_last_reload_successful = %v after a good policy, want 1", v)
+	}
+	d.stop()
+
+	// A content change alone (a ConfigMap volume), before the next pass.
+	pgtest.Exec(t, f.pool, "INSERT INTO public.second_inbox SELECT i, now() - interval '1 hour' FROM generate_series(100, 104) i")
+	f.writeFile("inboxkeeper.yaml", inboxPolicy)
+	d = startDaemon(t, f.dir, f.env("INBOXKEEPER_INTERVAL=300ms"), "run")
+	d.waitLine(passDone, 30*time.Second)
+	f.writeFile("inboxkeeper.yaml", inboxPolicy+`  - table: public.second_inbox
+    key: [id]
+    expires_at: remember_until
+`)
+	d.waitLine(regexp.MustCompile(`msg="inboxkeeper: policy reloaded" trigger="file changed"`), 30*time.Second)
+	d.waitLine(passDone, 30*time.Second)
+	f.wantCount("rows of the table the changed policy added", 0, "SELECT count(*) FROM public.second_inbox")
+	d.stop()
+}

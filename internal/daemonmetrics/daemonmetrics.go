@@ -38,6 +38,10 @@ type Metrics struct {
 	Margin         *prometheus.GaugeVec
 	ReplaysBeyond  *prometheus.GaugeVec
 	PassesInFlight prometheus.Gauge
+	// ReloadOK and ReloadTime follow Prometheus's own convention for a
+	// configuration reload.
+	ReloadOK   prometheus.Gauge
+	ReloadTime prometheus.Gauge
 }
 
 // New creates the metrics and registers them on reg.
@@ -111,13 +115,22 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 			Name: "inboxkeeper_scope_first_seen_timestamp_seconds",
 			Help: "Per scope with an installed retention rule: the first receipt of the oldest (end=oldest) and newest (end=newest) identity retained. Exported when an index leads with (scope, first_seen column).",
 		}, []string{"table", "scope", "end"}),
+		ReloadOK: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "inboxkeeper_config_last_reload_successful",
+			Help: "1 when the policy file in force is the one on disk; 0 when the last change of it (SIGHUP, or its content) failed its checks and the previous policy stays in force.",
+		}),
+		ReloadTime: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "inboxkeeper_config_last_reload_success_timestamp_seconds",
+			Help: "Unix time at which the policy in force was loaded.",
+		}),
 		ReplaysBeyond: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "inboxkeeper_replays_beyond_window",
 			Help: "Active replays started with --force although their range reaches past what is remembered.",
 		}, []string{"table"}),
 	}
 	reg.MustRegister(m.BuildInfo, m.Active, m.InRecovery, m.PolicyMismatch, m.Passes, m.LastPass, m.PassesInFlight, m.RowsProtected,
-		m.OldestExpiry, m.NewestExpiry, m.ScopeExpiry, m.ScopeFirstSeen, m.FirstSeen, m.BytesPerKey, m.ReplayHorizon, m.PostReceipt, m.Margin, m.ReplaysBeyond)
+		m.OldestExpiry, m.NewestExpiry, m.ScopeExpiry, m.ScopeFirstSeen, m.FirstSeen, m.BytesPerKey, m.ReplayHorizon, m.PostReceipt, m.Margin, m.ReplaysBeyond,
+		m.ReloadOK, m.ReloadTime)
 	m.BuildInfo.WithLabelValues(version, runtime.Version()).Set(1)
 	for _, o := range []string{PassOK, PassPartial, PassFailed, PassSkipped} {
 		m.Passes.WithLabelValues(o).Add(0)
