@@ -10,7 +10,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/robfig/cron/v3"
 
 	"github.com/inboxkeeper/inboxkeeper/expiry"
@@ -47,13 +46,8 @@ func (a *app) daemon(ctx context.Context, args []string) error {
 		}
 		sched = s
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	metrics := expiry.NewMetrics(reg)
-	tmetrics := tiering.NewMetrics(reg)
-	pmetrics := partitions.NewMetrics(reg)
-	pmetrics.Errors, pmetrics.CleanupLag, pmetrics.LastSuccess = metrics.Errors, metrics.CleanupLag, metrics.LastSuccess
-	dm := daemonmetrics.New(reg, buildVersion())
+	ms := newMetricSet(true)
+	reg, metrics, tmetrics, pmetrics, dm := ms.reg, ms.expiry, ms.tiering, ms.partitions, ms.daemon
 	if a.cfg.MetricsAddr != "" {
 		stopServer, err := serveMetrics(a, reg)
 		if err != nil {

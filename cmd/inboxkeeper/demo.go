@@ -159,7 +159,7 @@ func (a *app) demo(ctx context.Context, args []string) error {
 	failed, _, err := a.onePass(ctx, pool, tables, false, nil, nil, func(p expiry.Progress) {
 		fmt.Fprintf(a.stdout, "  %s: %d rows deleted in %d batches (%.0f rows/s)\n", p.Table, p.Deleted, p.Batches,
 			float64(p.Deleted)/max(p.Elapsed.Seconds(), 1e-9))
-	})
+	}, nil)
 	if failed > 0 || err != nil {
 		return fmt.Errorf("demo: the pass failed: %v", err)
 	}

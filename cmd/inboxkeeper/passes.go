@@ -98,11 +98,17 @@ func (a *app) preparePrimary(ctx context.Context) (*pgxpool.Pool, []*catalog.Tab
 func (a *app) once(ctx context.Context, args []string) error {
 	fs := a.newFlags("once")
 	dryRun := fs.Bool("dry-run", false, "count what would be deleted; delete nothing")
+	metricsFile := fs.String("metrics-file", "", "write the pass's metrics to this file, in the node_exporter textfile format (written whole, by rename)")
+	gateway := fs.String("pushgateway", "", "push the pass's metrics to this Prometheus Pushgateway (http://host:9091), job inboxkeeper, instance the host name")
 	if err := a.parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return usagef("once: unexpected argument %q", fs.Arg(0))
+	}
+	var ms *metricSet
+	if *metricsFile != "" || *gateway != "" {
+		ms = newMetricSet(false)
 	}
 	pool, tables, err := a.preparePrimary(ctx)
 	if err != nil || pool == nil {
@@ -120,10 +126,21 @@ func (a *app) once(ctx context.Context, args []string) error {
 		}
 		defer release()
 		active = ls.Check
-		th = a.startThrottle(ctx, pool, nil)
+		var reg prometheus.Registerer
+		if ms != nil {
+			reg = ms.reg
+			ms.daemon.Active.Set(1)
+		}
+		th = a.startThrottle(ctx, pool, reg)
 		defer th.Stop()
 	}
-	failed, total, err := a.onePass(ctx, pool, tables, *dryRun, th, active, a.progressPrinter())
+	failed, total, err := a.onePass(ctx, pool, tables, *dryRun, th, active, a.progressPrinter(), ms)
+	if ms != nil && ctx.Err() == nil {
+		// Also after a failed pass: the metrics say it failed.
+		if xerr := ms.export(ctx, *metricsFile, *gateway, instanceName()); xerr != nil {
+			return errors.Join(err, xerr)
+		}
+	}
 	if err != nil {
 		return err
 	}
@@ -137,7 +154,13 @@ func (a *app) once(ctx context.Context, args []string) error {
 // line per table and step on stdout as each step ends. It returns how many
 // table steps failed, out of how many.
 func (a *app) onePass(ctx context.Context, pool *pgxpool.Pool, tables []*catalog.Table, dryRun bool, th *throttle.Throttler,
-	active func() error, progress func(expiry.Progress)) (failed, total int, err error) {
+	active func() error, progress func(expiry.Progress), ms *metricSet) (failed, total int, err error) {
+	var em *expiry.Metrics
+	var tm *tiering.Metrics
+	var partm *partitions.Metrics
+	if ms != nil {
+		em, tm, partm = ms.expiry, ms.tiering, ms.partitions
+	}
 	if !dryRun {
 		// A deletion writes its permanent keys in the same statement: the
 		// key tables must exist before anything runs.
@@ -145,11 +168,15 @@ func (a *app) onePass(ctx context.Context, pool *pgxpool.Pool, tables []*catalog
 			return 0, 0, err
 		}
 	}
-	pm := a.partitionManager(pool, tables, dryRun, th, nil)
+	pm := a.partitionManager(pool, tables, dryRun, th, partm)
 	pm.SetActive(active)
-	dem := a.demoter(pool, tables, dryRun, th, nil, nil)
+	var errs *prometheus.CounterVec
+	if em != nil {
+		errs = em.Errors
+	}
+	dem := a.demoter(pool, tables, dryRun, th, tm, errs)
 	dem.SetActive(active)
-	d := a.deleter(pool, tables, dryRun, th, nil, progress)
+	d := a.deleter(pool, tables, dryRun, th, em, progress)
 	d.SetActive(active)
 	runner := pass.Runner{
 		Stages:     []pass.Stage{pass.Partitions(pm), pass.Tiering(dem), pass.Expiry(d)},
@@ -157,6 +184,9 @@ func (a *app) onePass(ctx context.Context, pool *pgxpool.Pool, tables []*catalog
 		AfterStage: func(stage string, rs []pass.TableResult) { a.printStage(stage, rs, dryRun) },
 	}
 	res, err := runner.Run(ctx)
+	if ms != nil {
+		ms.passEnded(res)
+	}
 	failed, _, total = res.Counts()
 	return failed, total, err
 }

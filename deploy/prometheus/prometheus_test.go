@@ -10,6 +10,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -838,5 +840,94 @@ func TestLiveMetricsPassPromtool(t *testing.T) {
 	exited = true
 	if err != nil {
 		t.Fatalf("inboxkeeper run after SIGTERM: %v\n%s", err, strings.Join(log.seen, "\n"))
+	}
+}
+
+// A CronJob's `once` serves no /metrics: --metrics-file writes the pass's
+// metrics for the node_exporter's textfile collector (lint-clean, written
+// whole), and --pushgateway pushes them to a real Pushgateway.
+func TestOnceExportsMetrics(t *testing.T) {
+	promtool(t)
+	gw, err := exec.LookPath("prometheus-pushgateway")
+	if err != nil {
+		if gw, err = exec.LookPath("pushgateway"); err != nil {
+			t.Fatalf("no Pushgateway binary (%v); on Debian: apt-get install prometheus-pushgateway (.ci/run does)", err)
+		}
+	}
+	dir := t.TempDir()
+	bin := buildDaemon(t, dir)
+	url := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pgtest.Exec(t, conn, liveDDL)
+	conn.Close(ctx)
+	policy := filepath.Join(dir, "inboxkeeper.yaml")
+	if err := os.WriteFile(policy, []byte(livePolicy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env := daemonEnv("INBOXKEEPER_DATABASE_URL="+url, "INBOXKEEPER_POLICY_FILE="+policy)
+	command(t, bin, env, "migrate")
+
+	// The Pushgateway, on a port of its own; ready once /-/ready answers.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gwAddr := l.Addr().String()
+	l.Close()
+	gwCtx, stopGW := context.WithCancel(ctx)
+	gwCmd := exec.CommandContext(gwCtx, gw, "--web.listen-address="+gwAddr)
+	if err := gwCmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stopGW(); _ = gwCmd.Wait() })
+	pgtest.WaitFor(t, 30*time.Second, "the Pushgateway to listen", func() bool {
+		resp, err := http.Get("http://" + gwAddr + "/-/ready")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+
+	file := filepath.Join(dir, "textfile", "inboxkeeper.prom")
+	if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	command(t, bin, env, "once", "--metrics-file", file, "--pushgateway", "http://"+gwAddr)
+
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	textfile := string(b)
+	if v := scrape.Value(t, textfile, `inboxkeeper_rows_deleted_total{table="public.consumer_inbox"}`); v != 20 {
+		t.Errorf("the metrics file says %v rows deleted, want 20", v)
+	}
+	if v := scrape.Value(t, textfile, `inboxkeeper_passes_total{outcome="ok"}`); v != 1 {
+		t.Errorf("the metrics file counts %v ok passes, want 1", v)
+	}
+	for _, name := range []string{"inboxkeeper_last_success_timestamp_seconds", "inboxkeeper_last_pass_timestamp_seconds", "inboxkeeper_build_info"} {
+		if !strings.Contains(textfile, "\n"+name) {
+			t.Errorf("the metrics file lacks %s", name)
+		}
+	}
+	c := exec.Command(promtool(t), "check", "metrics")
+	c.Stdin = strings.NewReader(textfile)
+	if out, err := c.CombinedOutput(); err != nil {
+		t.Errorf("promtool check metrics on the file: %v\n%s\n---\n%s", err, out, textfile)
+	}
+	if leftovers, _ := filepath.Glob(filepath.Join(filepath.Dir(file), "*")); len(leftovers) != 1 {
+		t.Errorf("the textfile directory holds %v, want only the metrics file (no temporary file left)", leftovers)
+	}
+
+	pushed := scrape.Get(t, "http://"+gwAddr+"/metrics")
+	host, _ := os.Hostname()
+	series := fmt.Sprintf(`inboxkeeper_rows_deleted_total{instance=%q,job="inboxkeeper",table="public.consumer_inbox"}`, host)
+	if v := scrape.Value(t, pushed, series); v != 20 {
+		t.Errorf("the Pushgateway has %s = %v, want 20", series, v)
 	}
 }
