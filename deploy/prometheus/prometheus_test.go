@@ -771,13 +771,13 @@ func (l *lines) drain(timeout time.Duration) bool {
 	}
 }
 
-// The real daemon's /metrics, after a pass, passes promtool's lint (names,
-// help, types, units).
-func TestLiveMetricsPassPromtool(t *testing.T) {
-	promtool(t)
-	dir := t.TempDir()
-	bin := buildDaemon(t, dir)
-
+// liveFixture builds the daemon, makes a database with the live inbox
+// (liveDDL) and the control schema, and writes the policy: it returns the
+// directory, the binary and the environment for it.
+func liveFixture(t *testing.T) (dir, bin string, env []string) {
+	t.Helper()
+	dir = t.TempDir()
+	bin = buildDaemon(t, dir)
 	url := pgtest.NewDatabase(t)
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, url)
@@ -790,8 +790,17 @@ func TestLiveMetricsPassPromtool(t *testing.T) {
 	if err := os.WriteFile(policy, []byte(livePolicy), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	env := daemonEnv("INBOXKEEPER_DATABASE_URL="+url, "INBOXKEEPER_POLICY_FILE="+policy)
+	env = daemonEnv("INBOXKEEPER_DATABASE_URL="+url, "INBOXKEEPER_POLICY_FILE="+policy)
 	command(t, bin, env, "migrate")
+	return dir, bin, env
+}
+
+// The real daemon's /metrics, after a pass, passes promtool's lint (names,
+// help, types, units).
+func TestLiveMetricsPassPromtool(t *testing.T) {
+	promtool(t)
+	dir, bin, env := liveFixture(t)
+	ctx := context.Background()
 	command(t, bin, env, "plan", "--apply")
 
 	runCtx, cancel := context.WithTimeout(ctx, 5*time.Minute)
@@ -854,22 +863,8 @@ func TestOnceExportsMetrics(t *testing.T) {
 			t.Fatalf("no Pushgateway binary (%v); on Debian: apt-get install prometheus-pushgateway (.ci/run does)", err)
 		}
 	}
-	dir := t.TempDir()
-	bin := buildDaemon(t, dir)
-	url := pgtest.NewDatabase(t)
+	dir, bin, env := liveFixture(t)
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pgtest.Exec(t, conn, liveDDL)
-	conn.Close(ctx)
-	policy := filepath.Join(dir, "inboxkeeper.yaml")
-	if err := os.WriteFile(policy, []byte(livePolicy), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	env := daemonEnv("INBOXKEEPER_DATABASE_URL="+url, "INBOXKEEPER_POLICY_FILE="+policy)
-	command(t, bin, env, "migrate")
 
 	// The Pushgateway, on a port of its own; ready once /-/ready answers.
 	l, err := net.Listen("tcp", "127.0.0.1:0")
