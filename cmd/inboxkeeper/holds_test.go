@@ -243,17 +243,17 @@ func TestStatus(t *testing.T) {
 
 	// Every expired row counts; the lag is that of the oldest row nothing
 	// protects: payments' 20th, due 2h20m ago.
-	check(f.run("status"), expiredRows, `2h20m\d+s`)
+	check(f.run("status"), expiredRows, `2h 20m`)
 	wantExit(t, f.run("once"), 0)
 	// Left: billing's 10 (held) and payments' 5 (replayed); nothing is late.
-	check(f.run("status"), 15, `0s`)
+	check(f.run("status"), 15, `0ms`)
 
 	wantExit(t, f.run("hold", "release", holdID), 0)
 	wantExit(t, f.run("replay", "finish", replayID), 0)
 	r := f.run("status")
 	wantExit(t, r, 0, "active holds:             0", "active replays:           0")
 	// Nothing protects billing's 10 any more: the oldest of them is due 2h10m ago.
-	if !regexp.MustCompile(`(?m)^  cleanup lag: +2h10m\d+s$`).MatchString(r.stdout) {
+	if !regexp.MustCompile(`(?m)^  cleanup lag: +2h 10m$`).MatchString(r.stdout) {
 		t.Errorf("want a lag of 2h10m\n%s", r)
 	}
 }
@@ -294,12 +294,12 @@ FROM public.other_inbox`).Scan(&oldest, &newest); err != nil {
 		}
 	}
 	// The oldest row was first seen 3h07m ago and expired 2h after that.
-	check(f.run("status"), 7, `1h7m\d+s`)
+	check(f.run("status"), 7, `1h 7m`)
 	r := f.run("once")
 	wantExit(t, r, 0)
 	wantResult(t, r, "public.other_inbox", "deleted", 7, 0, 0)
 	// Left: three rows first seen about 30 minutes ago, expiring in about 1h30m.
-	check(f.run("status"), 0, `0s`)
+	check(f.run("status"), 0, `0ms`)
 }
 
 // --expires takes a date (00:00 UTC) as well as RFC 3339, and --for a

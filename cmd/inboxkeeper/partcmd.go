@@ -13,6 +13,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
+	"github.com/inboxkeeper/inboxkeeper/internal/humantime"
 	"github.com/inboxkeeper/inboxkeeper/partitions"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
 	"github.com/inboxkeeper/inboxkeeper/tiering"
@@ -114,7 +115,7 @@ func printPartitionResults(w io.Writer, results []partitions.TableResult, dryRun
 	for _, r := range results {
 		line := fmt.Sprintf("%s: partitions %s %d, %s %d, %s %d, waiting %d, coverage %s, %s",
 			r.Table, created, len(r.Created), detached, len(r.Detached), dropped, len(r.Dropped), len(r.Blocked),
-			coverage(r), r.Duration.Round(time.Millisecond))
+			coverage(r), humantime.Duration(r.Duration))
 		for _, c := range r.Created {
 			line += "\n  " + created + " " + c
 		}
@@ -147,12 +148,7 @@ func coverage(r partitions.TableResult) string {
 	return fmt.Sprintf("%s (until %s)", days(r.Coverage), r.CoveredUntil.Format(time.RFC3339))
 }
 
-func days(d time.Duration) string {
-	if d >= 48*time.Hour {
-		return fmt.Sprintf("%.1fd", d.Hours()/24)
-	}
-	return d.Round(time.Second).String()
-}
+func days(d time.Duration) string { return humantime.Duration(d) }
 
 // writePartitionStatus describes a partitioned table for `status`, from a
 // dry-run pass: what exists, what is due and why it waits.
@@ -162,7 +158,7 @@ func writePartitionStatus(w io.Writer, r partitions.TableResult) {
 		fmt.Fprintf(w, "  ERROR: %v\n", r.Err)
 	}
 	fmt.Fprintf(w, "  coverage:                 %s\n", coverage(r))
-	fmt.Fprintf(w, "  cleanup lag:              %s\n", r.CleanupLag.Round(time.Second))
+	fmt.Fprintf(w, "  cleanup lag:              %s\n", humantime.Duration(r.CleanupLag))
 	if len(r.Created) > 0 {
 		fmt.Fprintf(w, "  missing (next pass makes): %s\n", strings.Join(r.Created, ", "))
 	}

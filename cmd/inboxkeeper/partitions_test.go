@@ -59,7 +59,7 @@ func TestPartitionsCommands(t *testing.T) {
 	if made < 3 || made > 4 {
 		t.Fatalf("ensure made %d partitions\n%s", made, r)
 	}
-	if !regexp.MustCompile(`coverage \d+\.\dd`).MatchString(r.stdout) {
+	if !regexp.MustCompile(`coverage \d+d \d+h`).MatchString(r.stdout) {
 		t.Fatalf("no coverage in the output\n%s", r)
 	}
 	// ensure retires nothing.

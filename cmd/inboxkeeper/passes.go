@@ -21,6 +21,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/expiry"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
+	"github.com/inboxkeeper/inboxkeeper/internal/humantime"
 	"github.com/inboxkeeper/inboxkeeper/internal/lease"
 	"github.com/inboxkeeper/inboxkeeper/internal/pass"
 	"github.com/inboxkeeper/inboxkeeper/partitions"
@@ -253,7 +254,7 @@ func progressBar(w io.Writer) func(expiry.Progress) {
 			left := max(p.Estimate-p.Deleted, 0)
 			line = fmt.Sprintf("%s [%s%s] %3.0f%% %d/~%d rows, %.0f rows/s, ~%s left", p.Table,
 				strings.Repeat("#", done), strings.Repeat(".", width-done), frac*100, p.Deleted, p.Estimate, rate,
-				(time.Duration(float64(left)/max(rate, 1e-9)) * time.Second).Round(time.Second))
+				humantime.Duration(time.Duration(float64(left)/max(rate, 1e-9))*time.Second))
 		}
 		fmt.Fprintf(w, "\r\033[K%s", line)
 	}
@@ -268,7 +269,7 @@ func printResults(w io.Writer, results []expiry.TableResult, dryRun bool) int {
 	failed := 0
 	for _, r := range results {
 		line := fmt.Sprintf("%s: %s %d, protected by holds %d, protected by replays %d, %s",
-			r.Table, verb, r.Deleted, r.ProtectedByHolds, r.ProtectedByReplays, r.Duration.Round(time.Millisecond))
+			r.Table, verb, r.Deleted, r.ProtectedByHolds, r.ProtectedByReplays, humantime.Duration(r.Duration))
 		if r.StoppedEarly != "" {
 			line += " (stopped early: " + r.StoppedEarly + ")"
 		}
@@ -445,7 +446,7 @@ func writeStatus(w io.Writer, st expiry.TableStatus) {
 		due = fmt.Sprintf("more than %d (count capped)", st.Due)
 	}
 	fmt.Fprintf(w, "  expired, not yet deleted: %s (protected rows included)\n", due)
-	fmt.Fprintf(w, "  cleanup lag:              %s\n", st.CleanupLag.Round(time.Second))
+	fmt.Fprintf(w, "  cleanup lag:              %s\n", humantime.Duration(st.CleanupLag))
 	if st.Oldest != nil {
 		fmt.Fprintf(w, "  oldest retained expiry:   %s\n", st.Oldest.UTC().Format(time.RFC3339))
 		fmt.Fprintf(w, "  newest retained expiry:   %s\n", st.Newest.UTC().Format(time.RFC3339))

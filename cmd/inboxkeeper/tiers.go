@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/inboxkeeper/inboxkeeper/expiry"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/humantime"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
 	"github.com/inboxkeeper/inboxkeeper/tiering"
@@ -107,7 +107,7 @@ func printTierResults(w io.Writer, results []tiering.Result, dryRun bool) int {
 	}
 	failed := 0
 	for _, r := range results {
-		line := fmt.Sprintf("%s: %s %d to %s, payload kept by holds %d, %s", r.Table, verb, r.Demoted, r.Tier, r.ProtectedByHolds, r.Duration.Round(time.Millisecond))
+		line := fmt.Sprintf("%s: %s %d to %s, payload kept by holds %d, %s", r.Table, verb, r.Demoted, r.Tier, r.ProtectedByHolds, humantime.Duration(r.Duration))
 		if r.StoppedEarly != "" {
 			line += " (stopped early: " + r.StoppedEarly + ")"
 		}

@@ -22,6 +22,7 @@ import (
 	"github.com/kelseyhightower/envconfig"
 	"github.com/robfig/cron/v3"
 
+	"github.com/inboxkeeper/inboxkeeper/internal/humantime"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
 )
 
@@ -471,12 +472,13 @@ func redactField(v any) string {
 
 // Logger returns a logger in the configured format and level. Values that
 // Validate would reject fall back to text and info.
+// Durations read as people read them in text ("2h 5m"), and as seconds
+// under a key ending in _seconds in JSON.
 func (c Config) Logger(w io.Writer) *slog.Logger {
-	opts := &slog.HandlerOptions{Level: levels[c.LogLevel]}
 	if c.LogFormat == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
+		return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: levels[c.LogLevel], ReplaceAttr: humantime.ForJSON}))
 	}
-	return slog.New(slog.NewTextHandler(w, opts))
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: levels[c.LogLevel], ReplaceAttr: humantime.ForText}))
 }
 
 const unparseable = "(unparseable connection string)"
