@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -204,6 +205,39 @@ func TestStatusJSON(t *testing.T) {
 		got.Tables[0].CleanupLagSeconds < 7000 || len(got.Tables[0].Holds) != 1 || got.Tables[0].Holds[0].Scope != "billing" || got.Throttle.Throttled {
 		t.Errorf("status --json: %+v\n%s", got, r.stdout)
 	}
+	// Lists are [] when empty, never null: replays here, signals, and the
+	// lists of a partitioned table.
+	wantNoNullLists(t, r.stdout)
+	p := newFixture(t, partitionedDDL, partitionedPolicy, true)
+	wantNoNullLists(t, p.run("status", "--json").stdout)
+}
+
+// wantNoNullLists fails when a JSON document holds null where a list
+// belongs: under a plural key (holds, replays, signals, partitions...).
+func wantNoNullLists(t *testing.T, doc string) {
+	t.Helper()
+	var v any
+	if err := json.Unmarshal([]byte(doc), &v); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, doc)
+	}
+	plural := regexp.MustCompile(`^(holds|replays|signals|standbys|partitions|missing|due|blocked|detached|tables)$`)
+	var walk func(path string, v any)
+	walk = func(path string, v any) {
+		switch x := v.(type) {
+		case map[string]any:
+			for k, e := range x {
+				if e == nil && plural.MatchString(k) {
+					t.Errorf("%s.%s is null, want []\n%s", path, k, doc)
+				}
+				walk(path+"."+k, e)
+			}
+		case []any:
+			for i, e := range x {
+				walk(fmt.Sprintf("%s[%d]", path, i), e)
+			}
+		}
+	}
+	walk("$", v)
 }
 
 // once waits while a daemon holds the lease, and RUN_TIME bounds the wait.

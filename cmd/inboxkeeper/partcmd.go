@@ -204,25 +204,33 @@ func partitionJSON(r partitions.TableResult) map[string]any {
 	if r.CoveredUntil == nil {
 		cov = nil // unbounded: JSON has no infinity
 	}
-	var attached []map[string]any
+	attached := []map[string]any{}
 	for _, p := range r.Partitions {
 		attached = append(attached, map[string]any{"name": p.String(), "from": p.Lower, "to": p.Upper, "detach_pending": p.DetachPending})
 	}
-	var blocked []map[string]any
+	blocked := []map[string]any{}
 	for _, b := range r.Blocked {
 		blocked = append(blocked, map[string]any{"partition": b.Partition, "reason": b.Reason, "detail": b.Detail, "detached": b.Detached})
 	}
-	var waiting []map[string]any
+	waiting := []map[string]any{}
 	for _, d := range r.Waiting {
 		waiting = append(waiting, map[string]any{"partition": policyName(d), "detached_at": d.DetachedAt, "drop_at": d.DropAt})
 	}
 	out := map[string]any{
 		"table": r.Table, "now": r.Now, "managed_by": "partition",
 		"coverage_seconds": cov, "covered_until": r.CoveredUntil, "cleanup_lag_seconds": r.CleanupLag.Seconds(),
-		"partitions": attached, "missing": r.Created, "due": r.Detached, "blocked": blocked, "detached": waiting,
+		"partitions": attached, "missing": list(r.Created), "due": list(r.Detached), "blocked": blocked, "detached": waiting,
 	}
 	if r.Err != nil {
 		out["error"] = r.Err.Error()
 	}
 	return out
+}
+
+// list is s, or an empty list: status --json writes [] for none, never null.
+func list[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
 }

@@ -392,7 +392,7 @@ type statusReport struct {
 func (r statusReport) JSON(th *throttle.Throttler) map[string]any {
 	tables := []map[string]any{}
 	for _, st := range r.Tables {
-		var holds, replays []map[string]any
+		holds, replays := []map[string]any{}, []map[string]any{}
 		for _, h := range st.Holds {
 			holds = append(holds, map[string]any{"id": h.ID, "scope": h.Scope, "from": h.From, "to": h.To,
 				"reason": h.Reason, "owner": h.Owner, "created_at": h.CreatedAt, "expires_at": h.ExpiresAt, "blocks": h.Blocks})
@@ -411,7 +411,7 @@ func (r statusReport) JSON(th *throttle.Throttler) map[string]any {
 		tables = append(tables, partitionJSON(r))
 	}
 	state := th.Check()
-	var signals []map[string]any
+	signals := []map[string]any{}
 	for _, s := range th.Readings() {
 		v := any(s.Value)
 		if math.IsInf(s.Value, 0) {
