@@ -153,7 +153,6 @@ func days(d time.Duration) string { return humantime.Duration(d) }
 // writePartitionStatus describes a partitioned table for `status`, from a
 // dry-run pass: what exists, what is due and why it waits.
 func writePartitionStatus(w io.Writer, r partitions.TableResult) {
-	fmt.Fprintf(w, "%s (managed by partition)\n", r.Table)
 	if r.Err != nil {
 		fmt.Fprintf(w, "  ERROR: %v\n", r.Err)
 	}

@@ -367,15 +367,25 @@ func (a *app) tableStatus(ctx context.Context, pool *pgxpool.Pool, tables []*cat
 }
 
 // writeTables prints the per-table part of status.
+// Each table is named once, in policy order, with every part that applies.
 func (r statusReport) writeTables(w io.Writer, tables []*catalog.Table) {
-	for _, st := range r.Tables {
-		writeStatus(w, st)
-	}
-	for _, p := range r.Partitions {
-		writePartitionStatus(w, p)
-	}
 	for _, t := range tables {
-		writeTierStatus(w, t.Name, r.Tiers[t.Name])
+		if t.Partitioned() {
+			fmt.Fprintf(w, "%s (managed by partition)\n", t.Name)
+		} else {
+			fmt.Fprintf(w, "%s\n", t.Name)
+		}
+		for _, st := range r.Tables {
+			if st.Table == t.Name {
+				writeStatus(w, st)
+			}
+		}
+		for _, p := range r.Partitions {
+			if p.Table == t.Name {
+				writePartitionStatus(w, p)
+			}
+		}
+		writeTierStatus(w, r.Tiers[t.Name])
 	}
 }
 
@@ -440,7 +450,6 @@ func (r statusReport) JSON(th *throttle.Throttler) map[string]any {
 }
 
 func writeStatus(w io.Writer, st expiry.TableStatus) {
-	fmt.Fprintf(w, "%s\n", st.Table)
 	due := fmt.Sprintf("%d", st.Due)
 	if st.DueCapped {
 		due = fmt.Sprintf("more than %d (count capped)", st.Due)

@@ -170,11 +170,10 @@ func (a *app) tierStatus(ctx context.Context, pool *pgxpool.Pool, tables []*cata
 	return out, nil
 }
 
-func writeTierStatus(w io.Writer, table string, st *tiering.Status) {
+func writeTierStatus(w io.Writer, st *tiering.Status) {
 	if st == nil {
 		return
 	}
-	fmt.Fprintf(w, "%s\n", table)
 	due := fmt.Sprintf("%d", st.Due)
 	if st.DueCapped {
 		due = fmt.Sprintf("more than %d (count capped)", st.Due)

@@ -90,7 +90,10 @@ func TestHoldBlocks(t *testing.T) {
 
 	pgtestAnalyze(t, f)
 	r = f.run("status")
-	wantExit(t, r, 0, "public.inbox\n  tiers:                    hot for 3d, payload in place",
+	if n := strings.Count(r.stdout, "public.inbox\n"); n != 1 {
+		t.Errorf("status names public.inbox %d times, want once\n%s", n, r)
+	}
+	wantExit(t, r, 0, "\n  tiers:                    hot for 3d, payload in place",
 		"due for demotion:       5 (held ones included; holds blocking demotion: 1)", "permanent:              ~5 rows", "in inboxkeeper.keys_public_inbox")
 	r = f.run("status", "--json")
 	wantExit(t, r, 0)
