@@ -222,7 +222,11 @@ func (d *Deleter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 	if d.opts.Metrics != nil && res.StoppedEarly == "" && !d.opts.DryRun {
 		d.opts.Metrics.LastSuccess.WithLabelValues(t.Name).Set(float64(time.Now().Unix()))
 	}
-	log.Info("expiry: table done", "deleted", res.Deleted, "protected_by_holds", res.ProtectedByHolds,
+	verb := "deleted"
+	if d.opts.DryRun {
+		verb = "would_delete" // counted, not done
+	}
+	log.Info("expiry: table done", verb, res.Deleted, "protected_by_holds", res.ProtectedByHolds,
 		"protected_by_replays", res.ProtectedByReplays, "batches", res.Batches, "dry_run", d.opts.DryRun,
 		"duration", res.Duration.Round(time.Millisecond), "stopped_early", res.StoppedEarly)
 	return res

@@ -245,11 +245,12 @@ func (m *Manager) runTable(ctx context.Context, t *catalog.Table, retire bool) T
 	if mm := m.opts.Metrics; mm != nil && mm.LastSuccess != nil && retire && res.StoppedEarly == "" && !m.opts.DryRun {
 		mm.LastSuccess.WithLabelValues(t.Name).Set(float64(time.Now().Unix()))
 	}
-	logf := log.Info
+	logf, created, detached, dropped := log.Info, "created", "detached", "dropped"
 	if m.opts.DryRun {
 		logf = log.Debug // status runs a dry pass: its output says it all
+		created, detached, dropped = "would_create", "would_detach", "would_drop"
 	}
-	logf("partitions: table done", "created", len(res.Created), "detached", len(res.Detached), "dropped", len(res.Dropped),
+	logf("partitions: table done", created, len(res.Created), detached, len(res.Detached), dropped, len(res.Dropped),
 		"blocked", len(res.Blocked), "coverage", res.Coverage.Round(time.Second), "dry_run", m.opts.DryRun,
 		"duration", res.Duration.Round(time.Millisecond), "stopped_early", res.StoppedEarly)
 	return res

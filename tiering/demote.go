@@ -169,7 +169,11 @@ func (d *Demoter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 		log.Error("tiering: table failed", "error", res.Err, "demoted", res.Demoted, "batches", res.Batches)
 		return res
 	}
-	log.Info("tiering: table done", "demoted", res.Demoted, "tier", res.Tier, "protected_by_holds", res.ProtectedByHolds,
+	verb := "demoted"
+	if d.opts.DryRun {
+		verb = "would_demote" // counted, not done
+	}
+	log.Info("tiering: table done", verb, res.Demoted, "tier", res.Tier, "protected_by_holds", res.ProtectedByHolds,
 		"batches", res.Batches, "dry_run", d.opts.DryRun, "duration", res.Duration.Round(time.Millisecond), "stopped_early", res.StoppedEarly)
 	return res
 }

@@ -118,6 +118,10 @@ INSERT INTO public.other_inbox SELECT i, (now() AT TIME ZONE 'UTC') - interval '
 	wantExit(t, r, 0)
 	wantResult(t, r, "public.consumer_inbox", "would delete", expiredRows, 0, 0)
 	wantResult(t, r, "public.other_inbox", "would delete", 7, 0, 0)
+	// The log says what it would do, not what it did.
+	if !strings.Contains(r.stderr, `msg="expiry: table done" table=public.consumer_inbox would_delete=30 `) || strings.Contains(r.stderr, " deleted=") {
+		t.Errorf("a dry run's log must say would_delete, not deleted\n%s", r)
+	}
 	if got := f.rows(); got != allRows {
 		t.Fatalf("dry run deleted rows: %d left of %d", got, allRows)
 	}
