@@ -179,6 +179,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	// --help needs no valid environment: every command parses its flags
 	// before it touches anything.
+	if isTerminal(stderr) {
+		stderr = &terminal{w: stderr} // the log and the progress bar take turns
+	}
 	log := cfg.Logger(stderr)
 	a := &app{cfg: cfg, log: log, stdout: stdout, stderr: stderr, command: cmd}
 	switch cmd {

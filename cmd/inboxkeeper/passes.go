@@ -10,7 +10,6 @@ import (
 	"math"
 	"net"
 	"net/http"
-	"os"
 	"strings"
 	"time"
 
@@ -200,8 +199,8 @@ func (a *app) printStage(stage string, rs []pass.TableResult, dryRun bool) {
 	case pass.StageTiering:
 		printTierResults(a.stdout, pass.Of[tiering.Result](rs), dryRun)
 	case pass.StageExpiry:
-		if isTerminal(a.stderr) {
-			fmt.Fprint(a.stderr, "\r\033[K") // clear the progress bar
+		if t, ok := a.stderr.(*terminal); ok {
+			t.ClearBar()
 		}
 		printResults(a.stdout, pass.Of[expiry.TableResult](rs), dryRun)
 	}
@@ -210,8 +209,8 @@ func (a *app) printStage(stage string, rs []pass.TableResult, dryRun bool) {
 // progressPrinter shows a long pass is alive: on a terminal, a progress bar
 // redrawn in place; otherwise a log line every few seconds.
 func (a *app) progressPrinter() func(expiry.Progress) {
-	if isTerminal(a.stderr) {
-		return progressBar(a.stderr)
+	if t, ok := a.stderr.(*terminal); ok {
+		return progressBar(t)
 	}
 	var last time.Time
 	return func(p expiry.Progress) {
@@ -228,17 +227,8 @@ func (a *app) progressPrinter() func(expiry.Progress) {
 	}
 }
 
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	fi, err := f.Stat()
-	return err == nil && fi.Mode()&os.ModeCharDevice != 0
-}
-
 // progressBar draws "table [#####.....] 50% 5000/10000 rows 2500 rows/s ~2s left".
-func progressBar(w io.Writer) func(expiry.Progress) {
+func progressBar(t *terminal) func(expiry.Progress) {
 	var last time.Time
 	return func(p expiry.Progress) {
 		if time.Since(last) < 200*time.Millisecond {
@@ -256,7 +246,7 @@ func progressBar(w io.Writer) func(expiry.Progress) {
 				strings.Repeat("#", done), strings.Repeat(".", width-done), frac*100, p.Deleted, p.Estimate, rate,
 				humantime.Duration(time.Duration(float64(left)/max(rate, 1e-9))*time.Second))
 		}
-		fmt.Fprintf(w, "\r\033[K%s", line)
+		t.Bar(line)
 	}
 }
 

@@ -1,0 +1,62 @@
+package main
+
+import (
+	"io"
+	"os"
+	"sync"
+)
+
+// terminal is stderr on a terminal, shared by the log and the progress bar:
+// a log record first clears the bar's line, so the two never share a line;
+// the bar is redrawn by its next update.
+type terminal struct {
+	mu  sync.Mutex
+	w   io.Writer
+	bar bool // a progress line is on screen, without a newline
+}
+
+const clearLine = "\r\033[K"
+
+// Write writes a log record.
+func (t *terminal) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.bar {
+		if _, err := io.WriteString(t.w, clearLine); err != nil {
+			return 0, err
+		}
+		t.bar = false
+	}
+	return t.w.Write(p)
+}
+
+// Bar draws the progress line in place.
+func (t *terminal) Bar(line string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	_, _ = io.WriteString(t.w, clearLine+line)
+	t.bar = true
+}
+
+// ClearBar removes the progress line.
+func (t *terminal) ClearBar() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.bar {
+		_, _ = io.WriteString(t.w, clearLine)
+		t.bar = false
+	}
+}
+
+// isTerminal reports whether w is a terminal (or the terminal wrapper).
+func isTerminal(w io.Writer) bool {
+	if _, ok := w.(*terminal); ok {
+		return true
+	}
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
