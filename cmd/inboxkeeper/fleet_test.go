@@ -1,12 +1,15 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -253,4 +256,62 @@ func TestOnceWaitsForTheLease(t *testing.T) {
 	d.stop()
 	// With the daemon gone (and its lease released), once works.
 	wantExit(t, f.run("once"), 0, "deleted 1")
+}
+
+// status --watch redraws until interrupted, and shows the rate at which
+// rows go and an ETA, from exact counts between rounds.
+func TestStatusWatch(t *testing.T) {
+	t.Parallel()
+	f := inboxFixture(t)
+	cmd := exec.Command(exe, "status", "--watch", "200ms")
+	cmd.Env, cmd.Dir = f.env(), f.dir
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	lines := make(chan string)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	next := func(re *regexp.Regexp) string {
+		t.Helper()
+		deadline := time.After(30 * time.Second)
+		for {
+			select {
+			case l, ok := <-lines:
+				if !ok {
+					t.Fatalf("status --watch ended before a line matching %s", re)
+				}
+				if re.MatchString(l) {
+					return l
+				}
+			case <-deadline:
+				t.Fatalf("no line matching %s within 30s", re)
+			}
+		}
+	}
+	round := regexp.MustCompile(`^--- \d{4}-`)
+	next(round)
+	next(regexp.MustCompile(`^  expired, not yet deleted: 30 `))
+	// Rows go between rounds, as a daemon would delete them.
+	pgtest.Exec(t, f.pool, "DELETE FROM public.consumer_inbox WHERE consumer = 'billing' AND remember_until <= now()")
+	next(regexp.MustCompile(`^  expired, not yet deleted: 20 `))
+	rate := next(regexp.MustCompile(`^  rate \(last minute\): +\d+ rows/s, ETA `))
+	if strings.Contains(rate, " 0 rows/s") {
+		t.Errorf("rows went, but the rate says %q", rate)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("status --watch after SIGTERM: %v", err)
+	}
 }

@@ -59,7 +59,7 @@ Usage:
   inboxkeeper migrate                 create or upgrade the control schema
   inboxkeeper once [--dry-run] [--metrics-file PATH] [--pushgateway URL]   one pass over every table, then exit
   inboxkeeper run                     the daemon: a pass every INTERVAL or on SCHEDULE
-  inboxkeeper status [--json]         what is due, cleanup lag, holds and replays per table; partitions and why they wait
+  inboxkeeper status [--json | --watch [INTERVAL]]   what is due, cleanup lag, holds and replays per table; partitions and why they wait
   inboxkeeper partitions ensure [--dry-run]   create the missing monthly partitions now (retires nothing)
   inboxkeeper hold add --table T [--scope V] [--from TIME --to TIME] --reason TEXT --owner NAME [--expires TIME | --for DURATION] [--blocks delete|all]
   inboxkeeper hold list [--all]

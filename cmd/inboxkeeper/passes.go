@@ -295,17 +295,62 @@ func serveMetrics(a *app, reg *prometheus.Registry) (func(), error) {
 func (a *app) status(ctx context.Context, args []string) error {
 	fs := a.newFlags("status")
 	asJSON := fs.Bool("json", false, "print the status as one JSON object, for scripts")
+	watch := fs.Bool("watch", false, "redraw the status every INTERVAL (default 2s) until interrupted, with the rate and an ETA per table: "+
+		"status --watch [INTERVAL]; on a terminal in place like top, otherwise as plain lines")
 	if err := a.parseFlags(fs, args); err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
+	every := 2 * time.Second
+	switch {
+	case *watch && fs.NArg() == 1:
+		d, err := time.ParseDuration(fs.Arg(0))
+		if err != nil || d < 100*time.Millisecond {
+			return usagef("status --watch %q: want an interval such as 2s or 1m (at least 100ms)", fs.Arg(0))
+		}
+		every = d
+	case fs.NArg() > 0:
 		return usagef("status: unexpected argument %q", fs.Arg(0))
+	case *watch && *asJSON:
+		return usagef("status: --watch and --json do not go together")
 	}
 	pool, tables, err := a.prepare(ctx)
 	if err != nil {
 		return err
 	}
-	rep := statusReport{}
+	if !*watch {
+		return a.statusOnce(ctx, pool, tables, *asJSON, a.stdout, nil)
+	}
+	rates := dueRates{}
+	term := isTerminal(a.stdout)
+	for {
+		var b strings.Builder
+		if err := a.statusOnce(ctx, pool, tables, false, &b, rates); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		if term {
+			fmt.Fprint(a.stdout, "\033[H\033[2J") // home, clear: redraw in place
+		} else {
+			fmt.Fprintf(a.stdout, "--- %s\n", time.Now().UTC().Format(time.RFC3339))
+		}
+		fmt.Fprint(a.stdout, b.String())
+		t := time.NewTimer(every)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// statusOnce measures and writes the status once; with rates (--watch) it
+// adds each table's rate over the last minute and an ETA.
+func (a *app) statusOnce(ctx context.Context, pool *pgxpool.Pool, tables []*catalog.Table, asJSON bool, w io.Writer, rates dueRates) error {
+	rep := statusReport{rates: rates}
+	var err error
 	if rep.InRecovery, err = dbconn.InRecovery(ctx, pool); err != nil {
 		return err
 	}
@@ -315,22 +360,59 @@ func (a *app) status(ctx context.Context, args []string) error {
 	if err := a.tableStatus(ctx, pool, tables, &rep); err != nil {
 		return err
 	}
+	if rates != nil {
+		now := time.Now()
+		for _, st := range rep.Tables {
+			rates.add(st.Table, now, st.Due)
+		}
+	}
 	th := throttle.New(pool, a.throttleConfig(), a.log, nil)
 	th.MeasureOnce(ctx)
-	if *asJSON {
-		return json.NewEncoder(a.stdout).Encode(rep.JSON(th))
+	if asJSON {
+		return json.NewEncoder(w).Encode(rep.JSON(th))
 	}
-	rep.writeTables(a.stdout, tables)
+	rep.writeTables(w, tables)
 	switch {
 	case rep.InRecovery:
-		fmt.Fprintln(a.stdout, "database: a standby (in recovery): the daemon does nothing here")
+		fmt.Fprintln(w, "database: a standby (in recovery): the daemon does nothing here")
 	case rep.Lease != nil:
-		fmt.Fprintf(a.stdout, "active instance: %s (lease until %s)\n", rep.Lease.Name, rep.Lease.ExpiresAt.UTC().Format(time.RFC3339))
+		fmt.Fprintf(w, "active instance: %s (lease until %s)\n", rep.Lease.Name, rep.Lease.ExpiresAt.UTC().Format(time.RFC3339))
 	default:
-		fmt.Fprintln(a.stdout, "active instance: none holds the lease")
+		fmt.Fprintln(w, "active instance: none holds the lease")
 	}
-	writeThrottle(a.stdout, th)
+	writeThrottle(w, th)
 	return nil
+}
+
+// dueRates keeps, per table, the due counts status --watch saw over the last
+// minute: their fall is the rate at which rows go, and due ÷ rate the ETA.
+type dueRates map[string][]dueSample
+
+type dueSample struct {
+	at  time.Time
+	due int64
+}
+
+func (r dueRates) add(table string, at time.Time, due int64) {
+	s := append(r[table], dueSample{at, due})
+	for len(s) > 1 && at.Sub(s[0].at) > time.Minute {
+		s = s[1:]
+	}
+	r[table] = s
+}
+
+// rate is rows/s over the samples kept, and whether there are two to compare.
+func (r dueRates) rate(table string) (float64, bool) {
+	s := r[table]
+	if len(s) < 2 {
+		return 0, false
+	}
+	first, last := s[0], s[len(s)-1]
+	dt := last.at.Sub(first.at).Seconds()
+	if dt <= 0 {
+		return 0, false
+	}
+	return max(float64(first.due-last.due)/dt, 0), true
 }
 
 // tableStatus reads what status shows per table: rows due for ordinary
@@ -368,6 +450,13 @@ func (r statusReport) writeTables(w io.Writer, tables []*catalog.Table) {
 		for _, st := range r.Tables {
 			if st.Table == t.Name {
 				writeStatus(w, st)
+				if rate, ok := r.rates.rate(st.Table); ok {
+					eta := "none: nothing goes"
+					if rate > 0 {
+						eta = humantime.Duration(time.Duration(float64(st.Due) / rate * float64(time.Second)))
+					}
+					fmt.Fprintf(w, "  rate (last minute):       %.0f rows/s, ETA %s\n", rate, eta)
+				}
 			}
 		}
 		for _, p := range r.Partitions {
@@ -380,6 +469,7 @@ func (r statusReport) writeTables(w io.Writer, tables []*catalog.Table) {
 }
 
 type statusReport struct {
+	rates      dueRates // status --watch
 	InRecovery bool
 	Lease      *lease.Holder
 	Tables     []expiry.TableStatus
