@@ -1837,6 +1837,13 @@ func TestRoleScriptOnPostgreSQL(t *testing.T) {
 		t.Errorf("status as the daemon does not show the operator's pause:\n%s", out)
 	}
 	operator.ok("resume")
+	// Runtime settings: the operator changes them, the daemon reads them.
+	operator.ok("set", "batch_size=1000", "--reason", "deploy test")
+	if out := daemon.ok("settings"); !strings.Contains(out, "(global setting)") {
+		t.Errorf("settings as the daemon does not show the operator's setting:\n%s", out)
+	}
+	daemon.ok("settings", "--history")
+	operator.ok("set", "--unset", "batch_size", "--reason", "deploy test")
 
 	// The daemon: a pass deletes the expired rows, and leaves the held ones.
 	daemon.ok("once", "--dry-run")
@@ -1861,6 +1868,7 @@ func TestRoleScriptOnPostgreSQL(t *testing.T) {
 	daemon.refused("hold", "add", "--table", "public.consumer_inbox", "--reason", "x", "--owner", "x")
 	daemon.refused("replay", "finish", replayID)
 	daemon.refused("pause", "--reason", "x")
+	daemon.refused("set", "batch_size=10", "--reason", "x")
 	daemon.refused("plan", "--apply")
 	operator.ok("replay", "finish", replayID)
 

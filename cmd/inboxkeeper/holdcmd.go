@@ -99,12 +99,7 @@ func (a *app) tableFor(ctx context.Context, name string) (*pgxpool.Pool, *catalo
 	if err != nil {
 		return nil, nil, err
 	}
-	var pt *policy.Table
-	for i := range p.Tables {
-		if p.Tables[i].Name == qn {
-			pt = &p.Tables[i]
-		}
-	}
+	pt := policyTable(p, qn)
 	if pt == nil {
 		return nil, nil, usagef("--table %s: not in the policy file %s", qn.String(), p.Source)
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
+	"github.com/inboxkeeper/inboxkeeper/internal/settings"
 	"github.com/inboxkeeper/inboxkeeper/migrations"
 	"github.com/inboxkeeper/inboxkeeper/retention"
 )
@@ -69,6 +70,9 @@ Usage:
   inboxkeeper replay list [--all]
   inboxkeeper plan [FILE] [--json] [--apply]   the retention record of each consumer scope (Markdown or JSON)
   inboxkeeper plan [FILE] --check [--redis-url URL]   compare the records with the deployment; exit 1 if a promise is not kept
+  inboxkeeper set [--table T] KEY=VALUE ... --reason TEXT   change a tunable for every instance, at once and across restarts
+  inboxkeeper set [--table T] --unset KEY ... --reason TEXT   back to the policy's tuning, the environment or the default
+  inboxkeeper settings [--json] [--history]   every tunable in force, globally and per table, and where it comes from
   inboxkeeper pause --reason TEXT [--for DURATION]   pause every instance (until resume, or for DURATION)
   inboxkeeper resume                  end a pause
   inboxkeeper demo                    a throwaway PostgreSQL, a sample inbox, one pass
@@ -212,6 +216,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		cmdErr = a.demo(ctx, rest)
 	case "plan":
 		cmdErr = a.plan(ctx, rest)
+	case "set":
+		cmdErr = a.set(ctx, rest)
+	case "settings":
+		cmdErr = a.settingsCmd(ctx, rest)
 	case "pause":
 		cmdErr = a.pause(ctx, rest)
 	case "resume":
@@ -443,6 +451,18 @@ func (a *app) loadPolicy() (*policy.Policy, error) {
 	}
 	// A broken retention section makes the whole file suspect.
 	if _, err := retention.Load(p); err != nil {
+		return nil, configError{err}
+	}
+	var errs []error
+	for _, t := range p.Tables {
+		if len(t.Tuning) == 0 {
+			continue
+		}
+		if _, _, err := settings.Resolve(a.cfg, t.Tuning, nil, t.Name.String()); err != nil {
+			errs = append(errs, fmt.Errorf("%s:%d: table %s: tuning: %w", p.Source, t.Line, t.Name, err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
 		return nil, configError{err}
 	}
 	return p, nil

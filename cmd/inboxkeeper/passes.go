@@ -50,6 +50,22 @@ func (a *app) parseFlags(fs *flag.FlagSet, args []string) error {
 	return nil
 }
 
+// parseInterleaved parses flags that may come before, between or after the
+// command's arguments, and returns the arguments.
+func (a *app) parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+	var rest []string
+	for {
+		if err := a.parseFlags(fs, args); err != nil {
+			return nil, err
+		}
+		if fs.NArg() == 0 {
+			return rest, nil
+		}
+		rest = append(rest, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+}
+
 // noArgs parses the flags of a command that takes none but --help.
 func (a *app) noArgs(name string, args []string) error {
 	fs := a.newFlags(name)

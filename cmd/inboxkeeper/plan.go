@@ -31,17 +31,9 @@ func (a *app) plan(ctx context.Context, args []string) error {
 	check := fl.Bool("check", false, "compare the records with the deployed tables; exit 1 when a promise is not kept")
 	redisURL := fl.String("redis-url", "", "with --check: also judge this Redis (redis://[user:password@]host[:port]) as a volatile tier")
 	apply := fl.Bool("apply", false, "install each record's rule in the control schema, for the claim path (inboxkeeper.claim)")
-	// Flags may come before or after FILE.
-	var files []string
-	for {
-		if err := a.parseFlags(fl, args); err != nil {
-			return err
-		}
-		if fl.NArg() == 0 {
-			break
-		}
-		files = append(files, fl.Arg(0))
-		args = fl.Args()[1:]
+	files, err := a.parseInterleaved(fl, args) // flags before or after FILE
+	if err != nil {
+		return err
 	}
 	switch {
 	case len(files) > 1:

@@ -113,6 +113,10 @@ GRANT SELECT ON TABLE inboxkeeper.pause TO :"role";
 -- role (grants replicate with the data).
 GRANT SELECT, INSERT, UPDATE ON TABLE inboxkeeper.heartbeat TO :"role";
 
+-- Runtime settings: every instance reads them (and notices a change by the
+-- history's highest id) before its next batch.
+GRANT SELECT ON TABLE inboxkeeper.settings, inboxkeeper.settings_history TO :"role";
+
 -- One active instance per database: run and once take, renew and release the
 -- lease.
 GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE inboxkeeper.lease TO :"role";
@@ -155,6 +159,11 @@ GRANT INSERT, UPDATE ON TABLE inboxkeeper.replays TO :"operator_role";
 
 -- pause (upsert), resume (DELETE).
 GRANT INSERT, UPDATE, DELETE ON TABLE inboxkeeper.pause TO :"operator_role";
+
+-- set / set --unset: the settings and their history (never deleted from).
+GRANT INSERT, UPDATE, DELETE ON TABLE inboxkeeper.settings TO :"operator_role";
+GRANT INSERT ON TABLE inboxkeeper.settings_history TO :"operator_role";
+GRANT USAGE ON SEQUENCE inboxkeeper.settings_history_id_seq TO :"operator_role";
 
 -- plan --apply (upsert of each scope's rule).
 GRANT INSERT, UPDATE ON TABLE inboxkeeper.retention_rules TO :"operator_role";

@@ -579,3 +579,104 @@ func quote(v string) string {
 	}
 	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(v) + "'"
 }
+
+// Tunable is a setting `inboxkeeper set` may change at run time: its key in
+// the control schema and the policy's tuning block, and its variable.
+type Tunable struct{ Key, Env string }
+
+// Tunables are the settings that change without a restart (issue 15).
+var Tunables = []Tunable{
+	{"batch_size", Prefix + "_BATCH_SIZE"},
+	{"batch_size_min", Prefix + "_BATCH_SIZE_MIN"},
+	{"batch_size_max", Prefix + "_BATCH_SIZE_MAX"},
+	{"batch_target", Prefix + "_BATCH_TARGET"},
+	{"batch_pause", Prefix + "_BATCH_PAUSE"},
+	{"run_time", Prefix + "_RUN_TIME"},
+	{"max_replica_lag", Prefix + "_MAX_REPLICA_LAG"},
+	{"max_replica_lag_bytes", Prefix + "_MAX_REPLICA_LAG_BYTES"},
+	{"active_hours", Prefix + "_ACTIVE_HOURS"},
+	{"active_tz", Prefix + "_ACTIVE_TZ"},
+}
+
+// TunableByKey finds a tunable by its key.
+func TunableByKey(key string) (Tunable, bool) {
+	for _, t := range Tunables {
+		if t.Key == key {
+			return t, true
+		}
+	}
+	return Tunable{}, false
+}
+
+// Get returns the value of the variable env in c, written as the
+// environment would write it.
+func (c Config) Get(env string) string {
+	for _, v := range variables() {
+		if v.name == env {
+			f := reflect.ValueOf(c).Field(v.index)
+			return fmt.Sprint(f.Interface())
+		}
+	}
+	return ""
+}
+
+// With returns c with the variable env set to value, parsed and checked
+// exactly as the environment is (the same messages, cross-checks included:
+// BATCH_SIZE between BATCH_SIZE_MIN and _MAX). The error names env.
+func (c Config) With(env, value string) (Config, error) {
+	c, err := c.Set(env, value)
+	if err != nil {
+		return c, err
+	}
+	var ps problems
+	for _, p := range c.problems() {
+		if p.name == env || strings.Contains(p.msg, env) {
+			ps = append(ps, p)
+		}
+	}
+	return c, ps.err()
+}
+
+// Set returns c with the variable env set to value, parsed as the
+// environment is; the cross-checks are left to Validate, so that several
+// values can be set in any order.
+func (c Config) Set(env, value string) (Config, error) {
+	for _, v := range variables() {
+		if v.name != env {
+			continue
+		}
+		f := reflect.ValueOf(&c).Elem().Field(v.index)
+		if err := setField(f, value); err != nil {
+			return c, parseProblem(v, f.Type(), &envconfig.ParseError{KeyName: env, FieldName: v.field, TypeName: f.Type().String(), Value: value, Err: err})
+		}
+		return c, nil
+	}
+	return c, fmt.Errorf("%s: unknown variable", env)
+}
+
+// setField parses value into f the way envconfig does for the types the
+// tunables have.
+func setField(f reflect.Value, value string) error {
+	switch p := f.Addr().Interface().(type) {
+	case *ByteSize:
+		return p.Decode(value)
+	case *time.Duration:
+		d, err := time.ParseDuration(value)
+		if err != nil {
+			return err
+		}
+		*p = d
+		return nil
+	case *string:
+		*p = value
+		return nil
+	case *int:
+		n, err := strconv.ParseInt(value, 10, 0)
+		if err != nil {
+			return err
+		}
+		*p = int(n)
+		return nil
+	}
+	return fmt.Errorf("cannot set a %s at run time", f.Type())
+}

@@ -373,3 +373,39 @@ func TestDatabaseURLFile(t *testing.T) {
 		t.Errorf("missing file: %v", err)
 	}
 }
+
+// A runtime setting is parsed and checked exactly like its variable.
+func TestWith(t *testing.T) {
+	c, err := Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ env, value, want string }{
+		{"INBOXKEEPER_BATCH_SIZE", "2000", ""},
+		{"INBOXKEEPER_BATCH_SIZE", "lots", `INBOXKEEPER_BATCH_SIZE: "lots" is not an integer`},
+		{"INBOXKEEPER_BATCH_SIZE", "60000", "must lie between INBOXKEEPER_BATCH_SIZE_MIN"},
+		{"INBOXKEEPER_BATCH_SIZE_MAX", "50", "must be at least INBOXKEEPER_BATCH_SIZE_MIN"},
+		{"INBOXKEEPER_MAX_REPLICA_LAG", "5s", ""},
+		{"INBOXKEEPER_MAX_REPLICA_LAG", "0s", "must be greater than 0"},
+		{"INBOXKEEPER_MAX_REPLICA_LAG_BYTES", "64 MiB", `unknown unit "MiB"`},
+		{"INBOXKEEPER_ACTIVE_HOURS", "22:00-06:00", ""},
+		{"INBOXKEEPER_ACTIVE_HOURS", "22-06", "HH:MM"},
+		{"INBOXKEEPER_ACTIVE_TZ", "Mars/Olympus", "not a time zone"},
+		{"INBOXKEEPER_RUN_TIME", "-1m", "must not be negative"},
+	} {
+		got, err := c.With(tc.env, tc.value)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("With(%s, %s): %v", tc.env, tc.value, err)
+		case tc.want == "" && got.Get(tc.env) != tc.value:
+			t.Errorf("With(%s, %s) then Get = %q", tc.env, tc.value, got.Get(tc.env))
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("With(%s, %s) = %v, want an error containing %q", tc.env, tc.value, err, tc.want)
+		}
+	}
+	for _, tn := range Tunables {
+		if !slices.Contains(KnownVariables(), tn.Env) {
+			t.Errorf("tunable %s names an unknown variable %s", tn.Key, tn.Env)
+		}
+	}
+}

@@ -28,6 +28,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -62,7 +63,10 @@ type Table struct {
 	// timestamp-without-time-zone columns in; "" means UTC (and, when the
 	// database's TimeZone is not UTC, a warning at startup).
 	TimeZone string
-	Line     int // line of this entry in the file, for messages
+	// Tuning holds the table's tunables from the policy file (key to value,
+	// as the environment would write it); runtime settings override them.
+	Tuning map[string]string
+	Line   int // line of this entry in the file, for messages
 }
 
 // Zone is TimeZone, or UTC when it is not set.
@@ -123,6 +127,50 @@ type rawTable struct {
 	Partitions   *rawPartitions   `yaml:"partitions"`
 	Tiers        *rawTiers        `yaml:"tiers"`
 	TimeZone     string           `yaml:"time_zone"`
+	Tuning       *rawTuning       `yaml:"tuning"`
+}
+
+// rawTuning is a table's tuning block: the keys `inboxkeeper set` takes
+// (config.Tunables), as the environment writes their values. A test keeps
+// the two lists equal.
+type rawTuning struct {
+	BatchSize          string `yaml:"batch_size"`
+	BatchSizeMin       string `yaml:"batch_size_min"`
+	BatchSizeMax       string `yaml:"batch_size_max"`
+	BatchTarget        string `yaml:"batch_target"`
+	BatchPause         string `yaml:"batch_pause"`
+	RunTime            string `yaml:"run_time"`
+	MaxReplicaLag      string `yaml:"max_replica_lag"`
+	MaxReplicaLagBytes string `yaml:"max_replica_lag_bytes"`
+	ActiveHours        string `yaml:"active_hours"`
+	ActiveTZ           string `yaml:"active_tz"`
+}
+
+// values returns the keys that are set.
+func (r *rawTuning) values() map[string]string {
+	if r == nil {
+		return nil
+	}
+	out := map[string]string{}
+	v := reflect.ValueOf(*r)
+	for i := range v.NumField() {
+		key, _, _ := strings.Cut(v.Type().Field(i).Tag.Get("yaml"), ",")
+		if s := v.Field(i).String(); s != "" {
+			out[key] = s
+		}
+	}
+	return out
+}
+
+// TuningKeys are the keys a tuning block takes.
+func TuningKeys() []string {
+	var out []string
+	t := reflect.TypeFor[rawTuning]()
+	for i := range t.NumField() {
+		key, _, _ := strings.Cut(t.Field(i).Tag.Get("yaml"), ",")
+		out = append(out, key)
+	}
+	return out
 }
 
 type rawPartitions struct {
@@ -258,6 +306,7 @@ func table(d *strictyaml.Decoder, rt rawTable, ctx string, line int) (Table, boo
 	if rp := rt.Partitions; rp != nil {
 		t.Partitions = partitions(rp, fail)
 	}
+	t.Tuning = rt.Tuning.values()
 	if rt.TimeZone != "" {
 		// Go's zone database is built into the binary; the catalog check
 		// asks PostgreSQL's too.

@@ -1,0 +1,91 @@
+package main
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+// set and settings: values checked like the environment, global and per
+// table, with their source, the history, and nothing written when refused.
+func TestSettings(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, inboxDDL, strings.Replace(inboxPolicy, "expires_at: remember_until", `expires_at: remember_until
+    tuning: {batch_pause: 10ms, batch_size: 4000}`, 1), true)
+
+	r := f.run("settings")
+	wantExit(t, r, 0, "global\n", "public.consumer_inbox\n")
+	if !strings.Contains(r.stdout, "batch_pause            10ms") || !strings.Contains(r.stdout, "(policy tuning)") {
+		t.Errorf("the tuning block is not shown as the source\n%s", r)
+	}
+
+	wantExit(t, f.run("set", "batch_size=1000", "max_replica_lag=5s", "--reason", "night load"), 0,
+		"global batch_size: (not set) -> 1000 by postgres: night load", "global max_replica_lag: (not set) -> 5s")
+	wantExit(t, f.run("set", "--table", "public.consumer_inbox", "batch_size=300", "--reason", "a hot table"), 0,
+		"public.consumer_inbox batch_size: (not set) -> 300")
+	r = f.run("settings", "--json")
+	wantExit(t, r, 0)
+	var got struct {
+		Scopes []struct {
+			Table    string
+			Settings []struct{ Key, Value, Source string }
+		}
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil {
+		t.Fatalf("settings --json: %v\n%s", err, r.stdout)
+	}
+	in := map[string]string{}
+	for _, s := range got.Scopes {
+		for _, v := range s.Settings {
+			in[s.Table+" "+v.Key] = v.Value + " (" + v.Source + ")"
+		}
+	}
+	for k, want := range map[string]string{
+		"global batch_size":                     "1000 (global setting)",
+		"global batch_pause":                    "0s (default)",
+		"public.consumer_inbox batch_size":      "300 (table setting)",
+		"public.consumer_inbox batch_pause":     "10ms (policy tuning)",
+		"public.consumer_inbox max_replica_lag": "5s (global setting)",
+		"public.consumer_inbox batch_size_max":  "50000 (default)",
+	} {
+		if in[k] != want {
+			t.Errorf("%s = %q, want %q", k, in[k], want)
+		}
+	}
+
+	// Refused, naming why, and nothing written.
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"set", "batch_size=lots", "--reason", "r"}, `batch_size: "lots" is not an integer`},
+		{[]string{"set", "lock_timeout=1s", "--reason", "r"}, `unknown key "lock_timeout"`},
+		{[]string{"set", "batch_size=10"}, "--reason"},
+		{[]string{"set", "--table", "public.consumer_inbox", "batch_size_min=500", "--reason", "r"}, "between batch_size_min (500)"},
+		{[]string{"set", "--table", "public.nope", "batch_size=5", "--reason", "r"}, "not in the policy"},
+		{[]string{"set", "batch_size", "--reason", "r"}, "want KEY=VALUE"},
+		{[]string{"set", "--unset", "batch_size=5", "--reason", "r"}, "name the key alone"},
+		{[]string{"set", "max_replica_lag=999us", "--reason", "r"}, ""},
+	} {
+		r := f.run(c.args...)
+		if c.want == "" { // accepted: a positive duration
+			wantExit(t, r, 0)
+			continue
+		}
+		wantExit(t, r, 2, c.want)
+	}
+	f.wantCount("changes recorded", 4, "SELECT count(*) FROM inboxkeeper.settings_history")
+
+	wantExit(t, f.run("set", "--unset", "batch_size", "max_replica_lag", "--reason", "back to normal"), 0,
+		"global batch_size: 1000 -> (not set)", "global max_replica_lag: 999us -> (not set)")
+	r = f.run("settings", "--history")
+	wantExit(t, r, 0, "public.consumer_inbox batch_size: (not set) -> 300 by postgres: a hot table")
+	if n := strings.Count(r.stdout, "\n"); n != 6 {
+		t.Errorf("history has %d lines, want 6\n%s", n, r)
+	}
+
+	// A tuning block is checked like the environment when the policy loads.
+	bad := f.writeFile("bad.yaml", strings.Replace(inboxPolicy, "expires_at: remember_until", `expires_at: remember_until
+    tuning: {batch_target: soon}`, 1))
+	wantExit(t, f.runWith([]string{"INBOXKEEPER_POLICY_FILE=" + bad}, "once", "--dry-run"), 2, "bad.yaml:2: table public.consumer_inbox: tuning:", `"soon" is not a duration`)
+}

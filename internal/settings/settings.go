@@ -1,0 +1,259 @@
+// Package settings keeps the runtime settings in the control schema: the
+// tunables an operator changes with `inboxkeeper set`, for every instance,
+// without a restart, kept across restarts and audited. It resolves what is
+// in force for a table, and says where each value comes from:
+//
+//	table setting > global setting > the policy table's tuning block >
+//	environment variable > default
+//
+// Values are checked exactly like the environment variables
+// (config.Config.With). Daemon internals.
+package settings
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/config"
+)
+
+// Where a value comes from.
+const (
+	SourceDefault     = "default"
+	SourceEnvironment = "environment"
+	SourcePolicy      = "policy tuning"
+	SourceGlobal      = "global setting"
+	SourceTable       = "table setting"
+)
+
+// Global is the table name of a setting for every table.
+const Global = ""
+
+// Setting is one stored setting.
+type Setting struct {
+	Table, Key, Value string
+	ChangedAt         time.Time
+	ChangedBy, Reason string
+}
+
+// Change is one entry of the history.
+type Change struct {
+	ID                int64
+	Table, Key        string
+	Old, New          *string // nil: not set / unset
+	ChangedAt         time.Time
+	ChangedBy, Reason string
+}
+
+// Querier reads: *pgxpool.Pool, *pgx.Conn, pgx.Tx.
+type Querier interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+	QueryRow(context.Context, string, ...any) pgx.Row
+}
+
+// Beginner starts a transaction: *pgxpool.Pool, *pgx.Conn.
+type Beginner interface {
+	Begin(context.Context) (pgx.Tx, error)
+}
+
+// ErrInvalid marks a setting refused before anything was written.
+var ErrInvalid = errors.New("invalid setting")
+
+// Load reads every stored setting.
+func Load(ctx context.Context, q Querier) ([]Setting, error) {
+	rows, err := q.Query(ctx, `SELECT table_name, key, value, changed_at, changed_by, reason FROM inboxkeeper.settings ORDER BY table_name, key`)
+	if err != nil {
+		return nil, fmt.Errorf("read the settings: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Setting, error) {
+		var s Setting
+		err := r.Scan(&s.Table, &s.Key, &s.Value, &s.ChangedAt, &s.ChangedBy, &s.Reason)
+		return s, err
+	})
+}
+
+// Version changes whenever a setting does: the history's highest id. An
+// instance compares it before each batch.
+func Version(ctx context.Context, q Querier) (int64, error) {
+	var v int64
+	err := q.QueryRow(ctx, `SELECT coalesce(max(id), 0) FROM inboxkeeper.settings_history`).Scan(&v)
+	return v, err
+}
+
+// History lists the changes, newest first; limit 0 means all.
+func History(ctx context.Context, q Querier, limit int) ([]Change, error) {
+	sql := `SELECT id, table_name, key, old_value, new_value, changed_at, changed_by, reason FROM inboxkeeper.settings_history ORDER BY id DESC`
+	if limit > 0 {
+		sql += fmt.Sprintf(" LIMIT %d", limit)
+	}
+	rows, err := q.Query(ctx, sql)
+	if err != nil {
+		return nil, fmt.Errorf("read the settings history: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Change, error) {
+		var c Change
+		err := r.Scan(&c.ID, &c.Table, &c.Key, &c.Old, &c.New, &c.ChangedAt, &c.ChangedBy, &c.Reason)
+		return c, err
+	})
+}
+
+// Write stores values (key to value; a nil value unsets the key) for table
+// (Global for all) in one transaction, with a history entry for each that
+// changes, and returns those entries. check runs inside the transaction,
+// with every setting as it will be, and refuses the change by returning an
+// error: nothing is written then.
+func Write(ctx context.Context, db Beginner, table string, values map[string]*string, reason string, check func([]Setting) error) ([]Change, error) {
+	if strings.TrimSpace(reason) == "" {
+		return nil, fmt.Errorf("%w: a change needs --reason", ErrInvalid)
+	}
+	keys := make([]string, 0, len(values))
+	for k := range values {
+		if _, ok := config.TunableByKey(k); !ok {
+			return nil, fmt.Errorf("%w: unknown key %q (known: %s)", ErrInvalid, k, strings.Join(Keys(), ", "))
+		}
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	var changes []Change
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		// One writer at a time: the check sees what the others wrote.
+		if _, err := tx.Exec(ctx, "LOCK TABLE inboxkeeper.settings IN SHARE ROW EXCLUSIVE MODE"); err != nil {
+			return err
+		}
+		for _, k := range keys {
+			var old *string
+			err := tx.QueryRow(ctx, "SELECT value FROM inboxkeeper.settings WHERE table_name = $1 AND key = $2", table, k).Scan(&old)
+			if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+				return err
+			}
+			nv := values[k]
+			if (old == nil && nv == nil) || (old != nil && nv != nil && *old == *nv) {
+				continue
+			}
+			var tag pgconn.CommandTag
+			if nv == nil {
+				tag, err = tx.Exec(ctx, "DELETE FROM inboxkeeper.settings WHERE table_name = $1 AND key = $2", table, k)
+			} else {
+				tag, err = tx.Exec(ctx, `INSERT INTO inboxkeeper.settings (table_name, key, value, reason) VALUES ($1, $2, $3, $4)
+ON CONFLICT (table_name, key) DO UPDATE SET value = excluded.value, reason = excluded.reason, changed_at = now(), changed_by = current_user`,
+					table, k, *nv, reason)
+			}
+			if err != nil {
+				return err
+			}
+			_ = tag
+			c := Change{Table: table, Key: k, Old: old, New: nv, Reason: reason}
+			if err := tx.QueryRow(ctx, `INSERT INTO inboxkeeper.settings_history (table_name, key, old_value, new_value, reason)
+VALUES ($1, $2, $3, $4, $5) RETURNING id, changed_at, changed_by`, table, k, old, nv, reason).Scan(&c.ID, &c.ChangedAt, &c.ChangedBy); err != nil {
+				return err
+			}
+			changes = append(changes, c)
+		}
+		all, err := Load(ctx, tx)
+		if err != nil {
+			return err
+		}
+		return check(all)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return changes, nil
+}
+
+// Keys are the tunables' keys.
+func Keys() []string {
+	out := make([]string, len(config.Tunables))
+	for i, t := range config.Tunables {
+		out[i] = t.Key
+	}
+	return out
+}
+
+// Value is a tunable in force, and where it comes from.
+type Value struct {
+	Key, Value, Source string
+}
+
+// Resolve applies, on top of base (the environment and defaults), the
+// policy table's tuning block, the global settings and the table's own
+// settings, in that order of precedence (the last wins), and checks the
+// result as the environment is checked. It returns the configuration in
+// force for the table and every tunable's value and source. table "" (a
+// command's global view) takes no table layers.
+func Resolve(base config.Config, tuning map[string]string, stored []Setting, table string) (config.Config, []Value, error) {
+	c := base
+	vals := make([]Value, len(config.Tunables))
+	for i, t := range config.Tunables {
+		src := SourceDefault
+		if _, set := os.LookupEnv(t.Env); set {
+			src = SourceEnvironment
+		}
+		vals[i] = Value{Key: t.Key, Value: base.Get(t.Env), Source: src}
+	}
+	set := func(key, value, source string) error {
+		t, _ := config.TunableByKey(key)
+		next, err := c.Set(t.Env, value)
+		if err != nil {
+			return fmt.Errorf("%w: %s: %v", ErrInvalid, source, keyNames.Replace(err.Error()))
+		}
+		c = next
+		for i := range vals {
+			if vals[i].Key == key {
+				vals[i] = Value{Key: key, Value: c.Get(t.Env), Source: source}
+			}
+		}
+		return nil
+	}
+	var errs []error
+	if table != "" {
+		for _, k := range Keys() {
+			if v, ok := tuning[k]; ok {
+				errs = append(errs, set(k, v, SourcePolicy))
+			}
+		}
+	}
+	for _, scope := range []struct{ table, source string }{{Global, SourceGlobal}, {table, SourceTable}} {
+		if scope.source == SourceTable && table == "" {
+			continue
+		}
+		for _, s := range stored {
+			if s.Table == scope.table {
+				errs = append(errs, set(s.Key, s.Value, scope.source))
+			}
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return c, vals, err
+	}
+	// The values together, checked as the environment is (BATCH_SIZE between
+	// its bounds and the like), in the keys' names.
+	if err := c.Validate(); err != nil {
+		where := "the global settings"
+		if table != "" {
+			where = "the settings of " + table
+		}
+		return c, vals, fmt.Errorf("%w: %s would not hold together: %s", ErrInvalid, where, keyNames.Replace(err.Error()))
+	}
+	return c, vals, nil
+}
+
+// keyNames spells the tunables' variables as their keys, in messages about
+// settings (the longest names first: BATCH_SIZE_MIN before BATCH_SIZE).
+var keyNames = func() *strings.Replacer {
+	ts := slices.Clone(config.Tunables)
+	slices.SortFunc(ts, func(a, b config.Tunable) int { return len(b.Env) - len(a.Env) })
+	var pairs []string
+	for _, t := range ts {
+		pairs = append(pairs, t.Env, t.Key)
+	}
+	return strings.NewReplacer(pairs...)
+}()
