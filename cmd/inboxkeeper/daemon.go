@@ -24,6 +24,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/sqlident"
 	"github.com/inboxkeeper/inboxkeeper/migrations"
 	"github.com/inboxkeeper/inboxkeeper/partitions"
+	"github.com/inboxkeeper/inboxkeeper/throttle"
 	"github.com/inboxkeeper/inboxkeeper/tiering"
 )
 
@@ -81,17 +82,11 @@ func (a *app) daemon(ctx context.Context, args []string) error {
 
 	a.log.Info("inboxkeeper: running", "tables", len(tables), "interval", a.cfg.Interval, "schedule", a.cfg.Schedule,
 		"database", config.RedactURL(a.cfg.DatabaseURL), "instance", ls.Name())
-	p := &passer{a: a, pool: pool, ls: ls, dm: dm, m: metrics, pmm: pmetrics, tm: tmetrics}
-	// use puts a (re)loaded policy's tables in force.
+	p := &passer{a: a, pool: pool, ls: ls, dm: dm, m: metrics, pmm: pmetrics, tm: tmetrics, ms: ms, th: th}
+	// use puts a (re)loaded policy's tables in force; the next pass builds
+	// its stages for them.
 	use := func(tables []*catalog.Table) {
-		d := a.deleter(pool, tables, false, th, metrics, a.progressPrinter())
-		d.SetActive(ls.Check)
-		pm := a.partitionManager(pool, tables, false, th, pmetrics)
-		pm.SetActive(ls.Check)
-		p.d, p.pm = d, pm
-		p.dem = a.demoter(pool, tables, false, th, tmetrics, metrics.Errors)
-		p.dem.SetActive(ls.Check)
-		p.runner = pass.Runner{Stages: []pass.Stage{pass.Partitions(pm), pass.Tiering(p.dem), pass.Expiry(d)}, RunTime: a.cfg.RunTime}
+		p.list, p.watch = tables, nil
 		p.tables, p.scopeIdx, p.seenKnown = map[string]*catalog.Table{}, map[string]*expiry.ScopeIndexes{}, false
 		for _, t := range tables {
 			p.tables[t.Name] = t
@@ -125,6 +120,9 @@ func (a *app) daemon(ctx context.Context, args []string) error {
 		if err := p.run(ctx); err != nil {
 			a.log.Info("inboxkeeper: stopped", "reason", "signal", "during_pass", true)
 			return nil
+		}
+		if p.watch != nil && p.watch.changed {
+			continue // a runtime setting changed mid-pass: a new pass applies it now
 		}
 		next := start.Add(a.cfg.Interval)
 		if sched != nil {
@@ -186,16 +184,20 @@ func (a *app) reloadPolicy(ctx context.Context, pool *pgxpool.Pool) ([]*catalog.
 type passer struct {
 	a         *app
 	pool      *pgxpool.Pool
-	d         *expiry.Deleter
-	pm        *partitions.Manager
 	pmm       *partitions.Metrics
 	ls        *lease.Lease
 	dm        *daemonmetrics.Metrics
 	m         *expiry.Metrics
-	dem       *tiering.Demoter // demotion through the tiers (tiers.go)
-	runner    pass.Runner
 	tm        *tiering.Metrics
+	ms        *metricSet
+	th        *throttle.Throttler
 	lastState string
+
+	// The tables in force, and the stages built for them with the runtime
+	// settings of watch's version; rebuilt when that version moves.
+	list   []*catalog.Table
+	runner pass.Runner
+	watch  *settingsWatch
 
 	// Per-scope ranges are measured only where an index makes them cheap;
 	// which indexes exist is looked up once.
@@ -203,6 +205,36 @@ type passer struct {
 	scopeIdx  map[string]*expiry.ScopeIndexes
 	seenIdx   map[string]bool // table -> an index leads with first_seen
 	seenKnown bool
+}
+
+// tune rebuilds the pass's stages when the runtime settings changed since
+// they were built (or never were). Settings that do not hold together are
+// logged, and what was in force stays.
+func (p *passer) tune(ctx context.Context) {
+	tn, err := p.a.loadTuning(ctx, p.pool, p.list)
+	if err != nil {
+		if ctx.Err() == nil {
+			p.a.log.Error("inboxkeeper: the runtime settings cannot be applied; what was in force stays", "error", err)
+		}
+		if p.watch != nil {
+			// Wait for the next change rather than stop every pass for this one.
+			if tn.version > 0 {
+				p.watch.version = tn.version
+			}
+			p.watch.changed = false
+			return
+		}
+		// Nothing was in force yet: the environment and the policy then.
+		tn = tuning{version: -1, global: p.a.cfg, tables: map[string]config.Config{}}
+	}
+	if p.watch != nil && p.watch.version == tn.version {
+		return
+	}
+	p.watch = &settingsWatch{pool: p.pool, version: tn.version}
+	p.runner = pass.Runner{
+		Stages:  p.a.stages(p.pool, p.list, tn, false, p.ms, p.th, both(p.ls.Check, p.watch.check), p.a.progressPrinter()),
+		RunTime: tn.global.RunTime,
+	}
 }
 
 func (p *passer) say(state string, args ...any) {
@@ -251,6 +283,7 @@ func (p *passer) run(ctx context.Context) error {
 	p.say("active")
 	p.dm.PassesInFlight.Set(1)
 	defer p.dm.PassesInFlight.Set(0)
+	p.tune(ctx)
 	res, err := p.runner.Run(ctx)
 	if err != nil {
 		return err

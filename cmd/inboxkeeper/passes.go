@@ -19,10 +19,12 @@ import (
 
 	"github.com/inboxkeeper/inboxkeeper/expiry"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/humantime"
 	"github.com/inboxkeeper/inboxkeeper/internal/lease"
 	"github.com/inboxkeeper/inboxkeeper/internal/pass"
+	"github.com/inboxkeeper/inboxkeeper/internal/settings"
 	"github.com/inboxkeeper/inboxkeeper/partitions"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
 	"github.com/inboxkeeper/inboxkeeper/tiering"
@@ -78,16 +80,18 @@ func (a *app) noArgs(name string, args []string) error {
 	return nil
 }
 
-func (a *app) deleter(pool *pgxpool.Pool, tables []*catalog.Table, dryRun bool, th *throttle.Throttler, m *expiry.Metrics, progress func(expiry.Progress)) *expiry.Deleter {
+// deleter builds the deleter of tables with the configuration c (a.cfg, or
+// a table's with its runtime settings).
+func (a *app) deleter(c config.Config, pool *pgxpool.Pool, tables []*catalog.Table, dryRun bool, th *throttle.Throttler, m *expiry.Metrics, progress func(expiry.Progress)) *expiry.Deleter {
 	return expiry.New(pool, tables, expiry.Options{
 		Throttle:         th,
-		Sizing:           a.sizing(),
-		BatchSize:        a.cfg.BatchSize,
-		BatchPause:       a.cfg.BatchPause,
-		LockTimeout:      a.cfg.LockTimeout,
-		StatementTimeout: a.cfg.StatementTimeout,
-		IdleTimeout:      a.cfg.IdleTimeout,
-		RunTime:          a.cfg.RunTime,
+		Sizing:           sizing(c),
+		BatchSize:        c.BatchSize,
+		BatchPause:       c.BatchPause,
+		LockTimeout:      c.LockTimeout,
+		StatementTimeout: c.StatementTimeout,
+		IdleTimeout:      c.IdleTimeout,
+		RunTime:          c.RunTime,
 		DryRun:           dryRun,
 		Logger:           a.log,
 		Metrics:          m,
@@ -167,16 +171,12 @@ func (a *app) once(ctx context.Context, args []string) error {
 }
 
 // onePass is what once does, and the demo: a pass (internal/pass) with a
-// line per table and step on stdout as each step ends. It returns how many
-// table steps failed, out of how many.
+// line per table and step on stdout as each step ends, with each table's
+// configuration in force (runtime settings). A setting changed during the
+// pass stops it before its next batch, and the pass starts again with it.
+// It returns how many table steps failed, out of how many.
 func (a *app) onePass(ctx context.Context, pool *pgxpool.Pool, tables []*catalog.Table, dryRun bool, th *throttle.Throttler,
 	active func() error, progress func(expiry.Progress), ms *metricSet) (failed, total int, err error) {
-	var em *expiry.Metrics
-	var tm *tiering.Metrics
-	var partm *partitions.Metrics
-	if ms != nil {
-		em, tm, partm = ms.expiry, ms.tiering, ms.partitions
-	}
 	if !dryRun {
 		// A deletion writes its permanent keys in the same statement: the
 		// key tables must exist before anything runs.
@@ -184,27 +184,28 @@ func (a *app) onePass(ctx context.Context, pool *pgxpool.Pool, tables []*catalog
 			return 0, 0, err
 		}
 	}
-	pm := a.partitionManager(pool, tables, dryRun, th, partm)
-	pm.SetActive(active)
-	var errs *prometheus.CounterVec
-	if em != nil {
-		errs = em.Errors
+	for {
+		tn, err := a.loadTuning(ctx, pool, tables)
+		if err != nil {
+			return 0, 0, configError{err}
+		}
+		watch := &settingsWatch{pool: pool, version: tn.version}
+		runner := pass.Runner{
+			Stages:     a.stages(pool, tables, tn, dryRun, ms, th, both(active, watch.check), progress),
+			RunTime:    tn.global.RunTime,
+			AfterStage: func(stage string, rs []pass.TableResult) { a.printStage(stage, rs, dryRun) },
+		}
+		res, err := runner.Run(ctx)
+		if ms != nil {
+			ms.passEnded(res)
+		}
+		f, _, n := res.Counts()
+		failed, total = failed+f, total+n
+		if err != nil || !watch.changed {
+			return failed, total, err
+		}
+		a.log.Info("inboxkeeper: the runtime settings changed; the pass starts again with them")
 	}
-	dem := a.demoter(pool, tables, dryRun, th, tm, errs)
-	dem.SetActive(active)
-	d := a.deleter(pool, tables, dryRun, th, em, progress)
-	d.SetActive(active)
-	runner := pass.Runner{
-		Stages:     []pass.Stage{pass.Partitions(pm), pass.Tiering(dem), pass.Expiry(d)},
-		RunTime:    a.cfg.RunTime,
-		AfterStage: func(stage string, rs []pass.TableResult) { a.printStage(stage, rs, dryRun) },
-	}
-	res, err := runner.Run(ctx)
-	if ms != nil {
-		ms.passEnded(res)
-	}
-	failed, _, total = res.Counts()
-	return failed, total, err
 }
 
 // printStage prints a line per table for one step of a pass.
@@ -376,13 +377,16 @@ func (a *app) statusOnce(ctx context.Context, pool *pgxpool.Pool, tables []*cata
 	if err := a.tableStatus(ctx, pool, tables, &rep); err != nil {
 		return err
 	}
+	if rep.tuning, err = a.tuningValues(ctx, pool, tables); err != nil {
+		return err
+	}
 	if rates != nil {
 		now := time.Now()
 		for _, st := range rep.Tables {
 			rates.add(st.Table, now, st.Due)
 		}
 	}
-	th := throttle.New(pool, a.throttleConfig(), a.log, nil)
+	th := throttle.New(pool, a.throttleConfig(ctx, pool), a.log, nil)
 	th.MeasureOnce(ctx)
 	if asJSON {
 		return json.NewEncoder(w).Encode(rep.JSON(th))
@@ -434,7 +438,7 @@ func (r dueRates) rate(table string) (float64, bool) {
 // tableStatus reads what status shows per table: rows due for ordinary
 // tables, a dry-run partition pass for partitioned ones, and the tiers.
 func (a *app) tableStatus(ctx context.Context, pool *pgxpool.Pool, tables []*catalog.Table, rep *statusReport) error {
-	d := a.deleter(pool, tables, false, nil, nil, nil)
+	d := a.deleter(a.cfg, pool, tables, false, nil, nil, nil)
 	for _, t := range tables {
 		if t.Partitioned() {
 			continue
@@ -457,11 +461,17 @@ func (a *app) tableStatus(ctx context.Context, pool *pgxpool.Pool, tables []*cat
 // writeTables prints the per-table part of status.
 // Each table is named once, in policy order, with every part that applies.
 func (r statusReport) writeTables(w io.Writer, tables []*catalog.Table) {
+	if s := describeTuning(r.tuning[settings.Global]); s != "" {
+		fmt.Fprintf(w, "settings (all tables):      %s\n", s)
+	}
 	for _, t := range tables {
 		if t.Partitioned() {
 			fmt.Fprintf(w, "%s (managed by partition)\n", t.Name)
 		} else {
 			fmt.Fprintf(w, "%s\n", t.Name)
+		}
+		if s := describeTuning(r.tuning[t.Name]); s != "" && s != describeTuning(r.tuning[settings.Global]) {
+			fmt.Fprintf(w, "  settings:                 %s\n", s)
 		}
 		for _, st := range r.Tables {
 			if st.Table == t.Name {
@@ -485,7 +495,10 @@ func (r statusReport) writeTables(w io.Writer, tables []*catalog.Table) {
 }
 
 type statusReport struct {
-	rates      dueRates // status --watch
+	rates dueRates // status --watch
+	// tuning is every tunable in force and its source, by table ("" for
+	// the global view).
+	tuning     map[string][]settings.Value
 	InRecovery bool
 	Lease      *lease.Holder
 	Tables     []expiry.TableStatus

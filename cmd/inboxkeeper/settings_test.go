@@ -2,8 +2,10 @@ package main
 
 import (
 	"encoding/json"
+	"regexp"
 	"strings"
 	"testing"
+	"time"
 )
 
 // set and settings: values checked like the environment, global and per
@@ -23,6 +25,9 @@ func TestSettings(t *testing.T) {
 		"global batch_size: (not set) -> 1000 by postgres: night load", "global max_replica_lag: (not set) -> 5s")
 	wantExit(t, f.run("set", "--table", "public.consumer_inbox", "batch_size=300", "--reason", "a hot table"), 0,
 		"public.consumer_inbox batch_size: (not set) -> 300")
+	r = f.run("status")
+	wantExit(t, r, 0, "settings (all tables):      batch_size=1000 (global setting), max_replica_lag=5s (global setting)\n",
+		"  settings:                 batch_size=300 (table setting), batch_pause=10ms (policy tuning), max_replica_lag=5s (global setting)\n")
 	r = f.run("settings", "--json")
 	wantExit(t, r, 0)
 	var got struct {
@@ -63,6 +68,7 @@ func TestSettings(t *testing.T) {
 		{[]string{"set", "batch_size=10"}, "--reason"},
 		{[]string{"set", "--table", "public.consumer_inbox", "batch_size_min=500", "--reason", "r"}, "between batch_size_min (500)"},
 		{[]string{"set", "--table", "public.nope", "batch_size=5", "--reason", "r"}, "not in the policy"},
+		{[]string{"set", "--table", "public.consumer_inbox", "max_replica_lag=5s", "--reason", "r"}, "holds for the whole database"},
 		{[]string{"set", "batch_size", "--reason", "r"}, "want KEY=VALUE"},
 		{[]string{"set", "--unset", "batch_size=5", "--reason", "r"}, "name the key alone"},
 		{[]string{"set", "max_replica_lag=999us", "--reason", "r"}, ""},
@@ -88,4 +94,30 @@ func TestSettings(t *testing.T) {
 	bad := f.writeFile("bad.yaml", strings.Replace(inboxPolicy, "expires_at: remember_until", `expires_at: remember_until
     tuning: {batch_target: soon}`, 1))
 	wantExit(t, f.runWith([]string{"INBOXKEEPER_POLICY_FILE=" + bad}, "once", "--dry-run"), 2, "bad.yaml:2: table public.consumer_inbox: tuning:", `"soon" is not a duration`)
+}
+
+// A running daemon applies a set before its next batch, without a restart,
+// and another instance that takes over later runs with it too.
+func TestSettingsApplyLive(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, inboxTable+inboxIndex+`
+INSERT INTO public.consumer_inbox
+SELECT 'c' || i % 4, 'old-' || i, now(), now() - interval '1 hour' - i * interval '1 second'
+FROM generate_series(1, 5000) i;`, inboxPolicy, true)
+	slow := []string{"INBOXKEEPER_LOG_LEVEL=debug", "INBOXKEEPER_INTERVAL=1h", "INBOXKEEPER_LEASE_TTL=3s",
+		"INBOXKEEPER_BATCH_SIZE=10", "INBOXKEEPER_BATCH_SIZE_MIN=10", "INBOXKEEPER_BATCH_SIZE_MAX=10", "INBOXKEEPER_BATCH_PAUSE=50ms"}
+	a := startDaemon(t, f.dir, f.env(slow...), "run")
+	a.waitLine(regexp.MustCompile(`msg="expiry: batch" table=public.consumer_inbox deleted=10 `), 30*time.Second)
+	b := startDaemon(t, f.dir, f.env(append(slow, "INBOXKEEPER_INTERVAL=300ms")...), "run") // waits for the lease
+	b.waitLine(regexp.MustCompile(`msg="inboxkeeper: another instance is active; waiting"`), 30*time.Second)
+
+	wantExit(t, f.run("set", "batch_size=40", "batch_size_min=40", "batch_size_max=40", "--reason", "catch up"), 0)
+	a.waitLine(regexp.MustCompile(`stopped_early="the runtime settings changed; the next pass applies them"`), 30*time.Second)
+	a.waitLine(regexp.MustCompile(`msg="expiry: batch" table=public.consumer_inbox deleted=40 `), 30*time.Second)
+
+	// The other instance takes over with the settings in force now.
+	wantExit(t, f.run("set", "batch_size=25", "batch_size_min=25", "batch_size_max=25", "--reason", "gentler"), 0)
+	a.stop()
+	b.waitLine(regexp.MustCompile(`msg="expiry: batch" table=public.consumer_inbox deleted=25 `), 30*time.Second)
+	b.stop()
 }

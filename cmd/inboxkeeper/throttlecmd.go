@@ -12,20 +12,35 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/inboxkeeper/inboxkeeper/expiry"
+	"github.com/inboxkeeper/inboxkeeper/internal/config"
+	"github.com/inboxkeeper/inboxkeeper/internal/settings"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
 )
 
-func (a *app) throttleConfig() throttle.Config {
-	tz, _ := time.LoadLocation(a.cfg.ActiveTZ) // validated by config.Load
+// throttleConfig is the throttle's configuration: the environment, with the
+// global runtime settings (max_replica_lag, active_hours...) applied when
+// they can be read.
+func (a *app) throttleConfig(ctx context.Context, pool *pgxpool.Pool) throttle.Config {
+	c := a.cfg
+	if pool != nil {
+		if stored, err := settings.Load(ctx, pool); err == nil {
+			if g, _, err := settings.Resolve(a.cfg, nil, stored, settings.Global); err == nil {
+				c = g
+			} else {
+				a.log.Error("inboxkeeper: the global runtime settings cannot be applied; the environment's values stay", "error", err)
+			}
+		}
+	}
+	tz, _ := time.LoadLocation(c.ActiveTZ) // validated like the environment
 	return throttle.Config{
 		ReplicaURLs:        a.cfg.ReplicaURLs,
 		HeartbeatInterval:  a.cfg.HeartbeatInterval,
-		MaxReplicaLag:      a.cfg.MaxReplicaLag,
-		MaxReplicaLagBytes: int64(a.cfg.MaxReplicaLagBytes),
+		MaxReplicaLag:      c.MaxReplicaLag,
+		MaxReplicaLagBytes: int64(c.MaxReplicaLagBytes),
 		ReplicaFailOpen:    a.cfg.ReplicaFailOpen,
 		MaxSlotLagBytes:    int64(a.cfg.MaxSlotLagBytes),
 		Query:              a.cfg.ThrottleQuery,
-		ActiveHours:        a.cfg.ActiveHours,
+		ActiveHours:        c.ActiveHours,
 		ActiveTZ:           tz,
 		ResumeRatio:        a.cfg.ThrottleResume,
 	}
@@ -37,13 +52,13 @@ func (a *app) startThrottle(ctx context.Context, pool *pgxpool.Pool, reg prometh
 	if reg != nil {
 		m = throttle.NewMetrics(reg)
 	}
-	t := throttle.New(pool, a.throttleConfig(), a.log, m)
+	t := throttle.New(pool, a.throttleConfig(ctx, pool), a.log, m)
 	t.Start(ctx)
 	return t
 }
 
-func (a *app) sizing() *expiry.Sizing {
-	return &expiry.Sizing{Min: a.cfg.BatchSizeMin, Max: a.cfg.BatchSizeMax, Target: a.cfg.BatchTarget}
+func sizing(c config.Config) *expiry.Sizing {
+	return &expiry.Sizing{Min: c.BatchSizeMin, Max: c.BatchSizeMax, Target: c.BatchTarget}
 }
 
 func whoami() string {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/inboxkeeper/inboxkeeper/expiry"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/humantime"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
@@ -23,16 +24,16 @@ import (
 // deletes expired ones, and writes permanent keys with the deletions.
 
 // demoter is the tiering counterpart of deleter, with the same settings.
-func (a *app) demoter(pool *pgxpool.Pool, tables []*catalog.Table, dryRun bool, th *throttle.Throttler, m *tiering.Metrics, errs *prometheus.CounterVec) *tiering.Demoter {
+func (a *app) demoter(c config.Config, pool *pgxpool.Pool, tables []*catalog.Table, dryRun bool, th *throttle.Throttler, m *tiering.Metrics, errs *prometheus.CounterVec) *tiering.Demoter {
 	return tiering.New(pool, tables, tiering.Options{
 		Throttle:         th,
-		Sizing:           a.sizing(),
-		BatchSize:        a.cfg.BatchSize,
-		BatchPause:       a.cfg.BatchPause,
-		LockTimeout:      a.cfg.LockTimeout,
-		StatementTimeout: a.cfg.StatementTimeout,
-		IdleTimeout:      a.cfg.IdleTimeout,
-		RunTime:          a.cfg.RunTime,
+		Sizing:           sizing(c),
+		BatchSize:        c.BatchSize,
+		BatchPause:       c.BatchPause,
+		LockTimeout:      c.LockTimeout,
+		StatementTimeout: c.StatementTimeout,
+		IdleTimeout:      c.IdleTimeout,
+		RunTime:          c.RunTime,
 		DryRun:           dryRun,
 		Logger:           a.log,
 		Metrics:          m,
@@ -130,10 +131,13 @@ func (p *passer) countPermanent(r expiry.TableResult) {
 // measureTiers exports each tiered table's tier estimates and the storage a
 // key costs in each tier.
 func (p *passer) measureTiers(ctx context.Context) {
-	if p.dem == nil || p.tm == nil {
+	if p.tm == nil {
 		return
 	}
-	for _, t := range p.dem.Tables() {
+	for _, t := range p.list {
+		if t.Tiers == nil || t.Partitioned() {
+			continue
+		}
 		st, err := tiering.Measure(ctx, p.pool, t)
 		if err != nil {
 			if ctx.Err() == nil {
@@ -159,7 +163,7 @@ func (p *passer) measureTiers(ctx context.Context) {
 // tierStatus reads the status of every tiered table, by name.
 func (a *app) tierStatus(ctx context.Context, pool *pgxpool.Pool, tables []*catalog.Table) (map[string]*tiering.Status, error) {
 	out := map[string]*tiering.Status{}
-	dem := a.demoter(pool, tables, true, nil, nil, nil)
+	dem := a.demoter(a.cfg, pool, tables, true, nil, nil, nil)
 	for _, t := range dem.Tables() {
 		st, err := dem.Status(ctx, t)
 		if err != nil {

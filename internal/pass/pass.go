@@ -151,6 +151,17 @@ func Expiry(d *expiry.Deleter) Stage {
 	}}
 }
 
+// Limit bounds a stage to d from when it starts, within the pass's own
+// deadline: a table with a RUN_TIME of its own.
+func Limit(s Stage, d time.Duration) Stage {
+	return stage{s.Name(), func(ctx context.Context, deadline time.Time) ([]TableResult, error) {
+		if own := time.Now().Add(d); deadline.IsZero() || own.Before(deadline) {
+			deadline = own
+		}
+		return s.Run(ctx, deadline)
+	}}
+}
+
 type stage struct {
 	name string
 	run  func(ctx context.Context, deadline time.Time) ([]TableResult, error)

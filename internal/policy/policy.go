@@ -130,20 +130,16 @@ type rawTable struct {
 	Tuning       *rawTuning       `yaml:"tuning"`
 }
 
-// rawTuning is a table's tuning block: the keys `inboxkeeper set` takes
-// (config.Tunables), as the environment writes their values. A test keeps
-// the two lists equal.
+// rawTuning is a table's tuning block: the keys `inboxkeeper set --table`
+// takes (settings.TableKeys: not the database-wide throttle ones), as the
+// environment writes their values. A test keeps the two lists equal.
 type rawTuning struct {
-	BatchSize          string `yaml:"batch_size"`
-	BatchSizeMin       string `yaml:"batch_size_min"`
-	BatchSizeMax       string `yaml:"batch_size_max"`
-	BatchTarget        string `yaml:"batch_target"`
-	BatchPause         string `yaml:"batch_pause"`
-	RunTime            string `yaml:"run_time"`
-	MaxReplicaLag      string `yaml:"max_replica_lag"`
-	MaxReplicaLagBytes string `yaml:"max_replica_lag_bytes"`
-	ActiveHours        string `yaml:"active_hours"`
-	ActiveTZ           string `yaml:"active_tz"`
+	BatchSize    string `yaml:"batch_size"`
+	BatchSizeMin string `yaml:"batch_size_min"`
+	BatchSizeMax string `yaml:"batch_size_max"`
+	BatchTarget  string `yaml:"batch_target"`
+	BatchPause   string `yaml:"batch_pause"`
+	RunTime      string `yaml:"run_time"`
 }
 
 // values returns the keys that are set.

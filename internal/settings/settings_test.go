@@ -17,10 +17,10 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 
 func str(s string) *string { return &s }
 
-// The policy's tuning block takes exactly the keys `set` does.
+// The policy's tuning block takes exactly the keys `set --table` does.
 func TestKeys(t *testing.T) {
 	t.Parallel()
-	if got, want := policy.TuningKeys(), settings.Keys(); !slices.Equal(got, want) {
+	if got, want := policy.TuningKeys(), settings.TableKeys(); !slices.Equal(got, want) {
 		t.Errorf("tuning keys %v, settings keys %v", got, want)
 	}
 }
