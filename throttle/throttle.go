@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/inboxkeeper/inboxkeeper/internal/activehours"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -357,27 +358,4 @@ func (t *Throttler) inWindow(now time.Time) (bool, string) {
 }
 
 // ParseWindow parses "HH:MM-HH:MM" into minutes after midnight.
-func ParseWindow(s string) (from, to int, err error) {
-	a, b, ok := strings.Cut(s, "-")
-	if !ok {
-		return 0, 0, fmt.Errorf("%q: want HH:MM-HH:MM", s)
-	}
-	if from, err = parseClock(a); err != nil {
-		return 0, 0, fmt.Errorf("%q: %w", s, err)
-	}
-	if to, err = parseClock(b); err != nil {
-		return 0, 0, fmt.Errorf("%q: %w", s, err)
-	}
-	if from == to {
-		return 0, 0, fmt.Errorf("%q: empty window (leave it empty for always)", s)
-	}
-	return from, to, nil
-}
-
-func parseClock(s string) (int, error) {
-	t, err := time.Parse("15:04", strings.TrimSpace(s))
-	if err != nil {
-		return 0, fmt.Errorf("%q is not HH:MM", s)
-	}
-	return t.Hour()*60 + t.Minute(), nil
-}
+func ParseWindow(s string) (from, to int, err error) { return activehours.Parse(s) }

@@ -22,8 +22,8 @@ import (
 	"github.com/kelseyhightower/envconfig"
 	"github.com/robfig/cron/v3"
 
+	"github.com/inboxkeeper/inboxkeeper/internal/activehours"
 	"github.com/inboxkeeper/inboxkeeper/internal/humantime"
-	"github.com/inboxkeeper/inboxkeeper/throttle"
 )
 
 // Prefix is the envconfig prefix; every variable is named Prefix + "_" + tag.
@@ -392,7 +392,7 @@ func (c Config) problems() problems {
 		ps.addf(n["SessionURL"], "is not a connection string")
 	}
 	if c.ActiveHours != "" {
-		if _, _, err := throttle.ParseWindow(c.ActiveHours); err != nil {
+		if _, _, err := activehours.Parse(c.ActiveHours); err != nil {
 			ps.addf(n["ActiveHours"], "%v (for example 22:00-06:00)", err)
 		}
 	}
