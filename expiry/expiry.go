@@ -56,6 +56,13 @@ type Options struct {
 	beforeCommit func(table string, deleted int64)
 	// onRetry lets tests see a failed batch before it is retried.
 	onRetry func(kind string)
+	// skipLockedOnly makes every batch take the SKIP LOCKED form, so tests
+	// can check both forms keep every guarantee.
+	skipLockedOnly bool
+	// optimisticWait replaces optimisticLockTimeout (tests watch a wait).
+	optimisticWait time.Duration
+	// onFallback is told when a batch falls back to SKIP LOCKED.
+	onFallback func()
 }
 
 // Sizing bounds the adaptive batch size.
@@ -83,6 +90,8 @@ type TableResult struct {
 	ProtectedByReplays int64 // expired rows kept because only a replay covers them
 	Batches            int
 	Retries            int
+	SkipLockedBatches  int // batches that met a locked row and ran again with SKIP LOCKED
+	RangeBatches       int // batches that deleted by expiry range (the others by ctid)
 	Duration           time.Duration
 	CleanupLag         time.Duration
 	Oldest, Newest     *time.Time // retained expiries after the pass
@@ -209,7 +218,7 @@ func (d *Deleter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 		d.opts.Metrics.LastSuccess.WithLabelValues(t.Name).Set(float64(time.Now().Unix()))
 	}
 	log.Info("expiry: table done", "deleted", res.Deleted, "protected_by_holds", res.ProtectedByHolds,
-		"protected_by_replays", res.ProtectedByReplays, "batches", res.Batches, "dry_run", d.opts.DryRun,
+		"protected_by_replays", res.ProtectedByReplays, "batches", res.Batches, "skip_locked_batches", res.SkipLockedBatches, "dry_run", d.opts.DryRun,
 		"duration", res.Duration.Round(time.Millisecond), "stopped_early", res.StoppedEarly)
 	return res
 }
@@ -292,40 +301,120 @@ func (d *Deleter) estimateDue(ctx context.Context, t *catalog.Table) int64 {
 	return est
 }
 
-// batch deletes at most BatchSize expired, uncovered rows in one transaction
-// and returns how many it deleted and the newest expiry among them.
-func (d *Deleter) batch(ctx context.Context, t *catalog.Table, lower pgtype.Timestamptz, size int, res *TableResult) (n int64, newest time.Time, wal float64, err error) {
-	// See docs/expiry-design.md, "One batch".
-	tx, err := batchloop.Begin(ctx, d.pool, t.Name, batchloop.TxOptions{
-		LockTimeout: d.opts.LockTimeout, StatementTimeout: d.opts.StatementTimeout, Throttle: d.opts.Throttle, Pinned: d.pinned()})
-	if err != nil {
-		return 0, time.Time{}, 0, err
+// batch deletes at most size expired, uncovered rows and returns how many it
+// deleted and the newest expiry among them. It first tries an optimistic
+// batch, without a lock pass, under a short lock timeout; only a batch that
+// meets a row another session holds locked (or a table lock it cannot get
+// at once) is rolled back and run again with FOR UPDATE SKIP LOCKED.
+// See docs/expiry-design.md, "One batch".
+func (d *Deleter) batch(ctx context.Context, t *catalog.Table, lower pgtype.Timestamptz, size int, res *TableResult) (int64, time.Time, float64, error) {
+	if !d.opts.skipLockedOnly {
+		n, newest, wal, err := d.batchTx(ctx, t, lower, size, res, false)
+		if retry.Kind(err) != "lock_timeout" {
+			return n, newest, wal, err
+		}
+		res.SkipLockedBatches++
+		d.log.Debug("expiry: batch met a locked row, running it again with SKIP LOCKED", "table", t.Name, "error", err)
+		if d.opts.onFallback != nil {
+			d.opts.onFallback()
+		}
 	}
-	defer tx.Close(ctx, &err)
-	now, cov := tx.Now, tx.Coverage
-	var args holds.Args
-	holdPred, replayPred := cov.Predicates(t, "t", &args)
-	e := "t." + t.Expiry.Quoted
-	keysReturning, keysCTE, keysCount := permanentKeys(t)
-	sql := fmt.Sprintf(`
+	return d.batchTx(ctx, t, lower, size, res, true)
+}
+
+// optimisticLockTimeout is how long an optimistic batch waits for a lock
+// before it falls back to SKIP LOCKED: the longest the deleter waits on an
+// application's row, and, while it waits, the longest an application
+// session waits on a row the batch already deleted.
+const optimisticLockTimeout = 50 * time.Millisecond
+
+// The statements of a batch. %[1]s is the table, %[2]s the expiry column
+// over the row alias, %[3]s the cutoff, %[4]s the keyset's lower bound,
+// %[5]s and %[6]s the hold and replay predicates.
+const (
+	// boundSQL reads the expiries at positions size and size+1 (%[7]s is
+	// size-1) of the due, uncovered rows from the keyset on, in the
+	// column's own type: an index-only scan of the expiry index.
+	boundSQL = `SELECT %[2]s::text FROM %[1]s t
+WHERE %[2]s <= %[3]s AND %[2]s >= %[4]s AND NOT %[5]s AND NOT %[6]s
+ORDER BY %[2]s OFFSET %[7]s LIMIT 2`
+
+	// rangeSQL deletes the due, uncovered rows from the keyset up to the
+	// bound %[7]s (exactly size rows when the bound was read), in one
+	// index scan. %[8]s to %[10]s return the deleted rows' expiry and
+	// write their permanent keys (permanentKeys).
+	rangeSQL = `
+WITH gone AS (
+  DELETE FROM %[1]s d
+  WHERE %[2]s <= %[3]s AND %[2]s >= %[4]s AND %[2]s <= %[7]s AND NOT %[5]s AND NOT %[6]s
+  RETURNING %[8]s AS expiry%[9]s
+)%[10]s
+SELECT count(*), max(expiry), %[11]s FROM gone`
+
+	// ctidSQL picks size rows by the expiry index and deletes them by ctid:
+	// the SKIP LOCKED form (%[12]s is skipLockedClause), and the optimistic
+	// form where a bound cannot be used (%[12]s empty).
+	ctidSQL = `
 WITH victims AS (
   SELECT t.ctid FROM %[1]s t
   WHERE %[2]s <= %[3]s AND %[2]s >= %[4]s AND NOT %[5]s AND NOT %[6]s
   ORDER BY %[2]s
-  LIMIT %[7]s
-  FOR UPDATE OF t SKIP LOCKED
+  LIMIT %[7]s%[12]s
 ), gone AS (
   DELETE FROM %[1]s d WHERE d.ctid = ANY (ARRAY(SELECT ctid FROM victims))
   RETURNING %[8]s AS expiry%[9]s
 )%[10]s
-SELECT count(*), max(expiry), %[11]s FROM gone`,
-		t.Ident, e,
-		t.Expiry.Instant(args.Add(cutoff(t, now))+"::timestamptz"),
+SELECT count(*), max(expiry), %[11]s FROM gone`
+
+	skipLockedClause = `
+  FOR UPDATE OF t SKIP LOCKED`
+)
+
+// batchTx runs one batch transaction: with skipLocked, the SKIP LOCKED
+// form; otherwise an optimistic one, the range form when the batch's upper
+// bound is clean and the ctid form without a lock pass when it is not.
+func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Timestamptz, size int, res *TableResult, skipLocked bool) (n int64, newest time.Time, wal float64, err error) {
+	lockTimeout := d.opts.LockTimeout
+	if !skipLocked {
+		lockTimeout = min(d.opts.LockTimeout, d.optimisticLockTimeout())
+	}
+	tx, err := batchloop.Begin(ctx, d.pool, t.Name, batchloop.TxOptions{
+		LockTimeout: lockTimeout, StatementTimeout: d.opts.StatementTimeout, Throttle: d.opts.Throttle, Pinned: d.pinned()})
+	if err != nil {
+		return 0, time.Time{}, 0, err
+	}
+	defer tx.Close(ctx, &err)
+	c := cutoff(t, tx.Now)
+	form, lockClause := ctidSQL, ""
+	var bound string
+	if skipLocked {
+		lockClause = skipLockedClause
+	} else if bound, err = d.bound(ctx, tx, t, c, lower, size); err != nil {
+		return 0, time.Time{}, 0, err
+	} else if bound != "" {
+		form = rangeSQL
+	}
+	alias := "t"
+	if form == rangeSQL {
+		alias = "d"
+	}
+	var args holds.Args
+	holdPred, replayPred := tx.Coverage.Predicates(t, alias, &args)
+	var limit string
+	if form == rangeSQL {
+		limit = args.Add(bound) + "::" + t.Expiry.Type
+	} else {
+		limit = args.Add(size)
+	}
+	keysReturning, keysCTE, keysCount := permanentKeys(t)
+	sql := fmt.Sprintf(form,
+		t.Ident, alias+"."+t.Expiry.Quoted,
+		t.Expiry.Instant(args.Add(c)+"::timestamptz"),
 		t.Expiry.Instant(args.Add(lower)+"::timestamptz"),
 		holdPred, replayPred,
-		args.Add(size),
+		limit,
 		t.Expiry.AsTimestamptz("d"),
-		keysReturning, keysCTE, keysCount)
+		keysReturning, keysCTE, keysCount, lockClause)
 	var newestTS pgtype.Timestamptz
 	var keys int64
 	if err := tx.QueryRow(ctx, sql, args.Values...).Scan(&n, &newestTS, &keys); err != nil {
@@ -338,7 +427,40 @@ SELECT count(*), max(expiry), %[11]s FROM gone`,
 		return 0, time.Time{}, 0, err
 	}
 	res.PermanentKeys += keys
+	if form == rangeSQL {
+		res.RangeBatches++
+	}
 	return n, newestTS.Time, wal, nil
+}
+
+// bound returns, as text in the column's own type, the expiry of the
+// size-th due, uncovered row from lower on, when a batch can end there:
+// the row after it has a later expiry (or there is none), so the range up
+// to the bound holds exactly size rows. It returns "" when fewer than size
+// rows are due (the last batch) or when rows of the same expiry straddle
+// the bound (a range would take them all, however many).
+func (d *Deleter) bound(ctx context.Context, tx *batchloop.Tx, t *catalog.Table, cutoff time.Time, lower pgtype.Timestamptz, size int) (string, error) {
+	var args holds.Args
+	hp, rp := tx.Coverage.Predicates(t, "t", &args)
+	sql := fmt.Sprintf(boundSQL, t.Ident, "t."+t.Expiry.Quoted,
+		t.Expiry.Instant(args.Add(cutoff)+"::timestamptz"), t.Expiry.Instant(args.Add(lower)+"::timestamptz"),
+		hp, rp, args.Add(size-1))
+	rows, err := tx.Query(ctx, sql, args.Values...)
+	if err != nil {
+		return "", err
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil || len(got) == 0 || (len(got) == 2 && got[0] == got[1]) {
+		return "", err
+	}
+	return got[0], nil
+}
+
+func (d *Deleter) optimisticLockTimeout() time.Duration {
+	if d.opts.optimisticWait > 0 {
+		return d.opts.optimisticWait
+	}
+	return optimisticLockTimeout
 }
 
 // permanentKeys returns the parts of a batch's DELETE that write the
