@@ -334,16 +334,24 @@ const optimisticLockTimeout = 50 * time.Millisecond
 const (
 	// boundSQL reads the expiries at positions size and size+1 (%[7]s is
 	// size-1) of the due, uncovered rows from the keyset on, in the
-	// column's own type: an index-only scan of the expiry index.
-	boundSQL = `SELECT %[2]s::text FROM %[1]s t
+	// column's own type and (%[8]s) as a timestamptz: an index-only scan
+	// of the expiry index.
+	boundSQL = `SELECT %[2]s::text, %[8]s FROM %[1]s t
 WHERE %[2]s <= %[3]s AND %[2]s >= %[4]s AND NOT %[5]s AND NOT %[6]s
 ORDER BY %[2]s OFFSET %[7]s LIMIT 2`
 
 	// rangeSQL deletes the due, uncovered rows from the keyset up to the
-	// bound %[7]s (exactly size rows when the bound was read), in one
-	// index scan. %[8]s to %[10]s return the deleted rows' expiry and
-	// write their permanent keys (permanentKeys).
+	// bound %[7]s (exactly size rows when the bound was read), in one scan
+	// of the expiry index, and nothing more: the count is the command
+	// tag's, and the newest expiry deleted is the bound.
 	rangeSQL = `
+DELETE FROM %[1]s d
+WHERE %[2]s <= %[3]s AND %[2]s >= %[4]s AND %[2]s <= %[7]s AND NOT %[5]s AND NOT %[6]s`
+
+	// rangeKeysSQL is rangeSQL for a table with a permanent key table:
+	// %[8]s to %[10]s return the deleted rows' expiry and write their
+	// permanent keys in the same statement (permanentKeys).
+	rangeKeysSQL = `
 WITH gone AS (
   DELETE FROM %[1]s d
   WHERE %[2]s <= %[3]s AND %[2]s >= %[4]s AND %[2]s <= %[7]s AND NOT %[5]s AND NOT %[6]s
@@ -368,6 +376,13 @@ SELECT count(*), max(expiry), %[11]s FROM gone`
 
 	skipLockedClause = `
   FOR UPDATE OF t SKIP LOCKED`
+
+	// batchSettingsSQL: the commit does not wait for the batch's WAL to
+	// reach disk. A batch lost in a crash only brings back rows that are
+	// still expired, and the next pass deletes them again; a hold written
+	// after the batch commits later in the WAL, so it cannot survive a
+	// crash that the batch does not.
+	batchSettingsSQL = `SELECT set_config('synchronous_commit', 'off', true)`
 )
 
 // batchTx runs one batch transaction: with skipLocked, the SKIP LOCKED
@@ -384,25 +399,30 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 		return 0, time.Time{}, 0, err
 	}
 	defer tx.Close(ctx, &err)
-	c := cutoff(t, tx.Now)
-	form, lockClause := ctidSQL, ""
-	var bound string
-	if skipLocked {
-		lockClause = skipLockedClause
-	} else if bound, err = d.bound(ctx, tx, t, c, lower, size); err != nil {
+	if _, err := tx.Exec(ctx, batchSettingsSQL); err != nil {
 		return 0, time.Time{}, 0, err
-	} else if bound != "" {
-		form = rangeSQL
 	}
-	alias := "t"
-	if form == rangeSQL {
-		alias = "d"
+	c := cutoff(t, tx.Now)
+	var b batchBound
+	if !skipLocked {
+		if b, err = d.bound(ctx, tx, t, c, lower, size); err != nil {
+			return 0, time.Time{}, 0, err
+		}
+	}
+	form, alias, lockClause := ctidSQL, "t", ""
+	switch {
+	case skipLocked:
+		lockClause = skipLockedClause
+	case b.ok && t.Tiers != nil && t.Tiers.Key != nil:
+		form, alias = rangeKeysSQL, "d"
+	case b.ok:
+		form, alias = rangeSQL, "d"
 	}
 	var args holds.Args
 	holdPred, replayPred := tx.Coverage.Predicates(t, alias, &args)
 	var limit string
-	if form == rangeSQL {
-		limit = args.Add(bound) + "::" + t.Expiry.Type
+	if b.ok {
+		limit = args.Add(b.text) + "::" + t.Expiry.Type
 	} else {
 		limit = args.Add(size)
 	}
@@ -417,7 +437,13 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 		keysReturning, keysCTE, keysCount, lockClause)
 	var newestTS pgtype.Timestamptz
 	var keys int64
-	if err := tx.QueryRow(ctx, sql, args.Values...).Scan(&n, &newestTS, &keys); err != nil {
+	if form == rangeSQL {
+		tag, err := tx.Exec(ctx, sql, args.Values...)
+		if err != nil {
+			return 0, time.Time{}, 0, err
+		}
+		n, newestTS = tag.RowsAffected(), b.instant
+	} else if err := tx.QueryRow(ctx, sql, args.Values...).Scan(&n, &newestTS, &keys); err != nil {
 		return 0, time.Time{}, 0, err
 	}
 	if d.opts.beforeCommit != nil {
@@ -427,31 +453,44 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 		return 0, time.Time{}, 0, err
 	}
 	res.PermanentKeys += keys
-	if form == rangeSQL {
+	if b.ok {
 		res.RangeBatches++
 	}
 	return n, newestTS.Time, wal, nil
 }
 
-// bound returns, as text in the column's own type, the expiry of the
-// size-th due, uncovered row from lower on, when a batch can end there:
-// the row after it has a later expiry (or there is none), so the range up
-// to the bound holds exactly size rows. It returns "" when fewer than size
-// rows are due (the last batch) or when rows of the same expiry straddle
-// the bound (a range would take them all, however many).
-func (d *Deleter) bound(ctx context.Context, tx *batchloop.Tx, t *catalog.Table, cutoff time.Time, lower pgtype.Timestamptz, size int) (string, error) {
+// batchBound is where a batch of the range form ends: the expiry of its
+// last row, as text in the column's own type (passed back as a parameter
+// of that type, so no time zone conversion can move it) and as an instant
+// (the keyset position after the batch).
+type batchBound struct {
+	ok      bool
+	text    string
+	instant pgtype.Timestamptz
+}
+
+// bound reads the expiry of the size-th due, uncovered row from lower on,
+// when a batch can end there: the row after it has a later expiry (or there
+// is none), so the range up to the bound holds exactly size rows. It is not
+// ok when fewer than size rows are due (the last batch) or when rows of the
+// same expiry straddle the bound (a range would take them all, however
+// many): those batches go by ctid with LIMIT.
+func (d *Deleter) bound(ctx context.Context, tx *batchloop.Tx, t *catalog.Table, cutoff time.Time, lower pgtype.Timestamptz, size int) (batchBound, error) {
 	var args holds.Args
 	hp, rp := tx.Coverage.Predicates(t, "t", &args)
 	sql := fmt.Sprintf(boundSQL, t.Ident, "t."+t.Expiry.Quoted,
 		t.Expiry.Instant(args.Add(cutoff)+"::timestamptz"), t.Expiry.Instant(args.Add(lower)+"::timestamptz"),
-		hp, rp, args.Add(size-1))
+		hp, rp, args.Add(size-1), t.Expiry.AsTimestamptz("t"))
 	rows, err := tx.Query(ctx, sql, args.Values...)
 	if err != nil {
-		return "", err
+		return batchBound{}, err
 	}
-	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil || len(got) == 0 || (len(got) == 2 && got[0] == got[1]) {
-		return "", err
+	got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (batchBound, error) {
+		b := batchBound{ok: true}
+		return b, r.Scan(&b.text, &b.instant)
+	})
+	if err != nil || len(got) == 0 || (len(got) == 2 && got[0].text == got[1].text) {
+		return batchBound{}, err
 	}
 	return got[0], nil
 }
