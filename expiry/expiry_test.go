@@ -694,3 +694,53 @@ WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '
 		t.Errorf("result %+v: want 38 deleted, both locked rows skipped by one fallback batch", res)
 	}
 }
+
+// TestRangeScanTrials: a pass's first range batches alternate the index
+// scan and the bitmap heap scan, two of each, and then keep one; both
+// delete exactly their range, oldest first.
+func TestRangeScanTrials(t *testing.T) {
+	t.Parallel()
+	f := setup(t, inboxDDL+deleteLogDDL, inboxPolicy)
+	f.insert(t, "c", 75, t0.Add(-24*time.Hour), time.Minute)
+	res := f.pass(t, Options{Clock: pinned(t0), BatchSize: 10})
+	// 7 range batches and a short one by ctid.
+	if res.Deleted != 75 || res.Batches != 8 || res.RangeBatches != 7 {
+		t.Fatalf("deleted %d in %d batches, %d by range; want 75 in 8, 7 by range", res.Deleted, res.Batches, res.RangeBatches)
+	}
+	// Trials: index, bitmap, index, bitmap; then three of the one chosen.
+	if b := res.BitmapBatches; b != 2 && b != 5 {
+		t.Errorf("%d range batches read by bitmap, want 2 (index scan chosen) or 5 (bitmap chosen)", b)
+	}
+	if batches := f.checkLoggedBatches(t, 10); batches != 8 {
+		t.Errorf("%d transactions deleted rows, want 8", batches)
+	}
+}
+
+func TestScanChooser(t *testing.T) {
+	t.Parallel()
+	var c scanChooser
+	var got []bool
+	for range 2 * scanTrials {
+		b := c.next()
+		got = append(got, b)
+		took := 10 * time.Millisecond // a bitmap batch is twice as fast
+		if b {
+			took = 5 * time.Millisecond
+		}
+		c.observe(b, 1000, took)
+	}
+	if fmt.Sprint(got) != "[false true false true]" {
+		t.Errorf("trials %v, want alternating, index scan first", got)
+	}
+	if !c.next() {
+		t.Error("after the trials the faster bitmap scan was not chosen")
+	}
+	c = scanChooser{}
+	for range 2 * scanTrials {
+		b := c.next()
+		c.observe(b, 1000, map[bool]time.Duration{false: time.Millisecond, true: 3 * time.Millisecond}[b])
+	}
+	if c.next() {
+		t.Error("after the trials the faster index scan was not chosen")
+	}
+}

@@ -26,6 +26,7 @@ func TestTinyRun(t *testing.T) {
 		"throughput ratio inboxkeeper/unbounded ",
 		"ahead of the best loop (",
 		"WAL ratio ",
+		"  CPU seconds: inboxkeeper ",
 		"append-ordered over 2 reps: ", "interleaved over 2 reps: ",
 		"peak RSS: ", " at 20000;",
 		"daemon peak RSS: ",
