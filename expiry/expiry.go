@@ -233,6 +233,9 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 	// The keyset: every batch starts at the newest expiry the previous batch
 	// deleted, so rows it passed over (held, or locked by someone else) are
 	// not scanned again in this pass.
+	if err := d.checkLockPrivilege(ctx, t); err != nil {
+		return err
+	}
 	start := time.Now()
 	d.mu.Lock()
 	d.scanChoice[t.Name] = &scanChooser{}
@@ -284,6 +287,24 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 	res.StoppedEarly = r.StoppedEarly
 	res.resume = r.Resume
 	return err
+}
+
+// checkLockPrivilege fails the table's pass, before any batch, when the
+// role may not lock its rows: FOR UPDATE needs UPDATE on some column. Most
+// batches never lock a row, but the one that meets a row another session
+// holds must, to skip it; without the privilege it would fail only then,
+// long after the role was set up.
+func (d *Deleter) checkLockPrivilege(ctx context.Context, t *catalog.Table) error {
+	var ok bool
+	if err := d.pool.QueryRow(ctx, `SELECT has_any_column_privilege($1::oid, 'UPDATE')`, t.OID).Scan(&ok); err != nil {
+		return fmt.Errorf("check the UPDATE privilege on %s: %w", t.Name, err)
+	}
+	if !ok {
+		return fmt.Errorf("permission denied: this role has no UPDATE privilege on any column of %s, and a batch that meets "+
+			"a row another session holds locked needs one to skip it (SELECT ... FOR UPDATE SKIP LOCKED); "+
+			"grant UPDATE (%s) on it, as deploy/sql/role.sql does", t.Name, t.Expiry.Quoted)
+	}
+	return nil
 }
 
 // estimateDue asks the planner how many rows are due: cheap on any size of
