@@ -25,6 +25,20 @@ var t0 = time.Date(2026, 6, 15, 12, 0, 0, 0, time.UTC)
 
 func pinned(t time.Time) Clock { return func() time.Time { return t } }
 
+// forms runs test twice: with the default batches (optimistic, falling back
+// to SKIP LOCKED for a batch that meets a locked row), and with every batch
+// in the SKIP LOCKED form. Both must keep every guarantee.
+func forms(t *testing.T, test func(t *testing.T, form func(Options) Options)) {
+	t.Run("optimistic", func(t *testing.T) {
+		t.Parallel()
+		test(t, func(o Options) Options { return o })
+	})
+	t.Run("skip_locked", func(t *testing.T) {
+		t.Parallel()
+		test(t, func(o Options) Options { o.skipLockedOnly = true; return o })
+	})
+}
+
 const inboxDDL = `
 CREATE TABLE public.consumer_inbox (
     consumer       text        NOT NULL,
@@ -123,29 +137,24 @@ func TestDatabaseClockIsDefault(t *testing.T) {
 	}
 }
 
-// TestOldestFirstInBatches records every deleted row, with the transaction
-// that deleted it, through a trigger: batches must respect the size, and
-// each batch must only delete rows at least as new as the previous batch's.
-func TestOldestFirstInBatches(t *testing.T) {
-	t.Parallel()
-	f := setup(t, inboxDDL+`
+// deleteLogDDL records every row deleted from consumer_inbox, with the
+// transaction that deleted it.
+const deleteLogDDL = `
 CREATE TABLE deleted_log (seq bigserial, txid bigint, expiry timestamptz);
 CREATE FUNCTION log_delete() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN INSERT INTO deleted_log (txid, expiry) VALUES (txid_current(), OLD.remember_until); RETURN OLD; END $$;
-CREATE TRIGGER log_delete AFTER DELETE ON public.consumer_inbox FOR EACH ROW EXECUTE FUNCTION log_delete();`, inboxPolicy)
-	// Inserted newest first so that physical order disagrees with expiry order.
-	pgtest.Exec(t, f.pool, `INSERT INTO public.consumer_inbox (consumer, message_id, remember_until)
-SELECT 'c', 'm' || i, $1::timestamptz - i * interval '1 minute' FROM generate_series(1, 95) i`, t0)
-	f.insert(t, "c2", 20, t0.Add(time.Hour), time.Minute) // not expired
+CREATE TRIGGER log_delete AFTER DELETE ON public.consumer_inbox FOR EACH ROW EXECUTE FUNCTION log_delete();`
 
-	res := f.pass(t, Options{Clock: pinned(t0), BatchSize: 10})
-	if res.Deleted != 95 || res.Batches != 10 {
-		t.Fatalf("deleted %d in %d batches, want 95 in 10", res.Deleted, res.Batches)
-	}
+// checkLoggedBatches fails unless every transaction in deleted_log deleted
+// at most size rows, none older than a previous one's newest (oldest
+// first), and returns how many transactions deleted rows.
+func (f fixture) checkLoggedBatches(t *testing.T, size int) int {
+	t.Helper()
 	rows, err := f.pool.Query(context.Background(), `SELECT count(*), min(expiry), max(expiry) FROM deleted_log GROUP BY txid ORDER BY min(seq)`)
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer rows.Close()
 	var prevMax time.Time
 	batches := 0
 	for rows.Next() {
@@ -155,53 +164,119 @@ SELECT 'c', 'm' || i, $1::timestamptz - i * interval '1 minute' FROM generate_se
 			t.Fatal(err)
 		}
 		batches++
-		if n > 10 {
-			t.Errorf("batch %d deleted %d rows, batch size is 10", batches, n)
+		if n > size {
+			t.Errorf("batch %d deleted %d rows, batch size is %d", batches, n, size)
 		}
 		if lo.Before(prevMax) {
 			t.Errorf("batch %d deleted expiry %s after an earlier batch deleted %s: not oldest first", batches, lo, prevMax)
 		}
 		prevMax = hi
 	}
-	if batches != 10 {
-		t.Errorf("%d transactions deleted rows, want 10", batches)
+	return batches
+}
+
+// TestOldestFirstInBatches: batches must respect the size, and each batch
+// must only delete rows at least as new as the previous batch's.
+func TestOldestFirstInBatches(t *testing.T) {
+	t.Parallel()
+	forms(t, func(t *testing.T, form func(Options) Options) {
+		f := setup(t, inboxDDL+deleteLogDDL, inboxPolicy)
+		// Inserted newest first so that physical order disagrees with expiry order.
+		pgtest.Exec(t, f.pool, `INSERT INTO public.consumer_inbox (consumer, message_id, remember_until)
+SELECT 'c', 'm' || i, $1::timestamptz - i * interval '1 minute' FROM generate_series(1, 95) i`, t0)
+		f.insert(t, "c2", 20, t0.Add(time.Hour), time.Minute) // not expired
+
+		opts := form(Options{Clock: pinned(t0), BatchSize: 10})
+		res := f.pass(t, opts)
+		if res.Deleted != 95 || res.Batches != 10 {
+			t.Fatalf("deleted %d in %d batches, want 95 in 10", res.Deleted, res.Batches)
+		}
+		// Every full batch has a clean bound; the last, short one goes by ctid.
+		if want := map[bool]int{false: 9, true: 0}[opts.skipLockedOnly]; res.RangeBatches != want {
+			t.Errorf("%d batches by range, want %d", res.RangeBatches, want)
+		}
+		if batches := f.checkLoggedBatches(t, 10); batches != 10 {
+			t.Errorf("%d transactions deleted rows, want 10", batches)
+		}
+		if f.count(t, "true") != 20 {
+			t.Error("rows that had not expired were deleted")
+		}
+	})
+}
+
+// TestTiesAtTheBound: rows of one expiry that straddle a batch's bound
+// would all fall into a range, however many they are: such a batch goes by
+// ctid with LIMIT instead, and still no batch is larger than the size.
+func TestTiesAtTheBound(t *testing.T) {
+	t.Parallel()
+	f := setup(t, inboxDDL+deleteLogDDL, inboxPolicy)
+	f.insert(t, "early", 5, t0.Add(-3*time.Hour), time.Minute)
+	f.insert(t, "tied", 25, t0.Add(-2*time.Hour), 0)
+	f.insert(t, "late", 8, t0.Add(-time.Hour), time.Minute)
+	res := f.pass(t, Options{Clock: pinned(t0), BatchSize: 10})
+	// 5 early + 5 tied (by ctid: ties straddle the bound), 10 tied (ditto),
+	// the last 10 tied (by range: the row after them is later), 8 late.
+	if res.Deleted != 38 || res.Batches != 4 || res.RangeBatches != 1 {
+		t.Errorf("deleted %d in %d batches, %d by range; want 38 in 4, 1 by range", res.Deleted, res.Batches, res.RangeBatches)
 	}
-	if f.count(t, "true") != 20 {
-		t.Error("rows that had not expired were deleted")
+	if batches := f.checkLoggedBatches(t, 10); batches != 4 {
+		t.Errorf("%d transactions deleted rows, want 4", batches)
+	}
+}
+
+// TestRangeOnTimestampColumn: the range form's bound is read and passed
+// back in the column's own type, so a timestamp column read as UTC keeps
+// its exact boundary under a session time zone far from UTC.
+func TestRangeOnTimestampColumn(t *testing.T) {
+	t.Parallel()
+	f := nserviceBusOutbox(t)
+	boundary := t0.Add(-7 * 24 * time.Hour).UTC().Format("2006-01-02 15:04:05.999999")
+	// 30 rows due (the newest exactly at the boundary), 10 not yet.
+	pgtest.Exec(t, f.pool, `INSERT INTO "Sales_OutboxData" ("MessageId", "Dispatched", "DispatchedAt", "PersistenceVersion", "Operations")
+SELECT 'm' || i, true, $1::timestamp - i * interval '1 millisecond', '1', '[]' FROM generate_series(-10, 29) i`, boundary)
+	res := f.pass(t, Options{Clock: pinned(t0), BatchSize: 7})
+	if res.Deleted != 30 || res.RangeBatches != 4 {
+		t.Errorf("deleted %d, %d batches by range; want 30, 4 (the fifth is short)", res.Deleted, res.RangeBatches)
+	}
+	var left int
+	if err := f.pool.QueryRow(context.Background(), `SELECT count(*) FROM "Sales_OutboxData" WHERE "DispatchedAt" > $1::timestamp`, boundary).Scan(&left); err != nil || left != 10 {
+		t.Errorf("%d rows after the boundary left (%v), want 10", left, err)
 	}
 }
 
 func TestLockedRowsAreSkippedThenDeleted(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	f := setup(t, inboxDDL, inboxPolicy)
-	f.insert(t, "c", 50, t0.Add(-24*time.Hour), time.Minute)
+	forms(t, func(t *testing.T, form func(Options) Options) {
+		ctx := context.Background()
+		f := setup(t, inboxDDL, inboxPolicy)
+		f.insert(t, "c", 50, t0.Add(-24*time.Hour), time.Minute)
 
-	locker, err := f.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer locker.Rollback(ctx)
-	pgtest.Exec(t, locker, "SELECT 1 FROM public.consumer_inbox WHERE message_id IN ('c-0', 'c-10') FOR UPDATE")
+		locker, err := f.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer locker.Rollback(ctx)
+		pgtest.Exec(t, locker, "SELECT 1 FROM public.consumer_inbox WHERE message_id IN ('c-0', 'c-10') FOR UPDATE")
 
-	started := time.Now()
-	res := f.pass(t, Options{Clock: pinned(t0), BatchSize: 7, LockTimeout: 5 * time.Second})
-	if res.Deleted != 48 || res.Retries != 0 {
-		t.Errorf("deleted %d with %d retries, want 48 and none", res.Deleted, res.Retries)
-	}
-	// Waiting on the lock would have taken the whole lock timeout.
-	if el := time.Since(started); el > 4*time.Second {
-		t.Errorf("pass took %s: it waited on a locked row", el)
-	}
-	if n := f.count(t, "true"); n != 2 {
-		t.Fatalf("%d rows left, want the 2 locked ones", n)
-	}
-	if err := locker.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if res := f.pass(t, Options{Clock: pinned(t0)}); res.Deleted != 2 {
-		t.Errorf("the next pass deleted %d, want the 2 formerly locked rows", res.Deleted)
-	}
+		started := time.Now()
+		res := f.pass(t, form(Options{Clock: pinned(t0), BatchSize: 7, LockTimeout: 5 * time.Second}))
+		if res.Deleted != 48 || res.Retries != 0 {
+			t.Errorf("deleted %d with %d retries, want 48 and none", res.Deleted, res.Retries)
+		}
+		// Waiting on the lock would have taken the whole lock timeout.
+		if el := time.Since(started); el > 4*time.Second {
+			t.Errorf("pass took %s: it waited on a locked row", el)
+		}
+		if n := f.count(t, "true"); n != 2 {
+			t.Fatalf("%d rows left, want the 2 locked ones", n)
+		}
+		if err := locker.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if res := f.pass(t, form(Options{Clock: pinned(t0)})); res.Deleted != 2 {
+			t.Errorf("the next pass deleted %d, want the 2 formerly locked rows", res.Deleted)
+		}
+	})
 }
 
 func TestLockTimeoutIsRetriedAndCounted(t *testing.T) {
@@ -287,73 +362,75 @@ INSERT INTO public.other VALUES (1, '2000-01-01');`, inboxPolicy+`  - table: pub
 
 func TestHoldsAndReplays(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	f := setup(t, inboxDDL, inboxPolicy)
-	tbl := f.tables[0]
-	// Every row expired; event times are expiry - 30d, one row per hour
-	// from t0 - 10d.
-	base := t0.Add(-10 * 24 * time.Hour)
-	for _, c := range []string{"billing", "payments", "shipping", "email"} {
-		f.insert(t, c, 48, base, time.Hour)
-	}
-	str := func(s string) *string { return &s }
-	tm := func(d time.Duration) *time.Time { v := base.Add(-30*24*time.Hour + d); return &v }
+	forms(t, func(t *testing.T, form func(Options) Options) {
+		ctx := context.Background()
+		f := setup(t, inboxDDL, inboxPolicy)
+		tbl := f.tables[0]
+		// Every row expired; event times are expiry - 30d, one row per hour
+		// from t0 - 10d.
+		base := t0.Add(-10 * 24 * time.Hour)
+		for _, c := range []string{"billing", "payments", "shipping", "email"} {
+			f.insert(t, c, 48, base, time.Hour)
+		}
+		str := func(s string) *string { return &s }
+		tm := func(d time.Duration) *time.Time { v := base.Add(-30*24*time.Hour + d); return &v }
 
-	payments, err := holds.AddHold(ctx, f.pool, tbl, holds.HoldSpec{Scope: str("payments"), Reason: "legal", Owner: "legal"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Billing rows with event time in [base-30d+10h, base-30d+20h): 10 rows.
-	if _, err := holds.AddHold(ctx, f.pool, tbl, holds.HoldSpec{Scope: str("billing"), From: tm(10 * time.Hour), To: tm(20 * time.Hour), Reason: "incident", Owner: "ops"}); err != nil {
-		t.Fatal(err)
-	}
-	// A range hold on every scope: email rows in [base-30d, +2h) also stay.
-	if _, err := holds.AddHold(ctx, f.pool, tbl, holds.HoldSpec{From: tm(0), To: tm(2 * time.Hour), Reason: "audit", Owner: "ops"}); err != nil {
-		t.Fatal(err)
-	}
-	// Expired at the pinned now: no effect. (AddHold refuses a hold that
-	// has already ended, so it is written as one that has ended since.)
-	pgtest.Exec(t, f.pool, `INSERT INTO inboxkeeper.holds (table_name, scope_value, reason, owner, expires_at)
+		payments, err := holds.AddHold(ctx, f.pool, tbl, holds.HoldSpec{Scope: str("payments"), Reason: "legal", Owner: "legal"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Billing rows with event time in [base-30d+10h, base-30d+20h): 10 rows.
+		if _, err := holds.AddHold(ctx, f.pool, tbl, holds.HoldSpec{Scope: str("billing"), From: tm(10 * time.Hour), To: tm(20 * time.Hour), Reason: "incident", Owner: "ops"}); err != nil {
+			t.Fatal(err)
+		}
+		// A range hold on every scope: email rows in [base-30d, +2h) also stay.
+		if _, err := holds.AddHold(ctx, f.pool, tbl, holds.HoldSpec{From: tm(0), To: tm(2 * time.Hour), Reason: "audit", Owner: "ops"}); err != nil {
+			t.Fatal(err)
+		}
+		// Expired at the pinned now: no effect. (AddHold refuses a hold that
+		// has already ended, so it is written as one that has ended since.)
+		pgtest.Exec(t, f.pool, `INSERT INTO inboxkeeper.holds (table_name, scope_value, reason, owner, expires_at)
 VALUES ($1, 'email', 'old', 'ops', $2)`, tbl.Name, t0.Add(-time.Minute))
-	replay, err := holds.StartReplay(ctx, f.pool, tbl, holds.ReplaySpec{Scope: "shipping", From: *tm(30 * time.Hour), To: *tm(40 * time.Hour), Owner: "ops"})
-	if err != nil {
-		t.Fatal(err)
-	}
+		replay, err := holds.StartReplay(ctx, f.pool, tbl, holds.ReplaySpec{Scope: "shipping", From: *tm(30 * time.Hour), To: *tm(40 * time.Hour), Owner: "ops"})
+		if err != nil {
+			t.Fatal(err)
+		}
 
-	dry := f.pass(t, Options{Clock: pinned(t0), DryRun: true})
-	res := f.pass(t, Options{Clock: pinned(t0), BatchSize: 16})
-	// payments 48; billing 10 + 2 (range hold on all scopes); shipping 2 by the
-	// all-scope range hold; email 2 by it as well.
-	wantHeld := int64(48 + 12 + 2 + 2)
-	if res.ProtectedByHolds != wantHeld || res.ProtectedByReplays != 10 {
-		t.Errorf("protected by holds %d, by replays %d; want %d and 10", res.ProtectedByHolds, res.ProtectedByReplays, wantHeld)
-	}
-	if want := int64(4*48) - wantHeld - 10; res.Deleted != want {
-		t.Errorf("deleted %d, want %d", res.Deleted, want)
-	}
-	if dry.Deleted != res.Deleted || dry.ProtectedByHolds != res.ProtectedByHolds || dry.ProtectedByReplays != res.ProtectedByReplays {
-		t.Errorf("dry run %+v disagrees with the pass %+v", dry, res)
-	}
-	if n := f.count(t, "consumer = 'payments'"); n != 48 {
-		t.Errorf("%d payments rows left, want all 48", n)
-	}
+		dry := f.pass(t, form(Options{Clock: pinned(t0), DryRun: true}))
+		res := f.pass(t, form(Options{Clock: pinned(t0), BatchSize: 16}))
+		// payments 48; billing 10 + 2 (range hold on all scopes); shipping 2 by the
+		// all-scope range hold; email 2 by it as well.
+		wantHeld := int64(48 + 12 + 2 + 2)
+		if res.ProtectedByHolds != wantHeld || res.ProtectedByReplays != 10 {
+			t.Errorf("protected by holds %d, by replays %d; want %d and 10", res.ProtectedByHolds, res.ProtectedByReplays, wantHeld)
+		}
+		if want := int64(4*48) - wantHeld - 10; res.Deleted != want {
+			t.Errorf("deleted %d, want %d", res.Deleted, want)
+		}
+		if dry.Deleted != res.Deleted || dry.ProtectedByHolds != res.ProtectedByHolds || dry.ProtectedByReplays != res.ProtectedByReplays {
+			t.Errorf("dry run %+v disagrees with the pass %+v", dry, res)
+		}
+		if n := f.count(t, "consumer = 'payments'"); n != 48 {
+			t.Errorf("%d payments rows left, want all 48", n)
+		}
 
-	if err := holds.ReleaseHold(ctx, f.pool, payments); err != nil {
-		t.Fatal(err)
-	}
-	if err := holds.ReleaseHold(ctx, f.pool, payments); !errors.Is(err, holds.ErrNotFound) {
-		t.Errorf("releasing twice: %v, want ErrNotFound", err)
-	}
-	if err := holds.FinishReplay(ctx, f.pool, replay); err != nil {
-		t.Fatal(err)
-	}
-	res = f.pass(t, Options{Clock: pinned(t0)})
-	// Payments rows go but the 2 under the all-scope range hold; the
-	// shipping rows the replay kept go; billing 10 + 2 and 2 of each other
-	// scope stay.
-	if res.Deleted != 46+10 || res.ProtectedByHolds != 18 {
-		t.Errorf("after release: deleted %d, held %d; want 56 and 18", res.Deleted, res.ProtectedByHolds)
-	}
+		if err := holds.ReleaseHold(ctx, f.pool, payments); err != nil {
+			t.Fatal(err)
+		}
+		if err := holds.ReleaseHold(ctx, f.pool, payments); !errors.Is(err, holds.ErrNotFound) {
+			t.Errorf("releasing twice: %v, want ErrNotFound", err)
+		}
+		if err := holds.FinishReplay(ctx, f.pool, replay); err != nil {
+			t.Fatal(err)
+		}
+		res = f.pass(t, form(Options{Clock: pinned(t0)}))
+		// Payments rows go but the 2 under the all-scope range hold; the
+		// shipping rows the replay kept go; billing 10 + 2 and 2 of each other
+		// scope stay.
+		if res.Deleted != 46+10 || res.ProtectedByHolds != 18 {
+			t.Errorf("after release: deleted %d, held %d; want 56 and 18", res.Deleted, res.ProtectedByHolds)
+		}
+	})
 }
 
 func TestHoldNeedsConfiguredColumns(t *testing.T) {
@@ -388,68 +465,74 @@ func TestHoldNeedsConfiguredColumns(t *testing.T) {
 // return before that batch commits, and no later batch deletes a held row.
 func TestFenceInFlightBatch(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	f := setup(t, inboxDDL, inboxPolicy)
-	f.insert(t, "payments", 30, t0.Add(-time.Hour), time.Minute)
+	forms(t, func(t *testing.T, form func(Options) Options) {
+		ctx := context.Background()
+		f := setup(t, inboxDDL, inboxPolicy)
+		f.insert(t, "payments", 30, t0.Add(-time.Hour), time.Minute)
 
-	inFlight := make(chan struct{})
-	release := make(chan struct{})
-	committed := make(chan struct{})
-	first := true
-	opts := Options{Clock: pinned(t0), BatchSize: 10, beforeCommit: func(string, int64) {
-		if first {
-			first = false
-			close(inFlight)
-			<-release
-		}
-	}}
-	passDone := make(chan TableResult, 1)
-	go func() {
-		res, _ := New(f.pool, f.tables, opts).RunPass(ctx)
-		passDone <- res[0]
-	}()
-	<-inFlight
-
-	holdDone := make(chan error, 1)
-	go func() {
-		s := "payments"
-		_, err := holds.AddHold(ctx, f.pool, f.tables[0], holds.HoldSpec{Scope: &s, Reason: "legal", Owner: "legal"})
+		inFlight := make(chan struct{})
+		release := make(chan struct{})
+		committed := make(chan struct{})
+		first := true
+		opts := form(Options{Clock: pinned(t0), BatchSize: 10, beforeCommit: func(string, int64) {
+			if first {
+				first = false
+				close(inFlight)
+				<-release
+			}
+		}})
+		passDone := make(chan TableResult, 1)
+		go func() {
+			res, _ := New(f.pool, f.tables, opts).RunPass(ctx)
+			passDone <- res[0]
+		}()
 		select {
-		case <-committed:
-		default:
-			err = fmt.Errorf("AddHold returned while a batch that ignored the hold was still open")
+		case <-inFlight:
+		case res := <-passDone:
+			t.Fatalf("the pass ended before its first batch reached COMMIT: %+v", res)
 		}
-		holdDone <- err
-	}()
-	// Wait until the hold writer is queued on the fence: it must not get
-	// past it while the batch is open.
-	pgtest.WaitFor(t, 30*time.Second, "the hold writer to queue on the fence", func() bool {
-		var waiting bool
-		_ = f.pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted)").Scan(&waiting)
-		return waiting
-	})
-	select {
-	case err := <-holdDone:
-		t.Fatalf("AddHold finished while the batch was in flight: %v", err)
-	default:
-	}
-	close(committed) // the batch commits right after release
-	close(release)
 
-	if err := <-holdDone; err != nil {
-		t.Fatal(err)
-	}
-	res := <-passDone
-	if res.Err != nil {
-		t.Fatal(res.Err)
-	}
-	// The in-flight batch deleted 10 before the hold existed; the rest stay.
-	if res.Deleted != 10 {
-		t.Errorf("pass deleted %d, want only the 10 of the batch already in flight", res.Deleted)
-	}
-	if n := f.count(t, "true"); n != 20 {
-		t.Errorf("%d rows left, want 20", n)
-	}
+		holdDone := make(chan error, 1)
+		go func() {
+			s := "payments"
+			_, err := holds.AddHold(ctx, f.pool, f.tables[0], holds.HoldSpec{Scope: &s, Reason: "legal", Owner: "legal"})
+			select {
+			case <-committed:
+			default:
+				err = fmt.Errorf("AddHold returned while a batch that ignored the hold was still open")
+			}
+			holdDone <- err
+		}()
+		// Wait until the hold writer is queued on the fence: it must not get
+		// past it while the batch is open.
+		pgtest.WaitFor(t, 30*time.Second, "the hold writer to queue on the fence", func() bool {
+			var waiting bool
+			_ = f.pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted)").Scan(&waiting)
+			return waiting
+		})
+		select {
+		case err := <-holdDone:
+			t.Fatalf("AddHold finished while the batch was in flight: %v", err)
+		default:
+		}
+		close(committed) // the batch commits right after release
+		close(release)
+
+		if err := <-holdDone; err != nil {
+			t.Fatal(err)
+		}
+		res := <-passDone
+		if res.Err != nil {
+			t.Fatal(res.Err)
+		}
+		// The in-flight batch deleted 10 before the hold existed; the rest stay.
+		if res.Deleted != 10 {
+			t.Errorf("pass deleted %d, want only the 10 of the batch already in flight", res.Deleted)
+		}
+		if n := f.count(t, "true"); n != 20 {
+			t.Errorf("%d rows left, want 20", n)
+		}
+	})
 }
 
 func TestRunTimeStopsThePass(t *testing.T) {
@@ -516,5 +599,147 @@ CREATE INDEX ON public.consumer_inbox (remember_until);`, inboxPolicy)
 	}
 	if f.count(t, "message_id = '2'") != 0 {
 		t.Error("row 2 (outside every hold) was kept")
+	}
+}
+
+// TestOptimisticFallsBackToSkipLocked: a batch runs without a lock pass
+// while no row it picks is locked, and falls back to SKIP LOCKED, for that
+// batch only, when one is: the locked row stays, every other row goes.
+func TestOptimisticFallsBackToSkipLocked(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := setup(t, inboxDDL, inboxPolicy)
+	f.insert(t, "c", 40, t0.Add(-24*time.Hour), time.Minute)
+
+	fallbacks := 0
+	opts := Options{Clock: pinned(t0), BatchSize: 10, onFallback: func() { fallbacks++ }}
+	res := f.pass(t, opts)
+	if res.Deleted != 40 || res.SkipLockedBatches != 0 || fallbacks != 0 {
+		t.Fatalf("no row locked: deleted %d, %d batches fell back (hook: %d); want 40 and none", res.Deleted, res.SkipLockedBatches, fallbacks)
+	}
+
+	f.insert(t, "d", 40, t0.Add(-24*time.Hour), time.Minute)
+	locker, err := f.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Rollback(ctx)
+	pgtest.Exec(t, locker, "SELECT 1 FROM public.consumer_inbox WHERE message_id = 'd-15' FOR UPDATE")
+	started := time.Now()
+	res = f.pass(t, opts)
+	// The second batch (rows 10 to 19) meets the locked row, waits the short
+	// optimistic lock timeout, and runs again with SKIP LOCKED; the batches
+	// before and after it need no fallback.
+	if res.Deleted != 39 || res.SkipLockedBatches != 1 || fallbacks != 1 || res.Retries != 0 {
+		t.Errorf("deleted %d, %d batches fell back (hook: %d), %d retries; want 39, 1, 1, 0", res.Deleted, res.SkipLockedBatches, fallbacks, res.Retries)
+	}
+	if el := time.Since(started); el > 5*time.Second {
+		t.Errorf("pass took %s: it waited on the locked row beyond the optimistic lock timeout", el)
+	}
+	if n := f.count(t, "true"); n != 1 {
+		t.Errorf("%d rows left, want the locked one", n)
+	}
+}
+
+// TestApplicationWaitsAtMostLockTimeout: while the optimistic statement
+// waits for a row the application holds, it holds the rows it has already
+// deleted. Another application session that wants one of them waits on
+// the deleter, but only until the deleter's lock timeout ends its wait and
+// rolls the batch back; the fallback batch then skips both rows.
+func TestApplicationWaitsAtMostLockTimeout(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := setup(t, inboxDDL, inboxPolicy)
+	// Inserted in expiry order: the DELETE's TID order is expiry order, so
+	// it deletes c-5 before it reaches c-20.
+	f.insert(t, "c", 40, t0.Add(-24*time.Hour), time.Minute)
+	a, err := f.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Rollback(ctx)
+	pgtest.Exec(t, a, "SELECT 1 FROM public.consumer_inbox WHERE message_id = 'c-20' FOR UPDATE")
+
+	const wait = 2 * time.Second // long enough to see the deleter waiting
+	done := make(chan TableResult, 1)
+	go func() {
+		res, _ := New(f.pool, f.tables, Options{Clock: pinned(t0), BatchSize: 100, LockTimeout: wait, optimisticWait: wait}).RunPass(ctx)
+		done <- res[0]
+	}()
+	pgtest.WaitFor(t, 30*time.Second, "the deleter to wait on the locked row", func() bool {
+		var waiting bool
+		_ = f.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%victims%')`).Scan(&waiting)
+		return waiting
+	})
+	b, err := f.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Rollback(ctx)
+	pgtest.Exec(t, b, "SET LOCAL lock_timeout = '30s'")
+	started := time.Now()
+	pgtest.Exec(t, b, "SELECT 1 FROM public.consumer_inbox WHERE message_id = 'c-5' FOR UPDATE")
+	if el := time.Since(started); el > wait+time.Second {
+		t.Errorf("the application session waited %s on the deleter, longer than its lock timeout %s", el, wait)
+	}
+	var res TableResult
+	select {
+	case res = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the pass did not finish")
+	}
+	if res.Err != nil || res.Deleted != 38 || res.SkipLockedBatches != 1 {
+		t.Errorf("result %+v: want 38 deleted, both locked rows skipped by one fallback batch", res)
+	}
+}
+
+// TestRangeScanTrials: a pass's first range batches alternate the index
+// scan and the bitmap heap scan, two of each, and then keep one; both
+// delete exactly their range, oldest first.
+func TestRangeScanTrials(t *testing.T) {
+	t.Parallel()
+	f := setup(t, inboxDDL+deleteLogDDL, inboxPolicy)
+	f.insert(t, "c", 75, t0.Add(-24*time.Hour), time.Minute)
+	res := f.pass(t, Options{Clock: pinned(t0), BatchSize: 10})
+	// 7 range batches and a short one by ctid.
+	if res.Deleted != 75 || res.Batches != 8 || res.RangeBatches != 7 {
+		t.Fatalf("deleted %d in %d batches, %d by range; want 75 in 8, 7 by range", res.Deleted, res.Batches, res.RangeBatches)
+	}
+	// Trials: index, bitmap, index, bitmap; then three of the one chosen.
+	if b := res.BitmapBatches; b != 2 && b != 5 {
+		t.Errorf("%d range batches read by bitmap, want 2 (index scan chosen) or 5 (bitmap chosen)", b)
+	}
+	if batches := f.checkLoggedBatches(t, 10); batches != 8 {
+		t.Errorf("%d transactions deleted rows, want 8", batches)
+	}
+}
+
+func TestScanChooser(t *testing.T) {
+	t.Parallel()
+	var c scanChooser
+	var got []bool
+	for range 2 * scanTrials {
+		b := c.next()
+		got = append(got, b)
+		took := 10 * time.Millisecond // a bitmap batch is twice as fast
+		if b {
+			took = 5 * time.Millisecond
+		}
+		c.observe(b, 1000, took)
+	}
+	if fmt.Sprint(got) != "[false true false true]" {
+		t.Errorf("trials %v, want alternating, index scan first", got)
+	}
+	if !c.next() {
+		t.Error("after the trials the faster bitmap scan was not chosen")
+	}
+	c = scanChooser{}
+	for range 2 * scanTrials {
+		b := c.next()
+		c.observe(b, 1000, map[bool]time.Duration{false: time.Millisecond, true: 3 * time.Millisecond}[b])
+	}
+	if c.next() {
+		t.Error("after the trials the faster index scan was not chosen")
 	}
 }

@@ -51,19 +51,27 @@ FROM generate_series(0, 29) i`, t0, held)
 	}
 }
 
-// NServiceBus's outbox: "DispatchedAt" is timestamp without time zone, read
-// as UTC whatever the session's time zone; undispatched rows (NULL) stay.
-func TestFixtureNServiceBusTimestampIsUTC(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
+// nserviceBusOutbox sets up NServiceBus's outbox, rows due 7 days after
+// "DispatchedAt", in a database whose sessions run in a time zone far from
+// UTC: a naive comparison would be off by hours.
+func nserviceBusOutbox(t *testing.T) fixture {
+	t.Helper()
 	f := setup(t, readFixture(t, "nservicebus_outbox.sql"), `tables:
   - table: public."Sales_OutboxData"
     key: ["MessageId"]
     expires_after: { column: "DispatchedAt", after: 7d }
 `)
-	// A session time zone far from UTC would shift a naive comparison by hours.
 	pgtest.Exec(t, f.pool, `DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET timezone = %L', current_database(), 'Pacific/Kiritimati'); END $$`)
 	f.pool.Reset()
+	return f
+}
+
+// NServiceBus's outbox: "DispatchedAt" is timestamp without time zone, read
+// as UTC whatever the session's time zone; undispatched rows (NULL) stay.
+func TestFixtureNServiceBusTimestampIsUTC(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := nserviceBusOutbox(t)
 	boundary := t0.Add(-7 * 24 * time.Hour).UTC().Format("2006-01-02 15:04:05")
 	pgtest.Exec(t, f.pool, `INSERT INTO "Sales_OutboxData" ("MessageId", "Dispatched", "DispatchedAt", "PersistenceVersion", "Operations") VALUES
  ('minus', true, $1::timestamp - interval '1 second', '1', '[]'),

@@ -2,6 +2,7 @@ package expiry
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -37,76 +38,87 @@ const tieredPolicy = `tables:
 
 // The permanent key is written by the statement that deletes the row: kill
 // the deleter's connection while its batch is open, and neither has
-// happened; let the retry commit, and both have.
+// happened; let the retry commit, and both have. Both statement forms
+// that write keys are checked.
 func TestPermanentKeyAtomicWithDeletion(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	f := setup(t, tieredDDL, tieredPolicy)
-	tbl := f.tables[0]
-	pgtest.Exec(t, f.pool, tbl.Tiers.Key.CreateSQL())
-	base := t0.Add(-40 * 24 * time.Hour)
-	pgtest.Exec(t, f.pool, `INSERT INTO public.inbox
-SELECT 'payments', 'm' || i, sha256(i::text::bytea), $1::timestamptz + i * interval '1 hour', $1::timestamptz + interval '30 days' + i * interval '1 hour',
-       CASE WHEN i > 0 THEN 'bk' || i END, 'p'
-FROM generate_series(0, 19) i`, base) // m0 has no business key: nothing to keep
-	count := func(sql string, args ...any) int64 {
-		var n int64
-		if err := f.pool.QueryRow(ctx, sql, args...).Scan(&n); err != nil {
-			t.Fatalf("%s: %v", sql, err)
-		}
-		return n
-	}
-	const keys = `SELECT count(*) FROM inboxkeeper.keys_public_inbox`
-	killed := false
-	during := [2]int64{-1, -1}
-	opts := Options{Clock: pinned(t0), BatchSize: 100, beforeCommit: func(_ string, n int64) {
-		if killed {
-			return
-		}
-		killed = true
-		var pid int32
-		if err := f.pool.QueryRow(ctx, `SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()
-  AND state = 'idle in transaction' AND query LIKE '%DELETE FROM%'`).Scan(&pid); err != nil {
-			t.Errorf("find the deleter's backend: %v", err)
-			return
-		}
-		pgtest.Exec(t, f.pool, "SELECT pg_terminate_backend($1)", pid)
-		pgtest.WaitFor(t, 30*time.Second, "the deleter's backend to end", func() bool {
-			var alive bool
-			_ = f.pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)", pid).Scan(&alive)
-			return !alive
+	// 100: one batch by ctid (fewer rows than the size); 10: two batches
+	// by expiry range, the form with the keys CTE.
+	for _, size := range []int{100, 10} {
+		t.Run(fmt.Sprintf("batch_%d", size), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			f := setup(t, tieredDDL, tieredPolicy)
+			tbl := f.tables[0]
+			pgtest.Exec(t, f.pool, tbl.Tiers.Key.CreateSQL())
+			base := t0.Add(-40 * 24 * time.Hour)
+			pgtest.Exec(t, f.pool, `INSERT INTO public.inbox
+		SELECT 'payments', 'm' || i, sha256(i::text::bytea), $1::timestamptz + i * interval '1 hour', $1::timestamptz + interval '30 days' + i * interval '1 hour',
+		       CASE WHEN i > 0 THEN 'bk' || i END, 'p'
+		FROM generate_series(0, 19) i`, base) // m0 has no business key: nothing to keep
+			count := func(sql string, args ...any) int64 {
+				var n int64
+				if err := f.pool.QueryRow(ctx, sql, args...).Scan(&n); err != nil {
+					t.Fatalf("%s: %v", sql, err)
+				}
+				return n
+			}
+			const keys = `SELECT count(*) FROM inboxkeeper.keys_public_inbox`
+			killed := false
+			during := [2]int64{-1, -1}
+			opts := Options{Clock: pinned(t0), BatchSize: size, beforeCommit: func(_ string, n int64) {
+				if killed {
+					return
+				}
+				killed = true
+				var pid int32
+				if err := f.pool.QueryRow(ctx, `SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()
+		  AND state = 'idle in transaction' AND query LIKE '%DELETE FROM%'`).Scan(&pid); err != nil {
+					t.Errorf("find the deleter's backend: %v", err)
+					return
+				}
+				pgtest.Exec(t, f.pool, "SELECT pg_terminate_backend($1)", pid)
+				pgtest.WaitFor(t, 30*time.Second, "the deleter's backend to end", func() bool {
+					var alive bool
+					_ = f.pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)", pid).Scan(&alive)
+					return !alive
+				})
+				during = [2]int64{count("SELECT count(*) FROM public.inbox"), count(keys)}
+			}}
+			res, err := New(f.pool, f.tables, opts).RunPass(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !killed {
+				t.Fatal("the batch was never held open")
+			}
+			if during != [2]int64{20, 0} {
+				t.Errorf("after the kill: %d rows and %d keys, want 20 rows and no key (neither happened)", during[0], during[1])
+			}
+			if r := res[0]; r.Err != nil || r.Retries != 1 || r.Deleted != 20 || r.PermanentKeys != 19 {
+				t.Errorf("pass after the kill: %+v, want 20 deleted and 19 keys after 1 retry", r)
+			}
+			if r, want := res[0], map[int]int{100: 0, 10: 2}[size]; r.RangeBatches != want {
+				t.Errorf("%d batches by range, want %d", r.RangeBatches, want)
+			}
+			if n := count("SELECT count(*) FROM public.inbox"); n != 0 {
+				t.Errorf("%d rows left", n)
+			}
+			// Both happened: every row with a business key has its key, with the
+			// hash, the scope and the first-seen date.
+			if n := count(keys+` WHERE consumer = 'payments' AND payload_hash = sha256(substr(business_key, 3)::bytea)
+		  AND first_seen = (($1::timestamptz + substr(business_key, 3)::int * interval '1 hour') AT TIME ZONE 'UTC')::date`, base); n != 19 {
+				t.Errorf("%d of 19 keys are complete and right", n)
+			}
+			// A key already kept is not overwritten by a later deletion of the
+			// same key (a redelivery claimed again after expiry).
+			pgtest.Exec(t, f.pool, `INSERT INTO public.inbox VALUES ('payments', 'again', '\xff', $1::timestamptz, $1::timestamptz, 'bk1', NULL)`, t0.Add(-time.Hour))
+			if r := f.pass(t, Options{Clock: pinned(t0)}); r.Deleted != 1 || r.PermanentKeys != 0 {
+				t.Errorf("second deletion of bk1: %+v, want 1 deleted and no new key", r)
+			}
+			if n := count(keys + ` WHERE business_key = 'bk1' AND payload_hash = '\xff'`); n != 0 {
+				t.Errorf("the kept key was overwritten")
+			}
 		})
-		during = [2]int64{count("SELECT count(*) FROM public.inbox"), count(keys)}
-	}}
-	res, err := New(f.pool, f.tables, opts).RunPass(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !killed {
-		t.Fatal("the batch was never held open")
-	}
-	if during != [2]int64{20, 0} {
-		t.Errorf("after the kill: %d rows and %d keys, want 20 rows and no key (neither happened)", during[0], during[1])
-	}
-	if r := res[0]; r.Err != nil || r.Retries != 1 || r.Deleted != 20 || r.PermanentKeys != 19 {
-		t.Errorf("pass after the kill: %+v, want 20 deleted and 19 keys after 1 retry", r)
-	}
-	if n := count("SELECT count(*) FROM public.inbox"); n != 0 {
-		t.Errorf("%d rows left", n)
-	}
-	// Both happened: every row with a business key has its key, with the
-	// hash, the scope and the first-seen date.
-	if n := count(keys+` WHERE consumer = 'payments' AND payload_hash = sha256(substr(business_key, 3)::bytea)
-  AND first_seen = (($1::timestamptz + substr(business_key, 3)::int * interval '1 hour') AT TIME ZONE 'UTC')::date`, base); n != 19 {
-		t.Errorf("%d of 19 keys are complete and right", n)
-	}
-	// A key already kept is not overwritten by a later deletion of the
-	// same key (a redelivery claimed again after expiry).
-	pgtest.Exec(t, f.pool, `INSERT INTO public.inbox VALUES ('payments', 'again', '\xff', $1::timestamptz, $1::timestamptz, 'bk1', NULL)`, t0.Add(-time.Hour))
-	if r := f.pass(t, Options{Clock: pinned(t0)}); r.Deleted != 1 || r.PermanentKeys != 0 {
-		t.Errorf("second deletion of bk1: %+v, want 1 deleted and no new key", r)
-	}
-	if n := count(keys + ` WHERE business_key = 'bk1' AND payload_hash = '\xff'`); n != 0 {
-		t.Errorf("the kept key was overwritten")
 	}
 }

@@ -39,8 +39,9 @@ CREATE TABLE %[1]s (
 ) WITH (autovacuum_enabled = off)`
 
 // insertSQL makes rows $1..$2 of a table of $4 rows whose first $3 are
-// expired at $5. Rows come in first_seen_at order; consumer k%4 remembers a
-// message 30, 45, 50 or 60 days, so expiry order is not insertion order.
+// expired at $5. Rows come in first_seen_at order; %[3]s is how long row k
+// is remembered, between 30 and 60 days (horizonSQL), so with more than one
+// horizon expiry order is not insertion order.
 // Expired rows were first seen 161 to 61 days before $5 and so expired at
 // least a day ago; live rows were first seen in the last 29 days and expire
 // a day from now at the earliest: the expected count is exact, however long
@@ -53,17 +54,37 @@ SELECT (ARRAY['billing', 'payments', 'shipping', 'email'])[1 + k %% 4],
        'applied',
        f - interval '5 minutes',
        f,
-       f + (ARRAY[30, 45, 50, 60])[1 + k %% 4] * interval '1 day'%[2]s
+       f + %[3]s%[2]s
 FROM generate_series($1::bigint, $2::bigint) AS k,
 LATERAL (SELECT CASE WHEN k < $3::bigint
   THEN $5::timestamptz - interval '161 days' + k * (interval '100 days' / $3::bigint)
   ELSE $5::timestamptz - interval '29 days' + (k - $3::bigint) * (interval '29 days' / greatest($4::bigint - $3::bigint, 1)) END) AS s(f)`
+
+// horizonSQL is how long row k is remembered. Horizons 0 is the classic
+// inbox: consumer k%4 remembers a message 30, 45, 50 or 60 days. Horizons 1
+// is append-ordered (30 days for all: expiry rises with insertion order);
+// h > 1 interleaves h horizons evenly spread from 30 to 60 days.
+func horizonSQL(horizons int) string {
+	switch horizons {
+	case 0:
+		return "(ARRAY[30, 45, 50, 60])[1 + k % 4] * interval '1 day'"
+	case 1:
+		return "interval '30 days'"
+	}
+	return fmt.Sprintf("(interval '30 days' + (k %% %d) * (interval '30 days' / %d))", horizons, horizons-1)
+}
 
 // Fill (re)creates table with n rows, the first `expired` of them expired at
 // t0, with a ~300-byte payload column when payload is set; then indexes,
 // vacuums and analyzes it. The indexes are built after the load because
 // that is much faster; every table gets the same treatment.
 func Fill(ctx context.Context, db DB, table string, payload bool, n, expired int64, t0 time.Time) error {
+	return FillHorizons(ctx, db, table, payload, n, expired, t0, 0)
+}
+
+// FillHorizons is Fill with rows remembered for one of horizons durations
+// (see horizonSQL).
+func FillHorizons(ctx context.Context, db DB, table string, payload bool, n, expired int64, t0 time.Time, horizons int) error {
 	col, val := "", ""
 	if payload {
 		col, val = ",\n    payload        text        NOT NULL", ",\n       left(repeat(md5(k::text), 10), 300)"
@@ -73,7 +94,7 @@ func Fill(ctx context.Context, db DB, table string, payload bool, n, expired int
 	}
 	const chunk = 500_000 // statements of bounded size, in first_seen_at order
 	for lo := int64(0); lo < n; lo += chunk {
-		if _, err := db.Exec(ctx, fmt.Sprintf(insertSQL, table, val), lo, min(lo+chunk, n)-1, expired, n, t0); err != nil {
+		if _, err := db.Exec(ctx, fmt.Sprintf(insertSQL, table, val, horizonSQL(horizons)), lo, min(lo+chunk, n)-1, expired, n, t0); err != nil {
 			return fmt.Errorf("fill %s: %w", table, err)
 		}
 	}
