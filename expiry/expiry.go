@@ -80,8 +80,8 @@ type Progress struct {
 	// The batch just committed.
 	BatchRows     int64
 	BatchDuration time.Duration
-	// Estimate is the planner's estimate of the rows due when the table's
-	// pass began (protected ones included); 0 when unknown.
+	// Estimate is the exact count of the rows due (no hold or replay
+	// covering them) when the table's pass began, at most DueCap+1.
 	Estimate int64
 }
 
@@ -108,7 +108,13 @@ type TableResult struct {
 	// start there instead of walking the index entries of every row the
 	// pass just deleted (a million dead entries cost seconds).
 	resume pgtype.Timestamptz
+	// keyset is where the running pass has got to, for the counts taken
+	// during it.
+	keyset pgtype.Timestamptz
 }
+
+// DueRefresh is how often a long pass counts the due rows again.
+const DueRefresh = 30 * time.Second
 
 var negInf = pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
 
@@ -258,10 +264,15 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 	d.mu.Lock()
 	d.scanChoice[t.Name] = &scanChooser{}
 	d.mu.Unlock()
+	// The exact count at the start is what the progress line's ETA counts
+	// down from; it is refreshed every DueRefresh during a long pass.
 	var estimate int64
-	if d.opts.Progress != nil {
-		estimate = d.estimateDue(ctx, t)
+	if due, err := d.Due(ctx, t, pgtype.Timestamptz{}); err == nil {
+		estimate = due.Rows
+	} else if ctx.Err() == nil {
+		d.log.Warn("expiry: could not count the due rows", "table", t.Name, "error", err)
 	}
+	lastCount := time.Now()
 	m := d.opts.Metrics
 	loop := batchloop.Loop{
 		What: "delete", Sizer: d.sizer(t), Throttle: d.opts.Throttle, Active: d.opts.Active, Deadline: deadline,
@@ -283,6 +294,13 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 				d.opts.Progress(Progress{Table: t.Name, Deleted: res.Deleted, Batches: res.Batches, Elapsed: time.Since(start),
 					BatchRows: n, BatchDuration: took, Estimate: estimate})
 			}
+			if m != nil && time.Since(lastCount) >= DueRefresh {
+				// rows_due and the cleanup lag, while a long pass runs.
+				lastCount = time.Now()
+				if _, err := d.Due(ctx, t, res.keyset); err != nil && ctx.Err() == nil {
+					d.log.Warn("expiry: could not count the due rows", "table", t.Name, "error", err)
+				}
+			}
 		},
 		OnError: func(kind string) {
 			if m != nil {
@@ -297,6 +315,7 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 			res.Deleted += n
 			if n > 0 {
 				res.Batches++
+				res.keyset = pgtype.Timestamptz{Time: newest, Valid: true}
 			}
 		}
 		return n, newest, wal, err
@@ -325,29 +344,6 @@ func (d *Deleter) checkLockPrivilege(ctx context.Context, t *catalog.Table) erro
 	return nil
 }
 
-// estimateDue asks the planner how many rows are due: cheap on any size of
-// table, and good enough for a progress bar. Errors just mean no estimate.
-func (d *Deleter) estimateDue(ctx context.Context, t *catalog.Table) int64 {
-	var est int64
-	_ = d.readTx(ctx, func(tx pgx.Tx) error {
-		now, err := d.now(ctx, tx)
-		if err != nil {
-			return err
-		}
-		var plan []struct {
-			Plan struct {
-				Rows float64 `json:"Plan Rows"`
-			} `json:"Plan"`
-		}
-		sql := fmt.Sprintf("EXPLAIN (FORMAT JSON) SELECT 1 FROM %s t WHERE t.%s <= %s", t.Ident, t.Expiry.Quoted, t.Expiry.Instant("$1::timestamptz"))
-		if err := tx.QueryRow(ctx, sql, cutoff(t, now)).Scan(&plan); err != nil || len(plan) == 0 {
-			return err
-		}
-		est = int64(plan[0].Plan.Rows)
-		return nil
-	})
-	return est
-}
 
 // batch deletes at most size expired, uncovered rows and returns how many it
 // deleted and the newest expiry among them. It first tries an optimistic
@@ -668,7 +664,12 @@ FROM %[1]s t WHERE t.%[5]s <= %[2]s`, t.Ident, t.Expiry.Instant(args.Add(cutoff(
 
 // afterPass counts what holds and replays kept, and measures the cleanup lag.
 func (d *Deleter) afterPass(ctx context.Context, t *catalog.Table, res *TableResult) error {
-	return d.readTx(ctx, func(tx pgx.Tx) error { return d.measure(ctx, tx, t, res) })
+	if err := d.readTx(ctx, func(tx pgx.Tx) error { return d.measure(ctx, tx, t, res) }); err != nil {
+		return err
+	}
+	// rows_due and the cleanup lag, as the pass leaves the table.
+	_, err := d.Due(ctx, t, res.resume)
+	return err
 }
 
 func (d *Deleter) measure(ctx context.Context, tx pgx.Tx, t *catalog.Table, res *TableResult) error {
@@ -697,9 +698,6 @@ FROM %[1]s t WHERE t.%[5]s <= %[2]s AND (%[3]s OR %[4]s)`, t.Ident, t.Expiry.Ins
 		return err
 	}
 	res.CleanupLag = lag
-	if d.opts.Metrics != nil {
-		d.opts.Metrics.CleanupLag.WithLabelValues(t.Name).Set(lag.Seconds())
-	}
 	if res.Oldest, res.Newest, err = retainedRange(ctx, tx, t, res.resume); err != nil {
 		return err
 	}

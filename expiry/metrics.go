@@ -12,6 +12,8 @@ type Metrics struct {
 	CleanupLag    *prometheus.GaugeVec
 	Errors        *prometheus.CounterVec
 	BatchSize     *prometheus.GaugeVec
+	RowsDue       *prometheus.GaugeVec
+	RowsDueCapped *prometheus.GaugeVec
 }
 
 // NewMetrics creates the metrics and registers them on reg.
@@ -47,6 +49,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "inboxkeeper_batch_size",
 		Help: "Rows the next delete batch may take (adapted toward INBOXKEEPER_BATCH_TARGET).",
 	}, []string{"table"})
-	reg.MustRegister(m.RowsDeleted, m.Batches, m.BatchDuration, m.LastSuccess, m.CleanupLag, m.Errors, m.BatchSize)
+	m.RowsDue = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "inboxkeeper_rows_due",
+		Help: "Rows whose expiry has passed and that no hold or replay covers, counted exactly through the expiry index up to 1,000,000 (see inboxkeeper_rows_due_capped); refreshed after each pass, during long passes and between passes.",
+	}, []string{"table"})
+	m.RowsDueCapped = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "inboxkeeper_rows_due_capped",
+		Help: "1 when inboxkeeper_rows_due stopped counting at its cap: more rows are due.",
+	}, []string{"table"})
+	reg.MustRegister(m.RowsDeleted, m.Batches, m.BatchDuration, m.LastSuccess, m.CleanupLag, m.Errors, m.BatchSize, m.RowsDue, m.RowsDueCapped)
 	return m
 }

@@ -129,17 +129,25 @@ func (a *app) daemon(ctx context.Context, args []string) error {
 			next = sched.Next(time.Now())
 		}
 		timer := time.NewTimer(time.Until(next))
+		// While it waits, the cleanup lag and rows_due keep up: rows fall due
+		// between passes too.
+		refresh := time.NewTicker(dueRefreshBetweenPasses)
 	wait:
 		select {
 		case <-ctx.Done():
 			timer.Stop()
+			refresh.Stop()
 			a.log.Info("inboxkeeper: stopped", "reason", "signal", "during_pass", false)
 			return nil
 		case <-sighup:
 			reload("SIGHUP")
 			goto wait
+		case <-refresh.C:
+			p.refreshDue(ctx)
+			goto wait
 		case <-timer.C:
 		}
+		refresh.Stop()
 	}
 }
 
@@ -195,9 +203,10 @@ type passer struct {
 
 	// The tables in force, and the stages built for them with the runtime
 	// settings of watch's version; rebuilt when that version moves.
-	list   []*catalog.Table
-	runner pass.Runner
-	watch  *settingsWatch
+	list     []*catalog.Table
+	runner   pass.Runner
+	deleters []*expiry.Deleter // the expiry stages', for counts between passes
+	watch    *settingsWatch
 
 	// Per-scope ranges are measured only where an index makes them cheap;
 	// which indexes exist is looked up once.
@@ -205,6 +214,23 @@ type passer struct {
 	scopeIdx  map[string]*expiry.ScopeIndexes
 	seenIdx   map[string]bool // table -> an index leads with first_seen
 	seenKnown bool
+}
+
+// dueRefreshBetweenPasses is how often the daemon counts what is due while
+// it waits for its next pass.
+const dueRefreshBetweenPasses = 15 * time.Second
+
+// refreshDue counts what is due on every table, when this instance is the
+// active one (a waiting instance exports nothing per table).
+func (p *passer) refreshDue(ctx context.Context) {
+	if !p.ls.Held() {
+		return
+	}
+	for _, d := range p.deleters {
+		if err := d.Refresh(ctx); err != nil && ctx.Err() == nil {
+			p.a.log.Warn("inboxkeeper: could not count the due rows between passes", "error", err)
+		}
+	}
 }
 
 // tune rebuilds the pass's stages when the runtime settings changed since
@@ -231,10 +257,9 @@ func (p *passer) tune(ctx context.Context) {
 		return
 	}
 	p.watch = &settingsWatch{pool: p.pool, version: tn.version}
-	p.runner = pass.Runner{
-		Stages:  p.a.stages(p.pool, p.list, tn, false, p.ms, p.th, both(p.ls.Check, p.watch.check), p.a.progressPrinter()),
-		RunTime: tn.global.RunTime,
-	}
+	var stages []pass.Stage
+	stages, p.deleters = p.a.stages(p.pool, p.list, tn, false, p.ms, p.th, both(p.ls.Check, p.watch.check), p.a.progressPrinter())
+	p.runner = pass.Runner{Stages: stages, RunTime: tn.global.RunTime}
 }
 
 func (p *passer) say(state string, args ...any) {

@@ -190,8 +190,9 @@ func (a *app) onePass(ctx context.Context, pool *pgxpool.Pool, tables []*catalog
 			return 0, 0, configError{err}
 		}
 		watch := &settingsWatch{pool: pool, version: tn.version}
+		stages, _ := a.stages(pool, tables, tn, dryRun, ms, th, both(active, watch.check), progress)
 		runner := pass.Runner{
-			Stages:     a.stages(pool, tables, tn, dryRun, ms, th, both(active, watch.check), progress),
+			Stages:     stages,
 			RunTime:    tn.global.RunTime,
 			AfterStage: func(stage string, rs []pass.TableResult) { a.printStage(stage, rs, dryRun) },
 		}
@@ -230,15 +231,16 @@ func (a *app) progressPrinter() func(expiry.Progress) {
 		return progressBar(t)
 	}
 	var last time.Time
+	rates := rateWindows{}
 	return func(p expiry.Progress) {
+		rate := rates.progress(p)
 		if time.Since(last) < 3*time.Second {
 			return
 		}
 		last = time.Now()
-		rate := float64(p.Deleted) / max(p.Elapsed.Seconds(), 1e-9)
 		args := []any{"table", p.Table, "deleted", p.Deleted, "batches", p.Batches, "rows_per_second", int64(rate)}
 		if left := p.Estimate - p.Deleted; p.Estimate > 0 && left > 0 && rate > 0 {
-			args = append(args, "estimated_rows_left", left, "estimated_time_left", (time.Duration(float64(left)/rate) * time.Second).Round(time.Second))
+			args = append(args, "rows_left", left, "time_left", time.Duration(float64(left)/rate*float64(time.Second)))
 		}
 		a.log.Info("expiry: progress", args...)
 	}
@@ -247,19 +249,20 @@ func (a *app) progressPrinter() func(expiry.Progress) {
 // progressBar draws "table [#####.....] 50% 5000/10000 rows 2500 rows/s ~2s left".
 func progressBar(t *terminal) func(expiry.Progress) {
 	var last time.Time
+	rates := rateWindows{}
 	return func(p expiry.Progress) {
+		rate := rates.progress(p)
 		if time.Since(last) < 200*time.Millisecond {
 			return
 		}
 		last = time.Now()
-		rate := float64(p.Deleted) / max(p.Elapsed.Seconds(), 1e-9)
 		const width = 30
 		line := fmt.Sprintf("%s %d rows, %.0f rows/s", p.Table, p.Deleted, rate)
 		if p.Estimate > 0 {
 			frac := min(float64(p.Deleted)/float64(p.Estimate), 1)
 			done := int(frac * width)
 			left := max(p.Estimate-p.Deleted, 0)
-			line = fmt.Sprintf("%s [%s%s] %3.0f%% %d/~%d rows, %.0f rows/s, ~%s left", p.Table,
+			line = fmt.Sprintf("%s [%s%s] %3.0f%% %d/%d rows, %.0f rows/s, ~%s left", p.Table,
 				strings.Repeat("#", done), strings.Repeat(".", width-done), frac*100, p.Deleted, p.Estimate, rate,
 				humantime.Duration(time.Duration(float64(left)/max(rate, 1e-9))*time.Second))
 		}
@@ -337,7 +340,7 @@ func (a *app) status(ctx context.Context, args []string) error {
 	if !*watch {
 		return a.statusOnce(ctx, pool, tables, *asJSON, a.stdout, nil)
 	}
-	rates := dueRates{}
+	rates := rateWindows{}
 	term := isTerminal(a.stdout)
 	for {
 		var b strings.Builder
@@ -365,7 +368,7 @@ func (a *app) status(ctx context.Context, args []string) error {
 
 // statusOnce measures and writes the status once; with rates (--watch) it
 // adds each table's rate over the last minute and an ETA.
-func (a *app) statusOnce(ctx context.Context, pool *pgxpool.Pool, tables []*catalog.Table, asJSON bool, w io.Writer, rates dueRates) error {
+func (a *app) statusOnce(ctx context.Context, pool *pgxpool.Pool, tables []*catalog.Table, asJSON bool, w io.Writer, rates rateWindows) error {
 	rep := statusReport{rates: rates}
 	var err error
 	if rep.InRecovery, err = dbconn.InRecovery(ctx, pool); err != nil {
@@ -404,25 +407,42 @@ func (a *app) statusOnce(ctx context.Context, pool *pgxpool.Pool, tables []*cata
 	return nil
 }
 
-// dueRates keeps, per table, the due counts status --watch saw over the last
-// minute: their fall is the rate at which rows go, and due ÷ rate the ETA.
-type dueRates map[string][]dueSample
+// rateWindows keeps, per table, the counts seen over the last minute: the
+// rate at which they change is the rate over the last minute (rows deleted
+// for the progress line, the fall of the due count for status --watch).
+type rateWindows map[string][]rateSample
 
-type dueSample struct {
-	at  time.Time
-	due int64
+type rateSample struct {
+	at time.Time
+	n  int64
 }
 
-func (r dueRates) add(table string, at time.Time, due int64) {
-	s := append(r[table], dueSample{at, due})
+// add records n for table at at and returns the rate of change, in rows/s,
+// over the samples of the last minute (0 until there are two).
+func (r rateWindows) add(table string, at time.Time, n int64) float64 {
+	s := append(r[table], rateSample{at, n})
 	for len(s) > 1 && at.Sub(s[0].at) > time.Minute {
 		s = s[1:]
 	}
 	r[table] = s
+	rate, _ := r.rate(table)
+	return rate
 }
 
-// rate is rows/s over the samples kept, and whether there are two to compare.
-func (r dueRates) rate(table string) (float64, bool) {
+// progress is the progress line's rate: rows deleted per second over the
+// last minute, or since the table's pass began until there is a minute's
+// second sample.
+func (r rateWindows) progress(p expiry.Progress) float64 {
+	r.add(p.Table, time.Now(), p.Deleted)
+	if rate, ok := r.rate(p.Table); ok {
+		return rate
+	}
+	return float64(p.Deleted) / max(p.Elapsed.Seconds(), 1e-9)
+}
+
+// rate is the rate of change over the samples kept (falling or rising),
+// and whether there are two to compare.
+func (r rateWindows) rate(table string) (float64, bool) {
 	s := r[table]
 	if len(s) < 2 {
 		return 0, false
@@ -432,7 +452,11 @@ func (r dueRates) rate(table string) (float64, bool) {
 	if dt <= 0 {
 		return 0, false
 	}
-	return max(float64(first.due-last.due)/dt, 0), true
+	d := float64(last.n - first.n)
+	if d < 0 {
+		d = -d
+	}
+	return d / dt, true
 }
 
 // tableStatus reads what status shows per table: rows due for ordinary
@@ -495,7 +519,7 @@ func (r statusReport) writeTables(w io.Writer, tables []*catalog.Table) {
 }
 
 type statusReport struct {
-	rates dueRates // status --watch
+	rates rateWindows // status --watch
 	// tuning is every tunable in force and its source, by table ("" for
 	// the global view).
 	tuning     map[string][]settings.Value

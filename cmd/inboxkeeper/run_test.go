@@ -63,6 +63,10 @@ FROM generate_series(1, 50) i;`, inboxPolicy, true)
 			t.Errorf("/metrics lacks %s", name)
 		}
 	}
+	// Counted exactly when the pass began: every expired row.
+	if due := metricValue(t, metrics, `inboxkeeper_rows_due{table="public.consumer_inbox"}`); due != expired {
+		t.Errorf("inboxkeeper_rows_due = %v when the pass began, want %d", due, expired)
+	}
 	deletedSoFar := metricValue(t, metrics, `inboxkeeper_rows_deleted_total{table="public.consumer_inbox"}`)
 	if deletedSoFar < 100 || int64(deletedSoFar)%100 != 0 {
 		t.Errorf("inboxkeeper_rows_deleted_total is %v after the first batch, want a positive multiple of 100", deletedSoFar)
@@ -184,6 +188,14 @@ INSERT INTO public.second_inbox SELECT i, now() - interval '1 hour' FROM generat
 	}
 	if v := reloadOK(); v != 1 {
 		t.Errorf("inboxkeeper_config_last_reload_successful = %v at start, want 1", v)
+	}
+	// After a pass: nothing due, counted exactly.
+	m := httpGet(t, "http://"+addr+"/metrics")
+	if v := metricValue(t, m, `inboxkeeper_rows_due{table="public.consumer_inbox"}`); v != 0 {
+		t.Errorf("inboxkeeper_rows_due = %v after a pass, want 0", v)
+	}
+	if v := metricValue(t, m, `inboxkeeper_rows_due_capped{table="public.consumer_inbox"}`); v != 0 {
+		t.Errorf("inboxkeeper_rows_due_capped = %v, want 0", v)
 	}
 
 	// A policy that does not parse, then one that names a missing column.

@@ -95,7 +95,7 @@ func both(lease, watch func() error) func() error {
 // table at a time, in policy order, each with its own batch settings and,
 // when it has one of its own, its own RUN_TIME within the pass's.
 func (a *app) stages(pool *pgxpool.Pool, tables []*catalog.Table, tn tuning, dryRun bool, ms *metricSet, th *throttle.Throttler,
-	active func() error, progress func(expiry.Progress)) []pass.Stage {
+	active func() error, progress func(expiry.Progress)) ([]pass.Stage, []*expiry.Deleter) {
 	var em *expiry.Metrics
 	var errs *prometheus.CounterVec
 	pm := a.partitionManager(pool, tables, dryRun, th, nil)
@@ -106,6 +106,7 @@ func (a *app) stages(pool *pgxpool.Pool, tables []*catalog.Table, tn tuning, dry
 	pm.SetActive(active)
 	out := []pass.Stage{pass.Partitions(pm)}
 	var deletes []pass.Stage
+	var deleters []*expiry.Deleter
 	for _, t := range tables {
 		c, ok := tn.tables[t.Name]
 		if !ok {
@@ -123,10 +124,11 @@ func (a *app) stages(pool *pgxpool.Pool, tables []*catalog.Table, tn tuning, dry
 		if !t.Partitioned() {
 			d := a.deleter(c, pool, one, dryRun, th, em, progress)
 			d.SetActive(active)
+			deleters = append(deleters, d)
 			deletes = append(deletes, limit(pass.Expiry(d), c.RunTime, tn.global.RunTime))
 		}
 	}
-	return append(out, deletes...)
+	return append(out, deletes...), deleters
 }
 
 // limit gives a table with a RUN_TIME of its own (a runtime setting or a

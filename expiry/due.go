@@ -1,0 +1,83 @@
+package expiry
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/inboxkeeper/inboxkeeper/holds"
+	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
+	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+)
+
+// DueCap bounds the exact count of due rows, like status's: past it the
+// count says "more than" (inboxkeeper_rows_due_capped).
+const DueCap = 1_000_000
+
+// Due is what is left to do on a table: the rows whose expiry has passed and
+// that no hold or replay covers, counted exactly through the expiry index
+// (at most DueCap+1 of them), and the cleanup lag.
+type Due struct {
+	Rows   int64
+	Capped bool // Rows stopped at DueCap: there are more
+	Lag    time.Duration
+}
+
+// Due counts what is due on t from the keyset bound from on (the start of
+// the expiry index when invalid: rows a running pass has passed over were
+// deleted, or are left for the next pass), and exports it with the cleanup
+// lag as metrics.
+func (d *Deleter) Due(ctx context.Context, t *catalog.Table, from pgtype.Timestamptz) (Due, error) {
+	var due Due
+	if !from.Valid {
+		from = batchloop.NegInf
+	}
+	err := d.readTx(ctx, func(tx pgx.Tx) error {
+		now, err := d.now(ctx, tx)
+		if err != nil {
+			return err
+		}
+		cov, err := holds.Active(ctx, tx, t.Name, now)
+		if err != nil {
+			return err
+		}
+		var args holds.Args
+		hp, rp := cov.Predicates(t, "t", &args)
+		c, f := args.Add(cutoff(t, now)), args.Add(from)
+		sql := fmt.Sprintf(`SELECT count(*) FROM (SELECT 1 FROM %[1]s t WHERE t.%[2]s <= %[3]s AND t.%[2]s >= %[4]s AND NOT %[5]s AND NOT %[6]s LIMIT %[7]d) s`,
+			t.Ident, t.Expiry.Quoted, t.Expiry.Instant(c+"::timestamptz"), t.Expiry.Instant(f+"::timestamptz"), hp, rp, DueCap+1)
+		if err := tx.QueryRow(ctx, sql, args.Values...).Scan(&due.Rows); err != nil {
+			return fmt.Errorf("count the due rows: %w", err)
+		}
+		due.Capped = due.Rows > DueCap
+		due.Lag, err = cleanupLag(ctx, tx, t, now, cov, from)
+		return err
+	})
+	if err != nil {
+		return due, err
+	}
+	if m := d.opts.Metrics; m != nil && !d.opts.DryRun {
+		m.RowsDue.WithLabelValues(t.Name).Set(float64(min(due.Rows, DueCap)))
+		capped := 0.0
+		if due.Capped {
+			capped = 1
+		}
+		m.RowsDueCapped.WithLabelValues(t.Name).Set(capped)
+		m.CleanupLag.WithLabelValues(t.Name).Set(due.Lag.Seconds())
+	}
+	return due, nil
+}
+
+// Refresh counts what is due on every table again, between passes: the
+// cleanup lag grows while the daemon waits for its next pass.
+func (d *Deleter) Refresh(ctx context.Context) error {
+	for _, t := range d.tables {
+		if _, err := d.Due(ctx, t, pgtype.Timestamptz{}); err != nil {
+			return fmt.Errorf("table %s: %w", t.Name, err)
+		}
+	}
+	return nil
+}
