@@ -35,15 +35,7 @@ func (d *Deleter) Due(ctx context.Context, t *catalog.Table, from pgtype.Timesta
 	if !from.Valid {
 		from = batchloop.NegInf
 	}
-	err := d.readTx(ctx, func(tx pgx.Tx) error {
-		now, err := d.now(ctx, tx)
-		if err != nil {
-			return err
-		}
-		cov, err := holds.Active(ctx, tx, t.Name, now)
-		if err != nil {
-			return err
-		}
+	err := d.coverageTx(ctx, t, func(tx pgx.Tx, now time.Time, cov holds.Coverage) error {
 		var args holds.Args
 		hp, rp := cov.Predicates(t, "t", &args)
 		c, f := args.Add(cutoff(t, now)), args.Add(from)
@@ -53,6 +45,7 @@ func (d *Deleter) Due(ctx context.Context, t *catalog.Table, from pgtype.Timesta
 			return fmt.Errorf("count the due rows: %w", err)
 		}
 		due.Capped = due.Rows > DueCap
+		var err error
 		due.Lag, err = cleanupLag(ctx, tx, t, now, cov, from)
 		return err
 	})

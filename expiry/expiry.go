@@ -344,7 +344,6 @@ func (d *Deleter) checkLockPrivilege(ctx context.Context, t *catalog.Table) erro
 	return nil
 }
 
-
 // batch deletes at most size expired, uncovered rows and returns how many it
 // deleted and the newest expiry among them. It first tries an optimistic
 // batch, without a lock pass, under a short lock timeout; only a batch that
@@ -636,10 +635,10 @@ func (d *Deleter) readTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
 	})
 }
 
-// counts returns, among rows expired at now, how many no hold or replay
-// covers, how many a hold covers, and how many only a replay covers.
-func (d *Deleter) dryRun(ctx context.Context, t *catalog.Table, res *TableResult) error {
-	err := d.readTx(ctx, func(tx pgx.Tx) error {
+// coverageTx runs fn in a read-only transaction (readTx) with the
+// database's now and the holds and replays active then.
+func (d *Deleter) coverageTx(ctx context.Context, t *catalog.Table, fn func(tx pgx.Tx, now time.Time, cov holds.Coverage) error) error {
+	return d.readTx(ctx, func(tx pgx.Tx) error {
 		now, err := d.now(ctx, tx)
 		if err != nil {
 			return err
@@ -648,6 +647,14 @@ func (d *Deleter) dryRun(ctx context.Context, t *catalog.Table, res *TableResult
 		if err != nil {
 			return err
 		}
+		return fn(tx, now, cov)
+	})
+}
+
+// counts returns, among rows expired at now, how many no hold or replay
+// covers, how many a hold covers, and how many only a replay covers.
+func (d *Deleter) dryRun(ctx context.Context, t *catalog.Table, res *TableResult) error {
+	err := d.coverageTx(ctx, t, func(tx pgx.Tx, now time.Time, cov holds.Coverage) error {
 		var args holds.Args
 		hp, rp := cov.Predicates(t, "t", &args)
 		sql := fmt.Sprintf(`SELECT count(*) FILTER (WHERE NOT %[3]s AND NOT %[4]s),
