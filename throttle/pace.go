@@ -1,0 +1,334 @@
+package throttle
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+	"time"
+)
+
+// Pacing treats the WAL a standby has not replayed yet as bytes in flight,
+// the way congestion control treats a network: a batch starts only when the
+// bytes behind plus the batch's predicted WAL fit in the window, and the
+// window is what the standby applies in MAX_REPLICA_LAG, measured, with a
+// safety factor. The lag signals measure a backlog only once it exists; the
+// window keeps it from being written in the first place.
+const (
+	// windowFactor leaves room for the heartbeat's own granularity and for
+	// an apply rate that drops between two readings: the queue tops out at
+	// about 0.7 x MAX_REPLICA_LAG of apply.
+	windowFactor = 0.7
+	// floorWindow is the window while the apply rate is unknown (slow
+	// start): small enough for a slow standby, and grown from the replay
+	// progress it lets through.
+	floorWindow = 256 << 10
+	// busyBytes is the backlog above which a standby counts as busy: its
+	// replay progress then measures its apply rate, not the primary's writes.
+	busyBytes = 64 << 10
+	// rateSpan is the busy time one apply-rate sample spans; the estimate
+	// is the median of the last rateSamples, so one burst (a standby that
+	// saved up) does not inflate it.
+	rateSpan    = 250 * time.Millisecond
+	rateSamples = 5
+	// trailSpan is the span of the lower-bound rate used before any busy
+	// sample: what the standby replayed lately, idle time included.
+	trailSpan = time.Second
+	// A cut halves the window's multiplier, at most once per MAX_REPLICA_LAG;
+	// each MAX_REPLICA_LAG without overshoot while busy adds growStep back.
+	minMultiplier = 1.0 / 8
+	growStep      = 0.1
+	// firstRowBytes predicts a row's WAL before any batch was measured:
+	// generous, since a first batch after a checkpoint writes full pages.
+	firstRowBytes = 2048
+)
+
+// standby is the pacing state of one walsender.
+type standby struct {
+	behind   float64 // bytes not replayed, at the last reading
+	queued   float64 // of which the standby has received (write_lsn - replay_lsn)
+	replayed float64 // replay position, bytes
+	at       time.Time
+	known    bool // a replay position has been read
+
+	busyBytes float64 // replay progress in busy intervals since the last sample
+	busyTime  time.Duration
+	samples   []float64 // the last rate samples, bytes/s
+	trail     []point   // replay positions over the last trailSpan
+
+	multiplier float64
+	cutAt      time.Time // last cut
+	grewAt     time.Time // last growth step
+}
+
+type point struct {
+	at       time.Time
+	replayed float64
+}
+
+// sent is WAL the daemon's batches wrote after the last reading began.
+type sent struct {
+	at    time.Time
+	bytes float64
+}
+
+// pacer holds every standby's pacing state. It does no I/O and takes the
+// time as an argument, so tests drive it with a fake clock.
+type pacer struct {
+	maxLag   time.Duration
+	standbys map[string]*standby
+	sent     []sent
+	failure  string // the last reading of the standbys failed: hold (fail closed)
+}
+
+func newPacer(maxLag time.Duration) *pacer {
+	return &pacer{maxLag: maxLag, standbys: map[string]*standby{}}
+}
+
+// readStarted drops the WAL a reading that began at now will include.
+func (p *pacer) readStarted(now time.Time) {
+	p.sent = slices.DeleteFunc(p.sent, func(s sent) bool { return s.at.Before(now) })
+}
+
+// wrote records a batch's WAL, committed at now.
+func (p *pacer) wrote(now time.Time, bytes float64) {
+	if bytes > 0 {
+		p.sent = append(p.sent, sent{at: now, bytes: bytes})
+	}
+}
+
+// unsent is the WAL written since the last reading began.
+func (p *pacer) unsent() float64 {
+	var n float64
+	for _, s := range p.sent {
+		n += s.bytes
+	}
+	return n
+}
+
+// observe records a standby's replay position, the bytes it has not
+// replayed, and how many of those it has received (queued), read at now.
+// Only an interval that starts and ends with a queue on the standby measures
+// its apply rate: WAL the primary has not flushed or sent yet cannot be
+// applied however fast the standby is. replayed < 0 means the standby has
+// not reported a position: it holds the daemon until it does.
+func (p *pacer) observe(name string, replayed, behind, queued float64, now time.Time) {
+	s := p.standbys[name]
+	if s == nil {
+		s = &standby{multiplier: 1}
+		p.standbys[name] = s
+	}
+	if replayed < 0 {
+		s.known = false
+		return
+	}
+	if s.known && now.After(s.at) && replayed >= s.replayed {
+		dt := now.Sub(s.at)
+		if s.queued >= busyBytes && queued >= busyBytes {
+			s.busyBytes += replayed - s.replayed
+			s.busyTime += dt
+			if s.busyTime >= rateSpan {
+				s.samples = append(s.samples, s.busyBytes/s.busyTime.Seconds())
+				if len(s.samples) > rateSamples {
+					s.samples = s.samples[1:]
+				}
+				s.busyBytes, s.busyTime = 0, 0
+			}
+		}
+	} else if s.known && replayed < s.replayed {
+		// A new standby under the same name: start over.
+		*s = standby{multiplier: 1}
+	}
+	s.trail = append(s.trail, point{at: now, replayed: replayed})
+	for len(s.trail) > 2 && now.Sub(s.trail[1].at) >= trailSpan {
+		s.trail = s.trail[1:]
+	}
+	s.replayed, s.behind, s.queued, s.at, s.known = replayed, behind, queued, now, true
+	p.adjust(s, now)
+}
+
+// adjust cuts the multiplier when the queue overshoots MAX_REPLICA_LAG and
+// grows it back while the standby is busy and under it.
+func (p *pacer) adjust(s *standby, now time.Time) {
+	if len(s.samples) == 0 {
+		return // a lower bound of the rate would see overshoots that are not there
+	}
+	rate := s.rate()
+	if s.behind/rate > p.maxLag.Seconds() {
+		p.cut(s, now)
+		return
+	}
+	if s.queued >= busyBytes && now.Sub(s.grewAt) >= p.maxLag && now.Sub(s.cutAt) >= p.maxLag {
+		s.multiplier = min(1, s.multiplier+growStep)
+		s.grewAt = now
+	}
+}
+
+func (p *pacer) cut(s *standby, now time.Time) {
+	if !s.cutAt.IsZero() && now.Sub(s.cutAt) < p.maxLag {
+		return
+	}
+	s.multiplier = max(minMultiplier, s.multiplier/2)
+	s.cutAt, s.grewAt = now, now
+}
+
+// lagged records a heartbeat lag read on a listed standby. Heartbeat
+// readings cannot be matched to a walsender, so an overshoot cuts every
+// standby's window.
+func (p *pacer) lagged(seconds float64, now time.Time) {
+	if seconds <= p.maxLag.Seconds() {
+		return
+	}
+	for _, s := range p.standbys {
+		p.cut(s, now)
+	}
+}
+
+// forget drops the walsenders not in keep.
+func (p *pacer) forget(keep map[string]bool) {
+	for name := range p.standbys {
+		if !keep[name] {
+			delete(p.standbys, name)
+		}
+	}
+}
+
+// rate is the apply rate in bytes/s: the median of the busy samples (one
+// burst of a standby that saved up does not inflate it), but never less
+// than the replay progress over the trailing second, which the standby has
+// just shown it can do. That lower bound is also the slow start: before any
+// busy sample, and when the window has become so small that the standby is
+// never busy, the window follows what it applies, and the daemon, writing a
+// window per reading, soon makes it busy. 0 when unknown.
+func (s *standby) rate() float64 {
+	med := 0.0
+	if n := len(s.samples); n > 0 {
+		v := slices.Clone(s.samples)
+		sort.Float64s(v)
+		med = v[n/2]
+		if n%2 == 0 {
+			med = (v[n/2-1] + v[n/2]) / 2
+		}
+	}
+	return max(med, s.trailRate())
+}
+
+// trailRate is the replay progress over the trailing second (at least half
+// a second of readings), 0 before that.
+func (s *standby) trailRate() float64 {
+	if len(s.trail) < 2 {
+		return 0
+	}
+	first, last := s.trail[0], s.trail[len(s.trail)-1]
+	span := last.at.Sub(first.at)
+	if span < trailSpan/2 {
+		return 0
+	}
+	return (last.replayed - first.replayed) / span.Seconds()
+}
+
+// window is the bytes the standby may have not replayed when a batch ends.
+func (p *pacer) window(s *standby) float64 {
+	return max(floorWindow, s.multiplier*windowFactor*s.rate()*p.maxLag.Seconds())
+}
+
+// backlog reports whether a standby has a backlog, or has not reported a
+// replay position yet: then the heartbeat is written often, so that its
+// walreceiver, which replies when WAL arrives, reports its replay position
+// often.
+func (p *pacer) backlog() bool {
+	for _, s := range p.standbys {
+		if s.behind >= busyBytes || !s.known {
+			return true
+		}
+	}
+	return false
+}
+
+// Admission is the pacer's answer before a batch.
+type Admission struct {
+	Rows      int     // rows the batch may delete; 0: wait
+	Predicted float64 // WAL the batch is expected to write, bytes
+	Behind    float64 // bytes not replayed by the tightest standby, the daemon's unread WAL included
+	Window    float64 // that standby's window
+	Standby   string  // the tightest standby; empty when none streams
+	Hold      string  // why the batch waits; empty when admitted
+}
+
+// admit sizes the next batch: at most size rows, at least minRows, predicted
+// at perRow bytes a row (0: not measured yet). It waits for room of half a
+// window (or the whole batch, when that is smaller), so that batches are not
+// crumbs and the standby's queue never runs dry. A window smaller than one
+// minimum batch is widened to it: such a standby is slower than the daemon
+// can pace: it gets one minimum batch whenever it has caught up, and the
+// lag goes over (documented).
+func (p *pacer) admit(size, minRows int, perRow float64) Admission {
+	if p.failure != "" {
+		return Admission{Hold: p.failure}
+	}
+	if len(p.standbys) == 0 {
+		return Admission{Rows: size}
+	}
+	if perRow <= 0 {
+		perRow = firstRowBytes
+		size = minRows // the first batch measures the WAL a row costs
+	}
+	a := Admission{Window: math.Inf(1)}
+	unsent := p.unsent()
+	names := make([]string, 0, len(p.standbys))
+	for name := range p.standbys {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	budget := math.Inf(1)
+	for _, name := range names {
+		s := p.standbys[name]
+		if !s.known {
+			return Admission{Standby: name, Hold: fmt.Sprintf("standby %s has not reported a replay position", name)}
+		}
+		// busyBytes of slack: a caught-up standby is a heartbeat behind.
+		w := max(p.window(s), float64(minRows)*perRow+busyBytes)
+		if b := w - s.behind - unsent; b < budget {
+			budget, a.Standby, a.Window, a.Behind = b, name, w, s.behind+unsent
+		}
+	}
+	want := max(minRows, min(size, int(a.Window/2/perRow)))
+	if budget < float64(want)*perRow {
+		a.Hold = fmt.Sprintf("WAL window: standby %s is %s behind, window %s, next batch ~%s", a.Standby,
+			fmtBytes(a.Behind), fmtBytes(a.Window), fmtBytes(float64(want)*perRow))
+		return a
+	}
+	a.Rows = max(want, min(size, int(budget/perRow)))
+	a.Predicted = float64(a.Rows) * perRow
+	return a
+}
+
+// Pace is one standby's pacing state, for status and metrics.
+type Pace struct {
+	Standby   string
+	Behind    float64 // bytes not replayed
+	ApplyRate float64 // bytes/s; 0 until measured
+	Measured  bool    // ApplyRate comes from a busy standby (not a lower bound)
+	Window    float64 // bytes
+}
+
+func (p *pacer) paces() []Pace {
+	out := make([]Pace, 0, len(p.standbys))
+	for name, s := range p.standbys {
+		out = append(out, Pace{Standby: name, Behind: s.behind, ApplyRate: s.rate(), Measured: len(s.samples) > 0, Window: p.window(s)})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Standby < out[j].Standby })
+	return out
+}
+
+// String is the human form shown by status.
+func (pc Pace) String() string {
+	rate := "not measured yet (no backlog)"
+	switch {
+	case pc.Measured:
+		rate = fmtBytes(pc.ApplyRate) + "/s"
+	case pc.ApplyRate > 0:
+		rate = "at least " + fmtBytes(pc.ApplyRate) + "/s (no backlog to measure it)"
+	}
+	return fmt.Sprintf("standby %s: %s behind, apply rate %s, window %s", pc.Standby, fmtBytes(pc.Behind), rate, fmtBytes(pc.Window))
+}
