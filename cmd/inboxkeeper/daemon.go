@@ -61,7 +61,10 @@ func (a *app) daemon(ctx context.Context, args []string) error {
 	if err != nil || ctx.Err() != nil {
 		return err
 	}
-	th := a.startThrottle(ctx, pool, reg)
+	th, err := a.startThrottle(ctx, pool, reg)
+	if err != nil {
+		return err
+	}
 	defer th.Stop()
 
 	ls := lease.New(pool, a.cfg.LeaseTTL, a.log)
