@@ -31,9 +31,10 @@ const (
 	// saved up) does not inflate it.
 	rateSpan    = 250 * time.Millisecond
 	rateSamples = 5
-	// trailSpan is the span of the lower-bound rate used before any busy
-	// sample: what the standby replayed lately, idle time included.
-	trailSpan = time.Second
+	// trailSpan is the span of the lower-bound rate: what the standby
+	// replayed lately, idle time included. Long enough that a standby that
+	// saved up and bursts at the start does not inflate it much.
+	trailSpan = 2 * time.Second
 	// A cut halves the window's multiplier, at most once per MAX_REPLICA_LAG;
 	// each MAX_REPLICA_LAG without overshoot while busy adds growStep back.
 	minMultiplier = 1.0 / 8
@@ -57,6 +58,7 @@ type standby struct {
 	trail     []point   // replay positions over the last trailSpan
 
 	multiplier float64
+	ceiling    float64   // slow start: grows by the bytes replayed
 	cutAt      time.Time // last cut
 	grewAt     time.Time // last growth step
 }
@@ -115,7 +117,7 @@ func (p *pacer) unsent() float64 {
 func (p *pacer) observe(name string, replayed, behind, queued float64, now time.Time) {
 	s := p.standbys[name]
 	if s == nil {
-		s = &standby{multiplier: 1}
+		s = &standby{multiplier: 1, ceiling: floorWindow}
 		p.standbys[name] = s
 	}
 	if replayed < 0 {
@@ -124,8 +126,12 @@ func (p *pacer) observe(name string, replayed, behind, queued float64, now time.
 	}
 	if s.known && now.After(s.at) && replayed >= s.replayed {
 		dt := now.Sub(s.at)
-		if s.queued >= busyBytes && queued >= busyBytes {
-			s.busyBytes += replayed - s.replayed
+		progress := replayed - s.replayed
+		s.ceiling += progress
+		// Busy all along: what it had received at the start outlasted the
+		// interval, so the progress is its apply rate, not the arrival rate.
+		if s.queued-progress >= busyBytes/4 && queued >= busyBytes {
+			s.busyBytes += progress
 			s.busyTime += dt
 			if s.busyTime >= rateSpan {
 				s.samples = append(s.samples, s.busyBytes/s.busyTime.Seconds())
@@ -137,7 +143,7 @@ func (p *pacer) observe(name string, replayed, behind, queued float64, now time.
 		}
 	} else if s.known && replayed < s.replayed {
 		// A new standby under the same name: start over.
-		*s = standby{multiplier: 1}
+		*s = standby{multiplier: 1, ceiling: floorWindow}
 	}
 	s.trail = append(s.trail, point{at: now, replayed: replayed})
 	for len(s.trail) > 2 && now.Sub(s.trail[1].at) >= trailSpan {
@@ -193,24 +199,22 @@ func (p *pacer) forget(keep map[string]bool) {
 	}
 }
 
-// rate is the apply rate in bytes/s: the median of the busy samples (one
-// burst of a standby that saved up does not inflate it), but never less
-// than the replay progress over the trailing second, which the standby has
-// just shown it can do. That lower bound is also the slow start: before any
-// busy sample, and when the window has become so small that the standby is
-// never busy, the window follows what it applies, and the daemon, writing a
-// window per reading, soon makes it busy. 0 when unknown.
+// rate is the apply rate in bytes/s: the median of the busy samples, so
+// that one burst of a standby that saved up does not inflate it. Before the
+// first busy sample it is the replay progress over the trailing two
+// seconds, a lower bound, which the ceiling limits: the slow start. 0 when
+// unknown.
 func (s *standby) rate() float64 {
-	med := 0.0
-	if n := len(s.samples); n > 0 {
-		v := slices.Clone(s.samples)
-		sort.Float64s(v)
-		med = v[n/2]
-		if n%2 == 0 {
-			med = (v[n/2-1] + v[n/2]) / 2
-		}
+	n := len(s.samples)
+	if n == 0 {
+		return s.trailRate()
 	}
-	return max(med, s.trailRate())
+	v := slices.Clone(s.samples)
+	sort.Float64s(v)
+	if n%2 == 0 {
+		return (v[n/2-1] + v[n/2]) / 2
+	}
+	return v[n/2]
 }
 
 // trailRate is the replay progress over the trailing second (at least half
@@ -221,15 +225,23 @@ func (s *standby) trailRate() float64 {
 	}
 	first, last := s.trail[0], s.trail[len(s.trail)-1]
 	span := last.at.Sub(first.at)
-	if span < trailSpan/2 {
+	if span < trailSpan*3/4 {
 		return 0
 	}
 	return (last.replayed - first.replayed) / span.Seconds()
 }
 
 // window is the bytes the standby may have not replayed when a batch ends.
+// Until the apply rate is measured (slow start), the window also stays
+// under a ceiling that grows by what the standby replays: it doubles at
+// most once per window applied, so a lower bound inflated by a burst does
+// not open it at once.
 func (p *pacer) window(s *standby) float64 {
-	return max(floorWindow, s.multiplier*windowFactor*s.rate()*p.maxLag.Seconds())
+	w := s.multiplier * windowFactor * s.rate() * p.maxLag.Seconds()
+	if len(s.samples) == 0 {
+		w = min(w, s.ceiling)
+	}
+	return max(floorWindow, w)
 }
 
 // backlog reports whether a standby has a backlog, or has not reported a
@@ -255,10 +267,11 @@ type Admission struct {
 	Hold      string  // why the batch waits; empty when admitted
 }
 
-// admit sizes the next batch: at most size rows, at least minRows, predicted
-// at perRow bytes a row (0: not measured yet). It waits for room of half a
-// window (or the whole batch, when that is smaller), so that batches are not
-// crumbs and the standby's queue never runs dry. A window smaller than one
+// admit sizes the next batch: at most size rows and half a window, at least
+// minRows, predicted at perRow bytes a row (0: not measured yet). It waits
+// for room for the whole batch. Half a window keeps the standby's queue
+// between half the window and the window, never dry, and bounds what one
+// wrong prediction can add. A window smaller than one
 // minimum batch is widened to it: such a standby is slower than the daemon
 // can pace: it gets one minimum batch whenever it has caught up, and the
 // lag goes over (documented).
@@ -298,7 +311,7 @@ func (p *pacer) admit(size, minRows int, perRow float64) Admission {
 			fmtBytes(a.Behind), fmtBytes(a.Window), fmtBytes(float64(want)*perRow))
 		return a
 	}
-	a.Rows = max(want, min(size, int(budget/perRow)))
+	a.Rows = want
 	a.Predicted = float64(a.Rows) * perRow
 	return a
 }

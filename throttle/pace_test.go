@@ -228,8 +228,12 @@ func TestPacerCountsUnreadWAL(t *testing.T) {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	p.observe("s1", 0, 0, 0, now)
 	a := p.admit(5000, 100, 500)
-	if a.Rows != 524 { // the floor window, 256 KiB, at 500 B a row
-		t.Fatalf("admitted %d rows, want 524", a.Rows)
+	if a.Rows != 262 { // half the floor window, 256 KiB, at 500 B a row
+		t.Fatalf("admitted %d rows, want 262", a.Rows)
+	}
+	p.wrote(now.Add(time.Millisecond), a.Predicted)
+	if b := p.admit(5000, 100, 500); b.Rows != 262 || b.Behind != a.Predicted {
+		t.Fatalf("second batch: %+v, want another half window with the first counted as behind", b)
 	}
 	p.wrote(now.Add(time.Millisecond), a.Predicted)
 	if b := p.admit(5000, 100, 500); b.Rows != 0 {
@@ -241,7 +245,7 @@ func TestPacerCountsUnreadWAL(t *testing.T) {
 		t.Fatal("a reading that began before the commit released its WAL")
 	}
 	p.readStarted(now.Add(2 * time.Millisecond))
-	p.observe("s1", a.Predicted, 0, 0, now.Add(2*time.Millisecond))
+	p.observe("s1", 2*a.Predicted, 0, 0, now.Add(2*time.Millisecond))
 	if b := p.admit(5000, 100, 500); b.Rows == 0 {
 		t.Fatalf("held after the standby applied everything: %+v", b)
 	}
