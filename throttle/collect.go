@@ -147,7 +147,7 @@ func (t *Throttler) beat(ctx context.Context) {
 	if t.pacer.backlog() {
 		every = min(every, t.cfg.StatsInterval)
 	}
-	due := now.Sub(t.lastBeat) >= every
+	due := every != time.Duration(math.MaxInt64) && now.Sub(t.lastBeat) >= every
 	t.mu.Unlock()
 	if due {
 		t.writeHeartbeat(ctx)
