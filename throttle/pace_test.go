@@ -98,6 +98,11 @@ func TestPacerSlowStartAndSteadyState(t *testing.T) {
 		}
 		for range 200 { // 10 s
 			s.step()
+			// Slow start: until the rate is measured, the window grows at
+			// most by what the standby replayed.
+			if st := s.standby(); len(st.samples) == 0 && s.p.window(st) > floorWindow+s.applied {
+				t.Fatalf("%v: window %.0f before the rate is measured, more than 256 KiB + the %.0f bytes replayed", c.rate, s.p.window(st), s.applied)
+			}
 		}
 		target := windowFactor * c.rate * c.maxLag.Seconds()
 		w := s.p.window(s.standby())

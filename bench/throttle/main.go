@@ -16,7 +16,10 @@
 //	B: DELETE FROM b WHERE remember_until <= now()
 //	C: `inboxkeeper once` on c with no standby listed and the pg_stat_replication
 //	   thresholds out of reach (24h, 1TB): that signal throttles even without
-//	   REPLICA_URLS, and C is the unthrottled reference.
+//	   REPLICA_URLS, and C is the unthrottled reference. Its WAL window is a
+//	   day of apply, so only the slow start (the window grows by what the
+//	   standby replays until its apply rate is measured) paces its first
+//	   moments.
 //
 // How the standby is slowed: a governor caps its apply rate at -apply-rate
 // MB/s of WAL. Every 5 ms it reads pg_last_wal_replay_lsn() and pauses replay
