@@ -35,8 +35,9 @@ const (
 	// replayed lately, idle time included. Long enough that a standby that
 	// saved up and bursts at the start does not inflate it much.
 	trailSpan = 2 * time.Second
-	// A cut halves the window's multiplier, at most once per MAX_REPLICA_LAG;
-	// each MAX_REPLICA_LAG without overshoot while busy adds growStep back.
+	// A cut halves the window's multiplier, once per overshoot; each
+	// MAX_REPLICA_LAG without overshoot in which the window held a batch
+	// adds growStep back.
 	minMultiplier = 1.0 / 8
 	growStep      = 0.1
 	// firstRowBytes predicts a row's WAL before any batch was measured:
@@ -61,6 +62,8 @@ type standby struct {
 	ceiling    float64   // slow start: grows by the bytes replayed
 	cutAt      time.Time // last cut
 	grewAt     time.Time // last growth step
+	recovered  bool      // a reading under MAX_REPLICA_LAG since the last cut
+	limited    bool      // the window held a batch since the last growth step
 }
 
 type point struct {
@@ -117,7 +120,7 @@ func (p *pacer) unsent() float64 {
 func (p *pacer) observe(name string, replayed, behind, queued float64, now time.Time) {
 	s := p.standbys[name]
 	if s == nil {
-		s = &standby{multiplier: 1, ceiling: floorWindow}
+		s = &standby{multiplier: 1, ceiling: floorWindow, recovered: true}
 		p.standbys[name] = s
 	}
 	if replayed < 0 {
@@ -143,7 +146,7 @@ func (p *pacer) observe(name string, replayed, behind, queued float64, now time.
 		}
 	} else if s.known && replayed < s.replayed {
 		// A new standby under the same name: start over.
-		*s = standby{multiplier: 1, ceiling: floorWindow}
+		*s = standby{multiplier: 1, ceiling: floorWindow, recovered: true}
 	}
 	s.trail = append(s.trail, point{at: now, replayed: replayed})
 	for len(s.trail) > 2 && now.Sub(s.trail[1].at) >= trailSpan {
@@ -154,7 +157,8 @@ func (p *pacer) observe(name string, replayed, behind, queued float64, now time.
 }
 
 // adjust cuts the multiplier when the queue overshoots MAX_REPLICA_LAG and
-// grows it back while the standby is busy and under it.
+// grows it back while the window limits the daemon and the queue is under
+// it.
 func (p *pacer) adjust(s *standby, now time.Time) {
 	if len(s.samples) == 0 {
 		return // a lower bound of the rate would see overshoots that are not there
@@ -164,16 +168,21 @@ func (p *pacer) adjust(s *standby, now time.Time) {
 		p.cut(s, now)
 		return
 	}
-	if s.queued >= busyBytes && now.Sub(s.grewAt) >= p.maxLag && now.Sub(s.cutAt) >= p.maxLag {
+	s.recovered = true
+	if s.limited && now.Sub(s.grewAt) >= p.maxLag && now.Sub(s.cutAt) >= p.maxLag {
 		s.multiplier = min(1, s.multiplier+growStep)
-		s.grewAt = now
+		s.grewAt, s.limited = now, false
 	}
 }
 
+// cut halves the multiplier once per overshoot: the lag measured after a
+// cut still shows the queue written before it, so another cut waits until
+// a reading was under MAX_REPLICA_LAG again, and at least MAX_REPLICA_LAG.
 func (p *pacer) cut(s *standby, now time.Time) {
-	if !s.cutAt.IsZero() && now.Sub(s.cutAt) < p.maxLag {
+	if !s.recovered || (!s.cutAt.IsZero() && now.Sub(s.cutAt) < p.maxLag) {
 		return
 	}
+	s.recovered = false
 	s.multiplier = max(minMultiplier, s.multiplier/2)
 	s.cutAt, s.grewAt = now, now
 }
@@ -182,11 +191,12 @@ func (p *pacer) cut(s *standby, now time.Time) {
 // readings cannot be matched to a walsender, so an overshoot cuts every
 // standby's window.
 func (p *pacer) lagged(seconds float64, now time.Time) {
-	if seconds <= p.maxLag.Seconds() {
-		return
-	}
 	for _, s := range p.standbys {
-		p.cut(s, now)
+		if seconds <= p.maxLag.Seconds() {
+			s.recovered = true
+		} else {
+			p.cut(s, now)
+		}
 	}
 }
 
@@ -307,6 +317,7 @@ func (p *pacer) admit(size, minRows int, perRow float64) Admission {
 	}
 	want := max(minRows, min(size, int(a.Window/2/perRow)))
 	if budget < float64(want)*perRow {
+		p.standbys[a.Standby].limited = true
 		a.Hold = fmt.Sprintf("WAL window: standby %s is %s behind, window %s, next batch ~%s", a.Standby,
 			fmtBytes(a.Behind), fmtBytes(a.Window), fmtBytes(float64(want)*perRow))
 		return a

@@ -186,6 +186,17 @@ func TestPacerHeartbeatLagCuts(t *testing.T) {
 	if after := s.p.window(s.standby()); math.Abs(after-before/2) > 0.05*before {
 		t.Errorf("window %.0f after a cut, want about half of %.0f", after, before)
 	}
+	// The lag measured after a cut still shows the queue written before it:
+	// no second cut until a reading was under MAX_REPLICA_LAG again.
+	s.p.lagged(1.5, s.now.Add(2*time.Second))
+	if s.standby().multiplier != 0.5 {
+		t.Errorf("multiplier %v: cut again within one overshoot", s.standby().multiplier)
+	}
+	s.p.lagged(0.5, s.now.Add(2100*time.Millisecond))
+	s.p.lagged(1.5, s.now.Add(2200*time.Millisecond))
+	if s.standby().multiplier != 0.25 {
+		t.Errorf("multiplier %v after a second overshoot, want 0.25", s.standby().multiplier)
+	}
 }
 
 // TestPacerBurstDoesNotInflateRate: one reading with an outsized replay
