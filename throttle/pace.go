@@ -210,21 +210,26 @@ func (p *pacer) forget(keep map[string]bool) {
 }
 
 // rate is the apply rate in bytes/s: the median of the busy samples, so
-// that one burst of a standby that saved up does not inflate it. Before the
-// first busy sample it is the replay progress over the trailing two
-// seconds, a lower bound, which the ceiling limits: the slow start. 0 when
+// that one burst does not inflate it for long, but never less than the
+// replay progress over the trailing two seconds, which the standby has just
+// shown it can do. Without that floor, samples taken in a bad moment would
+// shrink the window until the standby is never busy again, and no new
+// sample could correct them. Before the first busy sample the trailing
+// progress alone is the rate, under the slow start's ceiling. 0 when
 // unknown.
 func (s *standby) rate() float64 {
+	trail := s.trailRate()
 	n := len(s.samples)
 	if n == 0 {
-		return s.trailRate()
+		return trail
 	}
 	v := slices.Clone(s.samples)
 	sort.Float64s(v)
+	med := v[n/2]
 	if n%2 == 0 {
-		return (v[n/2-1] + v[n/2]) / 2
+		med = (v[n/2-1] + v[n/2]) / 2
 	}
-	return v[n/2]
+	return max(med, trail)
 }
 
 // trailRate is the replay progress over the trailing second (at least half

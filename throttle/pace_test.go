@@ -201,12 +201,12 @@ func TestPacerHeartbeatLagCuts(t *testing.T) {
 
 // TestPacerBurstDoesNotInflateRate: one reading with an outsized replay
 // progress (a standby that saved up) is one sample of five: the median
-// ignores it.
+// ignores it, once the trailing two seconds have forgotten it.
 func TestPacerBurstDoesNotInflateRate(t *testing.T) {
 	p := newPacer(time.Second)
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	replayed, behind := 0.0, float64(10<<20)
-	for i := range 40 { // 2 s of readings at 50 ms, 1 MiB/s, always 10 MiB behind
+	for i := range 60 { // 3 s of readings at 50 ms, 1 MiB/s, always 10 MiB behind
 		now = now.Add(50 * time.Millisecond)
 		replayed += 1 << 20 / 20
 		if i == 7 {
@@ -216,6 +216,25 @@ func TestPacerBurstDoesNotInflateRate(t *testing.T) {
 	}
 	if r := p.standbys["s1"].rate(); math.Abs(r-(1<<20)) > 0.01*(1<<20) {
 		t.Errorf("rate %.0f, want 1 MiB/s despite one burst", r)
+	}
+}
+
+// TestPacerRateNotBelowProgress: samples that underestimate the standby
+// cannot shrink the window below what it was just seen to replay.
+func TestPacerRateNotBelowProgress(t *testing.T) {
+	s := newSim(t, 8<<20, time.Second)
+	for range 100 {
+		s.step()
+	}
+	st := s.standby()
+	for i := range st.samples {
+		st.samples[i] = 1 << 10 // 1 KiB/s: measured in a bad moment
+	}
+	for range 100 {
+		s.step()
+	}
+	if r := st.rate(); r < 0.9*(8<<20) {
+		t.Errorf("rate %.0f after wrong samples, want about 8 MiB/s again", r)
 	}
 }
 
