@@ -160,7 +160,7 @@ func (p *pacer) observe(name string, replayed, behind, queued float64, now time.
 // grows it back while the window limits the daemon and the queue is under
 // it.
 func (p *pacer) adjust(s *standby, now time.Time) {
-	if len(s.samples) == 0 {
+	if !s.measured() {
 		return // a lower bound of the rate would see overshoots that are not there
 	}
 	rate := s.rate()
@@ -209,28 +209,28 @@ func (p *pacer) forget(keep map[string]bool) {
 	}
 }
 
-// rate is the apply rate in bytes/s: the median of the busy samples, so
-// that one burst does not inflate it for long, but never less than the
-// replay progress over the trailing two seconds, which the standby has just
-// shown it can do. Without that floor, samples taken in a bad moment would
-// shrink the window until the standby is never busy again, and no new
-// sample could correct them. Before the first busy sample the trailing
-// progress alone is the rate, under the slow start's ceiling. 0 when
-// unknown.
+// rate is the apply rate in bytes/s: the median of the last rateSamples
+// busy samples, so that one burst does not inflate it, but never less than
+// the replay progress over the trailing two seconds, which the standby has
+// just shown it can do. Without that floor, samples taken in a bad moment
+// would shrink the window until the standby is never busy again, and no new
+// sample could correct them. Until there are rateSamples samples (slow
+// start) the trailing progress alone is the rate: a few early samples are
+// mostly the burst of a standby that was idle. 0 when unknown.
 func (s *standby) rate() float64 {
 	trail := s.trailRate()
 	n := len(s.samples)
-	if n == 0 {
+	if n < rateSamples {
 		return trail
 	}
 	v := slices.Clone(s.samples)
 	sort.Float64s(v)
-	med := v[n/2]
-	if n%2 == 0 {
-		med = (v[n/2-1] + v[n/2]) / 2
-	}
-	return max(med, trail)
+	return max(v[n/2], trail)
 }
+
+// measured reports whether the slow start is over: the rate comes from
+// enough busy samples.
+func (s *standby) measured() bool { return len(s.samples) >= rateSamples }
 
 // trailRate is the replay progress over the trailing second (at least half
 // a second of readings), 0 before that.
@@ -253,7 +253,7 @@ func (s *standby) trailRate() float64 {
 // not open it at once.
 func (p *pacer) window(s *standby) float64 {
 	w := s.multiplier * windowFactor * s.rate() * p.maxLag.Seconds()
-	if len(s.samples) == 0 {
+	if !s.measured() {
 		w = min(w, s.ceiling)
 	}
 	return max(floorWindow, w)
@@ -344,7 +344,7 @@ type Pace struct {
 func (p *pacer) paces() []Pace {
 	out := make([]Pace, 0, len(p.standbys))
 	for name, s := range p.standbys {
-		out = append(out, Pace{Standby: name, Behind: s.behind, ApplyRate: s.rate(), Measured: len(s.samples) > 0, Window: p.window(s)})
+		out = append(out, Pace{Standby: name, Behind: s.behind, ApplyRate: s.rate(), Measured: s.measured(), Window: p.window(s)})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Standby < out[j].Standby })
 	return out

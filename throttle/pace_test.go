@@ -100,7 +100,7 @@ func TestPacerSlowStartAndSteadyState(t *testing.T) {
 			s.step()
 			// Slow start: until the rate is measured, the window grows at
 			// most by what the standby replayed.
-			if st := s.standby(); len(st.samples) == 0 && s.p.window(st) > floorWindow+s.applied {
+			if st := s.standby(); !st.measured() && s.p.window(st) > floorWindow+s.applied {
 				t.Fatalf("%v: window %.0f before the rate is measured, more than 256 KiB + the %.0f bytes replayed", c.rate, s.p.window(st), s.applied)
 			}
 		}
@@ -141,12 +141,14 @@ func TestPacerCutsOnOvershoot(t *testing.T) {
 	st := s.standby()
 	// The standby slows down: its measured rate lags behind by a few
 	// samples, so the queue overshoots.
+	// The trailing two seconds still show the faster standby: the rate
+	// drops within about that.
 	s.rate = 1 << 20
-	for range 20 { // 1 s
+	for range 60 { // 3 s
 		s.step()
 	}
 	if st.multiplier != 0.5 {
-		t.Fatalf("multiplier %v after an overshoot, want 0.5 (one cut within MAX_REPLICA_LAG)", st.multiplier)
+		t.Fatalf("multiplier %v after an overshoot, want 0.5 (one cut per overshoot)", st.multiplier)
 	}
 	for range 300 {
 		s.step()
