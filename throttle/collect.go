@@ -93,8 +93,8 @@ func (t *Throttler) Stop() {
 
 // MeasureOnce takes one reading of every signal without starting anything:
 // what `inboxkeeper status` shows. When a standby streams, it then reads
-// pg_stat_replication for another rateSpan x 2, so that the apply rate of a
-// busy standby is measured.
+// pg_stat_replication for another trailSpan, so that its apply rate is
+// measured (or at least its recent progress).
 func (t *Throttler) MeasureOnce(ctx context.Context) {
 	for _, c := range t.collectors() {
 		c.run(ctx)
@@ -107,7 +107,7 @@ func (t *Throttler) MeasureOnce(ctx context.Context) {
 	}
 	tick := time.NewTicker(t.cfg.StatsInterval)
 	defer tick.Stop()
-	end := time.After(2 * rateSpan)
+	end := time.After(trailSpan)
 	for {
 		select {
 		case <-ctx.Done():

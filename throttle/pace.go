@@ -17,8 +17,8 @@ import (
 const (
 	// windowFactor leaves room for the heartbeat's own granularity and for
 	// an apply rate that drops between two readings: the queue tops out at
-	// about 0.7 x MAX_REPLICA_LAG of apply.
-	windowFactor = 0.7
+	// about 0.6 x MAX_REPLICA_LAG of apply.
+	windowFactor = 0.6
 	// floorWindow is the window while the apply rate is unknown (slow
 	// start): small enough for a slow standby, and grown from the replay
 	// progress it lets through.
@@ -27,14 +27,17 @@ const (
 	// replay progress then measures its apply rate, not the primary's writes.
 	busyBytes = 64 << 10
 	// rateSpan is the busy time one apply-rate sample spans; the estimate
-	// is the median of the last rateSamples, so one burst (a standby that
-	// saved up) does not inflate it.
-	rateSpan    = 250 * time.Millisecond
-	rateSamples = 5
+	// is the mean of the last rateSamples (3 s of busy time): a standby
+	// applies in steps (a checkpoint, a governor, a burst after idle), and
+	// a shorter span measures the steps, not the rate. The slow start ends
+	// after slowStartSamples.
+	rateSpan         = 250 * time.Millisecond
+	rateSamples      = 12
+	slowStartSamples = 5
 	// trailSpan is the span of the lower-bound rate: what the standby
 	// replayed lately, idle time included. Long enough that a standby that
 	// saved up and bursts at the start does not inflate it much.
-	trailSpan = 2 * time.Second
+	trailSpan = 3 * time.Second
 	// A cut halves the window's multiplier, once per overshoot; each
 	// MAX_REPLICA_LAG without overshoot in which the window held a batch
 	// adds growStep back.
@@ -59,7 +62,7 @@ type standby struct {
 	trail     []point   // replay positions over the last trailSpan
 
 	multiplier float64
-	ceiling    float64   // slow start: grows by the bytes replayed
+	ceiling    float64   // slow start: grows by half the bytes replayed
 	cutAt      time.Time // last cut
 	grewAt     time.Time // last growth step
 	recovered  bool      // a reading under MAX_REPLICA_LAG since the last cut
@@ -130,7 +133,7 @@ func (p *pacer) observe(name string, replayed, behind, queued float64, now time.
 	if s.known && now.After(s.at) && replayed >= s.replayed {
 		dt := now.Sub(s.at)
 		progress := replayed - s.replayed
-		s.ceiling += progress
+		s.ceiling += progress / 2
 		// Busy all along: what it had received at the start outlasted the
 		// interval, so the progress is its apply rate, not the arrival rate.
 		if s.queued-progress >= busyBytes/4 && queued >= busyBytes {
@@ -209,28 +212,29 @@ func (p *pacer) forget(keep map[string]bool) {
 	}
 }
 
-// rate is the apply rate in bytes/s: the median of the last rateSamples
-// busy samples, so that one burst does not inflate it, but never less than
-// the replay progress over the trailing two seconds, which the standby has
-// just shown it can do. Without that floor, samples taken in a bad moment
-// would shrink the window until the standby is never busy again, and no new
-// sample could correct them. Until there are rateSamples samples (slow
-// start) the trailing progress alone is the rate: a few early samples are
-// mostly the burst of a standby that was idle. 0 when unknown.
+// rate is the apply rate in bytes/s: the mean of the last rateSamples busy
+// samples, but never less than the replay progress over the trailing three
+// seconds, which the standby has just shown it can do. Without that floor,
+// samples taken in a bad moment would shrink the window until the standby
+// is never busy again, and no new sample could correct them. Until there
+// are slowStartSamples samples (slow start) the trailing progress alone is
+// the rate: a few early samples are mostly the burst of a standby that was
+// idle. 0 when unknown.
 func (s *standby) rate() float64 {
 	trail := s.trailRate()
-	n := len(s.samples)
-	if n < rateSamples {
+	if !s.measured() {
 		return trail
 	}
-	v := slices.Clone(s.samples)
-	sort.Float64s(v)
-	return max(v[n/2], trail)
+	var sum float64
+	for _, v := range s.samples {
+		sum += v
+	}
+	return max(sum/float64(len(s.samples)), trail)
 }
 
 // measured reports whether the slow start is over: the rate comes from
 // enough busy samples.
-func (s *standby) measured() bool { return len(s.samples) >= rateSamples }
+func (s *standby) measured() bool { return len(s.samples) >= slowStartSamples }
 
 // trailRate is the replay progress over the trailing second (at least half
 // a second of readings), 0 before that.
@@ -248,9 +252,9 @@ func (s *standby) trailRate() float64 {
 
 // window is the bytes the standby may have not replayed when a batch ends.
 // Until the apply rate is measured (slow start), the window also stays
-// under a ceiling that grows by what the standby replays: it doubles at
-// most once per window applied, so a lower bound inflated by a burst does
-// not open it at once.
+// under a ceiling that grows by half of what the standby replays: at most
+// 1.5x per window applied, so a lower bound inflated by a burst (a standby
+// that was idle runs ahead for a moment) does not open it at once.
 func (p *pacer) window(s *standby) float64 {
 	w := s.multiplier * windowFactor * s.rate() * p.maxLag.Seconds()
 	if !s.measured() {
