@@ -7,6 +7,7 @@ import (
 	"math"
 	"net"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -28,8 +29,11 @@ func (t *Throttler) collectors() []collector {
 		{name: "pause", interval: time.Second, run: t.measurePause},
 		{name: "primary", interval: t.cfg.StatsInterval, run: t.measurePrimary},
 	}
+	// The heartbeat also runs without listed standbys: while a standby has
+	// a backlog, its small writes make the walreceivers report their replay
+	// positions, which the pacer reads.
+	cs = append(cs, collector{name: "heartbeat", interval: t.cfg.StatsInterval, run: t.beat})
 	if len(t.cfg.ReplicaURLs) > 0 {
-		cs = append(cs, collector{name: "heartbeat", interval: t.cfg.HeartbeatInterval, run: t.writeHeartbeat})
 		for _, u := range t.cfg.ReplicaURLs {
 			r := &replica{url: u, name: replicaName(u)}
 			cs = append(cs, collector{name: "replica " + r.name, interval: t.cfg.HeartbeatInterval,
@@ -88,12 +92,30 @@ func (t *Throttler) Stop() {
 }
 
 // MeasureOnce takes one reading of every signal without starting anything:
-// what `inboxkeeper status` shows.
+// what `inboxkeeper status` shows. When a standby streams, it then reads
+// pg_stat_replication for another trailSpan, so that its apply rate is
+// measured (or at least its recent progress).
 func (t *Throttler) MeasureOnce(ctx context.Context) {
 	for _, c := range t.collectors() {
 		c.run(ctx)
 		if c.close != nil {
 			c.close()
+		}
+	}
+	if len(t.Paces()) == 0 {
+		return
+	}
+	tick := time.NewTicker(t.cfg.StatsInterval)
+	defer tick.Stop()
+	end := time.After(trailSpan)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-end:
+			return
+		case <-tick.C:
+			t.measurePrimary(ctx)
 		}
 	}
 }
@@ -113,12 +135,39 @@ func (t *Throttler) keepAlive(ctx context.Context) {
 	}
 }
 
+// beat writes the heartbeat every HEARTBEAT_INTERVAL when standbys are
+// listed, and every STATS_INTERVAL while a standby has a backlog.
+func (t *Throttler) beat(ctx context.Context) {
+	now := t.cfg.Clock()
+	t.mu.Lock()
+	every := time.Duration(math.MaxInt64)
+	if len(t.cfg.ReplicaURLs) > 0 {
+		every = t.cfg.HeartbeatInterval
+	}
+	if t.pacer.backlog() {
+		every = min(every, t.cfg.StatsInterval)
+	}
+	due := every != time.Duration(math.MaxInt64) && now.Sub(t.lastBeat) >= every
+	t.mu.Unlock()
+	if due {
+		t.writeHeartbeat(ctx)
+	}
+}
+
 func (t *Throttler) writeHeartbeat(ctx context.Context) {
 	_, err := t.pool.Exec(ctx, `INSERT INTO inboxkeeper.heartbeat (id, beat) VALUES (true, clock_timestamp())
 ON CONFLICT (id) DO UPDATE SET beat = excluded.beat`)
-	if err != nil && ctx.Err() == nil {
-		t.log.Debug("throttle: heartbeat write failed", "error", err)
+	if ctx.Err() != nil {
+		return
 	}
+	if err != nil {
+		t.fails.failed(writeBeat, err)
+		return
+	}
+	t.fails.ok(writeBeat)
+	t.mu.Lock()
+	t.lastBeat = t.cfg.Clock()
+	t.mu.Unlock()
 }
 
 type replica struct {
@@ -163,6 +212,9 @@ func (t *Throttler) measureReplica(ctx context.Context, r *replica) {
 		t.set(u)
 		return
 	}
+	t.mu.Lock()
+	t.pacer.lagged(lag, t.cfg.Clock())
+	t.mu.Unlock()
 	t.set(Reading{Kind: ReplicaUnreachable, Subject: r.name, Value: 0, Threshold: 0})
 	t.set(Reading{Kind: ReplicaLag, Subject: r.name, Value: lag, Threshold: threshold, Unit: "s"})
 }
@@ -193,137 +245,162 @@ func (r *replica) lag(ctx context.Context, timeout time.Duration) (float64, erro
 	return max(*lag, 0), nil
 }
 
+// walsender is one row of pg_stat_replication.
+type walsender struct {
+	name     string
+	recovery bool     // the daemon's database is a standby itself: nothing to pace
+	behind   *float64 // NULL before the standby's first reply
+	lag      *float64 // replay_lag: NULL when idle and caught up
+	replayed *float64
+	queued   *float64 // received by the standby, not replayed yet
+}
+
+// slot is one logical slot with a confirmed position.
+type slot struct {
+	name   string
+	behind float64
+}
+
+// Signals whose failures are logged through failLog.
+const (
+	readStatReplication = "pg_stat_replication"
+	readSlots           = "pg_replication_slots"
+	readPause           = "manual pause"
+	readLocks           = "lock waits"
+	writeBeat           = "heartbeat write"
+)
+
 // measurePrimary reads pg_stat_replication (every standby, listed or not)
-// and the logical slots.
+// and the logical slots. A read that fails, also part-way through its rows,
+// is a failed reading: it throttles (fail closed) and says why.
 func (t *Throttler) measurePrimary(ctx context.Context) {
 	// On a standby (the daemon idles there) pg_current_wal_lsn() fails:
 	// nothing is measured until it is promoted.
-	rows, err := t.pool.Query(ctx, `SELECT coalesce(nullif(application_name, ''), client_addr::text, pid::text),
+	began := t.cfg.Clock()
+	t.mu.Lock()
+	t.pacer.readStarted(began)
+	t.mu.Unlock()
+	rows, err := t.pool.Query(ctx, `SELECT coalesce(nullif(application_name, ''), client_addr::text, pid::text), pg_is_in_recovery(),
        CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn)::float8 END,
        extract(epoch FROM replay_lag)::float8,
-       pg_wal_lsn_diff(replay_lsn, '0/0')::float8
+       pg_wal_lsn_diff(replay_lsn, '0/0')::float8,
+       pg_wal_lsn_diff(write_lsn, replay_lsn)::float8
 FROM pg_stat_replication`)
-	if err != nil {
-		if ctx.Err() == nil {
-			t.log.Warn("throttle: read pg_stat_replication", "error", err)
-		}
+	var senders []walsender
+	if err == nil {
+		senders, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (walsender, error) {
+			var w walsender
+			return w, row.Scan(&w.name, &w.recovery, &w.behind, &w.lag, &w.replayed, &w.queued)
+		})
+	}
+	if ctx.Err() != nil {
 		return
 	}
+	if err != nil {
+		t.readFailed(readStatReplication, err)
+	} else {
+		t.fails.ok(readStatReplication)
+		t.forget(ReplicaUnreachable, readStatReplication)
+		t.walsenders(senders, t.cfg.Clock())
+	}
+	if t.cfg.MaxSlotLagBytes > 0 {
+		t.measureSlots(ctx)
+	}
+}
+
+// readFailed fails closed on a read of the primary's views: a reading that
+// throttles, and a hold in the pacer.
+func (t *Throttler) readFailed(signal string, err error) {
+	t.fails.failed(signal, err)
+	t.mu.Lock()
+	if signal == readStatReplication {
+		t.pacer.failure = "cannot read " + signal + ": " + err.Error()
+	}
+	t.mu.Unlock()
+	kind := ReplicaUnreachable
+	if signal == readSlots {
+		kind = SlotLag
+	}
+	t.set(Reading{Kind: kind, Subject: signal, Value: math.Inf(1), Threshold: 0, Detail: "cannot read: " + err.Error()})
+}
+
+// walsenders stores the readings of one pg_stat_replication read and feeds
+// the pacer.
+func (t *Throttler) walsenders(senders []walsender, now time.Time) {
 	seen := map[string]bool{}
-	for rows.Next() {
-		var name string
-		var bytes, lag, replayed *float64
-		if err := rows.Scan(&name, &bytes, &lag, &replayed); err != nil {
-			t.log.Warn("throttle: read pg_stat_replication", "error", err)
-			rows.Close()
-			return
+	paced := map[string]bool{}
+	t.mu.Lock()
+	t.pacer.failure = ""
+	for _, w := range senders {
+		if w.recovery {
+			continue // the daemon runs on a standby: nothing to pace
 		}
-		subject := "walsender " + name
+		paced[w.name] = true
+		replayed, behind, queued := -1.0, 0.0, 0.0 // no replay position reported yet: hold
+		if w.replayed != nil && w.behind != nil {
+			replayed, behind = *w.replayed, *w.behind
+		}
+		if w.queued != nil {
+			queued = *w.queued
+		}
+		t.pacer.observe(w.name, replayed, behind, queued, now)
+	}
+	t.pacer.forget(paced)
+	paces := t.pacer.paces()
+	t.mu.Unlock()
+	rates := map[string]Pace{}
+	for _, p := range paces {
+		rates[p.Standby] = p
+	}
+	for _, w := range senders {
+		subject := "walsender " + w.name
 		seen[subject] = true
-		if bytes != nil {
-			t.set(Reading{Kind: ReplicaLagBytes, Subject: subject, Value: *bytes, Threshold: float64(t.cfg.MaxReplicaLagBytes), Unit: "bytes"})
-			if replayed != nil {
-				if q, rate, ok := t.queueLag(name, *replayed, *bytes); ok {
-					queue := subject + " (queue)"
-					seen[queue] = true
-					t.set(Reading{Kind: ReplicaLag, Subject: queue, Value: q, Threshold: t.cfg.MaxReplicaLag.Seconds(), Unit: "s",
-						Detail: fmt.Sprintf("WAL not yet replayed / replay rate %.1f MiB/s", rate/(1<<20))})
-				}
+		if w.behind != nil {
+			t.set(Reading{Kind: ReplicaLagBytes, Subject: subject, Value: *w.behind, Threshold: float64(t.cfg.MaxReplicaLagBytes), Unit: "bytes"})
+			if p := rates[w.name]; p.Measured && p.ApplyRate > 0 {
+				queue := subject + " (queue)"
+				seen[queue] = true
+				t.set(Reading{Kind: ReplicaLag, Subject: queue, Value: *w.behind / p.ApplyRate, Threshold: t.cfg.MaxReplicaLag.Seconds(), Unit: "s",
+					Detail: fmt.Sprintf("WAL not yet replayed / apply rate %s/s", fmtBytes(p.ApplyRate))})
 			}
 		}
 		// replay_lag is NULL when the standby is idle and caught up.
 		v := 0.0
-		if lag != nil {
-			v = *lag
+		if w.lag != nil {
+			v = *w.lag
 		}
 		t.set(Reading{Kind: ReplicaLag, Subject: subject, Value: v, Threshold: t.cfg.MaxReplicaLag.Seconds(), Unit: "s", Detail: "replay_lag"})
 	}
-	rows.Close()
+	if t.metrics != nil {
+		t.metrics.paces(paces)
+	}
 	t.dropWalsenders(seen)
+}
 
-	if t.cfg.MaxSlotLagBytes <= 0 {
-		return
-	}
-	rows, err = t.pool.Query(ctx, `SELECT slot_name::text, pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::float8
+func (t *Throttler) measureSlots(ctx context.Context) {
+	rows, err := t.pool.Query(ctx, `SELECT slot_name::text, pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::float8
 FROM pg_replication_slots WHERE slot_type = 'logical' AND confirmed_flush_lsn IS NOT NULL AND NOT pg_is_in_recovery()`)
-	if err != nil {
-		if ctx.Err() == nil {
-			t.log.Warn("throttle: read pg_replication_slots", "error", err)
-		}
+	var slots []slot
+	if err == nil {
+		slots, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (slot, error) {
+			var s slot
+			return s, row.Scan(&s.name, &s.behind)
+		})
+	}
+	if ctx.Err() != nil {
 		return
 	}
-	slots := map[string]bool{}
-	for rows.Next() {
-		var name string
-		var bytes float64
-		if err := rows.Scan(&name, &bytes); err != nil {
-			rows.Close()
-			return
-		}
-		slots[name] = true
-		t.set(Reading{Kind: SlotLag, Subject: name, Value: bytes, Threshold: float64(t.cfg.MaxSlotLagBytes), Unit: "bytes"})
+	if err != nil {
+		t.readFailed(readSlots, err)
+		return
 	}
-	rows.Close()
-	t.drop(SlotLag, slots)
-}
-
-// sender remembers a walsender's replay position, to measure how fast the
-// standby applies WAL.
-type sender struct {
-	replayed, behind float64
-	at               time.Time
-	rate             float64 // bytes/s, measured only while a backlog existed
-}
-
-// backlogBytes is how far behind a standby must be for its replay progress
-// to measure its apply rate rather than the primary's write rate.
-const backlogBytes = 1 << 20
-
-// queueLag estimates how long the standby needs to apply the WAL it has not
-// replayed yet. The heartbeat only ages at (1 - apply/write) seconds per
-// second while the queue grows at write/apply seconds per second, so by the
-// time the heartbeat says 1 s, many seconds of WAL are queued; this reading
-// sees the queue itself.
-func (t *Throttler) queueLag(name string, replayed, behind float64) (lag, rate float64, ok bool) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	now := time.Now()
-	s := t.senders[name]
-	if s == nil {
-		s = &sender{}
-		t.senders[name] = s
-	} else if dt := now.Sub(s.at).Seconds(); dt > 0 && s.behind > backlogBytes && replayed >= s.replayed {
-		inst := (replayed - s.replayed) / dt
-		if s.rate == 0 {
-			s.rate = inst
-		} else {
-			s.rate = 0.7*s.rate + 0.3*inst
-		}
+	t.fails.ok(readSlots)
+	keep := map[string]bool{}
+	for _, s := range slots {
+		keep[s.name] = true
+		t.set(Reading{Kind: SlotLag, Subject: s.name, Value: s.behind, Threshold: float64(t.cfg.MaxSlotLagBytes), Unit: "bytes"})
 	}
-	s.replayed, s.behind, s.at = replayed, behind, now
-	if s.rate <= 0 {
-		return 0, 0, false
-	}
-	return behind / s.rate, s.rate, true
-}
-
-// BatchBytesCap is the most WAL one batch should write: half of what the
-// slowest standby with a measured replay rate applies in MAX_REPLICA_LAG.
-// A batch is atomic, so its WAL reaches the standby whole; a batch bigger
-// than this alone would push the lag past the threshold. 0 means no cap.
-func (t *Throttler) BatchBytesCap() float64 {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	limit := 0.0
-	for _, s := range t.senders {
-		if s.rate <= 0 {
-			continue
-		}
-		if c := t.cfg.MaxReplicaLag.Seconds() * s.rate / 2; limit == 0 || c < limit {
-			limit = c
-		}
-	}
-	return limit
+	t.drop(SlotLag, keep)
 }
 
 // dropWalsenders forgets pg_stat_replication readings of standbys that went
@@ -332,7 +409,7 @@ func (t *Throttler) dropWalsenders(seen map[string]bool) {
 	for _, kind := range []string{ReplicaLagBytes, ReplicaLag} {
 		keep := map[string]bool{}
 		for _, r := range t.Readings() {
-			if r.Kind == kind && (seen[r.Subject] || r.Detail != "replay_lag") {
+			if r.Kind == kind && (seen[r.Subject] || !strings.HasPrefix(r.Subject, "walsender ")) {
 				keep[r.Subject] = true
 			}
 		}
@@ -366,11 +443,12 @@ func (t *Throttler) measurePause(ctx context.Context) {
 		return
 	}
 	r := Reading{Kind: ManualPause, Threshold: 0}
-	switch {
-	case err != nil:
-		t.log.Warn("throttle: read manual pause", "error", err)
+	if err != nil {
+		t.fails.failed(readPause, err)
 		return
-	case p != nil:
+	}
+	t.fails.ok(readPause)
+	if p != nil {
 		r.Value, r.Detail = 1, p.String()
 	}
 	t.set(r)

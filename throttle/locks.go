@@ -3,6 +3,8 @@ package throttle
 import (
 	"context"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 type watch struct {
@@ -64,21 +66,22 @@ WITH waiting AS MATERIALIZED (
 SELECT DISTINCT b.blocker, w.pid
 FROM waiting w, LATERAL unnest(pg_blocking_pids(w.pid)) AS b(blocker)
 WHERE b.blocker = ANY ($1::int4[])`, pids)
-	if err != nil {
-		if ctx.Err() == nil {
-			t.log.Warn("throttle: check lock waits", "error", err)
-		}
-		return
-	}
 	type hit struct{ blocker, waiter uint32 }
 	var hits []hit
-	for rows.Next() {
-		var h hit
-		if err := rows.Scan(&h.blocker, &h.waiter); err == nil {
-			hits = append(hits, h)
-		}
+	if err == nil {
+		hits, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (hit, error) {
+			var h hit
+			return h, row.Scan(&h.blocker, &h.waiter)
+		})
 	}
-	rows.Close()
+	if ctx.Err() != nil {
+		return
+	}
+	if err != nil {
+		t.fails.failed(readLocks, err)
+		return
+	}
+	t.fails.ok(readLocks)
 	for _, h := range hits {
 		t.mu.Lock()
 		w := t.watched[h.blocker]

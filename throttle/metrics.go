@@ -14,6 +14,8 @@ type Metrics struct {
 	ReplicaLagBytes   *prometheus.GaugeVec
 	SlotLagBytes      *prometheus.GaugeVec
 	LockWaits         prometheus.Counter
+	WALWindow         prometheus.Gauge
+	ApplyRate         *prometheus.GaugeVec
 }
 
 // NewMetrics creates the metrics and registers them on reg.
@@ -43,8 +45,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "inboxkeeper_lock_waits_total",
 			Help: "Batches cancelled because another session waited on a lock they held.",
 		}),
+		WALWindow: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "inboxkeeper_wal_window_bytes",
+			Help: "The WAL window of the tightest streaming standby at the last batch: a batch starts only when the bytes it has not replayed plus the batch's predicted WAL fit in it. 0 when no standby streams.",
+		}),
+		ApplyRate: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "inboxkeeper_replica_apply_rate_bytes_per_second",
+			Help: "A streaming standby's apply rate (walsender NAME), measured from replay_lsn progress while it has a backlog; a lower bound from its recent progress until then.",
+		}, []string{"replica"}),
 	}
-	reg.MustRegister(m.Throttled, m.ThrottledSeconds, m.ReplicaLagSeconds, m.ReplicaLagBytes, m.SlotLagBytes, m.LockWaits)
+	reg.MustRegister(m.Throttled, m.ThrottledSeconds, m.ReplicaLagSeconds, m.ReplicaLagBytes, m.SlotLagBytes, m.LockWaits, m.WALWindow, m.ApplyRate)
 	for _, k := range Kinds {
 		m.Throttled.WithLabelValues(k).Set(0)
 		m.ThrottledSeconds.WithLabelValues(k).Add(0)
@@ -61,7 +71,7 @@ func (m *Metrics) observe(r Reading) {
 	case SlotLag:
 		m.SlotLagBytes.WithLabelValues(r.Subject).Set(r.Value)
 	case ReplicaUnreachable:
-		if r.Value > 0 {
+		if r.Value > 0 && r.Subject != readStatReplication {
 			m.ReplicaLagSeconds.WithLabelValues(r.Subject).Set(math.Inf(1))
 		}
 	}
@@ -75,5 +85,13 @@ func (m *Metrics) forget(r Reading) {
 		m.ReplicaLagBytes.DeleteLabelValues(r.Subject)
 	case SlotLag:
 		m.SlotLagBytes.DeleteLabelValues(r.Subject)
+	}
+}
+
+// paces exports the apply rates of the streaming standbys, and only theirs.
+func (m *Metrics) paces(ps []Pace) {
+	m.ApplyRate.Reset()
+	for _, p := range ps {
+		m.ApplyRate.WithLabelValues("walsender " + p.Standby).Set(p.ApplyRate)
 	}
 }

@@ -72,3 +72,17 @@ WHERE until IS NULL OR until > now()`).Scan(&p.Reason, &p.PausedBy, &p.PausedAt,
 	}
 	return &p, nil
 }
+
+// CheckQuery runs the custom throttle query once, as the daemon starts: a
+// query that does not parse, fails or does not return a number is a
+// configuration mistake to report at once, not a pause for ever. No row
+// passes: it pauses (fail closed) but may be what the query means.
+func CheckQuery(ctx context.Context, db Querier, query string) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var v *float64
+	if err := db.QueryRow(ctx, query).Scan(&v); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("INBOXKEEPER_THROTTLE_QUERY: %w", err)
+	}
+	return nil
+}

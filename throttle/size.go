@@ -71,13 +71,12 @@ func (s *Sizer) ObserveWAL(n int, bytes float64) {
 	}
 }
 
-// Capped is Size, lowered so that a batch writes at most capBytes of WAL
-// (once the WAL per row is known). It never goes below Min.
-func (s *Sizer) Capped(capBytes float64) int {
+// PerRow is the WAL a deleted row costs, averaged; 0 until measured.
+func (s *Sizer) PerRow() float64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if capBytes <= 0 || s.perRow <= 0 {
-		return s.size
-	}
-	return max(s.min, min(s.size, int(capBytes/s.perRow)))
+	return s.perRow
 }
+
+// Min is the smallest batch.
+func (s *Sizer) Min() int { return s.min }

@@ -51,8 +51,19 @@ type Config struct {
 	ResumeRatio        float64       // resume when a value is at or below threshold*ratio; default 0.5
 	StatsInterval      time.Duration // pg_stat_replication and slots; default 50ms
 	LockWaitCooldown   time.Duration // how long a detected lock wait keeps new batches out; default 1s
-	// Clock is the time source for the active window; nil is time.Now.
+	// Clock is the time source for the active window, the pacing and the
+	// rate limit of failure logs; nil is time.Now.
 	Clock func() time.Time
+	// TestSignals are told what the throttle decided (tests); nil: nothing.
+	TestSignals *TestSignals
+}
+
+// TestSignals lets tests observe decisions without sleeping.
+type TestSignals struct {
+	// Admitted is told of every batch the WAL window admitted.
+	Admitted func(Admission)
+	// Held is told when the WAL window holds a batch back.
+	Held func(Admission)
 }
 
 func (c *Config) defaults() {
@@ -162,7 +173,10 @@ type Throttler struct {
 	changed  chan struct{} // closed and replaced when a reading changes
 	watched  map[uint32]*watch
 	lockWait time.Time // last detected lock wait
-	senders  map[string]*sender
+	pacer    *pacer
+	held     bool // the last admission waited
+	lastBeat time.Time
+	fails    *failLog
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -174,8 +188,8 @@ func New(pool *pgxpool.Pool, cfg Config, log *slog.Logger, m *Metrics) *Throttle
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Throttler{cfg: cfg, pool: pool, log: log, metrics: m,
-		readings: map[string]Reading{}, changed: make(chan struct{}), watched: map[uint32]*watch{}, senders: map[string]*sender{}}
+	return &Throttler{cfg: cfg, pool: pool, log: log, metrics: m, readings: map[string]Reading{}, changed: make(chan struct{}),
+		watched: map[uint32]*watch{}, pacer: newPacer(cfg.MaxReplicaLag), fails: newFailLog(log, cfg.Clock)}
 }
 
 // set stores a reading, applying hysteresis against the previous one.
@@ -190,6 +204,11 @@ func (t *Throttler) set(r Reading) {
 	if t.metrics != nil {
 		t.metrics.observe(r)
 	}
+	t.notify()
+}
+
+// notify wakes whoever waits for a new reading; t.mu is held.
+func (t *Throttler) notify() {
 	close(t.changed)
 	t.changed = make(chan struct{})
 }
@@ -290,6 +309,75 @@ func (t *Throttler) Wait(ctx context.Context) (State, error) {
 		case <-tick.C:
 		}
 	}
+}
+
+// Pace waits until no signal throttles and the next batch fits the WAL
+// window of every streaming standby, and returns the admission: how many
+// rows the batch may have (at most sizer's size). It also returns the first
+// throttled state it saw, as Wait does.
+func (t *Throttler) Pace(ctx context.Context, sizer *Sizer) (Admission, State, error) {
+	var first State
+	for {
+		st, err := t.Wait(ctx)
+		if st.Throttled && !first.Throttled {
+			first = st
+		}
+		if err != nil {
+			return Admission{}, first, err
+		}
+		t.mu.Lock()
+		changed := t.changed
+		a := t.pacer.admit(sizer.Size(), sizer.Min(), sizer.PerRow())
+		wasHeld := t.held
+		t.held = a.Rows == 0
+		t.mu.Unlock()
+		if t.metrics != nil {
+			t.metrics.WALWindow.Set(zeroInf(a.Window))
+		}
+		if a.Rows > 0 {
+			if wasHeld {
+				t.log.Debug("throttle: WAL window has room again", "standby", a.Standby, "rows", a.Rows)
+			}
+			if ts := t.cfg.TestSignals; ts != nil && ts.Admitted != nil {
+				ts.Admitted(a)
+			}
+			return a, first, nil
+		}
+		if !wasHeld {
+			t.log.Debug("throttle: holding the batch for the WAL window", "reason", a.Hold)
+		}
+		if ts := t.cfg.TestSignals; ts != nil && ts.Held != nil {
+			ts.Held(a)
+		}
+		select {
+		case <-ctx.Done():
+			return a, first, ctx.Err()
+		case <-changed:
+		}
+	}
+}
+
+// Wrote tells the pacer the WAL a batch wrote, so that the next admission
+// counts it before a reading of the standbys does.
+func (t *Throttler) Wrote(bytes float64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.pacer.wrote(t.cfg.Clock(), bytes)
+}
+
+// Paces returns every streaming standby's pacing state.
+func (t *Throttler) Paces() []Pace {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.pacer.paces()
+}
+
+// zeroInf exports "no window" as 0.
+func zeroInf(v float64) float64 {
+	if math.IsInf(v, 0) {
+		return 0
+	}
+	return v
 }
 
 // Backlog reports whether a kind means WAL is piling up somewhere: the

@@ -382,3 +382,79 @@ func TestUnlistedStandbyBytesBehind(t *testing.T) {
 	exec(t, standby.URL("postgres"), "SELECT pg_wal_replay_resume()")
 	pgtest.WaitFor(t, 30*time.Second, "the standby to catch up", func() bool { return !th.Check().Throttled })
 }
+
+// TestWindowHoldsBatches runs the deleter against a real standby whose replay
+// is paused part-way (an unlisted one: pg_stat_replication feeds the pacer):
+// every batch the pacer admits fits in the WAL window with the bytes the
+// standby has not replayed, the pacer holds the next batch once the window
+// is full, and the pass finishes once replay resumes.
+func TestWindowHoldsBatches(t *testing.T) {
+	t.Parallel()
+	primary := pgtest.NewCluster(t)
+	standby := pgtest.NewStandby(t, primary, nil)
+	e := newEnv(t, primary.URL("postgres"), 40000, "")
+
+	var mu sync.Mutex
+	var admitted []throttle.Admission
+	held := make(chan throttle.Admission, 1)
+	signals := &throttle.TestSignals{
+		Admitted: func(a throttle.Admission) { mu.Lock(); admitted = append(admitted, a); mu.Unlock() },
+		Held: func(a throttle.Admission) {
+			select {
+			case held <- a:
+			default:
+			}
+		},
+	}
+	// The lag signals out of reach: only the window holds batches here.
+	th := startThrottle(t, e.pool, throttle.Config{MaxReplicaLag: time.Hour, MaxReplicaLagBytes: 1 << 40, TestSignals: signals})
+	pgtest.WaitFor(t, 60*time.Second, "the standby to replay the fill", func() bool {
+		p := th.Paces()
+		return len(p) == 1 && p[0].Behind < 64<<10
+	})
+	exec(t, standby.URL("postgres"), "SELECT pg_wal_replay_pause()")
+
+	d := expiry.New(e.pool, []*catalog.Table{e.table}, expiry.Options{BatchSize: 200, Throttle: th,
+		Sizing: &expiry.Sizing{Min: 50, Max: 2000, Target: time.Second}})
+	done := make(chan expiry.TableResult, 1)
+	go func() {
+		res, _ := d.RunPass(context.Background())
+		done <- res[0]
+	}()
+	var h throttle.Admission
+	select {
+	case h = <-held:
+	case res := <-done:
+		t.Fatalf("the pass ended without the window ever holding a batch: %+v", res)
+	case <-time.After(60 * time.Second):
+		t.Fatal("timed out waiting for the window to hold a batch")
+	}
+	if h.Standby == "" || !strings.Contains(h.Hold, "WAL window") {
+		t.Errorf("hold %+v does not name the standby and the window", h)
+	}
+	// What the standby really has not replayed, while the batch is held:
+	// the admitted batches' predictions were close enough to their WAL.
+	var behind float64
+	if err := e.pool.QueryRow(context.Background(),
+		"SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn)::float8 FROM pg_stat_replication").Scan(&behind); err != nil {
+		t.Fatal(err)
+	}
+	if behind > 2*h.Window {
+		t.Errorf("the standby is %.0f bytes behind, more than twice the window %.0f", behind, h.Window)
+	}
+	exec(t, standby.URL("postgres"), "SELECT pg_wal_replay_resume()")
+	res := <-done
+	if res.Err != nil || res.Deleted != 40000 {
+		t.Fatalf("pass: %+v", res)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(admitted) < 3 {
+		t.Fatalf("only %d admissions", len(admitted))
+	}
+	for i, a := range admitted {
+		if a.Rows <= 0 || a.Behind+a.Predicted > a.Window {
+			t.Errorf("admission %d: %d rows, %.0f behind + %.0f predicted > window %.0f", i, a.Rows, a.Behind, a.Predicted, a.Window)
+		}
+	}
+}

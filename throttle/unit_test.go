@@ -101,19 +101,18 @@ func TestSizer(t *testing.T) {
 	}
 }
 
-func TestSizerByteCap(t *testing.T) {
+func TestSizerPerRow(t *testing.T) {
 	s := NewSizer(10000, 100, 50000, time.Second)
-	if s.Capped(1<<20) != 10000 {
-		t.Error("capped before the WAL per row is known")
+	if s.PerRow() != 0 || s.Min() != 100 {
+		t.Errorf("a new sizer: per row %v, min %d", s.PerRow(), s.Min())
 	}
 	s.ObserveWAL(1000, 500*1000) // 500 bytes a row
-	if got := s.Capped(1 << 20); got != 2097 {
-		t.Errorf("1 MiB cap at 500 B/row: %d, want 2097", got)
+	s.ObserveWAL(0, 1000)        // nothing deleted: says nothing
+	if s.PerRow() != 500 {
+		t.Errorf("per row %v, want 500", s.PerRow())
 	}
-	if got := s.Capped(10); got != 100 {
-		t.Errorf("a tiny cap: %d, want the minimum 100", got)
-	}
-	if got := s.Capped(0); got != 10000 {
-		t.Errorf("no cap: %d", got)
+	s.ObserveWAL(1000, 1000*1000)
+	if got := s.PerRow(); got != 650 {
+		t.Errorf("per row after a 1000 B/row batch: %v, want 650 (0.7 x 500 + 0.3 x 1000)", got)
 	}
 }

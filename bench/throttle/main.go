@@ -16,7 +16,10 @@
 //	B: DELETE FROM b WHERE remember_until <= now()
 //	C: `inboxkeeper once` on c with no standby listed and the pg_stat_replication
 //	   thresholds out of reach (24h, 1TB): that signal throttles even without
-//	   REPLICA_URLS, and C is the unthrottled reference.
+//	   REPLICA_URLS, and C is the unthrottled reference. Its WAL window is a
+//	   day of apply, so only the slow start (the window grows by what the
+//	   standby replays until its apply rate is measured) paces its first
+//	   moments.
 //
 // How the standby is slowed: a governor caps its apply rate at -apply-rate
 // MB/s of WAL. Every 5 ms it reads pg_last_wal_replay_lsn() and pauses replay
@@ -43,13 +46,14 @@
 // has caught up again, because the peak of an unbounded DELETE comes after
 // the statement ends.
 //
-// The goal of the issue: the throttled daemon's peak stays at or under
-// max-lag + one batch's worth, where one batch's worth is the longest batch of
-// that run, timed from the daemon's debug log (from the previous batch line,
-// or from the "throttle: resuming" line after a pause, to the batch's own
-// line); the unbounded DELETE's peak does not. The program exits non-zero
-// when a phase does not delete exactly the expired rows; a missed goal is
-// printed (GOAL MISSED), not fatal.
+// The goals (issue #13): the throttled daemon's peak lag stays within 1.5 x
+// MAX_REPLICA_LAG from the first batch on, and its time within 1.3 x its WAL
+// over the apply cap: it uses the standby fully without queueing more than
+// the lag allows. Both are printed with their ratios. The longest batch is
+// timed from the daemon's debug log (from the previous batch line, or from
+// the "throttle: resuming" line after a pause, to the batch's own line). The
+// program exits non-zero when a phase does not delete exactly the expired
+// rows; a missed goal is printed (GOAL MISSED), not fatal.
 package main
 
 import (
@@ -74,6 +78,14 @@ import (
 
 	"github.com/inboxkeeper/inboxkeeper/bench/internal/benchdata"
 	"github.com/inboxkeeper/inboxkeeper/internal/pgcluster"
+)
+
+// The goals of issue #13: the throttled peak lag within goalLag x
+// MAX_REPLICA_LAG, and the throttled time within goalTime x the time the
+// standby needs to apply the run's WAL at its capped rate.
+const (
+	goalLag  = 1.5
+	goalTime = 1.3
 )
 
 type options struct {
@@ -263,9 +275,14 @@ INSERT INTO bench_heartbeat VALUES (true, clock_timestamp())`); err != nil {
 	line("daemon, throttled at "+maxLag+":", thr, true)
 	line("unbounded DELETE:", unb, false)
 	line("daemon, unthrottled:", free, true)
-	bound := o.maxLag.Seconds() + thr.log.longest.Seconds()
-	fmt.Fprintf(w, "goal: throttled peak <= %s + one batch's worth (longest batch %.2f s) = %.2f s: %s; unbounded above it: %s\n",
-		maxLag, thr.log.longest.Seconds(), bound, benchdata.Verdict(thr.peak.lag <= bound), yesNo(unb.peak.lag > bound))
+	bound := goalLag * o.maxLag.Seconds()
+	fmt.Fprintf(w, "goal 1: throttled peak lag <= %.1f x %s = %.2f s: peak %.2f s (%.2f x max-lag): %s; unbounded above it: %s\n",
+		goalLag, maxLag, bound, thr.peak.lag, thr.peak.lag/o.maxLag.Seconds(), benchdata.Verdict(thr.peak.lag <= bound), yesNo(unb.peak.lag > bound))
+	if o.applyRate > 0 {
+		floor := float64(thr.wal) / (o.applyRate * (1 << 20))
+		fmt.Fprintf(w, "goal 2: throttled time <= %.1f x its WAL / apply cap (%.0f MB / %g MB/s = %.1f s): time %.1f s (%.2f x): %s\n",
+			goalTime, benchdata.MB(thr.wal), o.applyRate, floor, thr.wall.Seconds(), thr.wall.Seconds()/floor, benchdata.Verdict(thr.wall.Seconds() <= goalTime*floor))
+	}
 	fmt.Fprintf(w, "throughput throttled/unthrottled: %.2f\n", rate(thr)/rate(free))
 
 	fmt.Fprintln(w, "details (WAL of the whole cluster; replay_lag and bytes behind from pg_stat_replication; catch-up from the end of the deletion):")

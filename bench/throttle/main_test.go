@@ -25,7 +25,8 @@ func TestTinyRun(t *testing.T) {
 		"daemon, throttled at 1s:",
 		"unbounded DELETE:",
 		"daemon, unthrottled:",
-		"goal: throttled peak <= 1s + one batch's worth (longest batch ",
+		"goal 1: throttled peak lag <= 1.5 x 1s = 1.50 s: peak ",
+		"goal 2: throttled time <= 1.3 x its WAL / apply cap (",
 		"throughput throttled/unthrottled: ",
 		"throttled:", "unthrottled:",
 	} {

@@ -64,7 +64,10 @@ func (a *app) daemon(ctx context.Context, args []string) error {
 	if err := a.sessionForPartitions(ctx, tables, false); err != nil {
 		return err
 	}
-	th := a.startThrottle(ctx, pool, reg)
+	th, err := a.startThrottle(ctx, pool, reg)
+	if err != nil {
+		return err
+	}
 	defer th.Stop()
 
 	ls := lease.New(pool, a.cfg.LeaseTTL, a.log)

@@ -151,7 +151,9 @@ func (a *app) once(ctx context.Context, args []string) error {
 			reg = ms.reg
 			ms.daemon.Active.Set(1)
 		}
-		th = a.startThrottle(ctx, pool, reg)
+		if th, err = a.startThrottle(ctx, pool, reg); err != nil {
+			return err
+		}
 		defer th.Stop()
 	}
 	failed, total, err := a.onePass(ctx, pool, tables, *dryRun, th, active, a.progressPrinter(), ms)
@@ -563,10 +565,16 @@ func (r statusReport) JSON(th *throttle.Throttler) map[string]any {
 		signals = append(signals, map[string]any{"kind": s.Kind, "subject": s.Subject, "value": v, "threshold": s.Threshold,
 			"unit": s.Unit, "over": s.Over, "detail": s.Detail})
 	}
+	standbys := []map[string]any{}
+	for _, p := range th.Paces() {
+		standbys = append(standbys, map[string]any{"standby": p.Standby, "bytes_behind": p.Behind,
+			"apply_rate_bytes_per_second": p.ApplyRate, "apply_rate_measured": p.Measured, "window_bytes": p.Window})
+	}
 	out := map[string]any{
-		"in_recovery":     r.InRecovery,
-		"tables":          tables,
-		"throttle":        map[string]any{"throttled": state.Throttled, "kind": state.Kind, "reason": state.Reason, "signals": signals},
+		"in_recovery": r.InRecovery,
+		"tables":      tables,
+		"throttle": map[string]any{"throttled": state.Throttled, "kind": state.Kind, "reason": state.Reason, "signals": signals,
+			"standbys": standbys},
 		"active_instance": nil,
 	}
 	if len(r.Tiers) > 0 {

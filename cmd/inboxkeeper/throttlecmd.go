@@ -46,15 +46,21 @@ func (a *app) throttleConfig(ctx context.Context, pool *pgxpool.Pool) throttle.C
 	}
 }
 
-// startThrottle starts the collectors; the caller stops them.
-func (a *app) startThrottle(ctx context.Context, pool *pgxpool.Pool, reg prometheus.Registerer) *throttle.Throttler {
+// startThrottle starts the collectors; the caller stops them. A
+// THROTTLE_QUERY that fails is a configuration error.
+func (a *app) startThrottle(ctx context.Context, pool *pgxpool.Pool, reg prometheus.Registerer) (*throttle.Throttler, error) {
+	if a.cfg.ThrottleQuery != "" {
+		if err := throttle.CheckQuery(ctx, pool, a.cfg.ThrottleQuery); err != nil && ctx.Err() == nil {
+			return nil, configError{err}
+		}
+	}
 	var m *throttle.Metrics
 	if reg != nil {
 		m = throttle.NewMetrics(reg)
 	}
 	t := throttle.New(pool, a.throttleConfig(ctx, pool), a.log, m)
 	t.Start(ctx)
-	return t
+	return t, nil
 }
 
 func sizing(c config.Config) *expiry.Sizing {
@@ -133,5 +139,8 @@ func writeThrottle(w io.Writer, t *throttle.Throttler) {
 			mark = "OVER"
 		}
 		fmt.Fprintf(w, "  %s %s\n", mark, r)
+	}
+	for _, p := range t.Paces() {
+		fmt.Fprintf(w, "  pace %s\n", p)
 	}
 }

@@ -73,13 +73,10 @@ func (l *Loop) Run(ctx context.Context, batch Batch) (res Result, err error) {
 				return res, nil
 			}
 		}
-		if stop, err := l.waitThrottle(ctx); err != nil || stop != "" {
+		size, stop, err := l.waitThrottle(ctx)
+		if err != nil || stop != "" {
 			res.StoppedEarly = stop
 			return res, err
-		}
-		size := l.Sizer.Size()
-		if l.Throttle != nil {
-			size = l.Sizer.Capped(l.Throttle.BatchBytesCap())
 		}
 		if l.BeforeBatch != nil {
 			l.BeforeBatch(size)
@@ -104,11 +101,12 @@ func (l *Loop) Run(ctx context.Context, batch Batch) (res Result, err error) {
 	}
 }
 
-// waitThrottle blocks while the throttle says so. It returns a reason to stop
-// the pass when RUN_TIME ran out while waiting.
-func (l *Loop) waitThrottle(ctx context.Context) (string, error) {
+// waitThrottle blocks while the throttle says so, and until the next batch
+// fits the standbys' WAL window; it returns the batch's size. It returns a
+// reason to stop the pass when RUN_TIME ran out while waiting.
+func (l *Loop) waitThrottle(ctx context.Context) (int, string, error) {
 	if l.Throttle == nil {
-		return "", nil
+		return l.Sizer.Size(), "", nil
 	}
 	wctx := ctx
 	if !l.Deadline.IsZero() {
@@ -116,19 +114,24 @@ func (l *Loop) waitThrottle(ctx context.Context) (string, error) {
 		wctx, cancel = context.WithDeadline(ctx, l.Deadline)
 		defer cancel()
 	}
-	st, err := l.Throttle.Wait(wctx)
+	a, st, err := l.Throttle.Pace(wctx, l.Sizer)
 	if st.Throttled && throttle.Backlog(st.Kind) {
 		// The throttle saw the backlog only after this much WAL: the next
 		// batches must bring less.
 		l.Sizer.Pressure()
+		a.Rows = min(a.Rows, l.Sizer.Size())
 	}
 	if err != nil {
 		if ctx.Err() != nil {
-			return "", ctx.Err()
+			return 0, "", ctx.Err()
 		}
-		return "run time reached while throttled (" + l.Throttle.Check().Reason + ")", nil
+		reason := l.Throttle.Check().Reason
+		if reason == "" {
+			reason = a.Hold
+		}
+		return 0, "run time reached while throttled (" + reason + ")", nil
 	}
-	return "", nil
+	return a.Rows, "", nil
 }
 
 // withRetry runs one batch, retrying transient failures with a smaller size
@@ -141,6 +144,9 @@ func (l *Loop) withRetry(ctx context.Context, batch Batch, lower pgtype.Timestam
 			took := time.Since(began)
 			l.Sizer.Observe(int(n), took)
 			l.Sizer.ObserveWAL(int(n), wal)
+			if l.Throttle != nil {
+				l.Throttle.Wrote(wal)
+			}
 			if l.AfterBatch != nil {
 				l.AfterBatch(n, took)
 			}

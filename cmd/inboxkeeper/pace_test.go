@@ -1,0 +1,75 @@
+package main
+
+import (
+	"encoding/json"
+	"regexp"
+	"testing"
+	"time"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
+)
+
+// With a streaming standby, status shows its pacing (bytes behind, apply
+// rate, window), and /metrics exports the window and the apply rate.
+func TestPacingStatusAndMetrics(t *testing.T) {
+	t.Parallel()
+	primary, dir, pol := clusterFixture(t)
+	pgtest.NewStandby(t, primary, nil)
+	env := cliEnv("INBOXKEEPER_DATABASE_URL="+primary.URL("postgres"), "INBOXKEEPER_POLICY_FILE="+pol,
+		"INBOXKEEPER_METRICS_ADDR=127.0.0.1:0", "INBOXKEEPER_SCHEDULE=@every 1h")
+
+	r := runCLI(t, dir, env, "status")
+	wantExit(t, r, 0)
+	if !regexp.MustCompile(`(?m)^  pace standby \S+: [0-9.]+ (B|KiB|MiB) behind, apply rate .+, window [0-9.]+ (KiB|MiB)$`).MatchString(r.stdout) {
+		t.Errorf("status lacks the standby's pace line\n%s", r)
+	}
+	r = runCLI(t, dir, env, "status", "--json")
+	wantExit(t, r, 0)
+	var got struct {
+		Throttle struct {
+			Standbys []struct {
+				Standby string   `json:"standby"`
+				Behind  *float64 `json:"bytes_behind"`
+				Rate    *float64 `json:"apply_rate_bytes_per_second"`
+				Window  float64  `json:"window_bytes"`
+			} `json:"standbys"`
+		} `json:"throttle"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil {
+		t.Fatalf("status --json: %v\n%s", err, r.stdout)
+	}
+	if s := got.Throttle.Standbys; len(s) != 1 || s[0].Standby == "" || s[0].Behind == nil || s[0].Rate == nil || s[0].Window < 256<<10 {
+		t.Errorf("status --json throttle.standbys: %+v\n%s", s, r.stdout)
+	}
+
+	d := startDaemon(t, dir, env, "run")
+	addr := metricsAddr(t, d)
+	d.waitLine(passDone, 60*time.Second)
+	m := httpGet(t, "http://"+addr+"/metrics")
+	if w := metricValue(t, m, "inboxkeeper_wal_window_bytes"); w < 256<<10 {
+		t.Errorf("inboxkeeper_wal_window_bytes %v after a pass with a standby streaming, want at least the 256 KiB floor", w)
+	}
+	if !regexp.MustCompile(`(?m)^inboxkeeper_replica_apply_rate_bytes_per_second\{replica="walsender [^"]+"\} \S+$`).MatchString(m) {
+		t.Errorf("no apply rate for the standby in\n%s", m)
+	}
+}
+
+// A THROTTLE_QUERY that fails is a configuration error at startup (exit 2),
+// not a pause for ever.
+func TestThrottleQueryCheckedAtStart(t *testing.T) {
+	t.Parallel()
+	f := inboxFixture(t)
+	for _, q := range []string{"SELEC 1", "SELECT nope FROM pg_class", "SELECT 'busy'::text"} {
+		for _, cmd := range []string{"once", "run"} {
+			r := f.runWith([]string{"INBOXKEEPER_THROTTLE_QUERY=" + q, "INBOXKEEPER_METRICS_ADDR="}, cmd)
+			wantExit(t, r, 2, "INBOXKEEPER_THROTTLE_QUERY")
+		}
+	}
+	if n := f.rows(); n != 42 {
+		t.Errorf("%d rows left, want all 42: nothing may be deleted", n)
+	}
+	wantExit(t, f.runWith([]string{"INBOXKEEPER_THROTTLE_QUERY=SELECT 0"}, "once"), 0)
+	if n := f.rows(); n == 42 {
+		t.Error("a valid THROTTLE_QUERY at 0 deleted nothing")
+	}
+}
