@@ -200,7 +200,7 @@ func (t *Throttler) measureReplica(ctx context.Context, r *replica) {
 	if ctx.Err() != nil {
 		return
 	}
-	threshold := t.cfg.MaxReplicaLag.Seconds()
+	threshold := t.limits().maxLag.Seconds()
 	if err != nil {
 		r.closeConn()
 		// Unknown lag is not zero lag: fail closed unless told otherwise.
@@ -356,11 +356,11 @@ func (t *Throttler) walsenders(senders []walsender, now time.Time) {
 		subject := "walsender " + w.name
 		seen[subject] = true
 		if w.behind != nil {
-			t.set(Reading{Kind: ReplicaLagBytes, Subject: subject, Value: *w.behind, Threshold: float64(t.cfg.MaxReplicaLagBytes), Unit: "bytes"})
+			t.set(Reading{Kind: ReplicaLagBytes, Subject: subject, Value: *w.behind, Threshold: float64(t.limits().maxLagBytes), Unit: "bytes"})
 			if p := rates[w.name]; p.Measured && p.ApplyRate > 0 {
 				queue := subject + " (queue)"
 				seen[queue] = true
-				t.set(Reading{Kind: ReplicaLag, Subject: queue, Value: *w.behind / p.ApplyRate, Threshold: t.cfg.MaxReplicaLag.Seconds(), Unit: "s",
+				t.set(Reading{Kind: ReplicaLag, Subject: queue, Value: *w.behind / p.ApplyRate, Threshold: t.limits().maxLag.Seconds(), Unit: "s",
 					Detail: fmt.Sprintf("WAL not yet replayed / apply rate %s/s", fmtBytes(p.ApplyRate))})
 			}
 		}
@@ -369,7 +369,7 @@ func (t *Throttler) walsenders(senders []walsender, now time.Time) {
 		if w.lag != nil {
 			v = *w.lag
 		}
-		t.set(Reading{Kind: ReplicaLag, Subject: subject, Value: v, Threshold: t.cfg.MaxReplicaLag.Seconds(), Unit: "s", Detail: "replay_lag"})
+		t.set(Reading{Kind: ReplicaLag, Subject: subject, Value: v, Threshold: t.limits().maxLag.Seconds(), Unit: "s", Detail: "replay_lag"})
 	}
 	if t.metrics != nil {
 		t.metrics.paces(paces)

@@ -16,6 +16,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/activehours"
@@ -180,6 +181,8 @@ type Throttler struct {
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+
+	lim atomic.Pointer[limits] // the thresholds runtime settings may change
 }
 
 // New returns a Throttler; Start launches its collectors.
@@ -188,8 +191,10 @@ func New(pool *pgxpool.Pool, cfg Config, log *slog.Logger, m *Metrics) *Throttle
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Throttler{cfg: cfg, pool: pool, log: log, metrics: m, readings: map[string]Reading{}, changed: make(chan struct{}),
+	t := &Throttler{cfg: cfg, pool: pool, log: log, metrics: m, readings: map[string]Reading{}, changed: make(chan struct{}),
 		watched: map[uint32]*watch{}, pacer: newPacer(cfg.MaxReplicaLag), fails: newFailLog(log, cfg.Clock)}
+	t.lim.Store(&limits{maxLag: cfg.MaxReplicaLag, maxLagBytes: cfg.MaxReplicaLagBytes, activeHours: cfg.ActiveHours, activeTZ: cfg.ActiveTZ})
+	return t
 }
 
 // set stores a reading, applying hysteresis against the previous one.
@@ -429,16 +434,16 @@ func (t *Throttler) State() State {
 
 // inWindow reports whether now is inside the active hours.
 func (t *Throttler) inWindow(now time.Time) (bool, string) {
-	if t.cfg.ActiveHours == "" {
+	if t.limits().activeHours == "" {
 		return true, ""
 	}
-	from, to, err := ParseWindow(t.cfg.ActiveHours)
+	from, to, err := ParseWindow(t.limits().activeHours)
 	if err != nil {
-		return false, t.cfg.ActiveHours + " (invalid)"
+		return false, t.limits().activeHours + " (invalid)"
 	}
-	local := now.In(t.cfg.ActiveTZ)
+	local := now.In(t.limits().activeTZ)
 	m := local.Hour()*60 + local.Minute()
-	label := t.cfg.ActiveHours + " " + t.cfg.ActiveTZ.String()
+	label := t.limits().activeHours + " " + t.limits().activeTZ.String()
 	if from <= to {
 		return m >= from && m < to, label
 	}

@@ -116,3 +116,24 @@ func TestSizerPerRow(t *testing.T) {
 		t.Errorf("per row after a 1000 B/row batch: %v, want 650 (0.7 x 500 + 0.3 x 1000)", got)
 	}
 }
+
+// SetLimits changes the active window (and the lag thresholds) of a
+// running throttle: a runtime setting needs no restart.
+func TestSetLimits(t *testing.T) {
+	noon := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	th := New(nil, Config{Clock: func() time.Time { return noon }}, nil, nil)
+	if st := th.Check(); st.Throttled {
+		t.Fatalf("throttled without a window: %+v", st)
+	}
+	th.SetLimits(5*time.Second, 1<<20, "22:00-06:00", time.UTC)
+	if st := th.Check(); !st.Throttled || st.Kind != OutsideHours {
+		t.Errorf("after SetLimits with a night window, at noon: %+v", st)
+	}
+	if l := th.limits(); l.maxLag != 5*time.Second || l.maxLagBytes != 1<<20 || th.pacer.maxLag != 5*time.Second {
+		t.Errorf("the thresholds in force: %+v, pacer %s", l, th.pacer.maxLag)
+	}
+	th.SetLimits(time.Second, 1<<20, "", nil)
+	if st := th.Check(); st.Throttled {
+		t.Errorf("after the window was removed: %+v", st)
+	}
+}

@@ -260,6 +260,7 @@ func (p *passer) tune(ctx context.Context) {
 		return
 	}
 	p.watch = &settingsWatch{pool: p.pool, version: tn.version}
+	applyLimits(p.th, tn.global)
 	var stages []pass.Stage
 	stages, p.deleters = p.a.stages(p.pool, p.list, tn, false, p.ms, p.th, both(p.ls.Check, p.watch.check), p.a.progressPrinter())
 	p.runner = pass.Runner{Stages: stages, RunTime: tn.global.RunTime}

@@ -192,6 +192,7 @@ func (a *app) onePass(ctx context.Context, pool *pgxpool.Pool, tables []*catalog
 			return 0, 0, configError{err}
 		}
 		watch := &settingsWatch{pool: pool, version: tn.version}
+		applyLimits(th, tn.global)
 		stages, _ := a.stages(pool, tables, tn, dryRun, ms, th, both(active, watch.check), progress)
 		runner := pass.Runner{
 			Stages:     stages,
