@@ -875,7 +875,7 @@ func (m *Manager) ddl(ctx context.Context, t *catalog.Table, what string, fn fun
 		}
 	}()
 	if th := m.opts.Throttle; th != nil {
-		done, blocked := th.Watch(c.Conn().PgConn().PID())
+		done, blocked := th.Watch(c.Conn().PgConn().PID(), time.Time{})
 		defer func() {
 			done()
 			if err != nil && blocked() {

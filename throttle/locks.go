@@ -9,14 +9,20 @@ import (
 
 type watch struct {
 	blocked bool
+	// xactStart is the watched transaction's start (its now()): the cancel
+	// hits the backend only while it still runs that transaction, not the
+	// next one a pooled or reused connection runs there. Zero: any (a DDL
+	// session).
+	xactStart time.Time
 }
 
 // Watch registers the backend running a batch. While it is registered, any
 // session waiting on a lock that backend holds makes the throttler cancel
 // the backend's statement (the batch rolls back and its locks go at once),
-// and blocked reports true. done unregisters it.
-func (t *Throttler) Watch(pid uint32) (done func(), blocked func() bool) {
-	w := &watch{}
+// and blocked reports true. done unregisters it. xactStart is the
+// transaction's start (zero for a session watched as a whole).
+func (t *Throttler) Watch(pid uint32, xactStart time.Time) (done func(), blocked func() bool) {
+	w := &watch{xactStart: xactStart}
 	t.mu.Lock()
 	t.watched[pid] = w
 	t.mu.Unlock()
@@ -63,15 +69,19 @@ func (t *Throttler) checkBlocked(ctx context.Context, pids []uint32) {
 WITH waiting AS MATERIALIZED (
   SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid()
 )
-SELECT DISTINCT b.blocker, w.pid
+SELECT DISTINCT b.blocker, w.pid, a.xact_start
 FROM waiting w, LATERAL unnest(pg_blocking_pids(w.pid)) AS b(blocker)
+LEFT JOIN pg_stat_activity a ON a.pid = b.blocker
 WHERE b.blocker = ANY ($1::int4[])`, pids)
-	type hit struct{ blocker, waiter uint32 }
+	type hit struct {
+		blocker, waiter uint32
+		xactStart       *time.Time
+	}
 	var hits []hit
 	if err == nil {
 		hits, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (hit, error) {
 			var h hit
-			return h, row.Scan(&h.blocker, &h.waiter)
+			return h, row.Scan(&h.blocker, &h.waiter, &h.xactStart)
 		})
 	}
 	if ctx.Err() != nil {
@@ -85,10 +95,17 @@ WHERE b.blocker = ANY ($1::int4[])`, pids)
 	for _, h := range hits {
 		t.mu.Lock()
 		w := t.watched[h.blocker]
+		if w != nil && !w.xactStart.IsZero() && (h.xactStart == nil || !h.xactStart.Equal(w.xactStart)) {
+			// The backend now runs another transaction (a pooled server
+			// connection handed to someone else): not ours to cancel.
+			w = nil
+		}
 		if w != nil {
 			w.blocked = true
 		}
-		t.lockWait = time.Now()
+		if w != nil {
+			t.lockWait = time.Now()
+		}
 		t.mu.Unlock()
 		if w == nil {
 			continue // the batch ended meanwhile
@@ -97,7 +114,12 @@ WHERE b.blocker = ANY ($1::int4[])`, pids)
 		if t.metrics != nil {
 			t.metrics.LockWaits.Inc()
 		}
-		if _, err := t.pool.Exec(ctx, "SELECT pg_cancel_backend($1)", int32(h.blocker)); err != nil && ctx.Err() == nil {
+		var start *time.Time
+		if !w.xactStart.IsZero() {
+			start = &w.xactStart
+		}
+		if _, err := t.pool.Exec(ctx, `SELECT pg_cancel_backend(pid) FROM pg_stat_activity
+WHERE pid = $1 AND ($2::timestamptz IS NULL OR xact_start = $2)`, int32(h.blocker), start); err != nil && ctx.Err() == nil {
 			t.log.Warn("throttle: cancel batch", "error", err)
 		}
 	}

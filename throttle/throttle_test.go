@@ -458,3 +458,95 @@ func TestWindowHoldsBatches(t *testing.T) {
 		}
 	}
 }
+
+// TestLockWatchCancelsOnlyTheWatchedTransaction watches a backend with the
+// start of a transaction that has ended (as when a pooler hands the server
+// connection on): a session waiting on the backend's new transaction must
+// not get that transaction cancelled. Watched with the right start, it is.
+func TestLockWatchCancelsOnlyTheWatchedTransaction(t *testing.T) {
+	t.Parallel()
+	_, url := pgtest.NewPool(t)
+	e := newEnv(t, url, 10, "")
+	ctx := context.Background()
+	th := throttle.New(e.pool, throttle.Config{}, nil, nil)
+
+	holder, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close(ctx)
+	var pid uint32
+	var stale time.Time
+	if err := holder.QueryRow(ctx, "SELECT pg_backend_pid(), now()").Scan(&pid, &stale); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := holder.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var start time.Time
+	if err := tx.QueryRow(ctx, "SELECT now()").Scan(&start); err != nil {
+		t.Fatal(err)
+	}
+	if start.Equal(stale) {
+		t.Fatal("the two transactions share a start time")
+	}
+	if _, err := tx.Exec(ctx, "UPDATE public.consumer_inbox SET payload = 'held' WHERE message_id = 'm1'"); err != nil {
+		t.Fatal(err)
+	}
+	sleeping := make(chan error, 1)
+	go func() {
+		_, err := tx.Exec(ctx, "SELECT pg_sleep(60)")
+		sleeping <- err
+	}()
+	waiter := make(chan error, 1)
+	go func() {
+		_, err := e.pool.Exec(ctx, "UPDATE public.consumer_inbox SET payload = 'mine' WHERE message_id = 'm1'")
+		waiter <- err
+	}()
+	pgtest.WaitFor(t, 30*time.Second, "the waiter to wait on the holder's lock", func() bool {
+		var n int
+		_ = e.pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))", int32(pid)).Scan(&n)
+		return n > 0
+	})
+
+	done, blocked := th.Watch(pid, stale)
+	th.CheckLocksNow(ctx)
+	if blocked() {
+		t.Error("a watch on an ended transaction reported the new one as blocking")
+	}
+	select {
+	case err := <-sleeping:
+		t.Fatalf("the new transaction was cancelled: %v", err)
+	default:
+	}
+	var state string
+	if err := e.pool.QueryRow(ctx, "SELECT state FROM pg_stat_activity WHERE pid = $1", int32(pid)).Scan(&state); err != nil || state != "active" {
+		t.Fatalf("holder state %q (%v), want still active", state, err)
+	}
+	done()
+
+	done, blocked = th.Watch(pid, start)
+	defer done()
+	th.CheckLocksNow(ctx)
+	if !blocked() {
+		t.Error("the watched transaction was not reported as blocking")
+	}
+	select {
+	case err := <-sleeping:
+		if err == nil || !strings.Contains(err.Error(), "57014") {
+			t.Errorf("holder's statement ended with %v, want a cancel (57014)", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the watched transaction was not cancelled")
+	}
+	_ = tx.Rollback(ctx)
+	select {
+	case err := <-waiter:
+		if err != nil {
+			t.Errorf("waiter: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the waiter never got its lock")
+	}
+}

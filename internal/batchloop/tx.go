@@ -57,12 +57,12 @@ func Begin(ctx context.Context, pool *pgxpool.Pool, table string, o TxOptions) (
 			t.Close(ctx, &err)
 		}
 	}()
-	pid, err := dbconn.TxSettings{LockTimeout: o.LockTimeout, StatementTimeout: o.StatementTimeout, IdleInTx: o.IdleInTx, CustomPlans: true}.Apply(ctx, ptx)
+	b, err := dbconn.TxSettings{LockTimeout: o.LockTimeout, StatementTimeout: o.StatementTimeout, IdleInTx: o.IdleInTx, CustomPlans: true}.Apply(ctx, ptx)
 	if err != nil {
 		return nil, err
 	}
 	if o.Throttle != nil {
-		t.done, t.blocked = o.Throttle.Watch(pid)
+		t.done, t.blocked = o.Throttle.Watch(b.PID, b.XactStart)
 	}
 	if err := ptx.QueryRow(ctx, "SELECT coalesce($1::timestamptz, now()), pg_advisory_xact_lock_shared($2)::text, pg_current_wal_insert_lsn()::text",
 		o.Pinned, holds.FenceKey).Scan(&t.Now, new(string), &t.walStart); err != nil {

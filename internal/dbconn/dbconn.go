@@ -138,11 +138,17 @@ type TxSettings struct {
 	CustomPlans bool
 }
 
-// Apply sets them in tx, in one round trip, and returns the server process
-// id of the transaction's backend (behind a pooler the connection's own
-// backend key is the pooler's, and the server connection changes per
-// transaction).
-func (s TxSettings) Apply(ctx context.Context, tx Querier) (pid uint32, err error) {
+// Backend identifies the transaction a TxSettings.Apply ran in: the server
+// process id of its backend (behind a pooler the connection's own backend
+// key is the pooler's, and the server connection changes per transaction)
+// and the transaction's start (its now()).
+type Backend struct {
+	PID       uint32
+	XactStart time.Time
+}
+
+// Apply sets them in tx, in one round trip, and returns its backend.
+func (s TxSettings) Apply(ctx context.Context, tx Querier) (b Backend, err error) {
 	idle := s.IdleInTx
 	if idle <= 0 {
 		idle = DefaultIdleTimeout
@@ -161,9 +167,9 @@ func (s TxSettings) Apply(ctx context.Context, tx Querier) (pid uint32, err erro
 	if s.CustomPlans {
 		sets = append(sets, "set_config('plan_cache_mode', 'force_custom_plan', true)")
 	}
-	sql := "SELECT pg_backend_pid(), concat_ws(',', " + strings.Join(sets, ", ") + ")"
-	err = tx.QueryRow(ctx, sql, args...).Scan(&pid, nil)
-	return pid, err
+	sql := "SELECT pg_backend_pid(), now(), concat_ws(',', " + strings.Join(sets, ", ") + ")"
+	err = tx.QueryRow(ctx, sql, args...).Scan(&b.PID, &b.XactStart, nil)
+	return b, err
 }
 
 // InRecovery reports whether the database is a standby.
