@@ -167,8 +167,10 @@ func checkChart(t *testing.T, r rendered, vals map[string]any, mode string) {
 			t.Errorf("%s: want replicas 1 by default", o)
 		}
 	}
+	cron, _ := vals["cronjob"].(map[string]any)
+	gateway, _ := cron["pushgateway"].(string)
 	for _, o := range r.find("CronJob") {
-		checkCronJob(t, o, o.obj.(*batchv1.CronJob))
+		checkCronJob(t, o, o.obj.(*batchv1.CronJob), gateway)
 	}
 	checkMigrateHook(t, r, vals)
 	checkMonitoring(t, r, vals, mode)
@@ -183,12 +185,23 @@ func checkChart(t *testing.T, r rendered, vals map[string]any, mode string) {
 		if len(np.Spec.Egress) == 0 {
 			t.Errorf("%s: no egress rule: the daemon could not reach its database", o)
 		}
+		if mode == "cronjob" && gateway != "" {
+			reach := false
+			for _, e := range np.Spec.Egress {
+				for _, p := range e.Ports {
+					reach = reach || (p.Port != nil && p.Port.IntValue() == 9091)
+				}
+			}
+			if !reach {
+				t.Errorf("%s: the CronJob pushes to %s but no egress rule allows port 9091", o, gateway)
+			}
+		}
 	}
 }
 
 // checkPod checks what every pod that runs inboxkeeper needs, and returns
 // its inboxkeeper container.
-func checkPod(t *testing.T, o object, spec corev1.PodSpec, command string) corev1.Container {
+func checkPod(t *testing.T, o object, spec corev1.PodSpec, command string, extraArgs ...string) corev1.Container {
 	t.Helper()
 	if spec.EnableServiceLinks == nil || *spec.EnableServiceLinks {
 		t.Errorf("%s: want enableServiceLinks: false (service links inject unknown INBOXKEEPER_* variables)", o)
@@ -205,8 +218,8 @@ func checkPod(t *testing.T, o object, spec corev1.PodSpec, command string) corev
 	if c == nil {
 		t.Fatalf("%s: no inboxkeeper container", o)
 	}
-	if !slices.Equal(c.Args, []string{command}) || len(c.Command) > 0 {
-		t.Errorf("%s: command %q args %q, want args [%s] and the image's entrypoint", o, c.Command, c.Args, command)
+	if want := append([]string{command}, extraArgs...); !slices.Equal(c.Args, want) || len(c.Command) > 0 {
+		t.Errorf("%s: command %q args %q, want args %q and the image's entrypoint", o, c.Command, c.Args, want)
 	}
 	checkRestricted(t, o.String(), spec.SecurityContext, c.SecurityContext)
 	checkPolicyMount(t, o, spec, *c)
@@ -330,13 +343,17 @@ func checkRunProbes(t *testing.T, o object, c corev1.Container) {
 	}
 }
 
-func checkCronJob(t *testing.T, o object, cj *batchv1.CronJob) {
+func checkCronJob(t *testing.T, o object, cj *batchv1.CronJob, pushgateway string) {
 	t.Helper()
 	if cj.Spec.ConcurrencyPolicy != batchv1.ForbidConcurrent {
 		t.Errorf("%s: want concurrencyPolicy Forbid", o)
 	}
 	js := cj.Spec.JobTemplate.Spec
-	c := checkPod(t, o, js.Template.Spec, "once")
+	var extra []string
+	if pushgateway != "" {
+		extra = []string{"--pushgateway", pushgateway}
+	}
+	c := checkPod(t, o, js.Template.Spec, "once", extra...)
 	checkFailsOnExit2(t, o, js)
 	rt := envOf(c, "INBOXKEEPER_RUN_TIME")
 	if rt == nil || js.ActiveDeadlineSeconds == nil {

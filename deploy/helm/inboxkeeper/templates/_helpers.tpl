@@ -123,7 +123,11 @@ restartPolicy: Always.
 name: inboxkeeper
 image: {{ include "inboxkeeper.image" .root }}
 imagePullPolicy: {{ $v.image.pullPolicy }}
+{{- if and (eq .command "once") $v.cronjob.pushgateway }}
+args: [{{ .command | quote }}, "--pushgateway", {{ $v.cronjob.pushgateway | quote }}]
+{{- else }}
 args: [{{ .command | quote }}]
+{{- end }}
 env:
 {{- include "inboxkeeper.env" . | trim | nindent 2 }}
 {{- if eq .command "run" }}
