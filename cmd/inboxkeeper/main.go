@@ -58,7 +58,7 @@ const usage = `inboxkeeper: forget expired inbox rows safely.
 
 Usage:
   inboxkeeper migrate                 create or upgrade the control schema
-  inboxkeeper once [--dry-run] [--metrics-file PATH] [--pushgateway URL]   one pass over every table, then exit
+  inboxkeeper once [--dry-run] [--metrics-file PATH] [--pushgateway URL [--push-instance NAME]]   one pass over every table, then exit
   inboxkeeper run                     the daemon: a pass every INTERVAL or on SCHEDULE
   inboxkeeper status [--json | --watch [INTERVAL]]   what is due, cleanup lag, holds and replays per table; partitions and why they wait
   inboxkeeper partitions ensure [--dry-run]   create the missing monthly partitions now (retires nothing)

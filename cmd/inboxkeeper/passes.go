@@ -119,12 +119,16 @@ func (a *app) once(ctx context.Context, args []string) error {
 	fs := a.newFlags("once")
 	dryRun := fs.Bool("dry-run", false, "count what would be deleted; delete nothing")
 	metricsFile := fs.String("metrics-file", "", "write the pass's metrics to this file, in the node_exporter textfile format (written whole, by rename)")
-	gateway := fs.String("pushgateway", "", "push the pass's metrics to this Prometheus Pushgateway (http://host:9091), job inboxkeeper, instance the host name")
+	gateway := fs.String("pushgateway", "", "push the pass's metrics to this Prometheus Pushgateway (http://host:9091), job inboxkeeper")
+	pushInstance := fs.String("push-instance", "", "the instance label of the pushed metrics (default: the host name); give a name that stays the same from run to run, such as the CronJob's")
 	if err := a.parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return usagef("once: unexpected argument %q", fs.Arg(0))
+	}
+	if *pushInstance != "" && *gateway == "" {
+		return usagef("once: --push-instance names the instance at a Pushgateway; give --pushgateway too")
 	}
 	var ms *metricSet
 	if *metricsFile != "" || *gateway != "" {
@@ -159,7 +163,11 @@ func (a *app) once(ctx context.Context, args []string) error {
 	failed, total, err := a.onePass(ctx, pool, tables, *dryRun, th, active, a.progressPrinter(), ms)
 	if ms != nil && ctx.Err() == nil {
 		// Also after a failed pass: the metrics say it failed.
-		if xerr := ms.export(ctx, *metricsFile, *gateway, instanceName()); xerr != nil {
+		instance := *pushInstance
+		if instance == "" {
+			instance = instanceName()
+		}
+		if xerr := ms.export(ctx, *metricsFile, *gateway, instance); xerr != nil {
 			return errors.Join(err, xerr)
 		}
 	}

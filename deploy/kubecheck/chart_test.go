@@ -351,7 +351,8 @@ func checkCronJob(t *testing.T, o object, cj *batchv1.CronJob, pushgateway strin
 	js := cj.Spec.JobTemplate.Spec
 	var extra []string
 	if pushgateway != "" {
-		extra = []string{"--pushgateway", pushgateway}
+		// A stable instance: each run's pod has a new host name.
+		extra = []string{"--pushgateway", pushgateway, "--push-instance", fullname}
 	}
 	c := checkPod(t, o, js.Template.Spec, "once", extra...)
 	checkFailsOnExit2(t, o, js)

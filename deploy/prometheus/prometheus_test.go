@@ -925,4 +925,14 @@ func TestOnceExportsMetrics(t *testing.T) {
 	if v := scrape.Value(t, pushed, series); v != 20 {
 		t.Errorf("the Pushgateway has %s = %v, want 20", series, v)
 	}
+
+	// A CronJob's runs push under one stable name, each replacing the last.
+	for range 2 {
+		command(t, bin, env, "once", "--pushgateway", "http://"+gwAddr, "--push-instance", "ik-cron")
+	}
+	pushed = scrape.Get(t, "http://"+gwAddr+"/metrics")
+	series = `inboxkeeper_passes_total{instance="ik-cron",job="inboxkeeper",outcome="ok"}`
+	if v := scrape.Value(t, pushed, series); v != 1 {
+		t.Errorf("the Pushgateway has %s = %v, want 1 (the last run's pass, replacing the one before)", series, v)
+	}
 }

@@ -124,7 +124,7 @@ name: inboxkeeper
 image: {{ include "inboxkeeper.image" .root }}
 imagePullPolicy: {{ $v.image.pullPolicy }}
 {{- if and (eq .command "once") $v.cronjob.pushgateway }}
-args: [{{ .command | quote }}, "--pushgateway", {{ $v.cronjob.pushgateway | quote }}]
+args: [{{ .command | quote }}, "--pushgateway", {{ $v.cronjob.pushgateway | quote }}, "--push-instance", {{ include "inboxkeeper.fullname" .root | quote }}]
 {{- else }}
 args: [{{ .command | quote }}]
 {{- end }}
