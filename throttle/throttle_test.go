@@ -236,7 +236,7 @@ CREATE TRIGGER slow BEFORE DELETE ON public.consumer_inbox FOR EACH ROW EXECUTE 
 	ctx := context.Background()
 	pgtest.WaitFor(t, 30*time.Second, "the batch to be in its triggers", func() bool {
 		var n int
-		_ = e.pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'").Scan(&n)
+		_ = e.pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event = 'PgSleep' AND query NOT LIKE '%pg_sleep(60)%'").Scan(&n)
 		return n > 0
 	})
 	start := time.Now()
