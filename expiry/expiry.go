@@ -22,6 +22,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
+	"github.com/inboxkeeper/inboxkeeper/internal/stop"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
 )
 
@@ -101,7 +102,7 @@ type TableResult struct {
 	Oldest, Newest     *time.Time // retained expiries after the pass
 	BytesPerKey        float64    // table size with indexes and TOAST per estimated row; 0 when unknown
 	PermanentKeys      int64      // permanent keys written with the deleted rows (tiers.permanent_key)
-	StoppedEarly       string     // non-empty when RUN_TIME, the lease or shutdown ended the pass early
+	StoppedEarly       stop.Early // set when RUN_TIME, the lease, the throttle, a lock wait or shutdown ended the pass early
 	Err                error
 
 	// resume is where the keyset ended: the measurements after the pass
@@ -176,7 +177,7 @@ func (d *Deleter) RunPassUntil(ctx context.Context, deadline time.Time) ([]Table
 	return batchloop.Pass(ctx, d.tables, deadline,
 		func(t *catalog.Table, deadline time.Time) TableResult { return d.runTable(ctx, t, deadline) },
 		func(r *TableResult) error { return r.Err },
-		func(r *TableResult, reason string) { r.StoppedEarly, r.Err = reason, nil })
+		func(r *TableResult, why stop.Early) { r.StoppedEarly, r.Err = why, nil })
 }
 
 func (d *Deleter) now(ctx context.Context, q interface {
@@ -227,7 +228,7 @@ func (d *Deleter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 	if res.Err != nil {
 		if ctx.Err() != nil {
 			// A signal, not a failure: the batch in flight rolled back.
-			res.StoppedEarly = "shutdown"
+			res.StoppedEarly = stop.AtShutdown
 			log.Info("expiry: table stopped for shutdown", "deleted", res.Deleted, "batches", res.Batches)
 			return res
 		}
@@ -240,7 +241,7 @@ func (d *Deleter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 		log.Error("expiry: table failed", "error", res.Err, "deleted", res.Deleted, "batches", res.Batches)
 		return res
 	}
-	if d.opts.Metrics != nil && res.StoppedEarly == "" && !d.opts.DryRun {
+	if d.opts.Metrics != nil && !res.StoppedEarly.Stopped() && !d.opts.DryRun {
 		d.opts.Metrics.LastSuccess.WithLabelValues(t.Name).Set(float64(time.Now().Unix()))
 	}
 	verb := "deleted"

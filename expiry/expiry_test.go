@@ -17,6 +17,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/holds"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
+	"github.com/inboxkeeper/inboxkeeper/internal/stop"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -541,7 +542,7 @@ func TestRunTimeStopsThePass(t *testing.T) {
 	f := setup(t, inboxDDL, inboxPolicy)
 	f.insert(t, "c", 100, t0.Add(-time.Hour), time.Second)
 	res := f.pass(t, Options{Clock: pinned(t0), BatchSize: 10, RunTime: time.Nanosecond})
-	if res.StoppedEarly == "" || res.Deleted >= 100 {
+	if res.StoppedEarly.Reason != stop.RunTime || res.Deleted >= 100 {
 		t.Errorf("result %+v: want the pass stopped early by RUN_TIME", res)
 	}
 }

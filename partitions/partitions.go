@@ -20,6 +20,8 @@ import (
 	"math"
 	"time"
 
+	stopped "github.com/inboxkeeper/inboxkeeper/internal/stop"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -99,7 +101,7 @@ type TableResult struct {
 	Coverage     time.Duration
 	CleanupLag   time.Duration
 	Duration     time.Duration
-	StoppedEarly string
+	StoppedEarly stopped.Early
 	Err          error
 }
 
@@ -190,9 +192,9 @@ func (m *Manager) Ensure(ctx context.Context) ([]TableResult, error) {
 
 // errStop ends a table's pass early without being an error: the lease was
 // lost, or the throttle held the pass until shutdown.
-type errStop struct{ reason string }
+type errStop struct{ why stopped.Early }
 
-func (e errStop) Error() string { return e.reason }
+func (e errStop) Error() string { return e.why.String() }
 
 func (m *Manager) runTable(ctx context.Context, t *catalog.Table, retire bool) TableResult {
 	start := time.Now()
@@ -205,7 +207,7 @@ func (m *Manager) runTable(ctx context.Context, t *catalog.Table, retire bool) T
 		}
 		var stop errStop
 		if errors.As(err, &stop) {
-			res.StoppedEarly = stop.reason
+			res.StoppedEarly = stop.why
 		} else {
 			errs = append(errs, fmt.Errorf("%s: %w", step, err))
 		}
@@ -227,7 +229,7 @@ func (m *Manager) runTable(ctx context.Context, t *catalog.Table, retire bool) T
 			note("drop detached partitions", m.dropDetached(ctx, t, now, &res))
 		}
 	}
-	if res.StoppedEarly == "" || ctx.Err() == nil {
+	if !res.StoppedEarly.Stopped() || ctx.Err() == nil {
 		note("measure", m.measure(ctx, t, now, &res))
 	}
 	res.Err = errors.Join(errs...)
@@ -235,14 +237,14 @@ func (m *Manager) runTable(ctx context.Context, t *catalog.Table, retire bool) T
 	if res.Err != nil {
 		if ctx.Err() != nil {
 			// A signal, not a failure: the batch in flight rolled back.
-			res.StoppedEarly = "shutdown"
+			res.StoppedEarly = stopped.AtShutdown
 			log.Info("partitions: table stopped for shutdown", "created", res.Created, "detached", res.Detached, "dropped", res.Dropped)
 			return res
 		}
 		log.Error("partitions: table failed", "error", res.Err, "created", res.Created, "detached", res.Detached, "dropped", res.Dropped)
 		return res
 	}
-	if mm := m.opts.Metrics; mm != nil && mm.LastSuccess != nil && retire && res.StoppedEarly == "" && !m.opts.DryRun {
+	if mm := m.opts.Metrics; mm != nil && mm.LastSuccess != nil && retire && !res.StoppedEarly.Stopped() && !m.opts.DryRun {
 		mm.LastSuccess.WithLabelValues(t.Name).Set(float64(time.Now().Unix()))
 	}
 	logf, created, detached, dropped := log.Info, "created", "detached", "dropped"
@@ -835,7 +837,7 @@ var errLockWait = retry.ErrLockWait
 func (m *Manager) ddl(ctx context.Context, t *catalog.Table, what string, fn func(c *pgxpool.Conn) error) (err error) {
 	if m.opts.Active != nil {
 		if err := m.opts.Active(); err != nil {
-			return errStop{err.Error()}
+			return errStop{stopped.Inactive(err)}
 		}
 	}
 	if th := m.opts.Throttle; th != nil {
@@ -843,7 +845,7 @@ func (m *Manager) ddl(ctx context.Context, t *catalog.Table, what string, fn fun
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			return errStop{"throttled (" + th.Check().Reason + ")"}
+			return errStop{stopped.Throttle("throttled (" + th.Check().Reason + ")")}
 		}
 	}
 	c, err := m.pool.Acquire(ctx)

@@ -14,6 +14,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
+	"github.com/inboxkeeper/inboxkeeper/internal/stop"
 	"github.com/inboxkeeper/inboxkeeper/migrations"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
 )
@@ -251,7 +252,7 @@ CREATE TRIGGER slow BEFORE DELETE ON public.consumer_inbox FOR EACH ROW EXECUTE 
 		t.Errorf("the waiter waited %s: the batch was not cancelled", waited)
 	}
 	res := <-done
-	if res.Err != nil || !strings.Contains(res.StoppedEarly, "waited on a lock") || res.Deleted != 0 {
+	if res.Err != nil || res.StoppedEarly.Reason != stop.LockWait || res.Deleted != 0 {
 		t.Errorf("pass: %+v, want it stopped with nothing deleted", res)
 	}
 	if got := d.BatchSize(e.table); got != 50 {

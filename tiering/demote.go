@@ -37,6 +37,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
+	"github.com/inboxkeeper/inboxkeeper/internal/stop"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
 )
 
@@ -80,7 +81,7 @@ type Result struct {
 	Batches          int
 	Retries          int
 	Duration         time.Duration
-	StoppedEarly     string // non-empty when RUN_TIME, the lease or a lock wait ended the pass early
+	StoppedEarly     stop.Early // set when RUN_TIME, the lease, the throttle, a lock wait or shutdown ended the pass early
 	Err              error
 }
 
@@ -137,7 +138,7 @@ func (d *Demoter) RunPassUntil(ctx context.Context, deadline time.Time) ([]Resul
 	return batchloop.Pass(ctx, d.tables, deadline,
 		func(t *catalog.Table, deadline time.Time) Result { return d.runTable(ctx, t, deadline) },
 		func(r *Result) error { return r.Err },
-		func(r *Result, reason string) { r.StoppedEarly, r.Err = reason, nil })
+		func(r *Result, why stop.Early) { r.StoppedEarly, r.Err = why, nil })
 }
 
 func (d *Demoter) runTable(ctx context.Context, t *catalog.Table, deadline time.Time) Result {
@@ -156,7 +157,7 @@ func (d *Demoter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 	if res.Err != nil {
 		if ctx.Err() != nil {
 			// A signal, not a failure: the batch in flight rolled back.
-			res.StoppedEarly = "shutdown"
+			res.StoppedEarly = stop.AtShutdown
 			log.Info("tiering: table stopped for shutdown", "demoted", res.Demoted, "batches", res.Batches)
 			return res
 		}

@@ -128,8 +128,8 @@ func printPartitionResults(w io.Writer, results []partitions.TableResult, dryRun
 		for _, b := range r.Blocked {
 			line += fmt.Sprintf("\n  waits: %s (%s: %s)", b.Partition, b.Reason, b.Detail)
 		}
-		if r.StoppedEarly != "" {
-			line += "\n  stopped early: " + r.StoppedEarly
+		if r.StoppedEarly.Stopped() {
+			line += "\n  stopped early: " + r.StoppedEarly.String()
 		}
 		if r.Err != nil {
 			failed++

@@ -291,8 +291,8 @@ func printResults(w io.Writer, results []expiry.TableResult, dryRun bool) int {
 	for _, r := range results {
 		line := fmt.Sprintf("%s: %s %d, protected by holds %d, protected by replays %d, %s",
 			r.Table, verb, r.Deleted, r.ProtectedByHolds, r.ProtectedByReplays, humantime.Duration(r.Duration))
-		if r.StoppedEarly != "" {
-			line += " (stopped early: " + r.StoppedEarly + ")"
+		if r.StoppedEarly.Stopped() {
+			line += " (stopped early: " + r.StoppedEarly.String() + ")"
 		}
 		if r.Err != nil {
 			failed++

@@ -109,8 +109,8 @@ func printTierResults(w io.Writer, results []tiering.Result, dryRun bool) int {
 	failed := 0
 	for _, r := range results {
 		line := fmt.Sprintf("%s: %s %d to %s, payload kept by holds %d, %s", r.Table, verb, r.Demoted, r.Tier, r.ProtectedByHolds, humantime.Duration(r.Duration))
-		if r.StoppedEarly != "" {
-			line += " (stopped early: " + r.StoppedEarly + ")"
+		if r.StoppedEarly.Stopped() {
+			line += " (stopped early: " + r.StoppedEarly.String() + ")"
 		}
 		if r.Err != nil {
 			failed++

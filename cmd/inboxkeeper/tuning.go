@@ -14,6 +14,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/pass"
 	"github.com/inboxkeeper/inboxkeeper/internal/settings"
+	"github.com/inboxkeeper/inboxkeeper/internal/stop"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
 )
 
@@ -53,7 +54,7 @@ func (a *app) loadTuning(ctx context.Context, pool *pgxpool.Pool, tables []*cata
 
 // errSettingsChanged stops a pass before its next batch when a runtime
 // setting changed: the next pass, started at once, applies it.
-var errSettingsChanged = errors.New("the runtime settings changed; the next pass applies them")
+var errSettingsChanged = stop.ErrSettingsChanged
 
 // settingsWatch is checked before every batch and DDL statement (with the
 // lease): it stops the pass as soon as the settings version moves past the

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
+	"github.com/inboxkeeper/inboxkeeper/internal/stop"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
 )
 
@@ -50,7 +51,7 @@ type Result struct {
 	Rows         int64
 	Batches      int // batches that changed at least one row
 	Retries      int
-	StoppedEarly string
+	StoppedEarly stop.Early
 	// Resume is the keyset position the pass ended at.
 	Resume pgtype.Timestamptz
 }
@@ -64,18 +65,18 @@ func (l *Loop) Run(ctx context.Context, batch Batch) (res Result, err error) {
 	res.Resume = NegInf
 	for {
 		if !l.Deadline.IsZero() && time.Now().After(l.Deadline) {
-			res.StoppedEarly = "run time reached"
+			res.StoppedEarly = stop.AtRunTime
 			return res, nil
 		}
 		if l.Active != nil {
 			if err := l.Active(); err != nil {
-				res.StoppedEarly = err.Error()
+				res.StoppedEarly = stop.Inactive(err)
 				return res, nil
 			}
 		}
-		size, stop, err := l.waitThrottle(ctx)
-		if err != nil || stop != "" {
-			res.StoppedEarly = stop
+		size, early, err := l.waitThrottle(ctx)
+		if err != nil || early.Stopped() {
+			res.StoppedEarly = early
 			return res, err
 		}
 		if l.BeforeBatch != nil {
@@ -104,9 +105,9 @@ func (l *Loop) Run(ctx context.Context, batch Batch) (res Result, err error) {
 // waitThrottle blocks while the throttle says so, and until the next batch
 // fits the standbys' WAL window; it returns the batch's size. It returns a
 // reason to stop the pass when RUN_TIME ran out while waiting.
-func (l *Loop) waitThrottle(ctx context.Context) (int, string, error) {
+func (l *Loop) waitThrottle(ctx context.Context) (int, stop.Early, error) {
 	if l.Throttle == nil {
-		return l.Sizer.Size(), "", nil
+		return l.Sizer.Size(), stop.Early{}, nil
 	}
 	wctx := ctx
 	if !l.Deadline.IsZero() {
@@ -123,15 +124,15 @@ func (l *Loop) waitThrottle(ctx context.Context) (int, string, error) {
 	}
 	if err != nil {
 		if ctx.Err() != nil {
-			return 0, "", ctx.Err()
+			return 0, stop.Early{}, ctx.Err()
 		}
 		reason := l.Throttle.Check().Reason
 		if reason == "" {
 			reason = a.Hold
 		}
-		return 0, "run time reached while throttled (" + reason + ")", nil
+		return 0, stop.Throttle("run time reached while throttled (" + reason + ")"), nil
 	}
-	return a.Rows, "", nil
+	return a.Rows, stop.Early{}, nil
 }
 
 // withRetry runs one batch, retrying transient failures with a smaller size
@@ -200,7 +201,7 @@ func Deadline(runTime time.Duration) time.Time {
 // starts with a smaller batch); stopped turns that result into "stopped
 // early". The error is non-nil only when ctx ended the pass.
 func Pass[T any, R any](ctx context.Context, tables []T, deadline time.Time, run func(t T, deadline time.Time) R,
-	errOf func(*R) error, stopped func(r *R, reason string)) ([]R, error) {
+	errOf func(*R) error, stopped func(r *R, why stop.Early)) ([]R, error) {
 	var out []R
 	for _, t := range tables {
 		if err := ctx.Err(); err != nil {
@@ -208,7 +209,7 @@ func Pass[T any, R any](ctx context.Context, tables []T, deadline time.Time, run
 		}
 		out = append(out, run(t, deadline))
 		if r := &out[len(out)-1]; errors.Is(errOf(r), retry.ErrLockWait) {
-			stopped(r, "a session waited on a lock the daemon held")
+			stopped(r, stop.AtLockWait)
 			break
 		}
 	}
