@@ -135,12 +135,32 @@ func (l *Loop) waitThrottle(ctx context.Context) (int, stop.Early, error) {
 	return a.Rows, stop.Early{}, nil
 }
 
-// withRetry runs one batch, retrying transient failures with a smaller size
-// after pressure. It returns the size the successful attempt used.
+// withRetry runs one batch, retrying transient failures (retry.Do) with a
+// smaller size after pressure. It returns the size the successful attempt
+// used.
 func (l *Loop) withRetry(ctx context.Context, batch Batch, lower pgtype.Timestamptz, size int, res *Result) (int64, time.Time, int, error) {
-	for attempt := 0; ; attempt++ {
+	var (
+		n        int64
+		newest   time.Time
+		kind     retry.ErrorKind
+		attempts int
+	)
+	policy := retry.Policy{MaxRetries: l.MaxRetries, Base: 100 * time.Millisecond,
+		OnRetry: func(kind retry.ErrorKind, attempt int, wait time.Duration, err error) {
+			res.Retries++
+			if l.OnRetry != nil {
+				l.OnRetry(string(kind))
+			}
+			if l.Log != nil {
+				l.Log.Warn(l.What+": batch failed, retrying", "kind", kind, "attempt", attempt+1, "wait", wait, "error", err)
+			}
+		}}
+	err := retry.Do(ctx, policy, func(attempt int) error {
+		attempts = attempt
 		began := time.Now()
-		n, newest, wal, err := batch(ctx, lower, size)
+		var wal float64
+		var err error
+		n, newest, wal, err = batch(ctx, lower, size)
 		if err == nil {
 			took := time.Since(began)
 			l.Sizer.Observe(int(n), took)
@@ -151,39 +171,35 @@ func (l *Loop) withRetry(ctx context.Context, batch Batch, lower pgtype.Timestam
 			if l.AfterBatch != nil {
 				l.AfterBatch(n, took)
 			}
-			return n, newest, size, nil
+			return nil
 		}
 		if ctx.Err() != nil {
-			return 0, time.Time{}, size, ctx.Err()
+			return err
 		}
-		kind := retry.Kind(err)
+		kind = retry.Kind(err)
 		if l.OnError != nil {
 			l.OnError(string(kind))
 		}
 		switch kind {
-		case "lock_wait":
-			// Someone queued behind the batch: the pass stops here.
+		case retry.KindLockWait:
+			// Someone queued behind the batch: the pass stops here (not
+			// transient, so no retry).
 			l.Sizer.Pressure()
-			return 0, time.Time{}, size, err
-		case "lock_timeout", "statement_timeout", "deadlock":
+		case retry.KindLockTimeout, retry.KindStatementTimeout, retry.KindDeadlock:
 			l.Sizer.Pressure()
 			size = l.Sizer.Size()
 		}
-		if !retry.Transient(kind) || attempt >= l.MaxRetries {
-			return 0, time.Time{}, size, fmt.Errorf("%s batch (%s, after %d retries): %w", l.What, kind, attempt, err)
-		}
-		res.Retries++
-		if l.OnRetry != nil {
-			l.OnRetry(string(kind))
-		}
-		wait := retry.Backoff(attempt, 100*time.Millisecond)
-		if l.Log != nil {
-			l.Log.Warn(l.What+": batch failed, retrying", "kind", kind, "attempt", attempt+1, "wait", wait, "error", err)
-		}
-		if err := retry.Sleep(ctx, wait); err != nil {
-			return 0, time.Time{}, size, err
-		}
+		return err
+	})
+	switch {
+	case err == nil:
+		return n, newest, size, nil
+	case ctx.Err() != nil:
+		return 0, time.Time{}, size, ctx.Err()
+	case kind == retry.KindLockWait:
+		return 0, time.Time{}, size, err
 	}
+	return 0, time.Time{}, size, fmt.Errorf("%s batch (%s, after %d retries): %w", l.What, kind, attempts, err)
 }
 
 // Deadline is when a pass that starts now must stop: RUN_TIME from now, or
