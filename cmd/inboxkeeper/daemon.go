@@ -336,14 +336,7 @@ func (p *passer) run(ctx context.Context) error {
 // active one's. Counters and last-success timestamps keep their history.
 func (p *passer) inactive() {
 	p.dm.Active.Set(0)
-	for _, g := range []*prometheus.GaugeVec{p.dm.RowsProtected, p.dm.OldestExpiry, p.dm.NewestExpiry, p.dm.BytesPerKey,
-		p.dm.ReplayHorizon, p.dm.PostReceipt, p.dm.Margin, p.dm.ReplaysBeyond, p.m.CleanupLag, p.m.BatchSize,
-		p.pmm.Coverage, p.pmm.Blocked, p.pmm.Count, p.dm.ScopeExpiry, p.dm.ScopeFirstSeen, p.dm.FirstSeen} {
-		g.Reset()
-	}
-	if p.tm != nil {
-		p.tm.TierRows.Reset()
-	}
+	p.ms.resetMeasured()
 }
 
 // record exports what a pass measured about one table.
