@@ -28,7 +28,7 @@ import (
 
 // Clock pins "now" for tests. Nil means the database's clock, read once per
 // batch: the daemon never trusts its host's clock to decide what is expired.
-type Clock func() time.Time
+type Clock = dbconn.Clock
 
 // Options tune a Deleter. Zero values get the documented defaults.
 type Options struct {
@@ -183,17 +183,7 @@ func (d *Deleter) RunPassUntil(ctx context.Context, deadline time.Time) ([]Table
 func (d *Deleter) now(ctx context.Context, q interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
 }) (time.Time, error) {
-	var now time.Time
-	err := q.QueryRow(ctx, "SELECT coalesce($1::timestamptz, now())", d.pinned()).Scan(&now)
-	return now, err
-}
-
-func (d *Deleter) pinned() *time.Time {
-	if d.opts.Clock == nil {
-		return nil
-	}
-	t := d.opts.Clock()
-	return &t
+	return d.opts.Clock.Now(ctx, q)
 }
 
 // cutoff is the newest expiry-column value that is expired at now.
@@ -441,7 +431,7 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 		lockTimeout = min(d.opts.LockTimeout, d.optimisticLockTimeout())
 	}
 	tx, err := batchloop.Begin(ctx, d.pool, t.Name, batchloop.TxOptions{
-		LockTimeout: lockTimeout, StatementTimeout: d.opts.StatementTimeout, IdleInTx: d.opts.IdleTimeout, Throttle: d.opts.Throttle, Pinned: d.pinned()})
+		LockTimeout: lockTimeout, StatementTimeout: d.opts.StatementTimeout, IdleInTx: d.opts.IdleTimeout, Throttle: d.opts.Throttle, Clock: d.opts.Clock})
 	if err != nil {
 		return 0, time.Time{}, 0, err
 	}

@@ -49,7 +49,7 @@ type Options struct {
 	// timeout before the partition is reported blocked. Default 5.
 	MaxRetries int
 	// Clock pins "now" for tests; nil means the database's clock.
-	Clock func() time.Time
+	Clock dbconn.Clock
 	// Throttle, when set, is waited on before every DDL statement and
 	// watches it for sessions waiting on its locks.
 	Throttle *throttle.Throttler
@@ -259,13 +259,7 @@ func (m *Manager) runTable(ctx context.Context, t *catalog.Table, retire bool) T
 }
 
 func (m *Manager) now(ctx context.Context) (time.Time, error) {
-	var pinned *time.Time
-	if m.opts.Clock != nil {
-		t := m.opts.Clock()
-		pinned = &t
-	}
-	var now time.Time
-	err := m.pool.QueryRow(ctx, "SELECT coalesce($1::timestamptz, now())", pinned).Scan(&now)
+	now, err := m.opts.Clock.Now(ctx, m.pool)
 	return now.UTC(), err
 }
 

@@ -181,14 +181,6 @@ func (d *Demoter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 
 func (d *Demoter) sizer(t *catalog.Table) *throttle.Sizer { return d.sizers.For(t.Name) }
 
-func (d *Demoter) pinned() *time.Time {
-	if d.opts.Clock == nil {
-		return nil
-	}
-	t := d.opts.Clock()
-	return &t
-}
-
 func (d *Demoter) demoteAll(ctx context.Context, t *catalog.Table, deadline time.Time, res *Result) error {
 	loop := batchloop.Loop{
 		What: "demotion", Sizer: d.sizer(t), Throttle: d.opts.Throttle, Active: d.opts.Active, Deadline: deadline,
@@ -227,7 +219,7 @@ func (d *Demoter) batch(ctx context.Context, t *catalog.Table, lower pgtype.Time
 	// The fence, as in the deleter: taken before the holds are read, so a
 	// hold whose writer we waited for is in this batch's snapshot.
 	tx, err := batchloop.Begin(ctx, d.pool, t.Name, batchloop.TxOptions{
-		LockTimeout: d.opts.LockTimeout, StatementTimeout: d.opts.StatementTimeout, IdleInTx: d.opts.IdleTimeout, Throttle: d.opts.Throttle, Pinned: d.pinned()})
+		LockTimeout: d.opts.LockTimeout, StatementTimeout: d.opts.StatementTimeout, IdleInTx: d.opts.IdleTimeout, Throttle: d.opts.Throttle, Clock: d.opts.Clock})
 	if err != nil {
 		return 0, time.Time{}, 0, err
 	}
@@ -351,8 +343,8 @@ SELECT count(*), max(anchor) FROM done`, pick, rel, cond, hold, anchor, limit, c
 // count fills in the rows due for demotion that a blocking hold keeps and,
 // for a dry run, the rows a pass would demote.
 func (d *Demoter) count(ctx context.Context, tx pgx.Tx, t *catalog.Table, res *Result, dry bool) error {
-	var now time.Time
-	if err := tx.QueryRow(ctx, "SELECT coalesce($1::timestamptz, now())", d.pinned()).Scan(&now); err != nil {
+	now, err := d.opts.Clock.Now(ctx, tx)
+	if err != nil {
 		return err
 	}
 	cov, err := holds.Active(ctx, tx, t.Name, now)

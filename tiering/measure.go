@@ -152,7 +152,8 @@ func (d *Demoter) Status(ctx context.Context, t *catalog.Table) (Status, error) 
 		st.KeyMissing = !k.Exists
 	}
 	err := d.readTx(ctx, func(tx pgx.Tx) error {
-		if err := tx.QueryRow(ctx, "SELECT coalesce($1::timestamptz, now())", d.pinned()).Scan(&st.Now); err != nil {
+		var err error
+		if st.Now, err = d.opts.Clock.Now(ctx, tx); err != nil {
 			return err
 		}
 		cov, err := holds.Active(ctx, tx, t.Name, st.Now)

@@ -24,8 +24,8 @@ type TxOptions struct {
 	// Throttle, when set, watches the transaction's backend for sessions
 	// queueing behind its locks, and asks for the WAL the batch wrote.
 	Throttle *throttle.Throttler
-	// Pinned replaces the database's now (tests); nil: now().
-	Pinned *time.Time
+	// Clock pins now for tests; nil: the database's now().
+	Clock dbconn.Clock
 }
 
 // Tx is one batch transaction, ready for its statement: timeouts set, the
@@ -65,7 +65,7 @@ func Begin(ctx context.Context, pool *pgxpool.Pool, table string, o TxOptions) (
 		t.done, t.blocked = o.Throttle.Watch(b.PID, b.XactStart)
 	}
 	if err := ptx.QueryRow(ctx, "SELECT coalesce($1::timestamptz, now()), pg_advisory_xact_lock_shared($2)::text, pg_current_wal_insert_lsn()::text",
-		o.Pinned, holds.FenceKey).Scan(&t.Now, new(string), &t.walStart); err != nil {
+		o.Clock.Pinned(), holds.FenceKey).Scan(&t.Now, new(string), &t.walStart); err != nil {
 		return nil, err
 	}
 	if t.Coverage, err = holds.Active(ctx, ptx, table, t.Now); err != nil {
