@@ -54,11 +54,15 @@ type Options struct {
 	Metrics *Metrics // may be nil
 	// Progress, when set, is called after every committed batch.
 	Progress func(Progress)
+}
 
-	// beforeCommit lets tests hold a batch open between its DELETE and its
-	// COMMIT, to race it against a hold being added.
+// testSignals are the hooks tests set on a Deleter (Deleter.test), in one
+// place; the daemon never sets them.
+type testSignals struct {
+	// beforeCommit holds a batch open between its DELETE and its COMMIT,
+	// to race it against a hold being added.
 	beforeCommit func(table string, deleted int64)
-	// onRetry lets tests see a failed batch before it is retried.
+	// onRetry sees a failed batch before it is retried.
 	onRetry func(kind string)
 	// skipLockedOnly makes every batch take the SKIP LOCKED form, so tests
 	// can check both forms keep every guarantee.
@@ -125,6 +129,7 @@ type Deleter struct {
 	tables []*catalog.Table
 	opts   Options
 	log    *slog.Logger
+	test   testSignals
 
 	sizers *batchloop.Sizers // per table, kept across passes
 
@@ -267,7 +272,7 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 	m := d.opts.Metrics
 	loop := batchloop.Loop{
 		What: "delete", Sizer: d.sizer(t), Throttle: d.opts.Throttle, Active: d.opts.Active, Deadline: deadline,
-		MaxRetries: d.opts.MaxRetries, BatchPause: d.opts.BatchPause, Log: d.log.With("table", t.Name), OnRetry: d.opts.onRetry,
+		MaxRetries: d.opts.MaxRetries, BatchPause: d.opts.BatchPause, Log: d.log.With("table", t.Name), OnRetry: d.test.onRetry,
 		BeforeBatch: func(size int) {
 			if m != nil {
 				m.BatchSize.WithLabelValues(t.Name).Set(float64(size))
@@ -342,15 +347,15 @@ func (d *Deleter) checkLockPrivilege(ctx context.Context, t *catalog.Table) erro
 // at once) is rolled back and run again with FOR UPDATE SKIP LOCKED.
 // See docs/design/expiry.md, "One batch".
 func (d *Deleter) batch(ctx context.Context, t *catalog.Table, lower pgtype.Timestamptz, size int, res *TableResult) (int64, time.Time, float64, error) {
-	if !d.opts.skipLockedOnly {
+	if !d.test.skipLockedOnly {
 		n, newest, wal, err := d.batchTx(ctx, t, lower, size, res, false)
 		if retry.Kind(err) != retry.KindLockTimeout {
 			return n, newest, wal, err
 		}
 		res.SkipLockedBatches++
 		d.log.Debug("expiry: batch met a locked row, running it again with SKIP LOCKED", "table", t.Name, "error", err)
-		if d.opts.onFallback != nil {
-			d.opts.onFallback()
+		if d.test.onFallback != nil {
+			d.test.onFallback()
 		}
 	}
 	return d.batchTx(ctx, t, lower, size, res, true)
@@ -487,8 +492,8 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 		return 0, time.Time{}, 0, err
 	}
 	took := time.Since(began)
-	if d.opts.beforeCommit != nil {
-		d.opts.beforeCommit(t.Name, n)
+	if d.test.beforeCommit != nil {
+		d.test.beforeCommit(t.Name, n)
 	}
 	if wal, err = tx.Commit(ctx); err != nil {
 		return 0, time.Time{}, 0, err
@@ -590,8 +595,8 @@ func (d *Deleter) bound(ctx context.Context, tx *batchloop.Tx, t *catalog.Table,
 }
 
 func (d *Deleter) optimisticLockTimeout() time.Duration {
-	if d.opts.optimisticWait > 0 {
-		return d.opts.optimisticWait
+	if d.test.optimisticWait > 0 {
+		return d.test.optimisticWait
 	}
 	return optimisticLockTimeout
 }

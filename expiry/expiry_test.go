@@ -30,15 +30,22 @@ func pinned(t time.Time) Clock { return func() time.Time { return t } }
 // forms runs test twice: with the default batches (optimistic, falling back
 // to SKIP LOCKED for a batch that meets a locked row), and with every batch
 // in the SKIP LOCKED form. Both must keep every guarantee.
-func forms(t *testing.T, test func(t *testing.T, form func(Options) Options)) {
+func forms(t *testing.T, test func(t *testing.T, sig testSignals)) {
 	t.Run("optimistic", func(t *testing.T) {
 		t.Parallel()
-		test(t, func(o Options) Options { return o })
+		test(t, testSignals{})
 	})
 	t.Run("skip_locked", func(t *testing.T) {
 		t.Parallel()
-		test(t, func(o Options) Options { o.skipLockedOnly = true; return o })
+		test(t, testSignals{skipLockedOnly: true})
 	})
+}
+
+// newTest is New with the test's signals.
+func newTest(pool *pgxpool.Pool, tables []*catalog.Table, opts Options, sig testSignals) *Deleter {
+	d := New(pool, tables, opts)
+	d.test = sig
+	return d
 }
 
 const inboxDDL = `
@@ -93,7 +100,13 @@ func (f fixture) count(t *testing.T, where string, args ...any) int64 {
 
 func (f fixture) pass(t *testing.T, opts Options) TableResult {
 	t.Helper()
-	res, err := New(f.pool, f.tables, opts).RunPass(context.Background())
+	return f.passWith(t, testSignals{}, opts)
+}
+
+// passWith is pass with the test's signals.
+func (f fixture) passWith(t *testing.T, sig testSignals, opts Options) TableResult {
+	t.Helper()
+	res, err := newTest(f.pool, f.tables, opts, sig).RunPass(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,20 +194,19 @@ func (f fixture) checkLoggedBatches(t *testing.T, size int) int {
 // must only delete rows at least as new as the previous batch's.
 func TestOldestFirstInBatches(t *testing.T) {
 	t.Parallel()
-	forms(t, func(t *testing.T, form func(Options) Options) {
+	forms(t, func(t *testing.T, sig testSignals) {
 		f := setup(t, inboxDDL+deleteLogDDL, inboxPolicy)
 		// Inserted newest first so that physical order disagrees with expiry order.
 		pgtest.Exec(t, f.pool, `INSERT INTO public.consumer_inbox (consumer, message_id, remember_until)
 SELECT 'c', 'm' || i, $1::timestamptz - i * interval '1 minute' FROM generate_series(1, 95) i`, t0)
 		f.insert(t, "c2", 20, t0.Add(time.Hour), time.Minute) // not expired
 
-		opts := form(Options{Clock: pinned(t0), BatchSize: 10})
-		res := f.pass(t, opts)
+		res := f.passWith(t, sig, Options{Clock: pinned(t0), BatchSize: 10})
 		if res.Deleted != 95 || res.Batches != 10 {
 			t.Fatalf("deleted %d in %d batches, want 95 in 10", res.Deleted, res.Batches)
 		}
 		// Every full batch has a clean bound; the last, short one goes by ctid.
-		if want := map[bool]int{false: 9, true: 0}[opts.skipLockedOnly]; res.RangeBatches != want {
+		if want := map[bool]int{false: 9, true: 0}[sig.skipLockedOnly]; res.RangeBatches != want {
 			t.Errorf("%d batches by range, want %d", res.RangeBatches, want)
 		}
 		if batches := f.checkLoggedBatches(t, 10); batches != 10 {
@@ -248,7 +260,7 @@ SELECT 'm' || i, true, $1::timestamp - i * interval '1 millisecond', '1', '[]' F
 
 func TestLockedRowsAreSkippedThenDeleted(t *testing.T) {
 	t.Parallel()
-	forms(t, func(t *testing.T, form func(Options) Options) {
+	forms(t, func(t *testing.T, sig testSignals) {
 		ctx := context.Background()
 		f := setup(t, inboxDDL, inboxPolicy)
 		f.insert(t, "c", 50, t0.Add(-24*time.Hour), time.Minute)
@@ -261,7 +273,7 @@ func TestLockedRowsAreSkippedThenDeleted(t *testing.T) {
 		pgtest.Exec(t, locker, "SELECT 1 FROM public.consumer_inbox WHERE message_id IN ('c-0', 'c-10') FOR UPDATE")
 
 		started := time.Now()
-		res := f.pass(t, form(Options{Clock: pinned(t0), BatchSize: 7, LockTimeout: 5 * time.Second}))
+		res := f.passWith(t, sig, Options{Clock: pinned(t0), BatchSize: 7, LockTimeout: 5 * time.Second})
 		if res.Deleted != 48 || res.Retries != 0 {
 			t.Errorf("deleted %d with %d retries, want 48 and none", res.Deleted, res.Retries)
 		}
@@ -275,7 +287,7 @@ func TestLockedRowsAreSkippedThenDeleted(t *testing.T) {
 		if err := locker.Commit(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if res := f.pass(t, form(Options{Clock: pinned(t0)})); res.Deleted != 2 {
+		if res := f.passWith(t, sig, Options{Clock: pinned(t0)}); res.Deleted != 2 {
 			t.Errorf("the next pass deleted %d, want the 2 formerly locked rows", res.Deleted)
 		}
 	})
@@ -297,11 +309,10 @@ func TestLockTimeoutIsRetriedAndCounted(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg)
 	retried := make(chan string, 10)
-	opts := Options{Clock: pinned(t0), LockTimeout: 50 * time.Millisecond, Metrics: m,
-		onRetry: func(kind string) { retried <- kind }}
+	opts := Options{Clock: pinned(t0), LockTimeout: 50 * time.Millisecond, Metrics: m}
 	done := make(chan TableResult, 1)
 	go func() {
-		res, _ := New(f.pool, f.tables, opts).RunPass(ctx)
+		res, _ := newTest(f.pool, f.tables, opts, testSignals{onRetry: func(kind string) { retried <- kind }}).RunPass(ctx)
 		done <- res[0]
 	}()
 	select {
@@ -364,7 +375,7 @@ INSERT INTO public.other VALUES (1, '2000-01-01');`, inboxPolicy+`  - table: pub
 
 func TestHoldsAndReplays(t *testing.T) {
 	t.Parallel()
-	forms(t, func(t *testing.T, form func(Options) Options) {
+	forms(t, func(t *testing.T, sig testSignals) {
 		ctx := context.Background()
 		f := setup(t, inboxDDL, inboxPolicy)
 		tbl := f.tables[0]
@@ -398,8 +409,8 @@ VALUES ($1, 'email', 'old', 'ops', $2)`, tbl.Name, t0.Add(-time.Minute))
 			t.Fatal(err)
 		}
 
-		dry := f.pass(t, form(Options{Clock: pinned(t0), DryRun: true}))
-		res := f.pass(t, form(Options{Clock: pinned(t0), BatchSize: 16}))
+		dry := f.passWith(t, sig, Options{Clock: pinned(t0), DryRun: true})
+		res := f.passWith(t, sig, Options{Clock: pinned(t0), BatchSize: 16})
 		// payments 48; billing 10 + 2 (range hold on all scopes); shipping 2 by the
 		// all-scope range hold; email 2 by it as well.
 		wantHeld := int64(48 + 12 + 2 + 2)
@@ -425,7 +436,7 @@ VALUES ($1, 'email', 'old', 'ops', $2)`, tbl.Name, t0.Add(-time.Minute))
 		if err := holds.FinishReplay(ctx, f.pool, replay); err != nil {
 			t.Fatal(err)
 		}
-		res = f.pass(t, form(Options{Clock: pinned(t0)}))
+		res = f.passWith(t, sig, Options{Clock: pinned(t0)})
 		// Payments rows go but the 2 under the all-scope range hold; the
 		// shipping rows the replay kept go; billing 10 + 2 and 2 of each other
 		// scope stay.
@@ -467,7 +478,7 @@ func TestHoldNeedsConfiguredColumns(t *testing.T) {
 // return before that batch commits, and no later batch deletes a held row.
 func TestFenceInFlightBatch(t *testing.T) {
 	t.Parallel()
-	forms(t, func(t *testing.T, form func(Options) Options) {
+	forms(t, func(t *testing.T, sig testSignals) {
 		ctx := context.Background()
 		f := setup(t, inboxDDL, inboxPolicy)
 		f.insert(t, "payments", 30, t0.Add(-time.Hour), time.Minute)
@@ -476,16 +487,16 @@ func TestFenceInFlightBatch(t *testing.T) {
 		release := make(chan struct{})
 		committed := make(chan struct{})
 		first := true
-		opts := form(Options{Clock: pinned(t0), BatchSize: 10, beforeCommit: func(string, int64) {
+		sig.beforeCommit = func(string, int64) {
 			if first {
 				first = false
 				close(inFlight)
 				<-release
 			}
-		}})
+		}
 		passDone := make(chan TableResult, 1)
 		go func() {
-			res, _ := New(f.pool, f.tables, opts).RunPass(ctx)
+			res, _ := newTest(f.pool, f.tables, Options{Clock: pinned(t0), BatchSize: 10}, sig).RunPass(ctx)
 			passDone <- res[0]
 		}()
 		select {
@@ -614,8 +625,9 @@ func TestOptimisticFallsBackToSkipLocked(t *testing.T) {
 	f.insert(t, "c", 40, t0.Add(-24*time.Hour), time.Minute)
 
 	fallbacks := 0
-	opts := Options{Clock: pinned(t0), BatchSize: 10, onFallback: func() { fallbacks++ }}
-	res := f.pass(t, opts)
+	opts := Options{Clock: pinned(t0), BatchSize: 10}
+	sig := testSignals{onFallback: func() { fallbacks++ }}
+	res := f.passWith(t, sig, opts)
 	if res.Deleted != 40 || res.SkipLockedBatches != 0 || fallbacks != 0 {
 		t.Fatalf("no row locked: deleted %d, %d batches fell back (hook: %d); want 40 and none", res.Deleted, res.SkipLockedBatches, fallbacks)
 	}
@@ -628,7 +640,7 @@ func TestOptimisticFallsBackToSkipLocked(t *testing.T) {
 	defer locker.Rollback(ctx)
 	pgtest.Exec(t, locker, "SELECT 1 FROM public.consumer_inbox WHERE message_id = 'd-15' FOR UPDATE")
 	started := time.Now()
-	res = f.pass(t, opts)
+	res = f.passWith(t, sig, opts)
 	// The second batch (rows 10 to 19) meets the locked row, waits the short
 	// optimistic lock timeout, and runs again with SKIP LOCKED; the batches
 	// before and after it need no fallback.
@@ -665,7 +677,7 @@ func TestApplicationWaitsAtMostLockTimeout(t *testing.T) {
 	const wait = 2 * time.Second // long enough to see the deleter waiting
 	done := make(chan TableResult, 1)
 	go func() {
-		res, _ := New(f.pool, f.tables, Options{Clock: pinned(t0), BatchSize: 100, LockTimeout: wait, optimisticWait: wait}).RunPass(ctx)
+		res, _ := newTest(f.pool, f.tables, Options{Clock: pinned(t0), BatchSize: 100, LockTimeout: wait}, testSignals{optimisticWait: wait}).RunPass(ctx)
 		done <- res[0]
 	}()
 	pgtest.WaitFor(t, 30*time.Second, "the deleter to wait on the locked row", func() bool {

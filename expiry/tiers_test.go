@@ -66,7 +66,7 @@ func TestPermanentKeyAtomicWithDeletion(t *testing.T) {
 			const keys = `SELECT count(*) FROM inboxkeeper.keys_public_inbox`
 			killed := false
 			during := [2]int64{-1, -1}
-			opts := Options{Clock: pinned(t0), BatchSize: size, beforeCommit: func(_ string, n int64) {
+			sig := testSignals{beforeCommit: func(_ string, n int64) {
 				if killed {
 					return
 				}
@@ -85,7 +85,7 @@ func TestPermanentKeyAtomicWithDeletion(t *testing.T) {
 				})
 				during = [2]int64{count("SELECT count(*) FROM public.inbox"), count(keys)}
 			}}
-			res, err := New(f.pool, f.tables, opts).RunPass(ctx)
+			res, err := newTest(f.pool, f.tables, Options{Clock: pinned(t0), BatchSize: size}, sig).RunPass(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}

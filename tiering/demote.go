@@ -67,9 +67,6 @@ type Options struct {
 	// Errors is inboxkeeper_errors_total{table,kind}, shared with the
 	// deleter (expiry.Metrics.Errors); may be nil.
 	Errors *prometheus.CounterVec
-
-	// beforeCommit lets tests hold a batch open before its COMMIT.
-	beforeCommit func(table string, n int64)
 }
 
 // Result is what one pass did to one table.
@@ -91,8 +88,16 @@ type Demoter struct {
 	tables []*catalog.Table
 	opts   Options
 	log    *slog.Logger
+	test   testSignals
 
 	sizers *batchloop.Sizers // per table, kept across passes
+}
+
+// testSignals are the hooks tests set on a Demoter (Demoter.test); the
+// daemon never sets them.
+type testSignals struct {
+	// beforeCommit holds a batch open before its COMMIT.
+	beforeCommit func(table string, n int64)
 }
 
 // New returns a Demoter for the tables of tables that have tiers.
@@ -231,8 +236,8 @@ func (d *Demoter) batch(ctx context.Context, t *catalog.Table, lower pgtype.Time
 	if err := tx.QueryRow(ctx, sql, args.Values...).Scan(&n, &newestTS); err != nil {
 		return 0, time.Time{}, 0, err
 	}
-	if d.opts.beforeCommit != nil {
-		d.opts.beforeCommit(t.Name, n)
+	if d.test.beforeCommit != nil {
+		d.test.beforeCommit(t.Name, n)
 	}
 	if wal, err = tx.Commit(ctx); err != nil {
 		return 0, time.Time{}, 0, err

@@ -283,16 +283,17 @@ func TestFence(t *testing.T) {
 	f.insert(t, "legal", 30, t0.Add(-10*24*time.Hour), time.Minute)
 	inFlight, release := make(chan struct{}), make(chan struct{})
 	first := true
-	opts := Options{Clock: pinned(t0), BatchSize: 10, beforeCommit: func(string, int64) {
+	d := New(f.pool, []*catalog.Table{f.table}, Options{Clock: pinned(t0), BatchSize: 10})
+	d.test.beforeCommit = func(string, int64) {
 		if first {
 			first = false
 			close(inFlight)
 			<-release
 		}
-	}}
+	}
 	passDone := make(chan Result, 1)
 	go func() {
-		res, _ := New(f.pool, []*catalog.Table{f.table}, opts).RunPass(ctx)
+		res, _ := d.RunPass(ctx)
 		passDone <- res[0]
 	}()
 	<-inFlight
