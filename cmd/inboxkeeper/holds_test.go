@@ -1,9 +1,11 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -380,6 +382,15 @@ func TestFrozenDaemonReleasesTheFence(t *testing.T) {
 	pid := gate.waitForBatch()
 	d.signal(syscall.SIGSTOP)
 	defer d.signal(syscall.SIGCONT)
+	// kill(2) returns before the process is stopped; on a loaded machine
+	// the daemon was seen still running after it, and committing the batch
+	// once the gate opened. Open the gate only once it is frozen.
+	pgtest.WaitFor(t, 30*time.Second, "the daemon to be stopped", func() bool {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", d.cmd.Process.Pid))
+		// The state follows the command name in parentheses: "pid (comm) T ...".
+		i := bytes.LastIndexByte(b, ')')
+		return err == nil && i > 0 && i+2 < len(b) && b[i+2] == 'T'
+	})
 	gate.open() // the DELETE finishes; COMMIT never comes
 	// Idle in its transaction, or already ended by the timeout (on a busy
 	// machine the poll may miss the second it spends idle).
@@ -426,13 +437,17 @@ CREATE TRIGGER wait_42 BEFORE DELETE ON public.consumer_inbox FOR EACH ROW EXECU
 }
 
 // waitForBatch waits until a daemon's batch waits at the gate, and returns
-// its backend's pid.
+// its backend's pid. It waits for the SKIP LOCKED form: the optimistic
+// attempt before it gives up at the gate after 50 ms (its own short lock
+// timeout) and is rolled back, maybe before the test acts on it, and the
+// fallback may run on another connection.
 func (g *deleteGate) waitForBatch() int32 {
 	g.t.Helper()
 	var pid int32
 	pgtest.WaitFor(g.t, 30*time.Second, "the daemon's batch waiting at the gate", func() bool {
 		err := g.f.pool.QueryRow(context.Background(), `SELECT pid FROM pg_stat_activity
-WHERE datname = current_database() AND application_name = 'inboxkeeper run' AND wait_event_type = 'Lock' AND query LIKE '%DELETE%'`).Scan(&pid)
+WHERE datname = current_database() AND application_name = 'inboxkeeper run' AND wait_event_type = 'Lock'
+  AND query LIKE '%DELETE%' AND query LIKE '%SKIP LOCKED%'`).Scan(&pid)
 		return err == nil
 	})
 	return pid
