@@ -97,15 +97,15 @@ WHERE b.blocker = ANY ($1::int4[])`, pids)
 		w := t.watched[h.blocker]
 		if w != nil && !w.xactStart.IsZero() && (h.xactStart == nil || !h.xactStart.Equal(w.xactStart)) {
 			// The backend now runs another transaction (a pooled server
-			// connection handed to someone else): not ours to cancel.
-			w = nil
+			// connection handed to someone else): neither ours to cancel
+			// nor a wait on us.
+			t.mu.Unlock()
+			continue
 		}
 		if w != nil {
 			w.blocked = true
 		}
-		if w != nil {
-			t.lockWait = time.Now()
-		}
+		t.lockWait = time.Now()
 		t.mu.Unlock()
 		if w == nil {
 			continue // the batch ended meanwhile

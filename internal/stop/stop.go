@@ -12,8 +12,8 @@ type Reason string
 const (
 	// RunTime: INBOXKEEPER_RUN_TIME was reached between batches.
 	RunTime Reason = "run_time"
-	// Throttled: the run time was reached, or the lease or a DDL step gave
-	// up, while the throttle held the work back.
+	// Throttled: the throttle held the work back until the run time was
+	// reached, or a partition DDL step gave up waiting on it.
 	Throttled Reason = "throttled"
 	// Lease: this instance no longer holds the lease.
 	Lease Reason = "lease"
