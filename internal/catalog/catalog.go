@@ -123,6 +123,9 @@ type Table struct {
 	EventTime *Column
 	FirstSeen *Column // the first-receipt column, for the retention rule
 	Tiers     *Tiers  // the tiers section, resolved (tiers.go); nil without one
+	// Citus is set when the table is hash-distributed by Citus (the
+	// database is a coordinator); nil for an ordinary table.
+	Citus *Distribution
 }
 
 // TimeColumns are the table's timestamp columns the policy names.
@@ -182,22 +185,6 @@ WHERE n.nspname = $1 AND c.relname = $2`, pt.Name.Schema, pt.Name.Name).Scan(&t.
 	case t.Kind == "p":
 	default:
 		return nil, invalid(pt, "table", "is not a table (relkind %s)", t.Kind)
-	}
-
-	// On a Citus coordinator a distributed table is a shell: ctid batches and
-	// FOR UPDATE SKIP LOCKED do not reach its shards. Refuse it by name
-	// rather than fail at the first batch.
-	var distributed bool
-	if err := q.QueryRow(ctx, `SELECT to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL`).Scan(&distributed); err != nil {
-		return nil, fmt.Errorf("table %s: look for Citus: %w", t.Name, err)
-	}
-	if distributed {
-		if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = $1::regclass)`, t.OID).Scan(&distributed); err != nil {
-			return nil, fmt.Errorf("table %s: look for Citus: %w", t.Name, err)
-		}
-		if distributed {
-			return nil, invalid(pt, "table", "is a Citus distributed table; inboxkeeper works on ordinary tables (see docs/operations/many-instances.md, Citus)")
-		}
 	}
 
 	cols := map[string]string{}
@@ -264,6 +251,9 @@ FROM pg_attribute WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped`, t.OI
 		t.FirstSeen = &c
 	}
 	if err := resolveTiers(ctx, q, t, cols); err != nil {
+		return nil, err
+	}
+	if err := resolveCitus(ctx, q, pt, t, cols); err != nil {
 		return nil, err
 	}
 

@@ -11,43 +11,47 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
 )
 
-// No Citus package exists here, so the test gives the database what Resolve
-// looks at on a Citus coordinator: pg_catalog.pg_dist_partition listing the
-// distributed tables. A distributed table is refused by name; a local table
-// on the same coordinator is accepted.
-func TestCitusDistributedTableRefused(t *testing.T) {
+// On a real Citus coordinator: a hash-distributed table is managed and
+// described; a reference table and a local table are managed like any
+// table; an append-distributed table, and one distributed on a column
+// outside the policy's key, are refused by name.
+func TestCitusTables(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, _ := pgtest.NewPool(t)
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
+	pool, _ := pgtest.NewCitusPool(t)
 	for _, sql := range []string{
-		"SET allow_system_table_mods = on",
-		"CREATE TABLE pg_catalog.pg_dist_partition (logicalrelid regclass NOT NULL, partmethod char NOT NULL)",
-		"RESET allow_system_table_mods",
-		`CREATE TABLE public.distributed (id int, e timestamptz); CREATE INDEX ON public.distributed (e);
-		 CREATE TABLE public.local (id int, e timestamptz); CREATE INDEX ON public.local (e);
-		 INSERT INTO pg_catalog.pg_dist_partition VALUES ('public.distributed', 'h')`,
+		`CREATE TABLE public.inbox (consumer text, id text, e timestamptz, PRIMARY KEY (consumer, id)); CREATE INDEX ON public.inbox (e)`,
+		`SET citus.shard_count = 4; SELECT create_distributed_table('public.inbox', 'consumer')`,
+		`CREATE TABLE public.ref (id int PRIMARY KEY, e timestamptz); CREATE INDEX ON public.ref (e); SELECT create_reference_table('public.ref')`,
+		`CREATE TABLE public.local (id int, e timestamptz); CREATE INDEX ON public.local (e)`,
+		`CREATE TABLE public.appended (id int, e timestamptz); CREATE INDEX ON public.appended (e); SELECT create_distributed_table('public.appended', 'id', 'append')`,
 	} {
-		if _, err := conn.Exec(ctx, sql); err != nil {
-			t.Fatalf("%s: %v", sql, err)
-		}
+		pgtest.Exec(t, pool, sql)
 	}
-	resolve := func(table string) error {
-		p, err := policy.Parse([]byte("tables:\n  - table: "+table+"\n    key: [id]\n    expires_at: e\n"), "test.yaml")
+	resolve := func(table, key string) (*catalog.Table, error) {
+		p, err := policy.Parse([]byte("tables:\n  - table: "+table+"\n    key: ["+key+"]\n    expires_at: e\n"), "test.yaml")
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, err = catalog.Resolve(ctx, pool, p.Tables[0])
-		return err
+		return catalog.Resolve(ctx, pool, p.Tables[0])
 	}
-	if err := resolve("public.distributed"); !errors.Is(err, catalog.ErrInvalid) || !strings.Contains(err.Error(), "Citus distributed table") {
-		t.Errorf("distributed table: %v", err)
+	tb, err := resolve("public.inbox", "consumer, id")
+	if err != nil {
+		t.Fatalf("hash-distributed table: %v", err)
 	}
-	if err := resolve("public.local"); err != nil {
-		t.Errorf("local table on a coordinator: %v", err)
+	if !tb.Distributed() || tb.Citus.Column.Name != "consumer" || tb.Citus.Shards != 4 || len(tb.Citus.Workers) != pgtest.CitusWorkers {
+		t.Errorf("distribution = %+v, want consumer, 4 shards on %d workers", tb.Citus, pgtest.CitusWorkers)
+	}
+	if _, err := resolve("public.inbox", "id"); !errors.Is(err, catalog.ErrInvalid) || !strings.Contains(err.Error(), `distributed on "consumer", which is not one of the key columns`) {
+		t.Errorf("distribution column outside the key: %v", err)
+	}
+	for _, name := range []string{"public.ref", "public.local"} {
+		tb, err := resolve(name, "id")
+		if err != nil || tb.Distributed() {
+			t.Errorf("%s: distributed=%v, %v; want managed as an ordinary table", name, tb != nil && tb.Distributed(), err)
+		}
+	}
+	if _, err := resolve("public.appended", "id"); !errors.Is(err, catalog.ErrInvalid) || !strings.Contains(err.Error(), "append-distributed") {
+		t.Errorf("append-distributed table: %v", err)
 	}
 }

@@ -70,6 +70,11 @@ func teardown() {
 	if cluster != nil {
 		cluster.Destroy()
 	}
+	citusMu.Lock()
+	defer citusMu.Unlock()
+	if citus != nil {
+		citus.Destroy()
+	}
 }
 
 // Cluster is the throwaway cluster, or nil when the tests use
@@ -130,6 +135,12 @@ func CreateDatabase(label string) (url string, drop func() error, err error) {
 func NewPool(t testing.TB) (*pgxpool.Pool, string) {
 	t.Helper()
 	url := NewDatabase(t)
+	return poolOn(t, url), url
+}
+
+// poolOn opens a pool on url, closed at the end of the test.
+func poolOn(t testing.TB, url string) *pgxpool.Pool {
+	t.Helper()
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		t.Fatalf("pgtest: pool: %v", err)
@@ -142,7 +153,7 @@ func NewPool(t testing.TB) (*pgxpool.Pool, string) {
 		t.Fatalf("pgtest: pool: %v", err)
 	}
 	t.Cleanup(pool.Close)
-	return pool, url
+	return pool
 }
 
 // Exec runs a statement and fails the test on error.
@@ -307,4 +318,64 @@ func Resolve(t testing.TB, db catalog.Querier, policyText string) []*catalog.Tab
 		out = append(out, ct)
 	}
 	return out
+}
+
+var (
+	citusMu  sync.Mutex
+	citus    *pgcluster.Citus // started by the first test that asks
+	citusErr error
+)
+
+// CitusWorkers is how many workers the test Citus cluster has.
+const CitusWorkers = 2
+
+// Citus returns the test binary's Citus cluster (a coordinator and
+// CitusWorkers workers on this machine), starting it on first use. Without
+// the Citus extension the test fails with the way to install it.
+func Citus(t testing.TB) *pgcluster.Citus {
+	t.Helper()
+	citusMu.Lock()
+	defer citusMu.Unlock()
+	if citus == nil && citusErr == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		citus, citusErr = pgcluster.StartCitus(ctx, CitusWorkers, pgcluster.Options{Settings: map[string]string{"track_commit_timestamp": "on"}})
+	}
+	if citusErr != nil {
+		t.Fatalf("pgtest: start a Citus cluster: %v", citusErr)
+	}
+	return citus
+}
+
+// NewCitusDatabase creates a database of the test's own on every node of the
+// Citus cluster, with the extension and the nodes registered, drops it at
+// the end of the test, and returns the coordinator's URL for it.
+func NewCitusDatabase(t testing.TB) string {
+	t.Helper()
+	c := Citus(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	name := fmt.Sprintf("c_%d_%d_%s", os.Getpid(), seq.Add(1), sanitize(t.Name()))
+	if len(name) > 60 {
+		name = name[:60]
+	}
+	url, err := c.CreateDatabase(ctx, name)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := c.DropDatabase(ctx, name); err != nil {
+			t.Errorf("pgtest: %v", err)
+		}
+	})
+	if err != nil {
+		t.Fatalf("pgtest: Citus database: %v", err)
+	}
+	return url
+}
+
+// NewCitusPool is NewCitusDatabase plus a pool on the coordinator.
+func NewCitusPool(t testing.TB) (*pgxpool.Pool, string) {
+	t.Helper()
+	url := NewCitusDatabase(t)
+	return poolOn(t, url), url
 }

@@ -1,0 +1,91 @@
+package catalog
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/policy"
+)
+
+// Distribution describes a table Citus hash-distributes over its workers.
+// inboxkeeper connects to the coordinator; the statements it sends there
+// reach every shard (see docs/guides/citus.md).
+type Distribution struct {
+	Column  Column   // the distribution column, one of the policy's key columns
+	Shards  int      // shard count
+	Workers []string // host:port of the nodes holding its shards
+}
+
+// String is how status shows the distribution.
+func (d *Distribution) String() string {
+	return fmt.Sprintf("hash on %s, %d shards on %d nodes", d.Column.Name, d.Shards, len(d.Workers))
+}
+
+// Distributed reports whether Citus hash-distributes the table: its batches
+// go through the coordinator in a form Citus can push to every shard (no
+// ctid, no SKIP LOCKED; see expiry).
+func (t *Table) Distributed() bool { return t.Citus != nil }
+
+// resolveCitus fills t.Citus when the database is a Citus coordinator and
+// the table is hash-distributed. A reference table and a Citus local table
+// are managed like any table; an append- or range-distributed table, or one
+// distributed on a column outside the policy's key, is refused by name.
+func resolveCitus(ctx context.Context, q Querier, pt policy.Table, t *Table, cols map[string]string) error {
+	var coordinator bool
+	if err := q.QueryRow(ctx, `SELECT to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL`).Scan(&coordinator); err != nil {
+		return fmt.Errorf("table %s: look for Citus: %w", t.Name, err)
+	}
+	if !coordinator {
+		return nil
+	}
+	var method string
+	var column *string
+	err := q.QueryRow(ctx, `SELECT partmethod::text,
+       CASE WHEN partmethod <> 'n' THEN column_to_column_name(logicalrelid, partkey) END
+FROM pg_catalog.pg_dist_partition WHERE logicalrelid = $1::oid::regclass`, t.OID).Scan(&method, &column)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil // a local table on the coordinator
+	}
+	if err != nil {
+		return fmt.Errorf("table %s: read its Citus distribution: %w", t.Name, err)
+	}
+	switch method {
+	case "n":
+		return nil // a reference or Citus local table: one copy per node, kept in step by Citus
+	case "h":
+	case "a":
+		return invalid(pt, "table", "is an append-distributed Citus table; its shards have no hash key for the coordinator to route a delete by, so inboxkeeper manages only hash-distributed tables (create_distributed_table(..., 'hash'))")
+	case "r":
+		return invalid(pt, "table", "is a range-distributed Citus table; inboxkeeper manages hash-distributed tables (create_distributed_table(..., 'hash'))")
+	default:
+		return invalid(pt, "table", "is a Citus table distributed by method %q, which inboxkeeper does not know", method)
+	}
+	if column == nil {
+		return fmt.Errorf("table %s: Citus names no distribution column", t.Name)
+	}
+	if !slices.ContainsFunc(t.Key, func(c Column) bool { return c.Name == *column }) {
+		return invalid(pt, "key", "the table is distributed on %q, which is not one of the key columns %v: a message's identity must decide its shard, or two shards could each hold one copy of it and the claim path could not see the duplicate; add %q to the key (and to the table's unique key)",
+			*column, pt.Key, *column)
+	}
+	d := &Distribution{Column: Column{Name: *column, Type: cols[*column]}}
+	d.Column.Quoted = t.Key[slices.IndexFunc(t.Key, func(c Column) bool { return c.Name == *column })].Quoted
+	rows, err := q.Query(ctx, `SELECT count(DISTINCT s.shardid)::int, coalesce(array_agg(DISTINCT n.nodename || ':' || n.nodeport) FILTER (WHERE n.nodename IS NOT NULL), '{}')
+FROM pg_catalog.pg_dist_shard s
+LEFT JOIN pg_catalog.pg_dist_placement p ON p.shardid = s.shardid
+LEFT JOIN pg_catalog.pg_dist_node n ON n.groupid = p.groupid
+WHERE s.logicalrelid = $1::oid::regclass`, t.OID)
+	if err != nil {
+		return fmt.Errorf("table %s: read its Citus shards: %w", t.Name, err)
+	}
+	if _, err := pgx.CollectExactlyOneRow(rows, func(r pgx.CollectableRow) (struct{}, error) {
+		return struct{}{}, r.Scan(&d.Shards, &d.Workers)
+	}); err != nil {
+		return fmt.Errorf("table %s: read its Citus shards: %w", t.Name, err)
+	}
+	t.Citus = d
+	return nil
+}
