@@ -26,6 +26,9 @@ type TxOptions struct {
 	Throttle *throttle.Throttler
 	// Clock pins now for tests; nil: the database's now().
 	Clock dbconn.Clock
+	// Citus: the table is distributed; the timeouts reach the workers too
+	// (dbconn.TxSettings.Citus).
+	Citus bool
 }
 
 // Tx is one batch transaction, ready for its statement: timeouts set, the
@@ -57,7 +60,7 @@ func Begin(ctx context.Context, pool *pgxpool.Pool, table string, o TxOptions) (
 			t.Close(ctx, &err)
 		}
 	}()
-	b, err := dbconn.TxSettings{LockTimeout: o.LockTimeout, StatementTimeout: o.StatementTimeout, IdleInTx: o.IdleInTx, CustomPlans: true}.Apply(ctx, ptx)
+	b, err := dbconn.TxSettings{LockTimeout: o.LockTimeout, StatementTimeout: o.StatementTimeout, IdleInTx: o.IdleInTx, CustomPlans: true, Citus: o.Citus}.Apply(ctx, ptx)
 	if err != nil {
 		return nil, err
 	}

@@ -136,6 +136,13 @@ type TxSettings struct {
 	// CustomPlans sets plan_cache_mode to force_custom_plan: batch
 	// statements are planned for their own parameters every time.
 	CustomPlans bool
+	// Citus also sends the timeouts to the workers a statement on a
+	// distributed table reaches. set_config() stays on the coordinator, so
+	// without this a worker waits for an application's row lock for as
+	// long as its own lock_timeout says (none by default). Citus forwards
+	// SET LOCAL commands to the workers' transactions when
+	// citus.propagate_set_commands is 'local'.
+	Citus bool
 }
 
 // Backend identifies the transaction a TxSettings.Apply ran in: the server
@@ -168,8 +175,32 @@ func (s TxSettings) Apply(ctx context.Context, tx Querier) (b Backend, err error
 		sets = append(sets, "set_config('plan_cache_mode', 'force_custom_plan', true)")
 	}
 	sql := "SELECT pg_backend_pid(), now(), concat_ws(',', " + strings.Join(sets, ", ") + ")"
-	err = tx.QueryRow(ctx, sql, args...).Scan(&b.PID, &b.XactStart, nil)
-	return b, err
+	if err = tx.QueryRow(ctx, sql, args...).Scan(&b.PID, &b.XactStart, nil); err != nil || !s.Citus {
+		return b, err
+	}
+	// SET takes no parameters; the values are our own durations.
+	local := []string{"SET LOCAL citus.propagate_set_commands TO 'local'",
+		fmt.Sprintf("SET LOCAL idle_in_transaction_session_timeout TO '%s'", retry.Millis(idle))}
+	for _, kv := range []struct {
+		name string
+		d    time.Duration
+	}{{"lock_timeout", s.LockTimeout}, {"statement_timeout", s.StatementTimeout}} {
+		if kv.d > 0 {
+			local = append(local, fmt.Sprintf("SET LOCAL %s TO '%s'", kv.name, retry.Millis(kv.d)))
+		}
+	}
+	ex, ok := tx.(interface {
+		Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+	})
+	if !ok {
+		return b, fmt.Errorf("dbconn: %T cannot run SET LOCAL for Citus", tx)
+	}
+	// Without arguments pgx sends the statements in one simple-protocol
+	// round trip.
+	if _, err := ex.Exec(ctx, strings.Join(local, "; ")); err != nil {
+		return b, fmt.Errorf("set the timeouts for the Citus workers: %w", err)
+	}
+	return b, nil
 }
 
 // Clock is "now" for a pass: the database's clock unless a test pins it.
