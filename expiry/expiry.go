@@ -98,7 +98,7 @@ type TableResult struct {
 	ProtectedByReplays int64 // expired rows kept because only a replay covers them
 	Batches            int
 	Retries            int
-	SkipLockedBatches  int // batches that met a locked row and ran again with SKIP LOCKED
+	SkipLockedBatches  int // batches that met a locked row and ran again with SKIP LOCKED (on Citus: narrowed)
 	RangeBatches       int // batches that deleted by expiry range (the others by ctid)
 	BitmapBatches      int // range batches read with a bitmap heap scan (scanChooser)
 	Duration           time.Duration
@@ -328,6 +328,9 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 // holds must, to skip it; without the privilege it would fail only then,
 // long after the role was set up.
 func (d *Deleter) checkLockPrivilege(ctx context.Context, t *catalog.Table) error {
+	if t.Distributed() {
+		return nil // no FOR UPDATE there (distributedBatch)
+	}
 	var ok bool
 	if err := d.pool.QueryRow(ctx, `SELECT has_any_column_privilege($1::oid, 'UPDATE')`, t.OID).Scan(&ok); err != nil {
 		return fmt.Errorf("check the UPDATE privilege on %s: %w", t.Name, err)
@@ -347,6 +350,9 @@ func (d *Deleter) checkLockPrivilege(ctx context.Context, t *catalog.Table) erro
 // at once) is rolled back and run again with FOR UPDATE SKIP LOCKED.
 // See docs/design/expiry.md, "One batch".
 func (d *Deleter) batch(ctx context.Context, t *catalog.Table, lower pgtype.Timestamptz, size int, res *TableResult) (int64, time.Time, float64, error) {
+	if t.Distributed() {
+		return d.distributedBatch(ctx, t, lower, size, res)
+	}
 	if !d.test.skipLockedOnly {
 		n, newest, wal, err := d.batchTx(ctx, t, lower, size, res, false)
 		if retry.Kind(err) != retry.KindLockTimeout {
@@ -416,6 +422,22 @@ SELECT count(*), max(expiry), %[11]s FROM gone`
 	skipLockedClause = `
   FOR UPDATE OF t SKIP LOCKED`
 
+	// keySQL is ctidSQL for a Citus distributed table, where a DELETE by
+	// ctid is refused: the coordinator picks size rows by the expiry
+	// (each shard's expiry index, merged), and the DELETE finds them again
+	// by key on their shards. %[12]s is the key columns over the alias,
+	// %[13]s over t.
+	keySQL = `
+WITH gone AS (
+  DELETE FROM %[1]s d WHERE (%[12]s) IN (
+    SELECT %[13]s FROM %[1]s t
+    WHERE %[2]s <= %[3]s AND %[2]s >= %[4]s AND NOT %[5]s AND NOT %[6]s
+    ORDER BY %[2]s
+    LIMIT %[7]s)
+  RETURNING %[8]s AS expiry%[9]s
+)%[10]s
+SELECT count(*), max(expiry), %[11]s FROM gone`
+
 	// batchSettingsSQL: the commit does not wait for the batch's WAL to
 	// reach disk. A batch lost in a crash only brings back rows that are
 	// still expired, and the next pass deletes them again; a hold written
@@ -436,7 +458,8 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 		lockTimeout = min(d.opts.LockTimeout, d.optimisticLockTimeout())
 	}
 	tx, err := batchloop.Begin(ctx, d.pool, t.Name, batchloop.TxOptions{
-		LockTimeout: lockTimeout, StatementTimeout: d.opts.StatementTimeout, IdleInTx: d.opts.IdleTimeout, Throttle: d.opts.Throttle, Clock: d.opts.Clock})
+		LockTimeout: lockTimeout, StatementTimeout: d.opts.StatementTimeout, IdleInTx: d.opts.IdleTimeout, Throttle: d.opts.Throttle, Clock: d.opts.Clock,
+		Citus: t.Distributed()})
 	if err != nil {
 		return 0, time.Time{}, 0, err
 	}
@@ -461,6 +484,8 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 		form, alias = rangeKeysSQL, "d"
 	case b.ok:
 		form, alias = rangeSQL, "d"
+	case t.Distributed():
+		form = keySQL
 	}
 	var args holds.Args
 	holdPred, replayPred := tx.Coverage.Predicates(t, alias, &args)
@@ -471,6 +496,11 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 		limit = args.Add(size)
 	}
 	keysReturning, keysCTE, keysCount := permanentKeys(t)
+	last := lockClause
+	var keyT string
+	if form == keySQL {
+		last, keyT = keyColumns(t, "d"), keyColumns(t, "t")
+	}
 	sql := fmt.Sprintf(form,
 		t.Ident, alias+"."+t.Expiry.Quoted,
 		t.Expiry.Instant(args.Add(c)+"::timestamptz"),
@@ -478,7 +508,7 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 		holdPred, replayPred,
 		limit,
 		t.Expiry.AsTimestamptz("d"),
-		keysReturning, keysCTE, keysCount, lockClause)
+		keysReturning, keysCTE, keysCount, last, keyT)
 	var newestTS pgtype.Timestamptz
 	var keys int64
 	began := time.Now()

@@ -324,6 +324,8 @@ var (
 	citusMu  sync.Mutex
 	citus    *pgcluster.Citus // started by the first test that asks
 	citusErr error
+	// citusCreate serialises the tests' database setup on it.
+	citusCreate sync.Mutex
 )
 
 // CitusWorkers is how many workers the test Citus cluster has.
@@ -359,7 +361,11 @@ func NewCitusDatabase(t testing.TB) string {
 	if len(name) > 60 {
 		name = name[:60]
 	}
+	// Parallel node registrations fail on Citus ("failure on connection
+	// marked as essential"): one database at a time.
+	citusCreate.Lock()
 	url, err := c.CreateDatabase(ctx, name)
+	citusCreate.Unlock()
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()

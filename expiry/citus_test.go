@@ -1,0 +1,281 @@
+package expiry
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/inboxkeeper/inboxkeeper/holds"
+	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
+)
+
+// citusSetup is setup on a Citus coordinator: the inbox distributed on
+// consumer over the test cluster's workers.
+func citusSetup(t *testing.T) (fixture, string) {
+	t.Helper()
+	pool, url := pgtest.NewCitusPool(t)
+	pgtest.Migrate(t, url)
+	pgtest.Exec(t, pool, inboxDDL)
+	pgtest.Exec(t, pool, "SET citus.shard_count = 4; SELECT create_distributed_table('public.consumer_inbox', 'consumer')")
+	f := fixture{pool: pool, tables: pgtest.Resolve(t, pool, inboxPolicy)}
+	if !f.tables[0].Distributed() {
+		t.Fatal("the table does not resolve as distributed")
+	}
+	return f, url
+}
+
+// On a distributed table a pass deletes exactly the due rows no hold or
+// replay covers, oldest first, in batches of the set size, by both forms
+// (range, and key where expiries tie at the batch bound).
+func TestCitusExpiryWithHoldsAndReplays(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f, _ := citusSetup(t)
+	for i, c := range []string{"a", "b", "c", "held", "replayed"} {
+		f.insert(t, c, 40, t0.Add(-48*time.Hour+time.Duration(i)*time.Second), time.Minute)
+	}
+	// Ties across the bound: the key form.
+	pgtest.Exec(t, f.pool, `INSERT INTO public.consumer_inbox SELECT 'tie', 'tie-' || i, $1::timestamptz - interval '30 days', $1 FROM generate_series(1, 9) i`, t0.Add(-time.Hour))
+	// Not yet due.
+	f.insert(t, "a-late", 10, t0.Add(time.Minute), time.Minute)
+	held := "held"
+	if _, err := holds.AddHold(ctx, f.pool, f.tables[0], holds.HoldSpec{Scope: &held, Reason: "legal", Owner: "legal"}); err != nil {
+		t.Fatal(err)
+	}
+	from, to := t0.Add(-60*24*time.Hour), t0
+	if _, err := holds.StartReplay(ctx, f.pool, f.tables[0], holds.ReplaySpec{Scope: "replayed", From: from, To: to, Owner: "ops", Force: true}); err != nil {
+		t.Fatal(err)
+	}
+	res := f.pass(t, Options{Clock: pinned(t0), BatchSize: 7})
+	if res.Deleted != 3*40+9 || res.ProtectedByHolds != 40 || res.ProtectedByReplays != 40 {
+		t.Errorf("deleted %d, held %d, replayed %d; want %d, 40, 40", res.Deleted, res.ProtectedByHolds, res.ProtectedByReplays, 3*40+9)
+	}
+	if res.RangeBatches == 0 || res.RangeBatches == res.Batches {
+		t.Errorf("%d of %d batches by range; want both forms used", res.RangeBatches, res.Batches)
+	}
+	if n := f.count(t, "consumer IN ('held', 'replayed', 'a-late')"); n != 90 {
+		t.Errorf("%d protected or undue rows left, want 90", n)
+	}
+	if n := f.count(t, "true"); n != 90 {
+		t.Errorf("%d rows left, want 90", n)
+	}
+}
+
+// Oldest first across shards: a pass cut short after two batches has
+// deleted exactly the oldest rows, whatever shard they lie on.
+func TestCitusOldestFirst(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f, _ := citusSetup(t)
+	for i := 0; i < 8; i++ {
+		f.insert(t, fmt.Sprintf("c%d", i), 10, t0.Add(-24*time.Hour+time.Duration(i)*time.Second), time.Minute)
+	}
+	batches := 0
+	d := newTest(f.pool, f.tables, Options{Clock: pinned(t0), BatchSize: 12}, testSignals{})
+	d.opts.Active = func() error {
+		if batches == 2 {
+			return fmt.Errorf("stop after two batches")
+		}
+		batches++
+		return nil
+	}
+	res, err := d.RunPass(ctx)
+	if err != nil || res[0].Err != nil || res[0].Deleted != 24 {
+		t.Fatalf("pass: %v %+v; want 24 deleted", err, res[0])
+	}
+	var newestGone, oldestLeft time.Time
+	if err := f.pool.QueryRow(ctx, "SELECT min(remember_until) FROM public.consumer_inbox").Scan(&oldestLeft); err != nil {
+		t.Fatal(err)
+	}
+	// The 24 oldest of the 80: three minutes of eight consumers.
+	newestGone = t0.Add(-24*time.Hour + 2*time.Minute + 7*time.Second)
+	if !oldestLeft.After(newestGone) {
+		t.Errorf("oldest row left expires %s, not after the newest that should be gone (%s)", oldestLeft, newestGone)
+	}
+}
+
+// The fence on a distributed table: a hold added while a batch is in flight
+// waits for that batch, and no later batch deletes a row it covers.
+func TestCitusFenceInFlightBatch(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f, _ := citusSetup(t)
+	f.insert(t, "payments", 30, t0.Add(-time.Hour), time.Minute)
+	f.insert(t, "orders", 30, t0.Add(-time.Hour+time.Second), time.Minute)
+
+	inFlight, release, committed := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	first := true
+	sig := testSignals{beforeCommit: func(string, int64) {
+		if first {
+			first = false
+			close(inFlight)
+			<-release
+		}
+	}}
+	passDone := make(chan TableResult, 1)
+	go func() {
+		res, _ := newTest(f.pool, f.tables, Options{Clock: pinned(t0), BatchSize: 10}, sig).RunPass(ctx)
+		passDone <- res[0]
+	}()
+	select {
+	case <-inFlight:
+	case res := <-passDone:
+		t.Fatalf("the pass ended before its first batch reached COMMIT: %+v", res)
+	}
+	holdDone := make(chan error, 1)
+	go func() {
+		s := "payments"
+		_, err := holds.AddHold(ctx, f.pool, f.tables[0], holds.HoldSpec{Scope: &s, Reason: "legal", Owner: "legal"})
+		select {
+		case <-committed:
+		default:
+			err = fmt.Errorf("AddHold returned while a batch that ignored the hold was still open")
+		}
+		holdDone <- err
+	}()
+	pgtest.WaitFor(t, 30*time.Second, "the hold writer to queue on the fence", func() bool {
+		var waiting bool
+		_ = f.pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted)").Scan(&waiting)
+		return waiting
+	})
+	close(committed)
+	close(release)
+	if err := <-holdDone; err != nil {
+		t.Fatal(err)
+	}
+	res := <-passDone
+	if res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	// The in-flight batch took 10 rows, about half of each consumer; every
+	// orders row goes, every payments row the first batch left stays.
+	var paymentsGoneFirst int64 = 30 - f.count(t, "consumer = 'payments'")
+	if res.Deleted != 30+paymentsGoneFirst || paymentsGoneFirst > 10 {
+		t.Errorf("deleted %d, %d of them payments; want every orders row and only the payments rows of the first batch", res.Deleted, paymentsGoneFirst)
+	}
+	if n := f.count(t, "consumer = 'orders'"); n != 0 {
+		t.Errorf("%d orders rows left, want 0", n)
+	}
+}
+
+// Rows a session holds locked on a worker: without SKIP LOCKED, the pass
+// waits for each at most the optimistic lock timeout, steps over it, and
+// deletes every other due row; an application session that wants a row
+// the batch holds waits at most about that long; the next pass, once the
+// locks are gone, deletes the rest.
+func TestCitusLockedRowsOnAWorker(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f, url := citusSetup(t)
+	f.insert(t, "c", 60, t0.Add(-24*time.Hour), time.Minute)
+	f.insert(t, "d", 60, t0.Add(-24*time.Hour+time.Second), time.Minute)
+
+	// The session that holds the rows is on the worker that has consumer
+	// c's shard, connected to it directly, as an application's router
+	// query would leave it.
+	var shard, host string
+	var port int
+	if err := f.pool.QueryRow(ctx, `SELECT shard_name, nodename, nodeport FROM citus_shards
+WHERE table_name = 'public.consumer_inbox'::regclass AND shardid = get_shard_id_for_distribution_column('public.consumer_inbox', 'c')`).Scan(&shard, &host, &port); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Port = uint16(port)
+	worker, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer worker.Close(ctx)
+	locker, err := worker.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Rollback(ctx)
+	pgtest.Exec(t, locker, fmt.Sprintf("SELECT 1 FROM public.%s WHERE message_id IN ('c-3', 'c-4', 'c-30') FOR UPDATE", pgx.Identifier{shard}.Sanitize()))
+
+	fallbacks := 0
+	started := time.Now()
+	res := f.passWith(t, testSignals{onFallback: func() { fallbacks++ }}, Options{Clock: pinned(t0), BatchSize: 16, LockTimeout: 20 * time.Second})
+	if res.Deleted != 117 || res.Retries != 0 {
+		t.Errorf("deleted %d with %d retries, want 117 (all but the 3 locked) and none", res.Deleted, res.Retries)
+	}
+	t.Logf("pass: %s, %+v", time.Since(started), res)
+	if fallbacks != 3 {
+		t.Errorf("stepped over %d locked rows, want 3", fallbacks)
+	}
+	// Waiting on a lock for the set lock timeout would have taken 20 s.
+	if el := time.Since(started); el > 15*time.Second {
+		t.Errorf("pass took %s: it waited on a locked row", el)
+	}
+	if n := f.count(t, "true"); n != 3 {
+		t.Fatalf("%d rows left, want the 3 locked ones", n)
+	}
+	if err := locker.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if res := f.pass(t, Options{Clock: pinned(t0)}); res.Deleted != 3 {
+		t.Errorf("the next pass deleted %d, want the 3 formerly locked rows", res.Deleted)
+	}
+}
+
+// An application session that wants a row a batch on a distributed table
+// has deleted, while that batch waits on a row locked on a worker, waits at
+// most about the batch's lock wait: the lock timeout reaches the workers.
+func TestCitusApplicationWaitsAtMostLockTimeout(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f, _ := citusSetup(t)
+	f.insert(t, "c", 40, t0.Add(-24*time.Hour), time.Minute)
+	a, err := f.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Rollback(ctx)
+	pgtest.Exec(t, a, "SELECT 1 FROM public.consumer_inbox WHERE consumer = 'c' AND message_id = 'c-20' FOR UPDATE")
+
+	const wait = 2 * time.Second // long enough to see the deleter waiting
+	done := make(chan TableResult, 1)
+	go func() {
+		res, _ := newTest(f.pool, f.tables, Options{Clock: pinned(t0), BatchSize: 100, LockTimeout: wait}, testSignals{optimisticWait: wait}).RunPass(ctx)
+		done <- res[0]
+	}()
+	// The batch's statement on the worker waits on c-20: the worker's
+	// pg_stat_activity shows it (citus_stat_activity gathers every node's).
+	pgtest.WaitFor(t, 30*time.Second, "the deleter to wait on the locked row on a worker", func() bool {
+		var waiting bool
+		_ = f.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM citus_stat_activity
+WHERE wait_event_type = 'Lock' AND query ILIKE 'DELETE%')`).Scan(&waiting)
+		return waiting
+	})
+	b, err := f.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Rollback(ctx)
+	pgtest.Exec(t, b, "SET LOCAL citus.propagate_set_commands = 'local'; SET LOCAL lock_timeout = '30s'")
+	started := time.Now()
+	pgtest.Exec(t, b, "SELECT 1 FROM public.consumer_inbox WHERE consumer = 'c' AND message_id = 'c-5' FOR UPDATE")
+	if el := time.Since(started); el > wait+time.Second {
+		t.Errorf("the application session waited %s on the deleter, longer than its lock timeout %s", el, wait)
+	}
+	if err := b.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case res := <-done:
+		if res.Err != nil || res.Deleted < 38 {
+			t.Errorf("result %+v: want at least 38 deleted", res)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("the pass did not finish")
+	}
+}
