@@ -41,9 +41,19 @@ func (t *Throttler) Watch(pid uint32, xactStart time.Time) (done func(), blocked
 // waiting on them.
 const LockPollInterval = 50 * time.Millisecond
 
+// CitusLockPollInterval is how often, on a Citus coordinator, the lock
+// waits on the workers are read as well (citus_lock_waits asks every node,
+// some 40 ms here: too much for every LockPollInterval).
+const CitusLockPollInterval = 250 * time.Millisecond
+
 func (t *Throttler) watchLocks(ctx context.Context) {
 	tick := time.NewTicker(LockPollInterval)
 	defer tick.Stop()
+	var citus bool
+	if err := t.pool.QueryRow(ctx, "SELECT to_regclass('pg_catalog.citus_lock_waits') IS NOT NULL").Scan(&citus); err != nil && ctx.Err() == nil {
+		t.log.Warn("throttle: could not tell whether the database is a Citus coordinator; watching its own lock waits only", "error", err)
+	}
+	var citusRead time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -57,25 +67,49 @@ func (t *Throttler) watchLocks(ctx context.Context) {
 		}
 		t.mu.Unlock()
 		if len(pids) > 0 {
-			t.checkBlocked(ctx, pids)
+			t.checkBlocked(ctx, pids, localWaitsSQL)
+			if citus && time.Since(citusRead) >= CitusLockPollInterval {
+				citusRead = time.Now()
+				t.checkBlocked(ctx, pids, citusWaitsSQL)
+			}
 		}
 	}
 }
 
-// checkBlocked looks only at sessions already waiting on a lock before
-// asking pg_blocking_pids, which briefly locks the lock manager.
-func (t *Throttler) checkBlocked(ctx context.Context, pids []uint32) {
-	rows, err := t.pool.Query(ctx, `
+// The queries that find sessions waiting on a watched backend ($1): each
+// returns the blocker's pid, the waiter's (global, on Citus) pid and the
+// blocker's transaction start.
+const (
+	// localWaitsSQL looks only at sessions already waiting on a lock
+	// before asking pg_blocking_pids, which briefly locks the lock manager.
+	localWaitsSQL = `
 WITH waiting AS MATERIALIZED (
   SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid()
 )
-SELECT DISTINCT b.blocker, w.pid, a.xact_start
+SELECT DISTINCT b.blocker, w.pid::int8, a.xact_start
 FROM waiting w, LATERAL unnest(pg_blocking_pids(w.pid)) AS b(blocker)
 LEFT JOIN pg_stat_activity a ON a.pid = b.blocker
-WHERE b.blocker = ANY ($1::int4[])`, pids)
+WHERE b.blocker = ANY ($1::int4[])`
+
+	// citusWaitsSQL finds the sessions waiting, on any node, on a lock a
+	// watched coordinator backend holds there through its connections to
+	// the workers: Citus gives those connections the backend's global pid
+	// (the coordinator's node id times 10^10 plus its pid).
+	citusWaitsSQL = `
+SELECT DISTINCT (w.blocking_gpid % 10000000000)::int4, w.waiting_gpid, a.xact_start
+FROM citus_lock_waits w
+LEFT JOIN pg_stat_activity a ON a.pid = (w.blocking_gpid % 10000000000)::int4
+WHERE w.blocking_gpid / 10000000000 = citus_backend_gpid() / 10000000000
+  AND (w.blocking_gpid % 10000000000)::int4 = ANY ($1::int4[])`
+)
+
+// checkBlocked cancels the watched batches other sessions wait on.
+func (t *Throttler) checkBlocked(ctx context.Context, pids []uint32, sql string) {
+	rows, err := t.pool.Query(ctx, sql, pids)
 	type hit struct {
-		blocker, waiter uint32
-		xactStart       *time.Time
+		blocker   uint32
+		waiter    int64
+		xactStart *time.Time
 	}
 	var hits []hit
 	if err == nil {

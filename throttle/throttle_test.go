@@ -514,7 +514,7 @@ func TestLockWatchCancelsOnlyTheWatchedTransaction(t *testing.T) {
 	})
 
 	done, blocked := th.Watch(pid, stale)
-	th.CheckLocksNow(ctx)
+	th.CheckLocksNow(ctx, false)
 	if blocked() {
 		t.Error("a watch on an ended transaction reported the new one as blocking")
 	}
@@ -531,7 +531,7 @@ func TestLockWatchCancelsOnlyTheWatchedTransaction(t *testing.T) {
 
 	done, blocked = th.Watch(pid, start)
 	defer done()
-	th.CheckLocksNow(ctx)
+	th.CheckLocksNow(ctx, false)
 	if !blocked() {
 		t.Error("the watched transaction was not reported as blocking")
 	}

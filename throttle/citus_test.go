@@ -1,0 +1,84 @@
+package throttle_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
+	"github.com/inboxkeeper/inboxkeeper/throttle"
+)
+
+// On a Citus coordinator a batch's row locks are held on the workers by
+// its connections there, and an application session waits there, not on
+// the coordinator: the coordinator's own lock view sees nothing, and the
+// watch must read every node's (citus_lock_waits) to cancel the batch.
+func TestCitusLockWatchSeesWaitsOnWorkers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, url := pgtest.NewCitusPool(t)
+	pgtest.Exec(t, pool, `CREATE TABLE public.consumer_inbox (consumer text, message_id text, payload text, PRIMARY KEY (consumer, message_id));
+SET citus.shard_count = 2; SELECT create_distributed_table('public.consumer_inbox', 'consumer');
+INSERT INTO public.consumer_inbox VALUES ('c', 'm1', 'x')`)
+	th := throttle.New(pool, throttle.Config{}, nil, nil)
+
+	holder, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close(ctx)
+	tx, err := holder.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pid uint32
+	var start time.Time
+	if err := tx.QueryRow(ctx, "SELECT pg_backend_pid(), now()").Scan(&pid, &start); err != nil {
+		t.Fatal(err)
+	}
+	pgtest.Exec(t, tx, "DELETE FROM public.consumer_inbox WHERE consumer = 'c' AND message_id = 'm1'")
+	sleeping := make(chan error, 1)
+	go func() {
+		_, err := tx.Exec(ctx, "SELECT pg_sleep(60)")
+		sleeping <- err
+	}()
+	waiter := make(chan error, 1)
+	go func() {
+		_, err := pool.Exec(ctx, "UPDATE public.consumer_inbox SET payload = 'mine' WHERE consumer = 'c' AND message_id = 'm1'")
+		waiter <- err
+	}()
+	pgtest.WaitFor(t, 30*time.Second, "the waiter to wait on the holder's lock on a worker", func() bool {
+		var n int
+		_ = pool.QueryRow(ctx, "SELECT count(*) FROM citus_lock_waits").Scan(&n)
+		return n > 0
+	})
+	done, blocked := th.Watch(pid, start)
+	defer done()
+	th.CheckLocksNow(ctx, false)
+	if blocked() {
+		t.Fatal("the coordinator's own lock view reported a wait that is on a worker")
+	}
+	th.CheckLocksNow(ctx, true)
+	if !blocked() {
+		t.Fatal("the wait on the worker was not seen")
+	}
+	select {
+	case err := <-sleeping:
+		if err == nil {
+			t.Error("the blocking transaction was not cancelled")
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the blocking transaction was not cancelled")
+	}
+	_ = tx.Rollback(ctx)
+	select {
+	case err := <-waiter:
+		if err != nil {
+			t.Errorf("the application's update: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the application's update still waits")
+	}
+}
