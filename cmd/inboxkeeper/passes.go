@@ -558,7 +558,7 @@ func (r statusReport) JSON(th *throttle.Throttler) map[string]any {
 		tables = append(tables, map[string]any{
 			"table": st.Table, "now": st.Now, "due": st.Due, "due_capped": st.DueCapped,
 			"cleanup_lag_seconds": st.CleanupLag.Seconds(), "oldest_expiry": st.Oldest, "newest_expiry": st.Newest,
-			"holds": holds, "replays": replays,
+			"holds": holds, "replays": replays, "citus": citusJSON(st.Citus),
 		})
 	}
 	for _, r := range r.Partitions {
@@ -599,7 +599,19 @@ func (r statusReport) JSON(th *throttle.Throttler) map[string]any {
 	return out
 }
 
+// citusJSON is a distributed table's distribution in status --json; null
+// for an ordinary table.
+func citusJSON(d *catalog.Distribution) any {
+	if d == nil {
+		return nil
+	}
+	return map[string]any{"distribution_column": d.Column.Name, "shards": d.Shards, "workers": d.Workers}
+}
+
 func writeStatus(w io.Writer, st expiry.TableStatus) {
+	if d := st.Citus; d != nil {
+		fmt.Fprintf(w, "  distributed (Citus):      %s: %s\n", d, strings.Join(d.Workers, ", "))
+	}
 	due := fmt.Sprintf("%d", st.Due)
 	if st.DueCapped {
 		due = fmt.Sprintf("more than %d (count capped)", st.Due)

@@ -1,0 +1,51 @@
+package main
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
+)
+
+// newCitusFixture is newFixture on a Citus coordinator: the usual inbox,
+// hash-distributed on consumer over the test cluster's workers.
+func newCitusFixture(t *testing.T) *fixture {
+	t.Helper()
+	pool, url := pgtest.NewCitusPool(t)
+	f := &fixture{t: t, pool: pool, url: url, dir: t.TempDir()}
+	pgtest.Exec(t, pool, inboxTable+inboxIndex)
+	pgtest.Exec(t, pool, "SET citus.shard_count = 4; SELECT create_distributed_table('public.consumer_inbox', 'consumer')")
+	pgtest.Exec(t, pool, inboxRows)
+	f.policy = f.writeFile("inboxkeeper.yaml", inboxPolicy)
+	return f
+}
+
+// The commands on a Citus coordinator: migrate (twice), status naming the
+// distribution, a hold, and once deleting exactly what one node would.
+func TestCitusCommands(t *testing.T) {
+	t.Parallel()
+	f := newCitusFixture(t)
+	wantExit(t, f.run("migrate"), 0, "migrated to version")
+	wantExit(t, f.run("migrate"), 0, "up to date")
+	wantExit(t, f.run("status"), 0, "distributed (Citus):      hash on consumer, 4 shards on 2 nodes")
+	r := f.run("status", "--json")
+	wantExit(t, r, 0)
+	var st struct {
+		Tables []struct {
+			Citus *struct {
+				Column  string   `json:"distribution_column"`
+				Shards  int      `json:"shards"`
+				Workers []string `json:"workers"`
+			} `json:"citus"`
+		} `json:"tables"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil || len(st.Tables) != 1 || st.Tables[0].Citus == nil ||
+		st.Tables[0].Citus.Column != "consumer" || st.Tables[0].Citus.Shards != 4 || len(st.Tables[0].Citus.Workers) != 2 {
+		t.Errorf("status --json: %v\n%s", err, r.stdout)
+	}
+	wantExit(t, f.run("hold", "add", "--table", "public.consumer_inbox", "--scope", "billing", "--reason", "audit", "--owner", "dba"), 0)
+	wantExit(t, f.run("once"), 0)
+	// payments' 20 expired rows go; billing's 10 are held.
+	f.wantCount("rows left", allRows-20, "SELECT count(*) FROM public.consumer_inbox")
+	f.wantCount("billing rows left", 16, "SELECT count(*) FROM public.consumer_inbox WHERE consumer = 'billing'")
+}
