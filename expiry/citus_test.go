@@ -101,58 +101,13 @@ func TestCitusOldestFirst(t *testing.T) {
 // waits for that batch, and no later batch deletes a row it covers.
 func TestCitusFenceInFlightBatch(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	f, _ := citusSetup(t)
 	f.insert(t, "payments", 30, t0.Add(-time.Hour), time.Minute)
 	f.insert(t, "orders", 30, t0.Add(-time.Hour+time.Second), time.Minute)
-
-	inFlight, release, committed := make(chan struct{}), make(chan struct{}), make(chan struct{})
-	first := true
-	sig := testSignals{beforeCommit: func(string, int64) {
-		if first {
-			first = false
-			close(inFlight)
-			<-release
-		}
-	}}
-	passDone := make(chan TableResult, 1)
-	go func() {
-		res, _ := newTest(f.pool, f.tables, Options{Clock: pinned(t0), BatchSize: 10}, sig).RunPass(ctx)
-		passDone <- res[0]
-	}()
-	select {
-	case <-inFlight:
-	case res := <-passDone:
-		t.Fatalf("the pass ended before its first batch reached COMMIT: %+v", res)
-	}
-	holdDone := make(chan error, 1)
-	go func() {
-		s := "payments"
-		_, err := holds.AddHold(ctx, f.pool, f.tables[0], holds.HoldSpec{Scope: &s, Reason: "legal", Owner: "legal"})
-		select {
-		case <-committed:
-		default:
-			err = fmt.Errorf("AddHold returned while a batch that ignored the hold was still open")
-		}
-		holdDone <- err
-	}()
-	pgtest.WaitFor(t, 30*time.Second, "the hold writer to queue on the fence", func() bool {
-		var waiting bool
-		_ = f.pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted)").Scan(&waiting)
-		return waiting
-	})
-	close(committed)
-	close(release)
-	if err := <-holdDone; err != nil {
-		t.Fatal(err)
-	}
-	res := <-passDone
-	if res.Err != nil {
-		t.Fatal(res.Err)
-	}
+	res := fenceRace(t, f, testSignals{})
 	// The in-flight batch took 10 rows, about half of each consumer; every
 	// orders row goes, every payments row the first batch left stays.
-	var paymentsGoneFirst int64 = 30 - f.count(t, "consumer = 'payments'")
+	paymentsGoneFirst := 30 - f.count(t, "consumer = 'payments'")
 	if res.Deleted != 30+paymentsGoneFirst || paymentsGoneFirst > 10 {
 		t.Errorf("deleted %d, %d of them payments; want every orders row and only the payments rows of the first batch", res.Deleted, paymentsGoneFirst)
 	}

@@ -479,65 +479,9 @@ func TestHoldNeedsConfiguredColumns(t *testing.T) {
 func TestFenceInFlightBatch(t *testing.T) {
 	t.Parallel()
 	forms(t, func(t *testing.T, sig testSignals) {
-		ctx := context.Background()
 		f := setup(t, inboxDDL, inboxPolicy)
 		f.insert(t, "payments", 30, t0.Add(-time.Hour), time.Minute)
-
-		inFlight := make(chan struct{})
-		release := make(chan struct{})
-		committed := make(chan struct{})
-		first := true
-		sig.beforeCommit = func(string, int64) {
-			if first {
-				first = false
-				close(inFlight)
-				<-release
-			}
-		}
-		passDone := make(chan TableResult, 1)
-		go func() {
-			res, _ := newTest(f.pool, f.tables, Options{Clock: pinned(t0), BatchSize: 10}, sig).RunPass(ctx)
-			passDone <- res[0]
-		}()
-		select {
-		case <-inFlight:
-		case res := <-passDone:
-			t.Fatalf("the pass ended before its first batch reached COMMIT: %+v", res)
-		}
-
-		holdDone := make(chan error, 1)
-		go func() {
-			s := "payments"
-			_, err := holds.AddHold(ctx, f.pool, f.tables[0], holds.HoldSpec{Scope: &s, Reason: "legal", Owner: "legal"})
-			select {
-			case <-committed:
-			default:
-				err = fmt.Errorf("AddHold returned while a batch that ignored the hold was still open")
-			}
-			holdDone <- err
-		}()
-		// Wait until the hold writer is queued on the fence: it must not get
-		// past it while the batch is open.
-		pgtest.WaitFor(t, 30*time.Second, "the hold writer to queue on the fence", func() bool {
-			var waiting bool
-			_ = f.pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted)").Scan(&waiting)
-			return waiting
-		})
-		select {
-		case err := <-holdDone:
-			t.Fatalf("AddHold finished while the batch was in flight: %v", err)
-		default:
-		}
-		close(committed) // the batch commits right after release
-		close(release)
-
-		if err := <-holdDone; err != nil {
-			t.Fatal(err)
-		}
-		res := <-passDone
-		if res.Err != nil {
-			t.Fatal(res.Err)
-		}
+		res := fenceRace(t, f, sig)
 		// The in-flight batch deleted 10 before the hold existed; the rest stay.
 		if res.Deleted != 10 {
 			t.Errorf("pass deleted %d, want only the 10 of the batch already in flight", res.Deleted)
@@ -546,6 +490,71 @@ func TestFenceInFlightBatch(t *testing.T) {
 			t.Errorf("%d rows left, want 20", n)
 		}
 	})
+}
+
+// fenceRace runs a pass in batches of 10 and, while its first batch is
+// held open before COMMIT, adds a hold on consumer payments. It checks
+// that the hold writer queues on the fence and returns only after that
+// batch committed, and returns the pass's result.
+func fenceRace(t *testing.T, f fixture, sig testSignals) TableResult {
+	t.Helper()
+	ctx := context.Background()
+	inFlight := make(chan struct{})
+	release := make(chan struct{})
+	committed := make(chan struct{})
+	first := true
+	sig.beforeCommit = func(string, int64) {
+		if first {
+			first = false
+			close(inFlight)
+			<-release
+		}
+	}
+	passDone := make(chan TableResult, 1)
+	go func() {
+		res, _ := newTest(f.pool, f.tables, Options{Clock: pinned(t0), BatchSize: 10}, sig).RunPass(ctx)
+		passDone <- res[0]
+	}()
+	select {
+	case <-inFlight:
+	case res := <-passDone:
+		t.Fatalf("the pass ended before its first batch reached COMMIT: %+v", res)
+	}
+
+	holdDone := make(chan error, 1)
+	go func() {
+		s := "payments"
+		_, err := holds.AddHold(ctx, f.pool, f.tables[0], holds.HoldSpec{Scope: &s, Reason: "legal", Owner: "legal"})
+		select {
+		case <-committed:
+		default:
+			err = fmt.Errorf("AddHold returned while a batch that ignored the hold was still open")
+		}
+		holdDone <- err
+	}()
+	// Wait until the hold writer is queued on the fence: it must not get
+	// past it while the batch is open.
+	pgtest.WaitFor(t, 30*time.Second, "the hold writer to queue on the fence", func() bool {
+		var waiting bool
+		_ = f.pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted)").Scan(&waiting)
+		return waiting
+	})
+	select {
+	case err := <-holdDone:
+		t.Fatalf("AddHold finished while the batch was in flight: %v", err)
+	default:
+	}
+	close(committed) // the batch commits right after release
+	close(release)
+
+	if err := <-holdDone; err != nil {
+		t.Fatal(err)
+	}
+	res := <-passDone
+	if res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	return res
 }
 
 func TestRunTimeStopsThePass(t *testing.T) {
