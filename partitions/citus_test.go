@@ -224,6 +224,9 @@ WHERE i.inhparent = 'public.consumer_inbox'::regclass AND d.partmethod = 'h'
 	if f.count(t, "public.consumer_inbox", "true") != 0 || f.count(t, "public.consumer_inbox_p202605", "true") != 20 {
 		t.Fatal("the detached partition should keep its rows apart from the parent")
 	}
+	if n := f.count(t, "pg_dist_partition", "logicalrelid = 'public.consumer_inbox_p202605'::regclass AND partmethod = 'h'"); n != 1 {
+		t.Fatal("the detached partition should stay a distributed table")
+	}
 	for state, want := range map[string]float64{"attached": 6, "detach_pending": 0, "detached": 1} {
 		if got := testutil.ToFloat64(m.Count.WithLabelValues("public.consumer_inbox", state)); got != want {
 			t.Errorf("partitions{state=%s} = %v, want %v", state, got, want)
