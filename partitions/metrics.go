@@ -44,7 +44,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"table", "reason"}),
 		Count: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "inboxkeeper_partitions",
-			Help: "Partitions by state: attached, detach_pending (an interrupted DETACH CONCURRENTLY), detached (waiting out detached_retention).",
+			Help: "Partitions by state: attached, detach_pending (an interrupted DETACH CONCURRENTLY; never on a Citus table, whose plain DETACH commits or not at all), detached (waiting out detached_retention).",
 		}, []string{"table", "state"}),
 		Created: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "inboxkeeper_partitions_created_total",
@@ -52,7 +52,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"table"}),
 		Detached: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "inboxkeeper_partitions_detached_total",
-			Help: "Expired partitions detached (DETACH CONCURRENTLY, or FINALIZE of an interrupted one).",
+			Help: "Expired partitions detached (DETACH CONCURRENTLY, FINALIZE of an interrupted one, or a plain DETACH on a Citus table).",
 		}, []string{"table"}),
 		Dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "inboxkeeper_partitions_dropped_total",

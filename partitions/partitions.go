@@ -296,6 +296,9 @@ func (m *Manager) premake(ctx context.Context, t *catalog.Table, now time.Time, 
 			err = m.retrying(ctx, t, "create "+p.String(), func() error {
 				return m.ddl(ctx, t, "create "+p.String(), func(c *pgxpool.Conn) error {
 					return pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
+						if err := m.toWorkers(ctx, tx, t); err != nil {
+							return err
+						}
 						// The new partition belongs to the parent's owner, as
 						// one made by hand would, when the daemon's role is a
 						// member of it (which creating a partition requires).
@@ -486,7 +489,9 @@ func (m *Manager) refresh(ctx context.Context, t *catalog.Table, p Partition) (P
 // FINALIZE; an attached one is checked against holds and replays (under
 // the fence, so no hold can commit between the check and the detach) and
 // detached CONCURRENTLY, which takes SHARE UPDATE EXCLUSIVE on the parent:
-// inserts go on meanwhile.
+// inserts go on meanwhile. Citus refuses CONCURRENTLY on the tables it
+// manages; their partitions are detached with a plain DETACH instead
+// (detachInCitus).
 func (m *Manager) detachOnce(ctx context.Context, t *catalog.Table, p Partition, now time.Time) (reason, detail string, err error) {
 	err = m.ddl(ctx, t, "detach "+p.String(), func(c *pgxpool.Conn) error {
 		if p.DetachPending {
@@ -510,12 +515,53 @@ VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING`, t.Name, p.Schema, p.Nam
 		if m.opts.beforeDetach != nil {
 			m.opts.beforeDetach(p)
 		}
+		if t.InCitusMetadata {
+			return m.detachInCitus(ctx, c, t, p, now)
+		}
 		if _, err := c.Exec(ctx, fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s CONCURRENTLY", t.Ident, p.Ident())); err != nil {
 			return err
 		}
 		return m.recordDetached(ctx, c, t, p, now, true)
 	})
 	return reason, detail, err
+}
+
+// detachInCitus detaches p from a parent Citus manages (distributed, or a
+// Citus local table) with a plain DETACH: Citus refuses CONCURRENTLY on
+// them. A plain DETACH takes ACCESS EXCLUSIVE on the parent and the
+// partition, on the coordinator and on the workers' shards of them, so each
+// of those waits must be bounded: the session's lock_timeout covers the
+// coordinator only, and an application query routed to a shard holds its
+// lock on the worker, where a DETACH waiting for it would queue every later
+// insert into that shard behind it. The statement therefore runs in a
+// transaction that sends the lock timeout to the workers too (toWorkers).
+// It commits at once (no rows move) or not at all, so it never leaves a
+// pending detach; the record of its end commits with it.
+func (m *Manager) detachInCitus(ctx context.Context, c *pgxpool.Conn, t *catalog.Table, p Partition, now time.Time) error {
+	return pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
+		if err := m.toWorkers(ctx, tx, t); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s", t.Ident, p.Ident())); err != nil {
+			return err
+		}
+		return m.recordDetached(ctx, tx, t, p, now, true)
+	})
+}
+
+// toWorkers makes the DDL lock timeout hold on the Citus workers for the
+// rest of tx, when t is distributed: the session-level lock_timeout of a
+// DDL connection stays on the coordinator, and Citus forwards only SET
+// LOCAL commands, once citus.propagate_set_commands is 'local', to the
+// transactions it opens on the workers. It runs first in tx, before any
+// statement opens a connection to a worker. A Citus local table's DDL
+// reaches the workers too (their copies of its metadata).
+func (m *Manager) toWorkers(ctx context.Context, tx pgx.Tx, t *catalog.Table) error {
+	if !t.InCitusMetadata {
+		return nil
+	}
+	_, err := dbconn.TxSettings{LockTimeout: m.opts.LockTimeout, IdleInTx: m.opts.IdleTimeout, Citus: true}.Apply(ctx, tx)
+	return err
 }
 
 // lowerOr is p's lower bound, or -infinity for MINVALUE.
@@ -526,10 +572,15 @@ func lowerOr(p Partition) any {
 	return *p.Lower
 }
 
+// execer runs a statement: a connection or a transaction.
+type execer interface {
+	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+}
+
 // recordDetached marks p detached. A partition whose interrupted detach
 // someone else started is recorded only if it is due: the daemon never
 // drops a table it would not have retired itself.
-func (m *Manager) recordDetached(ctx context.Context, c *pgxpool.Conn, t *catalog.Table, p Partition, now time.Time, ours bool) error {
+func (m *Manager) recordDetached(ctx context.Context, c execer, t *catalog.Table, p Partition, now time.Time, ours bool) error {
 	if !ours {
 		m.log.Warn("partitions: finished a detach someone else started on a partition that is not due; the table is left in place and will not be dropped",
 			"table", t.Name, "partition", p.String())
@@ -713,6 +764,10 @@ func (m *Manager) drop(ctx context.Context, t *catalog.Table, p Partition, key [
 	err = m.retrying(ctx, t, "drop "+p.String(), func() error {
 		return m.ddl(ctx, t, "drop "+p.String(), func(c *pgxpool.Conn) error {
 			return pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
+				// The DROP takes ACCESS EXCLUSIVE on the table's shards too.
+				if err := m.toWorkers(ctx, tx, t); err != nil {
+					return err
+				}
 				// Another instance may have dropped it meanwhile.
 				var mine bool
 				dropped, reason, detail = false, "", ""

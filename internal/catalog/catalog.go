@@ -126,6 +126,11 @@ type Table struct {
 	// Citus is set when the table is hash-distributed by Citus (the
 	// database is a coordinator); nil for an ordinary table.
 	Citus *Distribution
+	// InCitusMetadata is set when Citus has the table in its metadata: a
+	// distributed table, or a reference or Citus local table (Citus is nil
+	// for those). DDL on such a table goes through Citus, which refuses
+	// some statements PostgreSQL allows (DETACH PARTITION ... CONCURRENTLY).
+	InCitusMetadata bool
 }
 
 // TimeColumns are the table's timestamp columns the policy names.

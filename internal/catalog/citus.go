@@ -53,6 +53,7 @@ FROM pg_catalog.pg_dist_partition WHERE logicalrelid = $1::oid::regclass`, t.OID
 	if err != nil {
 		return fmt.Errorf("table %s: read its Citus distribution: %w", t.Name, err)
 	}
+	t.InCitusMetadata = true
 	switch method {
 	case "n":
 		return nil // a reference or Citus local table: one copy per node, kept in step by Citus

@@ -39,16 +39,18 @@ func TestCitusTables(t *testing.T) {
 	if err != nil {
 		t.Fatalf("hash-distributed table: %v", err)
 	}
-	if !tb.Distributed() || tb.Citus.Column.Name != "consumer" || tb.Citus.Shards != 4 || len(tb.Citus.Workers) != pgtest.CitusWorkers {
+	if !tb.Distributed() || !tb.InCitusMetadata || tb.Citus.Column.Name != "consumer" || tb.Citus.Shards != 4 || len(tb.Citus.Workers) != pgtest.CitusWorkers {
 		t.Errorf("distribution = %+v, want consumer, 4 shards on %d workers", tb.Citus, pgtest.CitusWorkers)
 	}
 	if _, err := resolve("public.inbox", "id"); !errors.Is(err, catalog.ErrInvalid) || !strings.Contains(err.Error(), `distributed on "consumer", which is not one of the key columns`) {
 		t.Errorf("distribution column outside the key: %v", err)
 	}
-	for _, name := range []string{"public.ref", "public.local"} {
+	for name, inMetadata := range map[string]bool{"public.ref": true, "public.local": false} {
 		tb, err := resolve(name, "id")
 		if err != nil || tb.Distributed() {
 			t.Errorf("%s: distributed=%v, %v; want managed as an ordinary table", name, tb != nil && tb.Distributed(), err)
+		} else if tb.InCitusMetadata != inMetadata {
+			t.Errorf("%s: in Citus metadata = %v, want %v", name, tb.InCitusMetadata, inMetadata)
 		}
 	}
 	if _, err := resolve("public.appended", "id"); !errors.Is(err, catalog.ErrInvalid) || !strings.Contains(err.Error(), "append-distributed") {
