@@ -5,7 +5,9 @@
 // Demotion runs like the expiry deleter: ordered, index-driven batches on
 // the tiers anchor that advance by keyset, each a short transaction with
 // its own lock and statement timeouts, rows other sessions hold locked
-// skipped, "now" from the database, retries with backoff, and the same
+// skipped (on a Citus-distributed table not skipped but met with the lock
+// timeout: distributedDemoteSQL), "now" from the database, retries with
+// backoff, and the same
 // throttle. In place it sets the payload columns to NULL; with a side table
 // it deletes the side-table rows. A hold that blocks demotion (a legal hold,
 // --blocks all) keeps the payload; a replay marker and a --blocks delete
