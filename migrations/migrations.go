@@ -80,13 +80,32 @@ func Migrate(ctx context.Context, conn *pgx.Conn) ([]int, error) {
 		_, _ = conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", lockKey)
 	}()
 
-	if _, err := conn.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS inboxkeeper;
+	// On a Citus coordinator with schema-based sharding on, CREATE SCHEMA
+	// would make the control schema a distributed schema, each of its
+	// tables a single-shard table on some worker, which the multi-statement
+	// migrations cannot be sent to. The control schema is read and written
+	// only on the coordinator (docs/guides/citus.md), so it is created as a
+	// plain schema there. The current_setting test keeps the statement a
+	// no-op without Citus.
+	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `SELECT set_config('citus.enable_schema_based_sharding', 'off', true)
+WHERE current_setting('citus.enable_schema_based_sharding', true) IS NOT NULL`)
+		if err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS inboxkeeper;
 CREATE TABLE IF NOT EXISTS inboxkeeper.schema_version (
     version    integer PRIMARY KEY,
     name       text NOT NULL,
     applied_at timestamptz NOT NULL DEFAULT now()
-)`); err != nil {
+)`)
+		return err
+	})
+	if err != nil {
 		return nil, fmt.Errorf("migrate: create schema %s: %w", Schema, err)
+	}
+	if err := notTenantSchema(ctx, conn); err != nil {
+		return nil, err
 	}
 	current, err := currentVersion(ctx, conn)
 	if err != nil {
@@ -110,6 +129,28 @@ CREATE TABLE IF NOT EXISTS inboxkeeper.schema_version (
 		applied = append(applied, m.Version)
 	}
 	return applied, nil
+}
+
+// notTenantSchema refuses a control schema that Citus schema-based sharding
+// distributed (created by an older migrate, or by hand, with
+// citus.enable_schema_based_sharding on): its tables live on one worker, and
+// the migrations and the claim function expect them on the coordinator.
+func notTenantSchema(ctx context.Context, conn *pgx.Conn) error {
+	// Two statements: without Citus the catalog table does not exist, and
+	// a query naming it would not even parse.
+	var citus, tenant bool
+	err := conn.QueryRow(ctx, `SELECT to_regclass('pg_catalog.pg_dist_schema') IS NOT NULL`).Scan(&citus)
+	if err == nil && citus {
+		err = conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_schema WHERE schemaid = 'inboxkeeper'::regnamespace)`).Scan(&tenant)
+	}
+	if err != nil {
+		return fmt.Errorf("migrate: look for a Citus distributed schema %s: %w", Schema, err)
+	}
+	if tenant {
+		return fmt.Errorf("migrate: schema %s is a Citus distributed schema (schema-based sharding), so its tables live on a worker; "+
+			"the control schema must stay on the coordinator: run SELECT citus_schema_undistribute('%s') on the coordinator, then migrate again", Schema, Schema)
+	}
+	return nil
 }
 
 func currentVersion(ctx context.Context, q interface {

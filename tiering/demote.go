@@ -5,7 +5,9 @@
 // Demotion runs like the expiry deleter: ordered, index-driven batches on
 // the tiers anchor that advance by keyset, each a short transaction with
 // its own lock and statement timeouts, rows other sessions hold locked
-// skipped, "now" from the database, retries with backoff, and the same
+// skipped (on a Citus-distributed table not skipped but met with the lock
+// timeout: distributedDemoteSQL), "now" from the database, retries with
+// backoff, and the same
 // throttle. In place it sets the payload columns to NULL; with a side table
 // it deletes the side-table rows. A hold that blocks demotion (a legal hold,
 // --blocks all) keeps the payload; a replay marker and a --blocks delete
@@ -150,11 +152,11 @@ func (d *Demoter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 	start := time.Now()
 	res := Result{Table: t.Name, Tier: Warm}
 	if d.opts.DryRun {
-		res.Err = d.readTx(ctx, func(tx pgx.Tx) error { return d.count(ctx, tx, t, &res, true) })
+		res.Err = d.readTx(ctx, t, func(tx pgx.Tx) error { return d.count(ctx, tx, t, &res, true) })
 	} else {
 		res.Err = d.demoteAll(ctx, t, deadline, &res)
 		if res.Err == nil {
-			res.Err = d.readTx(ctx, func(tx pgx.Tx) error { return d.count(ctx, tx, t, &res, false) })
+			res.Err = d.readTx(ctx, t, func(tx pgx.Tx) error { return d.count(ctx, tx, t, &res, false) })
 		}
 	}
 	res.Duration = time.Since(start)
@@ -224,7 +226,8 @@ func (d *Demoter) batch(ctx context.Context, t *catalog.Table, lower pgtype.Time
 	// The fence, as in the deleter: taken before the holds are read, so a
 	// hold whose writer we waited for is in this batch's snapshot.
 	tx, err := batchloop.Begin(ctx, d.pool, t.Name, batchloop.TxOptions{
-		LockTimeout: d.opts.LockTimeout, StatementTimeout: d.opts.StatementTimeout, IdleInTx: d.opts.IdleTimeout, Throttle: d.opts.Throttle, Clock: d.opts.Clock})
+		LockTimeout: d.opts.LockTimeout, StatementTimeout: d.opts.StatementTimeout, IdleInTx: d.opts.IdleTimeout, Throttle: d.opts.Throttle, Clock: d.opts.Clock,
+		Citus: t.Distributed()})
 	if err != nil {
 		return 0, time.Time{}, 0, err
 	}
@@ -307,6 +310,9 @@ func demoteSQL(t *catalog.Table, cov holds.Coverage, args *holds.Args, now time.
 	cond, anchor := due(t, "t", args, cov, now, lower)
 	hold := blocked(t, cov, "t", args)
 	limit := args.Add(size)
+	if t.Distributed() {
+		return distributedDemoteSQL(t, rel, cond, hold, anchor, limit)
+	}
 	// A partitioned relation has a ctid per partition: match on
 	// (tableoid, ctid) there; an ordinary one uses a TID array, the cheap
 	// path the deleter measured.
@@ -345,6 +351,43 @@ WITH victims AS (
 SELECT count(*), max(anchor) FROM done`, pick, rel, cond, hold, anchor, limit, change)
 }
 
+// distributedDemoteSQL is demoteSQL for a table Citus distributes (its side
+// table is co-located with it, catalog.resolveCitusTiers): Citus refuses a
+// ctid match and a multi-shard FOR UPDATE SKIP LOCKED, so the rows are
+// matched on the key columns (the distribution column among them), picked
+// by a subquery the coordinator runs first, and not skipped when locked.
+// Instead the lock timeout, sent to the workers (batchloop.TxOptions.Citus),
+// fails a batch that meets a row an application holds within LOCK_TIMEOUT
+// and rolls it back, so no application session waits on the batch for
+// longer; the batch loop retries smaller, and a row still locked is left
+// for a later pass.
+func distributedDemoteSQL(t *catalog.Table, rel, cond, hold, anchor, limit string) string {
+	ti := t.Tiers
+	var keys, pick []string
+	for _, k := range t.Key {
+		keys = append(keys, "u."+k.Quoted)
+		pick = append(pick, "t."+k.Quoted)
+	}
+	match := fmt.Sprintf("(%s) IN (SELECT %s FROM %s t WHERE %s AND NOT %s ORDER BY %s LIMIT %s)",
+		strings.Join(keys, ", "), strings.Join(pick, ", "), rel, cond, hold, anchor, limit)
+	ret := ti.Anchor.AsTimestamptz("u")
+	var change string
+	if ti.Side == nil {
+		var sets []string
+		for _, c := range ti.Payload {
+			sets = append(sets, c.Quoted+" = NULL")
+		}
+		change = fmt.Sprintf("UPDATE %s u SET %s WHERE %s RETURNING %s AS anchor", rel, strings.Join(sets, ", "), match, ret)
+	} else {
+		change = fmt.Sprintf("DELETE FROM %s u WHERE %s RETURNING %s AS anchor", rel, match, ret)
+	}
+	return fmt.Sprintf(`
+WITH done AS (
+  %s
+)
+SELECT count(*), max(anchor) FROM done`, change)
+}
+
 // count fills in the rows due for demotion that a blocking hold keeps and,
 // for a dry run, the rows a pass would demote.
 func (d *Demoter) count(ctx context.Context, tx pgx.Tx, t *catalog.Table, res *Result, dry bool) error {
@@ -379,10 +422,13 @@ func (d *Demoter) count(ctx context.Context, tx pgx.Tx, t *catalog.Table, res *R
 	return nil
 }
 
-// readTx runs fn in a read-only transaction with the batch timeouts.
-func (d *Demoter) readTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
+// readTx runs fn, which reads t, in a read-only transaction with the batch
+// timeouts.
+func (d *Demoter) readTx(ctx context.Context, t *catalog.Table, fn func(tx pgx.Tx) error) error {
 	return pgx.BeginTxFunc(ctx, d.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		if _, err := (dbconn.TxSettings{LockTimeout: d.opts.LockTimeout, StatementTimeout: d.opts.StatementTimeout, IdleInTx: d.opts.IdleTimeout}).Apply(ctx, tx); err != nil {
+		// A read takes no row locks, but its timeouts should reach the
+		// workers all the same (a table lock queued behind a migration).
+		if _, err := (dbconn.TxSettings{LockTimeout: d.opts.LockTimeout, StatementTimeout: d.opts.StatementTimeout, IdleInTx: d.opts.IdleTimeout, Citus: t.Distributed()}).Apply(ctx, tx); err != nil {
 			return err
 		}
 		return fn(tx)

@@ -30,6 +30,13 @@ type Querier interface {
 //
 // Existence is checked first, so a role without CREATE on the schema works
 // once the owner has created the table (`inboxkeeper migrate` does).
+//
+// When Citus distributes t, the key table is created distributed on the
+// same column and co-located with t, in the same implicit transaction
+// (catalog.PermanentKey.DDL): the expiry deleter writes a row's key in the
+// statement that deletes the row, and co-location keeps that write on the
+// row's node. An existing key table is checked by catalog.Resolve, never
+// redistributed.
 func EnsureKeyTable(ctx context.Context, db Querier, t *catalog.Table) (bool, error) {
 	if t.Tiers == nil || t.Tiers.Key == nil {
 		return false, nil
@@ -49,18 +56,24 @@ WHERE n.nspname = $1 AND c.relname = $2)`, k.Table.Schema, k.Table.Name).Scan(&o
 		k.Exists = true
 		return false, nil
 	}
-	_, err = db.Exec(ctx, k.CreateSQL())
+	// Without arguments pgx sends the text in one simple-protocol round
+	// trip: with Citus, the CREATE and the distribution commit together.
+	_, err = db.Exec(ctx, k.DDL(t))
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) {
-		switch pe.Code {
-		case "42P07", "23505": // created meanwhile by another instance
+		if pe.Code == "42501" || pe.Code == "3F000" { // insufficient privilege, no such schema
+			return false, fmt.Errorf("%w %s of table %s does not exist and cannot be created (%s); run `inboxkeeper migrate` as the owner of the schema, or create it:\n%s",
+				ErrKeyTable, k.Name, t.Name, pe.Message, k.DDL(t))
+		}
+		// Created meanwhile by another instance: a duplicate, or on
+		// Citus create_distributed_table refusing the table that CREATE
+		// TABLE IF NOT EXISTS left alone (the transaction rolled back,
+		// so a table there now is the other instance's).
+		if pe.Code == "42P07" || pe.Code == "23505" || t.Distributed() {
 			if ok, _ := exists(); ok {
 				k.Exists = true
 				return false, nil
 			}
-		case "42501", "3F000": // insufficient privilege, no such schema
-			return false, fmt.Errorf("%w %s of table %s does not exist and cannot be created (%s); run `inboxkeeper migrate` as the owner of the schema, or create it:\n%s",
-				ErrKeyTable, k.Name, t.Name, pe.Message, k.CreateSQL())
 		}
 	}
 	if err != nil {

@@ -151,7 +151,7 @@ func (d *Demoter) Status(ctx context.Context, t *catalog.Table) (Status, error) 
 		st.KeyTable = k.Name
 		st.KeyMissing = !k.Exists
 	}
-	err := d.readTx(ctx, func(tx pgx.Tx) error {
+	err := d.readTx(ctx, t, func(tx pgx.Tx) error {
 		var err error
 		if st.Now, err = d.opts.Clock.Now(ctx, tx); err != nil {
 			return err

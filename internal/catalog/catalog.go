@@ -261,6 +261,9 @@ FROM pg_attribute WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped`, t.OI
 	if err := resolveCitus(ctx, q, pt, t, cols); err != nil {
 		return nil, err
 	}
+	if err := resolveCitusTiers(ctx, q, pt, t); err != nil {
+		return nil, err
+	}
 
 	if t.Partitioned() {
 		if t.Expiry.Zone != "" && t.Expiry.Zone != "UTC" {

@@ -90,3 +90,67 @@ WHERE s.logicalrelid = $1::oid::regclass`, t.OID)
 	t.Citus = d
 	return nil
 }
+
+// resolveCitusTiers checks the tiers tables of a distributed table: the side
+// table and an existing permanent key table must be hash-distributed on the
+// same column and co-located with it, so that demoting a row, or writing
+// its key as it is deleted, stays on the row's node; and the permanent key
+// must include the distribution column, which Citus requires of the key
+// table's primary key. A key table not created yet is created distributed
+// (tiering.EnsureKeyTable). Tables that exist are never redistributed here:
+// that copies their rows, an owner's decision, so the error names the
+// statement.
+func resolveCitusTiers(ctx context.Context, q Querier, pt policy.Table, t *Table) error {
+	if !t.Distributed() || t.Tiers == nil {
+		return nil
+	}
+	col := t.Citus.Column.Name
+	if s := t.Tiers.Side; s != nil {
+		if err := colocated(ctx, q, pt, t, "tiers.payload_table", "payload", s.Name, s.Ident); err != nil {
+			return err
+		}
+	}
+	k := t.Tiers.Key
+	if k == nil {
+		return nil
+	}
+	if !slices.ContainsFunc(k.Columns[:k.NKey], func(c Column) bool { return c.Name == col }) {
+		return invalid(pt, "tiers.permanent_key.columns", "the table is distributed on %q, which is not one of the permanent key's columns: the key table is distributed on it like the table, and Citus needs it in the key table's primary key; add %q to the columns", col, col)
+	}
+	if !k.Exists {
+		return nil
+	}
+	return colocated(ctx, q, pt, t, "tiers.permanent_key.table", "permanent key", k.Name, k.Ident)
+}
+
+// colocated refuses rel (name canonical, ident quoted), which holds the
+// rows' what, unless it is hash-distributed on t's distribution column and
+// co-located with t. The statements in the messages name tables by their
+// canonical spelling, which Citus parses like SQL text.
+func colocated(ctx context.Context, q Querier, pt policy.Table, t *Table, field, what, name, ident string) error {
+	col := t.Citus.Column.Name
+	var method, column string
+	var same bool
+	err := q.QueryRow(ctx, `SELECT p.partmethod::text,
+       coalesce(CASE WHEN p.partmethod <> 'n' THEN column_to_column_name(p.logicalrelid, p.partkey) END, ''),
+       p.colocationid = (SELECT colocationid FROM pg_catalog.pg_dist_partition WHERE logicalrelid = $2::oid::regclass)
+FROM pg_catalog.pg_dist_partition p WHERE p.logicalrelid = $1::text::regclass`, ident, t.OID).Scan(&method, &column, &same)
+	fix := fmt.Sprintf("SELECT create_distributed_table(%s, %s, colocate_with => %s)", quoteLiteral(name), quoteLiteral(col), quoteLiteral(t.Name))
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return invalid(pt, field, "%s is a local table on the Citus coordinator, but %s is distributed on %q: distribute it the same way, co-located, as its owner: %s", name, t.Name, col, fix)
+	case err != nil:
+		return fmt.Errorf("table %s: read the Citus distribution of %s: %w", t.Name, name, err)
+	case method != "h" || column != col:
+		how := fmt.Sprintf("distributed by method %q on %q", method, column)
+		if method == "n" {
+			how = "a reference or Citus local table"
+		}
+		return invalid(pt, field, "%s is %s, but %s is hash-distributed on %q: undistribute it (SELECT undistribute_table(%s)) and distribute it the same way, co-located: %s",
+			name, how, t.Name, col, quoteLiteral(name), fix)
+	case !same:
+		return invalid(pt, field, "%s is distributed on %q but not co-located with %s, so a row and its %s could be on different nodes: SELECT update_distributed_table_colocation(%s, colocate_with => %s)",
+			name, col, t.Name, what, quoteLiteral(name), quoteLiteral(t.Name))
+	}
+	return nil
+}

@@ -121,6 +121,29 @@ func (k *PermanentKey) CreateSQL() string {
 	return fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s (\n    %s,\n    PRIMARY KEY (%s)\n)", k.Ident, strings.Join(defs, ",\n    "), strings.Join(pk, ", "))
 }
 
+// DDL is what creates the key table of t: CreateSQL, and when t is
+// distributed by Citus, the statement that distributes the key table on the
+// same column, co-located with t, so that a deletion writes each key on the
+// node that held its row (one multi-statement text: run it as one implicit
+// transaction, so the table never exists undistributed).
+func (k *PermanentKey) DDL(t *Table) string {
+	if !t.Distributed() {
+		return k.CreateSQL()
+	}
+	return k.CreateSQL() + ";\n" + k.DistributeSQL(t)
+}
+
+// DistributeSQL distributes the key table like t (see DDL). Tables are
+// named by their canonical spelling, which Citus parses like SQL text.
+func (k *PermanentKey) DistributeSQL(t *Table) string {
+	return fmt.Sprintf("SELECT create_distributed_table(%s, %s, colocate_with => %s)",
+		quoteLiteral(k.Name), quoteLiteral(t.Citus.Column.Name), quoteLiteral(t.Name))
+}
+
+// quoteLiteral quotes s as an SQL string literal (standard_conforming_strings
+// is on in every supported server).
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
 // resolveTiers checks the tiers section of t against the catalog: cols are
 // the table's columns (name → format_type).
 func resolveTiers(ctx context.Context, q Querier, t *Table, cols map[string]string) error {

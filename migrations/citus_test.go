@@ -1,0 +1,90 @@
+package migrations_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
+	"github.com/inboxkeeper/inboxkeeper/migrations"
+)
+
+// On a Citus coordinator migrate applies every file once and a second run
+// applies nothing, whether the schema is new, already on the workers (a
+// distributed permanent key table lives in it), or created while the
+// session has schema-based sharding on; the control tables stay plain
+// tables on the coordinator.
+func TestMigrateTwiceOnCitus(t *testing.T) {
+	t.Parallel()
+	for name, before := range map[string]string{
+		"new": ``,
+		// The schema reaches the workers as a dependency of a
+		// distributed table in it.
+		"schema on the workers": `CREATE SCHEMA inboxkeeper;
+CREATE TABLE inboxkeeper.keys_public_inbox (consumer text NOT NULL, business_key text NOT NULL, first_seen date, PRIMARY KEY (consumer, business_key));
+SET citus.shard_count = 4;
+SELECT create_distributed_table('inboxkeeper.keys_public_inbox', 'consumer')`,
+		"schema-based sharding on": `SET citus.enable_schema_based_sharding TO on`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			conn, err := pgx.Connect(ctx, pgtest.NewCitusDatabase(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close(ctx)
+			if before != "" {
+				pgtest.Exec(t, conn, before)
+			}
+			applied, err := migrations.Migrate(ctx, conn)
+			if err != nil {
+				t.Fatalf("first migrate on Citus: %v", err)
+			}
+			if len(applied) != len(migrations.All()) {
+				t.Errorf("first run applied %v, want all %d", applied, len(migrations.All()))
+			}
+			applied, err = migrations.Migrate(ctx, conn)
+			if err != nil || len(applied) != 0 {
+				t.Errorf("second run applied %v (err %v), want nothing", applied, err)
+			}
+			if err := migrations.Check(ctx, conn); err != nil {
+				t.Errorf("Check after migrate: %v", err)
+			}
+			var citusTables []string
+			if err := conn.QueryRow(ctx, `SELECT coalesce(array_agg(logicalrelid::text ORDER BY 1), '{}') FROM pg_dist_partition
+WHERE logicalrelid::text LIKE 'inboxkeeper.%' AND logicalrelid::text <> 'inboxkeeper.keys_public_inbox'`).Scan(&citusTables); err != nil {
+				t.Fatal(err)
+			}
+			if len(citusTables) != 0 {
+				t.Errorf("control tables handed to Citus: %v; they must stay on the coordinator", citusTables)
+			}
+			// The claim function runs on the coordinator and reads the
+			// rules table there.
+			pgtest.Exec(t, conn, `INSERT INTO inboxkeeper.retention_rules (schema_name, table_name, scope, post_receipt, margin) VALUES ('public', 'x', 'c', interval '1 day', interval '1 hour')`)
+		})
+	}
+}
+
+// A control schema that schema-based sharding already distributed is
+// refused with the fix, not migrated onto a worker.
+func TestMigrateRefusesCitusTenantSchema(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, pgtest.NewCitusDatabase(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	pgtest.Exec(t, conn, `SET citus.enable_schema_based_sharding TO on; CREATE SCHEMA inboxkeeper; RESET citus.enable_schema_based_sharding`)
+	_, err = migrations.Migrate(ctx, conn)
+	if err == nil || !strings.Contains(err.Error(), "citus_schema_undistribute('inboxkeeper')") {
+		t.Fatalf("migrate into a distributed schema: %v, want a refusal naming citus_schema_undistribute", err)
+	}
+	pgtest.Exec(t, conn, `SELECT citus_schema_undistribute('inboxkeeper')`)
+	if _, err := migrations.Migrate(ctx, conn); err != nil {
+		t.Fatalf("migrate after citus_schema_undistribute: %v", err)
+	}
+}

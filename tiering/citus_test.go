@@ -1,0 +1,154 @@
+package tiering
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/inboxkeeper/inboxkeeper/holds"
+	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
+	"github.com/inboxkeeper/inboxkeeper/internal/retry"
+)
+
+// distributeDDL distributes the inbox and its side table on consumer,
+// co-located (4 shards over the workers).
+const distributeDDL = `SET citus.shard_count = 4;
+SELECT create_distributed_table('public.inbox', 'consumer');
+SELECT create_distributed_table('public.inbox_payload', 'consumer', colocate_with => 'public.inbox')`
+
+// setupCitus is setup on a Citus coordinator: the inbox and side table
+// distributed on consumer, the permanent key table created by
+// EnsureKeyTable.
+func setupCitus(t *testing.T, pol string) fixture {
+	t.Helper()
+	ctx := context.Background()
+	pool, url := pgtest.NewCitusPool(t)
+	pgtest.Migrate(t, url)
+	pgtest.Exec(t, pool, inboxDDL)
+	pgtest.Exec(t, pool, distributeDDL)
+	ct := resolve(t, pool, pol)
+	if !ct.Distributed() {
+		t.Fatalf("public.inbox not seen as distributed")
+	}
+	created, err := EnsureKeyTable(ctx, pool, ct)
+	if err != nil || !created {
+		t.Fatalf("EnsureKeyTable on Citus: created=%v, %v", created, err)
+	}
+	return fixture{pool: pool, table: ct}
+}
+
+// Demotion on a distributed table, both layouts: the due rows of every
+// shard are demoted in ordered batches, a legal hold keeps its payload, a
+// second pass finds nothing; the key table is distributed on consumer and
+// co-located with the inbox, and keys written into it land there.
+func TestDemotionOnCitus(t *testing.T) {
+	t.Parallel()
+	for _, l := range layouts {
+		t.Run(l.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			f := setupCitus(t, l.policy)
+			base := t0.Add(-10 * 24 * time.Hour) // due for demotion, not expired
+			for _, c := range []string{"a", "b", "c", "d", "legal"} {
+				f.insert(t, c, 10, base, time.Hour)
+			}
+			f.insert(t, "fresh", 5, t0.Add(-time.Hour), time.Minute)
+			s := "legal"
+			if _, err := holds.AddHold(ctx, f.pool, f.table, holds.HoldSpec{Scope: &s, Reason: "litigation", Owner: "legal"}); err != nil {
+				t.Fatal(err)
+			}
+			dry := f.demote(t, Options{Clock: pinned(t0), DryRun: true})
+			res := f.demote(t, Options{Clock: pinned(t0), BatchSize: 15})
+			if res.Demoted != 40 || res.ProtectedByHolds != 10 || res.Batches != 3 {
+				t.Errorf("demoted %d in %d batches, protected %d; want 40 in 3, 10 protected", res.Demoted, res.Batches, res.ProtectedByHolds)
+			}
+			if dry.Demoted != res.Demoted {
+				t.Errorf("dry run would demote %d, the pass demoted %d", dry.Demoted, res.Demoted)
+			}
+			if n := f.hot(t, "consumer IN ('a', 'b', 'c', 'd')"); n != 0 {
+				t.Errorf("%d due rows kept their payload", n)
+			}
+			if n := f.hot(t, "consumer IN ('legal', 'fresh')"); n != 15 {
+				t.Errorf("%d of 15 held or hot rows kept their payload", n)
+			}
+			if n := f.count(t, "SELECT count(*) FROM public.inbox"); n != 55 {
+				t.Errorf("%d inbox rows left, want all 55: demotion deletes no identity", n)
+			}
+			if res := f.demote(t, Options{Clock: pinned(t0)}); res.Demoted != 0 {
+				t.Errorf("second pass demoted %d", res.Demoted)
+			}
+
+			var colocated bool
+			if err := f.pool.QueryRow(ctx, `SELECT k.partmethod = 'h' AND column_to_column_name(k.logicalrelid, k.partkey) = 'consumer' AND k.colocationid = i.colocationid
+FROM pg_dist_partition k, pg_dist_partition i
+WHERE k.logicalrelid = 'inboxkeeper.keys_public_inbox'::regclass AND i.logicalrelid = 'public.inbox'::regclass`).Scan(&colocated); err != nil || !colocated {
+				t.Errorf("key table hash-distributed on consumer and co-located with the inbox: %v, %v", colocated, err)
+			}
+			// The key table takes keys as the partitions feature writes them.
+			tx, err := f.pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(ctx)
+			n, err := CopyPermanentKeys(ctx, tx, f.table, "public.inbox")
+			if err != nil || n != 55 {
+				t.Errorf("CopyPermanentKeys on Citus: %d, %v; want 55", n, err)
+			}
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			// Once the key table exists, resolving and ensuring it again
+			// accept it as it is.
+			ct := resolve(t, f.pool, l.policy)
+			if created, err := EnsureKeyTable(ctx, f.pool, ct); err != nil || created || !ct.Tiers.Key.Exists {
+				t.Errorf("second EnsureKeyTable: created=%v, %v", created, err)
+			}
+		})
+	}
+}
+
+// A row an application holds locked on a worker: SKIP LOCKED does not run on
+// a distributed table, so the batch that meets it waits at most LOCK_TIMEOUT
+// (forwarded to the worker), rolls back and is retried smaller; the row is
+// left for a later pass, which demotes it once it is free.
+func TestDemotionOnCitusMeetsLockedRow(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := setupCitus(t, sidePolicy)
+	f.insert(t, "a", 10, t0.Add(-10*24*time.Hour), time.Hour)
+	app, err := f.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer app.Rollback(ctx)
+	pgtest.Exec(t, app, `SELECT 1 FROM public.inbox_payload WHERE consumer = 'a' AND message_id = 'a-0' FOR UPDATE`)
+
+	began := time.Now()
+	res, err := New(f.pool, f.tables(), Options{Clock: pinned(t0), LockTimeout: 100 * time.Millisecond, MaxRetries: 1}).RunPass(ctx)
+	took := time.Since(began)
+	t.Logf("took %s", took)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if retry.Kind(res[0].Err) != retry.KindLockTimeout || !strings.Contains(res[0].Err.Error(), "lock timeout") {
+		t.Errorf("pass over a locked row: %v, want a lock timeout", res[0].Err)
+	}
+	// Two attempts of 100ms and a retry backoff; without the timeout on
+	// the worker it would wait for the application's commit.
+	if took > 5*time.Second {
+		t.Errorf("the pass took %s against a locked row", took)
+	}
+	if n := f.hot(t, "true"); n != 10 {
+		t.Errorf("%d of 10 rows kept their payload; the failed batches must roll back", n)
+	}
+	if err := app.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if res := f.demote(t, Options{Clock: pinned(t0)}); res.Demoted != 10 {
+		t.Errorf("once the row is free the pass demoted %d, want 10", res.Demoted)
+	}
+}
+
+func (f fixture) tables() []*catalog.Table { return []*catalog.Table{f.table} }
