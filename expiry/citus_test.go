@@ -234,3 +234,30 @@ WHERE wait_event_type = 'Lock' AND query ILIKE 'DELETE%')`).Scan(&waiting)
 		t.Fatal("the pass did not finish")
 	}
 }
+
+// On a distributed table with a permanent key, both batch forms (range,
+// and key for the short last batch) write the keys of the rows they delete
+// in the same statement, into the key table co-located with the inbox.
+func TestCitusPermanentKeys(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, url := pgtest.NewCitusPool(t)
+	pgtest.Migrate(t, url)
+	pgtest.Exec(t, pool, tieredDDL)
+	pgtest.Exec(t, pool, "SET citus.shard_count = 4; SELECT create_distributed_table('public.inbox', 'consumer')")
+	tables := pgtest.Resolve(t, pool, tieredPolicy)
+	pgtest.Exec(t, pool, tables[0].Tiers.Key.DDL(tables[0]))
+	f := fixture{pool: pool, tables: tables}
+	base := t0.Add(-40 * 24 * time.Hour)
+	pgtest.Exec(t, pool, `INSERT INTO public.inbox
+SELECT c, c || i, sha256(i::text::bytea), $1::timestamptz + i * interval '1 hour', $1::timestamptz + interval '30 days' + i * interval '1 hour', 'bk' || i, 'p'
+FROM generate_series(0, 24) i, unnest(ARRAY['payments', 'orders']) c`, base)
+	res := f.pass(t, Options{Clock: pinned(t0), BatchSize: 20})
+	if res.Deleted != 50 || res.PermanentKeys != 50 || res.RangeBatches == 0 {
+		t.Errorf("pass: %+v; want 50 deleted, 50 keys, some by range", res)
+	}
+	var keys int64
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM inboxkeeper.keys_public_inbox WHERE payload_hash = sha256(substr(business_key, 3)::bytea)`).Scan(&keys); err != nil || keys != 50 {
+		t.Errorf("%d complete keys (%v), want 50", keys, err)
+	}
+}
