@@ -15,7 +15,8 @@ import (
 // applies nothing, whether the schema is new, already on the workers (a
 // distributed permanent key table lives in it), or created while the
 // session has schema-based sharding on; the control tables stay plain
-// tables on the coordinator.
+// tables on the coordinator, except the heartbeat, a reference table so
+// that the workers' standbys see the beats.
 func TestMigrateTwiceOnCitus(t *testing.T) {
 	t.Parallel()
 	for name, before := range map[string]string{
@@ -55,11 +56,15 @@ SELECT create_distributed_table('inboxkeeper.keys_public_inbox', 'consumer')`,
 			}
 			var citusTables []string
 			if err := conn.QueryRow(ctx, `SELECT coalesce(array_agg(logicalrelid::text ORDER BY 1), '{}') FROM pg_dist_partition
-WHERE logicalrelid::text LIKE 'inboxkeeper.%' AND logicalrelid::text <> 'inboxkeeper.keys_public_inbox'`).Scan(&citusTables); err != nil {
+WHERE logicalrelid::text LIKE 'inboxkeeper.%' AND logicalrelid::text NOT IN ('inboxkeeper.keys_public_inbox', 'inboxkeeper.heartbeat')`).Scan(&citusTables); err != nil {
 				t.Fatal(err)
 			}
 			if len(citusTables) != 0 {
 				t.Errorf("control tables handed to Citus: %v; they must stay on the coordinator", citusTables)
+			}
+			var reference bool
+			if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM citus_tables WHERE table_name = 'inboxkeeper.heartbeat'::regclass AND citus_table_type = 'reference')`).Scan(&reference); err != nil || !reference {
+				t.Errorf("inboxkeeper.heartbeat is not a reference table (%v): a worker's standby would never see a beat", err)
 			}
 			// The claim function runs on the coordinator and reads the
 			// rules table there.

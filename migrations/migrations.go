@@ -128,7 +128,34 @@ CREATE TABLE IF NOT EXISTS inboxkeeper.schema_version (
 		}
 		applied = append(applied, m.Version)
 	}
+	if err := heartbeatToWorkers(ctx, conn); err != nil {
+		return applied, err
+	}
 	return applied, nil
+}
+
+// heartbeatToWorkers makes the heartbeat table a Citus reference table on a
+// coordinator: a copy on every node, written with each beat. A standby of
+// a worker replays only that worker's WAL, so without a copy there it
+// would never see a beat, and a worker's standby listed in
+// INBOXKEEPER_REPLICA_URLS would read as unknown lag (fail closed) for
+// ever. Nothing else in the control schema needs to leave the coordinator
+// (docs/guides/citus.md). It runs on every migrate, so a database that
+// became a coordinator after its first migrate gets it too; without Citus
+// it does nothing.
+func heartbeatToWorkers(ctx context.Context, conn *pgx.Conn) error {
+	var coordinator, done bool
+	if err := conn.QueryRow(ctx, `SELECT to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL`).Scan(&coordinator); err != nil || !coordinator {
+		return err
+	}
+	err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = 'inboxkeeper.heartbeat'::regclass)`).Scan(&done)
+	if err != nil || done {
+		return err
+	}
+	if _, err := conn.Exec(ctx, `SELECT create_reference_table('inboxkeeper.heartbeat')`); err != nil {
+		return fmt.Errorf("migrate: copy inboxkeeper.heartbeat to the Citus workers (create_reference_table), for their standbys' lag: %w", err)
+	}
+	return nil
 }
 
 // notTenantSchema refuses a control schema that Citus schema-based sharding

@@ -82,3 +82,28 @@ INSERT INTO public.consumer_inbox VALUES ('c', 'm1', 'x')`)
 		t.Fatal("the application's update still waits")
 	}
 }
+
+// A standby of a worker, listed in INBOXKEEPER_REPLICA_URLS, is read like
+// any standby: migrate made the heartbeat a reference table, so the beats
+// the coordinator writes reach the worker and its standby; a paused replay
+// there throttles the daemon.
+func TestCitusWorkerStandby(t *testing.T) {
+	t.Parallel()
+	pool, url := pgtest.NewCitusPool(t)
+	pgtest.Migrate(t, url)
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	standby := pgtest.NewStandby(t, pgtest.Citus(t).Workers[0], nil)
+	standbyURL := standby.URL(cfg.Database)
+	th := startThrottle(t, pool, throttle.Config{ReplicaURLs: []string{standbyURL}, MaxReplicaLag: time.Second, HeartbeatInterval: 100 * time.Millisecond})
+	pgtest.WaitFor(t, 30*time.Second, "the worker's standby to apply a heartbeat", func() bool { return !th.Check().Throttled })
+	exec(t, standbyURL, "SELECT pg_wal_replay_pause()")
+	pgtest.WaitFor(t, 30*time.Second, "the throttle to see the worker's standby lag", func() bool { return th.Check().Throttled })
+	if k := th.Check().Kind; k != throttle.ReplicaLag {
+		t.Errorf("throttled for %q, want %q (%s)", k, throttle.ReplicaLag, th.Check().Reason)
+	}
+	exec(t, standbyURL, "SELECT pg_wal_replay_resume()")
+	pgtest.WaitFor(t, 30*time.Second, "the throttle to resume", func() bool { return !th.Check().Throttled })
+}
