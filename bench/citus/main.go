@@ -1,0 +1,572 @@
+// Command citus benchmarks the inboxkeeper deleter on a Citus distributed
+// table against one unbounded DELETE through the coordinator (issue #17),
+// side by side in one run on identical copies: on a shared machine only
+// the ratio means anything, absolute times do not.
+//
+//	go run ./bench/citus                        # 2M rows (1M expired), 32 shards on 2 workers
+//	go run ./bench/citus -shards 8 -batch 20000 -reps 3
+//	go run ./bench/citus -explain               # also EXPLAIN ANALYZE one batch's statements
+//
+// It builds cmd/inboxkeeper and starts a durable throwaway Citus cluster (a
+// coordinator and -workers workers, so WAL figures are real). For each rep
+// and method it creates a fresh database, distributes the inbox table on
+// consumer over -shards shards and fills it through the coordinator with
+// the same rows every time: 1,000 consumers, a ~300-byte payload, expiry
+// rising with insertion order (the append-ordered layout of bench/expiry),
+// the first half expired. After VACUUM ANALYZE and a CHECKPOINT on every
+// node it runs the method: `inboxkeeper once`, or `DELETE FROM inbox WHERE
+// remember_until <= now()` through the coordinator. The order of the two
+// is reversed every other rep. It prints each method's wall time, rows/s
+// and WAL per worker, in total and on the coordinator, the throughput
+// ratio and whether the goal (>= 0.5) is met, per rep and over the reps
+// (min and median). It exits non-zero when a method does not delete
+// exactly the expired rows; a missed goal is printed (GOAL MISSED), not
+// fatal.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/inboxkeeper/inboxkeeper/bench/internal/benchdata"
+	"github.com/inboxkeeper/inboxkeeper/internal/pgcluster"
+)
+
+// goal is the issue's: daemon rows/s over unbounded DELETE rows/s, at least.
+const goal = 0.5
+
+// consumers is how many distinct distribution values the rows spread over:
+// enough that every shard holds many of them at any -shards a test uses.
+const consumers = 1000
+
+type options struct {
+	rows, batch, reps, shards, workers int
+	explain, keep                      bool
+}
+
+func main() { os.Exit(run(os.Args[1:], os.Stdout)) }
+
+// run prints the report on stdout and progress and errors on stderr.
+func run(args []string, stdout io.Writer) int {
+	fs := flag.NewFlagSet("citus", flag.ContinueOnError)
+	var o options
+	fs.IntVar(&o.rows, "rows", 2_000_000, "rows in each copy of the table; half of them expired")
+	fs.IntVar(&o.batch, "batch", 5000, "the daemon's INBOXKEEPER_BATCH_SIZE (its starting size; it adapts)")
+	fs.IntVar(&o.reps, "reps", 1, "repetitions, reversing the order of the methods every other one")
+	fs.IntVar(&o.shards, "shards", 32, "citus.shard_count of the distributed table")
+	fs.IntVar(&o.workers, "workers", 2, "Citus workers")
+	fs.BoolVar(&o.explain, "explain", false, "after the reps, EXPLAIN ANALYZE one batch's bound query and range DELETE on a fresh copy (rolled back)")
+	fs.BoolVar(&o.keep, "keep", false, "leave the cluster and the databases in place and print the coordinator's URL")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if o.rows < 2 || o.batch < 1 || o.reps < 1 || o.shards < 1 || o.workers < 1 || fs.NArg() > 0 {
+		fmt.Fprintln(os.Stderr, "bench/citus: want -rows >= 2, -batch >= 1, -reps >= 1, -shards >= 1, -workers >= 1 and no arguments")
+		return 2
+	}
+	var flags []string
+	fs.VisitAll(func(f *flag.Flag) { flags = append(flags, "-"+f.Name+" "+f.Value.String()) })
+	return benchdata.Run("bench/citus", func(ctx context.Context) error {
+		return benchmark(ctx, o, strings.Join(flags, " "), stdout)
+	})
+}
+
+type bench struct {
+	o       options
+	dir     string // temporary: the binary and the policy file
+	bin     string
+	policy  string
+	citus   *pgcluster.Citus
+	started time.Time
+	dbs     int // databases created so far, to name the next
+}
+
+// result is one measured deletion.
+type result struct {
+	wall        time.Duration
+	workerWAL   []int64 // bytes, per worker
+	coordWAL    int64
+	batches     int // the daemon only, from its log; 0 when not found
+	fill        time.Duration
+	heap, index int64 // over all shards
+}
+
+func (r result) totalWAL() int64 {
+	var n int64
+	for _, w := range r.workerWAL {
+		n += w
+	}
+	return n
+}
+
+const daemonName, unboundedName = "inboxkeeper once", "unbounded DELETE"
+
+// unboundedSQL is what a DBA would run through the coordinator instead:
+// Citus sends it to every shard at once.
+const unboundedSQL = "DELETE FROM inbox WHERE remember_until <= now()"
+
+const policyYAML = "tables:\n  - table: public.inbox\n    key: [consumer, message_id]\n    expires_at: remember_until\n"
+
+func benchmark(ctx context.Context, o options, flags string, w io.Writer) error {
+	b := &bench{o: o, started: time.Now()}
+	var err error
+	if b.dir, err = os.MkdirTemp("", "inboxkeeper-bench-citus-"); err != nil {
+		return err
+	}
+	defer os.RemoveAll(b.dir)
+	b.policy = filepath.Join(b.dir, "policy.yaml")
+	if err := os.WriteFile(b.policy, []byte(policyYAML), 0o644); err != nil {
+		return err
+	}
+	b.logf("building cmd/inboxkeeper")
+	if b.bin, err = benchdata.BuildBinary(ctx, b.dir); err != nil {
+		return err
+	}
+
+	b.logf("starting a durable Citus cluster: a coordinator and %d workers", o.workers)
+	c, err := pgcluster.StartCitus(ctx, o.workers, pgcluster.Options{Durable: true, Settings: map[string]string{
+		"shared_buffers": "'1GB'", "max_wal_size": "'8GB'", "checkpoint_timeout": "'30min'",
+		// WAL is measured per node, for the whole node: an autovacuum of
+		// the shards the method just emptied would be charged to it, and
+		// would come on its own schedule, not the method's.
+		"autovacuum": "off",
+	}})
+	if err != nil {
+		return err
+	}
+	b.citus = c
+	if o.keep {
+		defer fmt.Fprintf(w, "cluster kept: coordinator %s\n", c.Coordinator.URL("postgres"))
+	} else {
+		defer c.Destroy()
+	}
+
+	total, expired := int64(o.rows), int64(o.rows/2)
+	fmt.Fprintf(w, "bench/citus on %s, %d CPUs; flags: %s\n", time.Now().UTC().Format("2006-01-02 15:04 MST"), runtime.NumCPU(), flags)
+	fmt.Fprintf(w, "rows: %d total, %d expired, over %d consumers, in each copy; %d shards on %d workers; daemon batch size %d; %d reps\n",
+		total, expired, consumers, o.shards, o.workers, o.batch, o.reps)
+	if extra := passedThrough(); len(extra) > 0 {
+		fmt.Fprintf(w, "daemon settings from the environment: %s\n", strings.Join(extra, " "))
+	}
+
+	var ratios []float64
+	for rep := range o.reps {
+		order := []string{daemonName, unboundedName}
+		if rep%2 == 1 {
+			slices.Reverse(order)
+		}
+		res := map[string]result{}
+		for _, m := range order {
+			r, err := b.measure(ctx, m, total, expired)
+			if err != nil {
+				return fmt.Errorf("rep %d, %s: %w", rep+1, m, err)
+			}
+			res[m] = r
+		}
+		ratios = append(ratios, b.report(w, rep, order[0], res, expired))
+	}
+
+	sorted := slices.Clone(ratios)
+	slices.Sort(sorted)
+	met := 0
+	for _, r := range ratios {
+		if r >= goal {
+			met++
+		}
+	}
+	median := sorted[len(sorted)/2]
+	if len(sorted)%2 == 0 {
+		median = (sorted[len(sorted)/2-1] + median) / 2
+	}
+	fmt.Fprintf(w, "over %d reps: throughput ratio inboxkeeper/unbounded min %.2f, median %.2f (goal >= %.1f); goal met in %d of %d %s\n",
+		o.reps, sorted[0], median, goal, met, o.reps, benchdata.Verdict(met == o.reps))
+
+	if o.explain {
+		if err := b.explain(ctx, w, total, expired); err != nil {
+			return err
+		}
+	}
+	b.logf("done")
+	return nil
+}
+
+// report prints one rep and returns its throughput ratio.
+func (b *bench) report(w io.Writer, rep int, first string, res map[string]result, expired int64) float64 {
+	fmt.Fprintf(w, "\nrep %d of %d (%s first):\n", rep+1, b.o.reps, first)
+	for _, m := range []string{daemonName, unboundedName} {
+		r := res[m]
+		fmt.Fprintf(w, "  fill for %s: %.1f s (%.0f rows/s), %.0f MB heap + %.0f MB indexes over the shards\n",
+			m, r.fill.Seconds(), float64(b.o.rows)/r.fill.Seconds(), benchdata.MB(r.heap), benchdata.MB(r.index))
+	}
+	head := fmt.Sprintf("  %-18s %8s %9s", "method", "time", "rows/s")
+	for i := range b.o.workers {
+		head += fmt.Sprintf(" %10s", fmt.Sprintf("WAL w%d", i+1))
+	}
+	fmt.Fprintf(w, "%s %11s %11s\n", head, "WAL workers", "WAL coord")
+	u := res[unboundedName]
+	for _, m := range []string{daemonName, unboundedName} {
+		r := res[m]
+		line := fmt.Sprintf("  %-18s %7.2fs %9.0f", m, r.wall.Seconds(), float64(expired)/r.wall.Seconds())
+		for _, x := range r.workerWAL {
+			line += fmt.Sprintf(" %7.1f MB", benchdata.MB(x))
+		}
+		line += fmt.Sprintf(" %8.1f MB %8.2f MB", benchdata.MB(r.totalWAL()), benchdata.MB(r.coordWAL))
+		if m == daemonName && r.batches > 0 {
+			line += fmt.Sprintf("  %d batches, avg %d rows", r.batches, expired/int64(r.batches))
+		}
+		fmt.Fprintln(w, line)
+	}
+	d := res[daemonName]
+	ratio := u.wall.Seconds() / d.wall.Seconds() // same rows: rows/s over rows/s
+	fmt.Fprintf(w, "  throughput ratio inboxkeeper/unbounded %.2f (goal >= %.1f) %s\n", ratio, goal, benchdata.Verdict(ratio >= goal))
+	fmt.Fprintf(w, "  WAL ratio inboxkeeper/unbounded, workers: %.2f\n", float64(d.totalWAL())/float64(u.totalWAL()))
+	return ratio
+}
+
+// measure fills a fresh database, runs method m on it, checks that exactly
+// the expired rows are gone, and drops it.
+func (b *bench) measure(ctx context.Context, m string, total, expired int64) (result, error) {
+	db, r, err := b.fill(ctx, total, expired)
+	if err != nil {
+		return r, err
+	}
+	coordURL := b.citus.Coordinator.URL(db)
+	// The same full-page-write situation for both methods: every node
+	// starts right after a checkpoint.
+	lsns := make([]string, 0, 1+b.o.workers)
+	for _, n := range b.citus.Nodes() {
+		lsn, err := onNode(ctx, n.URL(db), func(conn *pgx.Conn) (string, error) { return benchdata.Checkpoint(ctx, conn) })
+		if err != nil {
+			return r, err
+		}
+		lsns = append(lsns, lsn)
+	}
+	b.logf("%s: %s", db, m)
+	switch m {
+	case daemonName:
+		r.wall, r.batches, err = b.daemon(ctx, coordURL)
+	case unboundedName:
+		r.wall, err = b.statement(ctx, coordURL, unboundedSQL)
+	}
+	if err != nil {
+		return r, err
+	}
+	for i, n := range b.citus.Nodes() {
+		wal, err := onNode(ctx, n.URL(db), func(conn *pgx.Conn) (int64, error) { return benchdata.WALSince(ctx, conn, lsns[i]) })
+		if err != nil {
+			return r, err
+		}
+		if i == 0 {
+			r.coordWAL = wal
+		} else {
+			r.workerWAL = append(r.workerWAL, wal)
+		}
+	}
+	if _, err := onNode(ctx, coordURL, func(conn *pgx.Conn) (struct{}, error) {
+		return struct{}{}, benchdata.Verify(ctx, conn, "inbox", total, expired)
+	}); err != nil {
+		return r, err
+	}
+	if !b.o.keep {
+		err = b.citus.DropDatabase(ctx, db)
+	}
+	return r, err
+}
+
+// The inbox, distributed on consumer (the key's first column, as Citus
+// requires of a primary key). The indexes are built after the load, as
+// bench/expiry does: faster, and the same for every copy.
+const (
+	tableDDL = `CREATE TABLE inbox (
+    consumer       text        NOT NULL,
+    message_id     text        NOT NULL,
+    payload        text        NOT NULL,
+    remember_until timestamptz NOT NULL
+)`
+	distributeSQL = "SET citus.shard_count = %d; SELECT create_distributed_table('inbox', 'consumer')"
+
+	// fillSQL makes rows $1..$2 of $4, the first $3 expired at $5. Expiry
+	// rises with k: expired rows between 100 days and a day before $5,
+	// live ones between a day and 30 days after it, so the expected count
+	// is exact however long the run takes, and expiries do not repeat
+	// (steps of seconds at most millions of rows). Citus evaluates the
+	// SELECT on the coordinator and copies its rows to the shards.
+	fillSQL = `
+INSERT INTO inbox (consumer, message_id, payload, remember_until)
+SELECT 'consumer-' || (k %% %d), md5(k::text), left(repeat(md5(k::text), 10), 300),
+       CASE WHEN k < $3::bigint
+         THEN $5::timestamptz - interval '100 days' + k * (interval '99 days' / $3::bigint)
+         ELSE $5::timestamptz + interval '1 day' + (k - $3::bigint) * (interval '29 days' / greatest($4::bigint - $3::bigint, 1)) END
+FROM generate_series($1::bigint, $2::bigint) AS k`
+)
+
+// fill creates a fresh database with the daemon's control schema and the
+// distributed inbox of total rows, expired of them expired, vacuumed and
+// analyzed. It returns the database's name and the fill's time and sizes.
+func (b *bench) fill(ctx context.Context, total, expired int64) (string, result, error) {
+	var r result
+	b.dbs++
+	db := fmt.Sprintf("citus_bench_%d", b.dbs)
+	start := time.Now()
+	url, err := b.citus.CreateDatabase(ctx, db)
+	if err != nil {
+		return "", r, err
+	}
+	// migrate reads no policy, but the configuration must name one.
+	if _, _, err := b.inboxkeeper(ctx, url, "migrate"); err != nil {
+		return "", r, err
+	}
+	b.logf("%s: filling %d rows over %d shards", db, total, b.o.shards)
+	_, err = onNode(ctx, url, func(conn *pgx.Conn) (struct{}, error) {
+		var now time.Time
+		if err := conn.QueryRow(ctx, "SELECT now()").Scan(&now); err != nil {
+			return struct{}{}, err
+		}
+		if _, err := conn.Exec(ctx, tableDDL); err != nil {
+			return struct{}{}, err
+		}
+		if _, err := conn.Exec(ctx, fmt.Sprintf(distributeSQL, b.o.shards)); err != nil {
+			return struct{}{}, err
+		}
+		// Statements of bounded size: the coordinator holds each one's
+		// rows before it copies them out.
+		const chunk = 250_000
+		for lo := int64(0); lo < total; lo += chunk {
+			if _, err := conn.Exec(ctx, fmt.Sprintf(fillSQL, consumers), lo, min(lo+chunk, total)-1, expired, total, now); err != nil {
+				return struct{}{}, fmt.Errorf("fill: %w", err)
+			}
+		}
+		for _, sql := range []string{
+			"SET maintenance_work_mem = '256MB'",
+			"ALTER TABLE inbox ADD PRIMARY KEY (consumer, message_id)",
+			"CREATE INDEX inbox_remember_until_idx ON inbox (remember_until)",
+			"VACUUM (ANALYZE) inbox", // hint bits and visibility map, as on a settled table
+		} {
+			if _, err := conn.Exec(ctx, sql); err != nil {
+				return struct{}{}, fmt.Errorf("%s: %w", sql, err)
+			}
+		}
+		var all int64
+		err := conn.QueryRow(ctx, `SELECT citus_relation_size('inbox'), citus_total_relation_size('inbox')`).Scan(&r.heap, &all)
+		r.index = all - r.heap
+		return struct{}{}, err
+	})
+	r.fill = time.Since(start)
+	return db, r, err
+}
+
+// statement runs sql through the coordinator on a connection opened before
+// the clock starts.
+func (b *bench) statement(ctx context.Context, url, sql string) (time.Duration, error) {
+	return onNode(ctx, url, func(conn *pgx.Conn) (time.Duration, error) {
+		start := time.Now()
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			return 0, fmt.Errorf("%s: %w", sql, err)
+		}
+		return time.Since(start), nil
+	})
+}
+
+// daemon runs `inboxkeeper once` against the coordinator.
+func (b *bench) daemon(ctx context.Context, url string) (time.Duration, int, error) {
+	wall, out, err := b.inboxkeeper(ctx, url, "once")
+	n := 0
+	if m := doneBatches.FindStringSubmatch(out); m != nil {
+		n, _ = strconv.Atoi(m[1])
+	}
+	return wall, n, err
+}
+
+// doneBatches finds the batch count in the daemon's "table done" log line
+// (text or JSON): the daemon adapts its batch size, so the count shows what
+// a run really did.
+var doneBatches = regexp.MustCompile(`expiry: table done.*?\bbatches"?[=:](\d+)`)
+
+// ownVariables are the daemon settings the benchmark sets itself.
+var ownVariables = []string{"INBOXKEEPER_DATABASE_URL", "INBOXKEEPER_POLICY_FILE", "INBOXKEEPER_BATCH_SIZE", "INBOXKEEPER_METRICS_ADDR"}
+
+// passedThrough lists the other INBOXKEEPER_* variables of the environment:
+// they reach the daemon, so the report must show them. Connection strings
+// are shown by name only.
+func passedThrough() []string {
+	var out []string
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(name, "INBOXKEEPER_") || slices.Contains(ownVariables, name) || name == "INBOXKEEPER_TEST_DATABASE_URL" {
+			continue
+		}
+		if strings.Contains(name, "URL") {
+			kv = name + "=(set)"
+		}
+		out = append(out, kv)
+	}
+	return out
+}
+
+// inboxkeeper runs the built binary against url and returns its wall time
+// and output.
+func (b *bench) inboxkeeper(ctx context.Context, url string, args ...string) (time.Duration, string, error) {
+	cmd := exec.CommandContext(ctx, b.bin, args...)
+	for _, kv := range os.Environ() {
+		if name, _, _ := strings.Cut(kv, "="); !slices.Contains(ownVariables, name) {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	// No metrics listener: runs must not compete for a port.
+	cmd.Env = append(cmd.Env, "INBOXKEEPER_DATABASE_URL="+url, "INBOXKEEPER_POLICY_FILE="+b.policy,
+		"INBOXKEEPER_BATCH_SIZE="+strconv.Itoa(b.o.batch), "INBOXKEEPER_METRICS_ADDR=")
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	start := time.Now()
+	err := cmd.Run()
+	wall := time.Since(start)
+	if err != nil {
+		return wall, out.String(), fmt.Errorf("inboxkeeper %s: %w\n%s", strings.Join(args, " "), err, out.String())
+	}
+	return wall, out.String(), nil
+}
+
+// onNode runs fn on a new connection to url.
+func onNode[T any](ctx context.Context, url string, fn func(*pgx.Conn) (T, error)) (T, error) {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	return fn(conn)
+}
+
+func (b *bench) logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "[%6.1fs] %s\n", time.Since(b.started).Seconds(), fmt.Sprintf(format, args...))
+}
+
+// explain shows where a daemon batch spends its time through the
+// coordinator: on a fresh copy, in a transaction that is rolled back, it
+// EXPLAIN ANALYZEs the two statements of the first range
+// batch of -batch rows: the bound query (boundSQL of package expiry: the
+// expiry of the batch's last row, by ORDER BY ... OFFSET batch-1 LIMIT 2,
+// which each shard must answer with its first batch+1 rows) and the range
+// DELETE up to that bound. The bound query is first run on its own, to
+// time it as the daemon sees it. The statements are the daemon's without the
+// hold and replay predicates, which are constant when nothing is held.
+func (b *bench) explain(ctx context.Context, w io.Writer, total, expired int64) error {
+	db, _, err := b.fill(ctx, total, expired)
+	if err != nil {
+		return err
+	}
+	b.logf("%s: EXPLAIN ANALYZE of one batch", db)
+	bound := fmt.Sprintf(`SELECT remember_until::text, remember_until FROM inbox t
+WHERE remember_until <= now() AND remember_until >= '-infinity'
+ORDER BY t.remember_until OFFSET %d LIMIT 2`, b.o.batch-1)
+	const del = `DELETE FROM inbox d WHERE remember_until <= now() AND remember_until >= '-infinity' AND remember_until <= $1::timestamptz`
+	_, err = onNode(ctx, b.citus.Coordinator.URL(db), func(conn *pgx.Conn) (struct{}, error) {
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			return struct{}{}, err
+		}
+		defer tx.Rollback(context.WithoutCancel(ctx))
+		start := time.Now()
+		var text string
+		var upto time.Time
+		if err := tx.QueryRow(ctx, bound).Scan(&text, &upto); err != nil {
+			return struct{}{}, fmt.Errorf("bound: %w", err)
+		}
+		tBound := time.Since(start)
+		fmt.Fprintf(w, "\none daemon batch of %d rows through the coordinator (a fresh copy, rolled back; %d expired rows take %d such batches):\n",
+			b.o.batch, expired, (expired+int64(b.o.batch)-1)/int64(b.o.batch))
+		fmt.Fprintf(w, "  bound query: %.1f ms run on its own, then:\n", ms(tBound))
+		for _, q := range []struct {
+			name, sql string
+			args      []any
+		}{{"bound query", bound, nil}, {"range DELETE", del, []any{upto}}} {
+			start := time.Now()
+			rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, COSTS off) "+q.sql, q.args...)
+			if err != nil {
+				return struct{}{}, fmt.Errorf("EXPLAIN %s: %w", q.name, err)
+			}
+			lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			if err != nil {
+				return struct{}{}, fmt.Errorf("EXPLAIN %s: %w", q.name, err)
+			}
+			fmt.Fprintf(w, "  EXPLAIN ANALYZE, %s (%.1f ms at the client):\n", q.name, ms(time.Since(start)))
+			for _, l := range lines {
+				fmt.Fprintf(w, "    %s\n", l)
+			}
+		}
+		return struct{}{}, tx.Rollback(ctx)
+	})
+	if err != nil {
+		return err
+	}
+	// Then four batches committed, timed statement by statement, as the
+	// daemon's transactions run them: Citus commits a batch that wrote on
+	// several workers in two phases, and the daemon's synchronous_commit
+	// off (set_config, which stays on the coordinator) does not spare the
+	// workers' PREPARE and COMMIT PREPARED their WAL flushes. The last two
+	// send it to the workers too (SET LOCAL, which Citus propagates), to
+	// show what those flushes cost.
+	fmt.Fprintf(w, "  committed batches of %d rows, in turn (bound query, range DELETE, COMMIT):\n", b.o.batch)
+	for i, syncOff := range []bool{false, false, true, true} {
+		_, err = onNode(ctx, b.citus.Coordinator.URL(db), func(conn *pgx.Conn) (struct{}, error) {
+			var took [3]time.Duration
+			start := time.Now()
+			tx, err := conn.Begin(ctx)
+			if err != nil {
+				return struct{}{}, err
+			}
+			defer tx.Rollback(context.WithoutCancel(ctx))
+			set := "SELECT set_config('synchronous_commit', 'off', true)"
+			if syncOff {
+				set = "SET LOCAL synchronous_commit = off"
+			}
+			if _, err := tx.Exec(ctx, set); err != nil {
+				return struct{}{}, err
+			}
+			var text string
+			var upto time.Time
+			if err := tx.QueryRow(ctx, bound).Scan(&text, &upto); err != nil {
+				return struct{}{}, fmt.Errorf("bound: %w", err)
+			}
+			took[0] = time.Since(start)
+			tag, err := tx.Exec(ctx, del, upto)
+			if err != nil {
+				return struct{}{}, fmt.Errorf("range DELETE: %w", err)
+			}
+			took[1] = time.Since(start) - took[0]
+			if err := tx.Commit(ctx); err != nil {
+				return struct{}{}, err
+			}
+			took[2] = time.Since(start) - took[0] - took[1]
+			how := "synchronous_commit off on the coordinator (as the daemon)"
+			if syncOff {
+				how = "synchronous_commit off on every node (SET LOCAL)"
+			}
+			fmt.Fprintf(w, "    %d. %-58s %7.1f ms %7.1f ms %7.1f ms  (%d rows)\n", i+1, how,
+				ms(took[0]), ms(took[1]), ms(took[2]), tag.RowsAffected())
+			return struct{}{}, nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	if !b.o.keep {
+		err = b.citus.DropDatabase(ctx, db)
+	}
+	return err
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

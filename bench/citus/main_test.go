@@ -1,0 +1,38 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestTinyRun runs the whole benchmark at a tiny scale, so CI proves that it
+// still builds the daemon, starts Citus, fills and distributes the tables,
+// measures and reports. Two reps cover both orders. Citus or PostgreSQL
+// missing fails the test (pgcluster says how to fix it); it never skips.
+func TestTinyRun(t *testing.T) {
+	start := time.Now()
+	var out strings.Builder
+	if code := run([]string{"-rows", "20000", "-batch", "1000", "-reps", "2", "-shards", "4", "-explain"}, &out); code != 0 {
+		t.Fatalf("run exited %d (the error is in the test's stderr); report so far:\n%s", code, out.String())
+	}
+	report := out.String()
+	t.Logf("report (%s):\n%s", time.Since(start).Round(time.Millisecond), report)
+	for _, want := range []string{
+		"bench/citus on ", " CPUs; flags: -batch 1000 -explain true -keep false -reps 2 -rows 20000 -shards 4 -workers 2",
+		"rows: 20000 total, 10000 expired, over 1000 consumers, in each copy; 4 shards on 2 workers; daemon batch size 1000; 2 reps",
+		"rep 1 of 2 (inboxkeeper once first):", "rep 2 of 2 (unbounded DELETE first):",
+		"  fill for inboxkeeper once: ", "  fill for unbounded DELETE: ",
+		"WAL w1", "WAL w2", "WAL workers", "WAL coord",
+		"  inboxkeeper once ", " batches, avg ", "  unbounded DELETE ",
+		"  throughput ratio inboxkeeper/unbounded ",
+		"  WAL ratio inboxkeeper/unbounded, workers: ",
+		"over 2 reps: throughput ratio inboxkeeper/unbounded min ",
+		"one daemon batch of 1000 rows through the coordinator", "10000 expired rows take 10 such batches", "  bound query: ",
+		"EXPLAIN ANALYZE, bound query (", "EXPLAIN ANALYZE, range DELETE (", "Task Count: 4", "committed batches of 1000 rows", "    4. synchronous_commit off on every node (SET LOCAL) ",
+	} {
+		if !strings.Contains(report, want) {
+			t.Errorf("report lacks %q", want)
+		}
+	}
+}
