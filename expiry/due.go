@@ -39,7 +39,14 @@ func (d *Deleter) Due(ctx context.Context, t *catalog.Table, from pgtype.Timesta
 		var args holds.Args
 		hp, rp := cov.Predicates(t, "t", &args)
 		c, f := args.Add(cutoff(t, now)), args.Add(from)
-		sql := fmt.Sprintf(`SELECT count(*) FROM (SELECT 1 FROM %[1]s t WHERE t.%[2]s <= %[3]s AND t.%[2]s >= %[4]s AND NOT %[5]s AND NOT %[6]s LIMIT %[7]d) s`,
+		form := `SELECT count(*) FROM (SELECT 1 FROM %[1]s t WHERE t.%[2]s <= %[3]s AND t.%[2]s >= %[4]s AND NOT %[5]s AND NOT %[6]s LIMIT %[7]d) s`
+		if t.Distributed() {
+			// Through a coordinator the LIMIT would pull up to DueCap rows
+			// from the shards; a plain count is counted on every shard at
+			// once, each its own share.
+			form = `SELECT count(*) FROM %[1]s t WHERE t.%[2]s <= %[3]s AND t.%[2]s >= %[4]s AND NOT %[5]s AND NOT %[6]s`
+		}
+		sql := fmt.Sprintf(form,
 			t.Ident, t.Expiry.Quoted, t.Expiry.Instant(c+"::timestamptz"), t.Expiry.Instant(f+"::timestamptz"), hp, rp, DueCap+1)
 		if err := tx.QueryRow(ctx, sql, args.Values...).Scan(&due.Rows); err != nil {
 			return fmt.Errorf("count the due rows: %w", err)

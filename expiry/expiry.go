@@ -135,6 +135,7 @@ type Deleter struct {
 
 	mu         sync.Mutex
 	scanChoice map[string]*scanChooser // per table, made anew each pass
+	windows    map[string]*window      // per distributed table, kept across passes
 }
 
 // New returns a Deleter with defaults filled in.
@@ -165,7 +166,7 @@ func New(pool *pgxpool.Pool, tables []*catalog.Table, opts Options) *Deleter {
 		}
 	}
 	return &Deleter{pool: pool, tables: tables, opts: opts, log: log, sizers: batchloop.NewSizers(opts.BatchSize, opts.Sizing),
-		scanChoice: map[string]*scanChooser{}}
+		scanChoice: map[string]*scanChooser{}, windows: map[string]*window{}}
 }
 
 // RunPass runs one pass over every table, in policy order. A failure on one
@@ -303,6 +304,16 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 				m.Errors.WithLabelValues(t.Name, kind).Inc()
 			}
 		},
+	}
+	if t.Distributed() {
+		// A batch counts rows per shard and is an expiry window, which can
+		// come back short with rows still due (distributedBatch).
+		win := d.window(t)
+		win.setExhausted(false)
+		win.mu.Lock()
+		win.due = estimate
+		win.mu.Unlock()
+		loop.Shards, loop.Exhausted = t.Citus.Shards, win.isExhausted
 	}
 	r, err := loop.Run(ctx, func(ctx context.Context, lower pgtype.Timestamptz, size int) (int64, time.Time, float64, error) {
 		n, newest, wal, err := d.batch(ctx, t, lower, size, res)

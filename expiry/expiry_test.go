@@ -481,7 +481,7 @@ func TestFenceInFlightBatch(t *testing.T) {
 	forms(t, func(t *testing.T, sig testSignals) {
 		f := setup(t, inboxDDL, inboxPolicy)
 		f.insert(t, "payments", 30, t0.Add(-time.Hour), time.Minute)
-		res := fenceRace(t, f, sig)
+		res, _ := fenceRace(t, f, sig)
 		// The in-flight batch deleted 10 before the hold existed; the rest stay.
 		if res.Deleted != 10 {
 			t.Errorf("pass deleted %d, want only the 10 of the batch already in flight", res.Deleted)
@@ -495,17 +495,18 @@ func TestFenceInFlightBatch(t *testing.T) {
 // fenceRace runs a pass in batches of 10 and, while its first batch is
 // held open before COMMIT, adds a hold on consumer payments. It checks
 // that the hold writer queues on the fence and returns only after that
-// batch committed, and returns the pass's result.
-func fenceRace(t *testing.T, f fixture, sig testSignals) TableResult {
+// batch committed, and returns the pass's result and the rows of that batch.
+func fenceRace(t *testing.T, f fixture, sig testSignals) (TableResult, int64) {
 	t.Helper()
 	ctx := context.Background()
 	inFlight := make(chan struct{})
 	release := make(chan struct{})
 	committed := make(chan struct{})
 	first := true
-	sig.beforeCommit = func(string, int64) {
+	var firstRows int64
+	sig.beforeCommit = func(_ string, n int64) {
 		if first {
-			first = false
+			first, firstRows = false, n
 			close(inFlight)
 			<-release
 		}
@@ -554,7 +555,7 @@ func fenceRace(t *testing.T, f fixture, sig testSignals) TableResult {
 	if res.Err != nil {
 		t.Fatal(res.Err)
 	}
-	return res
+	return res, firstRows
 }
 
 func TestRunTimeStopsThePass(t *testing.T) {

@@ -44,6 +44,16 @@ type Loop struct {
 	OnError func(kind string)
 	// OnRetry is told before a failed batch is retried (tests).
 	OnRetry func(kind string)
+	// Shards is how many shards a batch spans (a Citus distributed table):
+	// the size the sizer and the throttle deal in counts rows per shard, and
+	// a batch of size rows per shard changes up to size*Shards rows. 0 or
+	// 1: a table on one node.
+	Shards int
+	// Exhausted, when set, is asked after every batch whether nothing is
+	// left (batches by expiry window can come back short with rows still
+	// due, and full with nothing left); nil: a batch that comes back short
+	// ends the pass.
+	Exhausted func() bool
 }
 
 // Result is what the loop did.
@@ -91,7 +101,11 @@ func (l *Loop) Run(ctx context.Context, batch Batch) (res Result, err error) {
 			res.Batches++
 			res.Resume = pgtype.Timestamptz{Time: newest, Valid: true}
 		}
-		if n < int64(size) {
+		if l.Exhausted != nil {
+			if l.Exhausted() {
+				return res, nil
+			}
+		} else if n < int64(size) {
 			return res, nil
 		}
 		if l.BatchPause > 0 {
@@ -101,6 +115,8 @@ func (l *Loop) Run(ctx context.Context, batch Batch) (res Result, err error) {
 		}
 	}
 }
+
+func (l *Loop) shards() int { return max(1, l.Shards) }
 
 // waitThrottle blocks while the throttle says so, and until the next batch
 // fits the standbys' WAL window; it returns the batch's size. It returns a
@@ -163,8 +179,9 @@ func (l *Loop) withRetry(ctx context.Context, batch Batch, lower pgtype.Timestam
 		n, newest, wal, err = batch(ctx, lower, size)
 		if err == nil {
 			took := time.Since(began)
-			l.Sizer.Observe(int(n), took)
-			l.Sizer.ObserveWAL(int(n), wal)
+			perShard := int((n + int64(l.shards()) - 1) / int64(l.shards()))
+			l.Sizer.Observe(perShard, took)
+			l.Sizer.ObserveWAL(perShard, wal)
 			if l.Throttle != nil {
 				l.Throttle.Wrote(wal)
 			}
