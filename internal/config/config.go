@@ -40,7 +40,7 @@ type Config struct {
 	DatabaseURL      string        `envconfig:"DATABASE_URL" secret:"true" desc:"PostgreSQL connection string (URL or keyword/value); empty uses libpq PG* variables"`
 	DatabaseURLFile  string        `envconfig:"DATABASE_URL_FILE" desc:"a file holding the connection string (Docker secrets, systemd credentials); instead of DATABASE_URL"`
 	PolicyFile       string        `envconfig:"POLICY_FILE" default:"./inboxkeeper.yaml" desc:"path of the retention policy file"`
-	BatchSize        int           `envconfig:"BATCH_SIZE" default:"5000" desc:"rows in the first delete batch; the size then adapts toward BATCH_TARGET"`
+	BatchSize        int           `envconfig:"BATCH_SIZE" default:"5000" desc:"rows in the first delete batch (per shard on a Citus distributed table); the size then adapts toward BATCH_TARGET"`
 	BatchPause       time.Duration `envconfig:"BATCH_PAUSE" default:"0s" desc:"sleep between batches (>= 0)"`
 	Interval         time.Duration `envconfig:"INTERVAL" default:"1m" desc:"run: time between passes when no schedule is set (> 0)"`
 	Schedule         string        `envconfig:"SCHEDULE" desc:"run: cron spec for passes instead of the interval (5 fields, @hourly, @every 10m)"`
