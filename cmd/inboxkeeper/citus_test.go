@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
@@ -48,4 +49,16 @@ func TestCitusCommands(t *testing.T) {
 	// payments' 20 expired rows go; billing's 10 are held.
 	f.wantCount("rows left", allRows-20, "SELECT count(*) FROM public.consumer_inbox")
 	f.wantCount("billing rows left", 16, "SELECT count(*) FROM public.consumer_inbox WHERE consumer = 'billing'")
+}
+
+// A distributed table inboxkeeper cannot manage is refused by name with
+// exit 2, before anything is deleted: distributed on a column outside the
+// policy's key.
+func TestCitusRefusedTable(t *testing.T) {
+	t.Parallel()
+	f := newCitusFixture(t)
+	wantExit(t, f.run("migrate"), 0)
+	f.policy = f.writeFile("outside-key.yaml", strings.Replace(inboxPolicy, "key: [consumer, message_id]", "key: [message_id]", 1))
+	wantExit(t, f.run("once"), 2, `distributed on "consumer", which is not one of the key columns`)
+	f.wantCount("rows left", allRows, "SELECT count(*) FROM public.consumer_inbox")
 }
