@@ -140,7 +140,10 @@ type Deleter struct {
 
 // New returns a Deleter with defaults filled in.
 func New(pool *pgxpool.Pool, tables []*catalog.Table, opts Options) *Deleter {
-	batchloop.FillDefaults(&opts.BatchSize, &opts.LockTimeout, &opts.StatementTimeout, &opts.MaxRetries)
+	opts.BatchSize = batchloop.Or(opts.BatchSize, batchloop.DefaultBatchSize)
+	opts.LockTimeout = batchloop.Or(opts.LockTimeout, batchloop.DefaultLockTimeout)
+	opts.StatementTimeout = batchloop.Or(opts.StatementTimeout, batchloop.DefaultStatementTimeout)
+	opts.MaxRetries = batchloop.Or(opts.MaxRetries, batchloop.DefaultMaxRetries)
 	log := opts.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -198,9 +201,6 @@ func cutoff(t *catalog.Table, now time.Time) time.Time {
 }
 
 func (d *Deleter) sizer(t *catalog.Table) *throttle.Sizer { return d.sizers.For(t.Name) }
-
-// SetActive sets Options.Active after construction.
-func (d *Deleter) SetActive(f func() error) { d.opts.Active = f }
 
 // BatchSize is the size the next batch on table will have.
 func (d *Deleter) BatchSize(table *catalog.Table) int { return d.sizer(table).Size() }

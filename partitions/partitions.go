@@ -160,9 +160,6 @@ func New(pool *pgxpool.Pool, tables []*catalog.Table, opts Options) *Manager {
 // Tables are the partitioned tables this manager looks after.
 func (m *Manager) Tables() []*catalog.Table { return m.tables }
 
-// SetActive sets Options.Active after construction.
-func (m *Manager) SetActive(f func() error) { m.opts.Active = f }
-
 // RunPass runs premake, retirement and the drops of detached partitions on
 // every table. A failure on one table is recorded in its result and the
 // pass goes on; the returned error is non-nil only when ctx ended the pass.

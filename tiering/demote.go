@@ -104,7 +104,10 @@ type testSignals struct {
 
 // New returns a Demoter for the tables of tables that have tiers.
 func New(pool *pgxpool.Pool, tables []*catalog.Table, opts Options) *Demoter {
-	batchloop.FillDefaults(&opts.BatchSize, &opts.LockTimeout, &opts.StatementTimeout, &opts.MaxRetries)
+	opts.BatchSize = batchloop.Or(opts.BatchSize, batchloop.DefaultBatchSize)
+	opts.LockTimeout = batchloop.Or(opts.LockTimeout, batchloop.DefaultLockTimeout)
+	opts.StatementTimeout = batchloop.Or(opts.StatementTimeout, batchloop.DefaultStatementTimeout)
+	opts.MaxRetries = batchloop.Or(opts.MaxRetries, batchloop.DefaultMaxRetries)
 	log := opts.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -127,9 +130,6 @@ func New(pool *pgxpool.Pool, tables []*catalog.Table, opts Options) *Demoter {
 
 // Tables are the tables this Demoter works on.
 func (d *Demoter) Tables() []*catalog.Table { return d.tables }
-
-// SetActive sets Options.Active after construction.
-func (d *Demoter) SetActive(f func() error) { d.opts.Active = f }
 
 // RunPass demotes what is due in every tiered table, in policy order. A
 // failure on one table is recorded in its result and the pass goes on; the

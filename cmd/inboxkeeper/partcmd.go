@@ -15,20 +15,23 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/humantime"
 	"github.com/inboxkeeper/inboxkeeper/partitions"
-	"github.com/inboxkeeper/inboxkeeper/throttle"
 	"github.com/inboxkeeper/inboxkeeper/tiering"
 )
 
-func (a *app) partitionManager(pool *pgxpool.Pool, tables []*catalog.Table, dryRun bool, th *throttle.Throttler, m *partitions.Metrics) *partitions.Manager {
-	if a.ddl != nil && !dryRun {
+// partitionManager builds the partition manager of tables; its DDL runs on
+// the session pool when there is one (sessionForPartitions).
+func (a *app) partitionManager(w wiring, tables []*catalog.Table, m *partitions.Metrics) *partitions.Manager {
+	pool := w.pool
+	if a.ddl != nil && !w.dryRun {
 		pool = a.ddl
 	}
 	return partitions.New(pool, tables, partitions.Options{
 		LockTimeout:      a.cfg.DDLLockTimeout,
 		StatementTimeout: a.cfg.StatementTimeout,
 		IdleTimeout:      a.cfg.IdleTimeout,
-		Throttle:         th,
-		DryRun:           dryRun,
+		Throttle:         w.th,
+		Active:           w.active,
+		DryRun:           w.dryRun,
 		Logger:           a.log,
 		Metrics:          m,
 		CopyKeys:         tiering.CopyPermanentKeys,
@@ -88,7 +91,7 @@ func (a *app) partitionsCmd(ctx context.Context, args []string) error {
 	if err := a.sessionForPartitions(ctx, tables, *dryRun); err != nil {
 		return err
 	}
-	m := a.partitionManager(pool, tables, *dryRun, nil, nil)
+	m := a.partitionManager(wiring{pool: pool, dryRun: *dryRun}, tables, nil)
 	if len(m.Tables()) == 0 {
 		fmt.Fprintln(a.stdout, "no table in the policy has a partitions section")
 		return nil

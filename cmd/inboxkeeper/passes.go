@@ -80,11 +80,25 @@ func (a *app) noArgs(name string, args []string) error {
 	return nil
 }
 
+// wiring is what the services of one pass share: the pool, whether the
+// pass is a dry run, the throttle, and the check that this instance still
+// holds the lease (nil: always active).
+type wiring struct {
+	pool   *pgxpool.Pool
+	dryRun bool
+	th     *throttle.Throttler
+	active func() error
+}
+
+// readOnly is the wiring of status and dry runs: no throttle, no lease.
+func readOnly(pool *pgxpool.Pool) wiring { return wiring{pool: pool, dryRun: true} }
+
 // deleter builds the deleter of tables with the configuration c (a.cfg, or
 // a table's with its runtime settings).
-func (a *app) deleter(c config.Config, pool *pgxpool.Pool, tables []*catalog.Table, dryRun bool, th *throttle.Throttler, m *expiry.Metrics, progress func(expiry.Progress)) *expiry.Deleter {
-	return expiry.New(pool, tables, expiry.Options{
-		Throttle:         th,
+func (a *app) deleter(c config.Config, w wiring, tables []*catalog.Table, m *expiry.Metrics, progress func(expiry.Progress)) *expiry.Deleter {
+	return expiry.New(w.pool, tables, expiry.Options{
+		Throttle:         w.th,
+		Active:           w.active,
 		Sizing:           sizing(c),
 		BatchSize:        c.BatchSize,
 		BatchPause:       c.BatchPause,
@@ -92,7 +106,7 @@ func (a *app) deleter(c config.Config, pool *pgxpool.Pool, tables []*catalog.Tab
 		StatementTimeout: c.StatementTimeout,
 		IdleTimeout:      c.IdleTimeout,
 		RunTime:          c.RunTime,
-		DryRun:           dryRun,
+		DryRun:           w.dryRun,
 		Logger:           a.log,
 		Metrics:          m,
 		Progress:         progress,
@@ -473,7 +487,9 @@ func (r rateWindows) rate(table string) (float64, bool) {
 // tableStatus reads what status shows per table: rows due for ordinary
 // tables, a dry-run partition pass for partitioned ones, and the tiers.
 func (a *app) tableStatus(ctx context.Context, pool *pgxpool.Pool, tables []*catalog.Table, rep *statusReport) error {
-	d := a.deleter(a.cfg, pool, tables, false, nil, nil, nil)
+	// Status reads; it never deletes (not a dry run: that would count
+	// differently).
+	d := a.deleter(a.cfg, wiring{pool: pool}, tables, nil, nil)
 	for _, t := range tables {
 		if t.Partitioned() {
 			continue
@@ -486,7 +502,7 @@ func (a *app) tableStatus(ctx context.Context, pool *pgxpool.Pool, tables []*cat
 	}
 	// A dry-run pass shows what the next one would make, detach and drop.
 	var err error
-	if rep.Partitions, err = a.partitionManager(pool, tables, true, nil, nil).RunPass(ctx); err != nil {
+	if rep.Partitions, err = a.partitionManager(readOnly(pool), tables, nil).RunPass(ctx); err != nil {
 		return err
 	}
 	rep.Tiers, err = a.tierStatus(ctx, pool, tables)

@@ -16,7 +16,6 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/humantime"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
-	"github.com/inboxkeeper/inboxkeeper/throttle"
 	"github.com/inboxkeeper/inboxkeeper/tiering"
 )
 
@@ -24,9 +23,10 @@ import (
 // deletes expired ones, and writes permanent keys with the deletions.
 
 // demoter is the tiering counterpart of deleter, with the same settings.
-func (a *app) demoter(c config.Config, pool *pgxpool.Pool, tables []*catalog.Table, dryRun bool, th *throttle.Throttler, m *tiering.Metrics, errs *prometheus.CounterVec) *tiering.Demoter {
-	return tiering.New(pool, tables, tiering.Options{
-		Throttle:         th,
+func (a *app) demoter(c config.Config, w wiring, tables []*catalog.Table, m *tiering.Metrics, errs *prometheus.CounterVec) *tiering.Demoter {
+	return tiering.New(w.pool, tables, tiering.Options{
+		Throttle:         w.th,
+		Active:           w.active,
 		Sizing:           sizing(c),
 		BatchSize:        c.BatchSize,
 		BatchPause:       c.BatchPause,
@@ -34,7 +34,7 @@ func (a *app) demoter(c config.Config, pool *pgxpool.Pool, tables []*catalog.Tab
 		StatementTimeout: c.StatementTimeout,
 		IdleTimeout:      c.IdleTimeout,
 		RunTime:          c.RunTime,
-		DryRun:           dryRun,
+		DryRun:           w.dryRun,
 		Logger:           a.log,
 		Metrics:          m,
 		Errors:           errs,
@@ -163,7 +163,7 @@ func (p *passer) measureTiers(ctx context.Context) {
 // tierStatus reads the status of every tiered table, by name.
 func (a *app) tierStatus(ctx context.Context, pool *pgxpool.Pool, tables []*catalog.Table) (map[string]*tiering.Status, error) {
 	out := map[string]*tiering.Status{}
-	dem := a.demoter(a.cfg, pool, tables, true, nil, nil, nil)
+	dem := a.demoter(a.cfg, readOnly(pool), tables, nil, nil)
 	for _, t := range dem.Tables() {
 		st, err := dem.Status(ctx, t)
 		if err != nil {

@@ -15,7 +15,9 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/pass"
 	"github.com/inboxkeeper/inboxkeeper/internal/settings"
 	"github.com/inboxkeeper/inboxkeeper/internal/stop"
+	"github.com/inboxkeeper/inboxkeeper/partitions"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
+	"github.com/inboxkeeper/inboxkeeper/tiering"
 )
 
 // tuning is what a pass runs with: the configuration in force globally and
@@ -97,15 +99,17 @@ func both(lease, watch func() error) func() error {
 // when it has one of its own, its own RUN_TIME within the pass's.
 func (a *app) stages(pool *pgxpool.Pool, tables []*catalog.Table, tn tuning, dryRun bool, ms *metricSet, th *throttle.Throttler,
 	active func() error, progress func(expiry.Progress)) ([]pass.Stage, []*expiry.Deleter) {
-	var em *expiry.Metrics
-	var errs *prometheus.CounterVec
-	pm := a.partitionManager(pool, tables, dryRun, th, nil)
+	w := wiring{pool: pool, dryRun: dryRun, th: th, active: active}
+	var (
+		em   *expiry.Metrics
+		errs *prometheus.CounterVec
+		pmm  *partitions.Metrics
+		tm   *tiering.Metrics
+	)
 	if ms != nil {
-		em, errs = ms.expiry, ms.expiry.Errors
-		pm = a.partitionManager(pool, tables, dryRun, th, ms.partitions)
+		em, errs, pmm, tm = ms.expiry, ms.expiry.Errors, ms.partitions, ms.tiering
 	}
-	pm.SetActive(active)
-	out := []pass.Stage{pass.Partitions(pm)}
+	out := []pass.Stage{pass.Partitions(a.partitionManager(w, tables, pmm))}
 	var deletes []pass.Stage
 	var deleters []*expiry.Deleter
 	for _, t := range tables {
@@ -115,16 +119,10 @@ func (a *app) stages(pool *pgxpool.Pool, tables []*catalog.Table, tn tuning, dry
 		}
 		one := []*catalog.Table{t}
 		if t.Tiers != nil && !t.Partitioned() {
-			dem := a.demoter(c, pool, one, dryRun, th, nil, errs)
-			if ms != nil {
-				dem = a.demoter(c, pool, one, dryRun, th, ms.tiering, errs)
-			}
-			dem.SetActive(active)
-			out = append(out, limit(pass.Tiering(dem), c.RunTime, tn.global.RunTime))
+			out = append(out, limit(pass.Tiering(a.demoter(c, w, one, tm, errs)), c.RunTime, tn.global.RunTime))
 		}
 		if !t.Partitioned() {
-			d := a.deleter(c, pool, one, dryRun, th, em, progress)
-			d.SetActive(active)
+			d := a.deleter(c, w, one, em, progress)
 			deleters = append(deleters, d)
 			deletes = append(deletes, limit(pass.Expiry(d), c.RunTime, tn.global.RunTime))
 		}

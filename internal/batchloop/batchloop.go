@@ -295,18 +295,11 @@ const (
 	DefaultMaxRetries       = 5
 )
 
-// FillDefaults replaces the zero (or negative) settings with the defaults.
-func FillDefaults(batchSize *int, lockTimeout, statementTimeout *time.Duration, maxRetries *int) {
-	if *batchSize <= 0 {
-		*batchSize = DefaultBatchSize
+// Or is v, or def when v is zero or negative: an unset option takes its
+// documented default.
+func Or[T int | time.Duration](v, def T) T {
+	if v <= 0 {
+		return def
 	}
-	if *lockTimeout <= 0 {
-		*lockTimeout = DefaultLockTimeout
-	}
-	if *statementTimeout <= 0 {
-		*statementTimeout = DefaultStatementTimeout
-	}
-	if *maxRetries <= 0 {
-		*maxRetries = DefaultMaxRetries
-	}
+	return v
 }
