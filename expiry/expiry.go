@@ -200,7 +200,7 @@ func cutoff(t *catalog.Table, now time.Time) time.Time {
 	return now.Add(-t.Policy.ExpiryOffset())
 }
 
-func (d *Deleter) sizer(t *catalog.Table) *throttle.Sizer { return d.sizers.For(t.Name) }
+func (d *Deleter) sizer(t *catalog.Table) *batchloop.Sizer { return d.sizers.For(t.Name) }
 
 // BatchSize is the size the next batch on table will have.
 func (d *Deleter) BatchSize(table *catalog.Table) int { return d.sizer(table).Size() }

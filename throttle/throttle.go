@@ -316,11 +316,20 @@ func (t *Throttler) Wait(ctx context.Context) (State, error) {
 	}
 }
 
+// BatchSizer is what pacing asks of a batch sizer (batchloop.Sizer): the
+// next batch's size, the smallest batch, and the WAL a row costs (0 until
+// measured).
+type BatchSizer interface {
+	Size() int
+	Min() int
+	PerRow() float64
+}
+
 // Pace waits until no signal throttles and the next batch fits the WAL
 // window of every streaming standby, and returns the admission: how many
 // rows the batch may have (at most sizer's size). It also returns the first
 // throttled state it saw, as Wait does.
-func (t *Throttler) Pace(ctx context.Context, sizer *Sizer) (Admission, State, error) {
+func (t *Throttler) Pace(ctx context.Context, sizer BatchSizer) (Admission, State, error) {
 	var first State
 	for {
 		st, err := t.Wait(ctx)

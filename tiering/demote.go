@@ -186,7 +186,7 @@ func (d *Demoter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 	return res
 }
 
-func (d *Demoter) sizer(t *catalog.Table) *throttle.Sizer { return d.sizers.For(t.Name) }
+func (d *Demoter) sizer(t *catalog.Table) *batchloop.Sizer { return d.sizers.For(t.Name) }
 
 func (d *Demoter) demoteAll(ctx context.Context, t *catalog.Table, deadline time.Time, res *Result) error {
 	loop := batchloop.Loop{

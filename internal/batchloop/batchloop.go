@@ -28,7 +28,7 @@ type Batch func(ctx context.Context, lower pgtype.Timestamptz, size int) (n int6
 // Loop is one pass over one table.
 type Loop struct {
 	What       string // "delete", "demotion": names the batch in errors and logs
-	Sizer      *throttle.Sizer
+	Sizer      *Sizer
 	Throttle   *throttle.Throttler // nil: never waits
 	Active     func() error        // nil: always active; an error stops the pass
 	Deadline   time.Time           // zero: no RUN_TIME
@@ -261,25 +261,25 @@ type Sizers struct {
 	start  int
 	sizing *Sizing // nil: every batch has start rows
 	mu     sync.Mutex
-	m      map[string]*throttle.Sizer
+	m      map[string]*Sizer
 }
 
 // NewSizers starts every table's batches at start rows, adapting within
 // sizing when it is set.
 func NewSizers(start int, sizing *Sizing) *Sizers {
-	return &Sizers{start: start, sizing: sizing, m: map[string]*throttle.Sizer{}}
+	return &Sizers{start: start, sizing: sizing, m: map[string]*Sizer{}}
 }
 
 // For returns table's sizer.
-func (s *Sizers) For(table string) *throttle.Sizer {
+func (s *Sizers) For(table string) *Sizer {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	z := s.m[table]
 	if z == nil {
 		if s.sizing != nil {
-			z = throttle.NewSizer(s.start, s.sizing.Min, s.sizing.Max, s.sizing.Target)
+			z = NewSizer(s.start, s.sizing.Min, s.sizing.Max, s.sizing.Target)
 		} else {
-			z = throttle.NewSizer(s.start, s.start, s.start, 0)
+			z = NewSizer(s.start, s.start, s.start, 0)
 		}
 		s.m[table] = z
 	}
