@@ -1804,12 +1804,18 @@ func normaliseSQL(script string) string {
 func ownerDatabase(t *testing.T) (*pgx.Conn, string) {
 	t.Helper()
 	url := pgtest.NewDatabase(t)
+	return connect(t, url), url
+}
+
+// connect is a connection to url, closed when the test ends.
+func connect(t *testing.T, url string) *pgx.Conn {
+	t.Helper()
 	conn, err := pgx.Connect(context.Background(), url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close(context.Background()) })
-	return conn, url
+	return conn
 }
 
 // The role script on a real server: as the roles it creates, every command
@@ -1905,15 +1911,7 @@ func TestRoleScriptOnPostgreSQL(t *testing.T) {
 	daemon.refused("plan", "--apply")
 	operator.ok("replay", "finish", replayID)
 
-	dcfg, err := pgx.ParseConfig(daemonURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dconn, err := pgx.ConnectConfig(ctx, dcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dconn.Close(ctx)
+	dconn := connect(t, daemonURL)
 	for _, sql := range []string{
 		"TRUNCATE public.consumer_inbox",
 		"INSERT INTO public.consumer_inbox (consumer, message_id, payload_hash, event_time, first_seen_at, remember_until) VALUES ('x', 'x', '\\x00', now(), now(), now())",
@@ -2214,15 +2212,7 @@ INSERT INTO payloads.side_payload SELECT consumer, message_id, first_seen_at, pa
 			t.Errorf("%s: %d (%v), want %d", sql, n, err, want)
 		}
 	}
-	dcfg, err := pgx.ParseConfig(daemonURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dconn, err := pgx.ConnectConfig(ctx, dcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dconn.Close(ctx)
+	dconn := connect(t, daemonURL)
 	for _, sql := range []string{
 		"UPDATE public.inplace SET outcome = 'x'",          // only the payload column
 		"UPDATE public.inplace SET payload_hash = '\\x00'", // never the hash
