@@ -64,6 +64,10 @@ const (
 	onceTimer      = "systemd/inboxkeeper-once.timer"
 	kubernetesDir  = "kubernetes"
 	deployDocument = "../docs/operations/deploying.md"
+	composeInbox   = "docker/initdb/10-consumer-inbox.sql"
+	// recommendedInbox is the canonical recommended inbox layout, the one
+	// the library's tests use.
+	recommendedInbox = "../inbox/testdata/inbox_plain.sql"
 )
 
 func read(t *testing.T, name string) string {
@@ -1770,23 +1774,58 @@ SELECT 'payments', 'new-' || i, '\x00', now() - interval '1 day', now() - interv
 FROM generate_series(1, 30) i;
 `
 
+// The compose example's inbox is the recommended layout, to the letter: the
+// example is where a newcomer copies it from, so it must not drift from the
+// layout the library is tested with. Comments and white space aside, the
+// example's script starts with the canonical table and its index.
+func TestComposeInboxIsTheRecommendedLayout(t *testing.T) {
+	t.Parallel()
+	want, got := normaliseSQL(read(t, recommendedInbox)), normaliseSQL(read(t, composeInbox))
+	if want == "" || !strings.HasPrefix(got, want) {
+		t.Errorf("%s does not start with the recommended inbox of %s\nwant: %s\n got: %s", composeInbox, recommendedInbox, want, got[:min(len(got), len(want))])
+	}
+}
+
+// normaliseSQL drops -- comments and folds white space, which change no
+// statement.
+func normaliseSQL(script string) string {
+	var lines []string
+	for _, line := range strings.Split(script, "\n") {
+		if i := strings.Index(line, "--"); i >= 0 {
+			line = line[:i]
+		}
+		lines = append(lines, line)
+	}
+	return strings.Join(strings.Fields(strings.Join(lines, " ")), " ")
+}
+
+// ownerDatabase is a new database and a connection to it as its owner, the
+// user that creates the application's tables and runs migrate.
+func ownerDatabase(t *testing.T) (*pgx.Conn, string) {
+	t.Helper()
+	url := pgtest.NewDatabase(t)
+	return connect(t, url), url
+}
+
+// connect is a connection to url, closed when the test ends.
+func connect(t *testing.T, url string) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
 // The role script on a real server: as the roles it creates, every command
 // of the deployed binary works, and what a role should not do is refused.
 func TestRoleScriptOnPostgreSQL(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	bin := inboxkeeperBinary(t)
-	ownerURL := pgtest.NewDatabase(t)
-	owner, err := pgx.Connect(ctx, ownerURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer owner.Close(ctx)
-	ddl, err := os.ReadFile("../inbox/testdata/inbox_plain.sql")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pgtest.Exec(t, owner, string(ddl)+inboxRows)
+	owner, ownerURL := ownerDatabase(t)
+	pgtest.Exec(t, owner, read(t, recommendedInbox)+inboxRows)
 	if _, err := migrations.Migrate(ctx, owner); err != nil {
 		t.Fatal(err)
 	}
@@ -1872,15 +1911,7 @@ func TestRoleScriptOnPostgreSQL(t *testing.T) {
 	daemon.refused("plan", "--apply")
 	operator.ok("replay", "finish", replayID)
 
-	dcfg, err := pgx.ParseConfig(daemonURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dconn, err := pgx.ConnectConfig(ctx, dcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dconn.Close(ctx)
+	dconn := connect(t, daemonURL)
 	for _, sql := range []string{
 		"TRUNCATE public.consumer_inbox",
 		"INSERT INTO public.consumer_inbox (consumer, message_id, payload_hash, event_time, first_seen_at, remember_until) VALUES ('x', 'x', '\\x00', now(), now(), now())",
@@ -2098,12 +2129,7 @@ func TestRoleScriptTiering(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	bin := inboxkeeperBinary(t)
-	ownerURL := pgtest.NewDatabase(t)
-	owner, err := pgx.Connect(ctx, ownerURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer owner.Close(ctx)
+	owner, ownerURL := ownerDatabase(t)
 	pgtest.Exec(t, owner, `
 CREATE TABLE public.inplace (consumer text NOT NULL, message_id text NOT NULL, payload_hash bytea NOT NULL, outcome text,
   first_seen_at timestamptz, remember_until timestamptz, business_key text, payload text, PRIMARY KEY (consumer, message_id));
@@ -2186,15 +2212,7 @@ INSERT INTO payloads.side_payload SELECT consumer, message_id, first_seen_at, pa
 			t.Errorf("%s: %d (%v), want %d", sql, n, err, want)
 		}
 	}
-	dcfg, err := pgx.ParseConfig(daemonURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dconn, err := pgx.ConnectConfig(ctx, dcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dconn.Close(ctx)
+	dconn := connect(t, daemonURL)
 	for _, sql := range []string{
 		"UPDATE public.inplace SET outcome = 'x'",          // only the payload column
 		"UPDATE public.inplace SET payload_hash = '\\x00'", // never the hash

@@ -30,10 +30,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"regexp"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -77,21 +74,20 @@ func run(args []string, stdout io.Writer) int {
 		fmt.Fprintln(os.Stderr, "bench/citus: want -rows >= 2, -batch >= 1, -reps >= 1, -shards >= 1, -workers >= 1 and no arguments")
 		return 2
 	}
-	var flags []string
-	fs.VisitAll(func(f *flag.Flag) { flags = append(flags, "-"+f.Name+" "+f.Value.String()) })
+	flags := benchdata.Flags(fs)
 	return benchdata.Run("bench/citus", func(ctx context.Context) error {
-		return benchmark(ctx, o, strings.Join(flags, " "), stdout)
+		return benchmark(ctx, o, flags, stdout)
 	})
 }
 
 type bench struct {
-	o       options
-	dir     string // temporary: the binary and the policy file
-	bin     string
-	policy  string
-	citus   *pgcluster.Citus
-	started time.Time
-	dbs     int // databases created so far, to name the next
+	benchdata.Progress
+	o      options
+	dir    string // temporary: the binary and the policy file
+	bin    string
+	policy string
+	citus  *pgcluster.Citus
+	dbs    int // databases created so far, to name the next
 }
 
 // result is one measured deletion.
@@ -121,9 +117,9 @@ const unboundedSQL = "DELETE FROM inbox WHERE remember_until <= now()"
 const policyYAML = "tables:\n  - table: public.inbox\n    key: [consumer, message_id]\n    expires_at: remember_until\n"
 
 func benchmark(ctx context.Context, o options, flags string, w io.Writer) error {
-	b := &bench{o: o, started: time.Now()}
+	b := &bench{Progress: benchdata.NewProgress(), o: o}
 	var err error
-	if b.dir, err = os.MkdirTemp("", "inboxkeeper-bench-citus-"); err != nil {
+	if b.dir, b.bin, err = benchdata.Workspace(ctx, "inboxkeeper-bench-citus-", b.Progress); err != nil {
 		return err
 	}
 	defer os.RemoveAll(b.dir)
@@ -131,19 +127,14 @@ func benchmark(ctx context.Context, o options, flags string, w io.Writer) error 
 	if err := os.WriteFile(b.policy, []byte(policyYAML), 0o644); err != nil {
 		return err
 	}
-	b.logf("building cmd/inboxkeeper")
-	if b.bin, err = benchdata.BuildBinary(ctx, b.dir); err != nil {
-		return err
-	}
 
-	b.logf("starting a durable Citus cluster: a coordinator and %d workers", o.workers)
-	c, err := pgcluster.StartCitus(ctx, o.workers, pgcluster.Options{Durable: true, Settings: map[string]string{
-		"shared_buffers": "'1GB'", "max_wal_size": "'8GB'", "checkpoint_timeout": "'30min'",
+	b.Logf("starting a durable Citus cluster: a coordinator and %d workers", o.workers)
+	c, err := pgcluster.StartCitus(ctx, o.workers, pgcluster.Options{Durable: true, Settings: benchdata.ClusterSettings("1GB", map[string]string{
 		// WAL is measured per node, for the whole node: an autovacuum of
 		// the shards the method just emptied would be charged to it, and
 		// would come on its own schedule, not the method's.
 		"autovacuum": "off",
-	}})
+	})})
 	if err != nil {
 		return err
 	}
@@ -155,10 +146,10 @@ func benchmark(ctx context.Context, o options, flags string, w io.Writer) error 
 	}
 
 	total, expired := int64(o.rows), int64(o.rows/2)
-	fmt.Fprintf(w, "bench/citus on %s, %d CPUs; flags: %s\n", time.Now().UTC().Format("2006-01-02 15:04 MST"), runtime.NumCPU(), flags)
+	benchdata.Header(w, "bench/citus", flags)
 	fmt.Fprintf(w, "rows: %d total, %d expired, over %d consumers, in each copy; %d shards on %d workers; daemon batch size %d; %d reps\n",
 		total, expired, consumers, o.shards, o.workers, o.batch, o.reps)
-	if extra := passedThrough(); len(extra) > 0 {
+	if extra := benchdata.PassedThrough(b.daemonSettings("")...); len(extra) > 0 {
 		fmt.Fprintf(w, "daemon settings from the environment: %s\n", strings.Join(extra, " "))
 	}
 
@@ -199,7 +190,7 @@ func benchmark(ctx context.Context, o options, flags string, w io.Writer) error 
 			return err
 		}
 	}
-	b.logf("done")
+	b.Logf("done")
 	return nil
 }
 
@@ -254,7 +245,7 @@ func (b *bench) measure(ctx context.Context, m string, total, expired int64) (re
 		}
 		lsns = append(lsns, lsn)
 	}
-	b.logf("%s: %s", db, m)
+	b.Logf("%s: %s", db, m)
 	switch m {
 	case daemonName:
 		r.wall, r.batches, err = b.daemon(ctx, coordURL)
@@ -329,7 +320,7 @@ func (b *bench) fill(ctx context.Context, total, expired int64) (string, result,
 	if _, _, err := b.inboxkeeper(ctx, url, "migrate"); err != nil {
 		return "", r, err
 	}
-	b.logf("%s: filling %d rows over %d shards", db, total, b.o.shards)
+	b.Logf("%s: filling %d rows over %d shards", db, total, b.o.shards)
 	_, err = onNode(ctx, url, func(conn *pgx.Conn) (struct{}, error) {
 		var now time.Time
 		if err := conn.QueryRow(ctx, "SELECT now()").Scan(&now); err != nil {
@@ -383,60 +374,21 @@ func (b *bench) statement(ctx context.Context, url, sql string) (time.Duration, 
 // daemon runs `inboxkeeper once` against the coordinator.
 func (b *bench) daemon(ctx context.Context, url string) (time.Duration, int, error) {
 	wall, out, err := b.inboxkeeper(ctx, url, "once")
-	n := 0
-	if m := doneBatches.FindStringSubmatch(out); m != nil {
-		n, _ = strconv.Atoi(m[1])
-	}
-	return wall, n, err
+	return wall, benchdata.DoneBatches(out), err
 }
 
-// doneBatches finds the batch count in the daemon's "table done" log line
-// (text or JSON): the daemon adapts its batch size, so the count shows what
-// a run really did.
-var doneBatches = regexp.MustCompile(`expiry: table done.*?\bbatches"?[=:](\d+)`)
-
-// ownVariables are the daemon settings the benchmark sets itself.
-var ownVariables = []string{"INBOXKEEPER_DATABASE_URL", "INBOXKEEPER_POLICY_FILE", "INBOXKEEPER_BATCH_SIZE", "INBOXKEEPER_METRICS_ADDR"}
-
-// passedThrough lists the other INBOXKEEPER_* variables of the environment:
-// they reach the daemon, so the report must show them. Connection strings
-// are shown by name only.
-func passedThrough() []string {
-	var out []string
-	for _, kv := range os.Environ() {
-		name, _, _ := strings.Cut(kv, "=")
-		if !strings.HasPrefix(name, "INBOXKEEPER_") || slices.Contains(ownVariables, name) || name == "INBOXKEEPER_TEST_DATABASE_URL" {
-			continue
-		}
-		if strings.Contains(name, "URL") {
-			kv = name + "=(set)"
-		}
-		out = append(out, kv)
-	}
-	return out
+// daemonSettings are the daemon settings the benchmark sets itself. No
+// metrics listener: runs must not compete for a port.
+func (b *bench) daemonSettings(url string) []string {
+	return []string{"INBOXKEEPER_DATABASE_URL=" + url, "INBOXKEEPER_POLICY_FILE=" + b.policy,
+		"INBOXKEEPER_BATCH_SIZE=" + strconv.Itoa(b.o.batch), "INBOXKEEPER_METRICS_ADDR="}
 }
 
 // inboxkeeper runs the built binary against url and returns its wall time
-// and output.
+// and output. The other INBOXKEEPER_* variables of the environment reach it.
 func (b *bench) inboxkeeper(ctx context.Context, url string, args ...string) (time.Duration, string, error) {
-	cmd := exec.CommandContext(ctx, b.bin, args...)
-	for _, kv := range os.Environ() {
-		if name, _, _ := strings.Cut(kv, "="); !slices.Contains(ownVariables, name) {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	// No metrics listener: runs must not compete for a port.
-	cmd.Env = append(cmd.Env, "INBOXKEEPER_DATABASE_URL="+url, "INBOXKEEPER_POLICY_FILE="+b.policy,
-		"INBOXKEEPER_BATCH_SIZE="+strconv.Itoa(b.o.batch), "INBOXKEEPER_METRICS_ADDR=")
-	var out strings.Builder
-	cmd.Stdout, cmd.Stderr = &out, &out
-	start := time.Now()
-	err := cmd.Run()
-	wall := time.Since(start)
-	if err != nil {
-		return wall, out.String(), fmt.Errorf("inboxkeeper %s: %w\n%s", strings.Join(args, " "), err, out.String())
-	}
-	return wall, out.String(), nil
+	p, err := benchdata.RunBinary(ctx, b.bin, benchdata.DaemonEnv(true, b.daemonSettings(url)...), args...)
+	return p.Wall, p.Output, err
 }
 
 // onNode runs fn on a new connection to url.
@@ -448,10 +400,6 @@ func onNode[T any](ctx context.Context, url string, fn func(*pgx.Conn) (T, error
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	return fn(conn)
-}
-
-func (b *bench) logf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "[%6.1fs] %s\n", time.Since(b.started).Seconds(), fmt.Sprintf(format, args...))
 }
 
 // explain shows where a daemon batch spends its time through the
@@ -470,7 +418,7 @@ func (b *bench) explain(ctx context.Context, w io.Writer, total, expired int64) 
 	if err != nil {
 		return err
 	}
-	b.logf("%s: EXPLAIN ANALYZE of one batch", db)
+	b.Logf("%s: EXPLAIN ANALYZE of one batch", db)
 	rows := int64(b.o.batch) * int64(b.o.shards)
 	bound := fmt.Sprintf(`SELECT remember_until::text, remember_until FROM inbox t
 WHERE remember_until <= now() AND remember_until >= '-infinity'

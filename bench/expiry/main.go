@@ -35,13 +35,10 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -75,6 +72,7 @@ type options struct {
 	rows, batch, flatRows, reps int
 	layouts                     []layout
 	keep                        bool
+	flags                       string // for the report's header
 }
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout)) }
@@ -100,6 +98,7 @@ func run(args []string, stdout io.Writer) int {
 		}
 		o.layouts = append(o.layouts, layouts[i])
 	}
+	o.flags = benchdata.Flags(fs)
 	if o.rows < 2 || o.batch < 1 || o.flatRows < 0 || o.reps < 1 || fs.NArg() > 0 {
 		fmt.Fprintln(os.Stderr, "bench/expiry: want -rows >= 2, -batch >= 1, -flat-rows >= 0, -reps >= 1 and no arguments")
 		return 2
@@ -108,12 +107,12 @@ func run(args []string, stdout io.Writer) int {
 }
 
 type bench struct {
+	benchdata.Progress
 	o       options
 	dir     string // temporary: the binary and the policy files
 	bin     string
 	cluster *pgcluster.Cluster
 	pool    *pgxpool.Pool // the postgres database: copies are made from here
-	started time.Time
 }
 
 // result is one measured deletion.
@@ -174,21 +173,15 @@ func loop(n int, skipLocked bool) method {
 }
 
 func benchmark(ctx context.Context, o options, w io.Writer) error {
-	b := &bench{o: o, started: time.Now()}
+	b := &bench{Progress: benchdata.NewProgress(), o: o}
 	var err error
-	if b.dir, err = os.MkdirTemp("", "inboxkeeper-bench-"); err != nil {
+	if b.dir, b.bin, err = benchdata.Workspace(ctx, "inboxkeeper-bench-", b.Progress); err != nil {
 		return err
 	}
 	defer os.RemoveAll(b.dir)
-	b.logf("building cmd/inboxkeeper")
-	if b.bin, err = benchdata.BuildBinary(ctx, b.dir); err != nil {
-		return err
-	}
 
-	b.logf("starting a durable PostgreSQL")
-	c, err := pgcluster.Start(ctx, pgcluster.Options{Durable: true, Settings: map[string]string{
-		"shared_buffers": "'2GB'", "max_wal_size": "'8GB'", "checkpoint_timeout": "'30min'",
-	}})
+	b.Logf("starting a durable PostgreSQL")
+	c, err := pgcluster.Start(ctx, pgcluster.Options{Durable: true, Settings: benchdata.ClusterSettings("2GB", nil)})
 	if err != nil {
 		return err
 	}
@@ -204,8 +197,9 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 	defer b.pool.Close()
 
 	total, expired := int64(o.rows), int64(o.rows/2)
+	benchdata.Header(w, "bench/expiry", o.flags)
 	fmt.Fprintf(w, "rows: %d total, %d expired, in each copy; daemon batch size %d; %d reps\n", total, expired, o.batch, o.reps)
-	if extra := passedThrough(); len(extra) > 0 {
+	if extra := benchdata.PassedThrough(b.daemonSettings("", "")...); len(extra) > 0 {
 		fmt.Fprintf(w, "daemon settings from the environment: %s\n", strings.Join(extra, " "))
 	}
 	var rss1M int64
@@ -239,7 +233,7 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 		fmt.Fprintln(w, "peak RSS flatness: skipped (-flat-rows 0)")
 	}
 	fmt.Fprintf(w, "daemon peak RSS: %.1f MB (goal < %d MB) %s\n", benchdata.MB(peak), goalRSSMB, benchdata.Verdict(benchdata.MB(peak) < goalRSSMB))
-	b.logf("done")
+	b.Logf("done")
 	return nil
 }
 
@@ -264,7 +258,7 @@ func (b *bench) layout(ctx context.Context, w io.Writer, l layout, total, expire
 	if err := b.copyDB(ctx, tpl, "run"); err != nil {
 		return 0, err
 	}
-	b.logf("%s: warm-up (unbounded DELETE, not measured)", l.name)
+	b.Logf("%s: warm-up (unbounded DELETE, not measured)", l.name)
 	if _, err := methods[1].run(ctx, b, "run"); err != nil {
 		return 0, err
 	}
@@ -281,7 +275,7 @@ func (b *bench) layout(ctx context.Context, w io.Writer, l layout, total, expire
 			if err := b.copyDB(ctx, tpl, db); err != nil {
 				return 0, err
 			}
-			b.logf("%s: %s", l.name, m.name)
+			b.Logf("%s: %s", l.name, m.name)
 			r, err := m.run(ctx, b, db)
 			if err == nil {
 				err = b.inDB(ctx, db, func(conn *pgx.Conn) error { return benchdata.Verify(ctx, conn, "inbox", total, expired) })
@@ -357,7 +351,7 @@ func (b *bench) prepare(ctx context.Context, db string, horizons int, payload bo
 	if _, err := b.inboxkeeper(ctx, db, filepath.Join(b.dir, "none.yaml"), "migrate"); err != nil {
 		return err
 	}
-	b.logf("filling %s with %d rows", db, n)
+	b.Logf("filling %s with %d rows", db, n)
 	return b.inDB(ctx, db, func(conn *pgx.Conn) error {
 		if err := benchdata.FillHorizons(ctx, conn, "inbox", payload, n, expired, b.now(ctx), horizons); err != nil {
 			return err
@@ -451,58 +445,19 @@ func (b *bench) now(ctx context.Context) time.Time {
 	return t
 }
 
-// ownVariables are the daemon settings the benchmark sets itself.
-var ownVariables = []string{"INBOXKEEPER_DATABASE_URL", "INBOXKEEPER_POLICY_FILE", "INBOXKEEPER_BATCH_SIZE", "INBOXKEEPER_METRICS_ADDR"}
-
-// passedThrough lists the other INBOXKEEPER_* variables of the environment:
-// they reach the daemon (to try e.g. INBOXKEEPER_BATCH_SIZE_MAX), so the
-// report must show them. Connection strings are shown by name only.
-func passedThrough() []string {
-	var out []string
-	for _, kv := range os.Environ() {
-		name, _, _ := strings.Cut(kv, "=")
-		if !strings.HasPrefix(name, "INBOXKEEPER_") || slices.Contains(ownVariables, name) || name == "INBOXKEEPER_TEST_DATABASE_URL" {
-			continue
-		}
-		if strings.Contains(name, "URL") {
-			kv = name + "=(set)"
-		}
-		out = append(out, kv)
-	}
-	return out
+// daemonSettings are the daemon settings the benchmark sets itself. No
+// metrics listener: runs must not compete for a port.
+func (b *bench) daemonSettings(db, policy string) []string {
+	return []string{"INBOXKEEPER_DATABASE_URL=" + b.cluster.URL(db), "INBOXKEEPER_POLICY_FILE=" + policy,
+		"INBOXKEEPER_BATCH_SIZE=" + strconv.Itoa(b.o.batch), "INBOXKEEPER_METRICS_ADDR="}
 }
 
 // inboxkeeper runs the built binary and measures wall time and peak RSS.
+// The other INBOXKEEPER_* variables of the environment reach it.
 func (b *bench) inboxkeeper(ctx context.Context, db, policy string, args ...string) (result, error) {
-	cmd := exec.CommandContext(ctx, b.bin, args...)
-	for _, kv := range os.Environ() {
-		if name, _, _ := strings.Cut(kv, "="); !slices.Contains(ownVariables, name) {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	cmd.Env = append(cmd.Env, "INBOXKEEPER_DATABASE_URL="+b.cluster.URL(db), "INBOXKEEPER_POLICY_FILE="+policy,
-		"INBOXKEEPER_BATCH_SIZE="+strconv.Itoa(b.o.batch), "INBOXKEEPER_METRICS_ADDR=")
-	var out strings.Builder
-	cmd.Stdout, cmd.Stderr = &out, &out
-	start := time.Now()
-	err := cmd.Run()
-	r := result{wall: time.Since(start), cpu: cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()}
-	if err != nil {
-		return r, fmt.Errorf("inboxkeeper %s: %w\n%s", strings.Join(args, " "), err, out.String())
-	}
-	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
-		r.rss = int64(ru.Maxrss) * 1024 // KiB on Linux
-	}
-	if m := doneBatches.FindStringSubmatch(out.String()); m != nil {
-		r.batches, _ = strconv.Atoi(m[1])
-	}
-	return r, nil
+	p, err := benchdata.RunBinary(ctx, b.bin, benchdata.DaemonEnv(true, b.daemonSettings(db, policy)...), args...)
+	return result{wall: p.Wall, cpu: p.CPU, rss: p.RSS, batches: benchdata.DoneBatches(p.Output)}, err
 }
-
-// doneBatches finds the batch count in the daemon's "table done" log line
-// (text or JSON): the daemon may adapt its batch size, so the count shows
-// what a run really did.
-var doneBatches = regexp.MustCompile(`expiry: table done.*?\bbatches"?[=:](\d+)`)
 
 func batches(r result, rows int64) string {
 	if r.batches == 0 {
@@ -545,8 +500,4 @@ func (b *bench) serverCPU() (time.Duration, error) {
 		return 0, errors.New("server CPU time: cannot read /proc/<pid>/stat of the postmaster " + pm)
 	}
 	return time.Duration(ticks) * 10 * time.Millisecond, nil
-}
-
-func (b *bench) logf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "[%6.1fs] %s\n", time.Since(b.started).Seconds(), fmt.Sprintf(format, args...))
 }

@@ -96,6 +96,7 @@ type options struct {
 	reader      time.Duration
 	lockTimeout time.Duration
 	keep        bool
+	flags       string // for the report's header
 }
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout)) }
@@ -126,6 +127,7 @@ func parseArgs(args []string) (options, bool) {
 		fmt.Fprintln(os.Stderr, "bench/partitions: want -rows >= 1, -reader >= 100ms, -lock-timeout >= 1ms and no arguments")
 		return o, false
 	}
+	o.flags = benchdata.Flags(fs)
 	return o, true
 }
 
@@ -169,26 +171,25 @@ type report struct {
 }
 
 type bench struct {
-	o       options
-	url     string
-	pool    *pgxpool.Pool
-	started time.Time
-	month   time.Time // first instant of the expired month
-	now     time.Time
+	benchdata.Progress
+	o     options
+	url   string
+	pool  *pgxpool.Pool
+	month time.Time // first instant of the expired month
+	now   time.Time
 }
 
 func benchmark(ctx context.Context, o options, w io.Writer) (*report, error) {
-	b := &bench{o: o, started: time.Now()}
-	b.logf("starting a durable PostgreSQL")
-	c, err := pgcluster.Start(ctx, pgcluster.Options{Durable: true, Settings: map[string]string{
-		"shared_buffers": "'1GB'", "max_wal_size": "'8GB'", "checkpoint_timeout": "'30min'",
+	b := &bench{Progress: benchdata.NewProgress(), o: o}
+	b.Logf("starting a durable PostgreSQL")
+	c, err := pgcluster.Start(ctx, pgcluster.Options{Durable: true, Settings: benchdata.ClusterSettings("1GB", map[string]string{
 		// Months in UTC, as inboxkeeper counts them: pg_partman truncates
 		// to months in the session's time zone.
 		"timezone": "'UTC'",
 		// WAL is measured for the whole cluster: no vacuum may run on one
 		// table while another is measured.
 		"autovacuum": "off",
-	}})
+	})})
 	if err != nil {
 		return nil, err
 	}
@@ -222,14 +223,14 @@ func benchmark(ctx context.Context, o options, w io.Writer) (*report, error) {
 	r.month = b.month
 
 	// The four tables, two fills at a time.
-	b.logf("filling %s and %s with %d rows each in %s", ikTable, pmTable, o.rows, b.month.Format("2006-01"))
+	b.Logf("filling %s and %s with %d rows each in %s", ikTable, pmTable, o.rows, b.month.Format("2006-01"))
 	if err := parallel(
 		func() error { return b.makeIK(ctx, ikTable, true) },
 		func() error { return b.makePM(ctx) },
 	); err != nil {
 		return nil, err
 	}
-	b.logf("filling %s and %s", forgetPart, forgetRows)
+	b.Logf("filling %s and %s", forgetPart, forgetRows)
 	if err := parallel(
 		func() error { return b.makeIK(ctx, forgetPart, false) },
 		func() error { return b.makeOrdinary(ctx, forgetRows) },
@@ -278,7 +279,7 @@ func benchmark(ctx context.Context, o options, w io.Writer) (*report, error) {
 	}
 	r.walRatio = float64(r.forget.rowsWAL) / float64(max(r.forget.partWAL, 1))
 	b.printForget(w, r)
-	b.logf("done")
+	b.Logf("done")
 	return r, nil
 }
 
@@ -477,6 +478,7 @@ func (b *bench) header(ctx context.Context, w io.Writer, r *report) error {
 	if pmDefault {
 		def = ", one of them DEFAULT (pg_partman 4.x always makes one)"
 	}
+	benchdata.Header(w, "bench/partitions", b.o.flags)
 	fmt.Fprintf(w, "rows: %d in the expired month %s (now is %s), %.1f MB with indexes, in each of 4 tables\n",
 		b.o.rows, b.month.Format("2006-01"), b.now.Format("2006-01-02"), benchdata.MB(size))
 	fmt.Fprintf(w, "partitions: %s %d (no DEFAULT); %s %d%s; pg_partman %s\n", ikTable, ikParts, pmTable, pmParts, def, r.partman)
@@ -507,7 +509,7 @@ type retirement struct {
 }
 
 func (b *bench) inboxkeeperUnderReader(ctx context.Context, t *catalog.Table) (underReader, error) {
-	b.logf("%s: writer, reader, inboxkeeper passes", ikTable)
+	b.Logf("%s: writer, reader, inboxkeeper passes", ikTable)
 	reg := prometheus.NewRegistry()
 	metrics := partitions.NewMetrics(reg)
 	metrics.Errors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "errors_total", Help: "DDL errors by kind"}, []string{"table", "kind"})
@@ -561,7 +563,7 @@ func (b *bench) inboxkeeperUnderReader(ctx context.Context, t *catalog.Table) (u
 }
 
 func (b *bench) partmanUnderReader(ctx context.Context) (underReader, error) {
-	b.logf("%s: writer, reader, pg_partman run_maintenance", pmTable)
+	b.Logf("%s: writer, reader, pg_partman run_maintenance", pmTable)
 	due := b.due(pmPartition, pmTable)
 	retire := func(ctx context.Context) retirement {
 		var r retirement
@@ -779,49 +781,39 @@ func (b *bench) printUnderReader(w io.Writer, r *report) {
 
 // forget measures retiring the month of forgetPart against deleting the same
 // rows from forgetRows, each right after a checkpoint.
-func (b *bench) forget(ctx context.Context, part, rows *catalog.Table) (forgetting, error) {
-	var f forgetting
-	b.logf("%s: inboxkeeper retires the month", forgetPart)
-	lsn, err := benchdata.Checkpoint(ctx, b.pool)
-	if err != nil {
-		return f, err
-	}
-	start := time.Now()
-	res, err := partitions.New(b.pool, []*catalog.Table{part}, partitions.Options{LockTimeout: b.o.lockTimeout}).RunPass(ctx)
-	f.partTime = time.Since(start)
-	if err == nil {
-		err = res[0].Err
-	}
+func (b *bench) forget(ctx context.Context, part, rows *catalog.Table) (f forgetting, err error) {
+	b.Logf("%s: inboxkeeper retires the month", forgetPart)
+	var res []partitions.TableResult
+	f.partTime, f.partWAL, err = benchdata.Measure(ctx, b.pool, func() (err error) {
+		res, err = partitions.New(b.pool, []*catalog.Table{part}, partitions.Options{LockTimeout: b.o.lockTimeout}).RunPass(ctx)
+		if err == nil {
+			err = res[0].Err
+		}
+		return err
+	})
 	if err != nil {
 		return f, fmt.Errorf("inboxkeeper on %s: %w", forgetPart, err)
-	}
-	if f.partWAL, err = benchdata.WALSince(ctx, b.pool, lsn); err != nil {
-		return f, err
 	}
 	want := "public." + ikPartition(forgetPart, b.month)
 	if !slices.Equal(res[0].Detached, []string{want}) || !slices.Equal(res[0].Dropped, []string{want}) {
 		return f, fmt.Errorf("inboxkeeper on %s: detached %v and dropped %v, want %s for both (blocked: %+v)", forgetPart, res[0].Detached, res[0].Dropped, want, res[0].Blocked)
 	}
 
-	b.logf("%s: the expiry deleter deletes the same rows", forgetRows)
-	if lsn, err = benchdata.Checkpoint(ctx, b.pool); err != nil {
-		return f, err
-	}
+	b.Logf("%s: the expiry deleter deletes the same rows", forgetRows)
 	d := expiry.New(b.pool, []*catalog.Table{rows}, expiry.Options{
 		BatchSize: 5000, // the daemon's defaults
 		Sizing:    &expiry.Sizing{Min: 100, Max: 50000, Target: 200 * time.Millisecond},
 	})
-	start = time.Now()
-	dres, err := d.RunPass(ctx)
-	f.rowsTime = time.Since(start)
-	if err == nil {
-		err = dres[0].Err
-	}
+	var dres []expiry.TableResult
+	f.rowsTime, f.rowsWAL, err = benchdata.Measure(ctx, b.pool, func() (err error) {
+		dres, err = d.RunPass(ctx)
+		if err == nil {
+			err = dres[0].Err
+		}
+		return err
+	})
 	if err != nil {
 		return f, fmt.Errorf("expiry deleter on %s: %w", forgetRows, err)
-	}
-	if f.rowsWAL, err = benchdata.WALSince(ctx, b.pool, lsn); err != nil {
-		return f, err
 	}
 	f.deleted, f.batches = dres[0].Deleted, dres[0].Batches
 	var left int64
@@ -843,10 +835,6 @@ func (b *bench) printForget(w io.Writer, r *report) {
 	fmt.Fprintf(w, "  %-60s %8.3fs %12s\n", fmt.Sprintf("by rows: inboxkeeper expiry deleter (%d batches)", f.batches), f.rowsTime.Seconds(), fmtBytes(f.rowsWAL))
 	fmt.Fprintf(w, "by rows / by partition: time %.0fx, WAL %.0fx\n", f.rowsTime.Seconds()/f.partTime.Seconds(), r.walRatio)
 	fmt.Fprintf(w, "goal: forgetting by partition at least %dx cheaper in WAL: %.0fx %s\n", goalWALRatio, r.walRatio, benchdata.Verdict(r.walRatio >= goalWALRatio))
-}
-
-func (b *bench) logf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "[%6.1fs] %s\n", time.Since(b.started).Seconds(), fmt.Sprintf(format, args...))
 }
 
 func monthStart(x time.Time) time.Time {

@@ -64,7 +64,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -94,6 +93,7 @@ type options struct {
 	applyRate float64 // MB/s of WAL the standby may apply; 0 leaves it alone
 	keep      bool
 	logs      string // directory for the daemon's logs; empty: not kept
+	flags     string // for the report's header
 }
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout)) }
@@ -114,10 +114,12 @@ func run(args []string, stdout io.Writer) int {
 		fmt.Fprintln(os.Stderr, "bench/throttle: want -rows >= 2, -max-lag > 0, -apply-rate >= 0 and no arguments")
 		return 2
 	}
+	o.flags = benchdata.Flags(fs)
 	return benchdata.Run("bench/throttle", func(ctx context.Context) error { return benchmark(ctx, o, stdout) })
 }
 
 type bench struct {
+	benchdata.Progress
 	o          options
 	dir        string // temporary: the binary and the policy files
 	bin        string
@@ -128,7 +130,6 @@ type bench struct {
 	lag        *sampler
 	gov        *governor
 	baseline   float64 // seconds: the median lag of the idle, caught-up pair
-	started    time.Time
 }
 
 // phase is one measured deletion.
@@ -142,20 +143,14 @@ type phase struct {
 
 func benchmark(ctx context.Context, o options, w io.Writer) error {
 	var err error
-	b := &bench{o: o, started: time.Now()}
-	if b.dir, err = os.MkdirTemp("", "inboxkeeper-bench-throttle-"); err != nil {
+	b := &bench{Progress: benchdata.NewProgress(), o: o}
+	if b.dir, b.bin, err = benchdata.Workspace(ctx, "inboxkeeper-bench-throttle-", b.Progress); err != nil {
 		return err
 	}
 	defer os.RemoveAll(b.dir)
-	b.logf("building cmd/inboxkeeper")
-	if b.bin, err = benchdata.BuildBinary(ctx, b.dir); err != nil {
-		return err
-	}
 
-	b.logf("starting a durable primary and a streaming standby")
-	c, err := pgcluster.Start(ctx, pgcluster.Options{Durable: true, Settings: map[string]string{
-		"shared_buffers": "'1GB'", "max_wal_size": "'8GB'", "checkpoint_timeout": "'30min'",
-	}})
+	b.Logf("starting a durable primary and a streaming standby")
+	c, err := pgcluster.Start(ctx, pgcluster.Options{Durable: true, Settings: benchdata.ClusterSettings("1GB", nil)})
 	if err != nil {
 		return err
 	}
@@ -202,7 +197,7 @@ INSERT INTO bench_heartbeat VALUES (true, clock_timestamp())`); err != nil {
 	if err := b.pool.QueryRow(ctx, `SELECT pg_relation_size('a'), pg_indexes_size('a')`).Scan(&heap, &idx); err != nil {
 		return err
 	}
-	b.logf("waiting for the standby to replay the fill")
+	b.Logf("waiting for the standby to replay the fill")
 	if err := b.waitReplay(ctx, 0); err != nil {
 		return err
 	}
@@ -211,13 +206,13 @@ INSERT INTO bench_heartbeat VALUES (true, clock_timestamp())`); err != nil {
 	if o.applyRate > 0 {
 		gctx, stopGovernor := context.WithCancel(ctx)
 		done := make(chan struct{})
-		go func() { defer close(done); b.gov.run(gctx, b.standbyURL, b.logf) }()
+		go func() { defer close(done); b.gov.run(gctx, b.standbyURL, b.Logf) }()
 		defer func() { stopGovernor(); <-done }() // replay runs free again before -keep leaves it
 	}
 	b.lag = &sampler{}
 	sctx, stopSampler := context.WithCancel(ctx)
 	defer stopSampler()
-	b.lag.start(sctx, b.url, b.standbyURL, b.logf)
+	b.lag.start(sctx, b.url, b.standbyURL, b.Logf)
 	// The first readings still see the row as the fill left it; then two
 	// idle seconds show what "caught up" looks like. The median, because a
 	// slow commit of a heartbeat on this shared machine makes a spike.
@@ -234,12 +229,13 @@ INSERT INTO bench_heartbeat VALUES (true, clock_timestamp())`); err != nil {
 	}
 	slices.Sort(idle)
 	b.baseline = idle[len(idle)/2]
-	b.logf("baseline lag %.3f s (idle readings %.3f to %.3f s)", b.baseline, idle[0], idle[len(idle)-1])
+	b.Logf("baseline lag %.3f s (idle readings %.3f to %.3f s)", b.baseline, idle[0], idle[len(idle)-1])
 
 	slowed := "nothing (-apply-rate 0)"
 	if o.applyRate > 0 {
 		slowed = fmt.Sprintf("apply capped at %g MB/s of WAL (replay paused whenever it gets ahead)", o.applyRate)
 	}
+	benchdata.Header(w, "bench/throttle", o.flags)
 	fmt.Fprintf(w, "standby apply slowed by: %s (baseline lag %.2f s, the median of 2 s idle; at most %.2f s)\n", slowed, b.baseline, idle[len(idle)-1])
 	fmt.Fprintf(w, "rows: %d total, %d expired; tables a, b, c each %.0f MB heap + %.0f MB indexes\n", total, expired, benchdata.MB(heap), benchdata.MB(idx))
 
@@ -310,7 +306,7 @@ INSERT INTO bench_heartbeat VALUES (true, clock_timestamp())`); err != nil {
 	if n := b.lag.errors(); n > 0 {
 		fmt.Fprintf(w, "  the sampler had %d failed reads or writes (see stderr)\n", n)
 	}
-	b.logf("done")
+	b.Logf("done")
 	return nil
 }
 
@@ -335,21 +331,20 @@ func (b *bench) measure(ctx context.Context, name string, deletion func() (time.
 	if err := b.waitReplay(ctx, b.baseline+0.1); err != nil {
 		return p, err
 	}
-	var lsn string
-	if err := b.pool.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&lsn); err != nil {
+	lsn, err := benchdata.InsertLSN(ctx, b.pool)
+	if err != nil {
 		return p, err
 	}
-	b.logf("%s", name)
+	b.Logf("%s", name)
 	b.lag.take()
 	b.gov.take()
-	var err error
 	if p.wall, p.log, err = deletion(); err != nil {
 		return p, err
 	}
-	if err := b.pool.QueryRow(ctx, "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::pg_lsn)::bigint", lsn).Scan(&p.wal); err != nil {
+	if p.wal, err = benchdata.WALSince(ctx, b.pool, lsn); err != nil {
 		return p, err
 	}
-	b.logf("%.1f s, %.0f MB of WAL; waiting for the standby", p.wall.Seconds(), benchdata.MB(p.wal))
+	b.Logf("%.1f s, %.0f MB of WAL; waiting for the standby", p.wall.Seconds(), benchdata.MB(p.wal))
 	ended := time.Now()
 	if err := b.waitReplay(ctx, b.baseline+0.1); err != nil {
 		return p, err
@@ -357,7 +352,7 @@ func (b *bench) measure(ctx context.Context, name string, deletion func() (time.
 	p.catchUp = time.Since(ended)
 	p.peak = b.lag.take()
 	held, gap := b.gov.take()
-	b.logf("peak lag %.2f s, caught up after %.1f s; the governor held replay for %.1f s, longest between two polls %v",
+	b.Logf("peak lag %.2f s, caught up after %.1f s; the governor held replay for %.1f s, longest between two polls %v",
 		p.peak.lag, p.catchUp.Seconds(), held.Seconds(), gap.Round(time.Millisecond))
 	return p, nil
 }
@@ -394,7 +389,7 @@ func (b *bench) waitReplay(ctx context.Context, lagBelow float64) error {
 // have the same physical layout.
 // fill (re)creates table with the shared benchmark inbox (with payload).
 func (b *bench) fill(ctx context.Context, table string, n, expired int64, t0 time.Time) error {
-	b.logf("filling %s with %d rows", table, n)
+	b.Logf("filling %s with %d rows", table, n)
 	conn, err := b.pool.Acquire(ctx)
 	if err != nil {
 		return err
@@ -469,21 +464,10 @@ func (b *bench) unbounded(ctx context.Context, table string, n, expired int64) (
 // inboxkeeper runs the built binary with a clean INBOXKEEPER_* environment
 // (it rejects unknown variables) at debug level, and returns its output.
 func (b *bench) inboxkeeper(ctx context.Context, policy string, env []string, args ...string) (string, error) {
-	cmd := exec.CommandContext(ctx, b.bin, args...)
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(strings.ToUpper(kv), "INBOXKEEPER_") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	cmd.Env = append(cmd.Env, "INBOXKEEPER_DATABASE_URL="+b.url, "INBOXKEEPER_POLICY_FILE="+policy,
-		"INBOXKEEPER_METRICS_ADDR=", "INBOXKEEPER_LOG_LEVEL=debug")
-	cmd.Env = append(cmd.Env, env...)
-	var out strings.Builder
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Run(); err != nil {
-		return out.String(), fmt.Errorf("inboxkeeper %s: %w\n%s", strings.Join(args, " "), err, out.String())
-	}
-	return out.String(), nil
+	set := append([]string{"INBOXKEEPER_DATABASE_URL=" + b.url, "INBOXKEEPER_POLICY_FILE=" + policy,
+		"INBOXKEEPER_METRICS_ADDR=", "INBOXKEEPER_LOG_LEVEL=debug"}, env...)
+	p, err := benchdata.RunBinary(ctx, b.bin, benchdata.DaemonEnv(false, set...), args...)
+	return p.Output, err
 }
 
 // daemonLog is what the daemon's debug log says about a pass.
@@ -769,8 +753,4 @@ func (g *governor) run(ctx context.Context, url string, logf func(string, ...any
 		case <-tick.C:
 		}
 	}
-}
-
-func (b *bench) logf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "[%6.1fs] %s\n", time.Since(b.started).Seconds(), fmt.Sprintf(format, args...))
 }

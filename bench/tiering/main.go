@@ -52,6 +52,7 @@ const goalSide = 1.5
 type options struct {
 	rows, batch int
 	keep        bool
+	flags       string // for the report's header
 }
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout)) }
@@ -69,13 +70,14 @@ func run(args []string, stdout io.Writer) int {
 		fmt.Fprintln(os.Stderr, "bench/tiering: want -rows >= 1, -batch >= 1 and no arguments")
 		return 2
 	}
+	o.flags = benchdata.Flags(fs)
 	return benchdata.Run("bench/tiering", func(ctx context.Context) error { return benchmark(ctx, o, stdout) })
 }
 
 type bench struct {
-	o       options
-	pool    *pgxpool.Pool
-	started time.Time
+	benchdata.Progress
+	o    options
+	pool *pgxpool.Pool
 }
 
 type result struct {
@@ -114,11 +116,9 @@ const policyFile = `tables:
 `
 
 func benchmark(ctx context.Context, o options, w io.Writer) error {
-	b := &bench{o: o, started: time.Now()}
-	b.logf("starting a durable PostgreSQL")
-	c, err := pgcluster.Start(ctx, pgcluster.Options{Durable: true, Settings: map[string]string{
-		"shared_buffers": "'1GB'", "max_wal_size": "'8GB'", "checkpoint_timeout": "'30min'",
-	}})
+	b := &bench{Progress: benchdata.NewProgress(), o: o}
+	b.Logf("starting a durable PostgreSQL")
+	c, err := pgcluster.Start(ctx, pgcluster.Options{Durable: true, Settings: benchdata.ClusterSettings("1GB", nil)})
 	if err != nil {
 		return err
 	}
@@ -152,6 +152,7 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 	if err := b.pool.QueryRow(ctx, `SELECT pg_total_relation_size('wide'), pg_total_relation_size('side'), pg_total_relation_size('side_payload')`).Scan(&sizes[0], &sizes[1], &sizes[2]); err != nil {
 		return err
 	}
+	benchdata.Header(w, "bench/tiering", o.flags)
 	fmt.Fprintf(w, "rows: %d per table, all due for demotion and deletion; batch size %d; wide %.0f MB, side %.0f MB + side_payload %.0f MB (indexes included)\n",
 		n, o.batch, benchdata.MB(sizes[0]), benchdata.MB(sizes[1]), benchdata.MB(sizes[2]))
 
@@ -200,7 +201,7 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 	st, sw := ratio("side-table demotion", side)
 	ratio("in-place demotion", inplace)
 	fmt.Fprintf(w, "side-table demotion costs at most %.1fx a delete (time and WAL per row): %s\n", goalSide, benchdata.Verdict(st <= goalSide && sw <= goalSide))
-	b.logf("done")
+	b.Logf("done")
 	return nil
 }
 
@@ -216,7 +217,7 @@ func (b *bench) fill(ctx context.Context, n int64) error {
 	}{{"wide", true}, {"side", false}, {"inplace", true}} {
 		go func() {
 			defer func() { done <- struct{}{} }()
-			b.logf("filling %s with %d rows", spec.table, n)
+			b.Logf("filling %s with %d rows", spec.table, n)
 			conn, err := b.pool.Acquire(ctx)
 			if err != nil {
 				errs[i] = err
@@ -232,7 +233,7 @@ func (b *bench) fill(ctx context.Context, n int64) error {
 	if err := errors.Join(errs[:]...); err != nil {
 		return err
 	}
-	b.logf("making the side table and the in-place index")
+	b.Logf("making the side table and the in-place index")
 	for _, sql := range []string{
 		// The side table: the same payload as wide's, keyed by the identity.
 		`CREATE TABLE side_payload WITH (autovacuum_enabled = off) AS
@@ -269,22 +270,15 @@ func (b *bench) resolve(ctx context.Context) ([]*catalog.Table, error) {
 
 // measure runs fn right after a CHECKPOINT and reports its time and WAL.
 func (b *bench) measure(ctx context.Context, name string, w io.Writer, fn func() (int64, error)) (result, error) {
-	b.logf("%s", name)
-	if _, err := b.pool.Exec(ctx, "CHECKPOINT"); err != nil {
-		return result{}, err
-	}
-	var lsn string
-	if err := b.pool.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&lsn); err != nil {
-		return result{}, err
-	}
-	start := time.Now()
-	rows, err := fn()
-	r := result{rows: rows, wall: time.Since(start)}
+	b.Logf("%s", name)
+	var r result
+	var err error
+	r.wall, r.wal, err = benchdata.Measure(ctx, b.pool, func() (err error) {
+		r.rows, err = fn()
+		return err
+	})
 	if err != nil {
 		return r, fmt.Errorf("%s: %w", name, err)
-	}
-	if err := b.pool.QueryRow(ctx, "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::pg_lsn)::bigint", lsn).Scan(&r.wal); err != nil {
-		return r, err
 	}
 	t, wal := r.perRow()
 	fmt.Fprintf(w, "  %-38s %7.2f s %9.0f rows/s  WAL %6.0f MB  %6.2f µs/row  %6.0f WAL bytes/row\n", name+":",
@@ -304,8 +298,4 @@ func (b *bench) verify(ctx context.Context) error {
 			wide, payloads, hot, side, inplace, b.o.rows)
 	}
 	return nil
-}
-
-func (b *bench) logf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "[%6.1fs] %s\n", time.Since(b.started).Seconds(), fmt.Sprintf(format, args...))
 }

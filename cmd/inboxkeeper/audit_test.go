@@ -59,15 +59,9 @@ func TestRandomizedAudit(t *testing.T) {
 	}
 }
 
-const auditDDL = `
-CREATE TABLE public.consumer_inbox (
-    consumer       text NOT NULL,
-    message_id     text NOT NULL,
-    event_time     timestamptz,
-    remember_until timestamptz,
-    PRIMARY KEY (consumer, message_id)
-);
-CREATE INDEX ON public.consumer_inbox (remember_until);
+// auditDDL is the command tests' inbox with a trigger that records each
+// deletion.
+const auditDDL = inboxTable + inboxIndex + `
 CREATE TABLE public.deleted (
     consumer       text,
     message_id     text,

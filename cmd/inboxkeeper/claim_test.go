@@ -20,14 +20,7 @@ func TestApplyClaimAndReplayWindow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := newFixture(t, string(ddl), `tables:
-  - table: public.consumer_inbox
-    key: [consumer, message_id]
-    scope: consumer
-    event_time: event_time
-    first_seen: first_seen_at
-    expires_at: remember_until
-retention:
+	f := newFixture(t, string(ddl), "tables:\n"+inboxEntry+`retention:
   - scope: payments
     table: public.consumer_inbox
     consequence: high

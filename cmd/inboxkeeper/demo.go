@@ -67,14 +67,18 @@ INSERT INTO public.big_inbox
 SELECT 'billing', md5('new' || i)::uuid, now() + interval '20 days' + i * interval '1 second' FROM generate_series(1, 10000) i;
 `
 
-const demoPolicy = `tables:
-  - table: public.consumer_inbox
+// inboxEntry is the policy entry of the recommended inbox table (README,
+// "The recommended inbox table"): the demo's, and the one the command's
+// tests put into their policies.
+const inboxEntry = `  - table: public.consumer_inbox
     key: [consumer, message_id]
     scope: consumer
     event_time: event_time
     first_seen: first_seen_at
     expires_at: remember_until
-    tiers:
+`
+
+const demoPolicy = "tables:\n" + inboxEntry + `    tiers:
       hot_for: 30d
       anchor: first_seen_at
       payload_columns: [payload]

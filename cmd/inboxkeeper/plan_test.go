@@ -25,14 +25,7 @@ import (
 // The plan tests call the command in-process: they need no child process,
 // and most of them no database.
 
-const planTables = `tables:
-  - table: public.consumer_inbox
-    key: [consumer, message_id]
-    scope: consumer
-    event_time: event_time
-    first_seen: first_seen_at
-    expires_at: remember_until
-  - table: public."InboxState"
+const planTables = "tables:\n" + inboxEntry + `  - table: public."InboxState"
     key: ["MessageId", "ConsumerId"]
     first_seen: "Delivered"
     expires_after: { column: "Delivered", after: 30d }
@@ -312,15 +305,7 @@ func TestPlanCheckPartitionCoverage(t *testing.T) {
 	t.Parallel()
 	db, url := pgtest.NewPool(t)
 	tables := func(maxExpiry string) string {
-		return `tables:
-  - table: public.consumer_inbox
-    key: [consumer, message_id]
-    scope: consumer
-    event_time: event_time
-    first_seen: first_seen_at
-    expires_at: remember_until
-    partitions: {by: month, max_expiry: ` + maxExpiry + `, premake: 1}
-`
+		return "tables:\n" + inboxEntry + "    partitions: {by: month, max_expiry: " + maxExpiry + ", premake: 1}\n"
 	}
 	payments := planEntries[:strings.Index(planEntries, "  - scope: masstransit")]
 	e := newPlanEnv(t, tables("30d")+payments)

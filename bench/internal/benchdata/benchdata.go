@@ -174,6 +174,11 @@ func Checkpoint(ctx context.Context, db DB) (string, error) {
 	if _, err := db.Exec(ctx, "CHECKPOINT"); err != nil {
 		return "", err
 	}
+	return InsertLSN(ctx, db)
+}
+
+// InsertLSN is the WAL insert position, for WALSince.
+func InsertLSN(ctx context.Context, db DB) (string, error) {
 	var lsn string
 	err := db.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&lsn)
 	return lsn, err

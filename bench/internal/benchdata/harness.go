@@ -1,0 +1,174 @@
+package benchdata
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"os/exec"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// ClusterSettings are the server settings every benchmark cluster starts
+// with, plus extra: checkpoints only when a benchmark asks for one, so that
+// each measurement starts from the same full-page-write situation and none
+// is charged for a checkpoint that happened to fall into it.
+func ClusterSettings(sharedBuffers string, extra map[string]string) map[string]string {
+	s := map[string]string{"shared_buffers": "'" + sharedBuffers + "'", "max_wal_size": "'8GB'", "checkpoint_timeout": "'30min'"}
+	maps.Copy(s, extra)
+	return s
+}
+
+// Progress writes progress lines to stderr, stamped with the seconds since
+// the benchmark started, so a slow step shows in the log of a long run.
+type Progress struct{ started time.Time }
+
+// NewProgress starts the clock.
+func NewProgress() Progress { return Progress{started: time.Now()} }
+
+// Logf writes one progress line.
+func (p Progress) Logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "[%6.1fs] %s\n", time.Since(p.started).Seconds(), fmt.Sprintf(format, args...))
+}
+
+// Workspace makes a temporary directory and builds cmd/inboxkeeper into
+// it. The caller removes dir when done; on an error there is nothing to
+// remove.
+func Workspace(ctx context.Context, pattern string, p Progress) (dir, bin string, err error) {
+	if dir, err = os.MkdirTemp("", pattern); err != nil {
+		return "", "", err
+	}
+	p.Logf("building cmd/inboxkeeper")
+	if bin, err = BuildBinary(ctx, dir); err != nil {
+		os.RemoveAll(dir)
+		return "", "", err
+	}
+	return dir, bin, nil
+}
+
+// Flags is every flag of fs with its value, defaults included, as a
+// command line would give them: a report states how it was made.
+func Flags(fs *flag.FlagSet) string {
+	var flags []string
+	fs.VisitAll(func(f *flag.Flag) { flags = append(flags, "-"+f.Name+" "+f.Value.String()) })
+	return strings.Join(flags, " ")
+}
+
+// Header is a report's first line: when and on how many CPUs it ran, and
+// with which flags, because its figures mean little without them.
+func Header(w io.Writer, name, flags string) {
+	fmt.Fprintf(w, "%s on %s, %d CPUs; flags: %s\n", name, time.Now().UTC().Format("2006-01-02 15:04 MST"), runtime.NumCPU(), flags)
+}
+
+// DaemonEnv is the environment to run the daemon in: this process's, with
+// set (NAME=value) added. With inherit, the other INBOXKEEPER_* variables
+// of this process reach the daemon too (to try a setting without changing
+// the benchmark; PassedThrough lists them for the report); without, none
+// do, as the daemon rejects variables it does not know.
+func DaemonEnv(inherit bool, set ...string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(strings.ToUpper(name), "INBOXKEEPER_") && (!inherit || isSet(set, name)) {
+			continue
+		}
+		env = append(env, kv)
+	}
+	return append(env, set...)
+}
+
+// PassedThrough lists the INBOXKEEPER_* variables of this environment that
+// DaemonEnv(true, set...) passes on: the report must show them.
+// Connection strings are shown by name only.
+func PassedThrough(set ...string) []string {
+	var out []string
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(name, "INBOXKEEPER_") || isSet(set, name) || name == "INBOXKEEPER_TEST_DATABASE_URL" {
+			continue
+		}
+		if strings.Contains(name, "URL") {
+			kv = name + "=(set)"
+		}
+		out = append(out, kv)
+	}
+	return out
+}
+
+func isSet(set []string, name string) bool {
+	for _, kv := range set {
+		if n, _, _ := strings.Cut(kv, "="); n == name {
+			return true
+		}
+	}
+	return false
+}
+
+// Process is one finished run of the daemon.
+type Process struct {
+	Wall   time.Duration
+	CPU    time.Duration // user and system
+	RSS    int64         // peak, bytes
+	Output string        // stdout and stderr, interleaved
+}
+
+// RunBinary runs bin with env and args, and measures it. The error of a
+// failed run carries its output.
+func RunBinary(ctx context.Context, bin string, env []string, args ...string) (Process, error) {
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Env = env
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	start := time.Now()
+	err := cmd.Run()
+	p := Process{Wall: time.Since(start), Output: out.String()}
+	if cmd.ProcessState != nil {
+		p.CPU = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+		if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+			p.RSS = int64(ru.Maxrss) * 1024 // KiB on Linux
+		}
+	}
+	if err != nil {
+		return p, fmt.Errorf("inboxkeeper %s: %w\n%s", strings.Join(args, " "), err, p.Output)
+	}
+	return p, nil
+}
+
+// doneBatches finds the batch count in the daemon's "table done" log line
+// (text or JSON).
+var doneBatches = regexp.MustCompile(`expiry: table done.*?\bbatches"?[=:](\d+)`)
+
+// DoneBatches is the number of batches the daemon's log says a pass took,
+// 0 when it does not say: the daemon may adapt its batch size, so the count
+// shows what a run really did.
+func DoneBatches(output string) int {
+	n := 0
+	if m := doneBatches.FindStringSubmatch(output); m != nil {
+		n, _ = strconv.Atoi(m[1])
+	}
+	return n
+}
+
+// Measure runs fn right after a CHECKPOINT on db and returns its wall time
+// and the WAL the whole cluster inserted meanwhile.
+func Measure(ctx context.Context, db DB, fn func() error) (time.Duration, int64, error) {
+	lsn, err := Checkpoint(ctx, db)
+	if err != nil {
+		return 0, 0, err
+	}
+	start := time.Now()
+	err = fn()
+	wall := time.Since(start)
+	if err != nil {
+		return wall, 0, err
+	}
+	wal, err := WALSince(ctx, db, lsn)
+	return wall, wal, err
+}
