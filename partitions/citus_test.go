@@ -43,13 +43,7 @@ FROM pg_dist_shard s JOIN pg_dist_placement pl ON pl.shardid = s.shardid JOIN pg
 WHERE s.shardid = get_shard_id_for_distribution_column($1::regclass, $2::text)`, rel, consumer).Scan(&db, &shard, &port); err != nil {
 		t.Fatal(err)
 	}
-	for _, w := range pgtest.Citus(t).Workers {
-		if w.Port == port {
-			return shard, w.URL(db)
-		}
-	}
-	t.Fatalf("no worker on port %d holds %s", port, shard)
-	return "", ""
+	return shard, pgtest.CitusWorkerURL(t, port, db)
 }
 
 // Partition retirement with a long reader, on a distributed table. A

@@ -382,15 +382,16 @@ type Querier interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
 }
 
-// WaitForLockWait waits until a session in view (pg_stat_activity, or
-// citus_stat_activity for every node of a Citus cluster) waits on a lock
-// while running a statement LIKE query (case-insensitive).
+// WaitForLockWait waits until a session of the test's database in view
+// (pg_stat_activity, or citus_stat_activity for every node of a Citus
+// cluster) waits on a lock while running a statement LIKE query
+// (case-insensitive). The database filter keeps out parallel tests.
 func WaitForLockWait(t testing.TB, db Querier, view, query, what string) {
 	t.Helper()
 	WaitFor(t, 30*time.Second, what, func() bool {
 		var waiting bool
 		_ = db.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM `+view+`
-WHERE wait_event_type = 'Lock' AND query ILIKE $1)`, query).Scan(&waiting)
+WHERE datname = current_database() AND wait_event_type = 'Lock' AND query ILIKE $1)`, query).Scan(&waiting)
 		return waiting
 	})
 }
@@ -487,6 +488,20 @@ func NewMigratedCitusPool(t testing.TB, sql ...string) (*pgxpool.Pool, string) {
 	pool, url := NewCitusPool(t)
 	migrateAndExec(t, pool, url, sql)
 	return pool, url
+}
+
+// CitusWorkerURL is the URL of database db on the worker of the test Citus
+// cluster that listens on port (a nodeport of pg_dist_node), for a session
+// straight on the worker, as an application's router query leaves one.
+func CitusWorkerURL(t testing.TB, port int, db string) string {
+	t.Helper()
+	for _, w := range Citus(t).Workers {
+		if w.Port == port {
+			return w.URL(db)
+		}
+	}
+	t.Fatalf("pgtest: no Citus worker on port %d", port)
+	return ""
 }
 
 // CitusShards is the shard count the tests distribute a table with: two on
