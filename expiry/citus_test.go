@@ -14,17 +14,14 @@ import (
 
 // citusSetup is setup on a Citus coordinator: the inbox distributed on
 // consumer over the test cluster's workers.
-func citusSetup(t *testing.T) (fixture, string) {
+func citusSetup(t *testing.T) fixture {
 	t.Helper()
-	pool, url := pgtest.NewCitusPool(t)
-	pgtest.Migrate(t, url)
-	pgtest.Exec(t, pool, inboxDDL)
-	pgtest.Exec(t, pool, "SET citus.shard_count = 4; SELECT create_distributed_table('public.consumer_inbox', 'consumer')")
+	pool, _ := pgtest.NewMigratedCitusPool(t, inboxDDL, pgtest.Distribute("consumer", "public.consumer_inbox"))
 	f := fixture{pool: pool, tables: pgtest.Resolve(t, pool, inboxPolicy)}
 	if !f.tables[0].Distributed() {
 		t.Fatal("the table does not resolve as distributed")
 	}
-	return f, url
+	return f
 }
 
 // On a distributed table a pass deletes exactly the due rows no hold or
@@ -33,7 +30,7 @@ func citusSetup(t *testing.T) (fixture, string) {
 func TestCitusExpiryWithHoldsAndReplays(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	f, _ := citusSetup(t)
+	f := citusSetup(t)
 	for i, c := range []string{"a", "b", "c", "held", "replayed"} {
 		f.insert(t, c, 40, t0.Add(-48*time.Hour+time.Duration(i)*time.Second), time.Minute)
 	}
@@ -72,7 +69,7 @@ func TestCitusExpiryWithHoldsAndReplays(t *testing.T) {
 func TestCitusOldestFirst(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	f, _ := citusSetup(t)
+	f := citusSetup(t)
 	base := t0.Add(-24 * time.Hour)
 	for i := 0; i < 8; i++ {
 		f.insert(t, fmt.Sprintf("c%d", i), 40, base.Add(time.Duration(i)*time.Second), time.Minute)
@@ -127,7 +124,7 @@ func TestCitusOldestFirst(t *testing.T) {
 // waits for that batch, and no later batch deletes a row it covers.
 func TestCitusFenceInFlightBatch(t *testing.T) {
 	t.Parallel()
-	f, _ := citusSetup(t)
+	f := citusSetup(t)
 	// 10 rows a shard, 4 shards: a batch holds 40 rows, at most 80.
 	f.insert(t, "payments", 100, t0.Add(-2*time.Hour), time.Minute)
 	f.insert(t, "orders", 100, t0.Add(-2*time.Hour+time.Second), time.Minute)
@@ -151,35 +148,20 @@ func TestCitusFenceInFlightBatch(t *testing.T) {
 func TestCitusLockedRowsOnAWorker(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	f, url := citusSetup(t)
+	f := citusSetup(t)
 	f.insert(t, "c", 60, t0.Add(-24*time.Hour), time.Minute)
 	f.insert(t, "d", 60, t0.Add(-24*time.Hour+time.Second), time.Minute)
 
 	// The session that holds the rows is on the worker that has consumer
 	// c's shard, connected to it directly, as an application's router
 	// query would leave it.
-	var shard, host string
+	var shard, db string
 	var port int
-	if err := f.pool.QueryRow(ctx, `SELECT shard_name, nodename, nodeport FROM citus_shards
-WHERE table_name = 'public.consumer_inbox'::regclass AND shardid = get_shard_id_for_distribution_column('public.consumer_inbox', 'c')`).Scan(&shard, &host, &port); err != nil {
+	if err := f.pool.QueryRow(ctx, `SELECT shard_name, nodeport, current_database() FROM citus_shards
+WHERE table_name = 'public.consumer_inbox'::regclass AND shardid = get_shard_id_for_distribution_column('public.consumer_inbox', 'c')`).Scan(&shard, &port, &db); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := pgx.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Port = uint16(port)
-	worker, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer worker.Close(ctx)
-	locker, err := worker.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer locker.Rollback(ctx)
-	pgtest.Exec(t, locker, fmt.Sprintf("SELECT 1 FROM public.%s WHERE message_id IN ('c-3', 'c-4', 'c-30') FOR UPDATE", pgx.Identifier{shard}.Sanitize()))
+	locker := pgtest.Lock(t, pgtest.Connect(t, pgtest.CitusWorkerURL(t, port, db)), fmt.Sprintf("SELECT 1 FROM public.%s WHERE message_id IN ('c-3', 'c-4', 'c-30') FOR UPDATE", pgx.Identifier{shard}.Sanitize()))
 
 	fallbacks := 0
 	started := time.Now()
@@ -212,38 +194,15 @@ WHERE table_name = 'public.consumer_inbox'::regclass AND shardid = get_shard_id_
 func TestCitusApplicationWaitsAtMostLockTimeout(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	f, _ := citusSetup(t)
+	f := citusSetup(t)
 	f.insert(t, "c", 40, t0.Add(-24*time.Hour), time.Minute)
-	a, err := f.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Rollback(ctx)
-	pgtest.Exec(t, a, "SELECT 1 FROM public.consumer_inbox WHERE consumer = 'c' AND message_id = 'c-20' FOR UPDATE")
-
+	a := pgtest.Lock(t, f.pool, "SELECT 1 FROM public.consumer_inbox WHERE consumer = 'c' AND message_id = 'c-20' FOR UPDATE")
 	const wait = 2 * time.Second // long enough to see the deleter waiting
-	done := make(chan TableResult, 1)
-	go func() {
-		res, _ := newTest(f.pool, f.tables, Options{Clock: pinned(t0), BatchSize: 100, LockTimeout: wait}, testSignals{optimisticWait: wait}).RunPass(ctx)
-		done <- res[0]
-	}()
 	// The batch's statement on the worker waits on c-20: the worker's
 	// pg_stat_activity shows it (citus_stat_activity gathers every node's).
-	pgtest.WaitFor(t, 30*time.Second, "the deleter to wait on the locked row on a worker", func() bool {
-		var waiting bool
-		_ = f.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM citus_stat_activity
-WHERE wait_event_type = 'Lock' AND query ILIKE 'DELETE%')`).Scan(&waiting)
-		return waiting
-	})
-	b, err := f.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Rollback(ctx)
-	pgtest.Exec(t, b, "SET LOCAL citus.propagate_set_commands = 'local'; SET LOCAL lock_timeout = '30s'")
-	started := time.Now()
-	pgtest.Exec(t, b, "SELECT 1 FROM public.consumer_inbox WHERE consumer = 'c' AND message_id = 'c-5' FOR UPDATE")
-	if el := time.Since(started); el > wait+time.Second {
+	done := f.deleterWaitingOnALock(t, wait, "citus_stat_activity", "DELETE%")
+	b, el := f.applicationWait(t, "SET LOCAL citus.propagate_set_commands = 'local'; SET LOCAL lock_timeout = '30s'", "SELECT 1 FROM public.consumer_inbox WHERE consumer = 'c' AND message_id = 'c-5' FOR UPDATE")
+	if el > wait+time.Second {
 		t.Errorf("the application session waited %s on the deleter, longer than its lock timeout %s", el, wait)
 	}
 	if err := b.Rollback(ctx); err != nil {
@@ -268,10 +227,7 @@ WHERE wait_event_type = 'Lock' AND query ILIKE 'DELETE%')`).Scan(&waiting)
 func TestCitusPermanentKeys(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, url := pgtest.NewCitusPool(t)
-	pgtest.Migrate(t, url)
-	pgtest.Exec(t, pool, tieredDDL)
-	pgtest.Exec(t, pool, "SET citus.shard_count = 4; SELECT create_distributed_table('public.inbox', 'consumer')")
+	pool, _ := pgtest.NewMigratedCitusPool(t, tieredDDL, pgtest.Distribute("consumer", "public.inbox"))
 	tables := pgtest.Resolve(t, pool, tieredPolicy)
 	pgtest.Exec(t, pool, tables[0].Tiers.Key.DDL(tables[0]))
 	f := fixture{pool: pool, tables: tables}

@@ -74,9 +74,7 @@ type fixture struct {
 // setup makes a migrated database with ddl applied and the policy resolved.
 func setup(t *testing.T, ddl, pol string) fixture {
 	t.Helper()
-	pool, url := pgtest.NewPool(t)
-	pgtest.Migrate(t, url)
-	pgtest.Exec(t, pool, ddl)
+	pool, _ := pgtest.NewMigratedPool(t, ddl)
 	return fixture{pool: pool, tables: pgtest.Resolve(t, pool, pol)}
 }
 
@@ -265,12 +263,7 @@ func TestLockedRowsAreSkippedThenDeleted(t *testing.T) {
 		f := setup(t, inboxDDL, inboxPolicy)
 		f.insert(t, "c", 50, t0.Add(-24*time.Hour), time.Minute)
 
-		locker, err := f.pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer locker.Rollback(ctx)
-		pgtest.Exec(t, locker, "SELECT 1 FROM public.consumer_inbox WHERE message_id IN ('c-0', 'c-10') FOR UPDATE")
+		locker := pgtest.Lock(t, f.pool, "SELECT 1 FROM public.consumer_inbox WHERE message_id IN ('c-0', 'c-10') FOR UPDATE")
 
 		started := time.Now()
 		res := f.passWith(t, sig, Options{Clock: pinned(t0), BatchSize: 7, LockTimeout: 5 * time.Second})
@@ -299,12 +292,7 @@ func TestLockTimeoutIsRetriedAndCounted(t *testing.T) {
 	f := setup(t, inboxDDL, inboxPolicy)
 	f.insert(t, "c", 20, t0.Add(-time.Hour), time.Minute)
 
-	locker, err := f.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer locker.Rollback(ctx)
-	pgtest.Exec(t, locker, "LOCK TABLE public.consumer_inbox IN ACCESS EXCLUSIVE MODE")
+	locker := pgtest.Lock(t, f.pool, "LOCK TABLE public.consumer_inbox IN ACCESS EXCLUSIVE MODE")
 
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg)
@@ -355,12 +343,7 @@ INSERT INTO public.other VALUES (1, '2000-01-01');`, inboxPolicy+`  - table: pub
     expires_at: e
 `)
 	f.insert(t, "c", 5, t0.Add(-time.Hour), time.Minute)
-	locker, err := f.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer locker.Rollback(ctx)
-	pgtest.Exec(t, locker, "LOCK TABLE public.consumer_inbox IN ACCESS EXCLUSIVE MODE")
+	pgtest.Lock(t, f.pool, "LOCK TABLE public.consumer_inbox IN ACCESS EXCLUSIVE MODE")
 	res, err := New(f.pool, f.tables, Options{Clock: pinned(t0), LockTimeout: 10 * time.Millisecond, MaxRetries: 1}).RunPass(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -630,7 +613,6 @@ CREATE INDEX ON public.consumer_inbox (remember_until);`, inboxPolicy)
 // batch only, when one is: the locked row stays, every other row goes.
 func TestOptimisticFallsBackToSkipLocked(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	f := setup(t, inboxDDL, inboxPolicy)
 	f.insert(t, "c", 40, t0.Add(-24*time.Hour), time.Minute)
 
@@ -643,12 +625,7 @@ func TestOptimisticFallsBackToSkipLocked(t *testing.T) {
 	}
 
 	f.insert(t, "d", 40, t0.Add(-24*time.Hour), time.Minute)
-	locker, err := f.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer locker.Rollback(ctx)
-	pgtest.Exec(t, locker, "SELECT 1 FROM public.consumer_inbox WHERE message_id = 'd-15' FOR UPDATE")
+	pgtest.Lock(t, f.pool, "SELECT 1 FROM public.consumer_inbox WHERE message_id = 'd-15' FOR UPDATE")
 	started := time.Now()
 	res = f.passWith(t, sig, opts)
 	// The second batch (rows 10 to 19) meets the locked row, waits the short
@@ -677,34 +654,11 @@ func TestApplicationWaitsAtMostLockTimeout(t *testing.T) {
 	// Inserted in expiry order: the DELETE's TID order is expiry order, so
 	// it deletes c-5 before it reaches c-20.
 	f.insert(t, "c", 40, t0.Add(-24*time.Hour), time.Minute)
-	a, err := f.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Rollback(ctx)
-	pgtest.Exec(t, a, "SELECT 1 FROM public.consumer_inbox WHERE message_id = 'c-20' FOR UPDATE")
+	a := pgtest.Lock(t, f.pool, "SELECT 1 FROM public.consumer_inbox WHERE message_id = 'c-20' FOR UPDATE")
 
 	const wait = 2 * time.Second // long enough to see the deleter waiting
-	done := make(chan TableResult, 1)
-	go func() {
-		res, _ := newTest(f.pool, f.tables, Options{Clock: pinned(t0), BatchSize: 100, LockTimeout: wait}, testSignals{optimisticWait: wait}).RunPass(ctx)
-		done <- res[0]
-	}()
-	pgtest.WaitFor(t, 30*time.Second, "the deleter to wait on the locked row", func() bool {
-		var waiting bool
-		_ = f.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%victims%')`).Scan(&waiting)
-		return waiting
-	})
-	b, err := f.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Rollback(ctx)
-	pgtest.Exec(t, b, "SET LOCAL lock_timeout = '30s'")
-	started := time.Now()
-	pgtest.Exec(t, b, "SELECT 1 FROM public.consumer_inbox WHERE message_id = 'c-5' FOR UPDATE")
-	if el := time.Since(started); el > wait+time.Second {
+	done := f.deleterWaitingOnALock(t, wait, "pg_stat_activity", "%victims%")
+	if _, el := f.applicationWait(t, "SET LOCAL lock_timeout = '30s'", "SELECT 1 FROM public.consumer_inbox WHERE message_id = 'c-5' FOR UPDATE"); el > wait+time.Second {
 		t.Errorf("the application session waited %s on the deleter, longer than its lock timeout %s", el, wait)
 	}
 	var res TableResult
@@ -727,6 +681,31 @@ WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '
 	if len(left) != 40-int(res.Deleted) || !slices.Contains(left, "c-20") {
 		t.Errorf("left %v after deleting %d, want c-20 (and maybe c-5) kept", left, res.Deleted)
 	}
+}
+
+// deleterWaitingOnALock starts a pass (optimistic lock wait and lock
+// timeout wait) and returns once its batch waits on a locked row, seen in
+// view running a statement LIKE query; the channel gets the pass's result.
+func (f fixture) deleterWaitingOnALock(t *testing.T, wait time.Duration, view, query string) <-chan TableResult {
+	t.Helper()
+	done := make(chan TableResult, 1)
+	go func() {
+		res, _ := newTest(f.pool, f.tables, Options{Clock: pinned(t0), BatchSize: 100, LockTimeout: wait}, testSignals{optimisticWait: wait}).RunPass(context.Background())
+		done <- res[0]
+	}()
+	pgtest.WaitForLockWait(t, f.pool, view, query, "the deleter to wait on the locked row")
+	return done
+}
+
+// applicationWait runs, in an application transaction of its own, setup
+// and then sql, which takes a lock; it returns the transaction, still
+// holding the lock, and how long sql waited for it.
+func (f fixture) applicationWait(t *testing.T, setup, sql string) (pgx.Tx, time.Duration) {
+	t.Helper()
+	tx := pgtest.Lock(t, f.pool, setup)
+	started := time.Now()
+	pgtest.Exec(t, tx, sql)
+	return tx, time.Since(started)
 }
 
 // TestRangeScanTrials: a pass's first range batches alternate the index

@@ -2,12 +2,9 @@ package inbox_test
 
 import (
 	"context"
-	"os"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxkeeper/inboxkeeper/inbox"
@@ -15,19 +12,11 @@ import (
 )
 
 // setupCitus is setup on a Citus coordinator: the plain recommended layout
-// hash-distributed on consumer (4 shards over the workers), the control
-// schema on the coordinator.
+// hash-distributed on consumer over the workers, the control schema on the
+// coordinator.
 func setupCitus(t *testing.T) *pgxpool.Pool {
 	t.Helper()
-	pool, url := pgtest.NewCitusPool(t)
-	pgtest.Migrate(t, url)
-	ddl, err := os.ReadFile("testdata/inbox_plain.sql")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pgtest.Exec(t, pool, string(ddl))
-	pgtest.Exec(t, pool, `SET citus.shard_count = 4; SELECT create_distributed_table('public.consumer_inbox', 'consumer')`)
-	pgtest.Exec(t, pool, exampleRule)
+	pool, _ := pgtest.NewMigratedCitusPool(t, inbox.PlainDDL, pgtest.Distribute("consumer", "public.consumer_inbox"), exampleRule)
 	return pool
 }
 
@@ -36,63 +25,7 @@ func setupCitus(t *testing.T) *pgxpool.Pool {
 // coordinator, where every claim runs.
 func TestConcurrentClaimsOnCitus(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	pool := setupCitus(t)
-	const n = 8
-	c := &inbox.Claimer{Clock: func() time.Time { return t0 }}
-	first, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer first.Rollback(ctx)
-	r0, err := c.Claim(ctx, first, msg("same", "a", t0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	results := make(chan inbox.Kind, n)
-	var wg sync.WaitGroup
-	for range n - 1 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-				r, err := c.Claim(ctx, tx, msg("same", "a", t0))
-				results <- r.Kind
-				return err
-			})
-			if err != nil {
-				t.Error(err)
-			}
-		}()
-	}
-	pgtest.WaitFor(t, 30*time.Second, "every other claim to wait on the identity lock", func() bool {
-		var w int
-		_ = pool.QueryRow(ctx, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted").Scan(&w)
-		return w == n-1
-	})
-	if err := first.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	wg.Wait()
-	close(results)
-	fresh := 0
-	if r0.Kind == inbox.Fresh {
-		fresh++
-	}
-	for k := range results {
-		if k == inbox.Fresh {
-			fresh++
-		} else if k != inbox.Duplicate {
-			t.Errorf("unexpected %s", k)
-		}
-	}
-	if fresh != 1 {
-		t.Errorf("%d fresh claims, want exactly 1", fresh)
-	}
-	var rows int
-	if err := pool.QueryRow(ctx, "SELECT count(*) FROM public.consumer_inbox").Scan(&rows); err != nil || rows != 1 {
-		t.Errorf("%d rows (%v), want 1", rows, err)
-	}
+	concurrentClaims(t, setupCitus(t))
 }
 
 // The other results on a distributed inbox are those of one node: a

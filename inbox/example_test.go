@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log"
-	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -20,17 +19,10 @@ import (
 
 // exampleDatabase is what a consumer's database looks like after
 // `inboxkeeper migrate` and the application's own migration: the control
-// schema and the recommended inbox table (testdata/inbox_plain.sql). In an
+// schema and the recommended inbox table (inbox.PlainDDL). In an
 // application, connect to your own database instead.
 func exampleDatabase(ctx context.Context) (*pgxpool.Pool, func()) {
-	url, drop, err := pgtest.CreateDatabase("example")
-	if err != nil {
-		log.Fatal(err)
-	}
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		log.Fatal(err)
-	}
+	pool, done := emptyDatabase(ctx)
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		log.Fatal(err)
@@ -39,11 +31,21 @@ func exampleDatabase(ctx context.Context) (*pgxpool.Pool, func()) {
 		log.Fatal(err)
 	}
 	conn.Release()
-	ddl, err := os.ReadFile("testdata/inbox_plain.sql")
+	if _, err := pool.Exec(ctx, inbox.PlainDDL); err != nil {
+		log.Fatal(err)
+	}
+	return pool, done
+}
+
+// emptyDatabase is a database of the example's own on the test server,
+// dropped by the function it returns.
+func emptyDatabase(ctx context.Context) (*pgxpool.Pool, func()) {
+	url, drop, err := pgtest.CreateDatabase("example")
 	if err != nil {
 		log.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, string(ddl)); err != nil {
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
 		log.Fatal(err)
 	}
 	return pool, func() {
@@ -52,6 +54,29 @@ func exampleDatabase(ctx context.Context) (*pgxpool.Pool, func()) {
 			log.Print(err)
 		}
 	}
+}
+
+// The application's own migration creates the inbox table; PlainDDL is the
+// recommended layout, ready to apply: the identity as primary key, and the
+// index on remember_until the daemon deletes by.
+func ExamplePlainDDL() {
+	ctx := context.Background()
+	pool, done := emptyDatabase(ctx)
+	defer done()
+	if _, err := pool.Exec(ctx, inbox.PlainDDL); err != nil {
+		log.Fatal(err)
+	}
+	rows, err := pool.Query(ctx, `SELECT indexname FROM pg_indexes WHERE tablename = 'consumer_inbox' ORDER BY 1`)
+	if err != nil {
+		log.Fatal(err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(names)
+	// Output:
+	// [consumer_inbox_pkey consumer_inbox_remember_until_idx]
 }
 
 // A consumer claims each delivery in the transaction that applies its

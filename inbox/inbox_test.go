@@ -2,7 +2,6 @@ package inbox_test
 
 import (
 	"context"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -29,16 +28,19 @@ var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 const exampleRule = `INSERT INTO inboxkeeper.retention_rules (schema_name, table_name, scope, post_receipt, replay, margin)
 VALUES ('public', 'consumer_inbox', 'payments', interval '30 days', interval '48 days', interval '2 days')`
 
+// layouts are the recommended tables by name. The partitioned one gets
+// partitions that take every remember_until the tests write, as the
+// daemon's partition manager would have made them.
+var layouts = map[string]string{
+	"plain": inbox.PlainDDL,
+	"partitioned": inbox.PartitionedDDL + `
+CREATE TABLE public.consumer_inbox_p1 PARTITION OF public.consumer_inbox FOR VALUES FROM ('2020-01-01') TO ('2026-07-01');
+CREATE TABLE public.consumer_inbox_p2 PARTITION OF public.consumer_inbox FOR VALUES FROM ('2026-07-01') TO ('2030-01-01');`,
+}
+
 func setup(t *testing.T, layout string) *pgxpool.Pool {
 	t.Helper()
-	pool, url := pgtest.NewPool(t)
-	pgtest.Migrate(t, url)
-	ddl, err := os.ReadFile("testdata/inbox_" + layout + ".sql")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pgtest.Exec(t, pool, string(ddl))
-	pgtest.Exec(t, pool, exampleRule)
+	pool, _ := pgtest.NewMigratedPool(t, layouts[layout], exampleRule)
 	return pool
 }
 
@@ -236,64 +238,68 @@ func TestConcurrentClaims(t *testing.T) {
 	for _, layout := range []string{"plain", "partitioned"} {
 		t.Run(layout, func(t *testing.T) {
 			t.Parallel()
-			ctx := context.Background()
-			pool := setup(t, layout)
-			const n = 8
-			first, err := pool.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			c := &inbox.Claimer{Clock: func() time.Time { return t0 }}
-			r0, err := c.Claim(ctx, first, msg("same", "a", t0))
-			if err != nil {
-				t.Fatal(err)
-			}
-			results := make(chan inbox.Kind, n)
-			var wg sync.WaitGroup
-			for range n - 1 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-						r, err := c.Claim(ctx, tx, msg("same", "a", t0))
-						results <- r.Kind
-						return err
-					})
-					if err != nil {
-						t.Error(err)
-					}
-				}()
-			}
-			// Hold the first claim open until every other one waits on it.
-			pgtest.WaitFor(t, 30*time.Second, "every other claim to wait on the identity lock", func() bool {
-				var w int
-				_ = pool.QueryRow(ctx, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted").Scan(&w)
-				return w == n-1
-			})
-			if err := first.Commit(ctx); err != nil {
-				t.Fatal(err)
-			}
-			wg.Wait()
-			close(results)
-			fresh := 0
-			if r0.Kind == inbox.Fresh {
-				fresh++
-			}
-			for k := range results {
-				if k == inbox.Fresh {
-					fresh++
-				} else if k != inbox.Duplicate {
-					t.Errorf("unexpected %s", k)
-				}
-			}
-			if fresh != 1 {
-				t.Errorf("%d fresh claims, want exactly 1", fresh)
-			}
-			var rows int
-			if err := pool.QueryRow(ctx, "SELECT count(*) FROM public.consumer_inbox").Scan(&rows); err != nil || rows != 1 {
-				t.Errorf("%d rows, want 1", rows)
-			}
+			concurrentClaims(t, setup(t, layout))
 		})
+	}
+}
+
+// concurrentClaims claims one identity from many transactions at once and
+// checks that exactly one claim is fresh, the others duplicates, and one
+// row was written.
+func concurrentClaims(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	ctx := context.Background()
+	const n = 8
+	first := pgtest.Begin(t, pool)
+	c := &inbox.Claimer{Clock: func() time.Time { return t0 }}
+	r0, err := c.Claim(ctx, first, msg("same", "a", t0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	results := make(chan inbox.Kind, n)
+	var wg sync.WaitGroup
+	for range n - 1 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				r, err := c.Claim(ctx, tx, msg("same", "a", t0))
+				results <- r.Kind
+				return err
+			})
+			if err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	// Hold the first claim open until every other one waits on it.
+	pgtest.WaitFor(t, 30*time.Second, "every other claim to wait on the identity lock", func() bool {
+		var w int
+		_ = pool.QueryRow(ctx, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted").Scan(&w)
+		return w == n-1
+	})
+	if err := first.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	close(results)
+	fresh := 0
+	if r0.Kind == inbox.Fresh {
+		fresh++
+	}
+	for k := range results {
+		if k == inbox.Fresh {
+			fresh++
+		} else if k != inbox.Duplicate {
+			t.Errorf("unexpected %s", k)
+		}
+	}
+	if fresh != 1 {
+		t.Errorf("%d fresh claims, want exactly 1", fresh)
+	}
+	var rows int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM public.consumer_inbox").Scan(&rows); err != nil || rows != 1 {
+		t.Errorf("%d rows (%v), want 1", rows, err)
 	}
 }
 
@@ -327,37 +333,30 @@ func TestClaimErrors(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := setup(t, "plain")
-	var err error
-	err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, func(tx pgx.Tx) error {
+	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, func(tx pgx.Tx) error {
 		_, err := inbox.Claim(ctx, tx, msg("m", "a", t0))
 		return err
 	})
 	if err == nil || !strings.Contains(err.Error(), "READ COMMITTED") {
 		t.Errorf("repeatable read: %v", err)
 	}
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+	for _, c := range []struct {
+		name string
+		edit func(*inbox.Message)
+		want string // in the error; "" for any error
+	}{
+		{"no rule", func(m *inbox.Message) { m.Consumer = "unknown" }, "no retention rule"},
+		{"no payload or hash", func(m *inbox.Message) { m.Payload = nil }, ""},
+		{"unknown table", func(m *inbox.Message) { m.Table = "public.nope" }, "nope"},
+	} {
 		m := msg("m", "a", t0)
-		m.Consumer = "unknown"
-		_, err := inbox.Claim(ctx, tx, m)
-		return err
-	})
-	if err == nil || !strings.Contains(err.Error(), "no retention rule") {
-		t.Errorf("no rule: %v", err)
-	}
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		_, err := inbox.Claim(ctx, tx, inbox.Message{Table: "public.consumer_inbox", Consumer: "payments", MessageID: "m", EventTime: t0})
-		return err
-	})
-	if err == nil {
-		t.Error("a message without payload or hash was accepted")
-	}
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		m := msg("m", "a", t0)
-		m.Table = "public.nope"
-		_, err := inbox.Claim(ctx, tx, m)
-		return err
-	})
-	if err == nil || !strings.Contains(err.Error(), "nope") {
-		t.Errorf("unknown table: %v", err)
+		c.edit(&m)
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, err := inbox.Claim(ctx, tx, m)
+			return err
+		})
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want an error containing %q", c.name, err, c.want)
+		}
 	}
 }

@@ -5,8 +5,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
 	"github.com/inboxkeeper/inboxkeeper/migrations"
 )
@@ -32,28 +30,11 @@ SELECT create_distributed_table('inboxkeeper.keys_public_inbox', 'consumer')`,
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			conn, err := pgx.Connect(ctx, pgtest.NewCitusDatabase(t))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close(ctx)
+			conn := pgtest.Connect(t, pgtest.NewCitusDatabase(t))
 			if before != "" {
 				pgtest.Exec(t, conn, before)
 			}
-			applied, err := migrations.Migrate(ctx, conn)
-			if err != nil {
-				t.Fatalf("first migrate on Citus: %v", err)
-			}
-			if len(applied) != len(migrations.All()) {
-				t.Errorf("first run applied %v, want all %d", applied, len(migrations.All()))
-			}
-			applied, err = migrations.Migrate(ctx, conn)
-			if err != nil || len(applied) != 0 {
-				t.Errorf("second run applied %v (err %v), want nothing", applied, err)
-			}
-			if err := migrations.Check(ctx, conn); err != nil {
-				t.Errorf("Check after migrate: %v", err)
-			}
+			migrateTwice(t, conn)
 			var citusTables []string
 			if err := conn.QueryRow(ctx, `SELECT coalesce(array_agg(logicalrelid::text ORDER BY 1), '{}') FROM pg_dist_partition
 WHERE logicalrelid::text LIKE 'inboxkeeper.%' AND logicalrelid::text NOT IN ('inboxkeeper.keys_public_inbox', 'inboxkeeper.heartbeat')`).Scan(&citusTables); err != nil {
@@ -78,13 +59,9 @@ WHERE logicalrelid::text LIKE 'inboxkeeper.%' AND logicalrelid::text NOT IN ('in
 func TestMigrateRefusesCitusTenantSchema(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, pgtest.NewCitusDatabase(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := pgtest.Connect(t, pgtest.NewCitusDatabase(t))
 	pgtest.Exec(t, conn, `SET citus.enable_schema_based_sharding TO on; CREATE SCHEMA inboxkeeper; RESET citus.enable_schema_based_sharding`)
-	_, err = migrations.Migrate(ctx, conn)
+	_, err := migrations.Migrate(ctx, conn)
 	if err == nil || !strings.Contains(err.Error(), "citus_schema_undistribute('inboxkeeper')") {
 		t.Fatalf("migrate into a distributed schema: %v, want a refusal naming citus_schema_undistribute", err)
 	}

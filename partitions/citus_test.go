@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -15,15 +14,11 @@ import (
 )
 
 // citusDDL is mayDDL distributed by consumer over the test Citus cluster.
-const citusDDL = mayDDL + `
-SET citus.shard_count = 4;
-SELECT create_distributed_table('public.consumer_inbox', 'consumer');`
+var citusDDL = mayDDL + pgtest.Distribute("consumer", "public.consumer_inbox")
 
 func setupCitusAny(t *testing.T, ddl, pol string) fixture {
 	t.Helper()
-	pool, url := pgtest.NewCitusPool(t)
-	pgtest.Migrate(t, url)
-	pgtest.Exec(t, pool, ddl)
+	pool, url := pgtest.NewMigratedCitusPool(t, ddl)
 	return fixture{pool: pool, url: url, table: pgtest.Resolve(t, pool, pol)[0]}
 }
 
@@ -48,13 +43,7 @@ FROM pg_dist_shard s JOIN pg_dist_placement pl ON pl.shardid = s.shardid JOIN pg
 WHERE s.shardid = get_shard_id_for_distribution_column($1::regclass, $2::text)`, rel, consumer).Scan(&db, &shard, &port); err != nil {
 		t.Fatal(err)
 	}
-	for _, w := range pgtest.Citus(t).Workers {
-		if w.Port == port {
-			return shard, w.URL(db)
-		}
-	}
-	t.Fatalf("no worker on port %d holds %s", port, shard)
-	return "", ""
+	return shard, pgtest.CitusWorkerURL(t, port, db)
 }
 
 // Partition retirement with a long reader, on a distributed table. A
@@ -82,15 +71,8 @@ func TestCitusRetirementWithALongReader(t *testing.T) {
 			if on == "worker" {
 				rel, readerURL = f.shardOf(t, rel, "c")
 			}
-			reader, err := pgx.Connect(ctx, readerURL)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer reader.Close(ctx)
-			rtx, err := reader.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
+			reader := pgtest.Connect(t, readerURL)
+			rtx := pgtest.Begin(t, reader)
 			var n int
 			if err := rtx.QueryRow(ctx, "SELECT count(*) FROM "+rel).Scan(&n); err != nil || n != 3 {
 				t.Fatalf("the reader saw %d rows of %s: %v", n, rel, err)
@@ -123,7 +105,7 @@ WHERE locktype = 'relation' AND NOT granted AND database = (SELECT oid FROM pg_d
 			ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			defer cancel()
 			start := time.Now()
-			_, err = f.pool.Exec(ictx, `INSERT INTO public.consumer_inbox VALUES ('c', 'during', NULL, $1)`, t0.AddDate(0, 0, 1))
+			_, err := f.pool.Exec(ictx, `INSERT INTO public.consumer_inbox VALUES ('c', 'during', NULL, $1)`, t0.AddDate(0, 0, 1))
 			waited := time.Since(start)
 			if err != nil {
 				t.Fatalf("the insert failed after %v: %v", waited, err)

@@ -1,6 +1,10 @@
 package partitions
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/daemonmetrics"
+)
 
 // Metrics are the partition manager's own metrics. Errors, CleanupLag and
 // LastSuccess are shared with the row deleter (inboxkeeper_errors_total,
@@ -30,35 +34,13 @@ var States = []string{"attached", "detach_pending", "detached"}
 // NewMetrics creates the metrics and registers them on reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
-		Coverage: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "inboxkeeper_partition_coverage_seconds",
-			Help: "How far ahead of now the partitions reach without a gap: a row whose expiry column lies beyond now + this fails its insert (+Inf with a MAXVALUE partition).",
-		}, []string{"table"}),
-		MaxExpiry: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "inboxkeeper_partition_max_expiry_seconds",
-			Help: "partitions.max_expiry from the policy: the furthest ahead of now a new row's expiry column may be; coverage below it means inserts can fail.",
-		}, []string{"table"}),
-		Blocked: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "inboxkeeper_partitions_blocked",
-			Help: "Partitions due for retirement that wait, by reason: hold, replay, lock_timeout (DDL gave up after its retries this pass), error.",
-		}, []string{"table", "reason"}),
-		Count: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "inboxkeeper_partitions",
-			Help: "Partitions by state: attached, detach_pending (an interrupted DETACH CONCURRENTLY; never on a Citus table, whose plain DETACH commits or not at all), detached (waiting out detached_retention).",
-		}, []string{"table", "state"}),
-		Created: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "inboxkeeper_partitions_created_total",
-			Help: "Partitions created ahead of time.",
-		}, []string{"table"}),
-		Detached: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "inboxkeeper_partitions_detached_total",
-			Help: "Expired partitions detached (DETACH CONCURRENTLY, FINALIZE of an interrupted one, or a plain DETACH on a Citus table).",
-		}, []string{"table"}),
-		Dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "inboxkeeper_partitions_dropped_total",
-			Help: "Detached partitions dropped after detached_retention.",
-		}, []string{"table"}),
+		Coverage:  daemonmetrics.GaugeVec(reg, "inboxkeeper_partition_coverage_seconds", "How far ahead of now the partitions reach without a gap: a row whose expiry column lies beyond now + this fails its insert (+Inf with a MAXVALUE partition).", "table"),
+		MaxExpiry: daemonmetrics.GaugeVec(reg, "inboxkeeper_partition_max_expiry_seconds", "partitions.max_expiry from the policy: the furthest ahead of now a new row's expiry column may be; coverage below it means inserts can fail.", "table"),
+		Blocked:   daemonmetrics.GaugeVec(reg, "inboxkeeper_partitions_blocked", "Partitions due for retirement that wait, by reason: hold, replay, lock_timeout (DDL gave up after its retries this pass), error.", "table", "reason"),
+		Count:     daemonmetrics.GaugeVec(reg, "inboxkeeper_partitions", "Partitions by state: attached, detach_pending (an interrupted DETACH CONCURRENTLY; never on a Citus table, whose plain DETACH commits or not at all), detached (waiting out detached_retention).", "table", "state"),
+		Created:   daemonmetrics.CounterVec(reg, "inboxkeeper_partitions_created_total", "Partitions created ahead of time.", "table"),
+		Detached:  daemonmetrics.CounterVec(reg, "inboxkeeper_partitions_detached_total", "Expired partitions detached (DETACH CONCURRENTLY, FINALIZE of an interrupted one, or a plain DETACH on a Citus table).", "table"),
+		Dropped:   daemonmetrics.CounterVec(reg, "inboxkeeper_partitions_dropped_total", "Detached partitions dropped after detached_retention.", "table"),
 	}
-	reg.MustRegister(m.Coverage, m.MaxExpiry, m.Blocked, m.Count, m.Created, m.Detached, m.Dropped)
 	return m
 }

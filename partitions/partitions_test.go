@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -18,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/inboxkeeper/inboxkeeper/holds"
+	"github.com/inboxkeeper/inboxkeeper/inbox"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
@@ -32,7 +32,9 @@ var t0 = time.Date(2026, 6, 15, 12, 0, 0, 0, time.UTC)
 
 func pinned(t time.Time) func() time.Time { return func() time.Time { return t } }
 
-// parentDDL is the recommended partitioned layout with no partitions yet.
+// parentDDL is a partitioned inbox with no partitions yet: the columns of
+// the recommended layout (inbox.PartitionedDDL) the manager reads, and no
+// others, so that the tests' rows stay short to write.
 const parentDDL = `
 CREATE TABLE public.consumer_inbox (
     consumer       text        NOT NULL,
@@ -64,9 +66,7 @@ type fixture struct {
 
 func setup(t *testing.T, ddl, pol string) fixture {
 	t.Helper()
-	pool, url := pgtest.NewPool(t)
-	pgtest.Migrate(t, url)
-	pgtest.Exec(t, pool, ddl)
+	pool, url := pgtest.NewMigratedPool(t, ddl)
 	return fixture{pool: pool, url: url, table: pgtest.Resolve(t, pool, pol)[0]}
 }
 
@@ -132,20 +132,24 @@ func wantNames(t *testing.T, got []string, want ...string) {
 	}
 }
 
+// premadeAtT0 are the months a pass at t0 makes: now + max_expiry (60d)
+// falls in August, and premake (3) adds three more, up to November.
+var premadeAtT0 = []string{
+	"consumer_inbox_p202606 [2026-06-01, 2026-07-01)",
+	"consumer_inbox_p202607 [2026-07-01, 2026-08-01)",
+	"consumer_inbox_p202608 [2026-08-01, 2026-09-01)",
+	"consumer_inbox_p202609 [2026-09-01, 2026-10-01)",
+	"consumer_inbox_p202610 [2026-10-01, 2026-11-01)",
+	"consumer_inbox_p202611 [2026-11-01, 2026-12-01)",
+}
+
 func TestPremakeFromEmpty(t *testing.T) {
 	t.Parallel()
 	f := setup(t, parentDDL, policyText("0"))
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg)
 	res := f.pass(t, Options{Clock: pinned(t0), Metrics: m})
-	// now + 60d is in August; three more months make it November.
-	wantNames(t, f.names(t),
-		"consumer_inbox_p202606 [2026-06-01, 2026-07-01)",
-		"consumer_inbox_p202607 [2026-07-01, 2026-08-01)",
-		"consumer_inbox_p202608 [2026-08-01, 2026-09-01)",
-		"consumer_inbox_p202609 [2026-09-01, 2026-10-01)",
-		"consumer_inbox_p202610 [2026-10-01, 2026-11-01)",
-		"consumer_inbox_p202611 [2026-11-01, 2026-12-01)")
+	wantNames(t, f.names(t), premadeAtT0...)
 	if len(res.Created) != 6 {
 		t.Fatalf("created %v", res.Created)
 	}
@@ -427,18 +431,7 @@ CREATE TABLE public.consumer_inbox_p202604 PARTITION OF public.consumer_inbox FO
 		t.Fatal(err)
 	}
 
-	reader, err := pgx.Connect(ctx, f.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer reader.Close(ctx)
-	rtx, err := reader.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := rtx.Exec(ctx, "SELECT count(*) FROM public.consumer_inbox"); err != nil {
-		t.Fatal(err)
-	}
+	rtx := pgtest.Lock(t, pgtest.Connect(t, f.url), "SELECT count(*) FROM public.consumer_inbox")
 	res := f.pass(t, Options{Clock: pinned(t0), MaxRetries: 1})
 	if len(res.Blocked) != 2 || res.Blocked[0].Reason != "lock_timeout" || res.Blocked[0].Partition != "public.consumer_inbox_p202604" ||
 		res.Blocked[1].Reason != "lock_timeout" || !strings.Contains(res.Blocked[1].Detail, "waits for the interrupted detach of public.consumer_inbox_p202604") {
@@ -486,11 +479,11 @@ func TestDetachRecordedBeforeDeath(t *testing.T) {
 
 func TestHandMadePartitionsWithOtherNames(t *testing.T) {
 	t.Parallel()
-	ddl, err := os.ReadFile("../inbox/testdata/inbox_partitioned.sql")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := setup(t, string(ddl), `tables:
+	// The recommended layout with partitions made by hand, named as the
+	// manager would not name them.
+	f := setup(t, inbox.PartitionedDDL+`
+CREATE TABLE public.consumer_inbox_p1 PARTITION OF public.consumer_inbox FOR VALUES FROM ('2020-01-01') TO ('2026-07-01');
+CREATE TABLE public.consumer_inbox_p2 PARTITION OF public.consumer_inbox FOR VALUES FROM ('2026-07-01') TO ('2030-01-01');`, `tables:
   - table: public.consumer_inbox
     key: [consumer, message_id]
     scope: consumer
@@ -540,13 +533,7 @@ func TestTwoInstances(t *testing.T) {
 		created += len(r[0].Created)
 		dropped += len(r[0].Dropped)
 	}
-	wantNames(t, f.names(t),
-		"consumer_inbox_p202606 [2026-06-01, 2026-07-01)",
-		"consumer_inbox_p202607 [2026-07-01, 2026-08-01)",
-		"consumer_inbox_p202608 [2026-08-01, 2026-09-01)",
-		"consumer_inbox_p202609 [2026-09-01, 2026-10-01)",
-		"consumer_inbox_p202610 [2026-10-01, 2026-11-01)",
-		"consumer_inbox_p202611 [2026-11-01, 2026-12-01)")
+	wantNames(t, f.names(t), premadeAtT0...)
 	if created != 6 || dropped != 1 {
 		t.Fatalf("created %d (want 6) and dropped %d (want 1) across instances", created, dropped)
 	}

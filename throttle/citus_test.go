@@ -19,36 +19,23 @@ func TestCitusLockWatchSeesWaitsOnWorkers(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool, url := pgtest.NewCitusPool(t)
-	pgtest.Exec(t, pool, `CREATE TABLE public.consumer_inbox (consumer text, message_id text, payload text, PRIMARY KEY (consumer, message_id));
-SET citus.shard_count = 2; SELECT create_distributed_table('public.consumer_inbox', 'consumer');
+	pgtest.Exec(t, pool, `CREATE TABLE public.consumer_inbox (consumer text, message_id text, payload text, PRIMARY KEY (consumer, message_id));`+
+		pgtest.Distribute("consumer", "public.consumer_inbox")+`
 INSERT INTO public.consumer_inbox VALUES ('c', 'm1', 'x')`)
 	th := throttle.New(pool, throttle.Config{}, nil, nil)
 
-	holder, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Close(ctx)
-	tx, err := holder.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := pgtest.Begin(t, pgtest.Connect(t, url))
 	var pid uint32
 	var start time.Time
 	if err := tx.QueryRow(ctx, "SELECT pg_backend_pid(), now()").Scan(&pid, &start); err != nil {
 		t.Fatal(err)
 	}
 	pgtest.Exec(t, tx, "DELETE FROM public.consumer_inbox WHERE consumer = 'c' AND message_id = 'm1'")
-	sleeping := make(chan error, 1)
-	go func() {
-		_, err := tx.Exec(ctx, "SELECT pg_sleep(60)")
-		sleeping <- err
-	}()
-	waiter := make(chan error, 1)
-	go func() {
+	sleeping := inBackground(func() error { _, err := tx.Exec(ctx, "SELECT pg_sleep(60)"); return err })
+	waiter := inBackground(func() error {
 		_, err := pool.Exec(ctx, "UPDATE public.consumer_inbox SET payload = 'mine' WHERE consumer = 'c' AND message_id = 'm1'")
-		waiter <- err
-	}()
+		return err
+	})
 	pgtest.WaitFor(t, 30*time.Second, "the waiter to wait on the holder's lock on a worker", func() bool {
 		var n int
 		_ = pool.QueryRow(ctx, "SELECT count(*) FROM citus_lock_waits").Scan(&n)
@@ -64,22 +51,12 @@ INSERT INTO public.consumer_inbox VALUES ('c', 'm1', 'x')`)
 	if !blocked() {
 		t.Fatal("the wait on the worker was not seen")
 	}
-	select {
-	case err := <-sleeping:
-		if err == nil {
-			t.Error("the blocking transaction was not cancelled")
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("the blocking transaction was not cancelled")
+	if err := receive(t, sleeping, "the blocking transaction to be cancelled"); err == nil {
+		t.Error("the blocking transaction was not cancelled")
 	}
 	_ = tx.Rollback(ctx)
-	select {
-	case err := <-waiter:
-		if err != nil {
-			t.Errorf("the application's update: %v", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("the application's update still waits")
+	if err := receive(t, waiter, "the application's update"); err != nil {
+		t.Errorf("the application's update: %v", err)
 	}
 }
 
@@ -99,11 +76,11 @@ func TestCitusWorkerStandby(t *testing.T) {
 	standbyURL := standby.URL(cfg.Database)
 	th := startThrottle(t, pool, throttle.Config{ReplicaURLs: []string{standbyURL}, MaxReplicaLag: time.Second, HeartbeatInterval: 100 * time.Millisecond})
 	pgtest.WaitFor(t, 30*time.Second, "the worker's standby to apply a heartbeat", func() bool { return !th.Check().Throttled })
-	exec(t, standbyURL, "SELECT pg_wal_replay_pause()")
+	pgtest.ExecOn(t, standbyURL, "SELECT pg_wal_replay_pause()")
 	pgtest.WaitFor(t, 30*time.Second, "the throttle to see the worker's standby lag", func() bool { return th.Check().Throttled })
 	if k := th.Check().Kind; k != throttle.ReplicaLag {
 		t.Errorf("throttled for %q, want %q (%s)", k, throttle.ReplicaLag, th.Check().Reason)
 	}
-	exec(t, standbyURL, "SELECT pg_wal_replay_resume()")
+	pgtest.ExecOn(t, standbyURL, "SELECT pg_wal_replay_resume()")
 	pgtest.WaitFor(t, 30*time.Second, "the throttle to resume", func() bool { return !th.Check().Throttled })
 }

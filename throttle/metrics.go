@@ -4,6 +4,8 @@ import (
 	"math"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/daemonmetrics"
 )
 
 // Metrics are the throttle's Prometheus metrics.
@@ -21,40 +23,15 @@ type Metrics struct {
 // NewMetrics creates the metrics and registers them on reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
-		Throttled: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "inboxkeeper_throttled",
-			Help: "1 while the deleter waits because of this reason (the first signal over its threshold), else 0.",
-		}, []string{"reason"}),
-		ThrottledSeconds: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "inboxkeeper_throttled_seconds_total",
-			Help: "Seconds the deleter spent waiting, by reason.",
-		}, []string{"reason"}),
-		ReplicaLagSeconds: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "inboxkeeper_replica_lag_seconds",
-			Help: "Apply lag of a standby: from the heartbeat for listed standbys (host:port), replay_lag for the others (walsender NAME). +Inf when unknown.",
-		}, []string{"replica"}),
-		ReplicaLagBytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "inboxkeeper_replica_lag_bytes",
-			Help: "WAL bytes between the primary's current position and a standby's replay position (pg_stat_replication).",
-		}, []string{"replica"}),
-		SlotLagBytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "inboxkeeper_slot_lag_bytes",
-			Help: "WAL bytes between the primary's current position and a logical slot's confirmed_flush_lsn.",
-		}, []string{"slot"}),
-		LockWaits: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "inboxkeeper_lock_waits_total",
-			Help: "Batches cancelled because another session waited on a lock they held.",
-		}),
-		WALWindow: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "inboxkeeper_wal_window_bytes",
-			Help: "The WAL window of the tightest streaming standby at the last batch: a batch starts only when the bytes it has not replayed plus the batch's predicted WAL fit in it. 0 when no standby streams.",
-		}),
-		ApplyRate: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "inboxkeeper_replica_apply_rate_bytes_per_second",
-			Help: "A streaming standby's apply rate (walsender NAME), measured from replay_lsn progress while it has a backlog; a lower bound from its recent progress until then.",
-		}, []string{"replica"}),
+		Throttled:         daemonmetrics.GaugeVec(reg, "inboxkeeper_throttled", "1 while the deleter waits because of this reason (the first signal over its threshold), else 0.", "reason"),
+		ThrottledSeconds:  daemonmetrics.CounterVec(reg, "inboxkeeper_throttled_seconds_total", "Seconds the deleter spent waiting, by reason.", "reason"),
+		ReplicaLagSeconds: daemonmetrics.GaugeVec(reg, "inboxkeeper_replica_lag_seconds", "Apply lag of a standby: from the heartbeat for listed standbys (host:port), replay_lag for the others (walsender NAME). +Inf when unknown.", "replica"),
+		ReplicaLagBytes:   daemonmetrics.GaugeVec(reg, "inboxkeeper_replica_lag_bytes", "WAL bytes between the primary's current position and a standby's replay position (pg_stat_replication).", "replica"),
+		SlotLagBytes:      daemonmetrics.GaugeVec(reg, "inboxkeeper_slot_lag_bytes", "WAL bytes between the primary's current position and a logical slot's confirmed_flush_lsn.", "slot"),
+		LockWaits:         daemonmetrics.Counter(reg, "inboxkeeper_lock_waits_total", "Batches cancelled because another session waited on a lock they held."),
+		WALWindow:         daemonmetrics.Gauge(reg, "inboxkeeper_wal_window_bytes", "The WAL window of the tightest streaming standby at the last batch: a batch starts only when the bytes it has not replayed plus the batch's predicted WAL fit in it. 0 when no standby streams."),
+		ApplyRate:         daemonmetrics.GaugeVec(reg, "inboxkeeper_replica_apply_rate_bytes_per_second", "A streaming standby's apply rate (walsender NAME), measured from replay_lsn progress while it has a backlog; a lower bound from its recent progress until then.", "replica"),
 	}
-	reg.MustRegister(m.Throttled, m.ThrottledSeconds, m.ReplicaLagSeconds, m.ReplicaLagBytes, m.SlotLagBytes, m.LockWaits, m.WALWindow, m.ApplyRate)
 	for _, k := range Kinds {
 		m.Throttled.WithLabelValues(k).Set(0)
 		m.ThrottledSeconds.WithLabelValues(k).Add(0)

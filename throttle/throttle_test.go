@@ -7,15 +7,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxkeeper/inboxkeeper/expiry"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
-	"github.com/inboxkeeper/inboxkeeper/internal/policy"
 	"github.com/inboxkeeper/inboxkeeper/internal/stop"
-	"github.com/inboxkeeper/inboxkeeper/migrations"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
 )
 
@@ -36,35 +33,16 @@ CREATE INDEX ON public.consumer_inbox (remember_until);`
 
 func newEnv(t *testing.T, url string, rows int, extraDDL string) env {
 	t.Helper()
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	if _, err := migrations.Migrate(ctx, conn); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conn.Exec(ctx, inboxDDL+extraDDL); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conn.Exec(ctx, `INSERT INTO public.consumer_inbox
-SELECT 'c', 'm' || i, repeat('x', 200), now() - interval '1 day' + i * interval '1 millisecond' FROM generate_series(1, $1) i`, rows); err != nil {
-		t.Fatal(err)
-	}
-	pool, err := pgxpool.New(ctx, url)
+	pgtest.Migrate(t, url)
+	pgtest.ExecOn(t, url, inboxDDL+extraDDL)
+	pgtest.ExecOn(t, url, `INSERT INTO public.consumer_inbox
+SELECT 'c', 'm' || i, repeat('x', 200), now() - interval '1 day' + i * interval '1 millisecond' FROM generate_series(1, $1) i`, rows)
+	pool, err := pgxpool.New(context.Background(), url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	p, err := policy.Parse([]byte("tables:\n  - table: public.consumer_inbox\n    key: [consumer, message_id]\n    expires_at: remember_until\n"), "t.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	tbl, err := catalog.Resolve(ctx, pool, p.Tables[0])
-	if err != nil {
-		t.Fatal(err)
-	}
+	tbl := pgtest.Resolve(t, pool, "tables:\n  - table: public.consumer_inbox\n    key: [consumer, message_id]\n    expires_at: remember_until\n")[0]
 	return env{url: url, pool: pool, table: tbl}
 }
 
@@ -85,16 +63,23 @@ func startThrottle(t *testing.T, pool *pgxpool.Pool, cfg throttle.Config) *throt
 	return th
 }
 
-func exec(t *testing.T, url, sql string) {
+// inBackground runs f in a goroutine of its own and hands its error on.
+func inBackground(f func() error) <-chan error {
+	ch := make(chan error, 1)
+	go func() { ch <- f() }()
+	return ch
+}
+
+// receive is the error f of inBackground returned, failing the test when
+// f has not returned within 30 s; what names what the test waits for.
+func receive(t *testing.T, ch <-chan error, what string) error {
 	t.Helper()
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, sql); err != nil {
-		t.Fatalf("%s: %v", sql, err)
+	select {
+	case err := <-ch:
+		return err
+	case <-time.After(30 * time.Second):
+		t.Fatalf("timed out waiting for %s", what)
+		return nil
 	}
 }
 
@@ -128,14 +113,14 @@ func TestReplicaLagStopsTheDeleter(t *testing.T) {
 	batches := func() int { mu.Lock(); defer mu.Unlock(); return len(batchEnds) }
 	pgtest.WaitFor(t, 30*time.Second, "the first batches", func() bool { return batches() >= 3 })
 
-	exec(t, standby.URL("postgres"), "SELECT pg_wal_replay_pause()")
+	pgtest.ExecOn(t, standby.URL("postgres"), "SELECT pg_wal_replay_pause()")
 	paused := time.Now()
 	pgtest.WaitFor(t, 30*time.Second, "the throttle to see the lag", func() bool { return th.State().Throttled })
 	if k := th.State().Kind; k != throttle.ReplicaLag {
 		t.Errorf("throttled for %q, want %q (%s)", k, throttle.ReplicaLag, th.State().Reason)
 	}
 	during := batches()
-	exec(t, standby.URL("postgres"), "SELECT pg_wal_replay_resume()")
+	pgtest.ExecOn(t, standby.URL("postgres"), "SELECT pg_wal_replay_resume()")
 	resumed := time.Now()
 	res := <-done
 	if res.Err != nil || res.Deleted != 20000 {
@@ -176,6 +161,16 @@ func TestStoppedStandbyFailsClosedOrOpen(t *testing.T) {
 		t.Fatal(err)
 	}
 	pgtest.WaitFor(t, 30*time.Second, "fail closed", func() bool { return closed.Check().Kind == throttle.ReplicaUnreachable })
+	// The two throttles probe on their own clocks: the open one may see the
+	// standby gone a probe later than the closed one.
+	pgtest.WaitFor(t, 30*time.Second, "the open throttle to see the standby unreachable", func() bool {
+		for _, r := range open.Readings() {
+			if r.Kind == throttle.ReplicaUnreachable {
+				return true
+			}
+		}
+		return false
+	})
 	if s := open.Check(); s.Throttled {
 		t.Errorf("fail open throttled anyway: %s", s.Reason)
 	}
@@ -198,12 +193,12 @@ func TestLogicalSlotLag(t *testing.T) {
 	t.Parallel()
 	c := pgtest.NewCluster(t)
 	e := newEnv(t, c.URL("postgres"), 10, "")
-	exec(t, e.url, "SELECT pg_create_logical_replication_slot('cdc', 'test_decoding')")
+	pgtest.ExecOn(t, e.url, "SELECT pg_create_logical_replication_slot('cdc', 'test_decoding')")
 	th := startThrottle(t, e.pool, throttle.Config{MaxSlotLagBytes: 1 << 20, StatsInterval: 50 * time.Millisecond})
 	if s := th.Check(); s.Throttled {
 		t.Fatalf("throttled before any WAL: %s", s.Reason)
 	}
-	exec(t, e.url, "CREATE TABLE filler AS SELECT md5(i::text) AS f FROM generate_series(1, 50000) i") // ~5 MB of WAL
+	pgtest.ExecOn(t, e.url, "CREATE TABLE filler AS SELECT md5(i::text) AS f FROM generate_series(1, 50000) i") // ~5 MB of WAL
 	pgtest.WaitFor(t, 30*time.Second, "slot lag to throttle", func() bool { return th.Check().Kind == throttle.SlotLag })
 	if !strings.Contains(th.Check().Reason, "cdc") {
 		t.Errorf("reason %q does not name the slot", th.Check().Reason)
@@ -211,7 +206,7 @@ func TestLogicalSlotLag(t *testing.T) {
 	// The CDC consumer reads (and confirms) everything, and keeps reading
 	// what autovacuum writes meanwhile, as a real one would.
 	pgtest.WaitFor(t, 30*time.Second, "the slot to catch up", func() bool {
-		exec(t, e.url, "SELECT count(*) FROM pg_logical_slot_get_changes('cdc', NULL, NULL)")
+		pgtest.ExecOn(t, e.url, "SELECT count(*) FROM pg_logical_slot_get_changes('cdc', NULL, NULL)")
 		return !th.Check().Throttled
 	})
 }
@@ -351,9 +346,9 @@ func TestCustomQuery(t *testing.T) {
 	if th.Check().Throttled {
 		t.Fatal("throttled at 0")
 	}
-	exec(t, url, "UPDATE busy SET n = 3")
+	pgtest.ExecOn(t, url, "UPDATE busy SET n = 3")
 	pgtest.WaitFor(t, 10*time.Second, "the query to throttle", func() bool { return th.Check().Kind == throttle.CustomQuery })
-	exec(t, url, "UPDATE busy SET n = 0")
+	pgtest.ExecOn(t, url, "UPDATE busy SET n = 0")
 	pgtest.WaitFor(t, 10*time.Second, "the query to release", func() bool { return !th.Check().Throttled })
 
 	broken := startThrottle(t, e.pool, throttle.Config{Query: "SELECT nope FROM busy"})
@@ -378,13 +373,13 @@ func TestUnlistedStandbyBytesBehind(t *testing.T) {
 		}
 		return false
 	})
-	exec(t, standby.URL("postgres"), "SELECT pg_wal_replay_pause()")
-	exec(t, e.url, "CREATE TABLE filler AS SELECT md5(i::text) AS f FROM generate_series(1, 50000) i") // ~5 MB of WAL
+	pgtest.ExecOn(t, standby.URL("postgres"), "SELECT pg_wal_replay_pause()")
+	pgtest.ExecOn(t, e.url, "CREATE TABLE filler AS SELECT md5(i::text) AS f FROM generate_series(1, 50000) i") // ~5 MB of WAL
 	pgtest.WaitFor(t, 30*time.Second, "the bytes behind to throttle", func() bool { return th.Check().Kind == throttle.ReplicaLagBytes })
 	if !strings.Contains(th.Check().Reason, "walsender") {
 		t.Errorf("reason %q does not name the walsender", th.Check().Reason)
 	}
-	exec(t, standby.URL("postgres"), "SELECT pg_wal_replay_resume()")
+	pgtest.ExecOn(t, standby.URL("postgres"), "SELECT pg_wal_replay_resume()")
 	pgtest.WaitFor(t, 30*time.Second, "the standby to catch up", func() bool { return !th.Check().Throttled })
 }
 
@@ -419,7 +414,7 @@ func TestWindowHoldsBatches(t *testing.T) {
 		p := th.Paces()
 		return len(p) == 1 && p[0].Behind < 64<<10
 	})
-	exec(t, standby.URL("postgres"), "SELECT pg_wal_replay_pause()")
+	pgtest.ExecOn(t, standby.URL("postgres"), "SELECT pg_wal_replay_pause()")
 
 	d := expiry.New(e.pool, []*catalog.Table{e.table}, expiry.Options{BatchSize: 200, Throttle: th,
 		Sizing: &expiry.Sizing{Min: 50, Max: 2000, Target: time.Second}})
@@ -449,7 +444,7 @@ func TestWindowHoldsBatches(t *testing.T) {
 	if behind > 2*h.Window {
 		t.Errorf("the standby is %.0f bytes behind, more than twice the window %.0f", behind, h.Window)
 	}
-	exec(t, standby.URL("postgres"), "SELECT pg_wal_replay_resume()")
+	pgtest.ExecOn(t, standby.URL("postgres"), "SELECT pg_wal_replay_resume()")
 	res := <-done
 	if res.Err != nil || res.Deleted != 40000 {
 		t.Fatalf("pass: %+v", res)
@@ -477,20 +472,13 @@ func TestLockWatchCancelsOnlyTheWatchedTransaction(t *testing.T) {
 	ctx := context.Background()
 	th := throttle.New(e.pool, throttle.Config{}, nil, nil)
 
-	holder, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Close(ctx)
+	holder := pgtest.Connect(t, url)
 	var pid uint32
 	var stale time.Time
 	if err := holder.QueryRow(ctx, "SELECT pg_backend_pid(), now()").Scan(&pid, &stale); err != nil {
 		t.Fatal(err)
 	}
-	tx, err := holder.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := pgtest.Begin(t, holder)
 	var start time.Time
 	if err := tx.QueryRow(ctx, "SELECT now()").Scan(&start); err != nil {
 		t.Fatal(err)
@@ -498,19 +486,12 @@ func TestLockWatchCancelsOnlyTheWatchedTransaction(t *testing.T) {
 	if start.Equal(stale) {
 		t.Fatal("the two transactions share a start time")
 	}
-	if _, err := tx.Exec(ctx, "UPDATE public.consumer_inbox SET payload = 'held' WHERE message_id = 'm1'"); err != nil {
-		t.Fatal(err)
-	}
-	sleeping := make(chan error, 1)
-	go func() {
-		_, err := tx.Exec(ctx, "SELECT pg_sleep(60)")
-		sleeping <- err
-	}()
-	waiter := make(chan error, 1)
-	go func() {
+	pgtest.Exec(t, tx, "UPDATE public.consumer_inbox SET payload = 'held' WHERE message_id = 'm1'")
+	sleeping := inBackground(func() error { _, err := tx.Exec(ctx, "SELECT pg_sleep(60)"); return err })
+	waiter := inBackground(func() error {
 		_, err := e.pool.Exec(ctx, "UPDATE public.consumer_inbox SET payload = 'mine' WHERE message_id = 'm1'")
-		waiter <- err
-	}()
+		return err
+	})
 	pgtest.WaitFor(t, 30*time.Second, "the waiter to wait on the holder's lock", func() bool {
 		var n int
 		_ = e.pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))", int32(pid)).Scan(&n)
@@ -539,21 +520,11 @@ func TestLockWatchCancelsOnlyTheWatchedTransaction(t *testing.T) {
 	if !blocked() {
 		t.Error("the watched transaction was not reported as blocking")
 	}
-	select {
-	case err := <-sleeping:
-		if err == nil || !strings.Contains(err.Error(), "57014") {
-			t.Errorf("holder's statement ended with %v, want a cancel (57014)", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("the watched transaction was not cancelled")
+	if err := receive(t, sleeping, "the watched transaction to be cancelled"); err == nil || !strings.Contains(err.Error(), "57014") {
+		t.Errorf("holder's statement ended with %v, want a cancel (57014)", err)
 	}
 	_ = tx.Rollback(ctx)
-	select {
-	case err := <-waiter:
-		if err != nil {
-			t.Errorf("waiter: %v", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("the waiter never got its lock")
+	if err := receive(t, waiter, "the waiter to get its lock"); err != nil {
+		t.Errorf("waiter: %v", err)
 	}
 }

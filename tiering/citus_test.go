@@ -12,22 +12,14 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 )
 
-// distributeDDL distributes the inbox and its side table on consumer,
-// co-located (4 shards over the workers).
-const distributeDDL = `SET citus.shard_count = 4;
-SELECT create_distributed_table('public.inbox', 'consumer');
-SELECT create_distributed_table('public.inbox_payload', 'consumer', colocate_with => 'public.inbox')`
-
 // setupCitus is setup on a Citus coordinator: the inbox and side table
 // distributed on consumer, the permanent key table created by
 // EnsureKeyTable.
 func setupCitus(t *testing.T, pol string) fixture {
 	t.Helper()
 	ctx := context.Background()
-	pool, url := pgtest.NewCitusPool(t)
-	pgtest.Migrate(t, url)
-	pgtest.Exec(t, pool, inboxDDL)
-	pgtest.Exec(t, pool, distributeDDL)
+	// The inbox and its side table distributed on consumer, co-located.
+	pool, _ := pgtest.NewMigratedCitusPool(t, inboxDDL, pgtest.Distribute("consumer", "public.inbox", "public.inbox_payload"))
 	ct := resolve(t, pool, pol)
 	if !ct.Distributed() {
 		t.Fatalf("public.inbox not seen as distributed")
@@ -87,11 +79,7 @@ WHERE k.logicalrelid = 'inboxkeeper.keys_public_inbox'::regclass AND i.logicalre
 				t.Errorf("key table hash-distributed on consumer and co-located with the inbox: %v, %v", colocated, err)
 			}
 			// The key table takes keys as the partitions feature writes them.
-			tx, err := f.pool.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer tx.Rollback(ctx)
+			tx := pgtest.Begin(t, f.pool)
 			n, err := CopyPermanentKeys(ctx, tx, f.table, "public.inbox")
 			if err != nil || n != 55 {
 				t.Errorf("CopyPermanentKeys on Citus: %d, %v; want 55", n, err)
@@ -118,12 +106,7 @@ func TestDemotionOnCitusMeetsLockedRow(t *testing.T) {
 	ctx := context.Background()
 	f := setupCitus(t, sidePolicy)
 	f.insert(t, "a", 10, t0.Add(-10*24*time.Hour), time.Hour)
-	app, err := f.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer app.Rollback(ctx)
-	pgtest.Exec(t, app, `SELECT 1 FROM public.inbox_payload WHERE consumer = 'a' AND message_id = 'a-0' FOR UPDATE`)
+	app := pgtest.Lock(t, f.pool, `SELECT 1 FROM public.inbox_payload WHERE consumer = 'a' AND message_id = 'a-0' FOR UPDATE`)
 
 	began := time.Now()
 	res, err := New(f.pool, f.tables(), Options{Clock: pinned(t0), LockTimeout: 100 * time.Millisecond, MaxRetries: 1}).RunPass(ctx)

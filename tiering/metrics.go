@@ -1,6 +1,10 @@
 package tiering
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/daemonmetrics"
+)
 
 // Metrics are the tiering metrics. Labels are table names from the policy
 // file and the fixed tier names, so their number is bounded.
@@ -16,15 +20,8 @@ type Metrics struct {
 // NewMetrics creates the metrics and registers them on reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
-		RowsDemoted: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "inboxkeeper_rows_demoted_total",
-			Help: "Rows demoted, by the tier they went to: warm (payload emptied or its side-table row deleted), permanent (a permanent key written as the row was deleted).",
-		}, []string{"table", "tier"}),
-		TierRows: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "inboxkeeper_tier_rows",
-			Help: "Estimated rows per tier (hot, warm, permanent), from the planner's statistics.",
-		}, []string{"table", "tier"}),
+		RowsDemoted: daemonmetrics.CounterVec(reg, "inboxkeeper_rows_demoted_total", "Rows demoted, by the tier they went to: warm (payload emptied or its side-table row deleted), permanent (a permanent key written as the row was deleted).", "table", "tier"),
+		TierRows:    daemonmetrics.GaugeVec(reg, "inboxkeeper_tier_rows", "Estimated rows per tier (hot, warm, permanent), from the planner's statistics.", "table", "tier"),
 	}
-	reg.MustRegister(m.RowsDemoted, m.TierRows)
 	return m
 }

@@ -84,9 +84,7 @@ func resolve(t *testing.T, pool *pgxpool.Pool, pol string) *catalog.Table {
 func setup(t *testing.T, ddl, pol string) fixture {
 	t.Helper()
 	ctx := context.Background()
-	pool, url := pgtest.NewPool(t)
-	pgtest.Migrate(t, url)
-	pgtest.Exec(t, pool, ddl)
+	pool, _ := pgtest.NewMigratedPool(t, ddl)
 	ct := resolve(t, pool, pol)
 	if _, err := EnsureKeyTable(ctx, pool, ct); err != nil {
 		t.Fatal(err)
@@ -553,21 +551,14 @@ func TestMetricsAndMeasure(t *testing.T) {
 func TestEnsureKeyTableWithoutPrivilege(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, url := pgtest.NewPool(t)
-	pgtest.Migrate(t, url)
-	pgtest.Exec(t, pool, inboxDDL)
+	pool, _ := pgtest.NewMigratedPool(t, inboxDDL)
 	ct := resolve(t, pool, inPlacePolicy)
 	role := fmt.Sprintf("ik_tiering_%d", time.Now().UnixNano()%1e9)
 	pgtest.Exec(t, pool, "CREATE ROLE "+role+" NOLOGIN")
 	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP OWNED BY "+role+"; DROP ROLE "+role) })
 	pgtest.Exec(t, pool, "GRANT USAGE ON SCHEMA inboxkeeper TO "+role)
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	pgtest.Exec(t, tx, "SET LOCAL ROLE "+role)
-	_, err = EnsureKeyTable(ctx, tx, ct)
+	tx := pgtest.Lock(t, pool, "SET LOCAL ROLE "+role)
+	_, err := EnsureKeyTable(ctx, tx, ct)
 	if !errors.Is(err, ErrKeyTable) || !strings.Contains(err.Error(), "inboxkeeper.keys_public_inbox") || !strings.Contains(err.Error(), "inboxkeeper migrate") ||
 		!strings.Contains(err.Error(), "CREATE TABLE IF NOT EXISTS") {
 		t.Errorf("EnsureKeyTable without CREATE: %v", err)

@@ -290,15 +290,110 @@ func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 // Migrate creates inboxkeeper's control schema in the database at url.
 func Migrate(t testing.TB, url string) {
 	t.Helper()
+	withConn(t, url, func(conn *pgx.Conn) {
+		if _, err := migrations.Migrate(context.Background(), conn); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// NewMigratedPool is NewPool with the control schema migrated, then each of
+// sql run: the start of most tests that run the daemon against a table.
+func NewMigratedPool(t testing.TB, sql ...string) (*pgxpool.Pool, string) {
+	t.Helper()
+	pool, url := NewPool(t)
+	migrateAndExec(t, pool, url, sql)
+	return pool, url
+}
+
+func migrateAndExec(t testing.TB, pool *pgxpool.Pool, url string, sql []string) {
+	t.Helper()
+	Migrate(t, url)
+	for _, s := range sql {
+		Exec(t, pool, s)
+	}
+}
+
+// Connect opens a connection of its own to url, closed at the end of the
+// test: a session apart from the pool (one that holds locks, reads on a
+// worker or a standby).
+func Connect(t testing.TB, url string) *pgx.Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatalf("pgtest: connect: %v", err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+// ExecOn runs sql on a connection of its own to url, for a server the test
+// has no pool on (a standby, a worker).
+func ExecOn(t testing.TB, url, sql string, args ...any) {
+	t.Helper()
+	withConn(t, url, func(conn *pgx.Conn) { Exec(t, conn, sql, args...) })
+}
+
+// withConn runs f on a connection to url that is closed as soon as f
+// returns, so that no session of the test's own lingers in the views the
+// test reads.
+func withConn(t testing.TB, url string, f func(*pgx.Conn)) {
+	t.Helper()
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("pgtest: connect: %v", err)
 	}
 	defer conn.Close(ctx)
-	if _, err := migrations.Migrate(ctx, conn); err != nil {
-		t.Fatal(err)
+	f(conn)
+}
+
+// Beginner is what a transaction starts on: a pool, a connection.
+type Beginner interface {
+	Begin(context.Context) (pgx.Tx, error)
+}
+
+// Begin starts a transaction on db. One the test has not ended is rolled
+// back at the end of the test, so that a failing test leaves no lock behind.
+func Begin(t testing.TB, db Beginner) pgx.Tx {
+	t.Helper()
+	tx, err := db.Begin(context.Background())
+	if err != nil {
+		t.Fatalf("pgtest: begin: %v", err)
 	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	return tx
+}
+
+// Lock starts a transaction on db that runs sql (a SELECT ... FOR UPDATE, an
+// UPDATE) and so holds its locks until the test commits or rolls it back:
+// the application session a test makes the daemon meet.
+func Lock(t testing.TB, db Beginner, sql string, args ...any) pgx.Tx {
+	t.Helper()
+	tx := Begin(t, db)
+	Exec(t, tx, sql, args...)
+	return tx
+}
+
+// Querier reads one row: a pool, a connection, a transaction.
+type Querier interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}
+
+// WaitForLockWait waits until a session of the test's database in view
+// (pg_stat_activity, or citus_stat_activity for every node of a Citus
+// cluster) waits on a lock while running a statement LIKE query
+// (case-insensitive). The database filter keeps out parallel tests.
+func WaitForLockWait(t testing.TB, db Querier, view, query, what string) {
+	t.Helper()
+	WaitFor(t, 30*time.Second, what, func() bool {
+		var waiting bool
+		_ = db.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM `+view+`
+WHERE datname = current_database() AND wait_event_type = 'Lock' AND query ILIKE $1)`, query).Scan(&waiting)
+		return waiting
+	})
 }
 
 // Resolve parses a policy file's text and resolves every table in it
@@ -385,3 +480,47 @@ func NewCitusPool(t testing.TB) (*pgxpool.Pool, string) {
 	url := NewCitusDatabase(t)
 	return poolOn(t, url), url
 }
+
+// NewMigratedCitusPool is NewCitusPool with the control schema migrated,
+// then each of sql run on the coordinator.
+func NewMigratedCitusPool(t testing.TB, sql ...string) (*pgxpool.Pool, string) {
+	t.Helper()
+	pool, url := NewCitusPool(t)
+	migrateAndExec(t, pool, url, sql)
+	return pool, url
+}
+
+// CitusWorkerURL is the URL of database db on the worker of the test Citus
+// cluster that listens on port (a nodeport of pg_dist_node), for a session
+// straight on the worker, as an application's router query leaves one.
+func CitusWorkerURL(t testing.TB, port int, db string) string {
+	t.Helper()
+	for _, w := range Citus(t).Workers {
+		if w.Port == port {
+			return w.URL(db)
+		}
+	}
+	t.Fatalf("pgtest: no Citus worker on port %d", port)
+	return ""
+}
+
+// CitusShards is the shard count the tests distribute a table with: two on
+// each worker, so that a batch spans shards on one node and across nodes.
+const CitusShards = 2 * CitusWorkers
+
+// Distribute is the SQL that hash-distributes tables on column in
+// CitusShards shards, every one after the first co-located with the first,
+// as an inbox and its side tables are.
+func Distribute(column string, tables ...string) string {
+	sql := fmt.Sprintf("SET citus.shard_count = %d;", CitusShards)
+	for i, table := range tables {
+		colocate := ""
+		if i > 0 {
+			colocate = ", colocate_with => " + quote(tables[0])
+		}
+		sql += fmt.Sprintf("\nSELECT create_distributed_table(%s, %s%s);", quote(table), quote(column), colocate)
+	}
+	return sql
+}
+
+func quote(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
