@@ -222,19 +222,9 @@ func (d *Deleter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 	}
 	res.Duration = time.Since(start)
 	if res.Err != nil {
-		if ctx.Err() != nil {
-			// A signal, not a failure: the batch in flight rolled back.
-			res.StoppedEarly = stop.AtShutdown
-			log.Info("expiry: table stopped for shutdown", "deleted", res.Deleted, "batches", res.Batches)
-			return res
+		if why := batchloop.LogEnd(ctx, log, "expiry", res.Err, "deleted", res.Deleted, "batches", res.Batches); why.Stopped() {
+			res.StoppedEarly = why
 		}
-		if errors.Is(res.Err, retry.ErrLockWait) {
-			// Yielding to a session that queued behind the batch (a hold
-			// writer, a migration) is the design, not a failure.
-			log.Warn("expiry: table stopped early: a session queued behind the batch, which was cancelled and rolled back", "error", res.Err, "deleted", res.Deleted, "batches", res.Batches)
-			return res
-		}
-		log.Error("expiry: table failed", "error", res.Err, "deleted", res.Deleted, "batches", res.Batches)
 		return res
 	}
 	if d.opts.Metrics != nil && !res.StoppedEarly.Stopped() && !d.opts.DryRun {

@@ -22,7 +22,6 @@ package tiering
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -38,7 +37,6 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
-	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 	"github.com/inboxkeeper/inboxkeeper/internal/stop"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
 )
@@ -162,19 +160,9 @@ func (d *Demoter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 	res.Duration = time.Since(start)
 	log := d.log.With("table", t.Name)
 	if res.Err != nil {
-		if ctx.Err() != nil {
-			// A signal, not a failure: the batch in flight rolled back.
-			res.StoppedEarly = stop.AtShutdown
-			log.Info("tiering: table stopped for shutdown", "demoted", res.Demoted, "batches", res.Batches)
-			return res
+		if why := batchloop.LogEnd(ctx, log, "tiering", res.Err, "demoted", res.Demoted, "batches", res.Batches); why.Stopped() {
+			res.StoppedEarly = why
 		}
-		if errors.Is(res.Err, retry.ErrLockWait) {
-			// Yielding to a session that queued behind the batch (a hold
-			// writer, a migration) is the design, not a failure.
-			log.Warn("tiering: table stopped early: a session queued behind the batch, which was cancelled and rolled back", "error", res.Err, "demoted", res.Demoted, "batches", res.Batches)
-			return res
-		}
-		log.Error("tiering: table failed", "error", res.Err, "demoted", res.Demoted, "batches", res.Batches)
 		return res
 	}
 	verb := "demoted"

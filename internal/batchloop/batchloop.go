@@ -219,6 +219,25 @@ func (l *Loop) withRetry(ctx context.Context, batch Batch, lower pgtype.Timestam
 	return 0, time.Time{}, size, fmt.Errorf("%s batch (%s, after %d retries): %w", l.What, kind, attempts, err)
 }
 
+// LogEnd logs how a table's pass that failed with err ended, for the
+// deleter and the demoter alike (what names them in the message; attrs are
+// their counts so far), and returns stop.AtShutdown when ctx ended it: a
+// signal, not a failure, whose batch in flight rolled back. A lock wait
+// (a session queued behind the batch, which was cancelled) is the design
+// and logs a warning; anything else is an error.
+func LogEnd(ctx context.Context, log *slog.Logger, what string, err error, attrs ...any) stop.Early {
+	switch {
+	case ctx.Err() != nil:
+		log.Info(what+": table stopped for shutdown", attrs...)
+		return stop.AtShutdown
+	case errors.Is(err, retry.ErrLockWait):
+		log.Warn(what+": table stopped early: a session queued behind the batch, which was cancelled and rolled back", append([]any{"error", err}, attrs...)...)
+	default:
+		log.Error(what+": table failed", append([]any{"error", err}, attrs...)...)
+	}
+	return stop.Early{}
+}
+
 // Deadline is when a pass that starts now must stop: RUN_TIME from now, or
 // never (zero) without one.
 func Deadline(runTime time.Duration) time.Time {
