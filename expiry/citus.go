@@ -37,8 +37,8 @@ import (
 // optimisticLockTimeout (the timeouts reach the workers:
 // dbconn.TxSettings.Citus), rolls back, and is halved until it commits
 // without the row; a window down to one due row (or one microsecond) that
-// still meets it steps over its first due row, to just after its expiry. The held row is left
-// for a later pass, as SKIP LOCKED would leave it.
+// still meets it steps over its first due row, to just after its expiry.
+// The held row is left for a later pass, as SKIP LOCKED would leave it.
 
 // maxLockedSteps is how many locked rows one batch steps over before it
 // gives up with the lock timeout (the loop then retries with a smaller
@@ -105,6 +105,8 @@ func (d *Deleter) distributedBatch(ctx context.Context, t *catalog.Table, lower 
 			continue
 		}
 		if retry.Kind(err) != retry.KindLockTimeout {
+			// The loop retries the batch from where it began; windows this
+			// batch already committed stay deleted but go uncounted.
 			return n, lower.Time, wal, err
 		}
 		if !narrowed {
@@ -196,7 +198,7 @@ func (d *Deleter) windowTx(ctx context.Context, t *catalog.Table, lower pgtype.T
 		}
 		start = oldest.Time
 	}
-	if !start.Before(c) && !start.Equal(c) {
+	if start.After(c) {
 		win.setExhausted(true)
 		return windowResult{exhausted: true, upper: start}, nil
 	}
