@@ -26,13 +26,11 @@ type TableStatus struct {
 	Newest     *time.Time
 	Holds      []holds.Hold
 	Replays    []holds.Replay
-	// Citus is the table's distribution when Citus hash-distributes it.
-	Citus *catalog.Distribution
 }
 
 // Status reads the state of table t. It uses the deleter's clock.
 func (d *Deleter) Status(ctx context.Context, t *catalog.Table) (TableStatus, error) {
-	st := TableStatus{Table: t.Name, Citus: t.Citus}
+	st := TableStatus{Table: t.Name}
 	err := d.readTx(ctx, func(tx pgx.Tx) error { return d.status(ctx, tx, t, &st) })
 	return st, err
 }

@@ -62,3 +62,21 @@ func TestCitusRefusedTable(t *testing.T) {
 	wantExit(t, f.run("once"), 2, `distributed on "consumer", which is not one of the key columns`)
 	f.wantCount("rows left", allRows, "SELECT count(*) FROM public.consumer_inbox")
 }
+
+// status names the distribution of a time-partitioned distributed table
+// too, in text and JSON, and once retires its expired month through the
+// coordinator.
+func TestCitusPartitionedStatus(t *testing.T) {
+	t.Parallel()
+	pool, url := pgtest.NewCitusPool(t)
+	f := &fixture{t: t, pool: pool, url: url, dir: t.TempDir()}
+	pgtest.Exec(t, pool, partitionedDDL)
+	pgtest.Exec(t, pool, "SET citus.shard_count = 4; SELECT create_distributed_table('public.consumer_inbox', 'consumer')")
+	f.policy = f.writeFile("inboxkeeper.yaml", partitionedPolicy)
+	wantExit(t, f.run("migrate"), 0)
+	wantExit(t, f.run("status"), 0, "public.consumer_inbox (managed by partition)\n  distributed (Citus):      hash on consumer, 4 shards on 2 nodes")
+	r := f.run("status", "--json")
+	wantExit(t, r, 0, `"distribution_column":"consumer"`)
+	wantExit(t, f.run("once"), 0)
+	f.wantCount("rows left", 1, "SELECT count(*) FROM public.consumer_inbox")
+}

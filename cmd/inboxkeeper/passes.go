@@ -394,7 +394,12 @@ func (a *app) status(ctx context.Context, args []string) error {
 // statusOnce measures and writes the status once; with rates (--watch) it
 // adds each table's rate over the last minute and an ETA.
 func (a *app) statusOnce(ctx context.Context, pool *pgxpool.Pool, tables []*catalog.Table, asJSON bool, w io.Writer, rates rateWindows) error {
-	rep := statusReport{rates: rates}
+	rep := statusReport{rates: rates, citus: map[string]*catalog.Distribution{}}
+	for _, t := range tables {
+		if t.Citus != nil {
+			rep.citus[t.Name] = t.Citus
+		}
+	}
 	var err error
 	if rep.InRecovery, err = dbconn.InRecovery(ctx, pool); err != nil {
 		return err
@@ -524,6 +529,9 @@ func (r statusReport) writeTables(w io.Writer, tables []*catalog.Table) {
 		if s := describeTuning(r.tuning[t.Name]); s != "" && s != describeTuning(r.tuning[settings.Global]) {
 			fmt.Fprintf(w, "  settings:                 %s\n", s)
 		}
+		if d := t.Citus; d != nil {
+			fmt.Fprintf(w, "  distributed (Citus):      %s: %s\n", d, strings.Join(d.Workers, ", "))
+		}
 		for _, st := range r.Tables {
 			if st.Table == t.Name {
 				writeStatus(w, st)
@@ -547,6 +555,8 @@ func (r statusReport) writeTables(w io.Writer, tables []*catalog.Table) {
 
 type statusReport struct {
 	rates rateWindows // status --watch
+	// citus is the distribution of each table Citus hash-distributes.
+	citus map[string]*catalog.Distribution
 	// tuning is every tunable in force and its source, by table ("" for
 	// the global view).
 	tuning     map[string][]settings.Value
@@ -574,11 +584,13 @@ func (r statusReport) JSON(th *throttle.Throttler) map[string]any {
 		tables = append(tables, map[string]any{
 			"table": st.Table, "now": st.Now, "due": st.Due, "due_capped": st.DueCapped,
 			"cleanup_lag_seconds": st.CleanupLag.Seconds(), "oldest_expiry": st.Oldest, "newest_expiry": st.Newest,
-			"holds": holds, "replays": replays, "citus": citusJSON(st.Citus),
+			"holds": holds, "replays": replays, "citus": citusJSON(r.citus[st.Table]),
 		})
 	}
-	for _, r := range r.Partitions {
-		tables = append(tables, partitionJSON(r))
+	for _, p := range r.Partitions {
+		pj := partitionJSON(p)
+		pj["citus"] = citusJSON(r.citus[p.Table])
+		tables = append(tables, pj)
 	}
 	state := th.Check()
 	signals := []map[string]any{}
@@ -625,9 +637,6 @@ func citusJSON(d *catalog.Distribution) any {
 }
 
 func writeStatus(w io.Writer, st expiry.TableStatus) {
-	if d := st.Citus; d != nil {
-		fmt.Fprintf(w, "  distributed (Citus):      %s: %s\n", d, strings.Join(d.Workers, ", "))
-	}
 	due := fmt.Sprintf("%d", st.Due)
 	if st.DueCapped {
 		due = fmt.Sprintf("more than %d (count capped)", st.Due)
