@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inboxkeeper/inboxkeeper/inbox"
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
@@ -25,7 +26,7 @@ import (
 // The plan tests call the command in-process: they need no child process,
 // and most of them no database.
 
-const planTables = "tables:\n" + inboxEntry + `  - table: public."InboxState"
+var planTables = inbox.PlainPolicy + `  - table: public."InboxState"
     key: ["MessageId", "ConsumerId"]
     first_seen: "Delivered"
     expires_after: { column: "Delivered", after: 30d }
@@ -305,7 +306,7 @@ func TestPlanCheckPartitionCoverage(t *testing.T) {
 	t.Parallel()
 	db, url := pgtest.NewPool(t)
 	tables := func(maxExpiry string) string {
-		return "tables:\n" + inboxEntry + "    partitions: {by: month, max_expiry: " + maxExpiry + ", premake: 1}\n"
+		return inbox.PlainPolicy + "    partitions: {by: month, max_expiry: " + maxExpiry + ", premake: 1}\n"
 	}
 	payments := planEntries[:strings.Index(planEntries, "  - scope: masstransit")]
 	e := newPlanEnv(t, tables("30d")+payments)

@@ -26,6 +26,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/inboxkeeper/inboxkeeper/inbox"
 	"github.com/inboxkeeper/inboxkeeper/internal/metricsinfo"
 	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
 	"github.com/inboxkeeper/inboxkeeper/internal/scrape"
@@ -621,33 +622,19 @@ func TestEveryQueryNamesAnExportedMetric(t *testing.T) {
 
 // --- the daemon's own exposition ---
 
-const (
-	liveDDL = `
-CREATE TABLE public.consumer_inbox (
-    consumer       text NOT NULL,
-    message_id     text NOT NULL,
-    event_time     timestamptz,
-    first_seen_at  timestamptz,
-    remember_until timestamptz,
-    PRIMARY KEY (consumer, message_id)
-);
-CREATE INDEX ON public.consumer_inbox (remember_until);
-INSERT INTO public.consumer_inbox
-SELECT 'payments', 'old-' || i, now() - interval '3 days', now() - interval '3 days', now() - interval '1 hour' - i * interval '1 minute'
+var (
+	// liveDDL is the recommended inbox table (inbox.PlainDDL) with 20
+	// expired payments rows and 5 live ones.
+	liveDDL = inbox.PlainDDL + `
+INSERT INTO public.consumer_inbox (consumer, message_id, payload_hash, event_time, first_seen_at, remember_until)
+SELECT 'payments', 'old-' || i, '\x01', now() - interval '3 days', now() - interval '3 days', now() - interval '1 hour' - i * interval '1 minute'
 FROM generate_series(1, 20) i;
-INSERT INTO public.consumer_inbox
-SELECT 'payments', 'new-' || i, now(), now(), now() + interval '1 day'
+INSERT INTO public.consumer_inbox (consumer, message_id, payload_hash, event_time, first_seen_at, remember_until)
+SELECT 'payments', 'new-' || i, '\x01', now(), now(), now() + interval '1 day'
 FROM generate_series(1, 5) i;`
 
 	// A retention record, so that the daemon exports the installed horizons.
-	livePolicy = `tables:
-  - table: public.consumer_inbox
-    key: [consumer, message_id]
-    scope: consumer
-    event_time: event_time
-    first_seen: first_seen_at
-    expires_at: remember_until
-retention:
+	livePolicy = inbox.PlainPolicy + `retention:
   - scope: payments
     table: public.consumer_inbox
     consequence: high
