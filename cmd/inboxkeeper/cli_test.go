@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
+	"github.com/inboxkeeper/inboxkeeper/internal/redisprobe/redistest"
 )
 
 func TestUsage(t *testing.T) {
@@ -98,7 +99,7 @@ func TestHelpEnv(t *testing.T) {
 func TestPasswordNeverShown(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	port := closedPort(t)
+	port := redistest.FreePort(t)
 	policy := filepath.Join(dir, "inboxkeeper.yaml")
 	if err := os.WriteFile(policy, []byte(inboxPolicy), 0o644); err != nil {
 		t.Fatal(err)

@@ -47,13 +47,7 @@ func TestHold(t *testing.T) {
 	r := f.run("hold", "list")
 	wantExit(t, r, 0, "hold "+id+` on public.consumer_inbox scope="billing" owner="legal@example.com" reason="legal: case 7" since `)
 
-	r = f.run("once", "--dry-run")
-	wantExit(t, r, 0)
-	wantResult(t, r, "public.consumer_inbox", "would delete", 20, 10, 0)
-
-	r = f.run("once")
-	wantExit(t, r, 0)
-	wantResult(t, r, "public.consumer_inbox", "deleted", 20, 10, 0)
+	f.wantOnce("public.consumer_inbox", 20, 10, 0)
 	if n := f.expiredOf("billing"); n != 10 {
 		t.Errorf("%d expired billing rows left, want all 10 (held)", n)
 	}
@@ -183,12 +177,7 @@ func TestReplay(t *testing.T) {
 	r := f.run("replay", "list")
 	wantExit(t, r, 0, "replay "+id+` on public.consumer_inbox scope="payments" events [2026-01-01T00:00:00Z, 2026-01-01T05:30:00Z) owner="ops@example.com" since `)
 
-	r = f.run("once", "--dry-run")
-	wantExit(t, r, 0)
-	wantResult(t, r, "public.consumer_inbox", "would delete", 25, 0, 5)
-	r = f.run("once")
-	wantExit(t, r, 0)
-	wantResult(t, r, "public.consumer_inbox", "deleted", 25, 0, 5)
+	f.wantOnce("public.consumer_inbox", 25, 0, 5)
 	f.wantCount("replayed rows kept", 5, `SELECT count(*) FROM public.consumer_inbox
 WHERE consumer = 'payments' AND remember_until <= now() AND event_time >= '2026-01-01T00:00:00Z' AND event_time < '2026-01-01T05:30:00Z'`)
 	if n := f.expiredOf("payments"); n != 5 {

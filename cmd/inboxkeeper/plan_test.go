@@ -292,7 +292,7 @@ func TestPlanCheckRedis(t *testing.T) {
 			wantExit(t, r, c.code, append(c.want, "SKIP payments: the record names no table", "SKIP masstransit: the record names no table")...)
 		})
 	}
-	r := e.run("--check", "--redis-url", fmt.Sprintf("redis://:s3cret@127.0.0.1:%d", closedPort(t)))
+	r := e.run("--check", "--redis-url", fmt.Sprintf("redis://:s3cret@127.0.0.1:%d", redistest.FreePort(t)))
 	wantExit(t, r, 1, "FAIL redis: cannot read its settings", "connect to redis://127.0.0.1:")
 	if strings.Contains(r.output(), "s3cret") {
 		t.Errorf("the password is shown\n%s", r)
