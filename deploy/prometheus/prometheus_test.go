@@ -725,17 +725,14 @@ func (l *lines) wait(t *testing.T, re *regexp.Regexp, timeout time.Duration) str
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
 	for {
-		select {
-		case line, ok := <-l.ch:
-			if !ok {
-				t.Fatalf("the daemon's stderr ended before a line matching %s\n%s", re, strings.Join(l.seen, "\n"))
-			}
-			l.seen = append(l.seen, line)
-			if re.MatchString(line) {
-				return line
-			}
-		case <-deadline.C:
+		line, eof, late := l.next(deadline.C)
+		switch {
+		case eof:
+			t.Fatalf("the daemon's stderr ended before a line matching %s\n%s", re, strings.Join(l.seen, "\n"))
+		case late:
 			t.Fatalf("no line matching %s within %s\n%s", re, timeout, strings.Join(l.seen, "\n"))
+		case re.MatchString(line):
+			return line
 		}
 	}
 }
@@ -745,15 +742,24 @@ func (l *lines) drain(timeout time.Duration) bool {
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
 	for {
-		select {
-		case line, ok := <-l.ch:
-			if !ok {
-				return true
-			}
-			l.seen = append(l.seen, line)
-		case <-deadline.C:
-			return false
+		if _, eof, late := l.next(deadline.C); eof || late {
+			return eof
 		}
+	}
+}
+
+// next returns the next line (kept in seen), or says that the stream
+// ended (eof) or that deadline came first (late).
+func (l *lines) next(deadline <-chan time.Time) (line string, eof, late bool) {
+	select {
+	case line, ok := <-l.ch:
+		if !ok {
+			return "", true, false
+		}
+		l.seen = append(l.seen, line)
+		return line, false, false
+	case <-deadline:
+		return "", false, true
 	}
 }
 
