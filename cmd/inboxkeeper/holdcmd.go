@@ -191,17 +191,10 @@ func (a *app) hold(ctx context.Context, args []string) error {
 		if expires.t != nil && lasts.d != 0 {
 			return usagef("hold add: give --expires or --for, not both")
 		}
-		pool, t, err := a.tableFor(ctx, *table)
-		if err != nil {
-			return err
-		}
-		id, err := holds.AddHold(ctx, pool, t, holds.HoldSpec{Scope: scope.v, From: from.t, To: to.t, Reason: *reason, Owner: *owner,
-			Expires: expires.t, ExpiresIn: lasts.d, Blocks: *blocks, Fence: a.fence()})
-		if err != nil {
-			return holdErr(err)
-		}
-		fmt.Fprintln(a.stdout, id)
-		return nil
+		return a.startRecord(ctx, *table, func(pool *pgxpool.Pool, t *catalog.Table) (int64, error) {
+			return holds.AddHold(ctx, pool, t, holds.HoldSpec{Scope: scope.v, From: from.t, To: to.t, Reason: *reason, Owner: *owner,
+				Expires: expires.t, ExpiresIn: lasts.d, Blocks: *blocks, Fence: a.fence()})
+		})
 	case "list":
 		all := fs.Bool("all", false, "include released and expired holds")
 		return listRecords(ctx, a, fs, args[1:], all, "no holds", holds.ListHolds, describeHold)
@@ -234,16 +227,9 @@ func (a *app) replay(ctx context.Context, args []string) error {
 		if *scope == "" || *owner == "" || from.t == nil || to.t == nil {
 			return usagef("replay start: --table, --scope, --from, --to and --owner are required")
 		}
-		pool, t, err := a.tableFor(ctx, *table)
-		if err != nil {
-			return err
-		}
-		id, err := holds.StartReplay(ctx, pool, t, holds.ReplaySpec{Scope: *scope, From: *from.t, To: *to.t, Owner: *owner, Force: *force, Fence: a.fence()})
-		if err != nil {
-			return holdErr(err)
-		}
-		fmt.Fprintln(a.stdout, id)
-		return nil
+		return a.startRecord(ctx, *table, func(pool *pgxpool.Pool, t *catalog.Table) (int64, error) {
+			return holds.StartReplay(ctx, pool, t, holds.ReplaySpec{Scope: *scope, From: *from.t, To: *to.t, Owner: *owner, Force: *force, Fence: a.fence()})
+		})
 	case "list":
 		all := fs.Bool("all", false, "include finished replays")
 		return listRecords(ctx, a, fs, args[1:], all, "no replays", holds.ListReplays, describeReplay)
@@ -251,6 +237,21 @@ func (a *app) replay(ctx context.Context, args []string) error {
 		return a.endRecord(ctx, fs, args[1:], "replay", "finished", holds.FinishReplay)
 	}
 	return usagef("replay: unknown subcommand %q (expected start, finish or list)", args[0])
+}
+
+// startRecord runs `hold add` or `replay start` on the policy's table
+// named table: start writes the record, and its ID is the output.
+func (a *app) startRecord(ctx context.Context, table string, start func(*pgxpool.Pool, *catalog.Table) (int64, error)) error {
+	pool, t, err := a.tableFor(ctx, table)
+	if err != nil {
+		return err
+	}
+	id, err := start(pool, t)
+	if err != nil {
+		return holdErr(err)
+	}
+	fmt.Fprintln(a.stdout, id)
+	return nil
 }
 
 // listRecords runs `hold list` or `replay list`: the records list gives,
