@@ -2,8 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"syscall"
@@ -100,10 +98,7 @@ func TestPasswordNeverShown(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	port := redistest.FreePort(t)
-	policy := filepath.Join(dir, "inboxkeeper.yaml")
-	if err := os.WriteFile(policy, []byte(inboxPolicy), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	policy := writeFile(t, dir, "inboxkeeper.yaml", inboxPolicy)
 	urls := []struct {
 		name, url string
 		code      int

@@ -224,9 +224,15 @@ func inboxFixture(t *testing.T) *fixture { return newFixture(t, inboxDDL, inboxP
 
 func (f *fixture) writeFile(name, content string) string {
 	f.t.Helper()
-	p := filepath.Join(f.dir, name)
+	return writeFile(f.t, f.dir, name, content)
+}
+
+// writeFile writes content to the file name in dir and returns its path.
+func writeFile(t *testing.T, dir, name, content string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
 	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
-		f.t.Fatal(err)
+		t.Fatal(err)
 	}
 	return p
 }

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"reflect"
 	"regexp"
@@ -121,11 +120,7 @@ func newPlanEnv(t *testing.T, policyText string) *planEnv {
 
 func (e *planEnv) write(name, text string) string {
 	e.t.Helper()
-	p := filepath.Join(e.dir, name)
-	if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
-		e.t.Fatal(err)
-	}
-	return p
+	return writeFile(e.t, e.dir, name, text)
 }
 
 // run calls `inboxkeeper plan args...` in-process and maps its error to the
