@@ -66,8 +66,8 @@ const (
 	deployDocument = "../docs/operations/deploying.md"
 	composeInbox   = "docker/initdb/10-consumer-inbox.sql"
 	// recommendedInbox is the canonical recommended inbox layout, the one
-	// the library's tests use.
-	recommendedInbox = "../inbox/testdata/inbox_plain.sql"
+	// the library's tests use (embedded as inbox.PlainDDL).
+	recommendedInbox = "../inbox/schema/plain.sql"
 )
 
 func read(t *testing.T, name string) string {
@@ -1757,7 +1757,7 @@ func count(t *testing.T, conn *pgx.Conn, where string) int {
 	return n
 }
 
-// inboxRows fill the recommended inbox table (inbox/testdata/inbox_plain.sql,
+// inboxRows fill the recommended inbox table (inbox/schema/plain.sql,
 // the layout the README shows).
 const inboxRows = `
 -- expired, deletable
