@@ -61,7 +61,7 @@ func TestRandomizedAudit(t *testing.T) {
 
 // auditDDL is the command tests' inbox with a trigger that records each
 // deletion.
-const auditDDL = inboxTable + inboxIndex + `
+const auditDDL = inboxTable + `
 CREATE TABLE public.deleted (
     consumer       text,
     message_id     text,

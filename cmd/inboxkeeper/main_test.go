@@ -159,17 +159,8 @@ func wantExit(t *testing.T, r result, code int, substrings ...string) {
 // The oldest expired row is payments' 20th, due 2h20m ago; expiries are
 // relative to the database clock, which the command uses.
 const (
-	inboxTable = `
-CREATE TABLE public.consumer_inbox (
-    consumer       text NOT NULL,
-    message_id     text NOT NULL,
-    event_time     timestamptz,
-    remember_until timestamptz,
-    PRIMARY KEY (consumer, message_id)
-);`
-	inboxIndex = `
-CREATE INDEX ON public.consumer_inbox (remember_until);`
-	inboxRows = `
+	inboxTable = pgtest.ShortInboxDDL // with its index
+	inboxRows  = `
 INSERT INTO public.consumer_inbox
 SELECT c, p || '-old-' || i, first_event + i * interval '1 hour', now() - interval '2 hours' - i * interval '1 minute'
 FROM (VALUES ('billing', 'b', timestamptz '2026-02-01 00:00Z', 10), ('payments', 'p', timestamptz '2026-01-01 00:00Z', 20)) v (c, p, first_event, n),
@@ -179,15 +170,9 @@ SELECT c, p || '-new-' || i, now(), now() + kept + i * interval '1 minute'
 FROM (VALUES ('billing', 'b', interval '1 day'), ('payments', 'p', interval '2 days')) v (c, p, kept), generate_series(1, 5) i;
 INSERT INTO public.consumer_inbox VALUES ('billing', 'b-forever', NULL, NULL), ('payments', 'p-forever', NULL, NULL);`
 
-	inboxDDL = inboxTable + inboxIndex + inboxRows
+	inboxDDL = inboxTable + inboxRows
 
-	inboxPolicy = `tables:
-  - table: public.consumer_inbox
-    key: [consumer, message_id]
-    scope: consumer
-    event_time: event_time
-    expires_at: remember_until
-`
+	inboxPolicy = pgtest.ShortInboxPolicy
 	// Row counts of the data above.
 	allRows     = 42
 	expiredRows = 30
