@@ -547,3 +547,16 @@ const ShortInboxPolicy = `tables:
     event_time: event_time
     expires_at: remember_until
 `
+
+// ShortPartitionedDDL is the partitioned counterpart of ShortInboxDDL: the
+// columns of the recommended partitioned layout (inbox.PartitionedDDL) the
+// partition manager reads, partitioned by range of remember_until, with
+// the index on the identity and no partition yet.
+const ShortPartitionedDDL = `
+CREATE TABLE public.consumer_inbox (
+    consumer       text        NOT NULL,
+    message_id     text        NOT NULL,
+    event_time     timestamptz,
+    remember_until timestamptz NOT NULL
+) PARTITION BY RANGE (remember_until);
+CREATE INDEX ON public.consumer_inbox (consumer, message_id);`
