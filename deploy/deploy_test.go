@@ -24,6 +24,7 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
@@ -66,8 +67,8 @@ const (
 	deployDocument = "../docs/operations/deploying.md"
 	composeInbox   = "docker/initdb/10-consumer-inbox.sql"
 	// recommendedInbox is the canonical recommended inbox layout, the one
-	// the library's tests use.
-	recommendedInbox = "../inbox/testdata/inbox_plain.sql"
+	// the library's tests use (embedded as inbox.PlainDDL).
+	recommendedInbox = "../inbox/schema/plain.sql"
 )
 
 func read(t *testing.T, name string) string {
@@ -1757,7 +1758,7 @@ func count(t *testing.T, conn *pgx.Conn, where string) int {
 	return n
 }
 
-// inboxRows fill the recommended inbox table (inbox/testdata/inbox_plain.sql,
+// inboxRows fill the recommended inbox table (inbox/schema/plain.sql,
 // the layout the README shows).
 const inboxRows = `
 -- expired, deletable
@@ -1783,6 +1784,28 @@ func TestComposeInboxIsTheRecommendedLayout(t *testing.T) {
 	want, got := normaliseSQL(read(t, recommendedInbox)), normaliseSQL(read(t, composeInbox))
 	if want == "" || !strings.HasPrefix(got, want) {
 		t.Errorf("%s does not start with the recommended inbox of %s\nwant: %s\n got: %s", composeInbox, recommendedInbox, want, got[:min(len(got), len(want))])
+	}
+}
+
+// The example policy's table is the recommended one as inbox.PlainPolicy
+// gives it (the example adds comments and a retention section): the same
+// entry, field for field.
+func TestPolicyExampleIsTheRecommendedPolicy(t *testing.T) {
+	t.Parallel()
+	want, err := policy.Parse([]byte(inbox.PlainPolicy), "inbox.PlainPolicy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := checkPolicy(t, policyExample, []byte(read(t, policyExample)))
+	if len(got.Tables) != len(want.Tables) {
+		t.Fatalf("%s has %d tables, inbox.PlainPolicy %d", policyExample, len(got.Tables), len(want.Tables))
+	}
+	for i := range want.Tables {
+		g, w := got.Tables[i], want.Tables[i]
+		g.Line, w.Line = 0, 0
+		if !reflect.DeepEqual(g, w) {
+			t.Errorf("%s: table %d is\n%+v\nwant inbox.PlainPolicy's\n%+v", policyExample, i, g, w)
+		}
 	}
 }
 

@@ -48,23 +48,10 @@ func newTest(pool *pgxpool.Pool, tables []*catalog.Table, opts Options, sig test
 	return d
 }
 
-const inboxDDL = `
-CREATE TABLE public.consumer_inbox (
-    consumer       text        NOT NULL,
-    message_id     text        NOT NULL,
-    event_time     timestamptz,
-    remember_until timestamptz,
-    PRIMARY KEY (consumer, message_id)
-);
-CREATE INDEX ON public.consumer_inbox (remember_until);`
-
-const inboxPolicy = `tables:
-  - table: public.consumer_inbox
-    key: [consumer, message_id]
-    scope: consumer
-    event_time: event_time
-    expires_at: remember_until
-`
+const (
+	inboxDDL    = pgtest.ShortInboxDDL
+	inboxPolicy = pgtest.ShortInboxPolicy
+)
 
 type fixture struct {
 	pool   *pgxpool.Pool

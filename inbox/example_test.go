@@ -12,7 +12,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/inboxkeeper/inboxkeeper/inbox"
+	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
+	"github.com/inboxkeeper/inboxkeeper/internal/policy"
 	"github.com/inboxkeeper/inboxkeeper/migrations"
 	"github.com/inboxkeeper/inboxkeeper/retention"
 )
@@ -77,6 +79,27 @@ func ExamplePlainDDL() {
 	fmt.Println(names)
 	// Output:
 	// [consumer_inbox_pkey consumer_inbox_remember_until_idx]
+}
+
+// PlainPolicy is the policy file for the table PlainDDL creates, ready for
+// INBOXKEEPER_POLICY_FILE; the daemon checks each entry against the catalog
+// before it deletes anything, as here.
+func ExamplePlainPolicy() {
+	ctx := context.Background()
+	pool, done := exampleDatabase(ctx)
+	defer done()
+	p, err := policy.Parse([]byte(inbox.PlainPolicy), "inboxkeeper.yaml")
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, t := range p.Tables {
+		if _, err := catalog.Resolve(ctx, pool, t); err != nil {
+			log.Fatal(err)
+		}
+		fmt.Println(t.Name, t.Key, t.Scope, t.EventTime, t.FirstSeen, t.ExpiresAt)
+	}
+	// Output:
+	// public.consumer_inbox [consumer message_id] consumer event_time first_seen_at remember_until
 }
 
 // A consumer claims each delivery in the transaction that applies its

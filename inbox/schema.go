@@ -20,3 +20,15 @@ var PlainDDL string
 //
 //go:embed schema/partitioned.sql
 var PartitionedDDL string
+
+// PlainPolicy is a complete policy file for the recommended inbox table as
+// PlainDDL creates it: the table's entry (the identity as key, consumer as
+// the scope holds and replays match on, the event-time and first-receipt
+// columns of the retention contract, and expiry by remember_until) and no
+// retention section. Write it to the file INBOXKEEPER_POLICY_FILE names, or
+// append your own entries or a retention: section; it ends with the entry's
+// last line, so more of the entry (tiers:, partitions:) may follow too. The
+// demo and the project's tests build their policies on it.
+//
+//go:embed schema/plain-policy.yaml
+var PlainPolicy string

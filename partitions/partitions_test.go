@@ -35,14 +35,7 @@ func pinned(t time.Time) func() time.Time { return func() time.Time { return t }
 // parentDDL is a partitioned inbox with no partitions yet: the columns of
 // the recommended layout (inbox.PartitionedDDL) the manager reads, and no
 // others, so that the tests' rows stay short to write.
-const parentDDL = `
-CREATE TABLE public.consumer_inbox (
-    consumer       text        NOT NULL,
-    message_id     text        NOT NULL,
-    event_time     timestamptz,
-    remember_until timestamptz NOT NULL
-) PARTITION BY RANGE (remember_until);
-CREATE INDEX ON public.consumer_inbox (consumer, message_id);`
+const parentDDL = pgtest.ShortPartitionedDDL
 
 func policyText(retention string) string {
 	return `tables:

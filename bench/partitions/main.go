@@ -69,6 +69,7 @@ import (
 
 	"github.com/inboxkeeper/inboxkeeper/bench/internal/benchdata"
 	"github.com/inboxkeeper/inboxkeeper/expiry"
+	"github.com/inboxkeeper/inboxkeeper/inbox"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/pgcluster"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
@@ -311,17 +312,17 @@ func (b *bench) installPartman(ctx context.Context) (string, error) {
 	return v, err
 }
 
-// The recommended layout (inbox/testdata/inbox_partitioned.sql).
-const columns = `(
-    consumer       text        NOT NULL,
-    message_id     text        NOT NULL,
-    payload_hash   bytea       NOT NULL,
-    outcome        text,
-    event_time     timestamptz NOT NULL,
-    first_seen_at  timestamptz NOT NULL,
-    remember_until timestamptz NOT NULL,
-    business_key   text
-)`
+// columns is the column list of the recommended layout, taken from
+// inbox.PartitionedDDL: every table of the benchmark has the columns the
+// project recommends, whatever it is partitioned by.
+var columns = func() string {
+	_, rest, ok := strings.Cut(inbox.PartitionedDDL, "CREATE TABLE public.consumer_inbox ")
+	list, _, ok2 := strings.Cut(rest, " PARTITION BY")
+	if !ok || !ok2 || !strings.HasPrefix(list, "(") || !strings.HasSuffix(list, ")") {
+		panic("bench/partitions: inbox.PartitionedDDL has no CREATE TABLE public.consumer_inbox (...) PARTITION BY")
+	}
+	return list
+}()
 
 // fillSQL makes rows $1..$2 of $3, with remember_until spread evenly over
 // [$4, $5): the same rows in every table.

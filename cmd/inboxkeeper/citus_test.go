@@ -14,7 +14,7 @@ func newCitusFixture(t *testing.T) *fixture {
 	t.Helper()
 	pool, url := pgtest.NewCitusPool(t)
 	f := &fixture{t: t, pool: pool, url: url, dir: t.TempDir()}
-	pgtest.Exec(t, pool, inboxTable+inboxIndex)
+	pgtest.Exec(t, pool, inboxTable)
 	pgtest.Exec(t, pool, "SET citus.shard_count = 4; SELECT create_distributed_table('public.consumer_inbox', 'consumer')")
 	pgtest.Exec(t, pool, inboxRows)
 	f.policy = f.writeFile("inboxkeeper.yaml", inboxPolicy)

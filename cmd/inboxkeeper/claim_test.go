@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"os"
 	"testing"
 	"time"
 
@@ -16,11 +15,7 @@ import (
 // reaches past what is remembered is refused unless forced.
 func TestApplyClaimAndReplayWindow(t *testing.T) {
 	t.Parallel()
-	ddl, err := os.ReadFile("../../inbox/testdata/inbox_plain.sql")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := newFixture(t, string(ddl), "tables:\n"+inboxEntry+`retention:
+	f := newFixture(t, inbox.PlainDDL, inbox.PlainPolicy+`retention:
   - scope: payments
     table: public.consumer_inbox
     consequence: high
@@ -38,7 +33,7 @@ func TestApplyClaimAndReplayWindow(t *testing.T) {
 
 	ctx := context.Background()
 	var res inbox.Result
-	err = pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
 		var err error
 		res, err = inbox.Claim(ctx, tx, inbox.Message{Table: "public.consumer_inbox", Consumer: "payments", MessageID: "m1",
 			Payload: []byte("pay"), EventTime: time.Now().Add(-10 * 24 * time.Hour)})

@@ -2,8 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"syscall"
@@ -11,6 +9,7 @@ import (
 	"time"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
+	"github.com/inboxkeeper/inboxkeeper/internal/redisprobe/redistest"
 )
 
 func TestUsage(t *testing.T) {
@@ -98,11 +97,8 @@ func TestHelpEnv(t *testing.T) {
 func TestPasswordNeverShown(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	port := closedPort(t)
-	policy := filepath.Join(dir, "inboxkeeper.yaml")
-	if err := os.WriteFile(policy, []byte(inboxPolicy), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	port := redistest.FreePort(t)
+	policy := writeFile(t, dir, "inboxkeeper.yaml", inboxPolicy)
 	urls := []struct {
 		name, url string
 		code      int

@@ -12,6 +12,7 @@ import (
 
 	"github.com/inboxkeeper/inboxkeeper/expiry"
 	"github.com/inboxkeeper/inboxkeeper/holds"
+	"github.com/inboxkeeper/inboxkeeper/inbox"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/pgcluster"
@@ -67,18 +68,9 @@ INSERT INTO public.big_inbox
 SELECT 'billing', md5('new' || i)::uuid, now() + interval '20 days' + i * interval '1 second' FROM generate_series(1, 10000) i;
 `
 
-// inboxEntry is the policy entry of the recommended inbox table (README,
-// "The recommended inbox table"): the demo's, and the one the command's
-// tests put into their policies.
-const inboxEntry = `  - table: public.consumer_inbox
-    key: [consumer, message_id]
-    scope: consumer
-    event_time: event_time
-    first_seen: first_seen_at
-    expires_at: remember_until
-`
-
-const demoPolicy = "tables:\n" + inboxEntry + `    tiers:
+// demoPolicy is the recommended inbox table's policy (inbox.PlainPolicy, as
+// the README gives it), tiered, and a partitioned table.
+var demoPolicy = inbox.PlainPolicy + `    tiers:
       hot_for: 30d
       anchor: first_seen_at
       payload_columns: [payload]

@@ -5,9 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"syscall"
@@ -43,10 +41,7 @@ func clusterFixture(t *testing.T) (c *pgcluster.Cluster, dir, policyFile string)
 		t.Fatal(err)
 	}
 	dir = t.TempDir()
-	policyFile = filepath.Join(dir, "inboxkeeper.yaml")
-	if err := os.WriteFile(policyFile, []byte(inboxPolicy), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	policyFile = writeFile(t, dir, "inboxkeeper.yaml", inboxPolicy)
 	env := cliEnv("INBOXKEEPER_DATABASE_URL="+c.URL("postgres"), "INBOXKEEPER_POLICY_FILE="+policyFile)
 	wantExit(t, runCLI(t, dir, env, "migrate"), 0)
 	return c, dir, policyFile

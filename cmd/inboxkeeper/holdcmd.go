@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"strconv"
 	"strings"
 	"time"
@@ -190,57 +191,15 @@ func (a *app) hold(ctx context.Context, args []string) error {
 		if expires.t != nil && lasts.d != 0 {
 			return usagef("hold add: give --expires or --for, not both")
 		}
-		pool, t, err := a.tableFor(ctx, *table)
-		if err != nil {
-			return err
-		}
-		id, err := holds.AddHold(ctx, pool, t, holds.HoldSpec{Scope: scope.v, From: from.t, To: to.t, Reason: *reason, Owner: *owner,
-			Expires: expires.t, ExpiresIn: lasts.d, Blocks: *blocks, Fence: a.fence()})
-		if err != nil {
-			return holdErr(err)
-		}
-		fmt.Fprintln(a.stdout, id)
-		return nil
+		return a.startRecord(ctx, *table, func(pool *pgxpool.Pool, t *catalog.Table) (int64, error) {
+			return holds.AddHold(ctx, pool, t, holds.HoldSpec{Scope: scope.v, From: from.t, To: to.t, Reason: *reason, Owner: *owner,
+				Expires: expires.t, ExpiresIn: lasts.d, Blocks: *blocks, Fence: a.fence()})
+		})
 	case "list":
 		all := fs.Bool("all", false, "include released and expired holds")
-		if err := a.parseFlags(fs, args[1:]); err != nil {
-			return err
-		}
-		if fs.NArg() > 0 {
-			return usagef("hold list: unexpected argument %q", fs.Arg(0))
-		}
-		pool, err := a.controlPool(ctx)
-		if err != nil {
-			return err
-		}
-		hs, err := holds.ListHolds(ctx, pool, *all)
-		if err != nil {
-			return err
-		}
-		if len(hs) == 0 {
-			fmt.Fprintln(a.stdout, "no holds")
-		}
-		for _, h := range hs {
-			fmt.Fprintln(a.stdout, describeHold(h))
-		}
-		return nil
+		return listRecords(ctx, a, fs, args[1:], all, "no holds", holds.ListHolds, describeHold)
 	case "release":
-		if err := a.parseFlags(fs, args[1:]); err != nil {
-			return err
-		}
-		id, err := parseID(fs, "hold")
-		if err != nil {
-			return err
-		}
-		pool, err := a.controlPool(ctx)
-		if err != nil {
-			return err
-		}
-		if err := holds.ReleaseHold(ctx, pool, id); err != nil {
-			return holdErr(err)
-		}
-		fmt.Fprintf(a.stdout, "hold %d released\n", id)
-		return nil
+		return a.endRecord(ctx, fs, args[1:], "hold", "released", holds.ReleaseHold)
 	}
 	return usagef("hold: unknown subcommand %q (expected add, list or release)", args[0])
 }
@@ -268,58 +227,86 @@ func (a *app) replay(ctx context.Context, args []string) error {
 		if *scope == "" || *owner == "" || from.t == nil || to.t == nil {
 			return usagef("replay start: --table, --scope, --from, --to and --owner are required")
 		}
-		pool, t, err := a.tableFor(ctx, *table)
-		if err != nil {
-			return err
-		}
-		id, err := holds.StartReplay(ctx, pool, t, holds.ReplaySpec{Scope: *scope, From: *from.t, To: *to.t, Owner: *owner, Force: *force, Fence: a.fence()})
-		if err != nil {
-			return holdErr(err)
-		}
-		fmt.Fprintln(a.stdout, id)
-		return nil
+		return a.startRecord(ctx, *table, func(pool *pgxpool.Pool, t *catalog.Table) (int64, error) {
+			return holds.StartReplay(ctx, pool, t, holds.ReplaySpec{Scope: *scope, From: *from.t, To: *to.t, Owner: *owner, Force: *force, Fence: a.fence()})
+		})
 	case "list":
 		all := fs.Bool("all", false, "include finished replays")
-		if err := a.parseFlags(fs, args[1:]); err != nil {
-			return err
-		}
-		if fs.NArg() > 0 {
-			return usagef("replay list: unexpected argument %q", fs.Arg(0))
-		}
-		pool, err := a.controlPool(ctx)
-		if err != nil {
-			return err
-		}
-		rs, err := holds.ListReplays(ctx, pool, *all)
-		if err != nil {
-			return err
-		}
-		if len(rs) == 0 {
-			fmt.Fprintln(a.stdout, "no replays")
-		}
-		for _, r := range rs {
-			fmt.Fprintln(a.stdout, describeReplay(r))
-		}
-		return nil
+		return listRecords(ctx, a, fs, args[1:], all, "no replays", holds.ListReplays, describeReplay)
 	case "finish":
-		if err := a.parseFlags(fs, args[1:]); err != nil {
-			return err
-		}
-		id, err := parseID(fs, "replay")
-		if err != nil {
-			return err
-		}
-		pool, err := a.controlPool(ctx)
-		if err != nil {
-			return err
-		}
-		if err := holds.FinishReplay(ctx, pool, id); err != nil {
-			return holdErr(err)
-		}
-		fmt.Fprintf(a.stdout, "replay %d finished\n", id)
-		return nil
+		return a.endRecord(ctx, fs, args[1:], "replay", "finished", holds.FinishReplay)
 	}
 	return usagef("replay: unknown subcommand %q (expected start, finish or list)", args[0])
+}
+
+// startRecord runs `hold add` or `replay start` on the policy's table
+// named table: start writes the record, and its ID is the output.
+func (a *app) startRecord(ctx context.Context, table string, start func(*pgxpool.Pool, *catalog.Table) (int64, error)) error {
+	pool, t, err := a.tableFor(ctx, table)
+	if err != nil {
+		return err
+	}
+	id, err := start(pool, t)
+	if err != nil {
+		return holdErr(err)
+	}
+	fmt.Fprintln(a.stdout, id)
+	return nil
+}
+
+// listRecords runs `hold list` or `replay list`: the records list gives,
+// one line each as describe writes it, or none when there are none.
+func listRecords[T any](ctx context.Context, a *app, fs *flag.FlagSet, args []string, all *bool, none string,
+	list func(context.Context, holds.Querier, bool) ([]T, error), describe func(T) string) error {
+	if err := a.parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usagef("%s: unexpected argument %q", fs.Name(), fs.Arg(0))
+	}
+	pool, err := a.controlPool(ctx)
+	if err != nil {
+		return err
+	}
+	rs, err := list(ctx, pool, *all)
+	if err != nil {
+		return err
+	}
+	printLines(a.stdout, rs, none, describe)
+	return nil
+}
+
+// printLines writes one line per item as describe gives it, or the line
+// none when there is no item.
+func printLines[T any](w io.Writer, items []T, none string, describe func(T) string) {
+	if len(items) == 0 {
+		fmt.Fprintln(w, none)
+	}
+	for _, it := range items {
+		fmt.Fprintln(w, describe(it))
+	}
+}
+
+// endRecord runs `hold release ID` or `replay finish ID`: end ends the
+// record, and "<what> ID <ended>" says so.
+func (a *app) endRecord(ctx context.Context, fs *flag.FlagSet, args []string, what, ended string,
+	end func(context.Context, holds.Querier, int64) error) error {
+	if err := a.parseFlags(fs, args); err != nil {
+		return err
+	}
+	id, err := parseID(fs, what)
+	if err != nil {
+		return err
+	}
+	pool, err := a.controlPool(ctx)
+	if err != nil {
+		return err
+	}
+	if err := end(ctx, pool, id); err != nil {
+		return holdErr(err)
+	}
+	fmt.Fprintf(a.stdout, "%s %d %s\n", what, id, ended)
+	return nil
 }
 
 func describeHold(h holds.Hold) string {

@@ -39,6 +39,23 @@ func (f *fixture) addIDWith(vars []string, args ...string) string {
 	return strings.TrimSpace(r.stdout)
 }
 
+// wantEnded checks the record id of public.consumer_inbox just ended with
+// `kind end id` (hold release, replay finish): ending it again, or an
+// unknown ID, exits 1 and says it is not found; list shows none, and list
+// --all shows it in its state (released, finished).
+func (f *fixture) wantEnded(kind, end, id, none, state string) {
+	f.t.Helper()
+	for _, again := range []string{id, "987654"} {
+		r := f.run(kind, end, again)
+		wantExit(f.t, r, 1, kind+" "+again)
+		if !strings.Contains(r.stderr, "not found") {
+			f.t.Errorf("%s %s %s does not say why it failed\n%s", kind, end, again, r)
+		}
+	}
+	wantExit(f.t, f.run(kind, "list"), 0, none)
+	wantExit(f.t, f.run(kind, "list", "--all"), 0, kind+" "+id+" on public.consumer_inbox", " "+state+" ")
+}
+
 func TestHold(t *testing.T) {
 	t.Parallel()
 	f := inboxFixture(t)
@@ -47,13 +64,7 @@ func TestHold(t *testing.T) {
 	r := f.run("hold", "list")
 	wantExit(t, r, 0, "hold "+id+` on public.consumer_inbox scope="billing" owner="legal@example.com" reason="legal: case 7" since `)
 
-	r = f.run("once", "--dry-run")
-	wantExit(t, r, 0)
-	wantResult(t, r, "public.consumer_inbox", "would delete", 20, 10, 0)
-
-	r = f.run("once")
-	wantExit(t, r, 0)
-	wantResult(t, r, "public.consumer_inbox", "deleted", 20, 10, 0)
+	f.wantOnce("public.consumer_inbox", 20, 10, 0)
 	if n := f.expiredOf("billing"); n != 10 {
 		t.Errorf("%d expired billing rows left, want all 10 (held)", n)
 	}
@@ -63,18 +74,7 @@ func TestHold(t *testing.T) {
 
 	r = f.run("hold", "release", id)
 	wantExit(t, r, 0, "hold "+id+" released")
-	r = f.run("hold", "release", id)
-	wantExit(t, r, 1, "hold "+id)
-	if !strings.Contains(r.stderr, "not found") {
-		t.Errorf("releasing twice does not say why\n%s", r)
-	}
-	r = f.run("hold", "release", "987654")
-	wantExit(t, r, 1, "hold 987654", "not found")
-
-	r = f.run("hold", "list")
-	wantExit(t, r, 0, "no holds")
-	r = f.run("hold", "list", "--all")
-	wantExit(t, r, 0, "hold "+id+" on public.consumer_inbox", " released ")
+	f.wantEnded("hold", "release", id, "no holds", "released")
 
 	// A hold on an event-time range, any scope: billing's first three events.
 	// The table is named as SQL would fold it.
@@ -183,12 +183,7 @@ func TestReplay(t *testing.T) {
 	r := f.run("replay", "list")
 	wantExit(t, r, 0, "replay "+id+` on public.consumer_inbox scope="payments" events [2026-01-01T00:00:00Z, 2026-01-01T05:30:00Z) owner="ops@example.com" since `)
 
-	r = f.run("once", "--dry-run")
-	wantExit(t, r, 0)
-	wantResult(t, r, "public.consumer_inbox", "would delete", 25, 0, 5)
-	r = f.run("once")
-	wantExit(t, r, 0)
-	wantResult(t, r, "public.consumer_inbox", "deleted", 25, 0, 5)
+	f.wantOnce("public.consumer_inbox", 25, 0, 5)
 	f.wantCount("replayed rows kept", 5, `SELECT count(*) FROM public.consumer_inbox
 WHERE consumer = 'payments' AND remember_until <= now() AND event_time >= '2026-01-01T00:00:00Z' AND event_time < '2026-01-01T05:30:00Z'`)
 	if n := f.expiredOf("payments"); n != 5 {
@@ -197,14 +192,7 @@ WHERE consumer = 'payments' AND remember_until <= now() AND event_time >= '2026-
 
 	r = f.run("replay", "finish", id)
 	wantExit(t, r, 0, "replay "+id+" finished")
-	r = f.run("replay", "finish", id)
-	wantExit(t, r, 1, "replay "+id, "not found")
-	r = f.run("replay", "finish", "987654")
-	wantExit(t, r, 1, "replay 987654", "not found")
-	r = f.run("replay", "list")
-	wantExit(t, r, 0, "no replays")
-	r = f.run("replay", "list", "--all")
-	wantExit(t, r, 0, "replay "+id+" on public.consumer_inbox", " finished ")
+	f.wantEnded("replay", "finish", id, "no replays", "finished")
 
 	r = f.run("once")
 	wantExit(t, r, 0)

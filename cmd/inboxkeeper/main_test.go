@@ -10,7 +10,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -160,42 +159,20 @@ func wantExit(t *testing.T, r result, code int, substrings ...string) {
 // The oldest expired row is payments' 20th, due 2h20m ago; expiries are
 // relative to the database clock, which the command uses.
 const (
-	inboxTable = `
-CREATE TABLE public.consumer_inbox (
-    consumer       text NOT NULL,
-    message_id     text NOT NULL,
-    event_time     timestamptz,
-    remember_until timestamptz,
-    PRIMARY KEY (consumer, message_id)
-);`
-	inboxIndex = `
-CREATE INDEX ON public.consumer_inbox (remember_until);`
-	inboxRows = `
+	inboxTable = pgtest.ShortInboxDDL // with its index
+	inboxRows  = `
 INSERT INTO public.consumer_inbox
-SELECT 'billing', 'b-old-' || i, timestamptz '2026-02-01 00:00Z' + i * interval '1 hour',
-       now() - interval '2 hours' - i * interval '1 minute'
-FROM generate_series(1, 10) i;
+SELECT c, p || '-old-' || i, first_event + i * interval '1 hour', now() - interval '2 hours' - i * interval '1 minute'
+FROM (VALUES ('billing', 'b', timestamptz '2026-02-01 00:00Z', 10), ('payments', 'p', timestamptz '2026-01-01 00:00Z', 20)) v (c, p, first_event, n),
+     generate_series(1, n) i;
 INSERT INTO public.consumer_inbox
-SELECT 'billing', 'b-new-' || i, now(), now() + interval '1 day' + i * interval '1 minute'
-FROM generate_series(1, 5) i;
-INSERT INTO public.consumer_inbox
-SELECT 'payments', 'p-old-' || i, timestamptz '2026-01-01 00:00Z' + i * interval '1 hour',
-       now() - interval '2 hours' - i * interval '1 minute'
-FROM generate_series(1, 20) i;
-INSERT INTO public.consumer_inbox
-SELECT 'payments', 'p-new-' || i, now(), now() + interval '2 days' + i * interval '1 minute'
-FROM generate_series(1, 5) i;
+SELECT c, p || '-new-' || i, now(), now() + kept + i * interval '1 minute'
+FROM (VALUES ('billing', 'b', interval '1 day'), ('payments', 'p', interval '2 days')) v (c, p, kept), generate_series(1, 5) i;
 INSERT INTO public.consumer_inbox VALUES ('billing', 'b-forever', NULL, NULL), ('payments', 'p-forever', NULL, NULL);`
 
-	inboxDDL = inboxTable + inboxIndex + inboxRows
+	inboxDDL = inboxTable + inboxRows
 
-	inboxPolicy = `tables:
-  - table: public.consumer_inbox
-    key: [consumer, message_id]
-    scope: consumer
-    event_time: event_time
-    expires_at: remember_until
-`
+	inboxPolicy = pgtest.ShortInboxPolicy
 	// Row counts of the data above.
 	allRows     = 42
 	expiredRows = 30
@@ -232,9 +209,15 @@ func inboxFixture(t *testing.T) *fixture { return newFixture(t, inboxDDL, inboxP
 
 func (f *fixture) writeFile(name, content string) string {
 	f.t.Helper()
-	p := filepath.Join(f.dir, name)
+	return writeFile(f.t, f.dir, name, content)
+}
+
+// writeFile writes content to the file name in dir and returns its path.
+func writeFile(t *testing.T, dir, name, content string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
 	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
-		f.t.Fatal(err)
+		t.Fatal(err)
 	}
 	return p
 }
@@ -314,15 +297,17 @@ func wantResult(t *testing.T, r result, table, verb string, n, holds, replays in
 	}
 }
 
-// closedPort returns a local TCP port nothing listens on.
-func closedPort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+// wantOnce runs `once --dry-run`, then `once`, and wants both to succeed
+// with the same result line for table: n rows (would be) deleted, holds and
+// replays rows kept.
+func (f *fixture) wantOnce(table string, n, holds, replays int64) {
+	f.t.Helper()
+	r := f.run("once", "--dry-run")
+	wantExit(f.t, r, 0)
+	wantResult(f.t, r, table, "would delete", n, holds, replays)
+	r = f.run("once")
+	wantExit(f.t, r, 0)
+	wantResult(f.t, r, table, "deleted", n, holds, replays)
 }
 
 // daemon is a long-running command whose stderr is read line by line while it

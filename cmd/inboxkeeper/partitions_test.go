@@ -6,20 +6,15 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
 )
 
 // A partitioned inbox with one month that expired two months ago (3 rows)
 // and a partition for the current month (1 row). Bounds follow the
 // database clock, which the commands use.
 const (
-	partitionedDDL = `
-CREATE TABLE public.consumer_inbox (
-    consumer       text        NOT NULL,
-    message_id     text        NOT NULL,
-    event_time     timestamptz,
-    remember_until timestamptz NOT NULL
-) PARTITION BY RANGE (remember_until);
-CREATE INDEX ON public.consumer_inbox (consumer, message_id);
+	partitionedDDL = pgtest.ShortPartitionedDDL + `
 DO $$
 DECLARE m timestamptz := date_trunc('month', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC';
 BEGIN

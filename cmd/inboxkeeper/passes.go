@@ -255,32 +255,18 @@ func (a *app) progressPrinter() func(expiry.Progress) {
 	if t, ok := a.stderr.(*terminal); ok {
 		return progressBar(t)
 	}
-	var last time.Time
-	rates := rateWindows{}
-	return func(p expiry.Progress) {
-		rate := rates.progress(p)
-		if time.Since(last) < 3*time.Second {
-			return
-		}
-		last = time.Now()
+	return everyAtMost(3*time.Second, func(p expiry.Progress, rate float64) {
 		args := []any{"table", p.Table, "deleted", p.Deleted, "batches", p.Batches, "rows_per_second", int64(rate)}
 		if left := p.Estimate - p.Deleted; p.Estimate > 0 && left > 0 && rate > 0 {
 			args = append(args, "rows_left", left, "time_left", time.Duration(float64(left)/rate*float64(time.Second)))
 		}
 		a.log.Info("expiry: progress", args...)
-	}
+	})
 }
 
 // progressBar draws "table [#####.....] 50% 5000/10000 rows 2500 rows/s ~2s left".
 func progressBar(t *terminal) func(expiry.Progress) {
-	var last time.Time
-	rates := rateWindows{}
-	return func(p expiry.Progress) {
-		rate := rates.progress(p)
-		if time.Since(last) < 200*time.Millisecond {
-			return
-		}
-		last = time.Now()
+	return everyAtMost(200*time.Millisecond, func(p expiry.Progress, rate float64) {
 		const width = 30
 		line := fmt.Sprintf("%s %d rows, %.0f rows/s", p.Table, p.Deleted, rate)
 		if p.Estimate > 0 {
@@ -292,6 +278,21 @@ func progressBar(t *terminal) func(expiry.Progress) {
 				humantime.Duration(time.Duration(float64(left)/max(rate, 1e-9))*time.Second))
 		}
 		t.Bar(line)
+	})
+}
+
+// everyAtMost is a progress callback that keeps the rate of every report
+// (rows per second, per table) and shows one by show at most every period.
+func everyAtMost(period time.Duration, show func(p expiry.Progress, rate float64)) func(expiry.Progress) {
+	var last time.Time
+	rates := rateWindows{}
+	return func(p expiry.Progress) {
+		rate := rates.progress(p)
+		if time.Since(last) < period {
+			return
+		}
+		last = time.Now()
+		show(p, rate)
 	}
 }
 

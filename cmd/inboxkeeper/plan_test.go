@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"reflect"
 	"regexp"
@@ -14,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inboxkeeper/inboxkeeper/inbox"
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
@@ -25,7 +25,7 @@ import (
 // The plan tests call the command in-process: they need no child process,
 // and most of them no database.
 
-const planTables = "tables:\n" + inboxEntry + `  - table: public."InboxState"
+var planTables = inbox.PlainPolicy + `  - table: public."InboxState"
     key: ["MessageId", "ConsumerId"]
     first_seen: "Delivered"
     expires_after: { column: "Delivered", after: 30d }
@@ -120,11 +120,7 @@ func newPlanEnv(t *testing.T, policyText string) *planEnv {
 
 func (e *planEnv) write(name, text string) string {
 	e.t.Helper()
-	p := filepath.Join(e.dir, name)
-	if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
-		e.t.Fatal(err)
-	}
-	return p
+	return writeFile(e.t, e.dir, name, text)
 }
 
 // run calls `inboxkeeper plan args...` in-process and maps its error to the
@@ -291,7 +287,7 @@ func TestPlanCheckRedis(t *testing.T) {
 			wantExit(t, r, c.code, append(c.want, "SKIP payments: the record names no table", "SKIP masstransit: the record names no table")...)
 		})
 	}
-	r := e.run("--check", "--redis-url", fmt.Sprintf("redis://:s3cret@127.0.0.1:%d", closedPort(t)))
+	r := e.run("--check", "--redis-url", fmt.Sprintf("redis://:s3cret@127.0.0.1:%d", redistest.FreePort(t)))
 	wantExit(t, r, 1, "FAIL redis: cannot read its settings", "connect to redis://127.0.0.1:")
 	if strings.Contains(r.output(), "s3cret") {
 		t.Errorf("the password is shown\n%s", r)
@@ -305,7 +301,7 @@ func TestPlanCheckPartitionCoverage(t *testing.T) {
 	t.Parallel()
 	db, url := pgtest.NewPool(t)
 	tables := func(maxExpiry string) string {
-		return "tables:\n" + inboxEntry + "    partitions: {by: month, max_expiry: " + maxExpiry + ", premake: 1}\n"
+		return inbox.PlainPolicy + "    partitions: {by: month, max_expiry: " + maxExpiry + ", premake: 1}\n"
 	}
 	payments := planEntries[:strings.Index(planEntries, "  - scope: masstransit")]
 	e := newPlanEnv(t, tables("30d")+payments)

@@ -12,6 +12,14 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
 )
 
+// throughBouncer starts a PgBouncer in transaction mode in front of f's
+// database: its URL, and the environment that points the command at it.
+func throughBouncer(t *testing.T, f *fixture) (bouncerURL string, via []string) {
+	t.Helper()
+	bouncerURL = pgtest.BouncerURL(t, pgtest.NewBouncer(t), f.url)
+	return bouncerURL, []string{"INBOXKEEPER_DATABASE_URL=" + bouncerURL}
+}
+
 // Through PgBouncer in transaction mode, with a plain URL, every command
 // that needs no session works, one after the other (no named prepared
 // statement clashes on a shared server connection), and leaves no session
@@ -19,9 +27,7 @@ import (
 func TestThroughPgBouncer(t *testing.T) {
 	t.Parallel()
 	f := inboxFixture(t)
-	b := pgtest.NewBouncer(t)
-	bouncerURL := pgtest.BouncerURL(t, b, f.url)
-	via := []string{"INBOXKEEPER_DATABASE_URL=" + bouncerURL}
+	bouncerURL, via := throughBouncer(t, f)
 
 	wantExit(t, f.runWith(via, "status"), 0, "public.consumer_inbox")
 	r := f.runWith(via, "once", "--dry-run")
@@ -60,9 +66,7 @@ func TestThroughPgBouncer(t *testing.T) {
 func TestThroughPgBouncerTiered(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, tieredDDL, tieredPolicy, true)
-	b := pgtest.NewBouncer(t)
-	bouncerURL := pgtest.BouncerURL(t, b, f.url)
-	via := []string{"INBOXKEEPER_DATABASE_URL=" + bouncerURL}
+	bouncerURL, via := throughBouncer(t, f)
 	wantExit(t, f.runWith(via, "once", "--dry-run"), 0, "public.inbox: would demote 5 to warm")
 	r := f.runWith(via, "once")
 	wantExit(t, r, 0, "public.inbox: demoted 5 to warm")
@@ -131,9 +135,7 @@ func wantNoSessionState(t *testing.T, url string) {
 func TestPgBouncerNeedsASessionURL(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, partitionedDDL, partitionedPolicy, true)
-	b := pgtest.NewBouncer(t)
-	bouncerURL := pgtest.BouncerURL(t, b, f.url)
-	via := []string{"INBOXKEEPER_DATABASE_URL=" + bouncerURL}
+	bouncerURL, via := throughBouncer(t, f)
 	partitions := func() int64 {
 		return f.count("SELECT count(*) FROM pg_inherits WHERE inhparent = 'public.consumer_inbox'::regclass")
 	}

@@ -34,7 +34,7 @@ func TestRunStopsMidPassOnSIGTERM(t *testing.T) {
 	// 10,000 expired rows in batches of 100 with a 100ms pause: a pass takes
 	// more than 10 seconds.
 	const expired = 10000
-	f := newFixture(t, inboxTable+inboxIndex+`
+	f := newFixture(t, inboxTable+`
 INSERT INTO public.consumer_inbox
 SELECT 'c' || i % 4, 'old-' || i, now(), now() - interval '1 hour' - i * interval '1 second'
 FROM generate_series(1, 10000) i;

@@ -100,7 +100,7 @@ func TestSettings(t *testing.T) {
 // and another instance that takes over later runs with it too.
 func TestSettingsApplyLive(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, inboxTable+inboxIndex+`
+	f := newFixture(t, inboxTable+`
 INSERT INTO public.consumer_inbox
 SELECT 'c' || i % 4, 'old-' || i, now(), now() - interval '1 hour' - i * interval '1 second'
 FROM generate_series(1, 5000) i;`, inboxPolicy, true)

@@ -82,12 +82,7 @@ func (a *app) set(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if len(changes) == 0 {
-		fmt.Fprintln(a.stdout, "nothing changed: every value was already so")
-	}
-	for _, c := range changes {
-		fmt.Fprintln(a.stdout, describeChange(c))
-	}
+	printLines(a.stdout, changes, "nothing changed: every value was already so", describeChange)
 	return nil
 }
 
@@ -148,12 +143,7 @@ func (a *app) settingsCmd(ctx context.Context, args []string) error {
 		if *asJSON {
 			return json.NewEncoder(a.stdout).Encode(map[string]any{"history": list(h)})
 		}
-		if len(h) == 0 {
-			fmt.Fprintln(a.stdout, "no changes")
-		}
-		for _, c := range h {
-			fmt.Fprintln(a.stdout, describeChange(c))
-		}
+		printLines(a.stdout, h, "no changes", describeChange)
 		return nil
 	}
 	stored, err := settings.Load(ctx, pool)

@@ -26,6 +26,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/inboxkeeper/inboxkeeper/inbox"
 	"github.com/inboxkeeper/inboxkeeper/internal/metricsinfo"
 	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
 	"github.com/inboxkeeper/inboxkeeper/internal/scrape"
@@ -570,20 +571,19 @@ func TestEveryQueryNamesAnExportedMetric(t *testing.T) {
 		if got := unknownNames(bad, names); len(got) != 2 {
 			t.Errorf("unknownNames(%v) = %q, want two problems", bad, got)
 		}
-		for name, m := range map[string]exported{
-			"inboxkeeper_deleted":              {Kind: "counter", Help: "h"},
-			"inboxkeeper_lag_ms":               {Kind: "gauge", Help: "h"},
-			"inboxkeeper_size_total":           {Kind: "gauge", Help: "h"},
-			"inboxkeeper_last_run":             {Kind: "gauge", Help: "Unix time of the last run."},
-			"inboxkeeper_batch_duration":       {Kind: "histogram", Help: "h"},
-			"inboxkeeper_lag_seconds":          {Kind: "gauge", Help: ""},
-			"inboxkeeper_LagSeconds":           {Kind: "gauge", Help: "h"},
-			"inboxkeeper_scans_count":          {Kind: "gauge", Help: "h"},
-			"inboxkeeper_pass_timestamp":       {Kind: "gauge", Help: "h"},
-			"inboxkeeper_expiry_minutes_total": {Kind: "counter", Help: "h"},
-			"inboxkeeper_bytes_stored_per_key": {Kind: "gauge", Help: "h"},
-			"inboxkeeper_bytes_per_key_total":  {Kind: "gauge", Help: "h"},
-		} {
+		badMetrics := map[string]exported{
+			"inboxkeeper_last_run":       {Kind: "gauge", Help: "Unix time of the last run."},
+			"inboxkeeper_batch_duration": {Kind: "histogram", Help: "h"},
+			"inboxkeeper_lag_seconds":    {Kind: "gauge", Help: ""},
+		}
+		for _, name := range []string{"inboxkeeper_deleted", "inboxkeeper_expiry_minutes_total"} {
+			badMetrics[name] = exported{Kind: "counter", Help: "h"}
+		}
+		for _, name := range []string{"inboxkeeper_lag_ms", "inboxkeeper_size_total", "inboxkeeper_LagSeconds", "inboxkeeper_scans_count",
+			"inboxkeeper_pass_timestamp", "inboxkeeper_bytes_stored_per_key", "inboxkeeper_bytes_per_key_total"} {
+			badMetrics[name] = exported{Kind: "gauge", Help: "h"}
+		}
+		for name, m := range badMetrics {
 			if len(conventionProblems(name, m)) == 0 {
 				t.Errorf("conventionProblems(%s, %v) found nothing", name, m)
 			}
@@ -621,33 +621,19 @@ func TestEveryQueryNamesAnExportedMetric(t *testing.T) {
 
 // --- the daemon's own exposition ---
 
-const (
-	liveDDL = `
-CREATE TABLE public.consumer_inbox (
-    consumer       text NOT NULL,
-    message_id     text NOT NULL,
-    event_time     timestamptz,
-    first_seen_at  timestamptz,
-    remember_until timestamptz,
-    PRIMARY KEY (consumer, message_id)
-);
-CREATE INDEX ON public.consumer_inbox (remember_until);
-INSERT INTO public.consumer_inbox
-SELECT 'payments', 'old-' || i, now() - interval '3 days', now() - interval '3 days', now() - interval '1 hour' - i * interval '1 minute'
+var (
+	// liveDDL is the recommended inbox table (inbox.PlainDDL) with 20
+	// expired payments rows and 5 live ones.
+	liveDDL = inbox.PlainDDL + `
+INSERT INTO public.consumer_inbox (consumer, message_id, payload_hash, event_time, first_seen_at, remember_until)
+SELECT 'payments', 'old-' || i, '\x01', now() - interval '3 days', now() - interval '3 days', now() - interval '1 hour' - i * interval '1 minute'
 FROM generate_series(1, 20) i;
-INSERT INTO public.consumer_inbox
-SELECT 'payments', 'new-' || i, now(), now(), now() + interval '1 day'
+INSERT INTO public.consumer_inbox (consumer, message_id, payload_hash, event_time, first_seen_at, remember_until)
+SELECT 'payments', 'new-' || i, '\x01', now(), now(), now() + interval '1 day'
 FROM generate_series(1, 5) i;`
 
 	// A retention record, so that the daemon exports the installed horizons.
-	livePolicy = `tables:
-  - table: public.consumer_inbox
-    key: [consumer, message_id]
-    scope: consumer
-    event_time: event_time
-    first_seen: first_seen_at
-    expires_at: remember_until
-retention:
+	livePolicy = inbox.PlainPolicy + `retention:
   - scope: payments
     table: public.consumer_inbox
     consequence: high
@@ -739,17 +725,14 @@ func (l *lines) wait(t *testing.T, re *regexp.Regexp, timeout time.Duration) str
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
 	for {
-		select {
-		case line, ok := <-l.ch:
-			if !ok {
-				t.Fatalf("the daemon's stderr ended before a line matching %s\n%s", re, strings.Join(l.seen, "\n"))
-			}
-			l.seen = append(l.seen, line)
-			if re.MatchString(line) {
-				return line
-			}
-		case <-deadline.C:
+		line, eof, late := l.next(deadline.C)
+		switch {
+		case eof:
+			t.Fatalf("the daemon's stderr ended before a line matching %s\n%s", re, strings.Join(l.seen, "\n"))
+		case late:
 			t.Fatalf("no line matching %s within %s\n%s", re, timeout, strings.Join(l.seen, "\n"))
+		case re.MatchString(line):
+			return line
 		}
 	}
 }
@@ -759,15 +742,24 @@ func (l *lines) drain(timeout time.Duration) bool {
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
 	for {
-		select {
-		case line, ok := <-l.ch:
-			if !ok {
-				return true
-			}
-			l.seen = append(l.seen, line)
-		case <-deadline.C:
-			return false
+		if _, eof, late := l.next(deadline.C); eof || late {
+			return eof
 		}
+	}
+}
+
+// next returns the next line (kept in seen), or says that the stream
+// ended (eof) or that deadline came first (late).
+func (l *lines) next(deadline <-chan time.Time) (line string, eof, late bool) {
+	select {
+	case line, ok := <-l.ch:
+		if !ok {
+			return "", true, false
+		}
+		l.seen = append(l.seen, line)
+		return line, false, false
+	case <-deadline:
+		return "", false, true
 	}
 }
 

@@ -2,7 +2,6 @@ package catalog_test
 
 import (
 	"context"
-	"errors"
 	"strings"
 	"testing"
 
@@ -121,14 +120,7 @@ CREATE TABLE inboxkeeper.keys_nodate (consumer text NOT NULL, bk text NOT NULL, 
 				tc.check(t, ct.Tiers)
 				return
 			}
-			if !errors.Is(err, catalog.ErrInvalid) {
-				t.Fatalf("err = %v, want ErrInvalid", err)
-			}
-			for _, w := range tc.want {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("error %q\ndoes not contain %q", err, w)
-				}
-			}
+			wantInvalid(t, err, tc.want...)
 		})
 	}
 	// Nothing was created by resolving.

@@ -125,47 +125,52 @@ func TestLoadGoodValues(t *testing.T) {
 	}
 }
 
+// badValues are values each variable refuses, and what its one-line error
+// says: from the environment (TestLoadBadValues), and for the tunables at
+// runtime too (TestWith).
+var badValues = []struct{ name, value, want string }{
+	{"POLICY_FILE", "", "must not be empty"},
+	{"BATCH_SIZE", "abc", `"abc" is not an integer`},
+	{"BATCH_SIZE", "", `"" is not an integer`},
+	{"BATCH_SIZE", "99999999999999999999", "is out of range"},
+	{"BATCH_SIZE", "0", "0 must be at least 1"},
+	{"BATCH_PAUSE", "5", `"5" is not a duration`},
+	{"BATCH_PAUSE", "-1s", "-1s must not be negative"},
+	{"INTERVAL", "1d", `"1d" is not a duration`},
+	{"INTERVAL", "0s", "0s must be greater than 0"},
+	{"SCHEDULE", "every day", `"every day" is not a valid cron schedule`},
+	{"SCHEDULE", "* * * * * *", "is not a valid cron schedule"},
+	{"SCHEDULE", "TZ=UTC", "malformed TZ="},
+	{"RUN_TIME", "-5m", "must not be negative"},
+	{"LOCK_TIMEOUT", "0", "0s must be at least 1ms"},
+	// PostgreSQL reads milliseconds: 999us would round to 0, "no timeout".
+	{"LOCK_TIMEOUT", "999us", "999µs must be at least 1ms"},
+	{"DDL_LOCK_TIMEOUT", "500us", "500µs must be at least 1ms"},
+	{"STATEMENT_TIMEOUT", "1500us", "must be a whole number of milliseconds"},
+	{"FENCE_TIMEOUT", "0s", "must be at least 1ms"},
+	{"IDLE_IN_TRANSACTION_TIMEOUT", "10.5ms", "must be a whole number of milliseconds"},
+	{"SESSION_DATABASE_URL", "postgres://u:p/x@h/db", "is not a connection string"},
+	{"STATEMENT_TIMEOUT", "soon", `"soon" is not a duration`},
+	{"METRICS_ADDR", "9610", `"9610" must be host:port`},
+	{"METRICS_ADDR", "localhost:http", "must be host:port"},
+	{"LOG_FORMAT", "xml", `"xml" must be text or json`},
+	{"LOG_LEVEL", "verbose", `"verbose" must be debug, info, warn or error`},
+	{"LOG_LEVEL", "INFO", "must be debug"},
+	{"MAX_REPLICA_LAG_BYTES", "64 MiB", `unknown unit "MiB"`},
+	{"MAX_REPLICA_LAG_BYTES", "lots", "is not a size"},
+	{"MAX_REPLICA_LAG_BYTES", "0", "must be greater than 0"},
+	{"REPLICA_FAIL_OPEN", "maybe", "maybe"},
+	{"ACTIVE_HOURS", "22-06", "HH:MM"},
+	{"ACTIVE_HOURS", "06:00-06:00", "empty window"},
+	{"ACTIVE_TZ", "Mars/Olympus", "not a time zone"},
+	{"BATCH_SIZE_MAX", "50", "must be at least INBOXKEEPER_BATCH_SIZE_MIN"},
+	{"BATCH_SIZE", "60000", "must lie between"},
+	{"THROTTLE_RESUME", "1.5", "at most 1"},
+	{"REPLICA_URLS", "postgres://a/db,,postgres://b/db", "entry 2 is empty"},
+}
+
 func TestLoadBadValues(t *testing.T) {
-	tests := []struct{ name, value, want string }{
-		{"POLICY_FILE", "", "must not be empty"},
-		{"BATCH_SIZE", "abc", `"abc" is not an integer`},
-		{"BATCH_SIZE", "", `"" is not an integer`},
-		{"BATCH_SIZE", "99999999999999999999", "is out of range"},
-		{"BATCH_SIZE", "0", "0 must be at least 1"},
-		{"BATCH_PAUSE", "5", `"5" is not a duration`},
-		{"BATCH_PAUSE", "-1s", "-1s must not be negative"},
-		{"INTERVAL", "1d", `"1d" is not a duration`},
-		{"INTERVAL", "0s", "0s must be greater than 0"},
-		{"SCHEDULE", "every day", `"every day" is not a valid cron schedule`},
-		{"SCHEDULE", "* * * * * *", "is not a valid cron schedule"},
-		{"SCHEDULE", "TZ=UTC", "malformed TZ="},
-		{"RUN_TIME", "-5m", "must not be negative"},
-		{"LOCK_TIMEOUT", "0", "0s must be at least 1ms"},
-		// PostgreSQL reads milliseconds: 999us would round to 0, "no timeout".
-		{"LOCK_TIMEOUT", "999us", "999µs must be at least 1ms"},
-		{"DDL_LOCK_TIMEOUT", "500us", "500µs must be at least 1ms"},
-		{"STATEMENT_TIMEOUT", "1500us", "must be a whole number of milliseconds"},
-		{"FENCE_TIMEOUT", "0s", "must be at least 1ms"},
-		{"IDLE_IN_TRANSACTION_TIMEOUT", "10.5ms", "must be a whole number of milliseconds"},
-		{"SESSION_DATABASE_URL", "postgres://u:p/x@h/db", "is not a connection string"},
-		{"STATEMENT_TIMEOUT", "soon", `"soon" is not a duration`},
-		{"METRICS_ADDR", "9610", `"9610" must be host:port`},
-		{"METRICS_ADDR", "localhost:http", "must be host:port"},
-		{"LOG_FORMAT", "xml", `"xml" must be text or json`},
-		{"LOG_LEVEL", "verbose", `"verbose" must be debug, info, warn or error`},
-		{"LOG_LEVEL", "INFO", "must be debug"},
-		{"MAX_REPLICA_LAG_BYTES", "64 MiB", `unknown unit "MiB"`},
-		{"MAX_REPLICA_LAG_BYTES", "lots", "is not a size"},
-		{"MAX_REPLICA_LAG_BYTES", "0", "must be greater than 0"},
-		{"REPLICA_FAIL_OPEN", "maybe", "maybe"},
-		{"ACTIVE_HOURS", "22-06", "HH:MM"},
-		{"ACTIVE_HOURS", "06:00-06:00", "empty window"},
-		{"ACTIVE_TZ", "Mars/Olympus", "not a time zone"},
-		{"BATCH_SIZE_MAX", "50", "must be at least INBOXKEEPER_BATCH_SIZE_MIN"},
-		{"BATCH_SIZE", "60000", "must lie between"},
-		{"THROTTLE_RESUME", "1.5", "at most 1"},
-		{"REPLICA_URLS", "postgres://a/db,,postgres://b/db", "entry 2 is empty"},
-	}
+	tests := badValues
 	for _, tt := range tests {
 		t.Run(tt.name+"="+tt.value, func(t *testing.T) {
 			setEnv(t, map[string]string{"INBOXKEEPER_" + tt.name: tt.value})
@@ -380,19 +385,21 @@ func TestWith(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, tc := range []struct{ env, value, want string }{
+	cases := []struct{ env, value, want string }{
 		{"INBOXKEEPER_BATCH_SIZE", "2000", ""},
 		{"INBOXKEEPER_BATCH_SIZE", "lots", `INBOXKEEPER_BATCH_SIZE: "lots" is not an integer`},
-		{"INBOXKEEPER_BATCH_SIZE", "60000", "must lie between INBOXKEEPER_BATCH_SIZE_MIN"},
-		{"INBOXKEEPER_BATCH_SIZE_MAX", "50", "must be at least INBOXKEEPER_BATCH_SIZE_MIN"},
 		{"INBOXKEEPER_MAX_REPLICA_LAG", "5s", ""},
 		{"INBOXKEEPER_MAX_REPLICA_LAG", "0s", "must be greater than 0"},
-		{"INBOXKEEPER_MAX_REPLICA_LAG_BYTES", "64 MiB", `unknown unit "MiB"`},
 		{"INBOXKEEPER_ACTIVE_HOURS", "22:00-06:00", ""},
-		{"INBOXKEEPER_ACTIVE_HOURS", "22-06", "HH:MM"},
-		{"INBOXKEEPER_ACTIVE_TZ", "Mars/Olympus", "not a time zone"},
 		{"INBOXKEEPER_RUN_TIME", "-1m", "must not be negative"},
-	} {
+	}
+	// Every value the environment refuses for a tunable, refused alike.
+	for _, b := range badValues {
+		if env := Prefix + "_" + b.name; slices.ContainsFunc(Tunables, func(tn Tunable) bool { return tn.Env == env }) {
+			cases = append(cases, struct{ env, value, want string }{env, b.value, b.want})
+		}
+	}
+	for _, tc := range cases {
 		got, err := c.With(tc.env, tc.value)
 		switch {
 		case tc.want == "" && err != nil:

@@ -524,3 +524,39 @@ func Distribute(column string, tables ...string) string {
 }
 
 func quote(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// ShortInboxDDL creates the short inbox most tests fill: of the recommended
+// layout (inbox.PlainDDL) only the identity, the event time and
+// remember_until, the last two nullable so that a row can lack them, and the
+// index on remember_until. ShortInboxPolicy is its policy file.
+const ShortInboxDDL = `
+CREATE TABLE public.consumer_inbox (
+    consumer       text        NOT NULL,
+    message_id     text        NOT NULL,
+    event_time     timestamptz,
+    remember_until timestamptz,
+    PRIMARY KEY (consumer, message_id)
+);
+CREATE INDEX ON public.consumer_inbox (remember_until);`
+
+// ShortInboxPolicy is the policy file of the table ShortInboxDDL creates.
+const ShortInboxPolicy = `tables:
+  - table: public.consumer_inbox
+    key: [consumer, message_id]
+    scope: consumer
+    event_time: event_time
+    expires_at: remember_until
+`
+
+// ShortPartitionedDDL is the partitioned counterpart of ShortInboxDDL: the
+// columns of the recommended partitioned layout (inbox.PartitionedDDL) the
+// partition manager reads, partitioned by range of remember_until, with
+// the index on the identity and no partition yet.
+const ShortPartitionedDDL = `
+CREATE TABLE public.consumer_inbox (
+    consumer       text        NOT NULL,
+    message_id     text        NOT NULL,
+    event_time     timestamptz,
+    remember_until timestamptz NOT NULL
+) PARTITION BY RANGE (remember_until);
+CREATE INDEX ON public.consumer_inbox (consumer, message_id);`

@@ -33,7 +33,7 @@ func Start(t testing.TB, args ...string) string {
 	// redis-server binds it, so try a few.
 	var lastErr error
 	for range 5 {
-		port := freePort(t)
+		port := FreePort(t)
 		out := &syncBuffer{}
 		cmd := exec.Command(bin, append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir, "--daemonize", "no"}, args...)...)
 		cmd.Stdout, cmd.Stderr = out, out
@@ -93,7 +93,9 @@ func ping(addr string) bool {
 	return strings.HasPrefix(reply, "+PONG") || strings.HasPrefix(reply, "-NOAUTH")
 }
 
-func freePort(t testing.TB) int {
+// FreePort returns a local TCP port nothing listens on (for now: another
+// process may take it).
+func FreePort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

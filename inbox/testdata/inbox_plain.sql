@@ -1,1 +1,0 @@
-../schema/plain.sql
