@@ -23,34 +23,17 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 	"github.com/inboxkeeper/inboxkeeper/internal/stop"
-	"github.com/inboxkeeper/inboxkeeper/throttle"
 )
 
 // Clock pins "now" for tests. Nil means the database's clock, read once per
 // batch: the daemon never trusts its host's clock to decide what is expired.
 type Clock = dbconn.Clock
 
-// Options tune a Deleter. Zero values get the documented defaults.
+// Options tune a Deleter: the batch settings it shares with the demoter,
+// and its own metrics and progress hook. Zero values get the documented
+// defaults.
 type Options struct {
-	BatchSize        int           // rows per batch (the starting size when Sizing is set), default 5000
-	BatchPause       time.Duration // sleep between batches
-	LockTimeout      time.Duration // per batch transaction, default 500ms
-	StatementTimeout time.Duration // per batch statement, default 30s
-	IdleTimeout      time.Duration // idle_in_transaction_session_timeout of every transaction, default 10s
-	RunTime          time.Duration // stop a pass after this long; 0 = no limit
-	MaxRetries       int           // per batch, on lock timeouts and the like; default 5
-	DryRun           bool          // count what a pass would delete, delete nothing
-	Clock            Clock
-	// Throttle, when set, is waited on before every batch and watches each
-	// batch's backend for sessions waiting on its locks.
-	Throttle *throttle.Throttler
-	// Active, when set, is asked before every batch; an error stops the
-	// pass (this instance lost the lease).
-	Active func() error
-	// Sizing, when set, adapts the batch size per table toward a target
-	// duration; without it every batch has BatchSize rows.
-	Sizing  *Sizing
-	Logger  *slog.Logger
+	batchloop.Settings
 	Metrics *Metrics // may be nil
 	// Progress, when set, is called after every committed batch.
 	Progress func(Progress)
@@ -140,14 +123,8 @@ type Deleter struct {
 
 // New returns a Deleter with defaults filled in.
 func New(pool *pgxpool.Pool, tables []*catalog.Table, opts Options) *Deleter {
-	opts.BatchSize = batchloop.Or(opts.BatchSize, batchloop.DefaultBatchSize)
-	opts.LockTimeout = batchloop.Or(opts.LockTimeout, batchloop.DefaultLockTimeout)
-	opts.StatementTimeout = batchloop.Or(opts.StatementTimeout, batchloop.DefaultStatementTimeout)
-	opts.MaxRetries = batchloop.Or(opts.MaxRetries, batchloop.DefaultMaxRetries)
+	opts.Settings = opts.Settings.WithDefaults()
 	log := opts.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
 	// Partitioned parents lose whole partitions (package partitions): ctid
 	// batches do not apply to them.
 	var rowTables []*catalog.Table

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
 )
 
@@ -85,7 +86,7 @@ func TestPermanentKeyAtomicWithDeletion(t *testing.T) {
 				})
 				during = [2]int64{count("SELECT count(*) FROM public.inbox"), count(keys)}
 			}}
-			res, err := newTest(f.pool, f.tables, Options{Clock: pinned(t0), BatchSize: size}, sig).RunPass(ctx)
+			res, err := newTest(f.pool, f.tables, Options{Settings: batchloop.Settings{Clock: pinned(t0), BatchSize: size}}, sig).RunPass(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -113,7 +114,7 @@ func TestPermanentKeyAtomicWithDeletion(t *testing.T) {
 			// A key already kept is not overwritten by a later deletion of the
 			// same key (a redelivery claimed again after expiry).
 			pgtest.Exec(t, f.pool, `INSERT INTO public.inbox VALUES ('payments', 'again', '\xff', $1::timestamptz, $1::timestamptz, 'bk1', NULL)`, t0.Add(-time.Hour))
-			if r := f.pass(t, Options{Clock: pinned(t0)}); r.Deleted != 1 || r.PermanentKeys != 0 {
+			if r := f.pass(t, Options{Settings: batchloop.Settings{Clock: pinned(t0)}}); r.Deleted != 1 || r.PermanentKeys != 0 {
 				t.Errorf("second deletion of bk1: %+v, want 1 deleted and no new key", r)
 			}
 			if n := count(keys + ` WHERE business_key = 'bk1' AND payload_hash = '\xff'`); n != 0 {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/inboxkeeper/inboxkeeper/holds"
 	"github.com/inboxkeeper/inboxkeeper/inbox"
+	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
@@ -691,7 +692,7 @@ SELECT 'payments', 'm-' || i, 'payout-' || i, '\x01', '2026-04-01', '2026-05-10'
 	pgtest.Exec(t, f.pool, `UPDATE public.consumer_inbox SET payload = '{"secret": 1}'`)
 
 	// Demotion in place on a partitioned inbox: matched on (tableoid, ctid).
-	dres, err := tiering.New(f.pool, []*catalog.Table{f.table}, tiering.Options{Clock: pinned(time.Date(2026, 5, 1, 0, 0, 0, 0, time.UTC))}).RunPass(ctx)
+	dres, err := tiering.New(f.pool, []*catalog.Table{f.table}, tiering.Options{Settings: batchloop.Settings{Clock: pinned(time.Date(2026, 5, 1, 0, 0, 0, 0, time.UTC))}}).RunPass(ctx)
 	if err != nil || dres[0].Err != nil || dres[0].Demoted != 5 {
 		t.Fatalf("demotion of the partitioned inbox: %+v %v", dres, err)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxkeeper/inboxkeeper/expiry"
+	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
 	"github.com/inboxkeeper/inboxkeeper/internal/stop"
@@ -99,12 +100,18 @@ func TestReplicaLagStopsTheDeleter(t *testing.T) {
 
 	var mu sync.Mutex
 	var batchEnds []time.Time
-	d := expiry.New(e.pool, []*catalog.Table{e.table}, expiry.Options{BatchSize: 100, BatchPause: 20 * time.Millisecond, Throttle: th,
+	d := expiry.New(e.pool, []*catalog.Table{e.table}, expiry.Options{
+		Settings: batchloop.Settings{
+			BatchSize:  100,
+			BatchPause: 20 * time.Millisecond,
+			Throttle:   th,
+		},
 		Progress: func(expiry.Progress) {
 			mu.Lock()
 			batchEnds = append(batchEnds, time.Now())
 			mu.Unlock()
-		}})
+		},
+	})
 	done := make(chan expiry.TableResult, 1)
 	go func() {
 		res, _ := d.RunPass(context.Background())
@@ -222,8 +229,14 @@ func TestLockWaiterProceeds(t *testing.T) {
 CREATE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.05); RETURN OLD; END $$;
 CREATE TRIGGER slow BEFORE DELETE ON public.consumer_inbox FOR EACH ROW EXECUTE FUNCTION slow();`)
 	th := startThrottle(t, e.pool, throttle.Config{})
-	d := expiry.New(e.pool, []*catalog.Table{e.table}, expiry.Options{BatchSize: 100, Throttle: th, StatementTimeout: time.Minute,
-		Sizing: &expiry.Sizing{Min: 10, Max: 1000, Target: time.Minute}})
+	d := expiry.New(e.pool, []*catalog.Table{e.table}, expiry.Options{
+		Settings: batchloop.Settings{
+			BatchSize:        100,
+			Throttle:         th,
+			StatementTimeout: time.Minute,
+			Sizing:           &expiry.Sizing{Min: 10, Max: 1000, Target: time.Minute},
+		},
+	})
 	done := make(chan expiry.TableResult, 1)
 	go func() {
 		res, _ := d.RunPass(context.Background())
@@ -270,12 +283,17 @@ CREATE TRIGGER slowish BEFORE DELETE ON public.consumer_inbox FOR EACH ROW EXECU
 	const target = 50 * time.Millisecond
 	var mu sync.Mutex
 	var durations []time.Duration
-	d := expiry.New(e.pool, []*catalog.Table{e.table}, expiry.Options{BatchSize: 1000, Sizing: &expiry.Sizing{Min: 10, Max: 5000, Target: target},
+	d := expiry.New(e.pool, []*catalog.Table{e.table}, expiry.Options{
+		Settings: batchloop.Settings{
+			BatchSize: 1000,
+			Sizing:    &expiry.Sizing{Min: 10, Max: 5000, Target: target},
+		},
 		Progress: func(p expiry.Progress) {
 			mu.Lock()
 			durations = append(durations, p.BatchDuration)
 			mu.Unlock()
-		}})
+		},
+	})
 	res, err := d.RunPass(context.Background())
 	if err != nil || res[0].Err != nil {
 		t.Fatal(err, res[0].Err)
@@ -416,8 +434,13 @@ func TestWindowHoldsBatches(t *testing.T) {
 	})
 	pgtest.ExecOn(t, standby.URL("postgres"), "SELECT pg_wal_replay_pause()")
 
-	d := expiry.New(e.pool, []*catalog.Table{e.table}, expiry.Options{BatchSize: 200, Throttle: th,
-		Sizing: &expiry.Sizing{Min: 50, Max: 2000, Target: time.Second}})
+	d := expiry.New(e.pool, []*catalog.Table{e.table}, expiry.Options{
+		Settings: batchloop.Settings{
+			BatchSize: 200,
+			Throttle:  th,
+			Sizing:    &expiry.Sizing{Min: 50, Max: 2000, Target: time.Second},
+		},
+	})
 	done := make(chan expiry.TableResult, 1)
 	go func() {
 		res, _ := d.RunPass(context.Background())

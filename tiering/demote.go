@@ -32,13 +32,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/inboxkeeper/inboxkeeper/expiry"
 	"github.com/inboxkeeper/inboxkeeper/holds"
 	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/stop"
-	"github.com/inboxkeeper/inboxkeeper/throttle"
 )
 
 // Tier names: the values of the tier label.
@@ -48,22 +46,11 @@ const (
 	Permanent = "permanent"
 )
 
-// Options tune a Demoter; zero values get the expiry deleter's defaults.
+// Options tune a Demoter: the batch settings it shares with the deleter,
+// and its own metrics. Zero values get the documented defaults.
 type Options struct {
-	BatchSize        int // rows per batch (the starting size with Sizing), default 5000
-	BatchPause       time.Duration
-	LockTimeout      time.Duration // default 500ms
-	StatementTimeout time.Duration // default 30s
-	IdleTimeout      time.Duration // idle_in_transaction_session_timeout of every transaction, default 10s
-	RunTime          time.Duration // stop a pass after this long; 0 = no limit
-	MaxRetries       int           // default 5
-	DryRun           bool          // count what a pass would demote; change nothing
-	Clock            expiry.Clock  // nil: the database's clock, read once per batch
-	Throttle         *throttle.Throttler
-	Active           func() error // asked before every batch; an error stops the pass
-	Sizing           *expiry.Sizing
-	Logger           *slog.Logger
-	Metrics          *Metrics
+	batchloop.Settings
+	Metrics *Metrics
 	// Errors is inboxkeeper_errors_total{table,kind}, shared with the
 	// deleter (expiry.Metrics.Errors); may be nil.
 	Errors *prometheus.CounterVec
@@ -102,14 +89,8 @@ type testSignals struct {
 
 // New returns a Demoter for the tables of tables that have tiers.
 func New(pool *pgxpool.Pool, tables []*catalog.Table, opts Options) *Demoter {
-	opts.BatchSize = batchloop.Or(opts.BatchSize, batchloop.DefaultBatchSize)
-	opts.LockTimeout = batchloop.Or(opts.LockTimeout, batchloop.DefaultLockTimeout)
-	opts.StatementTimeout = batchloop.Or(opts.StatementTimeout, batchloop.DefaultStatementTimeout)
-	opts.MaxRetries = batchloop.Or(opts.MaxRetries, batchloop.DefaultMaxRetries)
+	opts.Settings = opts.Settings.WithDefaults()
 	log := opts.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
 	d := &Demoter{pool: pool, opts: opts, log: log, sizers: batchloop.NewSizers(opts.BatchSize, opts.Sizing)}
 	for _, t := range tables {
 		if t.Tiers == nil {

@@ -70,6 +70,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/bench/internal/benchdata"
 	"github.com/inboxkeeper/inboxkeeper/expiry"
 	"github.com/inboxkeeper/inboxkeeper/inbox"
+	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/pgcluster"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
@@ -801,10 +802,10 @@ func (b *bench) forget(ctx context.Context, part, rows *catalog.Table) (f forget
 	}
 
 	b.Logf("%s: the expiry deleter deletes the same rows", forgetRows)
-	d := expiry.New(b.pool, []*catalog.Table{rows}, expiry.Options{
+	d := expiry.New(b.pool, []*catalog.Table{rows}, expiry.Options{Settings: batchloop.Settings{
 		BatchSize: 5000, // the daemon's defaults
 		Sizing:    &expiry.Sizing{Min: 100, Max: 50000, Target: 200 * time.Millisecond},
-	})
+	}})
 	var dres []expiry.TableResult
 	f.rowsTime, f.rowsWAL, err = benchdata.Measure(ctx, b.pool, func() (err error) {
 		dres, err = d.RunPass(ctx)

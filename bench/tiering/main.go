@@ -38,6 +38,7 @@ import (
 
 	"github.com/inboxkeeper/inboxkeeper/bench/internal/benchdata"
 	"github.com/inboxkeeper/inboxkeeper/expiry"
+	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/pgcluster"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
@@ -157,7 +158,7 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 		n, o.batch, benchdata.MB(sizes[0]), benchdata.MB(sizes[1]), benchdata.MB(sizes[2]))
 
 	del, err := b.measure(ctx, "delete, wide rows (expiry deleter)", w, func() (int64, error) {
-		res, err := expiry.New(b.pool, tables[:1], expiry.Options{BatchSize: o.batch}).RunPass(ctx)
+		res, err := expiry.New(b.pool, tables[:1], expiry.Options{Settings: batchloop.Settings{BatchSize: o.batch}}).RunPass(ctx)
 		if err != nil {
 			return 0, err
 		}
@@ -168,7 +169,7 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 	}
 	demote := func(t *catalog.Table) func() (int64, error) {
 		return func() (int64, error) {
-			res, err := tiering.New(b.pool, []*catalog.Table{t}, tiering.Options{BatchSize: o.batch}).RunPass(ctx)
+			res, err := tiering.New(b.pool, []*catalog.Table{t}, tiering.Options{Settings: batchloop.Settings{BatchSize: o.batch}}).RunPass(ctx)
 			if err != nil {
 				return 0, err
 			}

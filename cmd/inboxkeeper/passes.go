@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/inboxkeeper/inboxkeeper/expiry"
+	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
@@ -93,10 +94,10 @@ type wiring struct {
 // readOnly is the wiring of status and dry runs: no throttle, no lease.
 func readOnly(pool *pgxpool.Pool) wiring { return wiring{pool: pool, dryRun: true} }
 
-// deleter builds the deleter of tables with the configuration c (a.cfg, or
-// a table's with its runtime settings).
-func (a *app) deleter(c config.Config, w wiring, tables []*catalog.Table, m *expiry.Metrics, progress func(expiry.Progress)) *expiry.Deleter {
-	return expiry.New(w.pool, tables, expiry.Options{
+// batchSettings are the settings the deleter and the demoter share, from
+// the configuration c (a.cfg, or a table's with its runtime settings).
+func (a *app) batchSettings(c config.Config, w wiring) batchloop.Settings {
+	return batchloop.Settings{
 		Throttle:         w.th,
 		Active:           w.active,
 		Sizing:           sizing(c),
@@ -108,9 +109,12 @@ func (a *app) deleter(c config.Config, w wiring, tables []*catalog.Table, m *exp
 		RunTime:          c.RunTime,
 		DryRun:           w.dryRun,
 		Logger:           a.log,
-		Metrics:          m,
-		Progress:         progress,
-	})
+	}
+}
+
+// deleter builds the deleter of tables with the configuration c.
+func (a *app) deleter(c config.Config, w wiring, tables []*catalog.Table, m *expiry.Metrics, progress func(expiry.Progress)) *expiry.Deleter {
+	return expiry.New(w.pool, tables, expiry.Options{Settings: a.batchSettings(c, w), Metrics: m, Progress: progress})
 }
 
 // preparePrimary is prepare for commands that change the database: against

@@ -24,21 +24,7 @@ import (
 
 // demoter is the tiering counterpart of deleter, with the same settings.
 func (a *app) demoter(c config.Config, w wiring, tables []*catalog.Table, m *tiering.Metrics, errs *prometheus.CounterVec) *tiering.Demoter {
-	return tiering.New(w.pool, tables, tiering.Options{
-		Throttle:         w.th,
-		Active:           w.active,
-		Sizing:           sizing(c),
-		BatchSize:        c.BatchSize,
-		BatchPause:       c.BatchPause,
-		LockTimeout:      c.LockTimeout,
-		StatementTimeout: c.StatementTimeout,
-		IdleTimeout:      c.IdleTimeout,
-		RunTime:          c.RunTime,
-		DryRun:           w.dryRun,
-		Logger:           a.log,
-		Metrics:          m,
-		Errors:           errs,
-	})
+	return tiering.New(w.pool, tables, tiering.Options{Settings: a.batchSettings(c, w), Metrics: m, Errors: errs})
 }
 
 // ensureKeyTables creates the missing permanent key tables before anything
