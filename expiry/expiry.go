@@ -400,22 +400,6 @@ SELECT count(*), max(expiry), %[11]s FROM gone`
 	skipLockedClause = `
   FOR UPDATE OF t SKIP LOCKED`
 
-	// keySQL is ctidSQL for a Citus distributed table, where a DELETE by
-	// ctid is refused: the coordinator picks size rows by the expiry
-	// (each shard's expiry index, merged), and the DELETE finds them again
-	// by key on their shards. %[12]s is the key columns over the alias,
-	// %[13]s over t.
-	keySQL = `
-WITH gone AS (
-  DELETE FROM %[1]s d WHERE (%[12]s) IN (
-    SELECT %[13]s FROM %[1]s t
-    WHERE %[2]s <= %[3]s AND %[2]s >= %[4]s AND NOT %[5]s AND NOT %[6]s
-    ORDER BY %[2]s
-    LIMIT %[7]s)
-  RETURNING %[8]s AS expiry%[9]s
-)%[10]s
-SELECT count(*), max(expiry), %[11]s FROM gone`
-
 	// batchSettingsSQL: the commit does not wait for the batch's WAL to
 	// reach disk. A batch lost in a crash only brings back rows that are
 	// still expired, and the next pass deletes them again; a hold written
@@ -436,8 +420,7 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 		lockTimeout = min(d.opts.LockTimeout, d.optimisticLockTimeout())
 	}
 	tx, err := batchloop.Begin(ctx, d.pool, t.Name, batchloop.TxOptions{
-		LockTimeout: lockTimeout, StatementTimeout: d.opts.StatementTimeout, IdleInTx: d.opts.IdleTimeout, Throttle: d.opts.Throttle, Clock: d.opts.Clock,
-		Citus: t.Distributed()})
+		LockTimeout: lockTimeout, StatementTimeout: d.opts.StatementTimeout, IdleInTx: d.opts.IdleTimeout, Throttle: d.opts.Throttle, Clock: d.opts.Clock})
 	if err != nil {
 		return 0, time.Time{}, 0, err
 	}
@@ -462,8 +445,6 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 		form, alias = rangeKeysSQL, "d"
 	case b.ok:
 		form, alias = rangeSQL, "d"
-	case t.Distributed():
-		form = keySQL
 	}
 	var args holds.Args
 	holdPred, replayPred := tx.Coverage.Predicates(t, alias, &args)
@@ -474,11 +455,6 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 		limit = args.Add(size)
 	}
 	keysReturning, keysCTE, keysCount := permanentKeys(t)
-	last := lockClause
-	var keyT string
-	if form == keySQL {
-		last, keyT = keyColumns(t, "d"), keyColumns(t, "t")
-	}
 	sql := fmt.Sprintf(form,
 		t.Ident, alias+"."+t.Expiry.Quoted,
 		t.Expiry.Instant(args.Add(c)+"::timestamptz"),
@@ -486,7 +462,7 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 		holdPred, replayPred,
 		limit,
 		t.Expiry.AsTimestamptz("d"),
-		keysReturning, keysCTE, keysCount, last, keyT)
+		keysReturning, keysCTE, keysCount, lockClause)
 	var newestTS pgtype.Timestamptz
 	var keys int64
 	began := time.Now()
