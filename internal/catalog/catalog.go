@@ -51,7 +51,7 @@ func isTimestamp(typ string) bool {
 
 // zoneLiteral is the column's zone as an SQL string literal. Zones are
 // checked IANA names, but quoting keeps the SQL right whatever they hold.
-func (c Column) zoneLiteral() string { return "'" + strings.ReplaceAll(c.Zone, "'", "''") + "'" }
+func (c Column) zoneLiteral() string { return sqlident.QuoteLiteral(c.Zone) }
 
 // Instant returns SQL that turns the timestamptz expression expr into a
 // value comparable with this column, so that the comparison stays on the

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
+	"github.com/inboxkeeper/inboxkeeper/internal/sqlident"
 )
 
 // Distribution describes a table Citus hash-distributes over its workers.
@@ -135,7 +136,7 @@ func colocated(ctx context.Context, q Querier, pt policy.Table, t *Table, field,
        coalesce(CASE WHEN p.partmethod <> 'n' THEN column_to_column_name(p.logicalrelid, p.partkey) END, ''),
        p.colocationid = (SELECT colocationid FROM pg_catalog.pg_dist_partition WHERE logicalrelid = $2::oid::regclass)
 FROM pg_catalog.pg_dist_partition p WHERE p.logicalrelid = $1::text::regclass`, ident, t.OID).Scan(&method, &column, &same)
-	fix := fmt.Sprintf("SELECT create_distributed_table(%s, %s, colocate_with => %s)", quoteLiteral(name), quoteLiteral(col), quoteLiteral(t.Name))
+	fix := fmt.Sprintf("SELECT create_distributed_table(%s, %s, colocate_with => %s)", sqlident.QuoteLiteral(name), sqlident.QuoteLiteral(col), sqlident.QuoteLiteral(t.Name))
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return invalid(pt, field, "%s is a local table on the Citus coordinator, but %s is distributed on %q: distribute it the same way, co-located, as its owner: %s", name, t.Name, col, fix)
@@ -147,10 +148,10 @@ FROM pg_catalog.pg_dist_partition p WHERE p.logicalrelid = $1::text::regclass`, 
 			how = "a reference or Citus local table"
 		}
 		return invalid(pt, field, "%s is %s, but %s is hash-distributed on %q: undistribute it (SELECT undistribute_table(%s)) and distribute it the same way, co-located: %s",
-			name, how, t.Name, col, quoteLiteral(name), fix)
+			name, how, t.Name, col, sqlident.QuoteLiteral(name), fix)
 	case !same:
 		return invalid(pt, field, "%s is distributed on %q but not co-located with %s, so a row and its %s could be on different nodes: SELECT update_distributed_table_colocation(%s, colocate_with => %s)",
-			name, col, t.Name, what, quoteLiteral(name), quoteLiteral(t.Name))
+			name, col, t.Name, what, sqlident.QuoteLiteral(name), sqlident.QuoteLiteral(t.Name))
 	}
 	return nil
 }

@@ -137,12 +137,8 @@ func (k *PermanentKey) DDL(t *Table) string {
 // named by their canonical spelling, which Citus parses like SQL text.
 func (k *PermanentKey) DistributeSQL(t *Table) string {
 	return fmt.Sprintf("SELECT create_distributed_table(%s, %s, colocate_with => %s)",
-		quoteLiteral(k.Name), quoteLiteral(t.Citus.Column.Name), quoteLiteral(t.Name))
+		sqlident.QuoteLiteral(k.Name), sqlident.QuoteLiteral(t.Citus.Column.Name), sqlident.QuoteLiteral(t.Name))
 }
-
-// quoteLiteral quotes s as an SQL string literal (standard_conforming_strings
-// is on in every supported server).
-func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // resolveTiers checks the tiers section of t against the catalog: cols are
 // the table's columns (name → format_type).

@@ -24,6 +24,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/pgcluster"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
+	"github.com/inboxkeeper/inboxkeeper/internal/sqlident"
 	"github.com/inboxkeeper/inboxkeeper/migrations"
 )
 
@@ -516,14 +517,12 @@ func Distribute(column string, tables ...string) string {
 	for i, table := range tables {
 		colocate := ""
 		if i > 0 {
-			colocate = ", colocate_with => " + quote(tables[0])
+			colocate = ", colocate_with => " + sqlident.QuoteLiteral(tables[0])
 		}
-		sql += fmt.Sprintf("\nSELECT create_distributed_table(%s, %s%s);", quote(table), quote(column), colocate)
+		sql += fmt.Sprintf("\nSELECT create_distributed_table(%s, %s%s);", sqlident.QuoteLiteral(table), sqlident.QuoteLiteral(column), colocate)
 	}
 	return sql
 }
-
-func quote(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // ShortInboxDDL creates the short inbox most tests fill: of the recommended
 // layout (inbox.PlainDDL) only the identity, the event time and

@@ -112,6 +112,10 @@ func (q QualifiedName) Sanitize() string {
 	return pgx.Identifier{q.Schema, q.Name}.Sanitize()
 }
 
+// QuoteLiteral quotes s as an SQL string literal (standard_conforming_strings
+// is on in every supported server).
+func QuoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
 // QuoteIdent quotes a column name for inclusion in SQL text.
 func QuoteIdent(s string) string {
 	return pgx.Identifier{s}.Sanitize()
