@@ -60,13 +60,13 @@ func (d *Deleter) Due(ctx context.Context, t *catalog.Table, from pgtype.Timesta
 		return due, err
 	}
 	if m := d.opts.Metrics; m != nil && !d.opts.DryRun {
-		m.RowsDue.WithLabelValues(t.Name).Set(float64(min(due.Rows, DueCap)))
+		m.RowsDue.Set(float64(min(due.Rows, DueCap)), t.Name)
 		capped := 0.0
 		if due.Capped {
 			capped = 1
 		}
-		m.RowsDueCapped.WithLabelValues(t.Name).Set(capped)
-		m.CleanupLag.WithLabelValues(t.Name).Set(due.Lag.Seconds())
+		m.RowsDueCapped.Set(capped, t.Name)
+		m.CleanupLag.Set(due.Lag.Seconds(), t.Name)
 	}
 	return due, nil
 }

@@ -243,7 +243,7 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 		MaxRetries: d.opts.MaxRetries, BatchPause: d.opts.BatchPause, Log: d.log.With("table", t.Name), OnRetry: d.test.onRetry,
 		BeforeBatch: func(size int) {
 			if m != nil {
-				m.BatchSize.WithLabelValues(t.Name).Set(float64(size))
+				m.BatchSize.Set(float64(size), t.Name)
 			}
 		},
 		AfterBatch: func(n int64, took time.Duration) {

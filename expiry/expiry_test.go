@@ -283,7 +283,7 @@ func TestLockTimeoutIsRetriedAndCounted(t *testing.T) {
 	locker := pgtest.Lock(t, f.pool, "LOCK TABLE public.consumer_inbox IN ACCESS EXCLUSIVE MODE")
 
 	reg := prometheus.NewRegistry()
-	m := NewMetrics(reg)
+	m := NewMetrics(reg, nil)
 	retried := make(chan string, 10)
 	opts := Options{Settings: batchloop.Settings{Clock: pinned(t0), LockTimeout: 50 * time.Millisecond}, Metrics: m}
 	done := make(chan TableResult, 1)

@@ -80,7 +80,7 @@ func TestCitusRetirementWithALongReader(t *testing.T) {
 
 			const lockTimeout = 300 * time.Millisecond
 			reg := prometheus.NewRegistry()
-			m := NewMetrics(reg)
+			m := NewMetrics(reg, nil)
 			m.Errors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "errors"}, []string{"table", "kind"})
 			done := make(chan TableResult, 1)
 			go func() {
@@ -134,11 +134,11 @@ WHERE locktype = 'relation' AND NOT granted AND database = (SELECT oid FROM pg_d
 			if got := testutil.ToFloat64(m.Errors.WithLabelValues("public.consumer_inbox", "lock_timeout")); got != 2 {
 				t.Errorf("lock timeouts counted: %v, want 2 (one retry); blocked: %+v", got, res.Blocked)
 			}
-			if got := testutil.ToFloat64(m.Blocked.WithLabelValues("public.consumer_inbox", "lock_timeout")); got != 1 {
+			if got := m.Blocked.Value("public.consumer_inbox", "lock_timeout"); got != 1 {
 				t.Errorf("blocked{reason=lock_timeout} = %v", got)
 			}
 			// A plain DETACH that gave up leaves nothing pending.
-			if got := testutil.ToFloat64(m.Count.WithLabelValues("public.consumer_inbox", "detach_pending")); got != 0 {
+			if got := m.Count.Value("public.consumer_inbox", "detach_pending"); got != 0 {
 				t.Errorf("partitions{state=detach_pending} = %v", got)
 			}
 			if !f.exists(t, "public.consumer_inbox_p202605") || f.count(t, "public.consumer_inbox", "remember_until < '2026-06-01'") != 3 {
@@ -156,7 +156,7 @@ WHERE locktype = 'relation' AND NOT granted AND database = (SELECT oid FROM pg_d
 			if f.exists(t, "public.consumer_inbox_p202605") || f.count(t, "public.consumer_inbox", "true") != 1 {
 				t.Fatal("May should be gone, the June row kept")
 			}
-			if got := testutil.ToFloat64(m.Blocked.WithLabelValues("public.consumer_inbox", "lock_timeout")); got != 0 {
+			if got := m.Blocked.Value("public.consumer_inbox", "lock_timeout"); got != 0 {
 				t.Errorf("blocked{reason=lock_timeout} after the reader = %v", got)
 			}
 		})
@@ -179,7 +179,7 @@ func TestCitusPartitions(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	m := NewMetrics(reg)
+	m := NewMetrics(reg, nil)
 	res := f.pass(t, Options{Clock: pinned(t0), Metrics: m})
 	if len(res.Created) != 6 || len(res.Detached) != 0 || len(res.Blocked) != 1 || res.Blocked[0].Reason != "hold" || res.Blocked[0].Partition != "public.consumer_inbox_p202605" {
 		t.Fatalf("with a hold: %+v", res)
@@ -191,10 +191,10 @@ WHERE i.inhparent = 'public.consumer_inbox'::regclass AND d.partmethod = 'h'
 		t.Fatalf("%d partitions distributed with the parent (%v), want 7", distributed, err)
 	}
 	wantCoverage := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC).Sub(t0)
-	if got := testutil.ToFloat64(m.Coverage.WithLabelValues("public.consumer_inbox")); got != wantCoverage.Seconds() {
+	if got := m.Coverage.Value("public.consumer_inbox"); got != wantCoverage.Seconds() {
 		t.Fatalf("coverage metric %v, want %v", got, wantCoverage.Seconds())
 	}
-	if got := testutil.ToFloat64(m.Blocked.WithLabelValues("public.consumer_inbox", "hold")); got != 1 {
+	if got := m.Blocked.Value("public.consumer_inbox", "hold"); got != 1 {
 		t.Fatalf("blocked{reason=hold} = %v", got)
 	}
 
@@ -213,7 +213,7 @@ WHERE i.inhparent = 'public.consumer_inbox'::regclass AND d.partmethod = 'h'
 		t.Fatal("the detached partition should stay a distributed table")
 	}
 	for state, want := range map[string]float64{"attached": 6, "detach_pending": 0, "detached": 1} {
-		if got := testutil.ToFloat64(m.Count.WithLabelValues("public.consumer_inbox", state)); got != want {
+		if got := m.Count.Value("public.consumer_inbox", state); got != want {
 			t.Errorf("partitions{state=%s} = %v, want %v", state, got, want)
 		}
 	}

@@ -11,16 +11,16 @@ import (
 // inboxkeeper_cleanup_lag_seconds, inboxkeeper_last_success_timestamp_seconds)
 // and may be left nil.
 type Metrics struct {
-	Coverage  *prometheus.GaugeVec
-	MaxExpiry *prometheus.GaugeVec
-	Blocked   *prometheus.GaugeVec
-	Count     *prometheus.GaugeVec
+	Coverage  *daemonmetrics.Fact
+	MaxExpiry *daemonmetrics.Fact
+	Blocked   *daemonmetrics.Fact
+	Count     *daemonmetrics.Fact
 	Created   *prometheus.CounterVec
 	Detached  *prometheus.CounterVec
 	Dropped   *prometheus.CounterVec
 
 	Errors      *prometheus.CounterVec // {table, kind}
-	CleanupLag  *prometheus.GaugeVec   // {table}
+	CleanupLag  *daemonmetrics.Fact    // {table}
 	LastSuccess *prometheus.GaugeVec   // {table}
 }
 
@@ -31,13 +31,17 @@ var BlockedReasons = []string{"hold", "replay", "lock_timeout", "error"}
 // States are the values of the state label of inboxkeeper_partitions.
 var States = []string{"attached", "detach_pending", "detached"}
 
-// NewMetrics creates the metrics and registers them on reg.
-func NewMetrics(reg prometheus.Registerer) *Metrics {
+// NewMetrics creates the metrics and registers them on reg; the per-table
+// gauges measured belong to facts (nil: a Facts of their own).
+func NewMetrics(reg prometheus.Registerer, facts *daemonmetrics.Facts) *Metrics {
+	if facts == nil {
+		facts = daemonmetrics.NewFacts()
+	}
 	m := &Metrics{
-		Coverage:  daemonmetrics.GaugeVec(reg, "inboxkeeper_partition_coverage_seconds", "How far ahead of now the partitions reach without a gap: a row whose expiry column lies beyond now + this fails its insert (+Inf with a MAXVALUE partition).", "table"),
-		MaxExpiry: daemonmetrics.GaugeVec(reg, "inboxkeeper_partition_max_expiry_seconds", "partitions.max_expiry from the policy: the furthest ahead of now a new row's expiry column may be; coverage below it means inserts can fail.", "table"),
-		Blocked:   daemonmetrics.GaugeVec(reg, "inboxkeeper_partitions_blocked", "Partitions due for retirement that wait, by reason: hold, replay, lock_timeout (DDL gave up after its retries this pass), error.", "table", "reason"),
-		Count:     daemonmetrics.GaugeVec(reg, "inboxkeeper_partitions", "Partitions by state: attached, detach_pending (an interrupted DETACH CONCURRENTLY; never on a Citus table, whose plain DETACH commits or not at all), detached (waiting out detached_retention).", "table", "state"),
+		Coverage:  facts.Gauge(reg, "inboxkeeper_partition_coverage_seconds", "How far ahead of now the partitions reach without a gap: a row whose expiry column lies beyond now + this fails its insert (+Inf with a MAXVALUE partition).", "table"),
+		MaxExpiry: facts.Gauge(reg, "inboxkeeper_partition_max_expiry_seconds", "partitions.max_expiry from the policy: the furthest ahead of now a new row's expiry column may be; coverage below it means inserts can fail.", "table"),
+		Blocked:   facts.Gauge(reg, "inboxkeeper_partitions_blocked", "Partitions due for retirement that wait, by reason: hold, replay, lock_timeout (DDL gave up after its retries this pass), error.", "table", "reason"),
+		Count:     facts.Gauge(reg, "inboxkeeper_partitions", "Partitions by state: attached, detach_pending (an interrupted DETACH CONCURRENTLY; never on a Citus table, whose plain DETACH commits or not at all), detached (waiting out detached_retention).", "table", "state"),
 		Created:   daemonmetrics.CounterVec(reg, "inboxkeeper_partitions_created_total", "Partitions created ahead of time.", "table"),
 		Detached:  daemonmetrics.CounterVec(reg, "inboxkeeper_partitions_detached_total", "Expired partitions detached (DETACH CONCURRENTLY, FINALIZE of an interrupted one, or a plain DETACH on a Citus table).", "table"),
 		Dropped:   daemonmetrics.CounterVec(reg, "inboxkeeper_partitions_dropped_total", "Detached partitions dropped after detached_retention.", "table"),

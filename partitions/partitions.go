@@ -143,9 +143,9 @@ func New(pool *pgxpool.Pool, tables []*catalog.Table, opts Options) *Manager {
 			mm.Created.WithLabelValues(t.Name).Add(0)
 			mm.Detached.WithLabelValues(t.Name).Add(0)
 			mm.Dropped.WithLabelValues(t.Name).Add(0)
-			mm.MaxExpiry.WithLabelValues(t.Name).Set(t.Policy.Partitions.MaxExpiry.Seconds())
+			mm.MaxExpiry.Set(t.Policy.Partitions.MaxExpiry.Seconds(), t.Name)
 			for _, r := range BlockedReasons {
-				mm.Blocked.WithLabelValues(t.Name, r).Set(0)
+				mm.Blocked.Set(0, t.Name, r)
 			}
 			if mm.Errors != nil {
 				for _, k := range retry.Kinds {
@@ -842,13 +842,13 @@ func (m *Manager) measure(ctx context.Context, t *catalog.Table, now time.Time, 
 	if mm == nil || m.opts.DryRun {
 		return nil
 	}
-	mm.Coverage.WithLabelValues(t.Name).Set(cov)
+	mm.Coverage.Set(cov, t.Name)
 	counts := map[string]int{}
 	for _, b := range res.Blocked {
 		counts[b.Reason]++
 	}
 	for _, r := range BlockedReasons {
-		mm.Blocked.WithLabelValues(t.Name, r).Set(float64(counts[r]))
+		mm.Blocked.Set(float64(counts[r]), t.Name, r)
 	}
 	attached, pending := 0, 0
 	for _, p := range parts {
@@ -858,11 +858,11 @@ func (m *Manager) measure(ctx context.Context, t *catalog.Table, now time.Time, 
 			attached++
 		}
 	}
-	mm.Count.WithLabelValues(t.Name, "attached").Set(float64(attached))
-	mm.Count.WithLabelValues(t.Name, "detach_pending").Set(float64(pending))
-	mm.Count.WithLabelValues(t.Name, "detached").Set(float64(len(res.Waiting)))
+	mm.Count.Set(float64(attached), t.Name, "attached")
+	mm.Count.Set(float64(pending), t.Name, "detach_pending")
+	mm.Count.Set(float64(len(res.Waiting)), t.Name, "detached")
 	if mm.CleanupLag != nil {
-		mm.CleanupLag.WithLabelValues(t.Name).Set(res.CleanupLag.Seconds())
+		mm.CleanupLag.Set(res.CleanupLag.Seconds(), t.Name)
 	}
 	return nil
 }

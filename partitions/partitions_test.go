@@ -141,7 +141,7 @@ func TestPremakeFromEmpty(t *testing.T) {
 	t.Parallel()
 	f := setup(t, parentDDL, policyText("0"))
 	reg := prometheus.NewRegistry()
-	m := NewMetrics(reg)
+	m := NewMetrics(reg, nil)
 	res := f.pass(t, Options{Clock: pinned(t0), Metrics: m})
 	wantNames(t, f.names(t), premadeAtT0...)
 	if len(res.Created) != 6 {
@@ -151,10 +151,10 @@ func TestPremakeFromEmpty(t *testing.T) {
 	if res.Coverage != wantCoverage {
 		t.Fatalf("coverage %v, want %v", res.Coverage, wantCoverage)
 	}
-	if got := testutil.ToFloat64(m.Coverage.WithLabelValues("public.consumer_inbox")); got != wantCoverage.Seconds() {
+	if got := m.Coverage.Value("public.consumer_inbox"); got != wantCoverage.Seconds() {
 		t.Fatalf("coverage metric %v, want %v", got, wantCoverage.Seconds())
 	}
-	if got := testutil.ToFloat64(m.MaxExpiry.WithLabelValues("public.consumer_inbox")); got != (60 * 24 * time.Hour).Seconds() {
+	if got := m.MaxExpiry.Value("public.consumer_inbox"); got != (60 * 24 * time.Hour).Seconds() {
 		t.Fatalf("max expiry metric %v", got)
 	}
 	if got := testutil.ToFloat64(m.Created.WithLabelValues("public.consumer_inbox")); got != 6 {
@@ -292,12 +292,12 @@ func TestHoldOnOneScopeKeepsThePartition(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	m := NewMetrics(reg)
+	m := NewMetrics(reg, nil)
 	res := f.pass(t, Options{Clock: pinned(t0), Metrics: m})
 	if len(res.Detached) != 0 || len(res.Blocked) != 1 || res.Blocked[0].Reason != "hold" || res.Blocked[0].Partition != "public.consumer_inbox_p202605" {
 		t.Fatalf("with a hold: detached %v, blocked %+v", res.Detached, res.Blocked)
 	}
-	if got := testutil.ToFloat64(m.Blocked.WithLabelValues("public.consumer_inbox", "hold")); got != 1 {
+	if got := m.Blocked.Value("public.consumer_inbox", "hold"); got != 1 {
 		t.Fatalf("blocked{reason=hold} = %v", got)
 	}
 	// Rows of the other scope in the covered partition are kept too.
@@ -321,7 +321,7 @@ func TestHoldOnOneScopeKeepsThePartition(t *testing.T) {
 	if n := f.count(t, "public.consumer_inbox", "true"); n != 5 {
 		t.Fatalf("rows left: %d, want the 5 of June", n)
 	}
-	if got := testutil.ToFloat64(m.Blocked.WithLabelValues("public.consumer_inbox", "hold")); got != 0 {
+	if got := m.Blocked.Value("public.consumer_inbox", "hold"); got != 0 {
 		t.Fatalf("blocked{reason=hold} after release = %v", got)
 	}
 	if got := testutil.ToFloat64(m.Dropped.WithLabelValues("public.consumer_inbox")); got != 1 {

@@ -519,7 +519,7 @@ func TestMetricsAndMeasure(t *testing.T) {
 			f := setup(t, inboxDDL, l.policy)
 			f.insert(t, "c", 100, t0.Add(-40*24*time.Hour), time.Hour)
 			f.insert(t, "d", 50, t0.Add(-24*time.Hour), time.Minute)
-			m := NewMetrics(prometheus.NewRegistry())
+			m := NewMetrics(prometheus.NewRegistry(), nil)
 			// Before c's rows expire (an expired row is the deleter's, in place).
 			res := f.demote(t, Options{Settings: batchloop.Settings{Clock: pinned(t0.Add(-10*24*time.Hour - time.Hour))}, Metrics: m})
 			if got := testutil.ToFloat64(m.RowsDemoted.WithLabelValues(f.table.Name, Warm)); got != float64(res.Demoted) || got != 100 {

@@ -513,7 +513,7 @@ type retirement struct {
 func (b *bench) inboxkeeperUnderReader(ctx context.Context, t *catalog.Table) (underReader, error) {
 	b.Logf("%s: writer, reader, inboxkeeper passes", ikTable)
 	reg := prometheus.NewRegistry()
-	metrics := partitions.NewMetrics(reg)
+	metrics := partitions.NewMetrics(reg, nil)
 	metrics.Errors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "errors_total", Help: "DDL errors by kind"}, []string{"table", "kind"})
 	m := partitions.New(b.pool, []*catalog.Table{t}, partitions.Options{
 		LockTimeout: b.o.lockTimeout,

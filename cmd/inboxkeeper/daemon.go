@@ -89,11 +89,16 @@ func (a *app) daemon(ctx context.Context, args []string) error {
 	// use puts a (re)loaded policy's tables in force; the next pass builds
 	// its stages for them.
 	use := func(tables []*catalog.Table) {
-		p.list, p.watch = tables, nil
+		// The next pass builds its stages anew; until then nothing counts
+		// what is due on the tables of the old policy.
+		p.list, p.watch, p.deleters = tables, nil, nil
 		p.tables, p.scopeIdx, p.seenKnown = map[string]*catalog.Table{}, map[string]*expiry.ScopeIndexes{}, false
 		for _, t := range tables {
 			p.tables[t.Name] = t
 		}
+		// What was measured of a table the policy no longer names is no
+		// longer exported.
+		ms.facts.KeepTables(func(table string) bool { return p.tables[table] != nil })
 		dm.ReloadOK.Set(1)
 		dm.ReloadTime.Set(float64(time.Now().Unix()))
 	}
@@ -336,7 +341,7 @@ func (p *passer) run(ctx context.Context) error {
 // active one's. Counters and last-success timestamps keep their history.
 func (p *passer) inactive() {
 	p.dm.Active.Set(0)
-	p.ms.resetMeasured()
+	p.ms.facts.Clear()
 }
 
 // record exports what a pass measured about one table.
@@ -344,19 +349,19 @@ func (p *passer) record(r expiry.TableResult) {
 	if r.Err != nil {
 		return
 	}
-	p.dm.RowsProtected.WithLabelValues(r.Table, "hold").Set(float64(r.ProtectedByHolds))
-	p.dm.RowsProtected.WithLabelValues(r.Table, "replay").Set(float64(r.ProtectedByReplays))
+	p.dm.RowsProtected.Set(float64(r.ProtectedByHolds), r.Table, "hold")
+	p.dm.RowsProtected.Set(float64(r.ProtectedByReplays), r.Table, "replay")
 	if r.Oldest != nil {
-		p.dm.OldestExpiry.WithLabelValues(r.Table).Set(float64(r.Oldest.Unix()))
-		p.dm.NewestExpiry.WithLabelValues(r.Table).Set(float64(r.Newest.Unix()))
+		p.dm.OldestExpiry.Set(float64(r.Oldest.Unix()), r.Table)
+		p.dm.NewestExpiry.Set(float64(r.Newest.Unix()), r.Table)
 	} else {
-		p.dm.OldestExpiry.DeleteLabelValues(r.Table)
-		p.dm.NewestExpiry.DeleteLabelValues(r.Table)
+		p.dm.OldestExpiry.Delete(r.Table)
+		p.dm.NewestExpiry.Delete(r.Table)
 	}
 	if r.BytesPerKey > 0 {
-		p.dm.BytesPerKey.WithLabelValues(r.Table, "all").Set(r.BytesPerKey)
+		p.dm.BytesPerKey.Set(r.BytesPerKey, r.Table, "all")
 	} else {
-		p.dm.BytesPerKey.DeleteLabelValues(r.Table, "all") // unknown before the first ANALYZE
+		p.dm.BytesPerKey.Delete(r.Table, "all") // unknown before the first ANALYZE
 	}
 	p.countPermanent(r)
 }
@@ -385,8 +390,8 @@ func (p *passer) firstSeenStats(ctx context.Context) error {
 			return err
 		}
 		if oldest != nil {
-			p.dm.FirstSeen.WithLabelValues(name, "oldest").Set(float64(oldest.Unix()))
-			p.dm.FirstSeen.WithLabelValues(name, "newest").Set(float64(newest.Unix()))
+			p.dm.FirstSeen.Set(float64(oldest.Unix()), name, "oldest")
+			p.dm.FirstSeen.Set(float64(newest.Unix()), name, "newest")
 		}
 	}
 	return nil
@@ -416,9 +421,9 @@ func (p *passer) scopeStats(ctx context.Context, table, scope string) error {
 	if err != nil {
 		return err
 	}
-	set := func(g *prometheus.GaugeVec, end string, v *time.Time) {
+	set := func(g *daemonmetrics.Fact, end string, v *time.Time) {
 		if v != nil {
-			g.WithLabelValues(table, scope, end).Set(float64(v.Unix()))
+			g.Set(float64(v.Unix()), table, scope, end)
 		}
 	}
 	set(p.dm.ScopeExpiry, "oldest", r.OldestExpiry)
@@ -441,12 +446,12 @@ func (p *passer) controlStats(ctx context.Context) error {
 	for _, r := range rules {
 		name := sqlident.QualifiedName{Schema: r.Schema, Name: r.Table}.String()
 		if r.HasPostReceipt {
-			p.dm.PostReceipt.WithLabelValues(name, r.Scope).Set(r.PostReceipt.Seconds())
+			p.dm.PostReceipt.Set(r.PostReceipt.Seconds(), name, r.Scope)
 		}
 		if r.HasReplay {
-			p.dm.ReplayHorizon.WithLabelValues(name, r.Scope).Set(r.Replay.Seconds())
+			p.dm.ReplayHorizon.Set(r.Replay.Seconds(), name, r.Scope)
 		}
-		p.dm.Margin.WithLabelValues(name, r.Scope).Set(r.Margin.Seconds())
+		p.dm.Margin.Set(r.Margin.Seconds(), name, r.Scope)
 	}
 	if err := p.firstSeenStats(ctx); err != nil {
 		return err
@@ -468,7 +473,7 @@ func (p *passer) controlStats(ctx context.Context) error {
 	}
 	p.dm.ReplaysBeyond.Reset()
 	for table, n := range beyond {
-		p.dm.ReplaysBeyond.WithLabelValues(table).Set(float64(n))
+		p.dm.ReplaysBeyond.Set(float64(n), table)
 	}
 	return nil
 }

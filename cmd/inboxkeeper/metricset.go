@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"reflect"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -19,9 +18,11 @@ import (
 )
 
 // metricSet is every metric a pass exports, on one private registry: run
-// serves it on /metrics, once writes it to a textfile or pushes it.
+// serves it on /metrics, once writes it to a textfile or pushes it. The
+// per-table gauges a pass measures are facts, all owned by one Facts.
 type metricSet struct {
 	reg        *prometheus.Registry
+	facts      *daemonmetrics.Facts
 	expiry     *expiry.Metrics
 	tiering    *tiering.Metrics
 	partitions *partitions.Metrics
@@ -33,41 +34,12 @@ func newMetricSet(process bool) *metricSet {
 	if process {
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
-	m := &metricSet{reg: reg, expiry: expiry.NewMetrics(reg), tiering: tiering.NewMetrics(reg), partitions: partitions.NewMetrics(reg),
-		daemon: daemonmetrics.New(reg, buildVersion())}
+	facts := daemonmetrics.NewFacts()
+	m := &metricSet{reg: reg, facts: facts, expiry: expiry.NewMetrics(reg, facts), tiering: tiering.NewMetrics(reg, facts),
+		partitions: partitions.NewMetrics(reg, facts), daemon: daemonmetrics.New(reg, facts, buildVersion())}
 	// One series each, whichever step measured it.
 	m.partitions.Errors, m.partitions.CleanupLag, m.partitions.LastSuccess = m.expiry.Errors, m.expiry.CleanupLag, m.expiry.LastSuccess
 	return m
-}
-
-// resetMeasured clears every per-table gauge of the set except the ones
-// that keep their history (the last-success timestamps, the build info):
-// what a pass measured, an instance that is no longer active must not go on
-// exporting beside the active one's. The gauges are found by reflection, so
-// a new one is cleared unless it is kept here on purpose.
-func (m *metricSet) resetMeasured() {
-	keep := map[*prometheus.GaugeVec]bool{m.expiry.LastSuccess: true, m.partitions.LastSuccess: true, m.daemon.BuildInfo: true}
-	for _, g := range gaugeVecs(m.expiry, m.tiering, m.partitions, m.daemon) {
-		if !keep[g] {
-			g.Reset()
-		}
-	}
-}
-
-// gaugeVecs lists the *prometheus.GaugeVec fields of the given structs.
-func gaugeVecs(structs ...any) []*prometheus.GaugeVec {
-	var out []*prometheus.GaugeVec
-	for _, s := range structs {
-		v := reflect.ValueOf(s).Elem()
-		for i := range v.NumField() {
-			if f := v.Field(i); !f.CanInterface() {
-				continue
-			} else if g, ok := f.Interface().(*prometheus.GaugeVec); ok && g != nil {
-				out = append(out, g)
-			}
-		}
-	}
-	return out
 }
 
 // passEnded records a finished pass.

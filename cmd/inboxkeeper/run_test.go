@@ -169,6 +169,18 @@ func TestSignalDuringBatch(t *testing.T) {
 	f.wantCount("rows (the interrupted batch rolled back)", allRows, "SELECT count(*) FROM public.consumer_inbox")
 }
 
+// onlyHistory says whether every series of table in the exposition is one
+// that keeps its history (counters, last success), not a measured fact.
+func onlyHistory(exposition, table string) bool {
+	for _, line := range strings.Split(exposition, "\n") {
+		if strings.Contains(line, `table="`+table+`"`) && !strings.HasPrefix(line, "#") &&
+			!regexp.MustCompile(`^inboxkeeper_\w+_(total|bucket|sum|count)\{|^inboxkeeper_last_success_timestamp_seconds\{`).MatchString(line) {
+			return false
+		}
+	}
+	return true
+}
+
 // SIGHUP, and a change of the policy file's content, make run re-read the
 // policy: a policy that fails its checks is not applied (the one in force
 // stays, the error is logged, the reload metric says 0), a good one is, and
@@ -218,6 +230,18 @@ INSERT INTO public.second_inbox SELECT i, now() - interval '1 hour' FROM generat
 	d.waitLine(regexp.MustCompile(`msg="inboxkeeper: policy reloaded" trigger=SIGHUP .* tables=2`), 30*time.Second)
 	if v := reloadOK(); v != 1 {
 		t.Errorf("inboxkeeper_config_last_reload_successful = %v after a good policy, want 1", v)
+	}
+	// A policy that no longer names a table: what was measured of it is no
+	// longer exported.
+	f.writeFile("inboxkeeper.yaml", `tables:
+  - table: public.second_inbox
+    key: [id]
+    expires_at: remember_until
+`)
+	d.signal(syscall.SIGHUP)
+	d.waitLine(regexp.MustCompile(`msg="inboxkeeper: policy reloaded" trigger=SIGHUP .* tables=1`), 30*time.Second)
+	if m := httpGet(t, "http://"+addr+"/metrics"); strings.Contains(m, `table="public.consumer_inbox"`) && !onlyHistory(m, "public.consumer_inbox") {
+		t.Errorf("a table taken out of the policy is still measured:\n%s", m)
 	}
 	d.stop()
 

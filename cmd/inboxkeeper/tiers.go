@@ -133,14 +133,14 @@ func (p *passer) measureTiers(ctx context.Context) {
 		}
 		for _, tier := range []string{tiering.Hot, tiering.Warm, tiering.Permanent} {
 			if v, ok := st.Rows[tier]; ok {
-				p.tm.TierRows.WithLabelValues(t.Name, tier).Set(v)
+				p.tm.TierRows.Set(v, t.Name, tier)
 			} else {
-				p.tm.TierRows.DeleteLabelValues(t.Name, tier)
+				p.tm.TierRows.Delete(t.Name, tier)
 			}
 			if v, ok := st.BytesPerKey[tier]; ok && v > 0 {
-				p.dm.BytesPerKey.WithLabelValues(t.Name, tier).Set(v)
+				p.dm.BytesPerKey.Set(v, t.Name, tier)
 			} else {
-				p.dm.BytesPerKey.DeleteLabelValues(t.Name, tier)
+				p.dm.BytesPerKey.Delete(t.Name, tier)
 			}
 		}
 	}

@@ -70,7 +70,7 @@ func kindOf(c prometheus.Collector) string {
 	switch c.(type) {
 	case *prometheus.CounterVec:
 		return "counter"
-	case *prometheus.GaugeVec:
+	case *prometheus.GaugeVec, *daemonmetrics.Fact:
 		return "gauge"
 	case *prometheus.HistogramVec:
 		return "histogram"
@@ -92,12 +92,12 @@ func kindOf(c prometheus.Collector) string {
 // describe, by name.
 func All() (map[string]Metric, error) {
 	r := &recorder{metrics: map[string]Metric{}}
-	expiry.NewMetrics(r)
+	expiry.NewMetrics(r, nil)
 	throttle.NewMetrics(r)
 	inbox.NewMetrics(r)
-	partitions.NewMetrics(r)
-	daemonmetrics.New(r, "test")
-	tiering.NewMetrics(r)
+	partitions.NewMetrics(r, nil)
+	daemonmetrics.New(r, daemonmetrics.NewFacts(), "test")
+	tiering.NewMetrics(r, nil)
 	if r.err == nil && len(r.metrics) == 0 {
 		r.err = errors.New("no metric registered")
 	}
