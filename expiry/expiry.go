@@ -2,6 +2,9 @@
 // batch transactions that advance by keyset on the expiry index, skip rows
 // other sessions hold locked, and never delete a row an active hold or replay
 // marker covers.
+//
+// Daemon internals: the daemon's pass, `once` and `status` use it; its API
+// may change between releases.
 package expiry
 
 import (

@@ -6,6 +6,9 @@
 // calls Wait before every batch, never inside a transaction. A signal that
 // went over its threshold stays "over" until it falls to its resume level
 // (half the threshold by default), so the daemon does not flap.
+//
+// Daemon internals: the daemon's pass and `inboxkeeper throttle` use it; its
+// API may change between releases.
 package throttle
 
 import (
