@@ -504,13 +504,9 @@ func fenceRace(t *testing.T, f fixture, sig testSignals) (TableResult, int64) {
 		}
 		holdDone <- err
 	}()
-	// Wait until the hold writer is queued on the fence: it must not get
-	// past it while the batch is open.
-	pgtest.WaitFor(t, 30*time.Second, "the hold writer to queue on the fence", func() bool {
-		var waiting bool
-		_ = f.pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted)").Scan(&waiting)
-		return waiting
-	})
+	// Wait until the hold writer is queued on the fence (its exclusive
+	// advisory lock): it must not get past it while the batch is open.
+	pgtest.WaitForLockWait(t, f.pool, "pg_stat_activity", "%pg_advisory_xact_lock(%", "the hold writer to queue on the fence")
 	select {
 	case err := <-holdDone:
 		t.Fatalf("AddHold finished while the batch was in flight: %v", err)

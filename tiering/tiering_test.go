@@ -302,11 +302,8 @@ func TestFence(t *testing.T) {
 		_, err := holds.AddHold(ctx, f.pool, f.table, holds.HoldSpec{Scope: &s, Reason: "legal", Owner: "legal"})
 		holdDone <- err
 	}()
-	pgtest.WaitFor(t, 30*time.Second, "the hold writer to queue on the fence", func() bool {
-		var waiting bool
-		_ = f.pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted)").Scan(&waiting)
-		return waiting
-	})
+	// The hold writer queues on the fence (its exclusive advisory lock).
+	pgtest.WaitForLockWait(t, f.pool, "pg_stat_activity", "%pg_advisory_xact_lock(%", "the hold writer to queue on the fence")
 	select {
 	case err := <-holdDone:
 		t.Fatalf("AddHold returned while a demotion batch was in flight: %v", err)
