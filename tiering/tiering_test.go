@@ -54,21 +54,10 @@ CREATE TABLE public.inbox_payload (
 );
 CREATE INDEX ON public.inbox_payload (first_seen_at);`
 
-const policyHead = `tables:
-  - table: public.inbox
-    key: [consumer, message_id]
-    scope: consumer
-    event_time: event_time
-    first_seen: first_seen_at
-    expires_at: remember_until
-    tiers:
-      hot_for: 72h
-      anchor: first_seen_at
-      permanent_key: {columns: [consumer, business_key], hash: payload_hash}
-`
-
-const inPlacePolicy = policyHead + "      payload_columns: [payload, headers]\n"
-const sidePolicy = policyHead + "      payload_table: public.inbox_payload\n"
+// inPlacePolicy and sidePolicy are pgtest's tiered policy with the payload
+// of inboxDDL in place (payload and headers) or in its side table.
+const inPlacePolicy = pgtest.TieredPolicyHead + "      payload_columns: [payload, headers]\n"
+const sidePolicy = pgtest.TieredPolicyHead + "      payload_table: public.inbox_payload\n"
 
 type fixture struct {
 	pool  *pgxpool.Pool
@@ -461,7 +450,7 @@ func TestSideTableHoldJoin(t *testing.T) {
 	ctx := context.Background()
 	f := setup(t, inboxDDL+`
 CREATE TABLE public.bodies (consumer text, message_id text, first_seen_at timestamptz, body text);
-CREATE INDEX ON public.bodies (first_seen_at);`, policyHead+"      payload_table: public.bodies\n")
+CREATE INDEX ON public.bodies (first_seen_at);`, pgtest.TieredPolicyHead+"      payload_table: public.bodies\n")
 	if f.table.Tiers.Side.HoldColumnsLocal(f.table) {
 		// The inbox has scope and event_time; bodies has neither.
 		t.Fatal("holds would be matched on the side row, which has no scope column")

@@ -559,3 +559,45 @@ CREATE TABLE public.consumer_inbox (
     remember_until timestamptz NOT NULL
 ) PARTITION BY RANGE (remember_until);
 CREATE INDEX ON public.consumer_inbox (consumer, message_id);`
+
+// TieredInboxDDL creates public.inbox, the tiered inbox the tests of the
+// deleter, the demoter and the CLI fill: the columns of the recommended
+// layout (inbox.PlainDDL) but the outcome, the timestamps nullable, and one
+// payload column kept in place; with the index on remember_until and the
+// partial index on first_seen_at the demoter scans. TieredInboxPolicy is its
+// policy file.
+const TieredInboxDDL = `
+CREATE TABLE public.inbox (
+    consumer       text        NOT NULL,
+    message_id     text        NOT NULL,
+    payload_hash   bytea       NOT NULL,
+    event_time     timestamptz,
+    first_seen_at  timestamptz,
+    remember_until timestamptz,
+    business_key   text,
+    payload        text,
+    PRIMARY KEY (consumer, message_id)
+);
+CREATE INDEX ON public.inbox (remember_until);
+CREATE INDEX ON public.inbox (first_seen_at) WHERE payload IS NOT NULL;`
+
+// TieredPolicyHead is public.inbox's policy entry with its tiers (hot for
+// three days from first_seen_at, a permanent business key hashed by
+// payload_hash) up to where the payload is named: a test appends
+// payload_columns or payload_table to suit its table.
+const TieredPolicyHead = `tables:
+  - table: public.inbox
+    key: [consumer, message_id]
+    scope: consumer
+    event_time: event_time
+    first_seen: first_seen_at
+    expires_at: remember_until
+    tiers:
+      hot_for: 3d
+      anchor: first_seen_at
+      permanent_key: {columns: [consumer, business_key], hash: payload_hash}
+`
+
+// TieredInboxPolicy is the policy file of the table TieredInboxDDL creates:
+// TieredPolicyHead with the payload in place.
+const TieredInboxPolicy = TieredPolicyHead + "      payload_columns: [payload]\n"
