@@ -493,8 +493,7 @@ func fenceRace(t *testing.T, f fixture, sig testSignals) (TableResult, int64) {
 		t.Fatalf("the pass ended before its first batch reached COMMIT: %+v", res)
 	}
 
-	holdDone := make(chan error, 1)
-	go func() {
+	holdDone := pgtest.QueueOnFence(t, f.pool, func() error {
 		s := "payments"
 		_, err := holds.AddHold(ctx, f.pool, f.tables[0], holds.HoldSpec{Scope: &s, Reason: "legal", Owner: "legal"})
 		select {
@@ -502,16 +501,8 @@ func fenceRace(t *testing.T, f fixture, sig testSignals) (TableResult, int64) {
 		default:
 			err = fmt.Errorf("AddHold returned while a batch that ignored the hold was still open")
 		}
-		holdDone <- err
-	}()
-	// Wait until the hold writer is queued on the fence (its exclusive
-	// advisory lock): it must not get past it while the batch is open.
-	pgtest.WaitForLockWait(t, f.pool, "pg_stat_activity", "%pg_advisory_xact_lock(%", "the hold writer to queue on the fence")
-	select {
-	case err := <-holdDone:
-		t.Fatalf("AddHold finished while the batch was in flight: %v", err)
-	default:
-	}
+		return err
+	})
 	close(committed) // the batch commits right after release
 	close(release)
 

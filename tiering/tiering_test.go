@@ -290,19 +290,11 @@ func TestFence(t *testing.T) {
 		passDone <- res[0]
 	}()
 	<-inFlight
-	holdDone := make(chan error, 1)
-	go func() {
+	holdDone := pgtest.QueueOnFence(t, f.pool, func() error {
 		s := "legal"
 		_, err := holds.AddHold(ctx, f.pool, f.table, holds.HoldSpec{Scope: &s, Reason: "legal", Owner: "legal"})
-		holdDone <- err
-	}()
-	// The hold writer queues on the fence (its exclusive advisory lock).
-	pgtest.WaitForLockWait(t, f.pool, "pg_stat_activity", "%pg_advisory_xact_lock(%", "the hold writer to queue on the fence")
-	select {
-	case err := <-holdDone:
-		t.Fatalf("AddHold returned while a demotion batch was in flight: %v", err)
-	default:
-	}
+		return err
+	})
 	close(release)
 	if err := <-holdDone; err != nil {
 		t.Fatal(err)

@@ -397,6 +397,24 @@ WHERE datname = current_database() AND wait_event_type = 'Lock' AND query ILIKE 
 	})
 }
 
+// QueueOnFence runs write, a hold or replay marker being written while a
+// batch of the test's is held open, in the background; it waits until write
+// queues on the fence (the exclusive advisory lock that waits for batches in
+// flight) and fails the test if write got past it. Write's error comes on
+// the channel it returns once the batch has ended.
+func QueueOnFence(t testing.TB, db Querier, write func() error) <-chan error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- write() }()
+	WaitForLockWait(t, db, "pg_stat_activity", "%pg_advisory_xact_lock(%", "the hold writer to queue on the fence")
+	select {
+	case err := <-done:
+		t.Fatalf("the hold writer returned while a batch was in flight: %v", err)
+	default:
+	}
+	return done
+}
+
 // Resolve parses a policy file's text and resolves every table in it
 // against db.
 func Resolve(t testing.TB, db catalog.Querier, policyText string) []*catalog.Table {
