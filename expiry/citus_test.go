@@ -228,12 +228,12 @@ func TestCitusApplicationWaitsAtMostLockTimeout(t *testing.T) {
 func TestCitusPermanentKeys(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, _ := pgtest.NewMigratedCitusPool(t, tieredDDL, pgtest.Distribute("consumer", "public.inbox"))
-	tables := pgtest.Resolve(t, pool, tieredPolicy)
+	pool, _ := pgtest.NewMigratedCitusPool(t, pgtest.TieredInboxDDL, pgtest.Distribute("consumer", "public.inbox"))
+	tables := pgtest.Resolve(t, pool, pgtest.TieredInboxPolicy)
 	pgtest.Exec(t, pool, tables[0].Tiers.Key.DDL(tables[0]))
 	f := fixture{pool: pool, tables: tables}
 	base := t0.Add(-40 * 24 * time.Hour)
-	pgtest.Exec(t, pool, `INSERT INTO public.inbox
+	pgtest.Exec(t, pool, `INSERT INTO public.inbox (consumer, message_id, payload_hash, first_seen_at, remember_until, business_key, payload)
 SELECT c, c || i, sha256(i::text::bytea), $1::timestamptz + i * interval '1 hour', $1::timestamptz + interval '30 days' + i * interval '1 hour', 'bk' || i, 'p'
 FROM generate_series(0, 24) i, unnest(ARRAY['payments', 'orders']) c`, base)
 	res := f.pass(t, Options{Settings: batchloop.Settings{Clock: pinned(t0), BatchSize: 20}})

@@ -493,8 +493,7 @@ func fenceRace(t *testing.T, f fixture, sig testSignals) (TableResult, int64) {
 		t.Fatalf("the pass ended before its first batch reached COMMIT: %+v", res)
 	}
 
-	holdDone := make(chan error, 1)
-	go func() {
+	holdDone := pgtest.QueueOnFence(t, f.pool, func() error {
 		s := "payments"
 		_, err := holds.AddHold(ctx, f.pool, f.tables[0], holds.HoldSpec{Scope: &s, Reason: "legal", Owner: "legal"})
 		select {
@@ -502,20 +501,8 @@ func fenceRace(t *testing.T, f fixture, sig testSignals) (TableResult, int64) {
 		default:
 			err = fmt.Errorf("AddHold returned while a batch that ignored the hold was still open")
 		}
-		holdDone <- err
-	}()
-	// Wait until the hold writer is queued on the fence: it must not get
-	// past it while the batch is open.
-	pgtest.WaitFor(t, 30*time.Second, "the hold writer to queue on the fence", func() bool {
-		var waiting bool
-		_ = f.pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted)").Scan(&waiting)
-		return waiting
+		return err
 	})
-	select {
-	case err := <-holdDone:
-		t.Fatalf("AddHold finished while the batch was in flight: %v", err)
-	default:
-	}
 	close(committed) // the batch commits right after release
 	close(release)
 

@@ -10,33 +10,6 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
 )
 
-const tieredDDL = `
-CREATE TABLE public.inbox (
-    consumer       text        NOT NULL,
-    message_id     text        NOT NULL,
-    payload_hash   bytea       NOT NULL,
-    first_seen_at  timestamptz,
-    remember_until timestamptz,
-    business_key   text,
-    payload        text,
-    PRIMARY KEY (consumer, message_id)
-);
-CREATE INDEX ON public.inbox (remember_until);
-CREATE INDEX ON public.inbox (first_seen_at) WHERE payload IS NOT NULL;`
-
-const tieredPolicy = `tables:
-  - table: public.inbox
-    key: [consumer, message_id]
-    scope: consumer
-    first_seen: first_seen_at
-    expires_at: remember_until
-    tiers:
-      hot_for: 72h
-      anchor: first_seen_at
-      payload_columns: [payload]
-      permanent_key: {columns: [consumer, business_key], hash: payload_hash}
-`
-
 // The permanent key is written by the statement that deletes the row: kill
 // the deleter's connection while its batch is open, and neither has
 // happened; let the retry commit, and both have. Both statement forms
@@ -49,11 +22,11 @@ func TestPermanentKeyAtomicWithDeletion(t *testing.T) {
 		t.Run(fmt.Sprintf("batch_%d", size), func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			f := setup(t, tieredDDL, tieredPolicy)
+			f := setup(t, pgtest.TieredInboxDDL, pgtest.TieredInboxPolicy)
 			tbl := f.tables[0]
 			pgtest.Exec(t, f.pool, tbl.Tiers.Key.CreateSQL())
 			base := t0.Add(-40 * 24 * time.Hour)
-			pgtest.Exec(t, f.pool, `INSERT INTO public.inbox
+			pgtest.Exec(t, f.pool, `INSERT INTO public.inbox (consumer, message_id, payload_hash, first_seen_at, remember_until, business_key, payload)
 		SELECT 'payments', 'm' || i, sha256(i::text::bytea), $1::timestamptz + i * interval '1 hour', $1::timestamptz + interval '30 days' + i * interval '1 hour',
 		       CASE WHEN i > 0 THEN 'bk' || i END, 'p'
 		FROM generate_series(0, 19) i`, base) // m0 has no business key: nothing to keep
@@ -113,7 +86,7 @@ func TestPermanentKeyAtomicWithDeletion(t *testing.T) {
 			}
 			// A key already kept is not overwritten by a later deletion of the
 			// same key (a redelivery claimed again after expiry).
-			pgtest.Exec(t, f.pool, `INSERT INTO public.inbox VALUES ('payments', 'again', '\xff', $1::timestamptz, $1::timestamptz, 'bk1', NULL)`, t0.Add(-time.Hour))
+			pgtest.Exec(t, f.pool, `INSERT INTO public.inbox (consumer, message_id, payload_hash, first_seen_at, remember_until, business_key, payload) VALUES ('payments', 'again', '\xff', $1::timestamptz, $1::timestamptz, 'bk1', NULL)`, t0.Add(-time.Hour))
 			if r := f.pass(t, Options{Settings: batchloop.Settings{Clock: pinned(t0)}}); r.Deleted != 1 || r.PermanentKeys != 0 {
 				t.Errorf("second deletion of bk1: %+v, want 1 deleted and no new key", r)
 			}

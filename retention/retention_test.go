@@ -14,21 +14,23 @@ import (
 
 const day = 24 * time.Hour
 
-const tables = `tables:
-  - table: public.consumer_inbox
-    key: [consumer, message_id]
-    scope: consumer
-    event_time: event_time
-    first_seen: first_seen_at
-    expires_at: remember_until
-  - table: public.plain
+// tables is inbox.PlainPolicy, read from the file that package embeds (inbox
+// imports this package, so its tests cannot import inbox), and a table with
+// neither event time nor first receipt.
+var tables = func() string {
+	b, err := os.ReadFile("../inbox/schema/plain-policy.yaml")
+	if err != nil {
+		panic(err)
+	}
+	return string(b)
+}() + `  - table: public.plain
     key: [id]
     expires_at: e
 `
 
 // The example of the policy-file documentation: the article's calculation
 // plus a migration deadline and an unbounded manual backfill.
-const example = tables + `retention:
+var example = tables + `retention:
   - scope: payments
     table: public.consumer_inbox
     producer: billing-service

@@ -38,64 +38,61 @@ func setupCitus(t *testing.T, pol string) fixture {
 // co-located with the inbox, and keys written into it land there.
 func TestDemotionOnCitus(t *testing.T) {
 	t.Parallel()
-	for _, l := range layouts {
-		t.Run(l.name, func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			f := setupCitus(t, l.policy)
-			base := t0.Add(-10 * 24 * time.Hour) // due for demotion, not expired
-			for _, c := range []string{"a", "b", "c", "d", "legal"} {
-				f.insert(t, c, 10, base, time.Hour)
-			}
-			f.insert(t, "fresh", 5, t0.Add(-time.Hour), time.Minute)
-			s := "legal"
-			if _, err := holds.AddHold(ctx, f.pool, f.table, holds.HoldSpec{Scope: &s, Reason: "litigation", Owner: "legal"}); err != nil {
-				t.Fatal(err)
-			}
-			dry := f.demote(t, Options{Settings: batchloop.Settings{Clock: pinned(t0), DryRun: true}})
-			res := f.demote(t, Options{Settings: batchloop.Settings{Clock: pinned(t0), BatchSize: 15}})
-			if res.Demoted != 40 || res.ProtectedByHolds != 10 || res.Batches != 3 {
-				t.Errorf("demoted %d in %d batches, protected %d; want 40 in 3, 10 protected", res.Demoted, res.Batches, res.ProtectedByHolds)
-			}
-			if dry.Demoted != res.Demoted {
-				t.Errorf("dry run would demote %d, the pass demoted %d", dry.Demoted, res.Demoted)
-			}
-			if n := f.hot(t, "consumer IN ('a', 'b', 'c', 'd')"); n != 0 {
-				t.Errorf("%d due rows kept their payload", n)
-			}
-			if n := f.hot(t, "consumer IN ('legal', 'fresh')"); n != 15 {
-				t.Errorf("%d of 15 held or hot rows kept their payload", n)
-			}
-			if n := f.count(t, "SELECT count(*) FROM public.inbox"); n != 55 {
-				t.Errorf("%d inbox rows left, want all 55: demotion deletes no identity", n)
-			}
-			if res := f.demote(t, Options{Settings: batchloop.Settings{Clock: pinned(t0)}}); res.Demoted != 0 {
-				t.Errorf("second pass demoted %d", res.Demoted)
-			}
+	eachLayout(t, func(t *testing.T, policy string) {
+		ctx := context.Background()
+		f := setupCitus(t, policy)
+		base := t0.Add(-10 * 24 * time.Hour) // due for demotion, not expired
+		for _, c := range []string{"a", "b", "c", "d", "legal"} {
+			f.insert(t, c, 10, base, time.Hour)
+		}
+		f.insert(t, "fresh", 5, t0.Add(-time.Hour), time.Minute)
+		s := "legal"
+		if _, err := holds.AddHold(ctx, f.pool, f.table, holds.HoldSpec{Scope: &s, Reason: "litigation", Owner: "legal"}); err != nil {
+			t.Fatal(err)
+		}
+		dry := f.demote(t, Options{Settings: batchloop.Settings{Clock: pinned(t0), DryRun: true}})
+		res := f.demote(t, Options{Settings: batchloop.Settings{Clock: pinned(t0), BatchSize: 15}})
+		if res.Demoted != 40 || res.ProtectedByHolds != 10 || res.Batches != 3 {
+			t.Errorf("demoted %d in %d batches, protected %d; want 40 in 3, 10 protected", res.Demoted, res.Batches, res.ProtectedByHolds)
+		}
+		if dry.Demoted != res.Demoted {
+			t.Errorf("dry run would demote %d, the pass demoted %d", dry.Demoted, res.Demoted)
+		}
+		if n := f.hot(t, "consumer IN ('a', 'b', 'c', 'd')"); n != 0 {
+			t.Errorf("%d due rows kept their payload", n)
+		}
+		if n := f.hot(t, "consumer IN ('legal', 'fresh')"); n != 15 {
+			t.Errorf("%d of 15 held or hot rows kept their payload", n)
+		}
+		if n := f.count(t, "SELECT count(*) FROM public.inbox"); n != 55 {
+			t.Errorf("%d inbox rows left, want all 55: demotion deletes no identity", n)
+		}
+		if res := f.demote(t, Options{Settings: batchloop.Settings{Clock: pinned(t0)}}); res.Demoted != 0 {
+			t.Errorf("second pass demoted %d", res.Demoted)
+		}
 
-			var colocated bool
-			if err := f.pool.QueryRow(ctx, `SELECT k.partmethod = 'h' AND column_to_column_name(k.logicalrelid, k.partkey) = 'consumer' AND k.colocationid = i.colocationid
+		var colocated bool
+		if err := f.pool.QueryRow(ctx, `SELECT k.partmethod = 'h' AND column_to_column_name(k.logicalrelid, k.partkey) = 'consumer' AND k.colocationid = i.colocationid
 FROM pg_dist_partition k, pg_dist_partition i
 WHERE k.logicalrelid = 'inboxkeeper.keys_public_inbox'::regclass AND i.logicalrelid = 'public.inbox'::regclass`).Scan(&colocated); err != nil || !colocated {
-				t.Errorf("key table hash-distributed on consumer and co-located with the inbox: %v, %v", colocated, err)
-			}
-			// The key table takes keys as the partitions feature writes them.
-			tx := pgtest.Begin(t, f.pool)
-			n, err := CopyPermanentKeys(ctx, tx, f.table, "public.inbox")
-			if err != nil || n != 55 {
-				t.Errorf("CopyPermanentKeys on Citus: %d, %v; want 55", n, err)
-			}
-			if err := tx.Commit(ctx); err != nil {
-				t.Fatal(err)
-			}
-			// Once the key table exists, resolving and ensuring it again
-			// accept it as it is.
-			ct := resolve(t, f.pool, l.policy)
-			if created, err := EnsureKeyTable(ctx, f.pool, ct); err != nil || created || !ct.Tiers.Key.Exists {
-				t.Errorf("second EnsureKeyTable: created=%v, %v", created, err)
-			}
-		})
-	}
+			t.Errorf("key table hash-distributed on consumer and co-located with the inbox: %v, %v", colocated, err)
+		}
+		// The key table takes keys as the partitions feature writes them.
+		tx := pgtest.Begin(t, f.pool)
+		n, err := CopyPermanentKeys(ctx, tx, f.table, "public.inbox")
+		if err != nil || n != 55 {
+			t.Errorf("CopyPermanentKeys on Citus: %d, %v; want 55", n, err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		// Once the key table exists, resolving and ensuring it again
+		// accept it as it is.
+		ct := resolve(t, f.pool, policy)
+		if created, err := EnsureKeyTable(ctx, f.pool, ct); err != nil || created || !ct.Tiers.Key.Exists {
+			t.Errorf("second EnsureKeyTable: created=%v, %v", created, err)
+		}
+	})
 }
 
 // A row an application holds locked on a worker: SKIP LOCKED does not run on

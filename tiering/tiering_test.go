@@ -54,21 +54,10 @@ CREATE TABLE public.inbox_payload (
 );
 CREATE INDEX ON public.inbox_payload (first_seen_at);`
 
-const policyHead = `tables:
-  - table: public.inbox
-    key: [consumer, message_id]
-    scope: consumer
-    event_time: event_time
-    first_seen: first_seen_at
-    expires_at: remember_until
-    tiers:
-      hot_for: 72h
-      anchor: first_seen_at
-      permanent_key: {columns: [consumer, business_key], hash: payload_hash}
-`
-
-const inPlacePolicy = policyHead + "      payload_columns: [payload, headers]\n"
-const sidePolicy = policyHead + "      payload_table: public.inbox_payload\n"
+// inPlacePolicy and sidePolicy are pgtest's tiered policy with the payload
+// of inboxDDL in place (payload and headers) or in its side table.
+const inPlacePolicy = pgtest.TieredPolicyHead + "      payload_columns: [payload, headers]\n"
+const sidePolicy = pgtest.TieredPolicyHead + "      payload_table: public.inbox_payload\n"
 
 type fixture struct {
 	pool  *pgxpool.Pool
@@ -152,50 +141,58 @@ func (f fixture) hot(t *testing.T, where string) int64 {
 
 var layouts = []struct{ name, policy string }{{"in place", inPlacePolicy}, {"side table", sidePolicy}}
 
+// eachLayout runs test as a parallel subtest for each of layouts, with the
+// layout's policy: every guarantee must hold in place and from a side table.
+func eachLayout(t *testing.T, test func(t *testing.T, policy string)) {
+	for _, l := range layouts {
+		t.Run(l.name, func(t *testing.T) {
+			t.Parallel()
+			test(t, l.policy)
+		})
+	}
+}
+
 // The boundary: a row whose anchor is exactly now - hot_for leaves the hot
 // tier, one a second younger stays; the database clock is pinned.
 func TestDemotionBoundary(t *testing.T) {
 	t.Parallel()
-	for _, l := range layouts {
-		t.Run(l.name, func(t *testing.T) {
-			t.Parallel()
-			f := setup(t, inboxDDL, l.policy)
-			cut := t0.Add(-72 * time.Hour)
-			f.insert(t, "c", 3, cut.Add(-time.Second), time.Second) // cut-1s, cut, cut+1s
-			f.insert(t, "old", 10, cut.Add(-10*24*time.Hour), time.Hour)
+	eachLayout(t, func(t *testing.T, policy string) {
+		f := setup(t, inboxDDL, policy)
+		cut := t0.Add(-72 * time.Hour)
+		f.insert(t, "c", 3, cut.Add(-time.Second), time.Second) // cut-1s, cut, cut+1s
+		f.insert(t, "old", 10, cut.Add(-10*24*time.Hour), time.Hour)
 
-			dry := f.demote(t, Options{Settings: batchloop.Settings{Clock: pinned(t0), DryRun: true}})
-			if dry.Demoted != 12 {
-				t.Errorf("dry run would demote %d, want 12", dry.Demoted)
-			}
-			if n := f.hot(t, "true"); n != 13 {
-				t.Fatalf("the dry run demoted rows: %d hot, want 13", n)
-			}
-			res := f.demote(t, Options{Settings: batchloop.Settings{Clock: pinned(t0), BatchSize: 4}})
-			if res.Demoted != 12 || res.Batches != 3 || res.Tier != Warm {
-				t.Errorf("demoted %d in %d batches to %s, want 12 in 3 to warm", res.Demoted, res.Batches, res.Tier)
-			}
-			if n := f.hot(t, "message_id = 'c-2'"); n != 1 {
-				t.Errorf("the row one second inside the hot window lost its payload")
-			}
-			if n := f.hot(t, "message_id IN ('c-0', 'c-1')"); n != 0 {
-				t.Errorf("%d rows at or past the boundary kept their payload", n)
-			}
-			// Identity, hash, outcome and timestamps stay.
-			if n := f.count(t, `SELECT count(*) FROM public.inbox WHERE payload_hash = sha256((consumer || substr(message_id, length(consumer) + 2))::bytea)
+		dry := f.demote(t, Options{Settings: batchloop.Settings{Clock: pinned(t0), DryRun: true}})
+		if dry.Demoted != 12 {
+			t.Errorf("dry run would demote %d, want 12", dry.Demoted)
+		}
+		if n := f.hot(t, "true"); n != 13 {
+			t.Fatalf("the dry run demoted rows: %d hot, want 13", n)
+		}
+		res := f.demote(t, Options{Settings: batchloop.Settings{Clock: pinned(t0), BatchSize: 4}})
+		if res.Demoted != 12 || res.Batches != 3 || res.Tier != Warm {
+			t.Errorf("demoted %d in %d batches to %s, want 12 in 3 to warm", res.Demoted, res.Batches, res.Tier)
+		}
+		if n := f.hot(t, "message_id = 'c-2'"); n != 1 {
+			t.Errorf("the row one second inside the hot window lost its payload")
+		}
+		if n := f.hot(t, "message_id IN ('c-0', 'c-1')"); n != 0 {
+			t.Errorf("%d rows at or past the boundary kept their payload", n)
+		}
+		// Identity, hash, outcome and timestamps stay.
+		if n := f.count(t, `SELECT count(*) FROM public.inbox WHERE payload_hash = sha256((consumer || substr(message_id, length(consumer) + 2))::bytea)
   AND outcome = 'applied' AND first_seen_at IS NOT NULL AND remember_until IS NOT NULL AND business_key IS NOT NULL`); n != 13 {
-				t.Errorf("%d of 13 rows kept identity, hash, outcome and timestamps", n)
-			}
-			// A second pass finds nothing more.
-			if res := f.demote(t, Options{Settings: batchloop.Settings{Clock: pinned(t0)}}); res.Demoted != 0 {
-				t.Errorf("second pass demoted %d", res.Demoted)
-			}
-			// An hour later the last row goes too.
-			if res := f.demote(t, Options{Settings: batchloop.Settings{Clock: pinned(t0.Add(time.Hour))}}); res.Demoted != 1 {
-				t.Errorf("an hour later demoted %d, want 1", res.Demoted)
-			}
-		})
-	}
+			t.Errorf("%d of 13 rows kept identity, hash, outcome and timestamps", n)
+		}
+		// A second pass finds nothing more.
+		if res := f.demote(t, Options{Settings: batchloop.Settings{Clock: pinned(t0)}}); res.Demoted != 0 {
+			t.Errorf("second pass demoted %d", res.Demoted)
+		}
+		// An hour later the last row goes too.
+		if res := f.demote(t, Options{Settings: batchloop.Settings{Clock: pinned(t0.Add(time.Hour))}}); res.Demoted != 1 {
+			t.Errorf("an hour later demoted %d, want 1", res.Demoted)
+		}
+	})
 }
 
 // The database clock is the default: rows first seen 4 days ago go, rows
@@ -217,60 +214,57 @@ func TestDatabaseClock(t *testing.T) {
 // and a replay marker do not, but they keep the row when it expires.
 func TestHoldsAndReplays(t *testing.T) {
 	t.Parallel()
-	for _, l := range layouts {
-		t.Run(l.name, func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			f := setup(t, inboxDDL, l.policy)
-			base := t0.Add(-40 * 24 * time.Hour) // due for demotion and, after 30 days, for deletion
-			for _, c := range []string{"legal", "delete-only", "replayed", "free"} {
-				f.insert(t, c, 10, base, time.Hour)
+	eachLayout(t, func(t *testing.T, policy string) {
+		ctx := context.Background()
+		f := setup(t, inboxDDL, policy)
+		base := t0.Add(-40 * 24 * time.Hour) // due for demotion and, after 30 days, for deletion
+		for _, c := range []string{"legal", "delete-only", "replayed", "free"} {
+			f.insert(t, c, 10, base, time.Hour)
+		}
+		str := func(s string) *string { return &s }
+		if _, err := holds.AddHold(ctx, f.pool, f.table, holds.HoldSpec{Scope: str("legal"), Reason: "litigation", Owner: "legal"}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := holds.AddHold(ctx, f.pool, f.table, holds.HoldSpec{Scope: str("delete-only"), Reason: "audit", Owner: "ops", Blocks: holds.BlocksDelete}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := holds.StartReplay(ctx, f.pool, f.table, holds.ReplaySpec{Scope: "replayed", From: base.Add(-time.Hour), To: base.Add(24 * time.Hour), Owner: "ops"}); err != nil {
+			t.Fatal(err)
+		}
+		// In place, free's expired rows are left to the deleter, which
+		// takes them right after; a side table demotes them too.
+		want := int64(30)
+		if policy == inPlacePolicy {
+			want = 20
+		}
+		dry := f.demote(t, Options{Settings: batchloop.Settings{Clock: pinned(t0), DryRun: true}})
+		res := f.demote(t, Options{Settings: batchloop.Settings{Clock: pinned(t0), BatchSize: 7}})
+		if res.Demoted != want || res.ProtectedByHolds != 10 {
+			t.Errorf("demoted %d, protected %d; want %d and 10", res.Demoted, res.ProtectedByHolds, want)
+		}
+		if dry.Demoted != res.Demoted || dry.ProtectedByHolds != res.ProtectedByHolds {
+			t.Errorf("dry run %+v disagrees with the pass %+v", dry, res)
+		}
+		if n := f.hot(t, "consumer = 'legal'"); n != 10 {
+			t.Errorf("the legal hold kept %d of 10 payloads", n)
+		}
+		if n := f.hot(t, "consumer IN ('delete-only', 'replayed')"); n != 0 {
+			t.Errorf("%d payloads left that a delete-only hold or a replay keep", n)
+		}
+		// Deletion: every hold and the replay block it.
+		del := f.expire(t, t0)
+		if n := f.hot(t, "consumer <> 'legal'"); n != 0 {
+			t.Errorf("%d payloads left outside the legal hold after expiry", n)
+		}
+		if del.Deleted != 10 || del.PermanentKeys != 10 {
+			t.Errorf("expiry deleted %d and wrote %d keys, want only the 10 free rows and their keys", del.Deleted, del.PermanentKeys)
+		}
+		for _, c := range []string{"legal", "delete-only", "replayed"} {
+			if n := f.count(t, "SELECT count(*) FROM public.inbox WHERE consumer = $1", c); n != 10 {
+				t.Errorf("%s: %d of 10 rows left after expiry", c, n)
 			}
-			str := func(s string) *string { return &s }
-			if _, err := holds.AddHold(ctx, f.pool, f.table, holds.HoldSpec{Scope: str("legal"), Reason: "litigation", Owner: "legal"}); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := holds.AddHold(ctx, f.pool, f.table, holds.HoldSpec{Scope: str("delete-only"), Reason: "audit", Owner: "ops", Blocks: holds.BlocksDelete}); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := holds.StartReplay(ctx, f.pool, f.table, holds.ReplaySpec{Scope: "replayed", From: base.Add(-time.Hour), To: base.Add(24 * time.Hour), Owner: "ops"}); err != nil {
-				t.Fatal(err)
-			}
-			// In place, free's expired rows are left to the deleter, which
-			// takes them right after; a side table demotes them too.
-			want := int64(30)
-			if l.policy == inPlacePolicy {
-				want = 20
-			}
-			dry := f.demote(t, Options{Settings: batchloop.Settings{Clock: pinned(t0), DryRun: true}})
-			res := f.demote(t, Options{Settings: batchloop.Settings{Clock: pinned(t0), BatchSize: 7}})
-			if res.Demoted != want || res.ProtectedByHolds != 10 {
-				t.Errorf("demoted %d, protected %d; want %d and 10", res.Demoted, res.ProtectedByHolds, want)
-			}
-			if dry.Demoted != res.Demoted || dry.ProtectedByHolds != res.ProtectedByHolds {
-				t.Errorf("dry run %+v disagrees with the pass %+v", dry, res)
-			}
-			if n := f.hot(t, "consumer = 'legal'"); n != 10 {
-				t.Errorf("the legal hold kept %d of 10 payloads", n)
-			}
-			if n := f.hot(t, "consumer IN ('delete-only', 'replayed')"); n != 0 {
-				t.Errorf("%d payloads left that a delete-only hold or a replay keep", n)
-			}
-			// Deletion: every hold and the replay block it.
-			del := f.expire(t, t0)
-			if n := f.hot(t, "consumer <> 'legal'"); n != 0 {
-				t.Errorf("%d payloads left outside the legal hold after expiry", n)
-			}
-			if del.Deleted != 10 || del.PermanentKeys != 10 {
-				t.Errorf("expiry deleted %d and wrote %d keys, want only the 10 free rows and their keys", del.Deleted, del.PermanentKeys)
-			}
-			for _, c := range []string{"legal", "delete-only", "replayed"} {
-				if n := f.count(t, "SELECT count(*) FROM public.inbox WHERE consumer = $1", c); n != 10 {
-					t.Errorf("%s: %d of 10 rows left after expiry", c, n)
-				}
-			}
-		})
-	}
+		}
+	})
 }
 
 // A hold added while a demotion batch is in flight: the hold command waits
@@ -296,22 +290,11 @@ func TestFence(t *testing.T) {
 		passDone <- res[0]
 	}()
 	<-inFlight
-	holdDone := make(chan error, 1)
-	go func() {
+	holdDone := pgtest.QueueOnFence(t, f.pool, func() error {
 		s := "legal"
 		_, err := holds.AddHold(ctx, f.pool, f.table, holds.HoldSpec{Scope: &s, Reason: "legal", Owner: "legal"})
-		holdDone <- err
-	}()
-	pgtest.WaitFor(t, 30*time.Second, "the hold writer to queue on the fence", func() bool {
-		var waiting bool
-		_ = f.pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted)").Scan(&waiting)
-		return waiting
+		return err
 	})
-	select {
-	case err := <-holdDone:
-		t.Fatalf("AddHold returned while a demotion batch was in flight: %v", err)
-	default:
-	}
 	close(release)
 	if err := <-holdDone; err != nil {
 		t.Fatal(err)
@@ -459,7 +442,7 @@ func TestSideTableHoldJoin(t *testing.T) {
 	ctx := context.Background()
 	f := setup(t, inboxDDL+`
 CREATE TABLE public.bodies (consumer text, message_id text, first_seen_at timestamptz, body text);
-CREATE INDEX ON public.bodies (first_seen_at);`, policyHead+"      payload_table: public.bodies\n")
+CREATE INDEX ON public.bodies (first_seen_at);`, pgtest.TieredPolicyHead+"      payload_table: public.bodies\n")
 	if f.table.Tiers.Side.HoldColumnsLocal(f.table) {
 		// The inbox has scope and event_time; bodies has neither.
 		t.Fatal("holds would be matched on the side row, which has no scope column")
@@ -513,38 +496,35 @@ CREATE TABLE public.inbox_payload_b PARTITION OF public.inbox_payload FOR VALUES
 func TestMetricsAndMeasure(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	for _, l := range layouts {
-		t.Run(l.name, func(t *testing.T) {
-			t.Parallel()
-			f := setup(t, inboxDDL, l.policy)
-			f.insert(t, "c", 100, t0.Add(-40*24*time.Hour), time.Hour)
-			f.insert(t, "d", 50, t0.Add(-24*time.Hour), time.Minute)
-			m := NewMetrics(prometheus.NewRegistry(), nil)
-			// Before c's rows expire (an expired row is the deleter's, in place).
-			res := f.demote(t, Options{Settings: batchloop.Settings{Clock: pinned(t0.Add(-10*24*time.Hour - time.Hour))}, Metrics: m})
-			if got := testutil.ToFloat64(m.RowsDemoted.WithLabelValues(f.table.Name, Warm)); got != float64(res.Demoted) || got != 100 {
-				t.Errorf("rows_demoted_total{tier=warm} = %v, pass demoted %d, want 100", got, res.Demoted)
-			}
-			if del := f.expire(t, t0.Add(-10*24*time.Hour+49*time.Hour)); del.PermanentKeys != 50 {
-				t.Errorf("no permanent key written: %+v", del)
-			}
-			pgtest.Exec(t, f.pool, "ANALYZE public.inbox; ANALYZE public.inbox_payload; ANALYZE inboxkeeper.keys_public_inbox")
-			st, err := Measure(ctx, f.pool, f.table)
-			if err != nil {
-				t.Fatal(err)
-			}
-			rows := f.count(t, "SELECT count(*) FROM public.inbox")
-			hot := f.hot(t, "true")
-			keys := f.count(t, "SELECT count(*) FROM inboxkeeper.keys_public_inbox")
-			near := func(got float64, want int64) bool { return got >= float64(want)-1 && got <= float64(want)+1 }
-			if !near(st.Rows[Hot], hot) || !near(st.Rows[Warm], rows-hot) || !near(st.Rows[Permanent], keys) {
-				t.Errorf("tier rows %v, want hot %d warm %d permanent %d", st.Rows, hot, rows-hot, keys)
-			}
-			if !(st.BytesPerKey[Hot] > st.BytesPerKey[Warm] && st.BytesPerKey[Warm] > 0 && st.BytesPerKey[Permanent] > 0) {
-				t.Errorf("bytes per key %v: want hot > warm > 0 and permanent > 0", st.BytesPerKey)
-			}
-		})
-	}
+	eachLayout(t, func(t *testing.T, policy string) {
+		f := setup(t, inboxDDL, policy)
+		f.insert(t, "c", 100, t0.Add(-40*24*time.Hour), time.Hour)
+		f.insert(t, "d", 50, t0.Add(-24*time.Hour), time.Minute)
+		m := NewMetrics(prometheus.NewRegistry(), nil)
+		// Before c's rows expire (an expired row is the deleter's, in place).
+		res := f.demote(t, Options{Settings: batchloop.Settings{Clock: pinned(t0.Add(-10*24*time.Hour - time.Hour))}, Metrics: m})
+		if got := testutil.ToFloat64(m.RowsDemoted.WithLabelValues(f.table.Name, Warm)); got != float64(res.Demoted) || got != 100 {
+			t.Errorf("rows_demoted_total{tier=warm} = %v, pass demoted %d, want 100", got, res.Demoted)
+		}
+		if del := f.expire(t, t0.Add(-10*24*time.Hour+49*time.Hour)); del.PermanentKeys != 50 {
+			t.Errorf("no permanent key written: %+v", del)
+		}
+		pgtest.Exec(t, f.pool, "ANALYZE public.inbox; ANALYZE public.inbox_payload; ANALYZE inboxkeeper.keys_public_inbox")
+		st, err := Measure(ctx, f.pool, f.table)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows := f.count(t, "SELECT count(*) FROM public.inbox")
+		hot := f.hot(t, "true")
+		keys := f.count(t, "SELECT count(*) FROM inboxkeeper.keys_public_inbox")
+		near := func(got float64, want int64) bool { return got >= float64(want)-1 && got <= float64(want)+1 }
+		if !near(st.Rows[Hot], hot) || !near(st.Rows[Warm], rows-hot) || !near(st.Rows[Permanent], keys) {
+			t.Errorf("tier rows %v, want hot %d warm %d permanent %d", st.Rows, hot, rows-hot, keys)
+		}
+		if !(st.BytesPerKey[Hot] > st.BytesPerKey[Warm] && st.BytesPerKey[Warm] > 0 && st.BytesPerKey[Permanent] > 0) {
+			t.Errorf("bytes per key %v: want hot > warm > 0 and permanent > 0", st.BytesPerKey)
+		}
+	})
 }
 
 // A missing key table that cannot be created is a configuration error that

@@ -65,7 +65,7 @@ func TestThroughPgBouncer(t *testing.T) {
 // and deletion, through the pooler.
 func TestThroughPgBouncerTiered(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, tieredDDL, tieredPolicy, true)
+	f := newFixture(t, tieredDDL, pgtest.TieredInboxPolicy, true)
 	bouncerURL, via := throughBouncer(t, f)
 	wantExit(t, f.runWith(via, "once", "--dry-run"), 0, "public.inbox: would demote 5 to warm")
 	r := f.runWith(via, "once")

@@ -9,27 +9,17 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
 )
 
-// A tiered inbox, relative to the database clock:
+// The tiered inbox (pgtest.TieredInboxDDL), filled relative to the database
+// clock:
 //   - legal: 5 rows first seen 10 days ago, expired 2 hours ago
 //   - audit: 5 rows the same
 //   - free: 5 rows the same, and 5 first seen 10 days ago that expire in a day
 //   - fresh: 5 rows first seen an hour ago
-const tieredDDL = `
-CREATE TABLE public.inbox (
-    consumer       text        NOT NULL,
-    message_id     text        NOT NULL,
-    payload_hash   bytea       NOT NULL,
-    event_time     timestamptz,
-    first_seen_at  timestamptz,
-    remember_until timestamptz,
-    business_key   text,
-    payload        text,
-    PRIMARY KEY (consumer, message_id)
-);
-CREATE INDEX ON public.inbox (remember_until);
-CREATE INDEX ON public.inbox (first_seen_at) WHERE payload IS NOT NULL;
+const tieredDDL = pgtest.TieredInboxDDL + `
 INSERT INTO public.inbox
 SELECT c, c || '-' || i, '\x01', now() - interval '10 days', now() - interval '10 days', now() - interval '2 hours', c || '-bk-' || i, 'secret'
 FROM unnest(ARRAY['legal', 'audit', 'free']) c, generate_series(1, 5) i;
@@ -40,23 +30,9 @@ INSERT INTO public.inbox
 SELECT 'fresh', 'f-' || i, '\x01', now(), now() - interval '1 hour', now() + interval '30 days', 'f-bk-' || i, 'secret'
 FROM generate_series(1, 5) i;`
 
-const tieredPolicy = `tables:
-  - table: public.inbox
-    key: [consumer, message_id]
-    scope: consumer
-    event_time: event_time
-    first_seen: first_seen_at
-    expires_at: remember_until
-    tiers:
-      hot_for: 3d
-      anchor: first_seen_at
-      payload_columns: [payload]
-      permanent_key: {columns: [consumer, business_key], hash: payload_hash}
-`
-
 func TestHoldBlocks(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, tieredDDL, tieredPolicy, true)
+	f := newFixture(t, tieredDDL, pgtest.TieredInboxPolicy, true)
 
 	r := f.run("hold", "add", "--table", "public.inbox", "--scope", "legal", "--reason", "r", "--owner", "o", "--blocks", "payload")
 	wantExit(t, r, 2, `--blocks "payload": want delete or all`)
@@ -131,7 +107,7 @@ func pgtestAnalyze(t *testing.T, f *fixture) {
 // says what to run, and changes nothing.
 func TestOnceWithoutKeyTablePrivilege(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, tieredDDL, tieredPolicy, true)
+	f := newFixture(t, tieredDDL, pgtest.TieredInboxPolicy, true)
 	role := fmt.Sprintf("ik_nokeys_%d", os.Getpid()) // roles are cluster-wide
 	pgtestExecf(t, f, "DROP ROLE IF EXISTS "+role)
 	pgtestExecf(t, f, "CREATE ROLE "+role+" LOGIN PASSWORD 'pw'")
@@ -188,7 +164,7 @@ func pgtestExecf(t *testing.T, f *fixture, sql string) {
 // waiting a second RUN_TIME.
 func TestRunTimeCoversTheWholePass(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, tieredDDL, tieredPolicy, true)
+	f := newFixture(t, tieredDDL, pgtest.TieredInboxPolicy, true)
 	wantExit(t, f.run("pause", "--reason", "test"), 0)
 	r := f.runWith([]string{"INBOXKEEPER_RUN_TIME=1s"}, "once")
 	wantExit(t, r, 0)

@@ -397,6 +397,24 @@ WHERE datname = current_database() AND wait_event_type = 'Lock' AND query ILIKE 
 	})
 }
 
+// QueueOnFence runs write, a hold or replay marker being written while a
+// batch of the test's is held open, in the background; it waits until write
+// queues on the fence (the exclusive advisory lock that waits for batches in
+// flight) and fails the test if write got past it. Write's error comes on
+// the channel it returns once the batch has ended.
+func QueueOnFence(t testing.TB, db Querier, write func() error) <-chan error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- write() }()
+	WaitForLockWait(t, db, "pg_stat_activity", "%pg_advisory_xact_lock(%", "the hold writer to queue on the fence")
+	select {
+	case err := <-done:
+		t.Fatalf("the hold writer returned while a batch was in flight: %v", err)
+	default:
+	}
+	return done
+}
+
 // Resolve parses a policy file's text and resolves every table in it
 // against db.
 func Resolve(t testing.TB, db catalog.Querier, policyText string) []*catalog.Table {
@@ -559,3 +577,45 @@ CREATE TABLE public.consumer_inbox (
     remember_until timestamptz NOT NULL
 ) PARTITION BY RANGE (remember_until);
 CREATE INDEX ON public.consumer_inbox (consumer, message_id);`
+
+// TieredInboxDDL creates public.inbox, the tiered inbox the tests of the
+// deleter, the demoter and the CLI fill: the columns of the recommended
+// layout (inbox.PlainDDL) but the outcome, the timestamps nullable, and one
+// payload column kept in place; with the index on remember_until and the
+// partial index on first_seen_at the demoter scans. TieredInboxPolicy is its
+// policy file.
+const TieredInboxDDL = `
+CREATE TABLE public.inbox (
+    consumer       text        NOT NULL,
+    message_id     text        NOT NULL,
+    payload_hash   bytea       NOT NULL,
+    event_time     timestamptz,
+    first_seen_at  timestamptz,
+    remember_until timestamptz,
+    business_key   text,
+    payload        text,
+    PRIMARY KEY (consumer, message_id)
+);
+CREATE INDEX ON public.inbox (remember_until);
+CREATE INDEX ON public.inbox (first_seen_at) WHERE payload IS NOT NULL;`
+
+// TieredPolicyHead is public.inbox's policy entry with its tiers (hot for
+// three days from first_seen_at, a permanent business key hashed by
+// payload_hash) up to where the payload is named: a test appends
+// payload_columns or payload_table to suit its table.
+const TieredPolicyHead = `tables:
+  - table: public.inbox
+    key: [consumer, message_id]
+    scope: consumer
+    event_time: event_time
+    first_seen: first_seen_at
+    expires_at: remember_until
+    tiers:
+      hot_for: 3d
+      anchor: first_seen_at
+      permanent_key: {columns: [consumer, business_key], hash: payload_hash}
+`
+
+// TieredInboxPolicy is the policy file of the table TieredInboxDDL creates:
+// TieredPolicyHead with the payload in place.
+const TieredInboxPolicy = TieredPolicyHead + "      payload_columns: [payload]\n"

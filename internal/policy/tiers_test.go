@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -9,15 +10,19 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/sqlident"
 )
 
-const tieredHead = `tables:
-  - table: public.consumer_inbox
-    key: [consumer, message_id]
-    scope: consumer
-    event_time: event_time
-    first_seen: first_seen_at
-    expires_at: remember_until
-    tiers:
-`
+// plainPolicy is inbox.PlainPolicy, the recommended table's entry, read from
+// the file that package embeds: inbox imports this package, so its tests
+// cannot import inbox.
+var plainPolicy = func() string {
+	b, err := os.ReadFile("../../inbox/schema/plain-policy.yaml")
+	if err != nil {
+		panic(err)
+	}
+	return string(b)
+}()
+
+// tieredHead is the recommended table's entry up to its tiers section.
+var tieredHead = plainPolicy + "    tiers:\n"
 
 func TestParseTiers(t *testing.T) {
 	t.Parallel()
