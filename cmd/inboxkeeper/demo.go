@@ -12,75 +12,12 @@ import (
 
 	"github.com/inboxkeeper/inboxkeeper/expiry"
 	"github.com/inboxkeeper/inboxkeeper/holds"
-	"github.com/inboxkeeper/inboxkeeper/inbox"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
+	"github.com/inboxkeeper/inboxkeeper/internal/demo"
 	"github.com/inboxkeeper/inboxkeeper/internal/pgcluster"
 	"github.com/inboxkeeper/inboxkeeper/migrations"
 )
-
-// demoSchema is the sample inbox: 200k rows first seen over the last 100
-// days, each remembered for 50 days, so about half are due; payload kept 30
-// days. And a partitioned inbox with a month that expired two months ago.
-const demoSchema = `
-CREATE TABLE public.consumer_inbox (
-    consumer       text        NOT NULL,
-    message_id     uuid        NOT NULL,
-    payload_hash   bytea       NOT NULL,
-    outcome        text        NOT NULL,
-    event_time     timestamptz NOT NULL,
-    first_seen_at  timestamptz NOT NULL,
-    remember_until timestamptz NOT NULL,
-    business_key   text        NOT NULL,
-    payload        jsonb,
-    PRIMARY KEY (consumer, message_id)
-);
-CREATE INDEX consumer_inbox_remember_until_idx ON public.consumer_inbox (remember_until);
-CREATE INDEX consumer_inbox_hot_idx ON public.consumer_inbox (first_seen_at) WHERE payload IS NOT NULL;
-INSERT INTO public.consumer_inbox
-SELECT (ARRAY['billing','payments','shipping','email'])[1 + i % 4],
-       md5(i::text)::uuid,
-       decode(md5('payload' || i), 'hex'),
-       'applied',
-       now() - interval '100 days' + (i * interval '100 days' / 200000) - interval '5 minutes',
-       now() - interval '100 days' + (i * interval '100 days' / 200000),
-       now() - interval '50 days'  + (i * interval '100 days' / 200000),
-       'order-' || i,
-       jsonb_build_object('customer', 'c-' || (i % 977), 'amount', i % 1000)
-FROM generate_series(1, 200000) AS i;
-ANALYZE public.consumer_inbox;
-
-CREATE TABLE public.big_inbox (
-    consumer       text        NOT NULL,
-    message_id     uuid        NOT NULL,
-    remember_until timestamptz NOT NULL
-) PARTITION BY RANGE (remember_until);
-CREATE INDEX big_inbox_key_idx ON public.big_inbox (consumer, message_id);
-DO $$
-DECLARE m timestamptz := date_trunc('month', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC';
-BEGIN
-  EXECUTE format('CREATE TABLE public.big_inbox_old PARTITION OF public.big_inbox FOR VALUES FROM (%L) TO (%L)', m - interval '2 months', m - interval '1 month');
-  EXECUTE format('CREATE TABLE public.big_inbox_recent PARTITION OF public.big_inbox FOR VALUES FROM (%L) TO (%L)', m, m + interval '2 months');
-END $$;
-INSERT INTO public.big_inbox
-SELECT 'billing', md5('old' || i)::uuid, date_trunc('month', now()) - interval '45 days' + i * interval '1 second' FROM generate_series(1, 30000) i;
-INSERT INTO public.big_inbox
-SELECT 'billing', md5('new' || i)::uuid, now() + interval '20 days' + i * interval '1 second' FROM generate_series(1, 10000) i;
-`
-
-// demoPolicy is the recommended inbox table's policy (inbox.PlainPolicy, as
-// the README gives it), tiered, and a partitioned table.
-var demoPolicy = inbox.PlainPolicy + `    tiers:
-      hot_for: 30d
-      anchor: first_seen_at
-      payload_columns: [payload]
-      permanent_key: {columns: [consumer, business_key], hash: payload_hash}
-  - table: public.big_inbox
-    key: [consumer, message_id]
-    scope: consumer
-    expires_at: remember_until
-    partitions: {by: month, max_expiry: 60d, premake: 2, detached_retention: 0}
-`
 
 func (a *app) demo(ctx context.Context, args []string) error {
 	if err := a.noArgs("demo", args); err != nil {
@@ -104,7 +41,7 @@ func (a *app) demo(ctx context.Context, args []string) error {
 	}
 	defer os.RemoveAll(policyDir)
 	a.cfg.PolicyFile = filepath.Join(policyDir, "inboxkeeper.yaml")
-	if err := os.WriteFile(a.cfg.PolicyFile, []byte(demoPolicy), 0o644); err != nil {
+	if err := os.WriteFile(a.cfg.PolicyFile, []byte(demo.Policy), 0o644); err != nil {
 		return err
 	}
 	a.cfg.DatabaseURL = c.URL("postgres")
@@ -118,10 +55,10 @@ func (a *app) demo(ctx context.Context, args []string) error {
 		return err
 	}
 	fmt.Fprintln(a.stdout, "demo: creating public.consumer_inbox with 200000 rows over 100 days, and public.big_inbox partitioned by month...")
-	if _, err := conn.Exec(ctx, demoSchema); err != nil {
-		return fmt.Errorf("demo: sample inbox: %w", err)
+	if err := demo.Create(ctx, conn); err != nil {
+		return err
 	}
-	fmt.Fprintf(a.stdout, "demo: policy file %s:\n%s", a.cfg.PolicyFile, demoPolicy)
+	fmt.Fprintf(a.stdout, "demo: policy file %s:\n%s", a.cfg.PolicyFile, demo.Policy)
 	a.migrateKeyTables(ctx, conn)
 
 	pool, tables, err := a.prepare(ctx)
@@ -159,9 +96,7 @@ func (a *app) demo(ctx context.Context, args []string) error {
 	if failed > 0 || err != nil {
 		return fmt.Errorf("demo: the pass failed: %v", err)
 	}
-	// The tier estimates come from the planner's statistics, which
-	// autovacuum would refresh in a while; the demo does not wait.
-	if _, err := pool.Exec(ctx, "ANALYZE public.consumer_inbox, inboxkeeper.keys_public_consumer_inbox"); err != nil {
+	if err := demo.Analyze(ctx, pool); err != nil {
 		return err
 	}
 	fmt.Fprintln(a.stdout, "\ndemo: status after the pass (after ANALYZE, for fresh tier estimates)")
