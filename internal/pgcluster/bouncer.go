@@ -56,7 +56,7 @@ func StartBouncer(ctx context.Context, host string, serverPort int, user string)
 			return nil, err
 		}
 	}
-	root, err := os.MkdirTemp("", "inboxkeeper-pgbouncer-")
+	root, err := tempRoot("inboxkeeper-pgbouncer-", cred)
 	if err != nil {
 		return nil, err
 	}
@@ -93,10 +93,6 @@ admin_users = postgres
 	// PgBouncer refuses to run as root, like PostgreSQL.
 	if cred != nil {
 		b.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
-		if err := os.Chown(root, int(cred.Uid), int(cred.Gid)); err != nil {
-			os.RemoveAll(root)
-			return nil, err
-		}
 	}
 	if err := b.cmd.Start(); err != nil {
 		os.RemoveAll(root)
