@@ -261,12 +261,9 @@ func plan(d *strictyaml.Decoder, list *yaml.Node, p *policy.Policy) ([]Plan, err
 	var plans []Plan
 	firsts := map[string]string{}
 	for i, n := range list.Content {
-		ctx := fmt.Sprintf("retention[%d]", i)
-		if s := strictyaml.ScalarField(n, "scope"); s != "" {
-			ctx += " (" + s + ")"
-		}
 		var re rawEntry
-		if !d.Decode(n, &re, ctx) {
+		ctx, ok := d.DecodeEntry(n, &re, "retention", i, "scope")
+		if !ok {
 			continue
 		}
 		pl, ok := entry(d, re, ctx, n.Line, p)

@@ -218,12 +218,9 @@ func Parse(data []byte, source string) (*Policy, error) {
 	firsts := map[sqlident.QualifiedName]string{}
 	for i := range raw.Tables {
 		n := &raw.Tables[i]
-		ctx := fmt.Sprintf("tables[%d]", i)
-		if text := strictyaml.ScalarField(n, "table"); text != "" {
-			ctx += " (" + text + ")"
-		}
 		var rt rawTable
-		if !d.Decode(n, &rt, ctx) {
+		ctx, ok := d.DecodeEntry(n, &rt, "tables", i, "table")
+		if !ok {
 			continue
 		}
 		t, ok := table(d, rt, ctx, n.Line)
