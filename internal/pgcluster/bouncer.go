@@ -50,13 +50,7 @@ func StartBouncer(ctx context.Context, host string, serverPort int, user string)
 	if err != nil {
 		return nil, err
 	}
-	var cred *syscall.Credential
-	if os.Geteuid() == 0 {
-		if cred, err = postgresCredential(); err != nil {
-			return nil, err
-		}
-	}
-	root, err := tempRoot("inboxkeeper-pgbouncer-", cred)
+	root, cred, err := workDir("inboxkeeper-pgbouncer-")
 	if err != nil {
 		return nil, err
 	}

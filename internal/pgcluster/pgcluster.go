@@ -81,13 +81,7 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	if err != nil {
 		return nil, err
 	}
-	var cred *syscall.Credential
-	if os.Geteuid() == 0 {
-		if cred, err = postgresCredential(); err != nil {
-			return nil, err
-		}
-	}
-	c, err := newCluster(bin, "inboxkeeper-pg-", cred)
+	c, err := newCluster(bin, "inboxkeeper-pg-")
 	if err != nil {
 		return nil, err
 	}
@@ -105,41 +99,40 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	return c, nil
 }
 
-// newCluster makes the directory of a cluster not yet initialised, in a
-// new temporary directory named by prefix; when the server is to run as
-// cred, cred owns it.
-func newCluster(bin, prefix string, cred *syscall.Credential) (*Cluster, error) {
-	root, err := tempRoot(prefix, cred)
+// newCluster is a cluster not yet initialised, in a new temporary
+// directory named by prefix (workDir).
+func newCluster(bin, prefix string) (*Cluster, error) {
+	root, cred, err := workDir(prefix)
 	if err != nil {
 		return nil, err
 	}
 	return &Cluster{BinDir: bin, root: root, DataDir: filepath.Join(root, "data"), cred: cred}, nil
 }
 
-// tempRoot makes a new temporary directory named by prefix, owned by cred
-// when set: the server or pooler that runs as cred writes there.
-func tempRoot(prefix string, cred *syscall.Credential) (string, error) {
-	root, err := os.MkdirTemp("", prefix)
-	if err != nil {
-		return "", err
+// workDir makes a new temporary directory named by prefix for a server or
+// a pooler, and says who that runs as: this process (nil) or, when it runs
+// as root, which PostgreSQL and PgBouncer refuse, the postgres user, who
+// then owns the directory.
+func workDir(prefix string) (root string, cred *syscall.Credential, err error) {
+	if os.Geteuid() == 0 {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			return "", nil, fmt.Errorf("running as root, and there is no postgres user to run the server as: %w; %s", err, HowToFix)
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+	}
+	if root, err = os.MkdirTemp("", prefix); err != nil {
+		return "", nil, err
 	}
 	if cred != nil {
 		if err := os.Chown(root, int(cred.Uid), int(cred.Gid)); err != nil {
 			os.RemoveAll(root)
-			return "", err
+			return "", nil, err
 		}
 	}
-	return root, nil
-}
-
-func postgresCredential() (*syscall.Credential, error) {
-	u, err := user.Lookup("postgres")
-	if err != nil {
-		return nil, fmt.Errorf("running as root, and there is no postgres user to run the server as: %w; %s", err, HowToFix)
-	}
-	uid, _ := strconv.Atoi(u.Uid)
-	gid, _ := strconv.Atoi(u.Gid)
-	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
+	return root, cred, nil
 }
 
 func (c *Cluster) initdb(ctx context.Context, opts Options) error {
@@ -178,7 +171,7 @@ func (c *Cluster) initdb(ctx context.Context, opts Options) error {
 // starts it. Settings are extra postgresql.conf lines for the standby (for
 // example recovery_min_apply_delay).
 func (c *Cluster) StartStandby(ctx context.Context, settings map[string]string) (_ *Cluster, err error) {
-	s, err := newCluster(c.BinDir, "inboxkeeper-standby-", c.cred)
+	s, err := newCluster(c.BinDir, "inboxkeeper-standby-")
 	if err != nil {
 		return nil, err
 	}
