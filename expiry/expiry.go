@@ -654,23 +654,21 @@ FROM %[1]s t WHERE t.%[5]s <= %[2]s`, t.Ident, t.Expiry.Instant(args.Add(cutoff(
 
 // afterPass counts what holds and replays kept, and measures the cleanup lag.
 func (d *Deleter) afterPass(ctx context.Context, t *catalog.Table, res *TableResult) error {
-	if err := d.readTx(ctx, func(tx pgx.Tx) error { return d.measure(ctx, tx, t, res) }); err != nil {
+	err := d.coverageTx(ctx, t, func(tx pgx.Tx, now time.Time, cov holds.Coverage) error {
+		return d.measure(ctx, tx, t, now, cov, res)
+	})
+	if err != nil {
 		return err
 	}
 	// rows_due and the cleanup lag, as the pass leaves the table.
-	_, err := d.Due(ctx, t, res.resume)
+	_, err = d.Due(ctx, t, res.resume)
 	return err
 }
 
-func (d *Deleter) measure(ctx context.Context, tx pgx.Tx, t *catalog.Table, res *TableResult) error {
-	now, err := d.now(ctx, tx)
-	if err != nil {
-		return err
-	}
-	cov, err := holds.Active(ctx, tx, t.Name, now)
-	if err != nil {
-		return err
-	}
+// measure fills res with what the pass left in t as of now: the rows the
+// holds and replays of cov kept, the cleanup lag, the retained range and
+// the bytes per key.
+func (d *Deleter) measure(ctx context.Context, tx pgx.Tx, t *catalog.Table, now time.Time, cov holds.Coverage, res *TableResult) error {
 	var oldestCovered pgtype.Timestamptz
 	if !cov.Empty() {
 		var args holds.Args

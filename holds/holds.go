@@ -309,12 +309,20 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id`,
 // ReleaseHold ends a hold. Loosening needs no fence: a batch that still sees
 // the hold merely keeps rows one pass longer.
 func ReleaseHold(ctx context.Context, db Querier, id int64) error {
-	tag, err := db.Exec(ctx, "UPDATE inboxkeeper.holds SET released_at = now() WHERE id = $1 AND released_at IS NULL", id)
+	return endRecord(ctx, db, "UPDATE inboxkeeper.holds SET released_at = now() WHERE id = $1 AND released_at IS NULL",
+		id, "hold", "release", "released")
+}
+
+// endRecord runs update, which ends record id (what: hold or replay) unless
+// it has ended already; verb and done say how it ends, for the errors.
+// Ending one that does not exist, or not any more, is ErrNotFound.
+func endRecord(ctx context.Context, db Querier, update string, id int64, what, verb, done string) error {
+	tag, err := db.Exec(ctx, update, id)
 	if err != nil {
-		return fmt.Errorf("release hold %d: %w", id, err)
+		return fmt.Errorf("%s %s %d: %w", verb, what, id, err)
 	}
 	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("hold %d: %w (or already released)", id, ErrNotFound)
+		return fmt.Errorf("%s %d: %w (or already %s)", what, id, ErrNotFound, done)
 	}
 	return nil
 }
@@ -373,14 +381,8 @@ WHERE schema_name = $1 AND table_name = $2 AND scope = $3 AND replay IS NOT NULL
 
 // FinishReplay ends a replay marker.
 func FinishReplay(ctx context.Context, db Querier, id int64) error {
-	tag, err := db.Exec(ctx, "UPDATE inboxkeeper.replays SET finished_at = now() WHERE id = $1 AND finished_at IS NULL", id)
-	if err != nil {
-		return fmt.Errorf("finish replay %d: %w", id, err)
-	}
-	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("replay %d: %w (or already finished)", id, ErrNotFound)
-	}
-	return nil
+	return endRecord(ctx, db, "UPDATE inboxkeeper.replays SET finished_at = now() WHERE id = $1 AND finished_at IS NULL",
+		id, "replay", "finish", "finished")
 }
 
 const holdColumns = `id, table_name, scope_value, event_from, event_to, reason, owner, created_at, expires_at, released_at, blocks`

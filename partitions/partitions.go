@@ -164,25 +164,24 @@ func (m *Manager) Tables() []*catalog.Table { return m.tables }
 // every table. A failure on one table is recorded in its result and the
 // pass goes on; the returned error is non-nil only when ctx ended the pass.
 func (m *Manager) RunPass(ctx context.Context) ([]TableResult, error) {
-	var out []TableResult
-	for _, t := range m.tables {
-		if err := ctx.Err(); err != nil {
-			return out, err
-		}
-		out = append(out, m.runTable(ctx, t, true))
-	}
-	return out, ctx.Err()
+	return m.pass(ctx, true)
 }
 
 // Ensure creates the missing partitions of every table and measures their
 // coverage; it retires nothing (`inboxkeeper partitions ensure`).
 func (m *Manager) Ensure(ctx context.Context) ([]TableResult, error) {
+	return m.pass(ctx, false)
+}
+
+// pass runs every table in turn, retiring partitions when retire is set,
+// until ctx ends.
+func (m *Manager) pass(ctx context.Context, retire bool) ([]TableResult, error) {
 	var out []TableResult
 	for _, t := range m.tables {
 		if err := ctx.Err(); err != nil {
 			return out, err
 		}
-		out = append(out, m.runTable(ctx, t, false))
+		out = append(out, m.runTable(ctx, t, retire))
 	}
 	return out, ctx.Err()
 }

@@ -261,12 +261,9 @@ func plan(d *strictyaml.Decoder, list *yaml.Node, p *policy.Policy) ([]Plan, err
 	var plans []Plan
 	firsts := map[string]string{}
 	for i, n := range list.Content {
-		ctx := fmt.Sprintf("retention[%d]", i)
-		if s := strictyaml.ScalarField(n, "scope"); s != "" {
-			ctx += " (" + s + ")"
-		}
 		var re rawEntry
-		if !d.Decode(n, &re, ctx) {
+		ctx, ok := d.DecodeEntry(n, &re, "retention", i, "scope")
+		if !ok {
 			continue
 		}
 		pl, ok := entry(d, re, ctx, n.Line, p)
@@ -544,14 +541,7 @@ func extension(re rawExtension, retention time.Duration, fail func(field, format
 		}
 		return e
 	}
-	switch {
-	case re.By == nil:
-		fail("extension.by", "required with on_duplicate: a duplicate extends remember_until to at least now + by")
-	case *re.By <= 0:
-		fail("extension.by", "must be positive")
-	default:
-		e.By = time.Duration(*re.By)
-	}
+	e.By = policy.RequiredPositive(re.By, "extension.by", "required with on_duplicate: a duplicate extends remember_until to at least now + by", fail)
 	// Without a cap, a producer that keeps resending could keep a key alive
 	// for ever.
 	switch {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 )
@@ -69,17 +70,22 @@ func (t *Throttler) Start(ctx context.Context) {
 			if c.close != nil {
 				defer c.close()
 			}
-			tick := time.NewTicker(c.interval)
-			defer tick.Stop()
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case <-tick.C:
-					c.run(ctx)
-				}
-			}
+			every(ctx, c.interval, c.run)
 		}()
+	}
+}
+
+// every runs fn every interval until ctx ends.
+func every(ctx context.Context, interval time.Duration, fn func(ctx context.Context)) {
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			fn(ctx)
+		}
 	}
 }
 
@@ -123,16 +129,7 @@ func (t *Throttler) MeasureOnce(ctx context.Context) {
 // keepAlive pings the primary while the deleter may be waiting, so that a
 // long pause does not end with a dead idle connection.
 func (t *Throttler) keepAlive(ctx context.Context) {
-	tick := time.NewTicker(30 * time.Second)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-			_ = t.pool.Ping(ctx)
-		}
-	}
+	every(ctx, 30*time.Second, func(ctx context.Context) { _ = t.pool.Ping(ctx) })
 }
 
 // beat writes the heartbeat every HEARTBEAT_INTERVAL when standbys are
@@ -157,14 +154,9 @@ func (t *Throttler) beat(ctx context.Context) {
 func (t *Throttler) writeHeartbeat(ctx context.Context) {
 	_, err := t.pool.Exec(ctx, `INSERT INTO inboxkeeper.heartbeat (id, beat) VALUES (true, clock_timestamp())
 ON CONFLICT (id) DO UPDATE SET beat = excluded.beat`)
-	if ctx.Err() != nil {
+	if !t.recorded(ctx, writeBeat, err) {
 		return
 	}
-	if err != nil {
-		t.fails.failed(writeBeat, err)
-		return
-	}
-	t.fails.ok(writeBeat)
 	t.mu.Lock()
 	t.lastBeat = t.cfg.Clock()
 	t.mu.Unlock()
@@ -280,19 +272,14 @@ func (t *Throttler) measurePrimary(ctx context.Context) {
 	t.mu.Lock()
 	t.pacer.readStarted(began)
 	t.mu.Unlock()
-	rows, err := t.pool.Query(ctx, `SELECT coalesce(nullif(application_name, ''), client_addr::text, pid::text), pg_is_in_recovery(),
+	senders, err := queryRows(ctx, t.pool, `SELECT coalesce(nullif(application_name, ''), client_addr::text, pid::text), pg_is_in_recovery(),
        CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn)::float8 END,
        extract(epoch FROM replay_lag)::float8,
        pg_wal_lsn_diff(replay_lsn, '0/0')::float8,
        pg_wal_lsn_diff(write_lsn, replay_lsn)::float8
-FROM pg_stat_replication`)
-	var senders []walsender
-	if err == nil {
-		senders, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (walsender, error) {
-			var w walsender
-			return w, row.Scan(&w.name, &w.recovery, &w.behind, &w.lag, &w.replayed, &w.queued)
-		})
-	}
+FROM pg_stat_replication`, func(row pgx.CollectableRow, w *walsender) error {
+		return row.Scan(&w.name, &w.recovery, &w.behind, &w.lag, &w.replayed, &w.queued)
+	})
 	if ctx.Err() != nil {
 		return
 	}
@@ -378,15 +365,9 @@ func (t *Throttler) walsenders(senders []walsender, now time.Time) {
 }
 
 func (t *Throttler) measureSlots(ctx context.Context) {
-	rows, err := t.pool.Query(ctx, `SELECT slot_name::text, pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::float8
-FROM pg_replication_slots WHERE slot_type = 'logical' AND confirmed_flush_lsn IS NOT NULL AND NOT pg_is_in_recovery()`)
-	var slots []slot
-	if err == nil {
-		slots, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (slot, error) {
-			var s slot
-			return s, row.Scan(&s.name, &s.behind)
-		})
-	}
+	slots, err := queryRows(ctx, t.pool, `SELECT slot_name::text, pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::float8
+FROM pg_replication_slots WHERE slot_type = 'logical' AND confirmed_flush_lsn IS NOT NULL AND NOT pg_is_in_recovery()`,
+		func(row pgx.CollectableRow, s *slot) error { return row.Scan(&s.name, &s.behind) })
 	if ctx.Err() != nil {
 		return
 	}
@@ -439,17 +420,43 @@ func (t *Throttler) measureQuery(ctx context.Context) {
 
 func (t *Throttler) measurePause(ctx context.Context) {
 	p, err := ActivePause(ctx, t.pool)
-	if ctx.Err() != nil {
+	if !t.recorded(ctx, readPause, err) {
 		return
 	}
 	r := Reading{Kind: ManualPause, Threshold: 0}
-	if err != nil {
-		t.fails.failed(readPause, err)
-		return
-	}
-	t.fails.ok(readPause)
 	if p != nil {
 		r.Value, r.Detail = 1, p.String()
 	}
 	t.set(r)
+}
+
+// queryRows runs sql on the pool and reads every row into a T with scan.
+// The error is the query's or the first a row met (pgx.CollectRows checks
+// rows.Err): a read that breaks off part-way is a failed read, never a
+// short one.
+func queryRows[T any](ctx context.Context, pool *pgxpool.Pool, sql string, scan func(row pgx.CollectableRow, v *T) error, args ...any) ([]T, error) {
+	rows, err := pool.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (T, error) {
+		var v T
+		err := scan(row, &v)
+		return v, err
+	})
+}
+
+// recorded notes in the failure log how a read or write of signal went,
+// and says whether its caller goes on with the result: not when ctx ended
+// meanwhile (shutting down is no failure), nor when it failed.
+func (t *Throttler) recorded(ctx context.Context, signal string, err error) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	if err != nil {
+		t.fails.failed(signal, err)
+		return false
+	}
+	t.fails.ok(signal)
+	return true
 }

@@ -105,27 +105,17 @@ WHERE w.blocking_gpid / 10000000000 = citus_backend_gpid() / 10000000000
 
 // checkBlocked cancels the watched batches other sessions wait on.
 func (t *Throttler) checkBlocked(ctx context.Context, pids []uint32, sql string) {
-	rows, err := t.pool.Query(ctx, sql, pids)
 	type hit struct {
 		blocker   uint32
 		waiter    int64
 		xactStart *time.Time
 	}
-	var hits []hit
-	if err == nil {
-		hits, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (hit, error) {
-			var h hit
-			return h, row.Scan(&h.blocker, &h.waiter, &h.xactStart)
-		})
-	}
-	if ctx.Err() != nil {
+	hits, err := queryRows(ctx, t.pool, sql, func(row pgx.CollectableRow, h *hit) error {
+		return row.Scan(&h.blocker, &h.waiter, &h.xactStart)
+	}, pids)
+	if !t.recorded(ctx, readLocks, err) {
 		return
 	}
-	if err != nil {
-		t.fails.failed(readLocks, err)
-		return
-	}
-	t.fails.ok(readLocks)
 	for _, h := range hits {
 		t.mu.Lock()
 		w := t.watched[h.blocker]

@@ -50,13 +50,7 @@ func StartBouncer(ctx context.Context, host string, serverPort int, user string)
 	if err != nil {
 		return nil, err
 	}
-	var cred *syscall.Credential
-	if os.Geteuid() == 0 {
-		if cred, err = postgresCredential(); err != nil {
-			return nil, err
-		}
-	}
-	root, err := os.MkdirTemp("", "inboxkeeper-pgbouncer-")
+	root, cred, err := workDir("inboxkeeper-pgbouncer-")
 	if err != nil {
 		return nil, err
 	}
@@ -93,10 +87,6 @@ admin_users = postgres
 	// PgBouncer refuses to run as root, like PostgreSQL.
 	if cred != nil {
 		b.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
-		if err := os.Chown(root, int(cred.Uid), int(cred.Gid)); err != nil {
-			os.RemoveAll(root)
-			return nil, err
-		}
 	}
 	if err := b.cmd.Start(); err != nil {
 		os.RemoveAll(root)

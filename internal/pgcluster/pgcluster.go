@@ -76,47 +76,63 @@ func versionOf(binDir string) int {
 // Start creates and starts a new cluster in a temporary directory. When the
 // process runs as root, the server runs as the "postgres" user, because
 // PostgreSQL refuses to run as root.
-func Start(ctx context.Context, opts Options) (*Cluster, error) {
+func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	bin, err := FindBinDir()
 	if err != nil {
 		return nil, err
 	}
-	root, err := os.MkdirTemp("", "inboxkeeper-pg-")
+	c, err := newCluster(bin, "inboxkeeper-pg-")
 	if err != nil {
 		return nil, err
 	}
-	c := &Cluster{BinDir: bin, root: root, DataDir: filepath.Join(root, "data")}
-	if os.Geteuid() == 0 {
-		cred, err := postgresCredential()
+	defer func() {
 		if err != nil {
-			os.RemoveAll(root)
-			return nil, err
+			c.Destroy()
 		}
-		c.cred = cred
-		if err := os.Chown(root, int(cred.Uid), int(cred.Gid)); err != nil {
-			os.RemoveAll(root)
-			return nil, err
-		}
-	}
-	if err := c.initdb(ctx, opts); err != nil {
-		c.Destroy()
+	}()
+	if err = c.initdb(ctx, opts); err != nil {
 		return nil, err
 	}
-	if err := c.StartServer(ctx); err != nil {
-		c.Destroy()
+	if err = c.StartServer(ctx); err != nil {
 		return nil, err
 	}
 	return c, nil
 }
 
-func postgresCredential() (*syscall.Credential, error) {
-	u, err := user.Lookup("postgres")
+// newCluster is a cluster not yet initialised, in a new temporary
+// directory named by prefix (workDir).
+func newCluster(bin, prefix string) (*Cluster, error) {
+	root, cred, err := workDir(prefix)
 	if err != nil {
-		return nil, fmt.Errorf("running as root, and there is no postgres user to run the server as: %w; %s", err, HowToFix)
+		return nil, err
 	}
-	uid, _ := strconv.Atoi(u.Uid)
-	gid, _ := strconv.Atoi(u.Gid)
-	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
+	return &Cluster{BinDir: bin, root: root, DataDir: filepath.Join(root, "data"), cred: cred}, nil
+}
+
+// workDir makes a new temporary directory named by prefix for a server or
+// a pooler, and says who that runs as: this process (nil) or, when it runs
+// as root, which PostgreSQL and PgBouncer refuse, the postgres user, who
+// then owns the directory.
+func workDir(prefix string) (root string, cred *syscall.Credential, err error) {
+	if os.Geteuid() == 0 {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			return "", nil, fmt.Errorf("running as root, and there is no postgres user to run the server as: %w; %s", err, HowToFix)
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+	}
+	if root, err = os.MkdirTemp("", prefix); err != nil {
+		return "", nil, err
+	}
+	if cred != nil {
+		if err := os.Chown(root, int(cred.Uid), int(cred.Gid)); err != nil {
+			os.RemoveAll(root)
+			return "", nil, err
+		}
+	}
+	return root, cred, nil
 }
 
 func (c *Cluster) initdb(ctx context.Context, opts Options) error {
@@ -154,37 +170,31 @@ func (c *Cluster) initdb(ctx context.Context, opts Options) error {
 // StartStandby makes a streaming standby of c with pg_basebackup -R and
 // starts it. Settings are extra postgresql.conf lines for the standby (for
 // example recovery_min_apply_delay).
-func (c *Cluster) StartStandby(ctx context.Context, settings map[string]string) (*Cluster, error) {
-	root, err := os.MkdirTemp("", "inboxkeeper-standby-")
+func (c *Cluster) StartStandby(ctx context.Context, settings map[string]string) (_ *Cluster, err error) {
+	s, err := newCluster(c.BinDir, "inboxkeeper-standby-")
 	if err != nil {
 		return nil, err
 	}
-	s := &Cluster{BinDir: c.BinDir, root: root, DataDir: filepath.Join(root, "data"), cred: c.cred}
-	if c.cred != nil {
-		if err := os.Chown(root, int(c.cred.Uid), int(c.cred.Gid)); err != nil {
-			os.RemoveAll(root)
-			return nil, err
+	defer func() {
+		if err != nil {
+			s.Destroy()
 		}
-	}
-	if _, err := s.run(ctx, "pg_basebackup", "-D", s.DataDir, "-R", "-X", "stream", "-c", "fast",
+	}()
+	if _, err = s.run(ctx, "pg_basebackup", "-D", s.DataDir, "-R", "-X", "stream", "-c", "fast",
 		"-d", fmt.Sprintf("host=127.0.0.1 port=%d user=postgres application_name=standby_%d", c.Port, os.Getpid())); err != nil {
-		s.Destroy()
 		return nil, err
 	}
 	if s.Port, err = freePort(); err != nil {
-		s.Destroy()
 		return nil, err
 	}
-	conf := map[string]string{"port": strconv.Itoa(s.Port), "unix_socket_directories": quoteConf(root), "hot_standby_feedback": "off"}
+	conf := map[string]string{"port": strconv.Itoa(s.Port), "unix_socket_directories": quoteConf(s.root), "hot_standby_feedback": "off"}
 	for k, v := range settings {
 		conf[k] = v
 	}
-	if err := s.appendConf("postgresql.conf", conf); err != nil {
-		s.Destroy()
+	if err = s.appendConf("postgresql.conf", conf); err != nil {
 		return nil, err
 	}
-	if err := s.StartServer(ctx); err != nil {
-		s.Destroy()
+	if err = s.StartServer(ctx); err != nil {
 		return nil, err
 	}
 	return s, nil

@@ -218,12 +218,9 @@ func Parse(data []byte, source string) (*Policy, error) {
 	firsts := map[sqlident.QualifiedName]string{}
 	for i := range raw.Tables {
 		n := &raw.Tables[i]
-		ctx := fmt.Sprintf("tables[%d]", i)
-		if text := strictyaml.ScalarField(n, "table"); text != "" {
-			ctx += " (" + text + ")"
-		}
 		var rt rawTable
-		if !d.Decode(n, &rt, ctx) {
+		ctx, ok := d.DecodeEntry(n, &rt, "tables", i, "table")
+		if !ok {
 			continue
 		}
 		t, ok := table(d, rt, ctx, n.Line)
@@ -336,14 +333,7 @@ func partitions(rp *rawPartitions, fail func(field, format string, args ...any))
 			fail("partitions.premake", "must be between 1 and 120 months, not %d", p.Premake)
 		}
 	}
-	switch {
-	case rp.MaxExpiry == nil:
-		fail("partitions.max_expiry", "required: the longest expiry - now a new row may carry (e.g. 60d)")
-	case *rp.MaxExpiry <= 0:
-		fail("partitions.max_expiry", "must be positive")
-	default:
-		p.MaxExpiry = time.Duration(*rp.MaxExpiry)
-	}
+	p.MaxExpiry = RequiredPositive(rp.MaxExpiry, "partitions.max_expiry", "required: the longest expiry - now a new row may carry (e.g. 60d)", fail)
 	if rp.DetachedRetention != nil {
 		p.DetachedRetention = time.Duration(*rp.DetachedRetention)
 		if p.DetachedRetention < 0 {
@@ -365,6 +355,21 @@ func checkColumn(c string) error {
 
 // Duration is a policy-file duration: Go syntax plus "d" for 24h.
 type Duration time.Duration
+
+// RequiredPositive is the value of a duration field that must be given
+// and positive. Otherwise fail is told what is wrong, with missing when
+// the field is absent (it says what the field is for), and it is 0.
+func RequiredPositive(v *Duration, field, missing string, fail func(field, format string, args ...any)) time.Duration {
+	switch {
+	case v == nil:
+		fail(field, "%s", missing)
+	case *v <= 0:
+		fail(field, "must be positive")
+	default:
+		return time.Duration(*v)
+	}
+	return 0
+}
 
 // UnmarshalYAML accepts the syntax of ParseDuration.
 func (d *Duration) UnmarshalYAML(n *yaml.Node) error {

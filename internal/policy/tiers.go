@@ -91,14 +91,7 @@ func tiers(rt *rawTiers, t Table, fail func(field, format string, args ...any)) 
 		return true
 	}
 	out := &Tiers{Anchor: rt.Anchor}
-	switch {
-	case rt.HotFor == nil:
-		fail("tiers.hot_for", "required: how long a row keeps its payload (e.g. 72h)")
-	case *rt.HotFor <= 0:
-		fail("tiers.hot_for", "must be positive")
-	default:
-		out.HotFor = time.Duration(*rt.HotFor)
-	}
+	out.HotFor = RequiredPositive(rt.HotFor, "tiers.hot_for", "required: how long a row keeps its payload (e.g. 72h)", fail)
 	if rt.Anchor == "" {
 		fail("tiers.anchor", "required: the timestamp column the hot window counts from (e.g. first_seen_at)")
 	} else {
@@ -133,13 +126,7 @@ func tiers(rt *rawTiers, t Table, fail func(field, format string, args ...any)) 
 	case rt.PayloadColumns == nil && rt.PayloadTable == "":
 		fail("tiers", "payload_columns or payload_table is required: where the payload lives")
 	case rt.PayloadTable != "":
-		q, err := sqlident.ParseQualifiedName(rt.PayloadTable)
-		switch {
-		case err != nil:
-			fail("tiers.payload_table", "%v", err)
-		case q == t.Name:
-			fail("tiers.payload_table", "is the table itself; name the side table that holds the payload, or use payload_columns")
-		default:
+		if q, ok := otherTable(rt.PayloadTable, t, "tiers.payload_table", "name the side table that holds the payload, or use payload_columns", fail); ok {
 			out.PayloadTable = &q
 		}
 	default:
@@ -207,14 +194,24 @@ func permanentKey(rp *rawPermanentKey, t Table, fail func(field, format string, 
 		pk.Table = DefaultKeyTable(t.Name)
 		return pk
 	}
-	q, err := sqlident.ParseQualifiedName(rp.Table)
-	switch {
-	case err != nil:
-		fail("tiers.permanent_key.table", "%v", err)
-	case q == t.Name:
-		fail("tiers.permanent_key.table", "is the table itself; name a table of its own")
-	default:
+	if q, ok := otherTable(rp.Table, t, "tiers.permanent_key.table", "name a table of its own", fail); ok {
 		pk.Table = q
 	}
 	return pk
+}
+
+// otherTable parses name, the table of field, which must be another table
+// than t (a side table of it); otherwise fail is told why, and what to
+// name instead (instead), and ok is false.
+func otherTable(name string, t Table, field, instead string, fail func(field, format string, args ...any)) (q sqlident.QualifiedName, ok bool) {
+	q, err := sqlident.ParseQualifiedName(name)
+	switch {
+	case err != nil:
+		fail(field, "%v", err)
+	case q == t.Name:
+		fail(field, "is the table itself; %s", instead)
+	default:
+		return q, true
+	}
+	return q, false
 }

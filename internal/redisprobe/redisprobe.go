@@ -184,12 +184,9 @@ func (c *client) read() (any, error) {
 	case ':':
 		return strconv.ParseInt(body, 10, 64)
 	case '$':
-		n, err := strconv.Atoi(body)
-		if err != nil || n < -1 || n > 512<<20 {
-			return nil, fmt.Errorf("protocol error: bulk length %q", body)
-		}
-		if n == -1 {
-			return nil, nil
+		n, err := replyLength(body, "bulk", 512<<20)
+		if err != nil || n == -1 {
+			return nil, err
 		}
 		buf := make([]byte, n+2)
 		if _, err := io.ReadFull(c.r, buf); err != nil {
@@ -197,12 +194,9 @@ func (c *client) read() (any, error) {
 		}
 		return string(buf[:n]), nil
 	case '*':
-		n, err := strconv.Atoi(body)
-		if err != nil || n < -1 || n > 1<<20 {
-			return nil, fmt.Errorf("protocol error: array length %q", body)
-		}
-		if n == -1 {
-			return nil, nil
+		n, err := replyLength(body, "array", 1<<20)
+		if err != nil || n == -1 {
+			return nil, err
 		}
 		out := make([]any, n)
 		for i := range out {
@@ -213,4 +207,15 @@ func (c *client) read() (any, error) {
 		return out, nil
 	}
 	return nil, fmt.Errorf("protocol error: unexpected reply %q", line)
+}
+
+// replyLength reads the length of a bulk string or an array (what) from its
+// header line: -1 is a null reply, and more than limit is taken for a
+// protocol error rather than allocated.
+func replyLength(body, what string, limit int) (int, error) {
+	n, err := strconv.Atoi(body)
+	if err != nil || n < -1 || n > limit {
+		return 0, fmt.Errorf("protocol error: %s length %q", what, body)
+	}
+	return n, nil
 }

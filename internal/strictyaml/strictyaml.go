@@ -33,6 +33,18 @@ func (d *Decoder) Decode(n *yaml.Node, v any, ctx string) bool {
 	return d.decode(n, reflect.ValueOf(v).Elem(), ctx, "")
 }
 
+// DecodeEntry decodes n, entry i of the list named list, into *v as Decode
+// does. It returns the name messages give the entry, ctx: "tables[2]", or
+// "tables[2] (public.inbox)" with the text of the entry's key field, which
+// is read before decoding so that a bad entry is named too.
+func (d *Decoder) DecodeEntry(n *yaml.Node, v any, list string, i int, key string) (ctx string, ok bool) {
+	ctx = fmt.Sprintf("%s[%d]", list, i)
+	if text := scalarField(n, key); text != "" {
+		ctx += " (" + text + ")"
+	}
+	return ctx, d.Decode(n, v, ctx)
+}
+
 // Errorf records an error about field (a path such as "paths[2].stages[0].from")
 // of the entry ctx, on the line where that field, or the nearest enclosing
 // one, was written; fallback is used when none was.
