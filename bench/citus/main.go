@@ -26,6 +26,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -67,17 +68,12 @@ func run(args []string, stdout io.Writer) int {
 	fs.IntVar(&o.workers, "workers", 2, "Citus workers")
 	fs.BoolVar(&o.explain, "explain", false, "after the reps, EXPLAIN ANALYZE one batch's window count and DELETE on a fresh copy (rolled back), then time two committed windows")
 	fs.BoolVar(&o.keep, "keep", false, "leave the cluster and the databases in place and print the coordinator's URL")
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	if o.rows < 2 || o.batch < 1 || o.reps < 1 || o.shards < 1 || o.workers < 1 || fs.NArg() > 0 {
-		fmt.Fprintln(os.Stderr, "bench/citus: want -rows >= 2, -batch >= 1, -reps >= 1, -shards >= 1, -workers >= 1 and no arguments")
-		return 2
-	}
-	flags := benchdata.Flags(fs)
-	return benchdata.Run("bench/citus", func(ctx context.Context) error {
-		return benchmark(ctx, o, flags, stdout)
-	})
+	return benchdata.Main(fs, args, func() error {
+		if o.rows < 2 || o.batch < 1 || o.reps < 1 || o.shards < 1 || o.workers < 1 || fs.NArg() > 0 {
+			return errors.New("want -rows >= 2, -batch >= 1, -reps >= 1, -shards >= 1, -workers >= 1 and no arguments")
+		}
+		return nil
+	}, func(ctx context.Context, flags string) error { return benchmark(ctx, o, flags, stdout) })
 }
 
 type bench struct {

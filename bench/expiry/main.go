@@ -87,23 +87,22 @@ func run(args []string, stdout io.Writer) int {
 	fs.IntVar(&o.reps, "reps", 1, "repetitions, reversing the order of the methods every other one")
 	names := fs.String("layouts", "append-ordered,interleaved", "comma-separated layouts to run")
 	fs.BoolVar(&o.keep, "keep", false, "leave the cluster running and print its URL")
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	for _, n := range strings.Split(*names, ",") {
-		i := slices.IndexFunc(layouts, func(l layout) bool { return l.name == n })
-		if i < 0 {
-			fmt.Fprintf(os.Stderr, "bench/expiry: unknown layout %q (want append-ordered, interleaved)\n", n)
-			return 2
+	return benchdata.Main(fs, args, func() error {
+		for _, n := range strings.Split(*names, ",") {
+			i := slices.IndexFunc(layouts, func(l layout) bool { return l.name == n })
+			if i < 0 {
+				return fmt.Errorf("unknown layout %q (want append-ordered, interleaved)", n)
+			}
+			o.layouts = append(o.layouts, layouts[i])
 		}
-		o.layouts = append(o.layouts, layouts[i])
-	}
-	o.flags = benchdata.Flags(fs)
-	if o.rows < 2 || o.batch < 1 || o.flatRows < 0 || o.reps < 1 || fs.NArg() > 0 {
-		fmt.Fprintln(os.Stderr, "bench/expiry: want -rows >= 2, -batch >= 1, -flat-rows >= 0, -reps >= 1 and no arguments")
-		return 2
-	}
-	return benchdata.Run("bench/expiry", func(ctx context.Context) error { return benchmark(ctx, o, stdout) })
+		if o.rows < 2 || o.batch < 1 || o.flatRows < 0 || o.reps < 1 || fs.NArg() > 0 {
+			return errors.New("want -rows >= 2, -batch >= 1, -flat-rows >= 0, -reps >= 1 and no arguments")
+		}
+		return nil
+	}, func(ctx context.Context, flags string) error {
+		o.flags = flags
+		return benchmark(ctx, o, stdout)
+	})
 }
 
 type bench struct {

@@ -122,15 +122,14 @@ func parseArgs(args []string) (options, bool) {
 	fs.DurationVar(&o.reader, "reader", 10*time.Second, "how long the long-running read transaction is held")
 	fs.DurationVar(&o.lockTimeout, "lock-timeout", 100*time.Millisecond, "inboxkeeper's lock_timeout for partition DDL (INBOXKEEPER_DDL_LOCK_TIMEOUT)")
 	fs.BoolVar(&o.keep, "keep", false, "leave the cluster running and print its URL")
-	if err := fs.Parse(args); err != nil {
-		return o, false
-	}
-	if o.rows < 1 || o.reader < 100*time.Millisecond || o.lockTimeout < time.Millisecond || fs.NArg() > 0 {
-		fmt.Fprintln(os.Stderr, "bench/partitions: want -rows >= 1, -reader >= 100ms, -lock-timeout >= 1ms and no arguments")
-		return o, false
-	}
-	o.flags = benchdata.Flags(fs)
-	return o, true
+	var ok bool
+	o.flags, ok = benchdata.ParseFlags(fs, args, func() error {
+		if o.rows < 1 || o.reader < 100*time.Millisecond || o.lockTimeout < time.Millisecond || fs.NArg() > 0 {
+			return errors.New("want -rows >= 1, -reader >= 100ms, -lock-timeout >= 1ms and no arguments")
+		}
+		return nil
+	})
+	return o, ok
 }
 
 // latency summarises the inserts of a period.

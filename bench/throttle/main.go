@@ -107,15 +107,15 @@ func run(args []string, stdout io.Writer) int {
 	fs.Float64Var(&o.applyRate, "apply-rate", 8, "MB/s of WAL the standby may apply; 0 does not slow it")
 	fs.BoolVar(&o.keep, "keep", false, "leave both clusters running and print their URLs")
 	fs.StringVar(&o.logs, "logs", "", "write the daemon's debug logs to `dir`/a.log and c.log")
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	if o.rows < 2 || o.maxLag <= 0 || o.applyRate < 0 || fs.NArg() > 0 {
-		fmt.Fprintln(os.Stderr, "bench/throttle: want -rows >= 2, -max-lag > 0, -apply-rate >= 0 and no arguments")
-		return 2
-	}
-	o.flags = benchdata.Flags(fs)
-	return benchdata.Run("bench/throttle", func(ctx context.Context) error { return benchmark(ctx, o, stdout) })
+	return benchdata.Main(fs, args, func() error {
+		if o.rows < 2 || o.maxLag <= 0 || o.applyRate < 0 || fs.NArg() > 0 {
+			return errors.New("want -rows >= 2, -max-lag > 0, -apply-rate >= 0 and no arguments")
+		}
+		return nil
+	}, func(ctx context.Context, flags string) error {
+		o.flags = flags
+		return benchmark(ctx, o, stdout)
+	})
 }
 
 type bench struct {

@@ -64,15 +64,15 @@ func run(args []string, stdout io.Writer) int {
 	fs.IntVar(&o.rows, "rows", 1_000_000, "rows in each table, all due for demotion and deletion")
 	fs.IntVar(&o.batch, "batch", 5000, "rows per batch, for the deleter and the demoter alike")
 	fs.BoolVar(&o.keep, "keep", false, "leave the cluster running and print its URL")
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	if o.rows < 1 || o.batch < 1 || fs.NArg() > 0 {
-		fmt.Fprintln(os.Stderr, "bench/tiering: want -rows >= 1, -batch >= 1 and no arguments")
-		return 2
-	}
-	o.flags = benchdata.Flags(fs)
-	return benchdata.Run("bench/tiering", func(ctx context.Context) error { return benchmark(ctx, o, stdout) })
+	return benchdata.Main(fs, args, func() error {
+		if o.rows < 1 || o.batch < 1 || fs.NArg() > 0 {
+			return errors.New("want -rows >= 1, -batch >= 1 and no arguments")
+		}
+		return nil
+	}, func(ctx context.Context, flags string) error {
+		o.flags = flags
+		return benchmark(ctx, o, stdout)
+	})
 }
 
 type bench struct {

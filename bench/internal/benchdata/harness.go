@@ -53,6 +53,36 @@ func Workspace(ctx context.Context, pattern string, p Progress) (dir, bin string
 	return dir, bin, nil
 }
 
+// Main is a benchmark program's run: it parses args into fs, whose flags
+// the caller defined, and runs bench with them (ParseFlags, then Run). It
+// returns the exit status, 2 when the command line is wrong, so that the
+// programs agree on it and their tests can call them.
+func Main(fs *flag.FlagSet, args []string, check func() error, bench func(ctx context.Context, flags string) error) int {
+	flags, ok := ParseFlags(fs, args, check)
+	if !ok {
+		return 2
+	}
+	return Run("bench/"+fs.Name(), func(ctx context.Context) error { return bench(ctx, flags) })
+}
+
+// ParseFlags parses args into fs, then check finishes reading the values
+// (a list, say) and says what is wrong with them, nil when nothing.
+// Arguments left over are for check to refuse too, so that its one message
+// states all a benchmark wants. It returns the flags as the report's header
+// states them (Flags); ok is false when a flag does not parse (the flag
+// package has said why) or check refuses, on stderr as
+// "bench/NAME: <check's error>", NAME being fs.Name().
+func ParseFlags(fs *flag.FlagSet, args []string, check func() error) (flags string, ok bool) {
+	if err := fs.Parse(args); err != nil {
+		return "", false
+	}
+	if err := check(); err != nil {
+		fmt.Fprintf(os.Stderr, "bench/%s: %v\n", fs.Name(), err)
+		return "", false
+	}
+	return Flags(fs), true
+}
+
 // Flags is every flag of fs with its value, defaults included, as a
 // command line would give them: a report states how it was made.
 func Flags(fs *flag.FlagSet) string {
