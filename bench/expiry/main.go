@@ -179,17 +179,12 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 	}
 	defer os.RemoveAll(b.dir)
 
-	b.Logf("starting a durable PostgreSQL")
-	c, err := pgcluster.Start(ctx, pgcluster.Options{Durable: true, Settings: benchdata.ClusterSettings("2GB", nil)})
+	c, end, err := benchdata.StartCluster(ctx, b.Progress, benchdata.ClusterSettings("2GB", nil), o.keep, w)
 	if err != nil {
 		return err
 	}
+	defer end()
 	b.cluster = c
-	if o.keep {
-		defer fmt.Fprintf(w, "cluster kept: %s (data directory %s)\n", c.URL("postgres"), c.DataDir)
-	} else {
-		defer c.Destroy()
-	}
 	if b.pool, err = pgxpool.New(ctx, c.URL("postgres")); err != nil {
 		return err
 	}

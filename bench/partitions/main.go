@@ -72,7 +72,6 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/inbox"
 	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
-	"github.com/inboxkeeper/inboxkeeper/internal/pgcluster"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 	"github.com/inboxkeeper/inboxkeeper/migrations"
@@ -182,24 +181,19 @@ type bench struct {
 
 func benchmark(ctx context.Context, o options, w io.Writer) (*report, error) {
 	b := &bench{Progress: benchdata.NewProgress(), o: o}
-	b.Logf("starting a durable PostgreSQL")
-	c, err := pgcluster.Start(ctx, pgcluster.Options{Durable: true, Settings: benchdata.ClusterSettings("1GB", map[string]string{
+	c, end, err := benchdata.StartCluster(ctx, b.Progress, benchdata.ClusterSettings("1GB", map[string]string{
 		// Months in UTC, as inboxkeeper counts them: pg_partman truncates
 		// to months in the session's time zone.
 		"timezone": "'UTC'",
 		// WAL is measured for the whole cluster: no vacuum may run on one
 		// table while another is measured.
 		"autovacuum": "off",
-	})})
+	}), o.keep, w)
 	if err != nil {
 		return nil, err
 	}
+	defer end()
 	b.url = c.URL("postgres")
-	if o.keep {
-		defer fmt.Fprintf(w, "cluster kept: %s (data directory %s)\n", b.url, c.DataDir)
-	} else {
-		defer c.Destroy()
-	}
 	cfg, err := pgxpool.ParseConfig(b.url)
 	if err != nil {
 		return nil, err

@@ -14,6 +14,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/pgcluster"
 )
 
 // ClusterSettings are the server settings every benchmark cluster starts
@@ -81,6 +83,21 @@ func ParseFlags(fs *flag.FlagSet, args []string, check func() error) (flags stri
 		return "", false
 	}
 	return Flags(fs), true
+}
+
+// StartCluster starts a durable throwaway PostgreSQL, so that WAL figures
+// are real, with settings (ClusterSettings'). The benchmark defers end: it
+// destroys the cluster or, with keep, leaves it running and ends the report
+// on w with where it is.
+func StartCluster(ctx context.Context, p Progress, settings map[string]string, keep bool, w io.Writer) (c *pgcluster.Cluster, end func(), err error) {
+	p.Logf("starting a durable PostgreSQL")
+	if c, err = pgcluster.Start(ctx, pgcluster.Options{Durable: true, Settings: settings}); err != nil {
+		return nil, nil, err
+	}
+	if keep {
+		return c, func() { fmt.Fprintf(w, "cluster kept: %s (data directory %s)\n", c.URL("postgres"), c.DataDir) }, nil
+	}
+	return c, c.Destroy, nil
 }
 
 // Flags is every flag of fs with its value, defaults included, as a
