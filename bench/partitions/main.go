@@ -219,14 +219,14 @@ func benchmark(ctx context.Context, o options, w io.Writer) (*report, error) {
 
 	// The four tables, two fills at a time.
 	b.Logf("filling %s and %s with %d rows each in %s", ikTable, pmTable, o.rows, b.month.Format("2006-01"))
-	if err := parallel(
+	if err := benchdata.Parallel(
 		func() error { return b.makeIK(ctx, ikTable, true) },
 		func() error { return b.makePM(ctx) },
 	); err != nil {
 		return nil, err
 	}
 	b.Logf("filling %s and %s", forgetPart, forgetRows)
-	if err := parallel(
+	if err := benchdata.Parallel(
 		func() error { return b.makeIK(ctx, forgetPart, false) },
 		func() error { return b.makeOrdinary(ctx, forgetRows) },
 	); err != nil {
@@ -844,16 +844,6 @@ func later(a, b time.Time) time.Time {
 		return b
 	}
 	return a
-}
-
-func parallel(fns ...func() error) error {
-	errs := make([]error, len(fns))
-	var wg sync.WaitGroup
-	for i, fn := range fns {
-		wg.Go(func() { errs[i] = fn() })
-	}
-	wg.Wait()
-	return errors.Join(errs...)
 }
 
 func ms(d time.Duration) string {

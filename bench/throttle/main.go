@@ -387,29 +387,13 @@ func (b *bench) waitReplay(ctx context.Context, lagBelow float64) error {
 
 // fillAll makes a, b and c from the same rows, one session each, so they
 // have the same physical layout.
-// fill (re)creates table with the shared benchmark inbox (with payload).
-func (b *bench) fill(ctx context.Context, table string, n, expired int64, t0 time.Time) error {
-	b.Logf("filling %s with %d rows", table, n)
-	conn, err := b.pool.Acquire(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Release()
-	return benchdata.Fill(ctx, conn, table, true, n, expired, t0)
-}
-
 func (b *bench) fillAll(ctx context.Context, n, expired int64) error {
 	var t0 time.Time
 	if err := b.pool.QueryRow(ctx, "SELECT now()").Scan(&t0); err != nil {
 		return err
 	}
-	var wg sync.WaitGroup
-	errs := make([]error, 3)
-	for i, table := range []string{"a", "b", "c"} {
-		wg.Go(func() { errs[i] = b.fill(ctx, table, n, expired, t0) })
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	tables := []benchdata.Table{{Name: "a", Payload: true}, {Name: "b", Payload: true}, {Name: "c", Payload: true}}
+	if err := benchdata.FillAll(ctx, b.pool, b.Progress, tables, n, expired, t0); err != nil {
 		return err
 	}
 	var sa, sb, sc int64

@@ -203,29 +203,8 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 // fill makes the three tables from the same deterministic rows, every one
 // of them expired and first seen long before the hot window.
 func (b *bench) fill(ctx context.Context, n int64) error {
-	t0 := time.Now()
-	var errs [3]error
-	done := make(chan struct{}, 3)
-	for i, spec := range []struct {
-		table   string
-		payload bool
-	}{{"wide", true}, {"side", false}, {"inplace", true}} {
-		go func() {
-			defer func() { done <- struct{}{} }()
-			b.Logf("filling %s with %d rows", spec.table, n)
-			conn, err := b.pool.Acquire(ctx)
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			defer conn.Release()
-			errs[i] = benchdata.Fill(ctx, conn, spec.table, spec.payload, n, n, t0)
-		}()
-	}
-	for range 3 {
-		<-done
-	}
-	if err := errors.Join(errs[:]...); err != nil {
+	tables := []benchdata.Table{{Name: "wide", Payload: true}, {Name: "side"}, {Name: "inplace", Payload: true}}
+	if err := benchdata.FillAll(ctx, b.pool, b.Progress, tables, n, n, time.Now()); err != nil {
 		return err
 	}
 	b.Logf("making the side table and the in-place index")
