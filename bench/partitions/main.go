@@ -362,16 +362,36 @@ func (b *bench) fill(ctx context.Context, conn *pgxpool.Conn, table string, ordi
 	return nil
 }
 
-// makeIK makes a parent for inboxkeeper with the expired month (and, with
-// emptyMonth, the empty month after it, as pg_partman's table has) made by
-// hand under inboxkeeper's names; Ensure premakes the rest.
-func (b *bench) makeIK(ctx context.Context, table string, emptyMonth bool) error {
+// create makes table with ddl on a session of its own, runs setup (if
+// any) on it, and fills the table there (fill: ordinary says how).
+func (b *bench) create(ctx context.Context, table, ddl string, ordinary bool, setup func(*pgxpool.Conn) error) error {
 	conn, err := b.pool.Acquire(ctx)
 	if err != nil {
 		return err
 	}
 	defer conn.Release()
-	sql := fmt.Sprintf("CREATE TABLE public.%s %s PARTITION BY RANGE (remember_until)", table, columns)
+	if _, err := conn.Exec(ctx, ddl); err != nil {
+		return fmt.Errorf("create %s: %w", table, err)
+	}
+	if setup != nil {
+		if err := setup(conn); err != nil {
+			return err
+		}
+	}
+	return b.fill(ctx, conn, table, ordinary)
+}
+
+// parentDDL makes table a parent partitioned by month on remember_until,
+// with the recommended columns and no partitions.
+func parentDDL(table string) string {
+	return fmt.Sprintf("CREATE TABLE public.%s %s PARTITION BY RANGE (remember_until)", table, columns)
+}
+
+// makeIK makes a parent for inboxkeeper with the expired month (and, with
+// emptyMonth, the empty month after it, as pg_partman's table has) made by
+// hand under inboxkeeper's names; Ensure premakes the rest.
+func (b *bench) makeIK(ctx context.Context, table string, emptyMonth bool) error {
+	sql := parentDDL(table)
 	months := []time.Time{b.month}
 	if emptyMonth {
 		months = append(months, nextMonth(b.month))
@@ -380,47 +400,31 @@ func (b *bench) makeIK(ctx context.Context, table string, emptyMonth bool) error
 		sql += fmt.Sprintf(";\nCREATE TABLE public.%s PARTITION OF public.%s FOR VALUES FROM ('%s') TO ('%s')",
 			ikPartition(table, m), table, m.Format(time.RFC3339), nextMonth(m).Format(time.RFC3339))
 	}
-	if _, err := conn.Exec(ctx, sql); err != nil {
-		return fmt.Errorf("create %s: %w", table, err)
-	}
-	return b.fill(ctx, conn, table, false)
+	return b.create(ctx, table, sql, false, nil)
 }
 
 // makePM makes the same parent and hands it to pg_partman, starting at the
 // expired month, with four months premade (its default) and retention set
 // so that a month is due once its upper bound has passed.
 func (b *bench) makePM(ctx context.Context) error {
-	conn, err := b.pool.Acquire(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Release()
-	if _, err := conn.Exec(ctx, fmt.Sprintf("CREATE TABLE public.%s %s PARTITION BY RANGE (remember_until)", pmTable, columns)); err != nil {
-		return fmt.Errorf("create %s: %w", pmTable, err)
-	}
-	if _, err := conn.Exec(ctx, `SELECT partman.create_parent(p_parent_table => $1, p_control => 'remember_until',
+	return b.create(ctx, pmTable, parentDDL(pmTable), false, func(conn *pgxpool.Conn) error {
+		if _, err := conn.Exec(ctx, `SELECT partman.create_parent(p_parent_table => $1, p_control => 'remember_until',
   p_type => 'native', p_interval => 'monthly', p_premake => 4, p_start_partition => $2)`,
-		"public."+pmTable, b.month.Format("2006-01-02 15:04:05+00")); err != nil {
-		return fmt.Errorf("pg_partman create_parent: %w", err)
-	}
-	tag, err := conn.Exec(ctx, `UPDATE partman.part_config SET retention = '0 days', retention_keep_table = false
+			"public."+pmTable, b.month.Format("2006-01-02 15:04:05+00")); err != nil {
+			return fmt.Errorf("pg_partman create_parent: %w", err)
+		}
+		tag, err := conn.Exec(ctx, `UPDATE partman.part_config SET retention = '0 days', retention_keep_table = false
 WHERE parent_table = $1`, "public."+pmTable)
-	if err != nil || tag.RowsAffected() != 1 {
-		return fmt.Errorf("pg_partman: set retention (%d rows): %v", tag.RowsAffected(), err)
-	}
-	return b.fill(ctx, conn, pmTable, false)
+		if err != nil || tag.RowsAffected() != 1 {
+			return fmt.Errorf("pg_partman: set retention (%d rows): %v", tag.RowsAffected(), err)
+		}
+		return nil
+	})
 }
 
+// makeOrdinary makes an ordinary table of the same rows.
 func (b *bench) makeOrdinary(ctx context.Context, table string) error {
-	conn, err := b.pool.Acquire(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Release()
-	if _, err := conn.Exec(ctx, fmt.Sprintf("CREATE TABLE public.%s %s", table, columns)); err != nil {
-		return fmt.Errorf("create %s: %w", table, err)
-	}
-	return b.fill(ctx, conn, table, true)
+	return b.create(ctx, table, fmt.Sprintf("CREATE TABLE public.%s %s", table, columns), true, nil)
 }
 
 // resolve checks table against the catalog as the daemon does, from a
