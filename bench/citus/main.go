@@ -33,7 +33,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -110,8 +109,6 @@ const daemonName, unboundedName = "inboxkeeper once", "unbounded DELETE"
 // Citus sends it to every shard at once.
 const unboundedSQL = "DELETE FROM inbox WHERE remember_until <= now()"
 
-const policyYAML = "tables:\n  - table: public.inbox\n    key: [consumer, message_id]\n    expires_at: remember_until\n"
-
 func benchmark(ctx context.Context, o options, flags string, w io.Writer) error {
 	b := &bench{Progress: benchdata.NewProgress(), o: o}
 	var err error
@@ -120,7 +117,7 @@ func benchmark(ctx context.Context, o options, flags string, w io.Writer) error 
 	}
 	defer os.RemoveAll(b.dir)
 	b.policy = filepath.Join(b.dir, "policy.yaml")
-	if err := os.WriteFile(b.policy, []byte(policyYAML), 0o644); err != nil {
+	if err := benchdata.WritePolicy(b.policy, "inbox"); err != nil {
 		return err
 	}
 
@@ -373,11 +370,9 @@ func (b *bench) daemon(ctx context.Context, url string) (time.Duration, int, err
 	return wall, benchdata.DoneBatches(out), err
 }
 
-// daemonSettings are the daemon settings the benchmark sets itself. No
-// metrics listener: runs must not compete for a port.
+// daemonSettings are the daemon settings the benchmark sets itself.
 func (b *bench) daemonSettings(url string) []string {
-	return []string{"INBOXKEEPER_DATABASE_URL=" + url, "INBOXKEEPER_POLICY_FILE=" + b.policy,
-		"INBOXKEEPER_BATCH_SIZE=" + strconv.Itoa(b.o.batch), "INBOXKEEPER_METRICS_ADDR="}
+	return benchdata.DaemonSettings(url, b.policy, b.o.batch)
 }
 
 // inboxkeeper runs the built binary against url and returns its wall time

@@ -377,8 +377,7 @@ func (b *bench) inDB(ctx context.Context, db string, fn func(*pgx.Conn) error) e
 // daemon runs `inboxkeeper once` on table in db after a checkpoint.
 func (b *bench) daemon(ctx context.Context, db, table string) (result, error) {
 	policy := filepath.Join(b.dir, db+".yaml")
-	yaml := fmt.Sprintf("tables:\n  - table: public.%s\n    key: [consumer, message_id]\n    expires_at: remember_until\n", table)
-	if err := os.WriteFile(policy, []byte(yaml), 0o644); err != nil {
+	if err := benchdata.WritePolicy(policy, table); err != nil {
 		return result{}, err
 	}
 	lsn, err := benchdata.Checkpoint(ctx, b.pool)
@@ -439,11 +438,9 @@ func (b *bench) now(ctx context.Context) time.Time {
 	return t
 }
 
-// daemonSettings are the daemon settings the benchmark sets itself. No
-// metrics listener: runs must not compete for a port.
+// daemonSettings are the daemon settings the benchmark sets itself.
 func (b *bench) daemonSettings(db, policy string) []string {
-	return []string{"INBOXKEEPER_DATABASE_URL=" + b.cluster.URL(db), "INBOXKEEPER_POLICY_FILE=" + policy,
-		"INBOXKEEPER_BATCH_SIZE=" + strconv.Itoa(b.o.batch), "INBOXKEEPER_METRICS_ADDR="}
+	return benchdata.DaemonSettings(b.cluster.URL(db), policy, b.o.batch)
 }
 
 // inboxkeeper runs the built binary and measures wall time and peak RSS.

@@ -409,8 +409,7 @@ func (b *bench) fillAll(ctx context.Context, n, expired int64) error {
 // daemon runs `inboxkeeper once` on table with the extra environment.
 func (b *bench) daemon(ctx context.Context, table string, n, expired int64, env ...string) (time.Duration, daemonLog, error) {
 	policy := filepath.Join(b.dir, table+".yaml")
-	yaml := fmt.Sprintf("tables:\n  - table: public.%s\n    key: [consumer, message_id]\n    expires_at: remember_until\n", table)
-	if err := os.WriteFile(policy, []byte(yaml), 0o644); err != nil {
+	if err := benchdata.WritePolicy(policy, table); err != nil {
 		return 0, daemonLog{}, err
 	}
 	start := time.Now()
@@ -448,8 +447,8 @@ func (b *bench) unbounded(ctx context.Context, table string, n, expired int64) (
 // inboxkeeper runs the built binary with a clean INBOXKEEPER_* environment
 // (it rejects unknown variables) at debug level, and returns its output.
 func (b *bench) inboxkeeper(ctx context.Context, policy string, env []string, args ...string) (string, error) {
-	set := append([]string{"INBOXKEEPER_DATABASE_URL=" + b.url, "INBOXKEEPER_POLICY_FILE=" + policy,
-		"INBOXKEEPER_METRICS_ADDR=", "INBOXKEEPER_LOG_LEVEL=debug"}, env...)
+	set := append(benchdata.DaemonSettings(b.url, policy, 0), "INBOXKEEPER_LOG_LEVEL=debug")
+	set = append(set, env...)
 	p, err := benchdata.RunBinary(ctx, b.bin, benchdata.DaemonEnv(false, set...), args...)
 	return p.Output, err
 }

@@ -114,6 +114,24 @@ func Header(w io.Writer, name, flags string) {
 	fmt.Fprintf(w, "%s on %s, %d CPUs; flags: %s\n", name, time.Now().UTC().Format("2006-01-02 15:04 MST"), runtime.NumCPU(), flags)
 }
 
+// DaemonSettings are the daemon settings a benchmark sets itself: the
+// database at url, the policy file, the batch size (0: the daemon's
+// default), and no metrics listener, as runs must not compete for a port.
+func DaemonSettings(url, policy string, batch int) []string {
+	set := []string{"INBOXKEEPER_DATABASE_URL=" + url, "INBOXKEEPER_POLICY_FILE=" + policy}
+	if batch > 0 {
+		set = append(set, "INBOXKEEPER_BATCH_SIZE="+strconv.Itoa(batch))
+	}
+	return append(set, "INBOXKEEPER_METRICS_ADDR=")
+}
+
+// WritePolicy writes a policy file at path for the daemon to delete the
+// expired rows of table, an inbox as Fill makes it (public schema).
+func WritePolicy(path, table string) error {
+	yaml := fmt.Sprintf("tables:\n  - table: public.%s\n    key: [consumer, message_id]\n    expires_at: remember_until\n", table)
+	return os.WriteFile(path, []byte(yaml), 0o644)
+}
+
 // DaemonEnv is the environment to run the daemon in: this process's, with
 // set (NAME=value) added. With inherit, the other INBOXKEEPER_* variables
 // of this process reach the daemon too (to try a setting without changing
