@@ -1,5 +1,6 @@
-// Package benchdata is what the benchmarks share: the inbox they fill, the
-// binary they run, and how they judge a goal.
+// Package benchdata is what the benchmarks share: their command line, the
+// cluster they start, the inbox they fill, the binary they run, and how
+// they judge a goal.
 package benchdata
 
 import (
