@@ -26,7 +26,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -68,10 +67,8 @@ func run(args []string, stdout io.Writer) int {
 	fs.BoolVar(&o.explain, "explain", false, "after the reps, EXPLAIN ANALYZE one batch's window count and DELETE on a fresh copy (rolled back), then time two committed windows")
 	fs.BoolVar(&o.keep, "keep", false, "leave the cluster and the databases in place and print the coordinator's URL")
 	return benchdata.Main(fs, args, func() error {
-		if o.rows < 2 || o.batch < 1 || o.reps < 1 || o.shards < 1 || o.workers < 1 || fs.NArg() > 0 {
-			return errors.New("want -rows >= 2, -batch >= 1, -reps >= 1, -shards >= 1, -workers >= 1 and no arguments")
-		}
-		return nil
+		return benchdata.WantFlags(fs, o.rows < 2 || o.batch < 1 || o.reps < 1 || o.shards < 1 || o.workers < 1,
+			"-rows >= 2, -batch >= 1, -reps >= 1, -shards >= 1, -workers >= 1")
 	}, func(ctx context.Context, flags string) error { return benchmark(ctx, o, flags, stdout) })
 }
 

@@ -95,10 +95,8 @@ func run(args []string, stdout io.Writer) int {
 			}
 			o.layouts = append(o.layouts, layouts[i])
 		}
-		if o.rows < 2 || o.batch < 1 || o.flatRows < 0 || o.reps < 1 || fs.NArg() > 0 {
-			return errors.New("want -rows >= 2, -batch >= 1, -flat-rows >= 0, -reps >= 1 and no arguments")
-		}
-		return nil
+		return benchdata.WantFlags(fs, o.rows < 2 || o.batch < 1 || o.flatRows < 0 || o.reps < 1,
+			"-rows >= 2, -batch >= 1, -flat-rows >= 0, -reps >= 1")
 	}, func(ctx context.Context, flags string) error {
 		o.flags = flags
 		return benchmark(ctx, o, stdout)

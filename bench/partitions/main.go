@@ -50,7 +50,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -123,10 +122,8 @@ func parseArgs(args []string) (options, bool) {
 	fs.BoolVar(&o.keep, "keep", false, "leave the cluster running and print its URL")
 	var ok bool
 	o.flags, ok = benchdata.ParseFlags(fs, args, func() error {
-		if o.rows < 1 || o.reader < 100*time.Millisecond || o.lockTimeout < time.Millisecond || fs.NArg() > 0 {
-			return errors.New("want -rows >= 1, -reader >= 100ms, -lock-timeout >= 1ms and no arguments")
-		}
-		return nil
+		return benchdata.WantFlags(fs, o.rows < 1 || o.reader < 100*time.Millisecond || o.lockTimeout < time.Millisecond,
+			"-rows >= 1, -reader >= 100ms, -lock-timeout >= 1ms")
 	})
 	return o, ok
 }

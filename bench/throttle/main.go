@@ -59,7 +59,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -108,10 +107,8 @@ func run(args []string, stdout io.Writer) int {
 	fs.BoolVar(&o.keep, "keep", false, "leave both clusters running and print their URLs")
 	fs.StringVar(&o.logs, "logs", "", "write the daemon's debug logs to `dir`/a.log and c.log")
 	return benchdata.Main(fs, args, func() error {
-		if o.rows < 2 || o.maxLag <= 0 || o.applyRate < 0 || fs.NArg() > 0 {
-			return errors.New("want -rows >= 2, -max-lag > 0, -apply-rate >= 0 and no arguments")
-		}
-		return nil
+		return benchdata.WantFlags(fs, o.rows < 2 || o.maxLag <= 0 || o.applyRate < 0,
+			"-rows >= 2, -max-lag > 0, -apply-rate >= 0")
 	}, func(ctx context.Context, flags string) error {
 		o.flags = flags
 		return benchmark(ctx, o, stdout)

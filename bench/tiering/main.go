@@ -27,7 +27,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -64,10 +63,7 @@ func run(args []string, stdout io.Writer) int {
 	fs.IntVar(&o.batch, "batch", 5000, "rows per batch, for the deleter and the demoter alike")
 	fs.BoolVar(&o.keep, "keep", false, "leave the cluster running and print its URL")
 	return benchdata.Main(fs, args, func() error {
-		if o.rows < 1 || o.batch < 1 || fs.NArg() > 0 {
-			return errors.New("want -rows >= 1, -batch >= 1 and no arguments")
-		}
-		return nil
+		return benchdata.WantFlags(fs, o.rows < 1 || o.batch < 1, "-rows >= 1, -batch >= 1")
 	}, func(ctx context.Context, flags string) error {
 		o.flags = flags
 		return benchmark(ctx, o, stdout)

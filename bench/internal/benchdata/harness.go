@@ -68,12 +68,11 @@ func Main(fs *flag.FlagSet, args []string, check func() error, bench func(ctx co
 }
 
 // ParseFlags parses args into fs, then check finishes reading the values
-// (a list, say) and says what is wrong with them, nil when nothing.
-// Arguments left over are for check to refuse too, so that its one message
-// states all a benchmark wants. It returns the flags as the report's header
-// states them (Flags); ok is false when a flag does not parse (the flag
-// package has said why) or check refuses, on stderr as
-// "bench/NAME: <check's error>", NAME being fs.Name().
+// (a list, say) and says what is wrong with them, nil when nothing (see
+// WantFlags). It returns the flags as the report's header states them
+// (Flags); ok is false when a flag does not parse (the flag package has
+// said why) or check refuses, on stderr as "bench/NAME: <check's error>",
+// NAME being fs.Name().
 func ParseFlags(fs *flag.FlagSet, args []string, check func() error) (flags string, ok bool) {
 	if err := fs.Parse(args); err != nil {
 		return "", false
@@ -83,6 +82,17 @@ func ParseFlags(fs *flag.FlagSet, args []string, check func() error) (flags stri
 		return "", false
 	}
 	return Flags(fs), true
+}
+
+// WantFlags is a benchmark's usual check of its command line: nil unless
+// wrong (the values miss what want states) or arguments are left over;
+// then one message for both, "want <want> and no arguments", so that it
+// states all the benchmark wants.
+func WantFlags(fs *flag.FlagSet, wrong bool, want string) error {
+	if wrong || fs.NArg() > 0 {
+		return fmt.Errorf("want %s and no arguments", want)
+	}
+	return nil
 }
 
 // StartCluster starts a durable throwaway PostgreSQL, so that WAL figures
