@@ -119,10 +119,9 @@ type Table struct {
 	Payload bool // with the ~300-byte payload column (Fill)
 }
 
-// FillAll fills tables at once, each in a session of its own, with the
-// same rows (Fill): n of them, the first expired of them expired at t0.
-// The same rows in the same order make the same physical layout, so the
-// tables compare like for like.
+// FillAll fills tables side by side with the same rows (Fill): n of them,
+// the first expired of them expired at t0. Each gets a session of its own,
+// as Fill sets maintenance_work_mem for the session.
 func FillAll(ctx context.Context, pool *pgxpool.Pool, p Progress, tables []Table, n, expired int64, t0 time.Time) error {
 	fills := make([]func() error, len(tables))
 	for i, t := range tables {
