@@ -32,7 +32,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -67,17 +66,10 @@ func run(args []string, stdout io.Writer) int {
 	fs.IntVar(&o.workers, "workers", 2, "Citus workers")
 	fs.BoolVar(&o.explain, "explain", false, "after the reps, EXPLAIN ANALYZE one batch's window count and DELETE on a fresh copy (rolled back), then time two committed windows")
 	fs.BoolVar(&o.keep, "keep", false, "leave the cluster and the databases in place and print the coordinator's URL")
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	if o.rows < 2 || o.batch < 1 || o.reps < 1 || o.shards < 1 || o.workers < 1 || fs.NArg() > 0 {
-		fmt.Fprintln(os.Stderr, "bench/citus: want -rows >= 2, -batch >= 1, -reps >= 1, -shards >= 1, -workers >= 1 and no arguments")
-		return 2
-	}
-	flags := benchdata.Flags(fs)
-	return benchdata.Run("bench/citus", func(ctx context.Context) error {
-		return benchmark(ctx, o, flags, stdout)
-	})
+	return benchdata.Main(fs, args, func() error {
+		return benchdata.WantFlags(fs, o.rows < 2 || o.batch < 1 || o.reps < 1 || o.shards < 1 || o.workers < 1,
+			"-rows >= 2, -batch >= 1, -reps >= 1, -shards >= 1, -workers >= 1")
+	}, func(ctx context.Context, flags string) error { return benchmark(ctx, o, flags, stdout) })
 }
 
 type bench struct {
@@ -114,8 +106,6 @@ const daemonName, unboundedName = "inboxkeeper once", "unbounded DELETE"
 // Citus sends it to every shard at once.
 const unboundedSQL = "DELETE FROM inbox WHERE remember_until <= now()"
 
-const policyYAML = "tables:\n  - table: public.inbox\n    key: [consumer, message_id]\n    expires_at: remember_until\n"
-
 func benchmark(ctx context.Context, o options, flags string, w io.Writer) error {
 	b := &bench{Progress: benchdata.NewProgress(), o: o}
 	var err error
@@ -124,7 +114,7 @@ func benchmark(ctx context.Context, o options, flags string, w io.Writer) error 
 	}
 	defer os.RemoveAll(b.dir)
 	b.policy = filepath.Join(b.dir, "policy.yaml")
-	if err := os.WriteFile(b.policy, []byte(policyYAML), 0o644); err != nil {
+	if err := benchdata.WritePolicy(b.policy, "inbox"); err != nil {
 		return err
 	}
 
@@ -377,11 +367,9 @@ func (b *bench) daemon(ctx context.Context, url string) (time.Duration, int, err
 	return wall, benchdata.DoneBatches(out), err
 }
 
-// daemonSettings are the daemon settings the benchmark sets itself. No
-// metrics listener: runs must not compete for a port.
+// daemonSettings are the daemon settings the benchmark sets itself.
 func (b *bench) daemonSettings(url string) []string {
-	return []string{"INBOXKEEPER_DATABASE_URL=" + url, "INBOXKEEPER_POLICY_FILE=" + b.policy,
-		"INBOXKEEPER_BATCH_SIZE=" + strconv.Itoa(b.o.batch), "INBOXKEEPER_METRICS_ADDR="}
+	return benchdata.DaemonSettings(url, b.policy, b.o.batch)
 }
 
 // inboxkeeper runs the built binary against url and returns its wall time

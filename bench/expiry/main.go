@@ -87,23 +87,20 @@ func run(args []string, stdout io.Writer) int {
 	fs.IntVar(&o.reps, "reps", 1, "repetitions, reversing the order of the methods every other one")
 	names := fs.String("layouts", "append-ordered,interleaved", "comma-separated layouts to run")
 	fs.BoolVar(&o.keep, "keep", false, "leave the cluster running and print its URL")
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	for _, n := range strings.Split(*names, ",") {
-		i := slices.IndexFunc(layouts, func(l layout) bool { return l.name == n })
-		if i < 0 {
-			fmt.Fprintf(os.Stderr, "bench/expiry: unknown layout %q (want append-ordered, interleaved)\n", n)
-			return 2
+	return benchdata.Main(fs, args, func() error {
+		for _, n := range strings.Split(*names, ",") {
+			i := slices.IndexFunc(layouts, func(l layout) bool { return l.name == n })
+			if i < 0 {
+				return fmt.Errorf("unknown layout %q (want append-ordered, interleaved)", n)
+			}
+			o.layouts = append(o.layouts, layouts[i])
 		}
-		o.layouts = append(o.layouts, layouts[i])
-	}
-	o.flags = benchdata.Flags(fs)
-	if o.rows < 2 || o.batch < 1 || o.flatRows < 0 || o.reps < 1 || fs.NArg() > 0 {
-		fmt.Fprintln(os.Stderr, "bench/expiry: want -rows >= 2, -batch >= 1, -flat-rows >= 0, -reps >= 1 and no arguments")
-		return 2
-	}
-	return benchdata.Run("bench/expiry", func(ctx context.Context) error { return benchmark(ctx, o, stdout) })
+		return benchdata.WantFlags(fs, o.rows < 2 || o.batch < 1 || o.flatRows < 0 || o.reps < 1,
+			"-rows >= 2, -batch >= 1, -flat-rows >= 0, -reps >= 1")
+	}, func(ctx context.Context, flags string) error {
+		o.flags = flags
+		return benchmark(ctx, o, stdout)
+	})
 }
 
 type bench struct {
@@ -180,17 +177,12 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 	}
 	defer os.RemoveAll(b.dir)
 
-	b.Logf("starting a durable PostgreSQL")
-	c, err := pgcluster.Start(ctx, pgcluster.Options{Durable: true, Settings: benchdata.ClusterSettings("2GB", nil)})
+	c, end, err := benchdata.StartCluster(ctx, b.Progress, benchdata.ClusterSettings("2GB", nil), o.keep, w)
 	if err != nil {
 		return err
 	}
+	defer end()
 	b.cluster = c
-	if o.keep {
-		defer fmt.Fprintf(w, "cluster kept: %s (data directory %s)\n", c.URL("postgres"), c.DataDir)
-	} else {
-		defer c.Destroy()
-	}
 	if b.pool, err = pgxpool.New(ctx, c.URL("postgres")); err != nil {
 		return err
 	}
@@ -383,8 +375,7 @@ func (b *bench) inDB(ctx context.Context, db string, fn func(*pgx.Conn) error) e
 // daemon runs `inboxkeeper once` on table in db after a checkpoint.
 func (b *bench) daemon(ctx context.Context, db, table string) (result, error) {
 	policy := filepath.Join(b.dir, db+".yaml")
-	yaml := fmt.Sprintf("tables:\n  - table: public.%s\n    key: [consumer, message_id]\n    expires_at: remember_until\n", table)
-	if err := os.WriteFile(policy, []byte(yaml), 0o644); err != nil {
+	if err := benchdata.WritePolicy(policy, table); err != nil {
 		return result{}, err
 	}
 	lsn, err := benchdata.Checkpoint(ctx, b.pool)
@@ -445,11 +436,9 @@ func (b *bench) now(ctx context.Context) time.Time {
 	return t
 }
 
-// daemonSettings are the daemon settings the benchmark sets itself. No
-// metrics listener: runs must not compete for a port.
+// daemonSettings are the daemon settings the benchmark sets itself.
 func (b *bench) daemonSettings(db, policy string) []string {
-	return []string{"INBOXKEEPER_DATABASE_URL=" + b.cluster.URL(db), "INBOXKEEPER_POLICY_FILE=" + policy,
-		"INBOXKEEPER_BATCH_SIZE=" + strconv.Itoa(b.o.batch), "INBOXKEEPER_METRICS_ADDR="}
+	return benchdata.DaemonSettings(b.cluster.URL(db), policy, b.o.batch)
 }
 
 // inboxkeeper runs the built binary and measures wall time and peak RSS.

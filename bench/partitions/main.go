@@ -50,7 +50,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -72,7 +71,6 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/inbox"
 	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
-	"github.com/inboxkeeper/inboxkeeper/internal/pgcluster"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 	"github.com/inboxkeeper/inboxkeeper/migrations"
@@ -122,15 +120,12 @@ func parseArgs(args []string) (options, bool) {
 	fs.DurationVar(&o.reader, "reader", 10*time.Second, "how long the long-running read transaction is held")
 	fs.DurationVar(&o.lockTimeout, "lock-timeout", 100*time.Millisecond, "inboxkeeper's lock_timeout for partition DDL (INBOXKEEPER_DDL_LOCK_TIMEOUT)")
 	fs.BoolVar(&o.keep, "keep", false, "leave the cluster running and print its URL")
-	if err := fs.Parse(args); err != nil {
-		return o, false
-	}
-	if o.rows < 1 || o.reader < 100*time.Millisecond || o.lockTimeout < time.Millisecond || fs.NArg() > 0 {
-		fmt.Fprintln(os.Stderr, "bench/partitions: want -rows >= 1, -reader >= 100ms, -lock-timeout >= 1ms and no arguments")
-		return o, false
-	}
-	o.flags = benchdata.Flags(fs)
-	return o, true
+	var ok bool
+	o.flags, ok = benchdata.ParseFlags(fs, args, func() error {
+		return benchdata.WantFlags(fs, o.rows < 1 || o.reader < 100*time.Millisecond || o.lockTimeout < time.Millisecond,
+			"-rows >= 1, -reader >= 100ms, -lock-timeout >= 1ms")
+	})
+	return o, ok
 }
 
 // latency summarises the inserts of a period.
@@ -183,24 +178,19 @@ type bench struct {
 
 func benchmark(ctx context.Context, o options, w io.Writer) (*report, error) {
 	b := &bench{Progress: benchdata.NewProgress(), o: o}
-	b.Logf("starting a durable PostgreSQL")
-	c, err := pgcluster.Start(ctx, pgcluster.Options{Durable: true, Settings: benchdata.ClusterSettings("1GB", map[string]string{
+	c, end, err := benchdata.StartCluster(ctx, b.Progress, benchdata.ClusterSettings("1GB", map[string]string{
 		// Months in UTC, as inboxkeeper counts them: pg_partman truncates
 		// to months in the session's time zone.
 		"timezone": "'UTC'",
 		// WAL is measured for the whole cluster: no vacuum may run on one
 		// table while another is measured.
 		"autovacuum": "off",
-	})})
+	}), o.keep, w)
 	if err != nil {
 		return nil, err
 	}
+	defer end()
 	b.url = c.URL("postgres")
-	if o.keep {
-		defer fmt.Fprintf(w, "cluster kept: %s (data directory %s)\n", b.url, c.DataDir)
-	} else {
-		defer c.Destroy()
-	}
 	cfg, err := pgxpool.ParseConfig(b.url)
 	if err != nil {
 		return nil, err
@@ -226,14 +216,14 @@ func benchmark(ctx context.Context, o options, w io.Writer) (*report, error) {
 
 	// The four tables, two fills at a time.
 	b.Logf("filling %s and %s with %d rows each in %s", ikTable, pmTable, o.rows, b.month.Format("2006-01"))
-	if err := parallel(
+	if err := benchdata.Parallel(
 		func() error { return b.makeIK(ctx, ikTable, true) },
 		func() error { return b.makePM(ctx) },
 	); err != nil {
 		return nil, err
 	}
 	b.Logf("filling %s and %s", forgetPart, forgetRows)
-	if err := parallel(
+	if err := benchdata.Parallel(
 		func() error { return b.makeIK(ctx, forgetPart, false) },
 		func() error { return b.makeOrdinary(ctx, forgetRows) },
 	); err != nil {
@@ -369,16 +359,36 @@ func (b *bench) fill(ctx context.Context, conn *pgxpool.Conn, table string, ordi
 	return nil
 }
 
-// makeIK makes a parent for inboxkeeper with the expired month (and, with
-// emptyMonth, the empty month after it, as pg_partman's table has) made by
-// hand under inboxkeeper's names; Ensure premakes the rest.
-func (b *bench) makeIK(ctx context.Context, table string, emptyMonth bool) error {
+// create makes table with ddl on a session of its own, runs setup (if
+// any) on it, and fills the table there (fill: ordinary says how).
+func (b *bench) create(ctx context.Context, table, ddl string, ordinary bool, setup func(*pgxpool.Conn) error) error {
 	conn, err := b.pool.Acquire(ctx)
 	if err != nil {
 		return err
 	}
 	defer conn.Release()
-	sql := fmt.Sprintf("CREATE TABLE public.%s %s PARTITION BY RANGE (remember_until)", table, columns)
+	if _, err := conn.Exec(ctx, ddl); err != nil {
+		return fmt.Errorf("create %s: %w", table, err)
+	}
+	if setup != nil {
+		if err := setup(conn); err != nil {
+			return err
+		}
+	}
+	return b.fill(ctx, conn, table, ordinary)
+}
+
+// parentDDL makes table a parent partitioned by month on remember_until,
+// with the recommended columns and no partitions.
+func parentDDL(table string) string {
+	return fmt.Sprintf("CREATE TABLE public.%s %s PARTITION BY RANGE (remember_until)", table, columns)
+}
+
+// makeIK makes a parent for inboxkeeper with the expired month (and, with
+// emptyMonth, the empty month after it, as pg_partman's table has) made by
+// hand under inboxkeeper's names; Ensure premakes the rest.
+func (b *bench) makeIK(ctx context.Context, table string, emptyMonth bool) error {
+	sql := parentDDL(table)
 	months := []time.Time{b.month}
 	if emptyMonth {
 		months = append(months, nextMonth(b.month))
@@ -387,47 +397,31 @@ func (b *bench) makeIK(ctx context.Context, table string, emptyMonth bool) error
 		sql += fmt.Sprintf(";\nCREATE TABLE public.%s PARTITION OF public.%s FOR VALUES FROM ('%s') TO ('%s')",
 			ikPartition(table, m), table, m.Format(time.RFC3339), nextMonth(m).Format(time.RFC3339))
 	}
-	if _, err := conn.Exec(ctx, sql); err != nil {
-		return fmt.Errorf("create %s: %w", table, err)
-	}
-	return b.fill(ctx, conn, table, false)
+	return b.create(ctx, table, sql, false, nil)
 }
 
 // makePM makes the same parent and hands it to pg_partman, starting at the
 // expired month, with four months premade (its default) and retention set
 // so that a month is due once its upper bound has passed.
 func (b *bench) makePM(ctx context.Context) error {
-	conn, err := b.pool.Acquire(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Release()
-	if _, err := conn.Exec(ctx, fmt.Sprintf("CREATE TABLE public.%s %s PARTITION BY RANGE (remember_until)", pmTable, columns)); err != nil {
-		return fmt.Errorf("create %s: %w", pmTable, err)
-	}
-	if _, err := conn.Exec(ctx, `SELECT partman.create_parent(p_parent_table => $1, p_control => 'remember_until',
+	return b.create(ctx, pmTable, parentDDL(pmTable), false, func(conn *pgxpool.Conn) error {
+		if _, err := conn.Exec(ctx, `SELECT partman.create_parent(p_parent_table => $1, p_control => 'remember_until',
   p_type => 'native', p_interval => 'monthly', p_premake => 4, p_start_partition => $2)`,
-		"public."+pmTable, b.month.Format("2006-01-02 15:04:05+00")); err != nil {
-		return fmt.Errorf("pg_partman create_parent: %w", err)
-	}
-	tag, err := conn.Exec(ctx, `UPDATE partman.part_config SET retention = '0 days', retention_keep_table = false
+			"public."+pmTable, b.month.Format("2006-01-02 15:04:05+00")); err != nil {
+			return fmt.Errorf("pg_partman create_parent: %w", err)
+		}
+		tag, err := conn.Exec(ctx, `UPDATE partman.part_config SET retention = '0 days', retention_keep_table = false
 WHERE parent_table = $1`, "public."+pmTable)
-	if err != nil || tag.RowsAffected() != 1 {
-		return fmt.Errorf("pg_partman: set retention (%d rows): %v", tag.RowsAffected(), err)
-	}
-	return b.fill(ctx, conn, pmTable, false)
+		if err != nil || tag.RowsAffected() != 1 {
+			return fmt.Errorf("pg_partman: set retention (%d rows): %v", tag.RowsAffected(), err)
+		}
+		return nil
+	})
 }
 
+// makeOrdinary makes an ordinary table of the same rows.
 func (b *bench) makeOrdinary(ctx context.Context, table string) error {
-	conn, err := b.pool.Acquire(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Release()
-	if _, err := conn.Exec(ctx, fmt.Sprintf("CREATE TABLE public.%s %s", table, columns)); err != nil {
-		return fmt.Errorf("create %s: %w", table, err)
-	}
-	return b.fill(ctx, conn, table, true)
+	return b.create(ctx, table, fmt.Sprintf("CREATE TABLE public.%s %s", table, columns), true, nil)
 }
 
 // resolve checks table against the catalog as the daemon does, from a
@@ -851,16 +845,6 @@ func later(a, b time.Time) time.Time {
 		return b
 	}
 	return a
-}
-
-func parallel(fns ...func() error) error {
-	errs := make([]error, len(fns))
-	var wg sync.WaitGroup
-	for i, fn := range fns {
-		wg.Go(func() { errs[i] = fn() })
-	}
-	wg.Wait()
-	return errors.Join(errs...)
 }
 
 func ms(d time.Duration) string {

@@ -59,7 +59,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -107,15 +106,13 @@ func run(args []string, stdout io.Writer) int {
 	fs.Float64Var(&o.applyRate, "apply-rate", 8, "MB/s of WAL the standby may apply; 0 does not slow it")
 	fs.BoolVar(&o.keep, "keep", false, "leave both clusters running and print their URLs")
 	fs.StringVar(&o.logs, "logs", "", "write the daemon's debug logs to `dir`/a.log and c.log")
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	if o.rows < 2 || o.maxLag <= 0 || o.applyRate < 0 || fs.NArg() > 0 {
-		fmt.Fprintln(os.Stderr, "bench/throttle: want -rows >= 2, -max-lag > 0, -apply-rate >= 0 and no arguments")
-		return 2
-	}
-	o.flags = benchdata.Flags(fs)
-	return benchdata.Run("bench/throttle", func(ctx context.Context) error { return benchmark(ctx, o, stdout) })
+	return benchdata.Main(fs, args, func() error {
+		return benchdata.WantFlags(fs, o.rows < 2 || o.maxLag <= 0 || o.applyRate < 0,
+			"-rows >= 2, -max-lag > 0, -apply-rate >= 0")
+	}, func(ctx context.Context, flags string) error {
+		o.flags = flags
+		return benchmark(ctx, o, stdout)
+	})
 }
 
 type bench struct {
@@ -387,29 +384,13 @@ func (b *bench) waitReplay(ctx context.Context, lagBelow float64) error {
 
 // fillAll makes a, b and c from the same rows, one session each, so they
 // have the same physical layout.
-// fill (re)creates table with the shared benchmark inbox (with payload).
-func (b *bench) fill(ctx context.Context, table string, n, expired int64, t0 time.Time) error {
-	b.Logf("filling %s with %d rows", table, n)
-	conn, err := b.pool.Acquire(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Release()
-	return benchdata.Fill(ctx, conn, table, true, n, expired, t0)
-}
-
 func (b *bench) fillAll(ctx context.Context, n, expired int64) error {
 	var t0 time.Time
 	if err := b.pool.QueryRow(ctx, "SELECT now()").Scan(&t0); err != nil {
 		return err
 	}
-	var wg sync.WaitGroup
-	errs := make([]error, 3)
-	for i, table := range []string{"a", "b", "c"} {
-		wg.Go(func() { errs[i] = b.fill(ctx, table, n, expired, t0) })
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	tables := []benchdata.Table{{Name: "a", Payload: true}, {Name: "b", Payload: true}, {Name: "c", Payload: true}}
+	if err := benchdata.FillAll(ctx, b.pool, b.Progress, tables, n, expired, t0); err != nil {
 		return err
 	}
 	var sa, sb, sc int64
@@ -425,8 +406,7 @@ func (b *bench) fillAll(ctx context.Context, n, expired int64) error {
 // daemon runs `inboxkeeper once` on table with the extra environment.
 func (b *bench) daemon(ctx context.Context, table string, n, expired int64, env ...string) (time.Duration, daemonLog, error) {
 	policy := filepath.Join(b.dir, table+".yaml")
-	yaml := fmt.Sprintf("tables:\n  - table: public.%s\n    key: [consumer, message_id]\n    expires_at: remember_until\n", table)
-	if err := os.WriteFile(policy, []byte(yaml), 0o644); err != nil {
+	if err := benchdata.WritePolicy(policy, table); err != nil {
 		return 0, daemonLog{}, err
 	}
 	start := time.Now()
@@ -464,8 +444,8 @@ func (b *bench) unbounded(ctx context.Context, table string, n, expired int64) (
 // inboxkeeper runs the built binary with a clean INBOXKEEPER_* environment
 // (it rejects unknown variables) at debug level, and returns its output.
 func (b *bench) inboxkeeper(ctx context.Context, policy string, env []string, args ...string) (string, error) {
-	set := append([]string{"INBOXKEEPER_DATABASE_URL=" + b.url, "INBOXKEEPER_POLICY_FILE=" + policy,
-		"INBOXKEEPER_METRICS_ADDR=", "INBOXKEEPER_LOG_LEVEL=debug"}, env...)
+	set := append(benchdata.DaemonSettings(b.url, policy, 0), "INBOXKEEPER_LOG_LEVEL=debug")
+	set = append(set, env...)
 	p, err := benchdata.RunBinary(ctx, b.bin, benchdata.DaemonEnv(false, set...), args...)
 	return p.Output, err
 }

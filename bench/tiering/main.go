@@ -27,7 +27,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -40,7 +39,6 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/expiry"
 	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
-	"github.com/inboxkeeper/inboxkeeper/internal/pgcluster"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
 	"github.com/inboxkeeper/inboxkeeper/migrations"
 	"github.com/inboxkeeper/inboxkeeper/tiering"
@@ -64,15 +62,12 @@ func run(args []string, stdout io.Writer) int {
 	fs.IntVar(&o.rows, "rows", 1_000_000, "rows in each table, all due for demotion and deletion")
 	fs.IntVar(&o.batch, "batch", 5000, "rows per batch, for the deleter and the demoter alike")
 	fs.BoolVar(&o.keep, "keep", false, "leave the cluster running and print its URL")
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	if o.rows < 1 || o.batch < 1 || fs.NArg() > 0 {
-		fmt.Fprintln(os.Stderr, "bench/tiering: want -rows >= 1, -batch >= 1 and no arguments")
-		return 2
-	}
-	o.flags = benchdata.Flags(fs)
-	return benchdata.Run("bench/tiering", func(ctx context.Context) error { return benchmark(ctx, o, stdout) })
+	return benchdata.Main(fs, args, func() error {
+		return benchdata.WantFlags(fs, o.rows < 1 || o.batch < 1, "-rows >= 1, -batch >= 1")
+	}, func(ctx context.Context, flags string) error {
+		o.flags = flags
+		return benchmark(ctx, o, stdout)
+	})
 }
 
 type bench struct {
@@ -118,16 +113,11 @@ const policyFile = `tables:
 
 func benchmark(ctx context.Context, o options, w io.Writer) error {
 	b := &bench{Progress: benchdata.NewProgress(), o: o}
-	b.Logf("starting a durable PostgreSQL")
-	c, err := pgcluster.Start(ctx, pgcluster.Options{Durable: true, Settings: benchdata.ClusterSettings("1GB", nil)})
+	c, end, err := benchdata.StartCluster(ctx, b.Progress, benchdata.ClusterSettings("1GB", nil), o.keep, w)
 	if err != nil {
 		return err
 	}
-	if o.keep {
-		defer fmt.Fprintf(w, "cluster kept: %s (data directory %s)\n", c.URL("postgres"), c.DataDir)
-	} else {
-		defer c.Destroy()
-	}
+	defer end()
 	if b.pool, err = pgxpool.New(ctx, c.URL("postgres")); err != nil {
 		return err
 	}
@@ -209,29 +199,8 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 // fill makes the three tables from the same deterministic rows, every one
 // of them expired and first seen long before the hot window.
 func (b *bench) fill(ctx context.Context, n int64) error {
-	t0 := time.Now()
-	var errs [3]error
-	done := make(chan struct{}, 3)
-	for i, spec := range []struct {
-		table   string
-		payload bool
-	}{{"wide", true}, {"side", false}, {"inplace", true}} {
-		go func() {
-			defer func() { done <- struct{}{} }()
-			b.Logf("filling %s with %d rows", spec.table, n)
-			conn, err := b.pool.Acquire(ctx)
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			defer conn.Release()
-			errs[i] = benchdata.Fill(ctx, conn, spec.table, spec.payload, n, n, t0)
-		}()
-	}
-	for range 3 {
-		<-done
-	}
-	if err := errors.Join(errs[:]...); err != nil {
+	tables := []benchdata.Table{{Name: "wide", Payload: true}, {Name: "side"}, {Name: "inplace", Payload: true}}
+	if err := benchdata.FillAll(ctx, b.pool, b.Progress, tables, n, n, time.Now()); err != nil {
 		return err
 	}
 	b.Logf("making the side table and the in-place index")

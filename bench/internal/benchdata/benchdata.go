@@ -1,5 +1,6 @@
-// Package benchdata is what the benchmarks share: the inbox they fill, the
-// binary they run, and how they judge a goal.
+// Package benchdata is what the benchmarks share: their command line, the
+// cluster they start, the inbox they fill, the binary they run, and how
+// they judge a goal.
 package benchdata
 
 import (
@@ -10,11 +11,13 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // DB is satisfied by *pgxpool.Conn, *pgx.Conn and *pgxpool.Pool.
@@ -108,6 +111,43 @@ func FillHorizons(ctx context.Context, db DB, table string, payload bool, n, exp
 		}
 	}
 	return nil
+}
+
+// Table is a table for FillAll to fill.
+type Table struct {
+	Name    string
+	Payload bool // with the ~300-byte payload column (Fill)
+}
+
+// FillAll fills tables side by side with the same rows (Fill): n of them,
+// the first expired of them expired at t0. Each gets a session of its own,
+// as Fill sets maintenance_work_mem for the session.
+func FillAll(ctx context.Context, pool *pgxpool.Pool, p Progress, tables []Table, n, expired int64, t0 time.Time) error {
+	fills := make([]func() error, len(tables))
+	for i, t := range tables {
+		fills[i] = func() error {
+			p.Logf("filling %s with %d rows", t.Name, n)
+			conn, err := pool.Acquire(ctx)
+			if err != nil {
+				return err
+			}
+			defer conn.Release()
+			return Fill(ctx, conn, t.Name, t.Payload, n, expired, t0)
+		}
+	}
+	return Parallel(fills...)
+}
+
+// Parallel runs fns at once and returns their errors, joined: a benchmark
+// fills its tables side by side, as a long fill is most of its run time.
+func Parallel(fns ...func() error) error {
+	errs := make([]error, len(fns))
+	var wg sync.WaitGroup
+	for i, fn := range fns {
+		wg.Go(func() { errs[i] = fn() })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // Verify fails unless exactly the expired rows of table are gone.

@@ -14,6 +14,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/pgcluster"
 )
 
 // ClusterSettings are the server settings every benchmark cluster starts
@@ -53,6 +55,61 @@ func Workspace(ctx context.Context, pattern string, p Progress) (dir, bin string
 	return dir, bin, nil
 }
 
+// Main is a benchmark program's run: it parses args into fs, whose flags
+// the caller defined, and runs bench with them (ParseFlags, then Run). It
+// returns the exit status, 2 when the command line is wrong, so that the
+// programs agree on it and their tests can call them.
+func Main(fs *flag.FlagSet, args []string, check func() error, bench func(ctx context.Context, flags string) error) int {
+	flags, ok := ParseFlags(fs, args, check)
+	if !ok {
+		return 2
+	}
+	return Run("bench/"+fs.Name(), func(ctx context.Context) error { return bench(ctx, flags) })
+}
+
+// ParseFlags parses args into fs, then check finishes reading the values
+// (a list, say) and says what is wrong with them, nil when nothing (see
+// WantFlags). It returns the flags as the report's header states them
+// (Flags); ok is false when a flag does not parse (the flag package has
+// said why) or check refuses, on stderr as "bench/NAME: <check's error>",
+// NAME being fs.Name().
+func ParseFlags(fs *flag.FlagSet, args []string, check func() error) (flags string, ok bool) {
+	if err := fs.Parse(args); err != nil {
+		return "", false
+	}
+	if err := check(); err != nil {
+		fmt.Fprintf(os.Stderr, "bench/%s: %v\n", fs.Name(), err)
+		return "", false
+	}
+	return Flags(fs), true
+}
+
+// WantFlags is a benchmark's usual check of its command line: nil unless
+// wrong (the values miss what want states) or arguments are left over;
+// then one message for both, "want <want> and no arguments", so that it
+// states all the benchmark wants.
+func WantFlags(fs *flag.FlagSet, wrong bool, want string) error {
+	if wrong || fs.NArg() > 0 {
+		return fmt.Errorf("want %s and no arguments", want)
+	}
+	return nil
+}
+
+// StartCluster starts a durable throwaway PostgreSQL, so that WAL figures
+// are real, with settings (ClusterSettings'). The benchmark defers end: it
+// destroys the cluster or, with keep, leaves it running and ends the report
+// on w with where it is.
+func StartCluster(ctx context.Context, p Progress, settings map[string]string, keep bool, w io.Writer) (c *pgcluster.Cluster, end func(), err error) {
+	p.Logf("starting a durable PostgreSQL")
+	if c, err = pgcluster.Start(ctx, pgcluster.Options{Durable: true, Settings: settings}); err != nil {
+		return nil, nil, err
+	}
+	if keep {
+		return c, func() { fmt.Fprintf(w, "cluster kept: %s (data directory %s)\n", c.URL("postgres"), c.DataDir) }, nil
+	}
+	return c, c.Destroy, nil
+}
+
 // Flags is every flag of fs with its value, defaults included, as a
 // command line would give them: a report states how it was made.
 func Flags(fs *flag.FlagSet) string {
@@ -65,6 +122,24 @@ func Flags(fs *flag.FlagSet) string {
 // with which flags, because its figures mean little without them.
 func Header(w io.Writer, name, flags string) {
 	fmt.Fprintf(w, "%s on %s, %d CPUs; flags: %s\n", name, time.Now().UTC().Format("2006-01-02 15:04 MST"), runtime.NumCPU(), flags)
+}
+
+// DaemonSettings are the daemon settings a benchmark sets itself: the
+// database at url, the policy file, the batch size (0: the daemon's
+// default), and no metrics listener, as runs must not compete for a port.
+func DaemonSettings(url, policy string, batch int) []string {
+	set := []string{"INBOXKEEPER_DATABASE_URL=" + url, "INBOXKEEPER_POLICY_FILE=" + policy}
+	if batch > 0 {
+		set = append(set, "INBOXKEEPER_BATCH_SIZE="+strconv.Itoa(batch))
+	}
+	return append(set, "INBOXKEEPER_METRICS_ADDR=")
+}
+
+// WritePolicy writes a policy file at path for the daemon to delete the
+// expired rows of table, an inbox as Fill makes it (public schema).
+func WritePolicy(path, table string) error {
+	yaml := fmt.Sprintf("tables:\n  - table: public.%s\n    key: [consumer, message_id]\n    expires_at: remember_until\n", table)
+	return os.WriteFile(path, []byte(yaml), 0o644)
 }
 
 // DaemonEnv is the environment to run the daemon in: this process's, with
