@@ -15,10 +15,13 @@ import (
 // safety factor. The lag signals measure a backlog only once it exists; the
 // window keeps it from being written in the first place.
 const (
-	// windowFactor leaves room for the heartbeat's own granularity and for
-	// an apply rate that drops between two readings: the queue tops out at
-	// about 0.6 x MAX_REPLICA_LAG of apply.
-	windowFactor = 0.6
+	// windowFactor leaves room for what adds to the queue's own lag: the
+	// standby's steps of apply (a commit waits for the next one), the
+	// heartbeat's granularity, and an apply rate that drops between two
+	// readings. The queue tops out at about 0.4 x MAX_REPLICA_LAG of apply;
+	// with 0.6 the heartbeat lag peaked at 1.3 x behind a standby applying
+	// in half-second steps (docs/design/throttle-pacing.md).
+	windowFactor = 0.4
 	// floorWindow is the window while the apply rate is unknown (slow
 	// start): small enough for a slow standby, and grown from the replay
 	// progress it lets through.
