@@ -21,11 +21,8 @@ type Metrics struct {
 }
 
 // NewMetrics creates the metrics and registers them on reg; the per-table
-// gauges measured belong to facts (nil: a Facts of their own).
+// gauges measured belong to facts (nil: owners of their own).
 func NewMetrics(reg prometheus.Registerer, facts *daemonmetrics.Facts) *Metrics {
-	if facts == nil {
-		facts = daemonmetrics.NewFacts()
-	}
 	m := &Metrics{
 		RowsDeleted:   daemonmetrics.CounterVec(reg, "inboxkeeper_rows_deleted_total", "Expired inbox rows deleted.", "table"),
 		Batches:       daemonmetrics.CounterVec(reg, "inboxkeeper_batches_total", "Delete batches committed.", "table"),

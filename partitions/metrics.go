@@ -32,11 +32,8 @@ var BlockedReasons = []string{"hold", "replay", "lock_timeout", "error"}
 var States = []string{"attached", "detach_pending", "detached"}
 
 // NewMetrics creates the metrics and registers them on reg; the per-table
-// gauges measured belong to facts (nil: a Facts of their own).
+// gauges measured belong to facts (nil: owners of their own).
 func NewMetrics(reg prometheus.Registerer, facts *daemonmetrics.Facts) *Metrics {
-	if facts == nil {
-		facts = daemonmetrics.NewFacts()
-	}
 	m := &Metrics{
 		Coverage:  facts.Gauge(reg, "inboxkeeper_partition_coverage_seconds", "How far ahead of now the partitions reach without a gap: a row whose expiry column lies beyond now + this fails its insert (+Inf with a MAXVALUE partition).", "table"),
 		MaxExpiry: facts.Gauge(reg, "inboxkeeper_partition_max_expiry_seconds", "partitions.max_expiry from the policy: the furthest ahead of now a new row's expiry column may be; coverage below it means inserts can fail.", "table"),

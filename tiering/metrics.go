@@ -18,11 +18,8 @@ type Metrics struct {
 }
 
 // NewMetrics creates the metrics and registers them on reg; the per-table
-// gauges measured belong to facts (nil: a Facts of their own).
+// gauges measured belong to facts (nil: owners of their own).
 func NewMetrics(reg prometheus.Registerer, facts *daemonmetrics.Facts) *Metrics {
-	if facts == nil {
-		facts = daemonmetrics.NewFacts()
-	}
 	m := &Metrics{
 		RowsDemoted: daemonmetrics.CounterVec(reg, "inboxkeeper_rows_demoted_total", "Rows demoted, by the tier they went to: warm (payload emptied or its side-table row deleted), permanent (a permanent key written as the row was deleted).", "table", "tier"),
 		TierRows:    facts.Gauge(reg, "inboxkeeper_tier_rows", "Estimated rows per tier (hot, warm, permanent), from the planner's statistics.", "table", "tier"),

@@ -26,6 +26,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/lease"
 	"github.com/inboxkeeper/inboxkeeper/internal/pass"
 	"github.com/inboxkeeper/inboxkeeper/internal/settings"
+	"github.com/inboxkeeper/inboxkeeper/internal/stop"
 	"github.com/inboxkeeper/inboxkeeper/partitions"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
 	"github.com/inboxkeeper/inboxkeeper/tiering"
@@ -302,24 +303,36 @@ func everyAtMost(period time.Duration, show func(p expiry.Progress, rate float64
 
 // printResults writes one line per table and returns how many failed.
 func printResults(w io.Writer, results []expiry.TableResult, dryRun bool) int {
-	verb := "deleted"
-	if dryRun {
-		verb = "would delete"
-	}
-	failed := 0
+	verb := pick(dryRun, "would delete", "deleted")
+	return writeResults(w, results, func(r expiry.TableResult) (string, stop.Early, error) {
+		return fmt.Sprintf("%s: %s %d, protected by holds %d, protected by replays %d, %s",
+			r.Table, verb, r.Deleted, r.ProtectedByHolds, r.ProtectedByReplays, humantime.Duration(r.Duration)), r.StoppedEarly, r.Err
+	})
+}
+
+// writeResults writes one line per result, with how it stopped early or
+// failed, and returns how many failed.
+func writeResults[R any](w io.Writer, results []R, line func(R) (string, stop.Early, error)) (failed int) {
 	for _, r := range results {
-		line := fmt.Sprintf("%s: %s %d, protected by holds %d, protected by replays %d, %s",
-			r.Table, verb, r.Deleted, r.ProtectedByHolds, r.ProtectedByReplays, humantime.Duration(r.Duration))
-		if r.StoppedEarly.Stopped() {
-			line += " (stopped early: " + r.StoppedEarly.String() + ")"
+		text, stopped, err := line(r)
+		if stopped.Stopped() {
+			text += " (stopped early: " + stopped.String() + ")"
 		}
-		if r.Err != nil {
+		if err != nil {
 			failed++
-			line += " FAILED: " + r.Err.Error()
+			text += " FAILED: " + err.Error()
 		}
-		fmt.Fprintln(w, line)
+		fmt.Fprintln(w, text)
 	}
 	return failed
+}
+
+// pick is the first when cond holds, else the second.
+func pick(cond bool, yes, no string) string {
+	if cond {
+		return yes
+	}
+	return no
 }
 
 func serveMetrics(a *app, reg *prometheus.Registry) (func(), error) {

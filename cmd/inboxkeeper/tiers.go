@@ -16,6 +16,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/humantime"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
+	"github.com/inboxkeeper/inboxkeeper/internal/stop"
 	"github.com/inboxkeeper/inboxkeeper/tiering"
 )
 
@@ -88,23 +89,11 @@ func (a *app) migrateKeyTables(ctx context.Context, conn *pgx.Conn) {
 // printTierResults writes one line per tiered table and returns how many
 // failed.
 func printTierResults(w io.Writer, results []tiering.Result, dryRun bool) int {
-	verb := "demoted"
-	if dryRun {
-		verb = "would demote"
-	}
-	failed := 0
-	for _, r := range results {
-		line := fmt.Sprintf("%s: %s %d to %s, payload kept by holds %d, %s", r.Table, verb, r.Demoted, r.Tier, r.ProtectedByHolds, humantime.Duration(r.Duration))
-		if r.StoppedEarly.Stopped() {
-			line += " (stopped early: " + r.StoppedEarly.String() + ")"
-		}
-		if r.Err != nil {
-			failed++
-			line += " FAILED: " + r.Err.Error()
-		}
-		fmt.Fprintln(w, line)
-	}
-	return failed
+	verb := pick(dryRun, "would demote", "demoted")
+	return writeResults(w, results, func(r tiering.Result) (string, stop.Early, error) {
+		return fmt.Sprintf("%s: %s %d to %s, payload kept by holds %d, %s",
+			r.Table, verb, r.Demoted, r.Tier, r.ProtectedByHolds, humantime.Duration(r.Duration)), r.StoppedEarly, r.Err
+	})
 }
 
 // countPermanent adds the permanent keys a deletion pass wrote.

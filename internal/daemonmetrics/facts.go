@@ -45,10 +45,14 @@ type sample struct {
 }
 
 // Gauge makes a fact family and registers it on reg. Its first label must
-// be "table".
+// be "table". On a nil Facts the family has an owner of its own (a
+// benchmark or a test that registers one package's metrics alone).
 func (f *Facts) Gauge(reg prometheus.Registerer, name, help string, labels ...string) *Fact {
 	if len(labels) == 0 || labels[0] != "table" {
 		panic(fmt.Sprintf("daemonmetrics: fact %s: the first label must be table, not %q", name, labels))
+	}
+	if f == nil {
+		f = NewFacts()
 	}
 	g := &Fact{owner: f, desc: prometheus.NewDesc(name, help, labels, nil), labels: len(labels), samples: map[string]sample{}}
 	f.mu.Lock()
