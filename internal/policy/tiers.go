@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/sqlident"
+	"github.com/inboxkeeper/inboxkeeper/migrations"
 )
 
 // Tiers demotes rows through storage tiers (issue 5):
@@ -39,10 +40,6 @@ type PermanentKey struct {
 	Table   sqlident.QualifiedName // where the keys go (the default filled in)
 }
 
-// ControlSchema is the schema of inboxkeeper's own tables (migrations.Schema;
-// repeated here because migrations cannot be imported by this package).
-const ControlSchema = "inboxkeeper"
-
 // FirstSeenColumn is the date column every permanent key table has.
 const FirstSeenColumn = "first_seen"
 
@@ -63,7 +60,7 @@ func DefaultKeyTable(t sqlident.QualifiedName) sqlident.QualifiedName {
 		}
 		name = name[:cut] + suffix
 	}
-	return sqlident.QualifiedName{Schema: ControlSchema, Name: name}
+	return sqlident.QualifiedName{Schema: migrations.Schema, Name: name}
 }
 
 type rawTiers struct {
