@@ -71,10 +71,14 @@ func (d *Deleter) Due(ctx context.Context, t *catalog.Table, from pgtype.Timesta
 	return due, nil
 }
 
-// Refresh counts what is due on every table again, between passes: the
-// cleanup lag grows while the daemon waits for its next pass.
-func (d *Deleter) Refresh(ctx context.Context) error {
+// Refresh counts what is due again, between passes, on every table for
+// which keep is true (nil: every table): the cleanup lag grows while the
+// daemon waits for its next pass.
+func (d *Deleter) Refresh(ctx context.Context, keep func(table string) bool) error {
 	for _, t := range d.tables {
+		if keep != nil && !keep(t.Name) {
+			continue
+		}
 		if _, err := d.Due(ctx, t, pgtype.Timestamptz{}); err != nil {
 			return fmt.Errorf("table %s: %w", t.Name, err)
 		}

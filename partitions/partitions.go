@@ -143,7 +143,6 @@ func New(pool *pgxpool.Pool, tables []*catalog.Table, opts Options) *Manager {
 			mm.Created.WithLabelValues(t.Name).Add(0)
 			mm.Detached.WithLabelValues(t.Name).Add(0)
 			mm.Dropped.WithLabelValues(t.Name).Add(0)
-			mm.MaxExpiry.Set(t.Policy.Partitions.MaxExpiry.Seconds(), t.Name)
 			for _, r := range BlockedReasons {
 				mm.Blocked.Set(0, t.Name, r)
 			}
@@ -841,7 +840,10 @@ func (m *Manager) measure(ctx context.Context, t *catalog.Table, now time.Time, 
 	if mm == nil || m.opts.DryRun {
 		return nil
 	}
+	// Set with the coverage on every pass: a fact, cleared while another
+	// instance is the active one.
 	mm.Coverage.Set(cov, t.Name)
+	mm.MaxExpiry.Set(t.Policy.Partitions.MaxExpiry.Seconds(), t.Name)
 	counts := map[string]int{}
 	for _, b := range res.Blocked {
 		counts[b.Reason]++

@@ -89,9 +89,7 @@ func (a *app) daemon(ctx context.Context, args []string) error {
 	// use puts a (re)loaded policy's tables in force; the next pass builds
 	// its stages for them.
 	use := func(tables []*catalog.Table) {
-		// The next pass builds its stages anew; until then nothing counts
-		// what is due on the tables of the old policy.
-		p.list, p.watch, p.deleters = tables, nil, nil
+		p.list, p.watch = tables, nil // the next pass builds its stages anew
 		p.tables, p.scopeIdx, p.seenKnown = map[string]*catalog.Table{}, map[string]*expiry.ScopeIndexes{}, false
 		for _, t := range tables {
 			p.tables[t.Name] = t
@@ -234,8 +232,11 @@ func (p *passer) refreshDue(ctx context.Context) {
 	if !p.ls.Held() {
 		return
 	}
+	// After a reload the stages are still the old policy's until the next
+	// pass: a table it no longer names is not counted (or exported) again.
+	inForce := func(table string) bool { return p.tables[table] != nil }
 	for _, d := range p.deleters {
-		if err := d.Refresh(ctx); err != nil && ctx.Err() == nil {
+		if err := d.Refresh(ctx, inForce); err != nil && ctx.Err() == nil {
 			p.a.log.Warn("inboxkeeper: could not count the due rows between passes", "error", err)
 		}
 	}
@@ -440,6 +441,15 @@ func (p *passer) controlStats(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Only the tables the policy names, as every per-table fact: rules
+	// installed for a table this instance does not manage are not its own.
+	managed := rules[:0:0]
+	for _, r := range rules {
+		if p.tables[sqlident.QualifiedName{Schema: r.Schema, Name: r.Table}.String()] != nil {
+			managed = append(managed, r)
+		}
+	}
+	rules = managed
 	p.dm.ReplayHorizon.Reset()
 	p.dm.PostReceipt.Reset()
 	p.dm.Margin.Reset()
@@ -473,7 +483,9 @@ func (p *passer) controlStats(ctx context.Context) error {
 	}
 	p.dm.ReplaysBeyond.Reset()
 	for table, n := range beyond {
-		p.dm.ReplaysBeyond.Set(float64(n), table)
+		if p.tables[table] != nil {
+			p.dm.ReplaysBeyond.Set(float64(n), table)
+		}
 	}
 	return nil
 }

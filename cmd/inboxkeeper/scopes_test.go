@@ -35,7 +35,8 @@ INSERT INTO public.consumer_inbox VALUES
 `, true)
 	pgtest := f.pool
 	if _, err := pgtest.Exec(t.Context(), `INSERT INTO inboxkeeper.retention_rules (schema_name, table_name, scope, post_receipt, margin)
-VALUES ('public', 'consumer_inbox', 'payments', '30 days', '2 days'), ('public', 'consumer_inbox', 'billing', '30 days', '2 days')`); err != nil {
+VALUES ('public', 'consumer_inbox', 'payments', '30 days', '2 days'), ('public', 'consumer_inbox', 'billing', '30 days', '2 days'),
+       ('public', 'not_managed_here', 'payments', '9 days', '1 day')`); err != nil {
 		t.Fatal(err)
 	}
 	d := startDaemon(t, f.dir, f.env("INBOXKEEPER_METRICS_ADDR=127.0.0.1:0", "INBOXKEEPER_INTERVAL=1h"), "run")
@@ -54,6 +55,9 @@ VALUES ('public', 'consumer_inbox', 'payments', '30 days', '2 days'), ('public',
 		// The whole table; the expired row first seen in 2025 is gone.
 		`inboxkeeper_retained_first_seen_timestamp_seconds{end="oldest",table="public.consumer_inbox"}`: float64(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).Unix()),
 		`inboxkeeper_retained_first_seen_timestamp_seconds{end="newest",table="public.consumer_inbox"}`: float64(time.Date(2026, 2, 1, 0, 0, 0, 0, time.UTC).Unix()),
+		// The installed rules.
+		`inboxkeeper_post_receipt_horizon_seconds{scope="payments",table="public.consumer_inbox"}`: (30 * 24 * time.Hour).Seconds(),
+		`inboxkeeper_retention_margin_seconds{scope="billing",table="public.consumer_inbox"}`:      (2 * 24 * time.Hour).Seconds(),
 	} {
 		if got := metricValue(t, m, series); got != want {
 			t.Errorf("%s = %v, want %v", series, got, want)
@@ -61,6 +65,9 @@ VALUES ('public', 'consumer_inbox', 'payments', '30 days', '2 days'), ('public',
 	}
 	if strings.Contains(m, `scope="unruled"`) {
 		t.Errorf("a scope without a rule got series\n%s", m)
+	}
+	if strings.Contains(m, "not_managed_here") {
+		t.Errorf("a rule of a table the policy does not name got series\n%s", m)
 	}
 	d.stop()
 

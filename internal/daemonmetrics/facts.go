@@ -16,10 +16,10 @@ import (
 //
 // A measured fact is only true of the instance that measured it, and only
 // of a table the policy still names. So the daemon clears them all at once
-// when it stops being the active instance (Clear), and drops every table
-// the policy no longer names after each pass (KeepTables): no hand-kept
-// list of gauges to reset, and no series left behind by a table taken out
-// of the policy on a reload.
+// when it finds it is no longer the active instance (Clear), and drops
+// every table the policy no longer names when it loads a policy
+// (KeepTables): no hand-kept list of gauges to reset, and no series left
+// behind by a table taken out of the policy on a reload.
 //
 // Each family is a prometheus.Collector of its own that exports the samples
 // it holds as constant gauges when scraped.
