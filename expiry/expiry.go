@@ -87,6 +87,7 @@ type TableResult struct {
 	SkipLockedBatches  int // batches that met a locked row and ran again with SKIP LOCKED (on Citus: narrowed)
 	RangeBatches       int // batches that deleted by expiry range (the others by ctid)
 	BitmapBatches      int // range batches read with a bitmap heap scan (scanChooser)
+	BoundsAhead        int // range batches whose bound was read ahead, while the batch before ran (readAhead)
 	Duration           time.Duration
 	CleanupLag         time.Duration
 	Oldest, Newest     *time.Time // retained expiries after the pass
@@ -99,6 +100,9 @@ type TableResult struct {
 	// start there instead of walking the index entries of every row the
 	// pass just deleted (a million dead entries cost seconds).
 	resume pgtype.Timestamptz
+	// ahead is the next batch's bound, being read while this batch's
+	// DELETE runs (readAhead).
+	ahead *boundAhead
 	// keyset is where the running pass has got to, for the counts taken
 	// during it.
 	keyset pgtype.Timestamptz
@@ -215,7 +219,7 @@ func (d *Deleter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 		verb = "would_delete" // counted, not done
 	}
 	log.Info("expiry: table done", verb, res.Deleted, "protected_by_holds", res.ProtectedByHolds,
-		"protected_by_replays", res.ProtectedByReplays, "batches", res.Batches, "skip_locked_batches", res.SkipLockedBatches, "range_batches", res.RangeBatches, "bitmap_batches", res.BitmapBatches, "dry_run", d.opts.DryRun,
+		"protected_by_replays", res.ProtectedByReplays, "batches", res.Batches, "skip_locked_batches", res.SkipLockedBatches, "range_batches", res.RangeBatches, "bitmap_batches", res.BitmapBatches, "bounds_ahead", res.BoundsAhead, "dry_run", d.opts.DryRun,
 		"duration", res.Duration.Round(time.Millisecond), "stopped_early", res.StoppedEarly)
 	return res
 }
@@ -297,6 +301,10 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 		}
 		return n, newest, wal, err
 	})
+	if res.ahead != nil {
+		<-res.ahead.done // nothing of the pass outlives it
+		res.ahead = nil
+	}
 	res.Retries += r.Retries
 	res.StoppedEarly = r.StoppedEarly
 	res.resume = r.Resume
@@ -348,6 +356,56 @@ func (d *Deleter) batch(ctx context.Context, t *catalog.Table, lower pgtype.Time
 	return d.batchTx(ctx, t, lower, size, res, true)
 }
 
+// boundAhead is a bound read ahead, for the batch that starts at lower
+// and may take size rows.
+type boundAhead struct {
+	lower pgtype.Timestamptz
+	size  int
+	done  chan struct{}
+	b     batchBound
+	err   error
+}
+
+// readAhead starts reading, on a connection of its own, the bound of the
+// next batch: the one that starts at lower (where the batch in flight
+// ends) with the largest size the sizer may give it. The read takes its own
+// now and holds, and no fence: the bound only limits how many rows a batch
+// takes, and the batch re-reads the holds under the fence and applies them
+// in its DELETE. So a bound read ahead is never less safe than one read in
+// the batch, only possibly off by the rows whose cover changed meanwhile.
+// See docs/design/expiry.md, "The bound, read ahead".
+func (d *Deleter) readAhead(ctx context.Context, t *catalog.Table, lower pgtype.Timestamptz) *boundAhead {
+	a := &boundAhead{lower: lower, size: d.sizer(t).Grown(), done: make(chan struct{})}
+	go func() {
+		defer close(a.done)
+		a.err = d.coverageTx(ctx, t, func(tx pgx.Tx, now time.Time, cov holds.Coverage) error {
+			var err error
+			a.b, err = d.readBound(ctx, tx, t, cov, cutoff(t, now), lower, a.size, true)
+			return err
+		})
+	}()
+	return a
+}
+
+// takeBound is the bound of the batch that starts at lower with size rows:
+// the one read ahead when it was read for this batch, else read now.
+func (d *Deleter) takeBound(ctx context.Context, tx *batchloop.Tx, t *catalog.Table, cutoff time.Time, lower pgtype.Timestamptz, size int, res *TableResult) (batchBound, error) {
+	if a := res.ahead; a != nil {
+		res.ahead = nil
+		select {
+		case <-a.done:
+		case <-ctx.Done():
+			return batchBound{}, ctx.Err()
+		}
+		if a.err == nil && a.size == size && a.lower.Valid && lower.Valid && a.lower.Time.Equal(lower.Time) &&
+			a.lower.InfinityModifier == lower.InfinityModifier && !a.b.instant.Time.After(cutoff) {
+			res.BoundsAhead++
+			return a.b, nil
+		}
+	}
+	return d.readBound(ctx, tx.Tx, t, tx.Coverage, cutoff, lower, size, false)
+}
+
 // optimisticLockTimeout is how long an optimistic batch waits for a lock
 // before it falls back to SKIP LOCKED: the longest the deleter waits on an
 // application's row, and, while it waits, the longest an application
@@ -362,8 +420,10 @@ const (
 	// size-1) of the due, uncovered rows from the keyset on, in the
 	// column's own type and (%[8]s) as a timestamptz: an index-only scan
 	// of the expiry index.
+	// %[9]s is >=, or > for a bound read ahead (readAhead): the rows at
+	// the keyset itself are the batch in flight's.
 	boundSQL = `SELECT %[2]s::text, %[8]s FROM %[1]s t
-WHERE %[2]s <= %[3]s AND %[2]s >= %[4]s AND NOT %[5]s AND NOT %[6]s
+WHERE %[2]s <= %[3]s AND %[2]s %[9]s %[4]s AND NOT %[5]s AND NOT %[6]s
 ORDER BY %[2]s OFFSET %[7]s LIMIT 2`
 
 	// rangeSQL deletes the due, uncovered rows from the keyset up to the
@@ -431,7 +491,7 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 	c := cutoff(t, tx.Now)
 	var b batchBound
 	if !skipLocked {
-		if b, err = d.bound(ctx, tx, t, c, lower, size); err != nil {
+		if b, err = d.takeBound(ctx, tx, t, c, lower, size, res); err != nil {
 			return 0, time.Time{}, 0, err
 		}
 	}
@@ -468,6 +528,11 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 		keysReturning, keysCTE, keysCount, lockClause)
 	var newestTS pgtype.Timestamptz
 	var keys int64
+	if b.ok {
+		// The next batch starts where this one ends: its bound can be
+		// read while this DELETE runs.
+		res.ahead = d.readAhead(ctx, t, b.instant)
+	}
 	began := time.Now()
 	if form == rangeSQL {
 		tag, err := tx.Exec(ctx, sql, args.Values...)
@@ -555,18 +620,22 @@ type batchBound struct {
 	instant pgtype.Timestamptz
 }
 
-// bound reads the expiry of the size-th due, uncovered row from lower on,
+// readBound reads the expiry of the size-th due, uncovered row from lower on,
 // when a batch can end there: the row after it has a later expiry (or there
 // is none), so the range up to the bound holds exactly size rows. It is not
 // ok when fewer than size rows are due (the last batch) or when rows of the
 // same expiry straddle the bound (a range would take them all, however
 // many): those batches go by ctid with LIMIT.
-func (d *Deleter) bound(ctx context.Context, tx *batchloop.Tx, t *catalog.Table, cutoff time.Time, lower pgtype.Timestamptz, size int) (batchBound, error) {
+func (d *Deleter) readBound(ctx context.Context, tx pgx.Tx, t *catalog.Table, cov holds.Coverage, cutoff time.Time, lower pgtype.Timestamptz, size int, ahead bool) (batchBound, error) {
 	var args holds.Args
-	hp, rp := tx.Coverage.Predicates(t, "t", &args)
+	hp, rp := cov.Predicates(t, "t", &args)
+	from := ">="
+	if ahead {
+		from = ">"
+	}
 	sql := fmt.Sprintf(boundSQL, t.Ident, "t."+t.Expiry.Quoted,
 		t.Expiry.Instant(args.Add(cutoff)+"::timestamptz"), t.Expiry.Instant(args.Add(lower)+"::timestamptz"),
-		hp, rp, args.Add(size-1), t.Expiry.AsTimestamptz("t"))
+		hp, rp, args.Add(size-1), t.Expiry.AsTimestamptz("t"), from)
 	rows, err := tx.Query(ctx, sql, args.Values...)
 	if err != nil {
 		return batchBound{}, err

@@ -457,6 +457,12 @@ func TestFenceInFlightBatch(t *testing.T) {
 		if res.Deleted != 10 {
 			t.Errorf("pass deleted %d, want only the 10 of the batch already in flight", res.Deleted)
 		}
+		// The second batch's bound was read ahead, before the hold existed
+		// and without the fence: the batch still applied the hold it read
+		// under the fence.
+		if !sig.skipLockedOnly && res.BoundsAhead != 1 {
+			t.Errorf("%d bounds read ahead, want the second batch's (%+v)", res.BoundsAhead, res)
+		}
 		if n := f.count(t, "true"); n != 20 {
 			t.Errorf("%d rows left, want 20", n)
 		}

@@ -23,6 +23,9 @@ func NewSizer(start, min, max int, target time.Duration) *Sizer {
 	return s
 }
 
+// maxGrowth is the most a batch size grows in one step.
+const maxGrowth = 1.2
+
 func (s *Sizer) clamp(n int) int { return max(s.min, min(s.max, n)) }
 
 // Size is the size of the next batch.
@@ -44,8 +47,16 @@ func (s *Sizer) Observe(n int, d time.Duration) {
 	if ratio > 1 && n < s.size {
 		return
 	}
-	ratio = max(0.5, min(1.2, ratio))
+	ratio = max(0.5, min(maxGrowth, ratio))
 	s.size = s.clamp(int(float64(s.size) * ratio))
+}
+
+// Grown is the largest size the next batch can have: the size grown by the
+// most one full batch grows it.
+func (s *Sizer) Grown() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.clamp(int(float64(s.size) * maxGrowth))
 }
 
 // Pressure halves the size: a lock timeout, a statement timeout or a
