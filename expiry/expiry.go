@@ -57,6 +57,8 @@ type testSignals struct {
 	optimisticWait time.Duration
 	// onFallback is told when a batch falls back to SKIP LOCKED.
 	onFallback func()
+	// aheadRead is told when a bound read ahead has been read (readAhead).
+	aheadRead func()
 }
 
 // Sizing bounds the adaptive batch size.
@@ -362,8 +364,13 @@ type boundAhead struct {
 	lower pgtype.Timestamptz
 	size  int
 	done  chan struct{}
-	b     batchBound
-	err   error
+	// Set by the reading goroutine before done closes.
+	b   batchBound
+	cov holds.Coverage // the holds and replays the bound left out
+	err error
+	// committed: the batch that started the read committed, so the next
+	// batch does start at lower. Set by that batch, after its COMMIT.
+	committed bool
 }
 
 // readAhead starts reading, on a connection of its own, the bound of the
@@ -380,26 +387,44 @@ func (d *Deleter) readAhead(ctx context.Context, t *catalog.Table, lower pgtype.
 		defer close(a.done)
 		a.err = d.coverageTx(ctx, t, func(tx pgx.Tx, now time.Time, cov holds.Coverage) error {
 			var err error
+			a.cov = cov
 			a.b, err = d.readBound(ctx, tx, t, cov, cutoff(t, now), lower, a.size, true)
 			return err
 		})
+		if d.test.aheadRead != nil {
+			d.test.aheadRead()
+		}
 	}()
 	return a
 }
 
-// takeBound is the bound of the batch that starts at lower with size rows:
-// the one read ahead when it was read for this batch, else read now.
-func (d *Deleter) takeBound(ctx context.Context, tx *batchloop.Tx, t *catalog.Table, cutoff time.Time, lower pgtype.Timestamptz, size int, res *TableResult) (batchBound, error) {
+// awaitAhead waits, before a batch begins its transaction, for the bound
+// being read ahead: a batch never waits on another connection while it
+// holds the fence and its locks.
+func awaitAhead(ctx context.Context, res *TableResult) error {
 	if a := res.ahead; a != nil {
-		res.ahead = nil
 		select {
 		case <-a.done:
 		case <-ctx.Done():
-			return batchBound{}, ctx.Err()
+			return ctx.Err() // deleteAll waits for it before the pass ends
 		}
-		if a.err == nil && a.size == size && a.lower.Valid && lower.Valid && a.lower.Time.Equal(lower.Time) &&
-			a.lower.InfinityModifier == lower.InfinityModifier && !a.b.instant.Time.After(cutoff) {
-			res.BoundsAhead++
+	}
+	return nil
+}
+
+// takeBound is the bound of the batch that starts at lower with size rows:
+// the one read ahead when it was read for exactly this batch (the batch
+// before committed and ended at lower, the size is the one it was read
+// for, and the holds and replays read under the fence are the ones it left
+// out), else read now. awaitAhead has waited for it.
+func (d *Deleter) takeBound(ctx context.Context, tx *batchloop.Tx, t *catalog.Table, cutoff time.Time, lower pgtype.Timestamptz, size int, res *TableResult) (batchBound, error) {
+	if a := res.ahead; a != nil {
+		res.ahead = nil
+		if a.committed && a.err == nil && a.size == size && a.lower.Valid && lower.Valid && a.lower.Time.Equal(lower.Time) &&
+			a.lower.InfinityModifier == lower.InfinityModifier && !a.b.instant.Time.After(cutoff) && a.cov.Same(tx.Coverage) {
+			if a.b.ok {
+				res.BoundsAhead++
+			}
 			return a.b, nil
 		}
 	}
@@ -482,6 +507,9 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 	if !skipLocked {
 		lockTimeout = min(d.opts.LockTimeout, d.optimisticLockTimeout())
 	}
+	if err := awaitAhead(ctx, res); err != nil {
+		return 0, time.Time{}, 0, err
+	}
 	tx, err := batchloop.Begin(ctx, d.pool, t.Name, batchloop.TxOptions{
 		LockTimeout: lockTimeout, StatementTimeout: d.opts.StatementTimeout, IdleInTx: d.opts.IdleTimeout, Throttle: d.opts.Throttle, Clock: d.opts.Clock})
 	if err != nil {
@@ -528,10 +556,12 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 		keysReturning, keysCTE, keysCount, lockClause)
 	var newestTS pgtype.Timestamptz
 	var keys int64
+	var ahead *boundAhead
 	if b.ok {
 		// The next batch starts where this one ends: its bound can be
 		// read while this DELETE runs.
-		res.ahead = d.readAhead(ctx, t, b.instant)
+		ahead = d.readAhead(ctx, t, b.instant)
+		res.ahead = ahead
 	}
 	began := time.Now()
 	if form == rangeSQL {
@@ -549,6 +579,9 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 	}
 	if wal, err = tx.Commit(ctx); err != nil {
 		return 0, time.Time{}, 0, err
+	}
+	if ahead != nil {
+		ahead.committed = true
 	}
 	res.PermanentKeys += keys
 	if b.ok {

@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -436,6 +437,14 @@ type Coverage struct {
 
 // Empty reports whether nothing protects any row.
 func (c Coverage) Empty() bool { return len(c.Holds) == 0 && len(c.Replays) == 0 }
+
+// Same reports whether c and o hold the same holds and replays (by id: a
+// record's range never changes; one that was released, finished or expired
+// is no longer read).
+func (c Coverage) Same(o Coverage) bool {
+	return slices.EqualFunc(c.Holds, o.Holds, func(a, b Hold) bool { return a.ID == b.ID }) &&
+		slices.EqualFunc(c.Replays, o.Replays, func(a, b Replay) bool { return a.ID == b.ID })
+}
 
 // Active reads the coverage of table at now. The deleter calls it inside its
 // batch transaction, after taking the fence in shared mode.
