@@ -63,10 +63,6 @@ func (d *Decoder) Count() int { return len(d.errs) }
 // Err returns every error recorded, in file order, or nil.
 func (d *Decoder) Err() error { return d.err() }
 
-// ScalarField returns the text of key in mapping n, so that messages can
-// name an entry before it has been decoded.
-func ScalarField(n *yaml.Node, key string) string { return scalarField(n, key) }
-
 // KindName names what a node holds, for messages: "a mapping", "a list" or
 // its quoted text.
 func KindName(n *yaml.Node) string { return kindName(n) }

@@ -32,8 +32,8 @@ func TestDecoder(t *testing.T) {
 			E days   `yaml:"e"`
 		} `yaml:"b"`
 	}
-	if ScalarField(root, "a") != "1" {
-		t.Errorf("ScalarField = %q", ScalarField(root, "a"))
+	if scalarField(root, "a") != "1" {
+		t.Errorf("scalarField = %q", scalarField(root, "a"))
 	}
 	if d.Decode(root, &v, "entry") {
 		t.Error("Decode accepted a field set twice")
