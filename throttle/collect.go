@@ -266,14 +266,23 @@ const (
 // and the logical slots. A read that fails, also part-way through its rows,
 // is a failed reading: it throttles (fail closed) and says why.
 func (t *Throttler) measurePrimary(ctx context.Context) {
-	// On a standby (the daemon idles there) pg_current_wal_lsn() fails:
-	// nothing is measured until it is promoted.
+	// On a standby (the daemon idles there) pg_current_wal_insert_lsn()
+	// fails: nothing is measured until it is promoted.
+	//
+	// Behind is measured from the insert position, not pg_current_wal_lsn()
+	// (the written one): the batches commit with synchronous_commit = off,
+	// and so may the application, so megabytes of WAL can sit in the WAL
+	// buffers for up to wal_writer_delay before they are written. Read
+	// from the written position, that WAL was in no reading while the
+	// batches' own share of it was already dropped from the unsent WAL
+	// (readStarted), and the window admitted batches on top of it
+	// (docs/design/throttle-pacing.md, "Measured from the insert position").
 	began := t.cfg.Clock()
 	t.mu.Lock()
 	t.pacer.readStarted(began)
 	t.mu.Unlock()
 	senders, err := queryRows(ctx, t.pool, `SELECT coalesce(nullif(application_name, ''), client_addr::text, pid::text), pg_is_in_recovery(),
-       CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn)::float8 END,
+       CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_wal_lsn_diff(pg_current_wal_insert_lsn(), replay_lsn)::float8 END,
        extract(epoch FROM replay_lag)::float8,
        pg_wal_lsn_diff(replay_lsn, '0/0')::float8,
        pg_wal_lsn_diff(write_lsn, replay_lsn)::float8
@@ -365,7 +374,7 @@ func (t *Throttler) walsenders(senders []walsender, now time.Time) {
 }
 
 func (t *Throttler) measureSlots(ctx context.Context) {
-	slots, err := queryRows(ctx, t.pool, `SELECT slot_name::text, pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::float8
+	slots, err := queryRows(ctx, t.pool, `SELECT slot_name::text, pg_wal_lsn_diff(pg_current_wal_insert_lsn(), confirmed_flush_lsn)::float8
 FROM pg_replication_slots WHERE slot_type = 'logical' AND confirmed_flush_lsn IS NOT NULL AND NOT pg_is_in_recovery()`,
 		func(row pgx.CollectableRow, s *slot) error { return row.Scan(&s.name, &s.behind) })
 	if ctx.Err() != nil {

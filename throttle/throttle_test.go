@@ -2,6 +2,7 @@ package throttle_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -428,7 +429,19 @@ func TestWindowHoldsBatches(t *testing.T) {
 	}
 	// The lag signals out of reach: only the window holds batches here.
 	th := startThrottle(t, e.pool, throttle.Config{MaxReplicaLag: time.Hour, MaxReplicaLagBytes: 1 << 40, TestSignals: signals})
+	// The fill committed asynchronously: megabytes of its WAL may not be
+	// written yet (two CI runs paused replay with about 1 MB of it still
+	// to come, which the window then rightly held batches behind). Wait on
+	// the standby itself until it replayed all of it, up to the insert
+	// position; then for the throttle to see it caught up.
+	fillEnd := walInsertLSN(t, e.pool)
+	standbyPool := pgtest.Connect(t, standby.URL("postgres"))
 	pgtest.WaitFor(t, 60*time.Second, "the standby to replay the fill", func() bool {
+		var done bool
+		err := standbyPool.QueryRow(context.Background(), "SELECT pg_last_wal_replay_lsn() >= $1::pg_lsn", fillEnd).Scan(&done)
+		return err == nil && done
+	})
+	pgtest.WaitFor(t, 60*time.Second, "the throttle to see the standby caught up", func() bool {
 		p := th.Paces()
 		return len(p) == 1 && p[0].Behind < 64<<10
 	})
@@ -482,6 +495,56 @@ func TestWindowHoldsBatches(t *testing.T) {
 			t.Errorf("admission %d: %d rows, %.0f behind + %.0f predicted > window %.0f", i, a.Rows, a.Behind, a.Predicted, a.Window)
 		}
 	}
+}
+
+func walInsertLSN(t *testing.T, pool *pgxpool.Pool) string {
+	t.Helper()
+	var lsn string
+	if err := pool.QueryRow(context.Background(), "SELECT pg_current_wal_insert_lsn()::text").Scan(&lsn); err != nil {
+		t.Fatal(err)
+	}
+	return lsn
+}
+
+// TestPaceCountsWALNotYetWritten: WAL committed asynchronously sits in the
+// WAL buffers until the WAL writer writes it. It is WAL the standby will
+// have to apply, so the bytes behind count it from the moment it is
+// inserted. The WAL writer is frozen so that the WAL stays unwritten while
+// the throttle reads; measured from pg_current_wal_lsn() (as before), the
+// reading said the standby was caught up, and a batch would have been
+// admitted on top of it.
+func TestPaceCountsWALNotYetWritten(t *testing.T) {
+	t.Parallel()
+	primary := pgtest.NewCluster(t)
+	pgtest.NewStandby(t, primary, nil)
+	e := newEnv(t, primary.URL("postgres"), 0, "")
+	th := startThrottle(t, e.pool, throttle.Config{MaxReplicaLag: time.Hour, MaxReplicaLagBytes: 1 << 40})
+	pgtest.WaitFor(t, 60*time.Second, "the throttle to see the standby caught up", func() bool {
+		p := th.Paces()
+		return len(p) == 1 && p[0].Behind < 64<<10
+	})
+	var walwriter int
+	if err := e.pool.QueryRow(context.Background(), "SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'").Scan(&walwriter); err != nil {
+		t.Fatal(err)
+	}
+	thaw := pgtest.Freeze(t, walwriter)
+	defer thaw()
+	// About 600 kB of WAL, well inside wal_buffers (4 MB), so no backend
+	// has to write it either.
+	writer := pgtest.Connect(t, e.url)
+	pgtest.Exec(t, writer, `SET synchronous_commit = off;
+INSERT INTO public.consumer_inbox SELECT 'c', 'w' || i, repeat('x', 200), now() FROM generate_series(1, 2000) i`)
+	var unwritten float64
+	if err := writer.QueryRow(context.Background(), "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), pg_current_wal_lsn())::float8").Scan(&unwritten); err != nil {
+		t.Fatal(err)
+	}
+	if unwritten < 256<<10 {
+		t.Fatalf("only %.0f bytes of WAL unwritten with the WAL writer frozen: the test cannot tell the positions apart", unwritten)
+	}
+	pgtest.WaitFor(t, 10*time.Second, fmt.Sprintf("the throttle to count the %.0f bytes inserted, not written, as behind", unwritten), func() bool {
+		p := th.Paces()
+		return len(p) == 1 && p[0].Behind >= unwritten
+	})
 }
 
 // TestLockWatchCancelsOnlyTheWatchedTransaction watches a backend with the

@@ -1,16 +1,13 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"regexp"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -368,17 +365,10 @@ func TestFrozenDaemonReleasesTheFence(t *testing.T) {
 	d := startDaemon(t, f.dir, f.env("INBOXKEEPER_LOCK_TIMEOUT=60s", "INBOXKEEPER_STATEMENT_TIMEOUT=60s",
 		"INBOXKEEPER_IDLE_IN_TRANSACTION_TIMEOUT=1s", "INBOXKEEPER_INTERVAL=1h"), "run")
 	pid := gate.waitForBatch()
-	d.signal(syscall.SIGSTOP)
-	defer d.signal(syscall.SIGCONT)
-	// kill(2) returns before the process is stopped; on a loaded machine
-	// the daemon was seen still running after it, and committing the batch
-	// once the gate opened. Open the gate only once it is frozen.
-	pgtest.WaitFor(t, 30*time.Second, "the daemon to be stopped", func() bool {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", d.cmd.Process.Pid))
-		// The state follows the command name in parentheses: "pid (comm) T ...".
-		i := bytes.LastIndexByte(b, ')')
-		return err == nil && i > 0 && i+2 < len(b) && b[i+2] == 'T'
-	})
+	// Open the gate only once it is frozen: kill(2) returns before the
+	// process is stopped.
+	thaw := pgtest.Freeze(t, d.cmd.Process.Pid)
+	defer thaw()
 	gate.open() // the DELETE finishes; COMMIT never comes
 	// Idle in its transaction, or already ended by the timeout (on a busy
 	// machine the poll may miss the second it spends idle).

@@ -8,12 +8,14 @@
 package pgtest
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -286,6 +288,27 @@ func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// Freeze stops the process pid with SIGSTOP and returns once it is stopped
+// (kill(2) returns before it is: on a loaded machine a "frozen" daemon was
+// seen committing a batch afterwards), so wait for state T in /proc. The
+// returned thaw sends SIGCONT; it also runs at the end of the test.
+func Freeze(t testing.TB, pid int) (thaw func()) {
+	t.Helper()
+	var once sync.Once
+	thaw = func() { once.Do(func() { _ = syscall.Kill(pid, syscall.SIGCONT) }) }
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatalf("pgtest: SIGSTOP %d: %v", pid, err)
+	}
+	t.Cleanup(thaw)
+	WaitFor(t, 30*time.Second, fmt.Sprintf("process %d to be stopped", pid), func() bool {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		// The state follows the command name in parentheses: "pid (comm) T ...".
+		i := bytes.LastIndexByte(b, ')')
+		return err == nil && i > 0 && i+2 < len(b) && b[i+2] == 'T'
+	})
+	return thaw
 }
 
 // Migrate creates inboxkeeper's control schema in the database at url.
