@@ -1979,7 +1979,11 @@ VALUES ('payments', 'late', '\x00', now() - interval '60 days', now() - interval
 	// log a warning. The lag threshold is high so that a loaded machine does
 	// not pause it (pausing is a warning too).
 	runDaemon(t, daemon.with("INBOXKEEPER_METRICS_ADDR=127.0.0.1:0", "INBOXKEEPER_REPLICA_URLS="+daemonURL,
-		"INBOXKEEPER_MAX_REPLICA_LAG=1m", "INBOXKEEPER_INTERVAL=1h"))
+		"INBOXKEEPER_MAX_REPLICA_LAG=1m", "INBOXKEEPER_INTERVAL=1h"), func() time.Time {
+		var at time.Time
+		_ = owner.QueryRow(context.Background(), "SELECT beat FROM inboxkeeper.heartbeat").Scan(&at)
+		return at
+	})
 	if n := count(t, owner, "message_id = 'late'"); n != 0 {
 		t.Errorf("run did not delete the expired row")
 	}
@@ -2011,8 +2015,9 @@ VALUES ('payments', 'late', '\x00', now() - interval '60 days', now() - interval
 }
 
 // runDaemon runs `inboxkeeper run` until its first pass is done, checks its
-// probes, stops it with SIGTERM and fails on any warning it logged.
-func runDaemon(t *testing.T, c cli) {
+// probes, lets its heartbeat (read with beat) advance twice, stops it with
+// SIGTERM and fails on any warning it logged.
+func runDaemon(t *testing.T, c cli, beat func() time.Time) {
 	t.Helper()
 	cmd := c.command("run")
 	stderr, err := cmd.StderrPipe()
@@ -2088,8 +2093,13 @@ wait:
 			t.Errorf("GET %s: %s", p, resp.Status)
 		}
 	}
-	// A moment for the heartbeat and the collectors to run a few times.
-	time.Sleep(time.Second)
+	// The heartbeat and the collectors run on tickers of their own: wait
+	// until the heartbeat was written twice after the first pass, so that
+	// each has run (and could have logged a warning) more than once.
+	first := beat()
+	pgtest.WaitFor(t, 30*time.Second, "the daemon's heartbeat to advance", func() bool { return beat().After(first) })
+	second := beat()
+	pgtest.WaitFor(t, 30*time.Second, "the daemon's heartbeat to advance again", func() bool { return beat().After(second) })
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package throttle_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -302,13 +303,15 @@ CREATE TRIGGER slowish BEFORE DELETE ON public.consumer_inbox FOR EACH ROW EXECU
 	if durations[0] < 4*target {
 		t.Fatalf("the first batch took %s: the trigger is not slow enough for this test", durations[0])
 	}
-	// Judge the settled batches: the last few full ones.
-	tail := durations[len(durations)-6 : len(durations)-1]
-	for _, du := range tail {
-		if du < target/3 || du > 3*target {
-			t.Errorf("settled batch took %s, want near %s (all: %v)", du, target, durations)
-			break
-		}
+	// Judge the settled batches by the median of the second half (the last
+	// batch, short, left out). Not the last few one by one: on a loaded
+	// machine one batch stalled at 4x the target, the size shrank to match,
+	// and growing back at most 1.2x a batch took the rest of the table
+	// (the last five took 11 to 20 ms, the median of the half 45 ms).
+	settled := slices.Clone(durations[len(durations)/2 : len(durations)-1])
+	slices.Sort(settled)
+	if median := settled[len(settled)/2]; median < target/3 || median > 3*target {
+		t.Errorf("settled batches took %s (median of the second half), want near %s (all: %v)", median, target, durations)
 	}
 	// The size the durations settled at depends on how long the trigger's
 	// sleep really takes on a loaded machine (about 100 rows unloaded, 12

@@ -32,7 +32,7 @@ const Prefix = "INBOXKEEPER"
 // ignoredVariables belong to tests, the demo and tools (INBOXKEEPER_PG_BINDIR
 // tells the throwaway-cluster helper where initdb lives). They are listed so that the
 // unknown-variable check does not reject an environment that also runs them.
-var ignoredVariables = []string{"INBOXKEEPER_PG_BINDIR", "INBOXKEEPER_TEST_DATABASE_URL"}
+var ignoredVariables = []string{"INBOXKEEPER_PG_BINDIR", "INBOXKEEPER_TEST_DATABASE_URL", "INBOXKEEPER_TEST_CITUS_LOCK"}
 
 // Config is the daemon's configuration. The `secret` tag marks a connection
 // string that must only ever be shown through RedactURL.

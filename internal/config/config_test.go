@@ -262,8 +262,8 @@ func TestKnownVariables(t *testing.T) {
 			t.Errorf("missing %s", name)
 		}
 	}
-	if len(got) != 33 {
-		t.Errorf("got %d names, want 33: %v", len(got), got)
+	if len(got) != 34 {
+		t.Errorf("got %d names, want 34: %v", len(got), got)
 	}
 }
 

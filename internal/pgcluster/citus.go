@@ -8,6 +8,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -24,9 +26,49 @@ type Citus struct {
 	Workers     []*Cluster
 }
 
+// CitusLockVariable names a file that a Citus build in progress holds
+// locked (flock, exclusive): .ci/run builds Citus while the first packages'
+// tests run, and the Citus tests wait for the build to end.
+const CitusLockVariable = "INBOXKEEPER_TEST_CITUS_LOCK"
+
+// citusBuildWait bounds that wait: the build takes about 3 minutes on 2
+// cores, more on a machine busy with the tests.
+const citusBuildWait = 15 * time.Minute
+
+// waitForCitusBuild returns once no build holds the lock file that
+// INBOXKEEPER_TEST_CITUS_LOCK names (at once when it is unset).
+func waitForCitusBuild() error {
+	path := os.Getenv(CitusLockVariable)
+	if path == "" {
+		return nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("%s=%s: %w", CitusLockVariable, path, err)
+	}
+	locked := make(chan error, 1)
+	go func() {
+		defer f.Close()
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_SH)
+		if err == nil {
+			err = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+		}
+		locked <- err
+	}()
+	select {
+	case err := <-locked:
+		return err
+	case <-time.After(citusBuildWait):
+		return fmt.Errorf("the Citus build still holds %s (%s) after %s", path, CitusLockVariable, citusBuildWait)
+	}
+}
+
 // CitusInstalled reports an error naming the fix when the newest local
-// PostgreSQL has no Citus extension.
+// PostgreSQL has no Citus extension, after waiting for a build in progress.
 func CitusInstalled() error {
+	if err := waitForCitusBuild(); err != nil {
+		return err
+	}
 	bin, err := FindBinDir()
 	if err != nil {
 		return err
