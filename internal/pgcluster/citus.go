@@ -156,7 +156,7 @@ func (c *Citus) CreateDatabase(ctx context.Context, name string) (string, error)
 func (c *Citus) DropDatabase(ctx context.Context, name string) error {
 	var errs []error
 	for _, n := range c.Nodes() {
-		errs = append(errs, execOn(ctx, n.URL("postgres"), "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"))
+		errs = append(errs, DropDatabase(ctx, n.URL("postgres"), name))
 	}
 	return errors.Join(errs...)
 }

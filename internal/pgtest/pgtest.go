@@ -121,15 +121,7 @@ func CreateDatabase(label string) (url string, drop func() error, err error) {
 	drop = func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		admin, err := pgx.Connect(ctx, adminDB)
-		if err != nil {
-			return fmt.Errorf("drop database %s: %w", name, err)
-		}
-		defer admin.Close(ctx)
-		if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
-			return fmt.Errorf("drop database %s: %w", name, err)
-		}
-		return nil
+		return pgcluster.DropDatabase(ctx, adminDB, name)
 	}
 	return withDatabase(adminDB, name), drop, nil
 }
