@@ -247,6 +247,7 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 	}
 	lastCount := time.Now()
 	m := d.opts.Metrics
+	var lastNewest time.Time // the newest expiry of the last batch, for its log line
 	loop := batchloop.Loop{
 		What: "delete", Sizer: d.sizer(t), Throttle: d.opts.Throttle, Active: d.opts.Active, Deadline: deadline,
 		MaxRetries: d.opts.MaxRetries, BatchPause: d.opts.BatchPause, Log: d.log.With("table", t.Name), OnRetry: d.test.onRetry,
@@ -263,6 +264,9 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 					m.RowsDeleted.WithLabelValues(t.Name).Add(float64(n))
 				}
 			}
+			// Logged once the metrics count the batch, so that what the log
+			// says has happened, /metrics says too.
+			d.log.Debug("expiry: batch", "table", t.Name, "deleted", n, "newest_expiry", lastNewest)
 			if n > 0 && d.opts.Progress != nil {
 				d.opts.Progress(Progress{Table: t.Name, Deleted: res.Deleted, Batches: res.Batches, Elapsed: time.Since(start),
 					BatchRows: n, BatchDuration: took, Estimate: estimate})
@@ -294,7 +298,7 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 	r, err := loop.Run(ctx, func(ctx context.Context, lower pgtype.Timestamptz, size int) (int64, time.Time, float64, error) {
 		n, newest, wal, err := d.batch(ctx, t, lower, size, res)
 		if err == nil {
-			d.log.Debug("expiry: batch", "table", t.Name, "deleted", n, "newest_expiry", newest)
+			lastNewest = newest
 			res.Deleted += n
 			if n > 0 {
 				res.Batches++

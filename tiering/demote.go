@@ -158,6 +158,7 @@ func (d *Demoter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 func (d *Demoter) sizer(t *catalog.Table) *batchloop.Sizer { return d.sizers.For(t.Name) }
 
 func (d *Demoter) demoteAll(ctx context.Context, t *catalog.Table, deadline time.Time, res *Result) error {
+	var lastNewest time.Time // the newest anchor of the last batch, for its log line
 	loop := batchloop.Loop{
 		What: "demotion", Sizer: d.sizer(t), Throttle: d.opts.Throttle, Active: d.opts.Active, Deadline: deadline,
 		MaxRetries: d.opts.MaxRetries, BatchPause: d.opts.BatchPause, Log: d.log.With("table", t.Name),
@@ -165,6 +166,8 @@ func (d *Demoter) demoteAll(ctx context.Context, t *catalog.Table, deadline time
 			if m := d.opts.Metrics; m != nil && n > 0 {
 				m.RowsDemoted.WithLabelValues(t.Name, Warm).Add(float64(n))
 			}
+			// Logged once the metrics count the batch, as the deleter does.
+			d.log.Debug("tiering: batch", "table", t.Name, "demoted", n, "newest_anchor", lastNewest)
 		},
 		OnError: func(kind string) {
 			if d.opts.Errors != nil {
@@ -174,9 +177,7 @@ func (d *Demoter) demoteAll(ctx context.Context, t *catalog.Table, deadline time
 	}
 	r, err := loop.Run(ctx, func(ctx context.Context, lower pgtype.Timestamptz, size int) (int64, time.Time, float64, error) {
 		n, newest, wal, err := d.batch(ctx, t, lower, size)
-		if err == nil {
-			d.log.Debug("tiering: batch", "table", t.Name, "demoted", n, "newest_anchor", newest)
-		}
+		lastNewest = newest
 		return n, newest, wal, err
 	})
 	res.Demoted += r.Rows
