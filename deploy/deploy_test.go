@@ -940,7 +940,7 @@ func (u unitFile) all(section, key string) []string {
 
 // sandbox is the unit's [Service] settings other than what it runs.
 func (u unitFile) sandbox() map[string]string {
-	skip := []string{"Type", "ExecStart", "Environment", "EnvironmentFile", "Restart", "RestartSec",
+	skip := []string{"Type", "ExecStart", "ExecReload", "Environment", "EnvironmentFile", "Restart", "RestartSec",
 		"RestartPreventExitStatus", "KillSignal", "TimeoutStopSec", "TimeoutStartSec"}
 	m := map[string]string{}
 	for _, kv := range u.sections["Service"] {
@@ -967,6 +967,8 @@ func TestSystemdUnits(t *testing.T) {
 		{daemon, "Service", "Restart", "on-failure"},
 		{daemon, "Service", "RestartSec", "5s"},
 		{daemon, "Service", "RestartPreventExitStatus", "2"},
+		// run applies the policy file on SIGHUP (cmd/inboxkeeper TestReload).
+		{daemon, "Service", "ExecReload", "/bin/kill -HUP $MAINPID"},
 		{daemon, "Install", "WantedBy", "multi-user.target"},
 		{once, "Service", "Type", "oneshot"},
 		{once, "Service", "ExecStart", bin + " once"},

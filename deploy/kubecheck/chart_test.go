@@ -166,6 +166,13 @@ func checkChart(t *testing.T, r rendered, vals map[string]any, mode string) {
 		if d.Spec.Replicas == nil || *d.Spec.Replicas != 1 {
 			t.Errorf("%s: want replicas 1 by default", o)
 		}
+		// A policy change must not roll the pod: the daemon applies a
+		// changed file itself, and keeps the policy in force if it fails.
+		for k := range d.Spec.Template.Annotations {
+			if strings.HasPrefix(k, "checksum/") {
+				t.Errorf("%s: annotation %s restarts the pod on a policy change; the daemon reloads the file", o, k)
+			}
+		}
 	}
 	cron, _ := vals["cronjob"].(map[string]any)
 	gateway, _ := cron["pushgateway"].(string)
