@@ -375,7 +375,8 @@ func TestDashboard(t *testing.T) {
 		for _, q := range dashboardQueries(t, false) {
 			exprs += q.expr + "\n"
 		}
-		for _, metric := range []string{"inboxkeeper_last_success_timestamp_seconds", "inboxkeeper_policy_mismatch", "inboxkeeper_build_info"} {
+		for _, metric := range []string{"inboxkeeper_last_success_timestamp_seconds", "inboxkeeper_policy_mismatch",
+			"inboxkeeper_config_last_reload_successful", "inboxkeeper_build_info"} {
 			if !strings.Contains(exprs, metric+"{") {
 				t.Errorf("no panel shows %s", metric)
 			}
