@@ -941,7 +941,8 @@ func (u unitFile) all(section, key string) []string {
 // sandbox is the unit's [Service] settings other than what it runs.
 func (u unitFile) sandbox() map[string]string {
 	skip := []string{"Type", "ExecStart", "ExecReload", "Environment", "EnvironmentFile", "Restart", "RestartSec",
-		"RestartPreventExitStatus", "KillSignal", "TimeoutStopSec", "TimeoutStartSec"}
+		"RestartPreventExitStatus", "KillSignal", "TimeoutStopSec", "TimeoutStartSec",
+		"RuntimeDirectory", "RuntimeDirectoryPreserve", "RuntimeDirectoryMode", "ReadWritePaths"}
 	m := map[string]string{}
 	for _, kv := range u.sections["Service"] {
 		if !slices.Contains(skip, kv[0]) {
@@ -971,7 +972,7 @@ func TestSystemdUnits(t *testing.T) {
 		{daemon, "Service", "ExecReload", "/bin/kill -HUP $MAINPID"},
 		{daemon, "Install", "WantedBy", "multi-user.target"},
 		{once, "Service", "Type", "oneshot"},
-		{once, "Service", "ExecStart", bin + " once"},
+		{once, "Service", "ExecStart", bin + " once --metrics-file " + onceMetricsFile},
 		{once, "Service", "EnvironmentFile", envFile},
 		{timer, "Timer", "Unit", filepath.Base(onceUnit)},
 		{timer, "Timer", "OnCalendar", "*:0/10"},
@@ -1006,9 +1007,48 @@ func TestSystemdUnits(t *testing.T) {
 			}
 		}
 	}
+	checkWritable(t, once, path.Dir(onceMetricsFile))
 	if !mapsEqual(daemon.sandbox(), once.sandbox()) {
 		t.Errorf("%s and %s have different sandboxes:\n%v\n%v", daemonUnit, onceUnit, daemon.sandbox(), once.sandbox())
 	}
+}
+
+// onceMetricsFile is where inboxkeeper-once.service leaves the pass's
+// metrics for the node_exporter's textfile collector, as
+// docs/reference/commands.md recommends for a timer.
+const onceMetricsFile = "/run/inboxkeeper/inboxkeeper.prom"
+
+// checkWritable fails unless the unit, under ProtectSystem=strict and a
+// dynamic user, can create files in dir and leaves them there after it
+// stops, readable by the collector: dir is a RuntimeDirectory= kept with
+// RuntimeDirectoryPreserve=yes (systemd creates it for the dynamic user;
+// without Preserve it is removed, the file with it, as the oneshot ends),
+// or lies under a ReadWritePaths= entry.
+func checkWritable(t *testing.T, u unitFile, dir string) {
+	t.Helper()
+	for _, rd := range u.all("Service", "RuntimeDirectory") {
+		for _, name := range strings.Fields(rd) {
+			if "/run/"+name != dir {
+				continue
+			}
+			if p := u.get("Service", "RuntimeDirectoryPreserve"); p != "yes" {
+				t.Errorf("%s: RuntimeDirectoryPreserve=%q: systemd removes %s, and the metrics file in it, when the pass ends; want yes", u.name, p, dir)
+			}
+			if m := u.get("Service", "RuntimeDirectoryMode"); m != "" && m != "0755" {
+				t.Errorf("%s: RuntimeDirectoryMode=%s: the node_exporter must read %s", u.name, m, dir)
+			}
+			return
+		}
+	}
+	for _, rw := range u.all("Service", "ReadWritePaths") {
+		for _, p := range strings.Fields(rw) {
+			if p = strings.TrimPrefix(p, "-"); dir == p || strings.HasPrefix(dir, strings.TrimSuffix(p, "/")+"/") {
+				return
+			}
+		}
+	}
+	t.Errorf("%s: ProtectSystem=%s leaves %s read-only: --metrics-file cannot be written (want RuntimeDirectory= or ReadWritePaths= for it)",
+		u.name, u.get("Service", "ProtectSystem"), dir)
 }
 
 func mapsEqual(a, b map[string]string) bool {
