@@ -1832,21 +1832,59 @@ func TestComposeInboxIsTheRecommendedLayout(t *testing.T) {
 // entry, field for field.
 func TestPolicyExampleIsTheRecommendedPolicy(t *testing.T) {
 	t.Parallel()
+	checkRecommendedTables(t, policyExample, checkPolicy(t, policyExample, []byte(read(t, policyExample))))
+}
+
+// checkRecommendedTables: a policy's tables are inbox.PlainPolicy's, field
+// for field.
+func checkRecommendedTables(t *testing.T, where string, got *policy.Policy) {
+	t.Helper()
 	want, err := policy.Parse([]byte(inbox.PlainPolicy), "inbox.PlainPolicy")
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := checkPolicy(t, policyExample, []byte(read(t, policyExample)))
 	if len(got.Tables) != len(want.Tables) {
-		t.Fatalf("%s has %d tables, inbox.PlainPolicy %d", policyExample, len(got.Tables), len(want.Tables))
+		t.Fatalf("%s has %d tables, inbox.PlainPolicy %d", where, len(got.Tables), len(want.Tables))
 	}
 	for i := range want.Tables {
 		g, w := got.Tables[i], want.Tables[i]
 		g.Line, w.Line = 0, 0
 		if !reflect.DeepEqual(g, w) {
-			t.Errorf("%s: table %d is\n%+v\nwant inbox.PlainPolicy's\n%+v", policyExample, i, g, w)
+			t.Errorf("%s: table %d is\n%+v\nwant inbox.PlainPolicy's\n%+v", where, i, g, w)
 		}
 	}
+}
+
+// The README's quick start shows the recommended inbox table and its policy
+// as inbox/schema has them (comments and white space aside), so that a new
+// user starts from the layout the library is tested with.
+func TestReadmeQuickStart(t *testing.T) {
+	t.Parallel()
+	const readme = "../README.md"
+	text := read(t, readme)
+	i := strings.Index(text, "\n## Quick start")
+	if i < 0 {
+		t.Fatalf("%s has no Quick start section", readme)
+	}
+	section := text[i+1:]
+	if j := strings.Index(section, "\n## "); j >= 0 {
+		section = section[:j]
+	}
+	block := func(lang string) string {
+		m := regexp.MustCompile("(?s)```" + lang + "\n(.*?)```").FindStringSubmatch(section)
+		if m == nil {
+			t.Fatalf("%s's quick start has no %s block", readme, lang)
+		}
+		return m[1]
+	}
+	if got, want := normaliseSQL(block("sql")), normaliseSQL(read(t, recommendedInbox)); got != want {
+		t.Errorf("%s's quick start table is not %s:\n got: %s\nwant: %s", readme, recommendedInbox, got, want)
+	}
+	p, err := policy.Parse([]byte(block("yaml")), readme)
+	if err != nil {
+		t.Fatalf("%s's quick start policy does not parse: %v", readme, err)
+	}
+	checkRecommendedTables(t, readme+"'s quick start policy", p)
 }
 
 // normaliseSQL drops -- comments and folds white space, which change no

@@ -8,14 +8,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"reflect"
 	"regexp"
 	"slices"
 	"sort"
 	"strings"
 	"testing"
 
-	"github.com/inboxkeeper/inboxkeeper/inbox"
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/metricsinfo"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
@@ -230,60 +228,4 @@ func TestLayout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-}
-
-// The README's quick start shows the recommended inbox table and its policy
-// as inbox/schema has them (comments and white space aside), so that a new
-// user starts from the layout the library is tested with.
-func TestReadmeQuickStart(t *testing.T) {
-	t.Parallel()
-	text := read(t, "../README.md")
-	i := strings.Index(text, "## Quick start")
-	if i < 0 {
-		t.Fatal("README.md has no Quick start section")
-	}
-	section := text[i:]
-	if j := strings.Index(section[3:], "\n## "); j >= 0 {
-		section = section[:j+3]
-	}
-	block := func(lang string) string {
-		m := regexp.MustCompile("(?s)```" + lang + "\n(.*?)```").FindStringSubmatch(section)
-		if m == nil {
-			t.Fatalf("README.md's quick start has no %s block", lang)
-		}
-		return m[1]
-	}
-	if got, want := normaliseSQL(block("sql")), normaliseSQL(inbox.PlainDDL); got != want {
-		t.Errorf("README.md's quick start table is not inbox/schema/plain.sql:\n got: %s\nwant: %s", got, want)
-	}
-	got, err := policy.Parse([]byte(block("yaml")), "README.md")
-	if err != nil {
-		t.Fatalf("README.md's quick start policy does not parse: %v", err)
-	}
-	want, err := policy.Parse([]byte(inbox.PlainPolicy), "inbox/schema/plain-policy.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(got.Tables) != len(want.Tables) {
-		t.Fatalf("README.md's quick start policy has %d tables, inbox/schema/plain-policy.yaml %d", len(got.Tables), len(want.Tables))
-	}
-	for i := range want.Tables {
-		g, w := got.Tables[i], want.Tables[i]
-		g.Line, w.Line = 0, 0
-		if !reflect.DeepEqual(g, w) {
-			t.Errorf("README.md's quick start policy, table %d:\n%+v\nwant inbox/schema/plain-policy.yaml's\n%+v", i, g, w)
-		}
-	}
-}
-
-// normaliseSQL drops -- comments and folds white space.
-func normaliseSQL(script string) string {
-	var lines []string
-	for _, line := range strings.Split(script, "\n") {
-		if i := strings.Index(line, "--"); i >= 0 {
-			line = line[:i]
-		}
-		lines = append(lines, line)
-	}
-	return strings.Join(strings.Fields(strings.Join(lines, " ")), " ")
 }
