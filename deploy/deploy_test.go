@@ -940,8 +940,9 @@ func (u unitFile) all(section, key string) []string {
 
 // sandbox is the unit's [Service] settings other than what it runs.
 func (u unitFile) sandbox() map[string]string {
-	skip := []string{"Type", "ExecStart", "Environment", "EnvironmentFile", "Restart", "RestartSec",
-		"RestartPreventExitStatus", "KillSignal", "TimeoutStopSec", "TimeoutStartSec"}
+	skip := []string{"Type", "ExecStart", "ExecReload", "Environment", "EnvironmentFile", "Restart", "RestartSec",
+		"RestartPreventExitStatus", "KillSignal", "TimeoutStopSec", "TimeoutStartSec",
+		"RuntimeDirectory", "RuntimeDirectoryPreserve", "RuntimeDirectoryMode", "ReadWritePaths"}
 	m := map[string]string{}
 	for _, kv := range u.sections["Service"] {
 		if !slices.Contains(skip, kv[0]) {
@@ -967,9 +968,11 @@ func TestSystemdUnits(t *testing.T) {
 		{daemon, "Service", "Restart", "on-failure"},
 		{daemon, "Service", "RestartSec", "5s"},
 		{daemon, "Service", "RestartPreventExitStatus", "2"},
+		// run applies the policy file on SIGHUP (cmd/inboxkeeper TestReload).
+		{daemon, "Service", "ExecReload", "/bin/kill -HUP $MAINPID"},
 		{daemon, "Install", "WantedBy", "multi-user.target"},
 		{once, "Service", "Type", "oneshot"},
-		{once, "Service", "ExecStart", bin + " once"},
+		{once, "Service", "ExecStart", bin + " once --metrics-file " + onceMetricsFile},
 		{once, "Service", "EnvironmentFile", envFile},
 		{timer, "Timer", "Unit", filepath.Base(onceUnit)},
 		{timer, "Timer", "OnCalendar", "*:0/10"},
@@ -1004,9 +1007,48 @@ func TestSystemdUnits(t *testing.T) {
 			}
 		}
 	}
+	checkWritable(t, once, path.Dir(onceMetricsFile))
 	if !mapsEqual(daemon.sandbox(), once.sandbox()) {
 		t.Errorf("%s and %s have different sandboxes:\n%v\n%v", daemonUnit, onceUnit, daemon.sandbox(), once.sandbox())
 	}
+}
+
+// onceMetricsFile is where inboxkeeper-once.service leaves the pass's
+// metrics for the node_exporter's textfile collector, as
+// docs/reference/commands.md recommends for a timer.
+const onceMetricsFile = "/run/inboxkeeper/inboxkeeper.prom"
+
+// checkWritable fails unless the unit, under ProtectSystem=strict and a
+// dynamic user, can create files in dir and leaves them there after it
+// stops, readable by the collector: dir is a RuntimeDirectory= kept with
+// RuntimeDirectoryPreserve=yes (systemd creates it for the dynamic user;
+// without Preserve it is removed, the file with it, as the oneshot ends),
+// or lies under a ReadWritePaths= entry.
+func checkWritable(t *testing.T, u unitFile, dir string) {
+	t.Helper()
+	for _, rd := range u.all("Service", "RuntimeDirectory") {
+		for _, name := range strings.Fields(rd) {
+			if "/run/"+name != dir {
+				continue
+			}
+			if p := u.get("Service", "RuntimeDirectoryPreserve"); p != "yes" {
+				t.Errorf("%s: RuntimeDirectoryPreserve=%q: systemd removes %s, and the metrics file in it, when the pass ends; want yes", u.name, p, dir)
+			}
+			if m := u.get("Service", "RuntimeDirectoryMode"); m != "" && m != "0755" {
+				t.Errorf("%s: RuntimeDirectoryMode=%s: the node_exporter must read %s", u.name, m, dir)
+			}
+			return
+		}
+	}
+	for _, rw := range u.all("Service", "ReadWritePaths") {
+		for _, p := range strings.Fields(rw) {
+			if p = strings.TrimPrefix(p, "-"); dir == p || strings.HasPrefix(dir, strings.TrimSuffix(p, "/")+"/") {
+				return
+			}
+		}
+	}
+	t.Errorf("%s: ProtectSystem=%s leaves %s read-only: --metrics-file cannot be written (want RuntimeDirectory= or ReadWritePaths= for it)",
+		u.name, u.get("Service", "ProtectSystem"), dir)
 }
 
 func mapsEqual(a, b map[string]string) bool {
@@ -1039,10 +1081,8 @@ func TestSystemdEnvExample(t *testing.T) {
 			values[m[1]] = m[2]
 		}
 	}
-	for _, name := range config.KnownVariables() {
-		if name == "INBOXKEEPER_PG_BINDIR" || name == "INBOXKEEPER_TEST_DATABASE_URL" {
-			continue // the demo's and the tests'
-		}
+	for _, v := range config.Variables() { // the tests' and the demo's are not the daemon's
+		name := v.Name
 		if _, ok := values[name]; !ok {
 			t.Errorf("%s: %s is missing; list every variable (commented out at its default)", envExample, name)
 		}
@@ -1792,21 +1832,59 @@ func TestComposeInboxIsTheRecommendedLayout(t *testing.T) {
 // entry, field for field.
 func TestPolicyExampleIsTheRecommendedPolicy(t *testing.T) {
 	t.Parallel()
+	checkRecommendedTables(t, policyExample, checkPolicy(t, policyExample, []byte(read(t, policyExample))))
+}
+
+// checkRecommendedTables: a policy's tables are inbox.PlainPolicy's, field
+// for field.
+func checkRecommendedTables(t *testing.T, where string, got *policy.Policy) {
+	t.Helper()
 	want, err := policy.Parse([]byte(inbox.PlainPolicy), "inbox.PlainPolicy")
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := checkPolicy(t, policyExample, []byte(read(t, policyExample)))
 	if len(got.Tables) != len(want.Tables) {
-		t.Fatalf("%s has %d tables, inbox.PlainPolicy %d", policyExample, len(got.Tables), len(want.Tables))
+		t.Fatalf("%s has %d tables, inbox.PlainPolicy %d", where, len(got.Tables), len(want.Tables))
 	}
 	for i := range want.Tables {
 		g, w := got.Tables[i], want.Tables[i]
 		g.Line, w.Line = 0, 0
 		if !reflect.DeepEqual(g, w) {
-			t.Errorf("%s: table %d is\n%+v\nwant inbox.PlainPolicy's\n%+v", policyExample, i, g, w)
+			t.Errorf("%s: table %d is\n%+v\nwant inbox.PlainPolicy's\n%+v", where, i, g, w)
 		}
 	}
+}
+
+// The README's quick start shows the recommended inbox table and its policy
+// as inbox/schema has them (comments and white space aside), so that a new
+// user starts from the layout the library is tested with.
+func TestReadmeQuickStart(t *testing.T) {
+	t.Parallel()
+	const readme = "../README.md"
+	text := read(t, readme)
+	i := strings.Index(text, "\n## Quick start")
+	if i < 0 {
+		t.Fatalf("%s has no Quick start section", readme)
+	}
+	section := text[i+1:]
+	if j := strings.Index(section, "\n## "); j >= 0 {
+		section = section[:j]
+	}
+	block := func(lang string) string {
+		m := regexp.MustCompile("(?s)```" + lang + "\n(.*?)```").FindStringSubmatch(section)
+		if m == nil {
+			t.Fatalf("%s's quick start has no %s block", readme, lang)
+		}
+		return m[1]
+	}
+	if got, want := normaliseSQL(block("sql")), normaliseSQL(read(t, recommendedInbox)); got != want {
+		t.Errorf("%s's quick start table is not %s:\n got: %s\nwant: %s", readme, recommendedInbox, got, want)
+	}
+	p, err := policy.Parse([]byte(block("yaml")), readme)
+	if err != nil {
+		t.Fatalf("%s's quick start policy does not parse: %v", readme, err)
+	}
+	checkRecommendedTables(t, readme+"'s quick start policy", p)
 }
 
 // normaliseSQL drops -- comments and folds white space, which change no

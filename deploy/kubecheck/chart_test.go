@@ -1,6 +1,7 @@
 package kubecheck
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -23,10 +24,10 @@ import (
 )
 
 const (
-	chartDir      = "../helm/inboxkeeper"
-	rulesFile     = "../prometheus/inboxkeeper.rules.yml"
-	policyExample = "../docker/inboxkeeper.yaml"
-	// The oldest Kubernetes the chart supports (Chart.yaml's kubeVersion).
+	chartDir  = "../helm/inboxkeeper"
+	rulesFile = "../prometheus/inboxkeeper.rules.yml"
+	// The oldest Kubernetes the chart supports (Chart.yaml says so; it sets
+	// no kubeVersion, so that a render without --kube-version works).
 	kubeVersion    = "v1.29.0"
 	releaseName    = "ik"
 	namespace      = "db"
@@ -51,25 +52,14 @@ func (r rendered) find(kind string) []object {
 	return out
 }
 
-// valuesFor reads a values file of ci/ and gives it the example policy
-// unless it names a ConfigMap of its own.
+// valuesFor reads a values file of ci/ as it is: chart-testing (ct lint,
+// ct install) renders each on its own, so each carries what it needs, a
+// policy among it.
 func valuesFor(t *testing.T, file string) map[string]any {
 	t.Helper()
 	vals, err := chartutil.ReadValuesFile(file)
 	if err != nil {
 		t.Fatal(err)
-	}
-	policy, _ := vals["policy"].(map[string]any)
-	if policy == nil {
-		policy = map[string]any{}
-		vals["policy"] = policy
-	}
-	if policy["existingConfigMap"] == nil && policy["inline"] == nil {
-		b, err := os.ReadFile(policyExample)
-		if err != nil {
-			t.Fatal(err)
-		}
-		policy["inline"] = string(b)
 	}
 	return vals
 }
@@ -77,6 +67,13 @@ func valuesFor(t *testing.T, file string) map[string]any {
 // render does what `helm template ik ../helm/inboxkeeper -n db -f FILE
 // --kube-version 1.29 --api-versions monitoring.coreos.com/v1` does.
 func render(vals map[string]any) (*release.Release, error) {
+	return renderFor(kubeVersion, vals)
+}
+
+// renderFor renders for a Kubernetes version; "" is Helm's default, what
+// `helm template` assumes without --kube-version (v1.20 in a Helm built as a
+// library or with go run).
+func renderFor(version string, vals map[string]any) (*release.Release, error) {
 	chrt, err := loader.Load(chartDir)
 	if err != nil {
 		return nil, err
@@ -87,18 +84,25 @@ func render(vals map[string]any) (*release.Release, error) {
 	in.Replace = true
 	in.ReleaseName = releaseName
 	in.Namespace = namespace
-	kv, err := chartutil.ParseKubeVersion(kubeVersion)
-	if err != nil {
-		return nil, err
+	if version != "" {
+		kv, err := chartutil.ParseKubeVersion(version)
+		if err != nil {
+			return nil, err
+		}
+		in.KubeVersion = kv
 	}
-	in.KubeVersion = kv
 	in.APIVersions = chartutil.VersionSet{"monitoring.coreos.com/v1"}
 	return in.Run(chrt, vals)
 }
 
 func renderAndDecode(t *testing.T, name string, vals map[string]any) rendered {
 	t.Helper()
-	rel, err := render(vals)
+	return renderAndDecodeFor(t, kubeVersion, name, vals)
+}
+
+func renderAndDecodeFor(t *testing.T, version, name string, vals map[string]any) rendered {
+	t.Helper()
+	rel, err := renderFor(version, vals)
 	if err != nil {
 		t.Fatalf("%s: the chart does not render: %v", name, err)
 	}
@@ -133,6 +137,8 @@ func TestChart(t *testing.T) {
 			mode, _ := vals["mode"].(string)
 			modes[mode] = true
 			checkChart(t, r, vals, mode)
+			// `helm template` and ct lint without --kube-version.
+			renderAndDecodeFor(t, "", filepath.Base(f)+" (no --kube-version)", vals)
 		})
 	}
 	for _, m := range []string{"deployment", "cronjob", "sidecar"} {
@@ -165,6 +171,13 @@ func checkChart(t *testing.T, r rendered, vals map[string]any, mode string) {
 		checkRunProbes(t, o, c)
 		if d.Spec.Replicas == nil || *d.Spec.Replicas != 1 {
 			t.Errorf("%s: want replicas 1 by default", o)
+		}
+		// A policy change must not roll the pod: the daemon applies a
+		// changed file itself, and keeps the policy in force if it fails.
+		for k := range d.Spec.Template.Annotations {
+			if strings.HasPrefix(k, "checksum/") {
+				t.Errorf("%s: annotation %s restarts the pod on a policy change; the daemon reloads the file", o, k)
+			}
 		}
 	}
 	cron, _ := vals["cronjob"].(map[string]any)
@@ -603,6 +616,7 @@ func TestChartRefuses(t *testing.T) {
 		"misspelt section":         {map[string]any{"policy": map[string]any{"inline": "x"}, "podMonitr": map[string]any{"enabled": true}}, "podMonitr"},
 		"misspelt key":             {map[string]any{"policy": map[string]any{"inline": "x"}, "prometheusRule": map[string]any{"enable": true}}, "enable"},
 		"env not INBOXKEEPER_":     {map[string]any{"policy": map[string]any{"inline": "x"}, "env": map[string]any{"GOMEMLIMIT": "1GiB"}}, "GOMEMLIMIT"},
+		"misspelt variable":        {map[string]any{"policy": map[string]any{"inline": "x"}, "env": map[string]any{"INBOXKEEPER_BATCH_SIZ": 500}}, "INBOXKEEPER_BATCH_SIZ"},
 		"podMonitor of a CronJob":  {map[string]any{"mode": "cronjob", "policy": map[string]any{"inline": "x"}, "podMonitor": map[string]any{"enabled": true}}, "serves no metrics"},
 		"env sets the policy file": {map[string]any{"policy": map[string]any{"inline": "x"}, "env": map[string]any{"INBOXKEEPER_POLICY_FILE": "/x"}}, "the chart sets it"},
 		"sidecar without selector": {map[string]any{"mode": "sidecar", "policy": map[string]any{"inline": "x"}, "podMonitor": map[string]any{"enabled": true}}, "podMonitor.selector"},
@@ -616,17 +630,117 @@ func TestChartRefuses(t *testing.T) {
 	}
 }
 
-// helm lint --strict: the chart's metadata and templates.
+// helm lint --strict with each values file of ci/, as ct lint runs it: no
+// --kube-version, nothing added.
 func TestChartLint(t *testing.T) {
-	vals := valuesFor(t, filepath.Join(chartDir, "ci", "deployment-values.yaml"))
-	res := action.NewLint()
-	res.Strict = true
-	res.Namespace = namespace
-	out := res.Run([]string{chartDir}, vals)
-	for _, m := range out.Messages {
-		t.Logf("lint: %s", m)
+	files, err := filepath.Glob(filepath.Join(chartDir, "ci", "*-values.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no values files in %s/ci: %v", chartDir, err)
 	}
-	if len(out.Errors) > 0 {
-		t.Errorf("helm lint --strict: %v", out.Errors)
+	for _, f := range files {
+		res := action.NewLint()
+		res.Strict = true
+		res.Namespace = namespace
+		out := res.Run([]string{chartDir}, valuesFor(t, f))
+		for _, m := range out.Messages {
+			t.Logf("lint %s: %s", filepath.Base(f), m)
+		}
+		if len(out.Errors) > 0 {
+			t.Errorf("helm lint --strict -f %s: %v", f, out.Errors)
+		}
+	}
+}
+
+// The chart asks for no Kubernetes version: it renders for an old one, and
+// leaves out what that one lacks instead of refusing. A Job's
+// podFailurePolicy needs 1.26; a native sidecar 1.29, which the sidecar
+// NOTES then say.
+func TestChartGatesOnKubeVersion(t *testing.T) {
+	chrt, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if chrt.Metadata.KubeVersion != "" {
+		t.Errorf("Chart.yaml: kubeVersion %q makes helm template without --kube-version fail; gate on .Capabilities.KubeVersion instead", chrt.Metadata.KubeVersion)
+	}
+	cron := valuesFor(t, filepath.Join(chartDir, "ci", "cronjob-values.yaml"))
+	for version, want := range map[string]bool{"v1.25.0": false, "v1.26.0": true, kubeVersion: true} {
+		r := renderAndDecodeFor(t, version, "cronjob-values.yaml at "+version, cron)
+		for _, o := range r.objects {
+			var js *batchv1.JobSpec
+			switch obj := o.obj.(type) {
+			case *batchv1.CronJob:
+				js = &obj.Spec.JobTemplate.Spec
+			case *batchv1.Job:
+				js = &obj.Spec
+			default:
+				continue
+			}
+			if got := js.PodFailurePolicy != nil; got != want {
+				t.Errorf("Kubernetes %s: %s has a podFailurePolicy: %v, want %v", version, o, got, want)
+			}
+		}
+	}
+	sidecar := valuesFor(t, filepath.Join(chartDir, "ci", "sidecar-values.yaml"))
+	for version, warn := range map[string]bool{"v1.28.0": true, kubeVersion: false} {
+		r := renderAndDecodeFor(t, version, "sidecar-values.yaml at "+version, sidecar)
+		if got := strings.Contains(r.notes, "no native sidecars"); got != warn {
+			t.Errorf("Kubernetes %s: the sidecar NOTES warn about native sidecars: %v, want %v\n%s", version, got, warn, r.notes)
+		}
+	}
+}
+
+// appVersion, the image tag a release runs by default, is the release's
+// version (release.sh sets it, TestReleaseScript checks), never a moving tag.
+func TestChartAppVersion(t *testing.T) {
+	chrt, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "v" + chrt.Metadata.Version; chrt.Metadata.AppVersion != want {
+		t.Errorf("Chart.yaml: appVersion %q, want %q (the release of chart version %s)", chrt.Metadata.AppVersion, want, chrt.Metadata.Version)
+	}
+	r := renderAndDecode(t, "deployment-values.yaml", valuesFor(t, filepath.Join(chartDir, "ci", "deployment-values.yaml")))
+	for _, o := range r.find("Deployment") {
+		img := o.obj.(*appsv1.Deployment).Spec.Template.Spec.Containers[0].Image
+		if want := "ghcr.io/inboxkeeper/inboxkeeper:" + chrt.Metadata.AppVersion; img != want {
+			t.Errorf("%s: image %s, want %s", o, img, want)
+		}
+	}
+}
+
+// values.schema.json's env section names exactly the variables the daemon
+// knows (`inboxkeeper help env`): deploy/schema_test.go generates it from
+// internal/config, and this checks the result against the binary.
+func TestChartSchemaVariables(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(chartDir, "values.schema.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var schema struct {
+		Properties struct {
+			Env struct {
+				AdditionalProperties *bool                     `json:"additionalProperties"`
+				Properties           map[string]map[string]any `json:"properties"`
+			} `json:"env"`
+		} `json:"properties"`
+	}
+	if err := json.Unmarshal(b, &schema); err != nil {
+		t.Fatal(err)
+	}
+	env := schema.Properties.Env
+	if env.AdditionalProperties == nil || *env.AdditionalProperties {
+		t.Errorf("values.schema.json: env must set additionalProperties: false, or a misspelt variable gets through")
+	}
+	known := knownVariables(t)
+	for name := range env.Properties {
+		if !known[name] {
+			t.Errorf("values.schema.json: env.%s is not a variable inboxkeeper knows", name)
+		}
+	}
+	for name := range known {
+		if _, ok := env.Properties[name]; !ok {
+			t.Errorf("values.schema.json: env lacks %s, which inboxkeeper help env lists", name)
+		}
 	}
 }

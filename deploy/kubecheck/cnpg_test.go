@@ -102,7 +102,14 @@ func TestCloudNativePGExample(t *testing.T) {
 		t.Errorf("cluster.yaml: no managed role inboxkeeper_consumer")
 	}
 
-	rel, err := render(valuesFor(t, filepath.Join(cnpgDir, "values.yaml")))
+	// As cluster.yaml installs it: -f values.yaml --set-file policy.inline=...
+	vals := valuesFor(t, filepath.Join(cnpgDir, "values.yaml"))
+	policy, err := os.ReadFile("../docker/inboxkeeper.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	vals["policy"] = map[string]any{"inline": string(policy)}
+	rel, err := render(vals)
 	if err != nil {
 		t.Fatalf("the chart with %s/values.yaml: %v", cnpgDir, err)
 	}

@@ -88,6 +88,10 @@ type ruleFile struct {
 
 type ruleTests struct {
 	Tests []struct {
+		Name        string `yaml:"name"`
+		InputSeries []struct {
+			Series string `yaml:"series"`
+		} `yaml:"input_series"`
 		AlertRuleTest []struct {
 			EvalTime  string `yaml:"eval_time"`
 			Alertname string `yaml:"alertname"`
@@ -258,6 +262,45 @@ func TestRules(t *testing.T) {
 	if n == 0 {
 		t.Fatalf("%s: no rules", rulesFile)
 	}
+
+	// A healthy `once` pages nobody: the tests of its series, for each way
+	// it exports them, keep every alert quiet once every threshold and
+	// `for` has passed, except those that do not apply to the mode.
+	for name, skipped := range cronModes {
+		found := false
+		for _, tc := range tests.Tests {
+			if tc.Name != name {
+				continue
+			}
+			found = true
+			late := map[string]bool{}
+			for _, at := range tc.AlertRuleTest {
+				if d, err := time.ParseDuration(at.EvalTime); err == nil && d >= 3*time.Hour && len(at.ExpAlerts) == 0 {
+					late[at.Alertname] = true
+				}
+			}
+			for _, g := range f.Groups {
+				for _, r := range g.Rules {
+					if !late[r.Alert] && !slices.Contains(skipped, r.Alert) {
+						t.Errorf("%s: test %q does not show %s quiet at 3h or later", rulesTestFile, name, r.Alert)
+					}
+				}
+			}
+		}
+		if !found {
+			t.Errorf("%s: no test named %q", rulesTestFile, name)
+		}
+	}
+}
+
+// cronModes are the tests of inboxkeeper.rules_test.yml that feed what a
+// healthy `once` exports, with the alerts that do not apply to it:
+// InboxkeeperAbsent watches `run` daemons (the chart leaves it out in
+// cronjob mode), and a systemd timer has no CronJob for kube-state-metrics
+// to see.
+var cronModes = map[string][]string{
+	"once --pushgateway: a healthy CronJob":        {"InboxkeeperAbsent"},
+	"once --metrics-file: a healthy systemd timer": {"InboxkeeperAbsent", "InboxkeeperCronJobNotSucceeding"},
 }
 
 // runbookSections are the alerts docs/operations/runbooks.md has a section for, with
@@ -375,7 +418,8 @@ func TestDashboard(t *testing.T) {
 		for _, q := range dashboardQueries(t, false) {
 			exprs += q.expr + "\n"
 		}
-		for _, metric := range []string{"inboxkeeper_last_success_timestamp_seconds", "inboxkeeper_policy_mismatch", "inboxkeeper_build_info"} {
+		for _, metric := range []string{"inboxkeeper_last_success_timestamp_seconds", "inboxkeeper_policy_mismatch",
+			"inboxkeeper_config_last_reload_successful", "inboxkeeper_build_info"} {
 			if !strings.Contains(exprs, metric+"{") {
 				t.Errorf("no panel shows %s", metric)
 			}
@@ -884,6 +928,12 @@ func TestOnceExportsMetrics(t *testing.T) {
 	if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	// An installed rule and a replay forced past the window, on a range far
+	// from the expired rows (their event time is 3 days ago): what the
+	// horizon and the replay alert read.
+	command(t, bin, env, "plan", "--apply")
+	command(t, bin, env, "replay", "start", "--table", "public.consumer_inbox", "--scope", "payments",
+		"--from", "2000-01-01", "--to", "2000-01-02", "--owner", "test", "--force")
 	command(t, bin, env, "once", "--metrics-file", file, "--pushgateway", "http://"+gwAddr)
 
 	b, err := os.ReadFile(file)
@@ -907,6 +957,7 @@ func TestOnceExportsMetrics(t *testing.T) {
 	if out, err := c.CombinedOutput(); err != nil {
 		t.Errorf("promtool check metrics on the file: %v\n%s\n---\n%s", err, out, textfile)
 	}
+	checkCronSeries(t, textfile)
 	if leftovers, _ := filepath.Glob(filepath.Join(filepath.Dir(file), "*")); len(leftovers) != 1 {
 		t.Errorf("the textfile directory holds %v, want only the metrics file (no temporary file left)", leftovers)
 	}
@@ -926,5 +977,66 @@ func TestOnceExportsMetrics(t *testing.T) {
 	series = `inboxkeeper_passes_total{instance="ik-cron",job="inboxkeeper",outcome="ok"}`
 	if v := scrape.Value(t, pushed, series); v != 1 {
 		t.Errorf("the Pushgateway has %s = %v, want 1 (the last run's pass, replacing the one before)", series, v)
+	}
+}
+
+// onceLacks is what `once` does not export yet although the rules tests of
+// a CronJob's series (cronModes) feed it: issue 25's phase B makes `once`
+// export what `run` measures after a pass. Take each out as `once` exports
+// it; the test fails while one is listed but exported.
+var onceLacks = []string{"inboxkeeper_rows_protected", "inboxkeeper_replays_beyond_window", "inboxkeeper_replay_horizon_seconds"}
+
+// onceReloadMetricIsZero: `once` exports inboxkeeper_config_last_reload_successful
+// 0 (and its timestamp 0) after loading its policy, which would fire
+// InboxkeeperConfigReloadFailed for every CronJob; phase B of issue 25 sets
+// them as `run` does at start. Set this false then.
+const onceReloadMetricIsZero = true
+
+// checkCronSeries: every inboxkeeper_* series the rules tests feed as a
+// healthy once's is one that once --metrics-file exports, with the value
+// the tests give the reload metric, but for onceLacks. The partition gauges
+// are set for tables managed by partition, which this fixture has not.
+func checkCronSeries(t *testing.T, textfile string) {
+	t.Helper()
+	exported := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?m)^# TYPE (\S+)`).FindAllStringSubmatch(textfile, -1) {
+		exported[m[1]] = true
+	}
+	var tests ruleTests
+	readYAML(t, rulesTestFile, &tests)
+	fed := map[string]bool{}
+	for _, tc := range tests.Tests {
+		if !strings.HasPrefix(tc.Name, "once ") {
+			continue
+		}
+		for _, in := range tc.InputSeries {
+			if name, _, _ := strings.Cut(in.Series, "{"); strings.HasPrefix(name, "inboxkeeper_") {
+				fed[name] = true
+			}
+		}
+	}
+	if len(fed) == 0 {
+		t.Fatalf("%s has no tests of once's series", rulesTestFile)
+	}
+	for name := range fed {
+		switch {
+		case slices.Contains(onceLacks, name):
+		case strings.HasPrefix(name, "inboxkeeper_partition"):
+		case !exported[name]:
+			t.Errorf("%s feeds %s as a CronJob's series, but once --metrics-file does not export it", rulesTestFile, name)
+		}
+	}
+	for _, name := range onceLacks {
+		if exported[name] {
+			t.Errorf("once --metrics-file exports %s now: take it out of onceLacks", name)
+		}
+	}
+	ok := scrape.Value(t, textfile, "inboxkeeper_config_last_reload_successful")
+	at := scrape.Value(t, textfile, "inboxkeeper_config_last_reload_success_timestamp_seconds")
+	switch {
+	case onceReloadMetricIsZero && (ok != 0 || at != 0):
+		t.Errorf("once exports inboxkeeper_config_last_reload_successful %v at %v now: set onceReloadMetricIsZero false", ok, at)
+	case !onceReloadMetricIsZero && (ok != 1 || at <= 0):
+		t.Errorf("once exports inboxkeeper_config_last_reload_successful %v at %v after loading its policy, want 1 at the load's time: InboxkeeperConfigReloadFailed would fire for every CronJob", ok, at)
 	}
 }

@@ -128,8 +128,9 @@ GRANT SELECT ON TABLE inboxkeeper.retention_rules TO :"role";
 
 -- Tables managed by partition: run and once record each detach before it starts
 -- and drop the partition later. (Creating, detaching and dropping partitions
--- needs ownership of the partitioned table, which no GRANT gives: see the
--- README, "Partitions", on running the daemon as a member of the owning role.)
+-- needs ownership of the partitioned table, which no GRANT gives: see
+-- docs/operations/least-privilege.md on making the daemon's login role a
+-- member of the owning role.)
 GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE inboxkeeper.partitions TO :"role";
 
 -- Throttle, pg_stat_replication and lock waits: without this the replay

@@ -144,6 +144,23 @@ func variables() []variable {
 	return vs
 }
 
+// Variable is one of the daemon's own variables, as `inboxkeeper help env`
+// describes it.
+type Variable struct{ Name, Default, Description string }
+
+// Variables returns the daemon's own variables, sorted by name: what Load
+// reads, without the tests' and tools' names KnownVariables also accepts.
+// The deployment material is checked against it (the Helm chart's
+// values.schema.json, the systemd environment file).
+func Variables() []Variable {
+	var out []Variable
+	for _, v := range variables() {
+		out = append(out, Variable{Name: v.name, Default: v.def, Description: v.desc})
+	}
+	slices.SortFunc(out, func(a, b Variable) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
 // KnownVariables returns every accepted INBOXKEEPER_* name, sorted, including
 // the ones reserved for tests and tools.
 func KnownVariables() []string {

@@ -1,7 +1,8 @@
 -- Runs once, when the compose PostgreSQL initialises its data directory
 -- (docker-entrypoint-initdb.d), as the bootstrap user "app", in the database
 -- "app". It stands in for the application: its inbox table, in the
--- recommended layout (README.md, "The recommended inbox table"), a few rows
+-- recommended layout (inbox/schema/plain.sql; docs/guides/claim-path.md,
+-- "The recommended inbox table"), a few rows
 -- whose promise has ended, and the LOGIN user the daemon connects as.
 -- The `grants` service (compose.yaml) makes that user a member of the
 -- least-privilege role, after `migrate`.

@@ -40,6 +40,29 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- .Values.mode -}}
 {{- end -}}
 
+{{/*
+A Job's podFailurePolicy: exit status 2 (a configuration error, nothing
+touched) fails the Job at once instead of being retried. Kubernetes has it
+from 1.26 (beta, on by default; GA in 1.31); older ones retry up to
+backoffLimit. Argument: root, and whether to ignore disruptions.
+*/}}
+{{- define "inboxkeeper.podFailurePolicy" -}}
+{{- if semverCompare ">=1.26.0-0" .root.Capabilities.KubeVersion.Version }}
+podFailurePolicy:
+  rules:
+    - action: FailJob
+      onExitCodes:
+        containerName: inboxkeeper
+        operator: In
+        values: [2]
+    {{- if .disruptions }}
+    - action: Ignore
+      onPodConditions:
+        - type: DisruptionTarget
+    {{- end }}
+{{- end }}
+{{- end -}}
+
 {{/* The ConfigMap that holds the policy file. */}}
 {{- define "inboxkeeper.policyConfigMap" -}}
 {{- if .Values.policy.existingConfigMap -}}
