@@ -104,7 +104,7 @@ func (d *Deleter) distributedBatch(ctx context.Context, t *catalog.Table, lower 
 			}
 			continue
 		}
-		if retry.Kind(err) != retry.KindLockTimeout {
+		if retry.KindOf(err) != retry.KindLockTimeout {
 			// The loop retries the batch from where it began; windows this
 			// batch already committed stay deleted but go uncounted.
 			return n, lower.Time, wal, err

@@ -25,7 +25,6 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
-	"github.com/inboxkeeper/inboxkeeper/internal/stop"
 )
 
 // Clock pins "now" for tests. Nil means the database's clock, read once per
@@ -95,7 +94,7 @@ type TableResult struct {
 	Oldest, Newest     *time.Time // retained expiries after the pass
 	BytesPerKey        float64    // table size with indexes and TOAST per estimated row; 0 when unknown
 	PermanentKeys      int64      // permanent keys written with the deleted rows (tiers.permanent_key)
-	StoppedEarly       stop.Early // set when RUN_TIME, the lease, the throttle, a lock wait or shutdown ended the pass early
+	StoppedEarly       retry.Early // set when RUN_TIME, the lease, the throttle, a lock wait or shutdown ended the pass early
 	Err                error
 
 	// resume is where the keyset ended: the measurements after the pass
@@ -147,7 +146,7 @@ func New(pool *pgxpool.Pool, tables []*catalog.Table, opts Options) *Deleter {
 		// Every series exists from the start, so that increase() sees the
 		// first error instead of a series appearing at 1.
 		for _, t := range tables {
-			for _, k := range ErrorKinds {
+			for _, k := range retry.ErrorKinds {
 				m.Errors.WithLabelValues(t.Name, k).Add(0)
 			}
 			m.RowsDeleted.WithLabelValues(t.Name).Add(0)
@@ -172,7 +171,7 @@ func (d *Deleter) RunPassUntil(ctx context.Context, deadline time.Time) ([]Table
 	return batchloop.Pass(ctx, d.tables, deadline,
 		func(t *catalog.Table, deadline time.Time) TableResult { return d.runTable(ctx, t, deadline) },
 		func(r *TableResult) error { return r.Err },
-		func(r *TableResult, why stop.Early) { r.StoppedEarly, r.Err = why, nil })
+		func(r *TableResult, why retry.Early) { r.StoppedEarly, r.Err = why, nil })
 }
 
 func (d *Deleter) now(ctx context.Context, q interface {
@@ -350,7 +349,7 @@ func (d *Deleter) batch(ctx context.Context, t *catalog.Table, lower pgtype.Time
 	}
 	if !d.test.skipLockedOnly {
 		n, newest, wal, err := d.batchTx(ctx, t, lower, size, res, false)
-		if retry.Kind(err) != retry.KindLockTimeout {
+		if retry.KindOf(err) != retry.KindLockTimeout {
 			return n, newest, wal, err
 		}
 		res.SkipLockedBatches++
@@ -847,9 +846,3 @@ func cleanupLag(ctx context.Context, q catalog.Querier, t *catalog.Table, now ti
 	// where lateness starts.
 	return now.Sub(oldest.Add(t.Policy.ExpiryOffset())), nil
 }
-
-// ErrorKinds are the values of the kind label of inboxkeeper_errors_total.
-var ErrorKinds = retry.Kinds
-
-// ErrorKind classifies an error for metrics and retry decisions.
-func ErrorKind(err error) string { return string(retry.Kind(err)) }

@@ -18,7 +18,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
-	"github.com/inboxkeeper/inboxkeeper/internal/stop"
+	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -336,7 +336,7 @@ INSERT INTO public.other VALUES (1, '2000-01-01');`, inboxPolicy+`  - table: pub
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res[0].Err == nil || ErrorKind(errors.Unwrap(res[0].Err)) != "lock_timeout" {
+	if res[0].Err == nil || retry.KindOf(errors.Unwrap(res[0].Err)) != retry.KindLockTimeout {
 		t.Errorf("first table: err %v, want a lock timeout", res[0].Err)
 	}
 	if res[1].Err != nil || res[1].Deleted != 1 {
@@ -556,7 +556,7 @@ func TestRunTimeStopsThePass(t *testing.T) {
 	f := setup(t, inboxDDL, inboxPolicy)
 	f.insert(t, "c", 100, t0.Add(-time.Hour), time.Second)
 	res := f.pass(t, Options{Settings: batchloop.Settings{Clock: pinned(t0), BatchSize: 10, RunTime: time.Nanosecond}})
-	if res.StoppedEarly.Reason != stop.RunTime || res.Deleted >= 100 {
+	if res.StoppedEarly.Kind != retry.KindRunTime || res.Deleted >= 100 {
 		t.Errorf("result %+v: want the pass stopped early by RUN_TIME", res)
 	}
 }

@@ -20,8 +20,6 @@ import (
 	"math"
 	"time"
 
-	stopped "github.com/inboxkeeper/inboxkeeper/internal/stop"
-
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -101,7 +99,7 @@ type TableResult struct {
 	Coverage     time.Duration
 	CleanupLag   time.Duration
 	Duration     time.Duration
-	StoppedEarly stopped.Early
+	StoppedEarly retry.Early
 	Err          error
 }
 
@@ -147,7 +145,7 @@ func New(pool *pgxpool.Pool, tables []*catalog.Table, opts Options) *Manager {
 				mm.Blocked.Set(0, t.Name, r)
 			}
 			if mm.Errors != nil {
-				for _, k := range retry.Kinds {
+				for _, k := range retry.ErrorKinds {
 					mm.Errors.WithLabelValues(t.Name, k).Add(0)
 				}
 			}
@@ -187,7 +185,7 @@ func (m *Manager) pass(ctx context.Context, retire bool) ([]TableResult, error) 
 
 // errStop ends a table's pass early without being an error: the lease was
 // lost, or the throttle held the pass until shutdown.
-type errStop struct{ why stopped.Early }
+type errStop struct{ why retry.Early }
 
 func (e errStop) Error() string { return e.why.String() }
 
@@ -232,7 +230,7 @@ func (m *Manager) runTable(ctx context.Context, t *catalog.Table, retire bool) T
 	if res.Err != nil {
 		if ctx.Err() != nil {
 			// A signal, not a failure: the batch in flight rolled back.
-			res.StoppedEarly = stopped.AtShutdown
+			res.StoppedEarly = retry.AtShutdown
 			log.Info("partitions: table stopped for shutdown", "created", res.Created, "detached", res.Detached, "dropped", res.Dropped)
 			return res
 		}
@@ -335,8 +333,8 @@ WHERE c.oid = $1 AND r.rolname <> current_user AND pg_has_role(current_user, r.o
 // raced reports an error a concurrent creator causes: the name is taken, or
 // the range now overlaps a partition.
 func raced(err error) bool {
-	var pe *pgconn.PgError
-	return errors.As(err, &pe) && (pe.Code == "42P07" || pe.Code == "42P17")
+	code := retry.Code(err)
+	return code == retry.SQLStateDuplicateTable || code == retry.SQLStateInvalidDefinition
 }
 
 // freeName is <table>_pYYYYMM, or with a _2, _3… suffix when a table of
@@ -884,7 +882,7 @@ var errLockWait = retry.ErrLockWait
 func (m *Manager) ddl(ctx context.Context, t *catalog.Table, what string, fn func(c *pgxpool.Conn) error) (err error) {
 	if m.opts.Active != nil {
 		if err := m.opts.Active(); err != nil {
-			return errStop{stopped.Inactive(err)}
+			return errStop{retry.Inactive(err)}
 		}
 	}
 	if th := m.opts.Throttle; th != nil {
@@ -892,7 +890,7 @@ func (m *Manager) ddl(ctx context.Context, t *catalog.Table, what string, fn fun
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			return errStop{stopped.Throttle("throttled (" + th.Check().Reason + ")")}
+			return errStop{retry.Throttled("throttled (" + th.Check().Reason + ")")}
 		}
 	}
 	c, err := m.pool.Acquire(ctx)
@@ -902,7 +900,7 @@ func (m *Manager) ddl(ctx context.Context, t *catalog.Table, what string, fn fun
 	defer c.Release()
 	defer func() {
 		if err != nil {
-			kind := retry.Kind(err)
+			kind := retry.KindOf(err)
 			if mm := m.opts.Metrics; mm != nil && mm.Errors != nil {
 				mm.Errors.WithLabelValues(t.Name, string(kind)).Inc()
 			}
@@ -950,12 +948,12 @@ func (m *Manager) ddlPolicy(t *catalog.Table, what string) retry.Policy {
 	return retry.Policy{
 		MaxRetries: m.opts.MaxRetries,
 		Base:       200 * time.Millisecond,
-		Retry: func(err error, kind retry.ErrorKind) bool {
+		Retry: func(err error, kind retry.Kind) bool {
 			var stop errStop
 			var gone errGone
 			return !errors.As(err, &stop) && !errors.As(err, &gone) && (kind.Transient() || kind == retry.KindLockWait)
 		},
-		OnRetry: func(kind retry.ErrorKind, attempt int, wait time.Duration, err error) {
+		OnRetry: func(kind retry.Kind, attempt int, wait time.Duration, err error) {
 			m.log.Warn("partitions: DDL failed, retrying", "table", t.Name, "step", what, "kind", kind, "attempt", attempt+1, "wait", wait, "error", err)
 		},
 	}
@@ -975,7 +973,7 @@ func (e errGone) Error() string {
 // blockedReason is why a partition waits, for status and metrics, after a
 // failed step: lock_timeout (a busy table) or error.
 func blockedReason(err error) string {
-	if k := retry.Kind(err); k == retry.KindLockTimeout || k == retry.KindLockWait {
+	if k := retry.KindOf(err); k == retry.KindLockTimeout || k == retry.KindLockWait {
 		return "lock_timeout"
 	}
 	return "error"

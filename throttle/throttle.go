@@ -7,7 +7,7 @@
 // went over its threshold stays "over" until it falls to its resume level
 // (half the threshold by default), so the daemon does not flap.
 //
-// Daemon internals: the daemon's pass and `inboxkeeper throttle` use it; its
+// Daemon internals: the daemon's pass, `once` and `status` use it; its
 // API may change between releases.
 package throttle
 

@@ -15,7 +15,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
-	"github.com/inboxkeeper/inboxkeeper/internal/stop"
+	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
 )
 
@@ -262,7 +262,7 @@ CREATE TRIGGER slow BEFORE DELETE ON public.consumer_inbox FOR EACH ROW EXECUTE 
 		t.Errorf("the waiter waited %s: the batch was not cancelled", waited)
 	}
 	res := <-done
-	if res.Err != nil || res.StoppedEarly.Reason != stop.LockWait || res.Deleted != 0 {
+	if res.Err != nil || res.StoppedEarly.Kind != retry.KindLockWait || res.Deleted != 0 {
 		t.Errorf("pass: %+v, want it stopped with nothing deleted", res)
 	}
 	if got := d.BatchSize(e.table); got != 50 {

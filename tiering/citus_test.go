@@ -113,7 +113,7 @@ func TestDemotionOnCitusMeetsLockedRow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if retry.Kind(res[0].Err) != retry.KindLockTimeout || !strings.Contains(res[0].Err.Error(), "lock timeout") {
+	if retry.KindOf(res[0].Err) != retry.KindLockTimeout || !strings.Contains(res[0].Err.Error(), "lock timeout") {
 		t.Errorf("pass over a locked row: %v, want a lock timeout", res[0].Err)
 	}
 	// Two attempts of 100ms and a retry backoff; without the timeout on

@@ -36,7 +36,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
-	"github.com/inboxkeeper/inboxkeeper/internal/stop"
+	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 )
 
 // Tier names: the values of the tier label.
@@ -65,7 +65,7 @@ type Result struct {
 	Batches          int
 	Retries          int
 	Duration         time.Duration
-	StoppedEarly     stop.Early // set when RUN_TIME, the lease, the throttle, a lock wait or shutdown ended the pass early
+	StoppedEarly     retry.Early // set when RUN_TIME, the lease, the throttle, a lock wait or shutdown ended the pass early
 	Err              error
 }
 
@@ -124,7 +124,7 @@ func (d *Demoter) RunPassUntil(ctx context.Context, deadline time.Time) ([]Resul
 	return batchloop.Pass(ctx, d.tables, deadline,
 		func(t *catalog.Table, deadline time.Time) Result { return d.runTable(ctx, t, deadline) },
 		func(r *Result) error { return r.Err },
-		func(r *Result, why stop.Early) { r.StoppedEarly, r.Err = why, nil })
+		func(r *Result, why retry.Early) { r.StoppedEarly, r.Err = why, nil })
 }
 
 func (d *Demoter) runTable(ctx context.Context, t *catalog.Table, deadline time.Time) Result {

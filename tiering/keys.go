@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 )
 
 // ErrKeyTable marks a permanent key table that is missing and cannot be
@@ -61,7 +62,7 @@ WHERE n.nspname = $1 AND c.relname = $2)`, k.Table.Schema, k.Table.Name).Scan(&o
 	_, err = db.Exec(ctx, k.DDL(t))
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) {
-		if pe.Code == "42501" || pe.Code == "3F000" { // insufficient privilege, no such schema
+		if pe.Code == retry.SQLStateInsufficientPriv || pe.Code == retry.SQLStateInvalidSchemaName {
 			return false, fmt.Errorf("%w %s of table %s does not exist and cannot be created (%s); run `inboxkeeper migrate` as the owner of the schema, or create it:\n%s",
 				ErrKeyTable, k.Name, t.Name, pe.Message, k.DDL(t))
 		}
@@ -69,7 +70,7 @@ WHERE n.nspname = $1 AND c.relname = $2)`, k.Table.Schema, k.Table.Name).Scan(&o
 		// Citus create_distributed_table refusing the table that CREATE
 		// TABLE IF NOT EXISTS left alone (the transaction rolled back,
 		// so a table there now is the other instance's).
-		if pe.Code == "42P07" || pe.Code == "23505" || t.Distributed() {
+		if pe.Code == retry.SQLStateDuplicateTable || pe.Code == retry.SQLStateUniqueViolation || t.Distributed() {
 			if ok, _ := exists(); ok {
 				k.Exists = true
 				return false, nil

@@ -576,7 +576,3 @@ func (a *app) waitForLease(ctx context.Context, pool *pgxpool.Pool) (*lease.Leas
 		ls.Release(rctx)
 	}, nil
 }
-
-func inRecovery(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
-	return dbconn.InRecovery(ctx, pool)
-}

@@ -25,8 +25,8 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/humantime"
 	"github.com/inboxkeeper/inboxkeeper/internal/lease"
 	"github.com/inboxkeeper/inboxkeeper/internal/pass"
+	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 	"github.com/inboxkeeper/inboxkeeper/internal/settings"
-	"github.com/inboxkeeper/inboxkeeper/internal/stop"
 	"github.com/inboxkeeper/inboxkeeper/partitions"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
 	"github.com/inboxkeeper/inboxkeeper/tiering"
@@ -304,7 +304,7 @@ func everyAtMost(period time.Duration, show func(p expiry.Progress, rate float64
 // printResults writes one line per table and returns how many failed.
 func printResults(w io.Writer, results []expiry.TableResult, dryRun bool) int {
 	verb := pick(dryRun, "would delete", "deleted")
-	return writeResults(w, results, func(r expiry.TableResult) (string, stop.Early, error) {
+	return writeResults(w, results, func(r expiry.TableResult) (string, retry.Early, error) {
 		return fmt.Sprintf("%s: %s %d, protected by holds %d, protected by replays %d, %s",
 			r.Table, verb, r.Deleted, r.ProtectedByHolds, r.ProtectedByReplays, humantime.Duration(r.Duration)), r.StoppedEarly, r.Err
 	})
@@ -312,7 +312,7 @@ func printResults(w io.Writer, results []expiry.TableResult, dryRun bool) int {
 
 // writeResults writes one line per result, with how it stopped early or
 // failed, and returns how many failed.
-func writeResults[R any](w io.Writer, results []R, line func(R) (string, stop.Early, error)) (failed int) {
+func writeResults[R any](w io.Writer, results []R, line func(R) (string, retry.Early, error)) (failed int) {
 	for _, r := range results {
 		text, stopped, err := line(r)
 		if stopped.Stopped() {

@@ -16,7 +16,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/humantime"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
-	"github.com/inboxkeeper/inboxkeeper/internal/stop"
+	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 	"github.com/inboxkeeper/inboxkeeper/tiering"
 )
 
@@ -90,7 +90,7 @@ func (a *app) migrateKeyTables(ctx context.Context, conn *pgx.Conn) {
 // failed.
 func printTierResults(w io.Writer, results []tiering.Result, dryRun bool) int {
 	verb := pick(dryRun, "would demote", "demoted")
-	return writeResults(w, results, func(r tiering.Result) (string, stop.Early, error) {
+	return writeResults(w, results, func(r tiering.Result) (string, retry.Early, error) {
 		return fmt.Sprintf("%s: %s %d to %s, payload kept by holds %d, %s",
 			r.Table, verb, r.Demoted, r.Tier, r.ProtectedByHolds, humantime.Duration(r.Duration)), r.StoppedEarly, r.Err
 	})

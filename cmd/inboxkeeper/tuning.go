@@ -13,8 +13,8 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/pass"
+	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 	"github.com/inboxkeeper/inboxkeeper/internal/settings"
-	"github.com/inboxkeeper/inboxkeeper/internal/stop"
 	"github.com/inboxkeeper/inboxkeeper/partitions"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
 	"github.com/inboxkeeper/inboxkeeper/tiering"
@@ -56,7 +56,7 @@ func (a *app) loadTuning(ctx context.Context, pool *pgxpool.Pool, tables []*cata
 
 // errSettingsChanged stops a pass before its next batch when a runtime
 // setting changed: the next pass, started at once, applies it.
-var errSettingsChanged = stop.ErrSettingsChanged
+var errSettingsChanged = retry.ErrSettingsChanged
 
 // settingsWatch is checked before every batch and DDL statement (with the
 // lease): it stops the pass as soon as the settings version moves past the

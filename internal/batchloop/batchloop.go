@@ -16,7 +16,6 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
-	"github.com/inboxkeeper/inboxkeeper/internal/stop"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
 )
 
@@ -61,7 +60,7 @@ type Result struct {
 	Rows         int64
 	Batches      int // batches that changed at least one row
 	Retries      int
-	StoppedEarly stop.Early
+	StoppedEarly retry.Early
 	// Resume is the keyset position the pass ended at.
 	Resume pgtype.Timestamptz
 }
@@ -75,12 +74,12 @@ func (l *Loop) Run(ctx context.Context, batch Batch) (res Result, err error) {
 	res.Resume = NegInf
 	for {
 		if !l.Deadline.IsZero() && time.Now().After(l.Deadline) {
-			res.StoppedEarly = stop.AtRunTime
+			res.StoppedEarly = retry.AtRunTime
 			return res, nil
 		}
 		if l.Active != nil {
 			if err := l.Active(); err != nil {
-				res.StoppedEarly = stop.Inactive(err)
+				res.StoppedEarly = retry.Inactive(err)
 				return res, nil
 			}
 		}
@@ -121,9 +120,9 @@ func (l *Loop) shards() int { return max(1, l.Shards) }
 // waitThrottle blocks while the throttle says so, and until the next batch
 // fits the standbys' WAL window; it returns the batch's size. It returns a
 // reason to stop the pass when RUN_TIME ran out while waiting.
-func (l *Loop) waitThrottle(ctx context.Context) (int, stop.Early, error) {
+func (l *Loop) waitThrottle(ctx context.Context) (int, retry.Early, error) {
 	if l.Throttle == nil {
-		return l.Sizer.Size(), stop.Early{}, nil
+		return l.Sizer.Size(), retry.Early{}, nil
 	}
 	wctx := ctx
 	if !l.Deadline.IsZero() {
@@ -140,15 +139,15 @@ func (l *Loop) waitThrottle(ctx context.Context) (int, stop.Early, error) {
 	}
 	if err != nil {
 		if ctx.Err() != nil {
-			return 0, stop.Early{}, ctx.Err()
+			return 0, retry.Early{}, ctx.Err()
 		}
 		reason := l.Throttle.Check().Reason
 		if reason == "" {
 			reason = a.Hold
 		}
-		return 0, stop.Throttle("run time reached while throttled (" + reason + ")"), nil
+		return 0, retry.Throttled("run time reached while throttled (" + reason + ")"), nil
 	}
-	return a.Rows, stop.Early{}, nil
+	return a.Rows, retry.Early{}, nil
 }
 
 // withRetry runs one batch, retrying transient failures (retry.Do) with a
@@ -158,11 +157,11 @@ func (l *Loop) withRetry(ctx context.Context, batch Batch, lower pgtype.Timestam
 	var (
 		n        int64
 		newest   time.Time
-		kind     retry.ErrorKind
+		kind     retry.Kind
 		attempts int
 	)
 	policy := retry.Policy{MaxRetries: l.MaxRetries, Base: 100 * time.Millisecond,
-		OnRetry: func(kind retry.ErrorKind, attempt int, wait time.Duration, err error) {
+		OnRetry: func(kind retry.Kind, attempt int, wait time.Duration, err error) {
 			res.Retries++
 			if l.OnRetry != nil {
 				l.OnRetry(string(kind))
@@ -193,7 +192,7 @@ func (l *Loop) withRetry(ctx context.Context, batch Batch, lower pgtype.Timestam
 		if ctx.Err() != nil {
 			return err
 		}
-		kind = retry.Kind(err)
+		kind = retry.KindOf(err)
 		if l.OnError != nil {
 			l.OnError(string(kind))
 		}
@@ -221,21 +220,21 @@ func (l *Loop) withRetry(ctx context.Context, batch Batch, lower pgtype.Timestam
 
 // LogEnd logs how a table's pass that failed with err ended, for the
 // deleter and the demoter alike (what names them in the message; attrs are
-// their counts so far), and returns stop.AtShutdown when ctx ended it: a
+// their counts so far), and returns retry.AtShutdown when ctx ended it: a
 // signal, not a failure, whose batch in flight rolled back. A lock wait
 // (a session queued behind the batch, which was cancelled) is the design
 // and logs a warning; anything else is an error.
-func LogEnd(ctx context.Context, log *slog.Logger, what string, err error, attrs ...any) stop.Early {
+func LogEnd(ctx context.Context, log *slog.Logger, what string, err error, attrs ...any) retry.Early {
 	switch {
 	case ctx.Err() != nil:
 		log.Info(what+": table stopped for shutdown", attrs...)
-		return stop.AtShutdown
+		return retry.AtShutdown
 	case errors.Is(err, retry.ErrLockWait):
 		log.Warn(what+": table stopped early: a session queued behind the batch, which was cancelled and rolled back", append([]any{"error", err}, attrs...)...)
 	default:
 		log.Error(what+": table failed", append([]any{"error", err}, attrs...)...)
 	}
-	return stop.Early{}
+	return retry.Early{}
 }
 
 // Deadline is when a pass that starts now must stop: RUN_TIME from now, or
@@ -253,7 +252,7 @@ func Deadline(runTime time.Duration) time.Time {
 // starts with a smaller batch); stopped turns that result into "stopped
 // early". The error is non-nil only when ctx ended the pass.
 func Pass[T any, R any](ctx context.Context, tables []T, deadline time.Time, run func(t T, deadline time.Time) R,
-	errOf func(*R) error, stopped func(r *R, why stop.Early)) ([]R, error) {
+	errOf func(*R) error, stopped func(r *R, why retry.Early)) ([]R, error) {
 	var out []R
 	for _, t := range tables {
 		if err := ctx.Err(); err != nil {
@@ -261,7 +260,7 @@ func Pass[T any, R any](ctx context.Context, tables []T, deadline time.Time, run
 		}
 		out = append(out, run(t, deadline))
 		if r := &out[len(out)-1]; errors.Is(errOf(r), retry.ErrLockWait) {
-			stopped(r, stop.AtLockWait)
+			stopped(r, retry.AtLockWait)
 			break
 		}
 	}

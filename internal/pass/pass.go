@@ -21,7 +21,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/expiry"
 	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/daemonmetrics"
-	"github.com/inboxkeeper/inboxkeeper/internal/stop"
+	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 	"github.com/inboxkeeper/inboxkeeper/partitions"
 	"github.com/inboxkeeper/inboxkeeper/tiering"
 )
@@ -31,7 +31,7 @@ type TableResult struct {
 	Stage        string // StagePartitions, StageTiering or StageExpiry
 	Table        string
 	Err          error
-	StoppedEarly stop.Early
+	StoppedEarly retry.Early
 	// Detail is the stage's own result: partitions.TableResult,
 	// tiering.Result or expiry.TableResult.
 	Detail any
@@ -129,7 +129,7 @@ func (r Runner) Run(ctx context.Context) (Result, error) {
 func Partitions(m *partitions.Manager) Stage {
 	return stage{StagePartitions, func(ctx context.Context, _ time.Time) ([]TableResult, error) {
 		rs, err := m.RunPass(ctx)
-		return wrap(StagePartitions, rs, func(r partitions.TableResult) (string, error, stop.Early) { return r.Table, r.Err, r.StoppedEarly }), err
+		return wrap(StagePartitions, rs, func(r partitions.TableResult) (string, error, retry.Early) { return r.Table, r.Err, r.StoppedEarly }), err
 	}}
 }
 
@@ -140,7 +140,7 @@ func Tiering(d *tiering.Demoter) Stage {
 			return nil, nil
 		}
 		rs, err := d.RunPassUntil(ctx, deadline)
-		return wrap(StageTiering, rs, func(r tiering.Result) (string, error, stop.Early) { return r.Table, r.Err, r.StoppedEarly }), err
+		return wrap(StageTiering, rs, func(r tiering.Result) (string, error, retry.Early) { return r.Table, r.Err, r.StoppedEarly }), err
 	}}
 }
 
@@ -148,7 +148,7 @@ func Tiering(d *tiering.Demoter) Stage {
 func Expiry(d *expiry.Deleter) Stage {
 	return stage{StageExpiry, func(ctx context.Context, deadline time.Time) ([]TableResult, error) {
 		rs, err := d.RunPassUntil(ctx, deadline)
-		return wrap(StageExpiry, rs, func(r expiry.TableResult) (string, error, stop.Early) { return r.Table, r.Err, r.StoppedEarly }), err
+		return wrap(StageExpiry, rs, func(r expiry.TableResult) (string, error, retry.Early) { return r.Table, r.Err, r.StoppedEarly }), err
 	}}
 }
 
@@ -175,7 +175,7 @@ func (s stage) Run(ctx context.Context, deadline time.Time) ([]TableResult, erro
 }
 
 // wrap turns a stage's own results into TableResults; Detail holds each.
-func wrap[R any](stage string, rs []R, fields func(R) (table string, err error, stopped stop.Early)) []TableResult {
+func wrap[R any](stage string, rs []R, fields func(R) (table string, err error, stopped retry.Early)) []TableResult {
 	out := make([]TableResult, len(rs))
 	for i, r := range rs {
 		table, err, stopped := fields(r)

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/daemonmetrics"
-	"github.com/inboxkeeper/inboxkeeper/internal/stop"
+	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 )
 
 type fake struct {
@@ -31,7 +31,7 @@ func TestRunner(t *testing.T) {
 	var ran, told []string
 	var d1, d2 time.Time
 	ok := TableResult{Table: "a"}
-	early := TableResult{Table: "b", StoppedEarly: stop.AtRunTime}
+	early := TableResult{Table: "b", StoppedEarly: retry.AtRunTime}
 	failed := TableResult{Table: "c", Err: errors.New("boom")}
 	r := Runner{
 		Stages:     []Stage{fake{"one", []TableResult{ok}, nil, &ran, &d1}, fake{"two", []TableResult{early, failed}, nil, &ran, &d2}},

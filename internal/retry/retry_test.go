@@ -14,7 +14,7 @@ func pgErr(code string) error { return fmt.Errorf("wrapped: %w", &pgconn.PgError
 
 func TestKind(t *testing.T) {
 	t.Parallel()
-	for err, want := range map[error]ErrorKind{
+	for err, want := range map[error]Kind{
 		pgErr(SQLStateLockTimeout):                         KindLockTimeout,
 		pgErr(SQLStateDeadlock):                            KindDeadlock,
 		pgErr(SQLStateQueryCanceled):                       KindStatementTimeout,
@@ -26,8 +26,8 @@ func TestKind(t *testing.T) {
 		errors.New("plain"):                                KindOther,
 		fmt.Errorf("%w (%v)", ErrLockWait, pgErr("57014")): KindLockWait,
 	} {
-		if got := Kind(err); got != want {
-			t.Errorf("Kind(%v) = %s, want %s", err, got, want)
+		if got := KindOf(err); got != want {
+			t.Errorf("KindOf(%v) = %s, want %s", err, got, want)
 		}
 	}
 	if !KindLockTimeout.Transient() || KindLockWait.Transient() || KindOther.Transient() {
@@ -40,9 +40,9 @@ func TestDo(t *testing.T) {
 	ctx := context.Background()
 	fast := Policy{MaxRetries: 3, Base: time.Microsecond}
 
-	var retries []ErrorKind
+	var retries []Kind
 	p := fast
-	p.OnRetry = func(k ErrorKind, attempt int, _ time.Duration, _ error) { retries = append(retries, k) }
+	p.OnRetry = func(k Kind, attempt int, _ time.Duration, _ error) { retries = append(retries, k) }
 	n := 0
 	err := Do(ctx, p, func(int) error {
 		n++
@@ -57,7 +57,7 @@ func TestDo(t *testing.T) {
 
 	n = 0
 	err = Do(ctx, fast, func(int) error { n++; return pgErr(SQLStateLockTimeout) })
-	if Kind(err) != KindLockTimeout || n != 4 {
+	if KindOf(err) != KindLockTimeout || n != 4 {
 		t.Errorf("always failing: %v after %d attempts, want 1 + 3 retries", err, n)
 	}
 
@@ -68,7 +68,7 @@ func TestDo(t *testing.T) {
 	}
 
 	p = fast
-	p.Retry = func(_ error, k ErrorKind) bool { return k == KindLockWait }
+	p.Retry = func(_ error, k Kind) bool { return k == KindLockWait }
 	n = 0
 	err = Do(ctx, p, func(int) error { n++; return ErrLockWait })
 	if n != 4 || !errors.Is(err, ErrLockWait) {
