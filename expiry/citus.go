@@ -137,8 +137,8 @@ func (d *Deleter) distributedBatch(ctx context.Context, t *catalog.Table, lower 
 			return n, lower.Time, wal, nil
 		}
 		d.log.Debug("expiry: stepping over a row another session holds locked", "table", t.Name, "expiry", e)
-		if d.test.onFallback != nil {
-			d.test.onFallback()
+		if d.TestSignals.OnFallback != nil {
+			d.TestSignals.OnFallback()
 		}
 		// timestamptz has microseconds: nothing lies strictly between.
 		lower = pgtype.Timestamptz{Time: e.Add(time.Microsecond), Valid: true}
@@ -306,8 +306,8 @@ SELECT count(*), %[5]s FROM gone`, t.Ident, match, keysReturning, keysCTE, keysC
 		return r, err
 	}
 	d.log.Debug("expiry: window", "table", t.Name, "from", lower, "to", upper, "limit", limit, "counted", cnt, "deleted", r.n)
-	if d.test.beforeCommit != nil {
-		d.test.beforeCommit(t.Name, r.n)
+	if d.TestSignals.BeforeCommit != nil {
+		d.TestSignals.BeforeCommit(t.Name, r.n)
 	}
 	if r.wal, err = tx.Commit(ctx); err != nil {
 		return r, err

@@ -11,6 +11,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/holds"
 	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
+	"github.com/inboxkeeper/inboxkeeper/internal/service"
 )
 
 // citusSetup is setup on a Citus coordinator: the inbox distributed on
@@ -49,7 +50,7 @@ func TestCitusExpiryWithHoldsAndReplays(t *testing.T) {
 	}
 	// One row per shard a batch (4 shards): the 9 tied rows are more than
 	// a window can bound, and go by key.
-	res := f.pass(t, Options{Settings: batchloop.Settings{Clock: pinned(t0), BatchSize: 1}})
+	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}, BatchSize: 1}})
 	if res.Deleted != 3*40+9 || res.ProtectedByHolds != 40 || res.ProtectedByReplays != 40 {
 		t.Errorf("deleted %d, held %d, replayed %d; want %d, 40, 40", res.Deleted, res.ProtectedByHolds, res.ProtectedByReplays, 3*40+9)
 	}
@@ -76,7 +77,7 @@ func TestCitusOldestFirst(t *testing.T) {
 		f.insert(t, fmt.Sprintf("c%d", i), 40, base.Add(time.Duration(i)*time.Second), time.Minute)
 	}
 	batches := 0
-	d := newTest(f.pool, f.tables, Options{Settings: batchloop.Settings{Clock: pinned(t0), BatchSize: 3}}, testSignals{})
+	d := newTest(f.pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}, BatchSize: 3}}, TestSignals{})
 	d.opts.Active = func() error {
 		if batches == 2 {
 			return fmt.Errorf("stop after two batches")
@@ -129,7 +130,7 @@ func TestCitusFenceInFlightBatch(t *testing.T) {
 	// 10 rows a shard, 4 shards: a batch holds 40 rows, at most 80.
 	f.insert(t, "payments", 100, t0.Add(-2*time.Hour), time.Minute)
 	f.insert(t, "orders", 100, t0.Add(-2*time.Hour+time.Second), time.Minute)
-	res, first := fenceRace(t, f, testSignals{})
+	res, first := fenceRace(t, f, TestSignals{})
 	// The in-flight batch took the oldest rows of both consumers; every
 	// orders row goes, every payments row the first batch left stays.
 	paymentsGoneFirst := 100 - f.count(t, "consumer = 'payments'")
@@ -166,7 +167,7 @@ WHERE table_name = 'public.consumer_inbox'::regclass AND shardid = get_shard_id_
 
 	fallbacks := 0
 	started := time.Now()
-	res := f.passWith(t, testSignals{onFallback: func() { fallbacks++ }}, Options{Settings: batchloop.Settings{Clock: pinned(t0), BatchSize: 16, LockTimeout: 20 * time.Second}})
+	res := f.passWith(t, TestSignals{OnFallback: func() { fallbacks++ }}, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0), LockTimeout: 20 * time.Second}, BatchSize: 16}})
 	if res.Deleted != 117 || res.Retries != 0 {
 		t.Errorf("deleted %d with %d retries, want 117 (all but the 3 locked) and none", res.Deleted, res.Retries)
 	}
@@ -184,7 +185,7 @@ WHERE table_name = 'public.consumer_inbox'::regclass AND shardid = get_shard_id_
 	if err := locker.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if res := f.pass(t, Options{Settings: batchloop.Settings{Clock: pinned(t0)}}); res.Deleted != 3 {
+	if res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}}}); res.Deleted != 3 {
 		t.Errorf("the next pass deleted %d, want the 3 formerly locked rows", res.Deleted)
 	}
 }
@@ -236,7 +237,7 @@ func TestCitusPermanentKeys(t *testing.T) {
 	pgtest.Exec(t, pool, `INSERT INTO public.inbox (consumer, message_id, payload_hash, first_seen_at, remember_until, business_key, payload)
 SELECT c, c || i, sha256(i::text::bytea), $1::timestamptz + i * interval '1 hour', $1::timestamptz + interval '30 days' + i * interval '1 hour', 'bk' || i, 'p'
 FROM generate_series(0, 24) i, unnest(ARRAY['payments', 'orders']) c`, base)
-	res := f.pass(t, Options{Settings: batchloop.Settings{Clock: pinned(t0), BatchSize: 20}})
+	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}, BatchSize: 20}})
 	if res.Deleted != 50 || res.PermanentKeys != 50 || res.RangeBatches == 0 {
 		t.Errorf("pass: %+v; want 50 deleted, 50 keys, some by range", res)
 	}

@@ -27,10 +27,6 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 )
 
-// Clock pins "now" for tests. Nil means the database's clock, read once per
-// batch: the daemon never trusts its host's clock to decide what is expired.
-type Clock = dbconn.Clock
-
 // Options tune a Deleter: the batch settings it shares with the demoter,
 // and its own metrics and progress hook. Zero values get the documented
 // defaults.
@@ -41,23 +37,23 @@ type Options struct {
 	Progress func(Progress)
 }
 
-// testSignals are the hooks tests set on a Deleter (Deleter.test), in one
+// TestSignals are the hooks tests set on a Deleter (Deleter.TestSignals), in one
 // place; the daemon never sets them.
-type testSignals struct {
-	// beforeCommit holds a batch open between its DELETE and its COMMIT,
+type TestSignals struct {
+	// BeforeCommit holds a batch open between its DELETE and its COMMIT,
 	// to race it against a hold being added.
-	beforeCommit func(table string, deleted int64)
-	// onRetry sees a failed batch before it is retried.
-	onRetry func(kind string)
-	// skipLockedOnly makes every batch take the SKIP LOCKED form, so tests
+	BeforeCommit func(table string, deleted int64)
+	// OnRetry sees a failed batch before it is retried.
+	OnRetry func(kind string)
+	// SkipLockedOnly makes every batch take the SKIP LOCKED form, so tests
 	// can check both forms keep every guarantee.
-	skipLockedOnly bool
-	// optimisticWait replaces optimisticLockTimeout (tests watch a wait).
-	optimisticWait time.Duration
-	// onFallback is told when a batch falls back to SKIP LOCKED.
-	onFallback func()
-	// aheadRead is told when a bound read ahead has been read (readAhead).
-	aheadRead func()
+	SkipLockedOnly bool
+	// OptimisticWait replaces optimisticLockTimeout (tests watch a wait).
+	OptimisticWait time.Duration
+	// OnFallback is told when a batch falls back to SKIP LOCKED.
+	OnFallback func()
+	// AheadRead is told when a bound read ahead has been read (readAhead).
+	AheadRead func()
 }
 
 // Sizing bounds the adaptive batch size.
@@ -91,9 +87,9 @@ type TableResult struct {
 	BoundsAhead        int // range batches whose bound was read ahead, while the batch before ran (readAhead)
 	Duration           time.Duration
 	CleanupLag         time.Duration
-	Oldest, Newest     *time.Time // retained expiries after the pass
-	BytesPerKey        float64    // table size with indexes and TOAST per estimated row; 0 when unknown
-	PermanentKeys      int64      // permanent keys written with the deleted rows (tiers.permanent_key)
+	Oldest, Newest     *time.Time  // retained expiries after the pass
+	BytesPerKey        float64     // table size with indexes and TOAST per estimated row; 0 when unknown
+	PermanentKeys      int64       // permanent keys written with the deleted rows (tiers.permanent_key)
 	StoppedEarly       retry.Early // set when RUN_TIME, the lease, the throttle, a lock wait or shutdown ended the pass early
 	Err                error
 
@@ -116,11 +112,11 @@ var negInf = pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid
 
 // Deleter runs passes over a fixed set of resolved tables.
 type Deleter struct {
-	pool   *pgxpool.Pool
-	tables []*catalog.Table
-	opts   Options
-	log    *slog.Logger
-	test   testSignals
+	pool        *pgxpool.Pool
+	tables      []*catalog.Table
+	opts        Options
+	log         *slog.Logger
+	TestSignals TestSignals
 
 	sizers *batchloop.Sizers // per table, kept across passes
 
@@ -177,7 +173,7 @@ func (d *Deleter) RunPassUntil(ctx context.Context, deadline time.Time) ([]Table
 func (d *Deleter) now(ctx context.Context, q interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
 }) (time.Time, error) {
-	return d.opts.Clock.Now(ctx, q)
+	return d.opts.Clock.DBNow(ctx, q)
 }
 
 // cutoff is the newest expiry-column value that is expired at now.
@@ -249,7 +245,7 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 	var lastNewest time.Time // the newest expiry of the last batch, for its log line
 	loop := batchloop.Loop{
 		What: "delete", Sizer: d.sizer(t), Throttle: d.opts.Throttle, Active: d.opts.Active, Deadline: deadline,
-		MaxRetries: d.opts.MaxRetries, BatchPause: d.opts.BatchPause, Log: d.log.With("table", t.Name), OnRetry: d.test.onRetry,
+		MaxRetries: d.opts.MaxRetries, BatchPause: d.opts.BatchPause, Log: d.log.With("table", t.Name), OnRetry: d.TestSignals.OnRetry,
 		BeforeBatch: func(size int) {
 			if m != nil {
 				m.BatchSize.Set(float64(size), t.Name)
@@ -347,15 +343,15 @@ func (d *Deleter) batch(ctx context.Context, t *catalog.Table, lower pgtype.Time
 	if t.Distributed() {
 		return d.distributedBatch(ctx, t, lower, size, res)
 	}
-	if !d.test.skipLockedOnly {
+	if !d.TestSignals.SkipLockedOnly {
 		n, newest, wal, err := d.batchTx(ctx, t, lower, size, res, false)
 		if retry.KindOf(err) != retry.KindLockTimeout {
 			return n, newest, wal, err
 		}
 		res.SkipLockedBatches++
 		d.log.Debug("expiry: batch met a locked row, running it again with SKIP LOCKED", "table", t.Name, "error", err)
-		if d.test.onFallback != nil {
-			d.test.onFallback()
+		if d.TestSignals.OnFallback != nil {
+			d.TestSignals.OnFallback()
 		}
 	}
 	return d.batchTx(ctx, t, lower, size, res, true)
@@ -394,8 +390,8 @@ func (d *Deleter) readAhead(ctx context.Context, t *catalog.Table, lower pgtype.
 			a.b, err = d.readBound(ctx, tx, t, cov, cutoff(t, now), lower, a.size, true)
 			return err
 		})
-		if d.test.aheadRead != nil {
-			d.test.aheadRead()
+		if d.TestSignals.AheadRead != nil {
+			d.TestSignals.AheadRead()
 		}
 	}()
 	return a
@@ -577,8 +573,8 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 		return 0, time.Time{}, 0, err
 	}
 	took := time.Since(began)
-	if d.test.beforeCommit != nil {
-		d.test.beforeCommit(t.Name, n)
+	if d.TestSignals.BeforeCommit != nil {
+		d.TestSignals.BeforeCommit(t.Name, n)
 	}
 	if wal, err = tx.Commit(ctx); err != nil {
 		return 0, time.Time{}, 0, err
@@ -687,8 +683,8 @@ func (d *Deleter) readBound(ctx context.Context, tx pgx.Tx, t *catalog.Table, co
 }
 
 func (d *Deleter) optimisticLockTimeout() time.Duration {
-	if d.test.optimisticWait > 0 {
-		return d.test.optimisticWait
+	if d.TestSignals.OptimisticWait > 0 {
+		return d.TestSignals.OptimisticWait
 	}
 	return optimisticLockTimeout
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
+	"github.com/inboxkeeper/inboxkeeper/internal/service"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -26,26 +27,26 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // t0 is the pinned "now" of most tests.
 var t0 = time.Date(2026, 6, 15, 12, 0, 0, 0, time.UTC)
 
-func pinned(t time.Time) Clock { return func() time.Time { return t } }
+func pinned(t time.Time) service.Clock { return func() time.Time { return t } }
 
 // forms runs test twice: with the default batches (optimistic, falling back
 // to SKIP LOCKED for a batch that meets a locked row), and with every batch
 // in the SKIP LOCKED form. Both must keep every guarantee.
-func forms(t *testing.T, test func(t *testing.T, sig testSignals)) {
+func forms(t *testing.T, test func(t *testing.T, sig TestSignals)) {
 	t.Run("optimistic", func(t *testing.T) {
 		t.Parallel()
-		test(t, testSignals{})
+		test(t, TestSignals{})
 	})
 	t.Run("skip_locked", func(t *testing.T) {
 		t.Parallel()
-		test(t, testSignals{skipLockedOnly: true})
+		test(t, TestSignals{SkipLockedOnly: true})
 	})
 }
 
 // newTest is New with the test's signals.
-func newTest(pool *pgxpool.Pool, tables []*catalog.Table, opts Options, sig testSignals) *Deleter {
+func newTest(pool *pgxpool.Pool, tables []*catalog.Table, opts Options, sig TestSignals) *Deleter {
 	d := New(pool, tables, opts)
-	d.test = sig
+	d.TestSignals = sig
 	return d
 }
 
@@ -86,11 +87,11 @@ func (f fixture) count(t *testing.T, where string, args ...any) int64 {
 
 func (f fixture) pass(t *testing.T, opts Options) TableResult {
 	t.Helper()
-	return f.passWith(t, testSignals{}, opts)
+	return f.passWith(t, TestSignals{}, opts)
 }
 
 // passWith is pass with the test's signals.
-func (f fixture) passWith(t *testing.T, sig testSignals, opts Options) TableResult {
+func (f fixture) passWith(t *testing.T, sig TestSignals, opts Options) TableResult {
 	t.Helper()
 	res, err := newTest(f.pool, f.tables, opts, sig).RunPass(context.Background())
 	if err != nil {
@@ -110,7 +111,7 @@ func TestBoundaryAndNull(t *testing.T) {
  ('c', 'equal', $1::timestamptz),
  ('c', 'plus',  $1::timestamptz + interval '1 second'),
  ('c', 'null',  NULL)`, t0)
-	res := f.pass(t, Options{Settings: batchloop.Settings{Clock: pinned(t0)}})
+	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}}})
 	if res.Deleted != 2 {
 		t.Errorf("deleted %d rows, want 2 (expiry -1s and = now)", res.Deleted)
 	}
@@ -180,19 +181,19 @@ func (f fixture) checkLoggedBatches(t *testing.T, size int) int {
 // must only delete rows at least as new as the previous batch's.
 func TestOldestFirstInBatches(t *testing.T) {
 	t.Parallel()
-	forms(t, func(t *testing.T, sig testSignals) {
+	forms(t, func(t *testing.T, sig TestSignals) {
 		f := setup(t, inboxDDL+deleteLogDDL, inboxPolicy)
 		// Inserted newest first so that physical order disagrees with expiry order.
 		pgtest.Exec(t, f.pool, `INSERT INTO public.consumer_inbox (consumer, message_id, remember_until)
 SELECT 'c', 'm' || i, $1::timestamptz - i * interval '1 minute' FROM generate_series(1, 95) i`, t0)
 		f.insert(t, "c2", 20, t0.Add(time.Hour), time.Minute) // not expired
 
-		res := f.passWith(t, sig, Options{Settings: batchloop.Settings{Clock: pinned(t0), BatchSize: 10}})
+		res := f.passWith(t, sig, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}, BatchSize: 10}})
 		if res.Deleted != 95 || res.Batches != 10 {
 			t.Fatalf("deleted %d in %d batches, want 95 in 10", res.Deleted, res.Batches)
 		}
 		// Every full batch has a clean bound; the last, short one goes by ctid.
-		if want := map[bool]int{false: 9, true: 0}[sig.skipLockedOnly]; res.RangeBatches != want {
+		if want := map[bool]int{false: 9, true: 0}[sig.SkipLockedOnly]; res.RangeBatches != want {
 			t.Errorf("%d batches by range, want %d", res.RangeBatches, want)
 		}
 		if batches := f.checkLoggedBatches(t, 10); batches != 10 {
@@ -213,7 +214,7 @@ func TestTiesAtTheBound(t *testing.T) {
 	f.insert(t, "early", 5, t0.Add(-3*time.Hour), time.Minute)
 	f.insert(t, "tied", 25, t0.Add(-2*time.Hour), 0)
 	f.insert(t, "late", 8, t0.Add(-time.Hour), time.Minute)
-	res := f.pass(t, Options{Settings: batchloop.Settings{Clock: pinned(t0), BatchSize: 10}})
+	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}, BatchSize: 10}})
 	// 5 early + 5 tied (by ctid: ties straddle the bound), 10 tied (ditto),
 	// the last 10 tied (by range: the row after them is later), 8 late.
 	if res.Deleted != 38 || res.Batches != 4 || res.RangeBatches != 1 {
@@ -234,7 +235,7 @@ func TestRangeOnTimestampColumn(t *testing.T) {
 	// 30 rows due (the newest exactly at the boundary), 10 not yet.
 	pgtest.Exec(t, f.pool, `INSERT INTO "Sales_OutboxData" ("MessageId", "Dispatched", "DispatchedAt", "PersistenceVersion", "Operations")
 SELECT 'm' || i, true, $1::timestamp - i * interval '1 millisecond', '1', '[]' FROM generate_series(-10, 29) i`, boundary)
-	res := f.pass(t, Options{Settings: batchloop.Settings{Clock: pinned(t0), BatchSize: 7}})
+	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}, BatchSize: 7}})
 	if res.Deleted != 30 || res.RangeBatches != 4 {
 		t.Errorf("deleted %d, %d batches by range; want 30, 4 (the fifth is short)", res.Deleted, res.RangeBatches)
 	}
@@ -246,7 +247,7 @@ SELECT 'm' || i, true, $1::timestamp - i * interval '1 millisecond', '1', '[]' F
 
 func TestLockedRowsAreSkippedThenDeleted(t *testing.T) {
 	t.Parallel()
-	forms(t, func(t *testing.T, sig testSignals) {
+	forms(t, func(t *testing.T, sig TestSignals) {
 		ctx := context.Background()
 		f := setup(t, inboxDDL, inboxPolicy)
 		f.insert(t, "c", 50, t0.Add(-24*time.Hour), time.Minute)
@@ -254,7 +255,7 @@ func TestLockedRowsAreSkippedThenDeleted(t *testing.T) {
 		locker := pgtest.Lock(t, f.pool, "SELECT 1 FROM public.consumer_inbox WHERE message_id IN ('c-0', 'c-10') FOR UPDATE")
 
 		started := time.Now()
-		res := f.passWith(t, sig, Options{Settings: batchloop.Settings{Clock: pinned(t0), BatchSize: 7, LockTimeout: 5 * time.Second}})
+		res := f.passWith(t, sig, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0), LockTimeout: 5 * time.Second}, BatchSize: 7}})
 		if res.Deleted != 48 || res.Retries != 0 {
 			t.Errorf("deleted %d with %d retries, want 48 and none", res.Deleted, res.Retries)
 		}
@@ -268,7 +269,7 @@ func TestLockedRowsAreSkippedThenDeleted(t *testing.T) {
 		if err := locker.Commit(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if res := f.passWith(t, sig, Options{Settings: batchloop.Settings{Clock: pinned(t0)}}); res.Deleted != 2 {
+		if res := f.passWith(t, sig, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}}}); res.Deleted != 2 {
 			t.Errorf("the next pass deleted %d, want the 2 formerly locked rows", res.Deleted)
 		}
 	})
@@ -285,10 +286,10 @@ func TestLockTimeoutIsRetriedAndCounted(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg, nil)
 	retried := make(chan string, 10)
-	opts := Options{Settings: batchloop.Settings{Clock: pinned(t0), LockTimeout: 50 * time.Millisecond}, Metrics: m}
+	opts := Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0), LockTimeout: 50 * time.Millisecond}}, Metrics: m}
 	done := make(chan TableResult, 1)
 	go func() {
-		res, _ := newTest(f.pool, f.tables, opts, testSignals{onRetry: func(kind string) { retried <- kind }}).RunPass(ctx)
+		res, _ := newTest(f.pool, f.tables, opts, TestSignals{OnRetry: func(kind string) { retried <- kind }}).RunPass(ctx)
 		done <- res[0]
 	}()
 	select {
@@ -332,7 +333,7 @@ INSERT INTO public.other VALUES (1, '2000-01-01');`, inboxPolicy+`  - table: pub
 `)
 	f.insert(t, "c", 5, t0.Add(-time.Hour), time.Minute)
 	pgtest.Lock(t, f.pool, "LOCK TABLE public.consumer_inbox IN ACCESS EXCLUSIVE MODE")
-	res, err := New(f.pool, f.tables, Options{Settings: batchloop.Settings{Clock: pinned(t0), LockTimeout: 10 * time.Millisecond, MaxRetries: 1}}).RunPass(ctx)
+	res, err := New(f.pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0), LockTimeout: 10 * time.Millisecond, MaxRetries: 1}}}).RunPass(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -346,7 +347,7 @@ INSERT INTO public.other VALUES (1, '2000-01-01');`, inboxPolicy+`  - table: pub
 
 func TestHoldsAndReplays(t *testing.T) {
 	t.Parallel()
-	forms(t, func(t *testing.T, sig testSignals) {
+	forms(t, func(t *testing.T, sig TestSignals) {
 		ctx := context.Background()
 		f := setup(t, inboxDDL, inboxPolicy)
 		tbl := f.tables[0]
@@ -380,8 +381,8 @@ VALUES ($1, 'email', 'old', 'ops', $2)`, tbl.Name, t0.Add(-time.Minute))
 			t.Fatal(err)
 		}
 
-		dry := f.passWith(t, sig, Options{Settings: batchloop.Settings{Clock: pinned(t0), DryRun: true}})
-		res := f.passWith(t, sig, Options{Settings: batchloop.Settings{Clock: pinned(t0), BatchSize: 16}})
+		dry := f.passWith(t, sig, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0), DryRun: true}}})
+		res := f.passWith(t, sig, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}, BatchSize: 16}})
 		// payments 48; billing 10 + 2 (range hold on all scopes); shipping 2 by the
 		// all-scope range hold; email 2 by it as well.
 		wantHeld := int64(48 + 12 + 2 + 2)
@@ -407,7 +408,7 @@ VALUES ($1, 'email', 'old', 'ops', $2)`, tbl.Name, t0.Add(-time.Minute))
 		if err := holds.FinishReplay(ctx, f.pool, replay); err != nil {
 			t.Fatal(err)
 		}
-		res = f.passWith(t, sig, Options{Settings: batchloop.Settings{Clock: pinned(t0)}})
+		res = f.passWith(t, sig, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}}})
 		// Payments rows go but the 2 under the all-scope range hold; the
 		// shipping rows the replay kept go; billing 10 + 2 and 2 of each other
 		// scope stay.
@@ -449,7 +450,7 @@ func TestHoldNeedsConfiguredColumns(t *testing.T) {
 // return before that batch commits, and no later batch deletes a held row.
 func TestFenceInFlightBatch(t *testing.T) {
 	t.Parallel()
-	forms(t, func(t *testing.T, sig testSignals) {
+	forms(t, func(t *testing.T, sig TestSignals) {
 		f := setup(t, inboxDDL, inboxPolicy)
 		f.insert(t, "payments", 30, t0.Add(-time.Hour), time.Minute)
 		res, _ := fenceRace(t, f, sig)
@@ -476,7 +477,7 @@ func TestBoundsReadAhead(t *testing.T) {
 	t.Parallel()
 	f := setup(t, inboxDDL, inboxPolicy)
 	f.insert(t, "c", 200, t0.Add(-time.Hour), time.Second)
-	res := f.pass(t, Options{Settings: batchloop.Settings{Clock: pinned(t0), BatchSize: 10}})
+	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}, BatchSize: 10}})
 	if res.Deleted != 200 || res.Err != nil {
 		t.Fatalf("pass %+v: want all 200 deleted", res)
 	}
@@ -491,7 +492,7 @@ func TestBoundsReadAhead(t *testing.T) {
 // held open before COMMIT, adds a hold on consumer payments. It checks
 // that the hold writer queues on the fence and returns only after that
 // batch committed, and returns the pass's result and the rows of that batch.
-func fenceRace(t *testing.T, f fixture, sig testSignals) (TableResult, int64) {
+func fenceRace(t *testing.T, f fixture, sig TestSignals) (TableResult, int64) {
 	t.Helper()
 	ctx := context.Background()
 	inFlight := make(chan struct{})
@@ -502,11 +503,11 @@ func fenceRace(t *testing.T, f fixture, sig testSignals) (TableResult, int64) {
 	// The optimistic form reads the next batch's bound ahead while the
 	// first batch is in flight: the hold is added after that read.
 	aheadRead := make(chan struct{}, 100)
-	sig.aheadRead = func() { aheadRead <- struct{}{} }
-	sig.beforeCommit = func(_ string, n int64) {
+	sig.AheadRead = func() { aheadRead <- struct{}{} }
+	sig.BeforeCommit = func(_ string, n int64) {
 		if first {
 			first, firstRows = false, n
-			if !sig.skipLockedOnly && !f.tables[0].Distributed() { // a Citus batch is a window, with no bound
+			if !sig.SkipLockedOnly && !f.tables[0].Distributed() { // a Citus batch is a window, with no bound
 				select {
 				case <-aheadRead:
 				case <-time.After(30 * time.Second):
@@ -519,7 +520,7 @@ func fenceRace(t *testing.T, f fixture, sig testSignals) (TableResult, int64) {
 	}
 	passDone := make(chan TableResult, 1)
 	go func() {
-		res, _ := newTest(f.pool, f.tables, Options{Settings: batchloop.Settings{Clock: pinned(t0), BatchSize: 10}}, sig).RunPass(ctx)
+		res, _ := newTest(f.pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}, BatchSize: 10}}, sig).RunPass(ctx)
 		passDone <- res[0]
 	}()
 	select {
@@ -555,7 +556,7 @@ func TestRunTimeStopsThePass(t *testing.T) {
 	t.Parallel()
 	f := setup(t, inboxDDL, inboxPolicy)
 	f.insert(t, "c", 100, t0.Add(-time.Hour), time.Second)
-	res := f.pass(t, Options{Settings: batchloop.Settings{Clock: pinned(t0), BatchSize: 10, RunTime: time.Nanosecond}})
+	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}, BatchSize: 10, RunTime: time.Nanosecond}})
 	if res.StoppedEarly.Kind != retry.KindRunTime || res.Deleted >= 100 {
 		t.Errorf("result %+v: want the pass stopped early by RUN_TIME", res)
 	}
@@ -572,7 +573,7 @@ func TestCleanupLagAndStatus(t *testing.T) {
 	if _, err := holds.AddHold(ctx, f.pool, f.tables[0], holds.HoldSpec{Scope: &s, Reason: "r", Owner: "o"}); err != nil {
 		t.Fatal(err)
 	}
-	d := New(f.pool, f.tables, Options{Settings: batchloop.Settings{Clock: pinned(t0)}})
+	d := New(f.pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}}})
 	st, err := d.Status(ctx, f.tables[0])
 	if err != nil {
 		t.Fatal(err)
@@ -583,7 +584,7 @@ func TestCleanupLagAndStatus(t *testing.T) {
 	if !st.Oldest.Equal(t0.Add(-48*time.Hour)) || !st.Newest.Equal(t0.Add(2*time.Hour)) {
 		t.Errorf("oldest %v newest %v", st.Oldest, st.Newest)
 	}
-	if res := f.pass(t, Options{Settings: batchloop.Settings{Clock: pinned(t0)}}); res.CleanupLag != 0 || res.Deleted != 3 {
+	if res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}}}); res.CleanupLag != 0 || res.Deleted != 3 {
 		t.Errorf("after a pass: %+v, want lag 0 and 3 deleted", res)
 	}
 }
@@ -608,7 +609,7 @@ CREATE INDEX ON public.consumer_inbox (remember_until);`, inboxPolicy)
 	if _, err := holds.AddHold(ctx, f.pool, f.tables[0], holds.HoldSpec{Scope: &b, Reason: "r", Owner: "o"}); err != nil {
 		t.Fatal(err)
 	}
-	res := f.pass(t, Options{Settings: batchloop.Settings{Clock: pinned(t0)}})
+	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}}})
 	// Kept: 1 (NULL event time, in the range hold), 3 (in range), 4 (scope b).
 	if res.Deleted != 1 || res.ProtectedByHolds != 3 {
 		t.Errorf("deleted %d held %d, want 1 and 3", res.Deleted, res.ProtectedByHolds)
@@ -627,8 +628,8 @@ func TestOptimisticFallsBackToSkipLocked(t *testing.T) {
 	f.insert(t, "c", 40, t0.Add(-24*time.Hour), time.Minute)
 
 	fallbacks := 0
-	opts := Options{Settings: batchloop.Settings{Clock: pinned(t0), BatchSize: 10}}
-	sig := testSignals{onFallback: func() { fallbacks++ }}
+	opts := Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}, BatchSize: 10}}
+	sig := TestSignals{OnFallback: func() { fallbacks++ }}
 	res := f.passWith(t, sig, opts)
 	if res.Deleted != 40 || res.SkipLockedBatches != 0 || fallbacks != 0 {
 		t.Fatalf("no row locked: deleted %d, %d batches fell back (hook: %d); want 40 and none", res.Deleted, res.SkipLockedBatches, fallbacks)
@@ -700,7 +701,7 @@ func (f fixture) deleterWaitingOnALock(t *testing.T, wait time.Duration, view, q
 	t.Helper()
 	done := make(chan TableResult, 1)
 	go func() {
-		res, _ := newTest(f.pool, f.tables, Options{Settings: batchloop.Settings{Clock: pinned(t0), BatchSize: 100, LockTimeout: wait}}, testSignals{optimisticWait: wait}).RunPass(context.Background())
+		res, _ := newTest(f.pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0), LockTimeout: wait}, BatchSize: 100}}, TestSignals{OptimisticWait: wait}).RunPass(context.Background())
 		done <- res[0]
 	}()
 	pgtest.WaitForLockWait(t, f.pool, view, query, "the deleter to wait on the locked row")
@@ -725,7 +726,7 @@ func TestRangeScanTrials(t *testing.T) {
 	t.Parallel()
 	f := setup(t, inboxDDL+deleteLogDDL, inboxPolicy)
 	f.insert(t, "c", 75, t0.Add(-24*time.Hour), time.Minute)
-	res := f.pass(t, Options{Settings: batchloop.Settings{Clock: pinned(t0), BatchSize: 10}})
+	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}, BatchSize: 10}})
 	// 7 range batches and a short one by ctid.
 	if res.Deleted != 75 || res.Batches != 8 || res.RangeBatches != 7 {
 		t.Fatalf("deleted %d in %d batches, %d by range; want 75 in 8, 7 by range", res.Deleted, res.Batches, res.RangeBatches)

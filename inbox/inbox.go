@@ -21,6 +21,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/service"
 )
 
 // Kind is what a delivery turned out to be.
@@ -65,8 +67,9 @@ type Result struct {
 	Late bool
 }
 
-// Clock pins "now" for tests; nil means the database's now().
-type Clock func() time.Time
+// Clock pins "now" for tests: a func() time.Time. Nil means the database's
+// now(). It is the daemon's one clock type.
+type Clock = service.Clock
 
 // Claimer claims deliveries and records consumer-side metrics.
 type Claimer struct {
@@ -92,11 +95,7 @@ func (c *Claimer) Claim(ctx context.Context, tx pgx.Tx, msg Message) (Result, er
 		sum := sha256.Sum256(msg.Payload)
 		hash = sum[:]
 	}
-	var now *time.Time
-	if c.Clock != nil {
-		t := c.Clock()
-		now = &t
-	}
+	now := c.Clock.Pinned()
 	var r Result
 	var kind string
 	var age pgtype.Interval

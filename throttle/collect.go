@@ -135,7 +135,7 @@ func (t *Throttler) keepAlive(ctx context.Context) {
 // beat writes the heartbeat every HEARTBEAT_INTERVAL when standbys are
 // listed, and every STATS_INTERVAL while a standby has a backlog.
 func (t *Throttler) beat(ctx context.Context) {
-	now := t.cfg.Clock()
+	now := t.cfg.Clock.Now()
 	t.mu.Lock()
 	every := time.Duration(math.MaxInt64)
 	if len(t.cfg.ReplicaURLs) > 0 {
@@ -158,7 +158,7 @@ ON CONFLICT (id) DO UPDATE SET beat = excluded.beat`)
 		return
 	}
 	t.mu.Lock()
-	t.lastBeat = t.cfg.Clock()
+	t.lastBeat = t.cfg.Clock.Now()
 	t.mu.Unlock()
 }
 
@@ -205,7 +205,7 @@ func (t *Throttler) measureReplica(ctx context.Context, r *replica) {
 		return
 	}
 	t.mu.Lock()
-	t.pacer.lagged(lag, t.cfg.Clock())
+	t.pacer.lagged(lag, t.cfg.Clock.Now())
 	t.mu.Unlock()
 	t.set(Reading{Kind: ReplicaUnreachable, Subject: r.name, Value: 0, Threshold: 0})
 	t.set(Reading{Kind: ReplicaLag, Subject: r.name, Value: lag, Threshold: threshold, Unit: "s"})
@@ -277,7 +277,7 @@ func (t *Throttler) measurePrimary(ctx context.Context) {
 	// batches' own share of it was already dropped from the unsent WAL
 	// (readStarted), and the window admitted batches on top of it
 	// (docs/design/throttle-pacing.md, "Measured from the insert position").
-	began := t.cfg.Clock()
+	began := t.cfg.Clock.Now()
 	t.mu.Lock()
 	t.pacer.readStarted(began)
 	t.mu.Unlock()
@@ -297,7 +297,7 @@ FROM pg_stat_replication`, func(row pgx.CollectableRow, w *walsender) error {
 	} else {
 		t.fails.ok(readStatReplication)
 		t.forget(ReplicaUnreachable, readStatReplication)
-		t.walsenders(senders, t.cfg.Clock())
+		t.walsenders(senders, t.cfg.Clock.Now())
 	}
 	if t.cfg.MaxSlotLagBytes > 0 {
 		t.measureSlots(ctx)

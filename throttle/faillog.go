@@ -4,6 +4,8 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/service"
 )
 
 // failLogEvery is how often a signal that keeps failing for the same cause
@@ -16,7 +18,7 @@ const failLogEvery = 30 * time.Second
 // the failures in between, and once when it works again.
 type failLog struct {
 	log *slog.Logger
-	now func() time.Time
+	now service.Clock
 
 	mu      sync.Mutex
 	signals map[string]*failing // by signal
@@ -32,13 +34,13 @@ type causeLog struct {
 	repeats int // failures not logged since
 }
 
-func newFailLog(log *slog.Logger, now func() time.Time) *failLog {
+func newFailLog(log *slog.Logger, now service.Clock) *failLog {
 	return &failLog{log: log, now: now, signals: map[string]*failing{}}
 }
 
 // failed records a failed reading of signal.
 func (f *failLog) failed(signal string, err error) {
-	now := f.now()
+	now := f.now.Now()
 	cause := err.Error()
 	f.mu.Lock()
 	s := f.signals[signal]

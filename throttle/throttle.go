@@ -22,8 +22,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/activehours"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/activehours"
+	"github.com/inboxkeeper/inboxkeeper/internal/service"
 )
 
 // Signal kinds, used as the reason label of metrics: a fixed set.
@@ -57,7 +59,7 @@ type Config struct {
 	LockWaitCooldown   time.Duration // how long a detected lock wait keeps new batches out; default 1s
 	// Clock is the time source for the active window, the pacing and the
 	// rate limit of failure logs; nil is time.Now.
-	Clock func() time.Time
+	Clock service.Clock
 	// TestSignals are told what the throttle decided (tests); nil: nothing.
 	TestSignals *TestSignals
 }
@@ -91,9 +93,6 @@ func (c *Config) defaults() {
 	}
 	if c.ActiveTZ == nil {
 		c.ActiveTZ = time.UTC
-	}
-	if c.Clock == nil {
-		c.Clock = time.Now
 	}
 }
 
@@ -270,7 +269,7 @@ func (t *Throttler) Check() State {
 			over = append(over, r)
 		}
 	}
-	now := t.cfg.Clock()
+	now := t.cfg.Clock.Now()
 	if ok, window := t.inWindow(now); !ok {
 		over = append(over, Reading{Kind: OutsideHours, Detail: "active hours " + window})
 	}
@@ -374,12 +373,39 @@ func (t *Throttler) Pace(ctx context.Context, sizer BatchSizer) (Admission, Stat
 	}
 }
 
+// Admit is Pace for the services (service.Gate): it waits until no signal
+// throttles and, with a sizer, until the next batch fits the WAL window. A
+// pause for a backlog shrinks the sizer: the throttle saw the backlog only
+// after this much WAL, so the next batches must bring less. When ctx ends
+// first, the error is a *service.HeldError with the reason.
+func (t *Throttler) Admit(ctx context.Context, sizer service.Sizer) (int, error) {
+	if sizer == nil {
+		if _, err := t.Wait(ctx); err != nil {
+			return 0, &service.HeldError{Reason: t.Check().Reason, Err: err}
+		}
+		return 0, nil
+	}
+	a, st, err := t.Pace(ctx, sizer)
+	if st.Throttled && Backlog(st.Kind) {
+		sizer.Pressure()
+		a.Rows = min(a.Rows, sizer.Size())
+	}
+	if err != nil {
+		reason := t.Check().Reason
+		if reason == "" {
+			reason = a.Hold
+		}
+		return 0, &service.HeldError{Reason: reason, Err: err}
+	}
+	return a.Rows, nil
+}
+
 // Wrote tells the pacer the WAL a batch wrote, so that the next admission
 // counts it before a reading of the standbys does.
 func (t *Throttler) Wrote(bytes float64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.pacer.wrote(t.cfg.Clock(), bytes)
+	t.pacer.wrote(t.cfg.Clock.Now(), bytes)
 }
 
 // Paces returns every streaming standby's pacing state.

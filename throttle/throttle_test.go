@@ -16,6 +16,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
+	"github.com/inboxkeeper/inboxkeeper/internal/service"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
 )
 
@@ -104,9 +105,9 @@ func TestReplicaLagStopsTheDeleter(t *testing.T) {
 	var batchEnds []time.Time
 	d := expiry.New(e.pool, []*catalog.Table{e.table}, expiry.Options{
 		Settings: batchloop.Settings{
+			Base:       service.Base{Throttle: th},
 			BatchSize:  100,
 			BatchPause: 20 * time.Millisecond,
-			Throttle:   th,
 		},
 		Progress: func(expiry.Progress) {
 			mu.Lock()
@@ -233,10 +234,9 @@ CREATE TRIGGER slow BEFORE DELETE ON public.consumer_inbox FOR EACH ROW EXECUTE 
 	th := startThrottle(t, e.pool, throttle.Config{})
 	d := expiry.New(e.pool, []*catalog.Table{e.table}, expiry.Options{
 		Settings: batchloop.Settings{
-			BatchSize:        100,
-			Throttle:         th,
-			StatementTimeout: time.Minute,
-			Sizing:           &expiry.Sizing{Min: 10, Max: 1000, Target: time.Minute},
+			Base:      service.Base{Throttle: th, StatementTimeout: time.Minute},
+			BatchSize: 100,
+			Sizing:    &expiry.Sizing{Min: 10, Max: 1000, Target: time.Minute},
 		},
 	})
 	done := make(chan expiry.TableResult, 1)
@@ -452,8 +452,8 @@ func TestWindowHoldsBatches(t *testing.T) {
 
 	d := expiry.New(e.pool, []*catalog.Table{e.table}, expiry.Options{
 		Settings: batchloop.Settings{
+			Base:      service.Base{Throttle: th},
 			BatchSize: 200,
-			Throttle:  th,
 			Sizing:    &expiry.Sizing{Min: 50, Max: 2000, Target: time.Second},
 		},
 	})

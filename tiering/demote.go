@@ -71,20 +71,20 @@ type Result struct {
 
 // Demoter runs demotion passes over the tables that have a tiers section.
 type Demoter struct {
-	pool   *pgxpool.Pool
-	tables []*catalog.Table
-	opts   Options
-	log    *slog.Logger
-	test   testSignals
+	pool        *pgxpool.Pool
+	tables      []*catalog.Table
+	opts        Options
+	log         *slog.Logger
+	TestSignals TestSignals
 
 	sizers *batchloop.Sizers // per table, kept across passes
 }
 
-// testSignals are the hooks tests set on a Demoter (Demoter.test); the
+// TestSignals are the hooks tests set on a Demoter (Demoter.TestSignals); the
 // daemon never sets them.
-type testSignals struct {
-	// beforeCommit holds a batch open before its COMMIT.
-	beforeCommit func(table string, n int64)
+type TestSignals struct {
+	// BeforeCommit holds a batch open before its COMMIT.
+	BeforeCommit func(table string, n int64)
 }
 
 // New returns a Demoter for the tables of tables that have tiers.
@@ -209,8 +209,8 @@ func (d *Demoter) batch(ctx context.Context, t *catalog.Table, lower pgtype.Time
 	if err := tx.QueryRow(ctx, sql, args.Values...).Scan(&n, &newestTS); err != nil {
 		return 0, time.Time{}, 0, err
 	}
-	if d.test.beforeCommit != nil {
-		d.test.beforeCommit(t.Name, n)
+	if d.TestSignals.BeforeCommit != nil {
+		d.TestSignals.BeforeCommit(t.Name, n)
 	}
 	if wal, err = tx.Commit(ctx); err != nil {
 		return 0, time.Time{}, 0, err
@@ -361,7 +361,7 @@ SELECT count(*), max(anchor) FROM done`, change)
 // count fills in the rows due for demotion that a blocking hold keeps and,
 // for a dry run, the rows a pass would demote.
 func (d *Demoter) count(ctx context.Context, tx pgx.Tx, t *catalog.Table, res *Result, dry bool) error {
-	now, err := d.opts.Clock.Now(ctx, tx)
+	now, err := d.opts.Clock.DBNow(ctx, tx)
 	if err != nil {
 		return err
 	}

@@ -153,7 +153,7 @@ func (d *Demoter) Status(ctx context.Context, t *catalog.Table) (Status, error) 
 	}
 	err := d.readTx(ctx, t, func(tx pgx.Tx) error {
 		var err error
-		if st.Now, err = d.opts.Clock.Now(ctx, tx); err != nil {
+		if st.Now, err = d.opts.Clock.DBNow(ctx, tx); err != nil {
 			return err
 		}
 		cov, err := holds.Active(ctx, tx, t.Name, st.Now)

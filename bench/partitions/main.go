@@ -73,6 +73,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
+	"github.com/inboxkeeper/inboxkeeper/internal/service"
 	"github.com/inboxkeeper/inboxkeeper/migrations"
 	"github.com/inboxkeeper/inboxkeeper/partitions"
 )
@@ -510,9 +511,8 @@ func (b *bench) inboxkeeperUnderReader(ctx context.Context, t *catalog.Table) (u
 	metrics := partitions.NewMetrics(reg, nil)
 	metrics.Errors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "errors_total", Help: "DDL errors by kind"}, []string{"table", "kind"})
 	m := partitions.New(b.pool, []*catalog.Table{t}, partitions.Options{
-		LockTimeout: b.o.lockTimeout,
-		Metrics:     metrics,
-		Logger:      slog.New(slog.DiscardHandler),
+		Base:    service.Base{LockTimeout: b.o.lockTimeout, Logger: slog.New(slog.DiscardHandler)},
+		Metrics: metrics,
 	})
 	due := b.due(ikPartition, ikTable)
 	retire := func(ctx context.Context) (r retirement) {
@@ -821,7 +821,7 @@ func (b *bench) forget(ctx context.Context, part, rows *catalog.Table) (f forget
 	b.Logf("%s: inboxkeeper retires the month", forgetPart)
 	var res []partitions.TableResult
 	f.partTime, f.partWAL, err = benchdata.Measure(ctx, b.pool, func() (err error) {
-		res, err = partitions.New(b.pool, []*catalog.Table{part}, partitions.Options{LockTimeout: b.o.lockTimeout}).RunPass(ctx)
+		res, err = partitions.New(b.pool, []*catalog.Table{part}, partitions.Options{Base: service.Base{LockTimeout: b.o.lockTimeout}}).RunPass(ctx)
 		if err == nil {
 			err = res[0].Err
 		}

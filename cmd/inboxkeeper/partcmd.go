@@ -14,6 +14,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/humantime"
+	"github.com/inboxkeeper/inboxkeeper/internal/service"
 	"github.com/inboxkeeper/inboxkeeper/partitions"
 	"github.com/inboxkeeper/inboxkeeper/tiering"
 )
@@ -25,17 +26,18 @@ func (a *app) partitionManager(w wiring, tables []*catalog.Table, m *partitions.
 	if a.ddl != nil && !w.dryRun {
 		pool = a.ddl
 	}
-	return partitions.New(pool, tables, partitions.Options{
+	b := service.Base{
 		LockTimeout:      a.cfg.DDLLockTimeout,
 		StatementTimeout: a.cfg.StatementTimeout,
 		IdleTimeout:      a.cfg.IdleTimeout,
-		Throttle:         w.th,
 		Active:           w.active,
 		DryRun:           w.dryRun,
 		Logger:           a.log,
-		Metrics:          m,
-		CopyKeys:         tiering.CopyPermanentKeys,
-	})
+	}
+	if w.th != nil {
+		b.Throttle = w.th
+	}
+	return partitions.New(pool, tables, partitions.Options{Base: b, Metrics: m, CopyKeys: tiering.CopyPermanentKeys})
 }
 
 // sessionForPartitions makes sure, before anything is touched, that the

@@ -26,6 +26,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/lease"
 	"github.com/inboxkeeper/inboxkeeper/internal/pass"
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
+	"github.com/inboxkeeper/inboxkeeper/internal/service"
 	"github.com/inboxkeeper/inboxkeeper/internal/settings"
 	"github.com/inboxkeeper/inboxkeeper/partitions"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
@@ -98,19 +99,18 @@ func readOnly(pool *pgxpool.Pool) wiring { return wiring{pool: pool, dryRun: tru
 // batchSettings are the settings the deleter and the demoter share, from
 // the configuration c (a.cfg, or a table's with its runtime settings).
 func (a *app) batchSettings(c config.Config, w wiring) batchloop.Settings {
-	return batchloop.Settings{
-		Throttle:         w.th,
+	b := service.Base{
 		Active:           w.active,
-		Sizing:           sizing(c),
-		BatchSize:        c.BatchSize,
-		BatchPause:       c.BatchPause,
 		LockTimeout:      c.LockTimeout,
 		StatementTimeout: c.StatementTimeout,
 		IdleTimeout:      c.IdleTimeout,
-		RunTime:          c.RunTime,
 		DryRun:           w.dryRun,
 		Logger:           a.log,
 	}
+	if w.th != nil {
+		b.Throttle = w.th
+	}
+	return batchloop.Settings{Base: b, Sizing: sizing(c), BatchSize: c.BatchSize, BatchPause: c.BatchPause, RunTime: c.RunTime}
 }
 
 // deleter builds the deleter of tables with the configuration c.

@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
-	"github.com/inboxkeeper/inboxkeeper/throttle"
+	"github.com/inboxkeeper/inboxkeeper/internal/service"
 )
 
 // Batch runs one batch transaction of at most size rows starting at the
@@ -28,9 +28,9 @@ type Batch func(ctx context.Context, lower pgtype.Timestamptz, size int) (n int6
 type Loop struct {
 	What       string // "delete", "demotion": names the batch in errors and logs
 	Sizer      *Sizer
-	Throttle   *throttle.Throttler // nil: never waits
-	Active     func() error        // nil: always active; an error stops the pass
-	Deadline   time.Time           // zero: no RUN_TIME
+	Throttle   service.Gate // nil: never waits
+	Active     func() error // nil: always active; an error stops the pass
+	Deadline   time.Time    // zero: no RUN_TIME
 	MaxRetries int
 	BatchPause time.Duration
 	Log        *slog.Logger
@@ -130,24 +130,15 @@ func (l *Loop) waitThrottle(ctx context.Context) (int, retry.Early, error) {
 		wctx, cancel = context.WithDeadline(ctx, l.Deadline)
 		defer cancel()
 	}
-	a, st, err := l.Throttle.Pace(wctx, l.Sizer)
-	if st.Throttled && throttle.Backlog(st.Kind) {
-		// The throttle saw the backlog only after this much WAL: the next
-		// batches must bring less.
-		l.Sizer.Pressure()
-		a.Rows = min(a.Rows, l.Sizer.Size())
-	}
+	rows, err := l.Throttle.Admit(wctx, l.Sizer)
 	if err != nil {
 		if ctx.Err() != nil {
 			return 0, retry.Early{}, ctx.Err()
 		}
-		reason := l.Throttle.Check().Reason
-		if reason == "" {
-			reason = a.Hold
-		}
+		reason, _ := service.Held(err)
 		return 0, retry.Throttled("run time reached while throttled (" + reason + ")"), nil
 	}
-	return a.Rows, retry.Early{}, nil
+	return rows, retry.Early{}, nil
 }
 
 // withRetry runs one batch, retrying transient failures (retry.Do) with a
@@ -302,22 +293,4 @@ func (s *Sizers) For(table string) *Sizer {
 		s.m[table] = z
 	}
 	return z
-}
-
-// The defaults of a batch, one set for the deleter and the demoter: the
-// README documents them once.
-const (
-	DefaultBatchSize        = 5000
-	DefaultLockTimeout      = 500 * time.Millisecond
-	DefaultStatementTimeout = 30 * time.Second
-	DefaultMaxRetries       = 5
-)
-
-// Or is v, or def when v is zero or negative: an unset option takes its
-// documented default.
-func Or[T int | time.Duration](v, def T) T {
-	if v <= 0 {
-		return def
-	}
-	return v
 }

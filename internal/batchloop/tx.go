@@ -12,7 +12,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/holds"
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
-	"github.com/inboxkeeper/inboxkeeper/throttle"
+	"github.com/inboxkeeper/inboxkeeper/internal/service"
 )
 
 // TxOptions set up a batch transaction.
@@ -23,9 +23,9 @@ type TxOptions struct {
 	IdleInTx time.Duration
 	// Throttle, when set, watches the transaction's backend for sessions
 	// queueing behind its locks, and asks for the WAL the batch wrote.
-	Throttle *throttle.Throttler
+	Throttle service.Gate
 	// Clock pins now for tests; nil: the database's now().
-	Clock dbconn.Clock
+	Clock service.Clock
 	// Citus: the table is distributed; the timeouts reach the workers too
 	// (dbconn.TxSettings.Citus).
 	Citus bool

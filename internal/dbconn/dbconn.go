@@ -203,28 +203,6 @@ func (s TxSettings) Apply(ctx context.Context, tx Querier) (b Backend, err error
 	return b, nil
 }
 
-// Clock is "now" for a pass: the database's clock unless a test pins it.
-// The zero Clock reads the database's now() (the transaction's start): the
-// daemon never trusts its host's clock to decide what is expired.
-type Clock func() time.Time
-
-// Pinned is the pinned time, or nil for the database's clock: the argument
-// of a coalesce($n::timestamptz, now()).
-func (c Clock) Pinned() *time.Time {
-	if c == nil {
-		return nil
-	}
-	t := c()
-	return &t
-}
-
-// Now is the pinned time, or db's now().
-func (c Clock) Now(ctx context.Context, db Querier) (time.Time, error) {
-	var now time.Time
-	err := db.QueryRow(ctx, "SELECT coalesce($1::timestamptz, now())", c.Pinned()).Scan(&now)
-	return now, err
-}
-
 // InRecovery reports whether the database is a standby.
 func InRecovery(ctx context.Context, db Querier) (bool, error) {
 	var standby bool

@@ -1,0 +1,133 @@
+// Package service is the base every service of a pass embeds: the row
+// deleter (expiry), the demoter (tiering), the partition manager and the
+// throttle, in the manner of River's baseservice. It holds what they share,
+// in one shape: the logger, the clock, and what a pass tells a service
+// before its work (the throttle to wait on, the check that this instance is
+// still the active one, dry run, the timeouts and retries of its
+// statements). Each service keeps its own hooks for tests in an exported
+// TestSignals struct. Daemon internals.
+package service
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
+	"github.com/inboxkeeper/inboxkeeper/internal/retry"
+)
+
+// Base is embedded by every service. The zero value works: WithDefaults
+// fills in what is unset.
+type Base struct {
+	Logger *slog.Logger // nil: discard
+	// Clock pins "now" for tests; nil: the real time (the database's, for
+	// what is expired).
+	Clock Clock
+	// Throttle, when set, is waited on before every batch or DDL statement
+	// and watches each one's backend for sessions waiting on its locks.
+	Throttle Gate
+	// Active, when set, is asked before every batch or DDL statement; an
+	// error stops the table's pass (this instance lost the lease, or the
+	// runtime settings changed).
+	Active func() error
+	// DryRun counts or lists what a pass would change, and changes nothing.
+	DryRun bool
+	// The timeouts of every transaction the service opens, and how often a
+	// failed batch or DDL step is retried.
+	LockTimeout      time.Duration
+	StatementTimeout time.Duration
+	IdleTimeout      time.Duration // idle_in_transaction_session_timeout
+	MaxRetries       int
+}
+
+// The defaults every service shares; the lock timeout is each one's own.
+const (
+	DefaultStatementTimeout = 30 * time.Second
+	DefaultMaxRetries       = 5
+)
+
+// WithDefaults returns b with the documented defaults for what is unset,
+// lockTimeout the service's own.
+func (b Base) WithDefaults(lockTimeout time.Duration) Base {
+	if b.Logger == nil {
+		b.Logger = slog.New(slog.DiscardHandler)
+	}
+	b.LockTimeout = Or(b.LockTimeout, lockTimeout)
+	b.StatementTimeout = Or(b.StatementTimeout, DefaultStatementTimeout)
+	b.IdleTimeout = Or(b.IdleTimeout, dbconn.DefaultIdleTimeout)
+	b.MaxRetries = Or(b.MaxRetries, DefaultMaxRetries)
+	return b
+}
+
+// TxSettings are the settings of the service's own transactions.
+func (b Base) TxSettings() dbconn.TxSettings {
+	return dbconn.TxSettings{LockTimeout: b.LockTimeout, StatementTimeout: b.StatementTimeout, IdleInTx: b.IdleTimeout}
+}
+
+// CheckActive asks the active check, if any: an error is the early stop
+// of the table's pass.
+func (b Base) CheckActive() (retry.Early, bool) {
+	if b.Active == nil {
+		return retry.Early{}, true
+	}
+	if err := b.Active(); err != nil {
+		return retry.Inactive(err), false
+	}
+	return retry.Early{}, true
+}
+
+// Or is v, or def when v is zero or negative: an unset option takes its
+// documented default.
+func Or[T int | time.Duration](v, def T) T {
+	if v <= 0 {
+		return def
+	}
+	return v
+}
+
+// Gate is the throttle as a service sees it (*throttle.Throttler).
+type Gate interface {
+	// Admit waits until no throttle signal holds work back and, for a
+	// batch (a non-nil sizer), until the batch fits the standbys' WAL
+	// window; it returns how many rows the batch may have. A pause for a
+	// backlog shrinks the sizer. When ctx ends first, the error is a
+	// *HeldError.
+	Admit(ctx context.Context, sizer Sizer) (rows int, err error)
+	// Watch registers the backend running a statement of ours: while it is
+	// registered, a session that queues behind its locks gets it cancelled,
+	// and blocked then reports true. done unregisters it. xactStart is the
+	// transaction's start (zero for a session watched as a whole).
+	Watch(pid uint32, xactStart time.Time) (done func(), blocked func() bool)
+	// Wrote tells the throttle the WAL a batch wrote.
+	Wrote(bytes float64)
+}
+
+// Sizer is the adaptive batch size as the throttle sees it
+// (batchloop.Sizer).
+type Sizer interface {
+	Size() int       // the next batch's
+	Min() int        // the smallest batch
+	PerRow() float64 // the WAL a row costs, averaged; 0 until measured
+	Pressure()       // halve the size: the throttle saw a backlog
+}
+
+// HeldError is why Admit returned without admitting: its context ended
+// while the throttle held the work back.
+type HeldError struct {
+	Reason string // every signal over its threshold, or what the WAL window waits for
+	Err    error  // the context's
+}
+
+func (e *HeldError) Error() string { return "throttled (" + e.Reason + "): " + e.Err.Error() }
+func (e *HeldError) Unwrap() error { return e.Err }
+
+// Held reports the reason of a *HeldError in err.
+func Held(err error) (string, bool) {
+	var h *HeldError
+	if errors.As(err, &h) {
+		return h.Reason, true
+	}
+	return "", false
+}

@@ -1,0 +1,138 @@
+package partitions
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
+	"github.com/inboxkeeper/inboxkeeper/internal/retry"
+	"github.com/inboxkeeper/inboxkeeper/internal/service"
+)
+
+// toWorkers makes the DDL lock timeout hold on the Citus workers for the
+// rest of tx, when t is distributed: the session-level lock_timeout of a
+// DDL connection stays on the coordinator, and Citus forwards only SET
+// LOCAL commands, once citus.propagate_set_commands is 'local', to the
+// transactions it opens on the workers. It runs first in tx, before any
+// statement opens a connection to a worker. A Citus local table's DDL
+// reaches the workers too (their copies of its metadata).
+func (m *Manager) toWorkers(ctx context.Context, tx pgx.Tx, t *catalog.Table) error {
+	if !t.InCitusMetadata {
+		return nil
+	}
+	_, err := dbconn.TxSettings{LockTimeout: m.LockTimeout, IdleInTx: m.IdleTimeout, Citus: true}.Apply(ctx, tx)
+	return err
+}
+
+// errLockWait marks a DDL statement cancelled because a session queued
+// behind a lock it held.
+var errLockWait = retry.ErrLockWait
+
+// ddl runs fn on a connection of its own with lock_timeout set for the
+// session (DETACH CONCURRENTLY cannot run in a transaction block), after
+// the lease and the throttle allow it, and with the throttle watching for
+// sessions that queue behind it.
+func (m *Manager) ddl(ctx context.Context, t *catalog.Table, what string, fn func(c *pgxpool.Conn) error) (err error) {
+	if why, ok := m.CheckActive(); !ok {
+		return retry.StopError{Early: why}
+	}
+	if th := m.Throttle; th != nil {
+		if _, err := th.Admit(ctx, nil); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			reason, _ := service.Held(err)
+			return retry.StopError{Early: retry.Throttled("throttled (" + reason + ")")}
+		}
+	}
+	c, err := m.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Release()
+	defer func() {
+		if err != nil {
+			kind := retry.KindOf(err)
+			if mm := m.metrics; mm != nil && mm.Errors != nil {
+				mm.Errors.WithLabelValues(t.Name, string(kind)).Inc()
+			}
+		}
+	}()
+	// Session settings: this connection is a session of its own (direct,
+	// or INBOXKEEPER_SESSION_DATABASE_URL), never one a transaction pooler
+	// shares. idle_session_timeout ends the session, and its fence lock
+	// with it, should this process freeze between statements.
+	idle := retry.Millis(m.IdleTimeout)
+	if _, err := c.Exec(ctx, `SELECT set_config('lock_timeout', $1, false), set_config('idle_session_timeout', $2, false),
+       set_config('idle_in_transaction_session_timeout', $2, false)`, retry.Millis(m.LockTimeout), idle); err != nil {
+		return err
+	}
+	defer func() {
+		if _, rerr := c.Exec(context.WithoutCancel(ctx), "RESET lock_timeout; RESET idle_session_timeout; RESET idle_in_transaction_session_timeout"); rerr != nil {
+			// Never hand a connection with a changed setting back.
+			c.Conn().Close(context.WithoutCancel(ctx))
+		}
+	}()
+	if th := m.Throttle; th != nil {
+		done, blocked := th.Watch(c.Conn().PgConn().PID(), time.Time{})
+		defer func() {
+			done()
+			if err != nil && blocked() {
+				err = fmt.Errorf("%w (%v)", errLockWait, err)
+			}
+		}()
+	}
+	if err := fn(c); err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	return nil
+}
+
+// retrying runs step under the DDL retry policy.
+func (m *Manager) retrying(ctx context.Context, t *catalog.Table, what string, step func() error) error {
+	return retry.Do(ctx, m.ddlPolicy(t, what), func(int) error { return step() })
+}
+
+// ddlPolicy retries a DDL step: lock timeouts, and being cancelled for a
+// session that queued behind it, are what a busy table is like; a stop (the
+// lease, the throttle) ends it.
+func (m *Manager) ddlPolicy(t *catalog.Table, what string) retry.Policy {
+	return retry.Policy{
+		MaxRetries: m.MaxRetries,
+		Base:       200 * time.Millisecond,
+		Retry: func(err error, kind retry.Kind) bool {
+			var stop retry.StopError
+			var gone errGone
+			return !errors.As(err, &stop) && !errors.As(err, &gone) && (kind.Transient() || kind == retry.KindLockWait)
+		},
+		OnRetry: func(kind retry.Kind, attempt int, wait time.Duration, err error) {
+			m.Logger.Warn("partitions: DDL failed, retrying", "table", t.Name, "step", what, "kind", kind, "attempt", attempt+1, "wait", wait, "error", err)
+		},
+	}
+}
+
+// errGone ends a retry whose partition went away meanwhile (err nil), or
+// could not be looked up again.
+type errGone struct{ err error }
+
+func (e errGone) Error() string {
+	if e.err == nil {
+		return "the partition is gone"
+	}
+	return e.err.Error()
+}
+
+// blockedReason is why a partition waits, for status and metrics, after a
+// failed step: lock_timeout (a busy table) or error.
+func blockedReason(err error) string {
+	if k := retry.KindOf(err); k == retry.KindLockTimeout || k == retry.KindLockWait {
+		return "lock_timeout"
+	}
+	return "error"
+}

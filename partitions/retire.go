@@ -1,0 +1,296 @@
+package partitions
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/inboxkeeper/inboxkeeper/holds"
+	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
+	"github.com/inboxkeeper/inboxkeeper/internal/retry"
+)
+
+// due reports whether every row p can hold has expired at now.
+func due(t *catalog.Table, p Partition, now time.Time) bool {
+	return p.Upper != nil && !p.Upper.Add(t.Policy.ExpiryOffset()).After(now)
+}
+
+// retire finishes interrupted detaches, then detaches every due partition
+// no hold or replay covers, oldest first.
+func (m *Manager) retire(ctx context.Context, t *catalog.Table, now time.Time, res *TableResult) error {
+	parts, err := readPartitions(ctx, m.pool, t, m.txSettings())
+	if err != nil {
+		return err
+	}
+	// At most one detach can be pending per parent: it goes first, and while
+	// one stays pending no other detach can start.
+	stuck := ""
+	for _, p := range parts {
+		if p.DetachPending {
+			pending, err := m.retireOne(ctx, t, p, now, res)
+			if err != nil {
+				return err
+			}
+			if pending {
+				stuck = p.String()
+			}
+		}
+	}
+	for _, p := range parts {
+		if p.DetachPending || !due(t, p, now) {
+			continue
+		}
+		if stuck != "" {
+			res.Blocked = append(res.Blocked, Blocked{Partition: p.String(), Reason: "lock_timeout",
+				Detail: "waits for the interrupted detach of " + stuck + " to finish (PostgreSQL allows one per table)"})
+			continue
+		}
+		pending, err := m.retireOne(ctx, t, p, now, res)
+		if err != nil {
+			return err
+		}
+		if pending {
+			stuck = p.String()
+		}
+	}
+	return nil
+}
+
+// retireOne detaches p (or finishes its interrupted detach), retrying lock
+// timeouts; a partition it cannot detach this pass is reported blocked.
+// The error is for what should stop the table's pass (the lease, the
+// connection, shutdown).
+func (m *Manager) retireOne(ctx context.Context, t *catalog.Table, p Partition, now time.Time, res *TableResult) (pending bool, err error) {
+	if m.DryRun {
+		reason, detail, err := m.covered(ctx, t, p.Ident(), now)
+		if err != nil {
+			return false, err
+		}
+		if reason != "" {
+			res.Blocked = append(res.Blocked, Blocked{Partition: p.String(), Reason: reason, Detail: detail})
+		} else {
+			res.Detached = append(res.Detached, p.String())
+		}
+		return false, nil
+	}
+	var reason, detail string
+	err = retry.Do(ctx, m.ddlPolicy(t, "detach "+p.String()), func(n int) error {
+		if n > 0 {
+			// Phase one may have committed before the failure: look again.
+			cur, err := m.refresh(ctx, t, p)
+			if err != nil || cur.OID == 0 {
+				return errGone{err}
+			}
+			p = cur
+		}
+		reason, detail, err = m.detachOnce(ctx, t, p, now)
+		return err
+	})
+	var gone errGone
+	switch {
+	case errors.As(err, &gone):
+		return false, gone.err
+	case err == nil && reason != "":
+		res.Blocked = append(res.Blocked, Blocked{Partition: p.String(), Reason: reason, Detail: detail})
+		return false, nil
+	case err == nil:
+		res.Detached = append(res.Detached, p.String())
+		if mm := m.metrics; mm != nil {
+			mm.Detached.WithLabelValues(t.Name).Inc()
+		}
+		m.Logger.Info("partitions: detached", "table", t.Name, "partition", p.String())
+		return false, nil
+	}
+	var stop retry.StopError
+	if errors.As(err, &stop) || ctx.Err() != nil {
+		return false, err
+	}
+	reason = blockedReason(err)
+	m.Logger.Warn("partitions: partition stays attached this pass", "table", t.Name, "partition", p.String(), "reason", reason, "error", err)
+	res.Blocked = append(res.Blocked, Blocked{Partition: p.String(), Reason: reason, Detail: err.Error()})
+	// Phase one may have committed: then nothing else can be detached.
+	cur, rerr := m.refresh(ctx, t, p)
+	return rerr == nil && cur.DetachPending, rerr
+}
+
+// refresh reads p again; OID 0 means it is no longer a partition of t.
+func (m *Manager) refresh(ctx context.Context, t *catalog.Table, p Partition) (Partition, error) {
+	parts, err := readPartitions(ctx, m.pool, t, m.txSettings())
+	if err != nil {
+		return p, err
+	}
+	for _, q := range parts {
+		if q.OID == p.OID {
+			return q, nil
+		}
+	}
+	return Partition{}, nil
+}
+
+// detachOnce makes one attempt. A pending partition is finished with
+// FINALIZE; an attached one is checked against holds and replays (under
+// the fence, so no hold can commit between the check and the detach) and
+// detached CONCURRENTLY, which takes SHARE UPDATE EXCLUSIVE on the parent:
+// inserts go on meanwhile. Citus refuses CONCURRENTLY on the tables it
+// manages; their partitions are detached with a plain DETACH instead
+// (detachInCitus).
+func (m *Manager) detachOnce(ctx context.Context, t *catalog.Table, p Partition, now time.Time) (reason, detail string, err error) {
+	err = m.ddl(ctx, t, "detach "+p.String(), func(c *pgxpool.Conn) error {
+		if p.DetachPending {
+			if _, err := c.Exec(ctx, fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s FINALIZE", t.Ident, p.Ident())); err != nil {
+				return err
+			}
+			return m.recordDetached(ctx, c, t, p, now, due(t, p, now))
+		}
+		if _, err := c.Exec(ctx, "SELECT pg_advisory_lock_shared($1)", holds.FenceKey); err != nil {
+			return err
+		}
+		defer c.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock_shared($1)", holds.FenceKey)
+		var err error
+		if reason, detail, err = m.coveredOn(ctx, c, t, p.Ident(), now); err != nil || reason != "" {
+			return err
+		}
+		if _, err := c.Exec(ctx, `INSERT INTO inboxkeeper.partitions (table_name, partition_schema, partition_name, lower_bound, upper_bound, detach_started)
+VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING`, t.Name, p.Schema, p.Name, lowerOr(p), p.Upper, now); err != nil {
+			return fmt.Errorf("record the detach: %w", err)
+		}
+		if m.TestSignals.BeforeDetach != nil {
+			m.TestSignals.BeforeDetach(p)
+		}
+		if t.InCitusMetadata {
+			return m.detachInCitus(ctx, c, t, p, now)
+		}
+		if _, err := c.Exec(ctx, fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s CONCURRENTLY", t.Ident, p.Ident())); err != nil {
+			return err
+		}
+		return m.recordDetached(ctx, c, t, p, now, true)
+	})
+	return reason, detail, err
+}
+
+// detachInCitus detaches p from a parent Citus manages (distributed, or a
+// Citus local table) with a plain DETACH: Citus refuses CONCURRENTLY on
+// them. A plain DETACH takes ACCESS EXCLUSIVE on the parent and the
+// partition, on the coordinator and on the workers' shards of them, so each
+// of those waits must be bounded: the session's lock_timeout covers the
+// coordinator only, and an application query routed to a shard holds its
+// lock on the worker, where a DETACH waiting for it would queue every later
+// insert into that shard behind it. The statement therefore runs in a
+// transaction that sends the lock timeout to the workers too (toWorkers).
+// It commits at once (no rows move) or not at all, so it never leaves a
+// pending detach; the record of its end commits with it.
+func (m *Manager) detachInCitus(ctx context.Context, c *pgxpool.Conn, t *catalog.Table, p Partition, now time.Time) error {
+	return pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
+		if err := m.toWorkers(ctx, tx, t); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s", t.Ident, p.Ident())); err != nil {
+			return err
+		}
+		return m.recordDetached(ctx, tx, t, p, now, true)
+	})
+}
+
+// lowerOr is p's lower bound, or -infinity for MINVALUE.
+func lowerOr(p Partition) any {
+	if p.Lower == nil {
+		return "-infinity"
+	}
+	return *p.Lower
+}
+
+// execer runs a statement: a connection or a transaction.
+type execer interface {
+	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+}
+
+// recordDetached marks p detached. A partition whose interrupted detach
+// someone else started is recorded only if it is due: the daemon never
+// drops a table it would not have retired itself.
+func (m *Manager) recordDetached(ctx context.Context, c execer, t *catalog.Table, p Partition, now time.Time, ours bool) error {
+	if !ours {
+		m.Logger.Warn("partitions: finished a detach someone else started on a partition that is not due; the table is left in place and will not be dropped",
+			"table", t.Name, "partition", p.String())
+		return nil
+	}
+	if p.Upper == nil {
+		return nil
+	}
+	_, err := c.Exec(ctx, `
+WITH upd AS (
+  UPDATE inboxkeeper.partitions SET detached_at = $4
+  WHERE partition_schema = $1 AND partition_name = $2 AND table_name = $3 AND detached_at IS NULL AND dropped_at IS NULL
+  RETURNING 1)
+INSERT INTO inboxkeeper.partitions (table_name, partition_schema, partition_name, lower_bound, upper_bound, detach_started, detached_at)
+SELECT $3, $1, $2, $5, $6, $4, $4 WHERE NOT EXISTS (SELECT 1 FROM upd)`, p.Schema, p.Name, t.Name, now, lowerOr(p), p.Upper)
+	if err != nil {
+		return fmt.Errorf("record the detach: %w", err)
+	}
+	return nil
+}
+
+// covered says whether an active hold or replay covers any row of the
+// relation source (a partition, attached or detached).
+func (m *Manager) covered(ctx context.Context, t *catalog.Table, source string, now time.Time) (reason, detail string, err error) {
+	c, err := m.pool.Acquire(ctx)
+	if err != nil {
+		return "", "", err
+	}
+	defer c.Release()
+	return m.coveredOn(ctx, c, t, source, now)
+}
+
+func (m *Manager) coveredOn(ctx context.Context, c *pgxpool.Conn, t *catalog.Table, source string, now time.Time) (reason, detail string, err error) {
+	err = pgx.BeginTxFunc(ctx, c, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		reason, detail, err = coveredIn(ctx, tx, t, source, now, m.txSettings())
+		return err
+	})
+	return reason, detail, err
+}
+
+func coveredIn(ctx context.Context, tx pgx.Tx, t *catalog.Table, source string, now time.Time, s dbconn.TxSettings) (reason, detail string, err error) {
+	if _, err := s.Apply(ctx, tx); err != nil {
+		return "", "", err
+	}
+	cov, err := holds.Active(ctx, tx, t.Name, now)
+	if err != nil || cov.Empty() {
+		return "", "", err
+	}
+	var args holds.Args
+	hp, rp := cov.Predicates(t, "t", &args)
+	var byHold, byReplay bool
+	err = tx.QueryRow(ctx, fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM ONLY %[1]s t WHERE %[2]s), EXISTS (SELECT 1 FROM ONLY %[1]s t WHERE %[3]s)`,
+		source, hp, rp), args.Values...).Scan(&byHold, &byReplay)
+	if err != nil {
+		return "", "", fmt.Errorf("check holds and replays: %w", err)
+	}
+	switch {
+	case byHold:
+		return "hold", holdIDs(cov), nil
+	case byReplay:
+		return "replay", replayIDs(cov), nil
+	}
+	return "", "", nil
+}
+
+func holdIDs(c holds.Coverage) string {
+	s := "covered by an active hold (ids"
+	for _, h := range c.Holds {
+		s += fmt.Sprintf(" %d", h.ID)
+	}
+	return s + ")"
+}
+
+func replayIDs(c holds.Coverage) string {
+	s := "covered by an active replay (ids"
+	for _, r := range c.Replays {
+		s += fmt.Sprintf(" %d", r.ID)
+	}
+	return s + ")"
+}
