@@ -18,6 +18,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/metricsinfo"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
 	"github.com/inboxkeeper/inboxkeeper/retention"
+	"github.com/inboxkeeper/inboxkeeper/throttle"
 )
 
 func read(t *testing.T, path string) string {
@@ -188,6 +189,31 @@ func prefixed(flags []string) []string {
 		out[i] = "--" + f
 	}
 	return out
+}
+
+// Every throttle signal (each registers its kinds in a file of package
+// throttle) has its row in the throttle guide's table of signals and is a
+// reason value the metrics reference lists, and nothing else is.
+func TestThrottleSignals(t *testing.T) {
+	t.Parallel()
+	kind := regexp.MustCompile("`([a-z_]+)`")
+	var inGuide []string
+	for _, row := range regexp.MustCompile("(?m)^\\| (`[a-z_]+`[^|]*)\\|").FindAllStringSubmatch(read(t, "guides/throttle.md"), -1) {
+		for _, m := range kind.FindAllStringSubmatch(row[1], -1) {
+			inGuide = append(inGuide, m[1])
+		}
+	}
+	compare(t, "guides/throttle.md", "signal", uniq(throttle.Kinds()), uniq(inGuide))
+	text := read(t, "reference/metrics.md")
+	i := strings.Index(text, "The `reason` label takes the values")
+	if i < 0 {
+		t.Fatal("reference/metrics.md does not list the reason label's values")
+	}
+	var inReference []string
+	for _, m := range kind.FindAllStringSubmatch(text[i+len("The `reason` label"):i+strings.Index(text[i:], ".")], -1) {
+		inReference = append(inReference, m[1])
+	}
+	compare(t, "reference/metrics.md", "reason", uniq(throttle.Kinds()), uniq(inReference))
 }
 
 // Every directory that holds Go code is in the layout table of

@@ -7,7 +7,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
+	"github.com/inboxkeeper/inboxkeeper/internal/service"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
 )
 
@@ -22,7 +24,7 @@ func TestCitusLockWatchSeesWaitsOnWorkers(t *testing.T) {
 	pgtest.Exec(t, pool, `CREATE TABLE public.consumer_inbox (consumer text, message_id text, payload text, PRIMARY KEY (consumer, message_id));`+
 		pgtest.Distribute("consumer", "public.consumer_inbox")+`
 INSERT INTO public.consumer_inbox VALUES ('c', 'm1', 'x')`)
-	th := throttle.New(pool, throttle.Config{}, nil, nil)
+	th := throttle.New(pool, config.Config{}, service.Base{}, nil)
 
 	tx := pgtest.Begin(t, pgtest.Connect(t, url))
 	var pid uint32
@@ -74,7 +76,7 @@ func TestCitusWorkerStandby(t *testing.T) {
 	}
 	standby := pgtest.NewStandby(t, pgtest.Citus(t).Workers[0], nil)
 	standbyURL := standby.URL(cfg.Database)
-	th := startThrottle(t, pool, throttle.Config{ReplicaURLs: []string{standbyURL}, MaxReplicaLag: time.Second, HeartbeatInterval: 100 * time.Millisecond})
+	th := startThrottle(t, pool, config.Config{ReplicaURLs: []string{standbyURL}, MaxReplicaLag: time.Second, HeartbeatInterval: 100 * time.Millisecond})
 	pgtest.WaitFor(t, 30*time.Second, "the worker's standby to apply a heartbeat", func() bool { return !th.Check().Throttled })
 	pgtest.ExecOn(t, standbyURL, "SELECT pg_wal_replay_pause()")
 	pgtest.WaitFor(t, 30*time.Second, "the throttle to see the worker's standby lag", func() bool { return th.Check().Throttled })

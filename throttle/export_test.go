@@ -1,6 +1,8 @@
 package throttle
 
-import "context"
+import (
+	"context"
+)
 
 // CheckLocksNow runs one lock-wait check synchronously, as the watcher's
 // ticker would; citus adds the check of every node's lock waits.

@@ -7,6 +7,23 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
+// While a batch or DDL statement runs, sessions waiting on its locks get
+// it cancelled (watchLocks); new batches then stay out for a second.
+const LockWait = "lock_wait"
+
+func init() {
+	register(kind{name: LockWait,
+		verdict: func(t *Throttler, _ time.Time) (Reading, bool) {
+			t.mu.Lock()
+			defer t.mu.Unlock()
+			if !t.lockWait.IsZero() && time.Since(t.lockWait) < lockWaitCooldown {
+				return Reading{Kind: LockWait, Detail: "a session waited on a lock the daemon held"}, true
+			}
+			return Reading{}, false
+		},
+		counter: &counter{"inboxkeeper_lock_waits_total", "Batches cancelled because another session waited on a lock they held."}})
+}
+
 type watch struct {
 	blocked bool
 	// xactStart is the watched transaction's start (its now()): the cancel
@@ -51,7 +68,7 @@ func (t *Throttler) watchLocks(ctx context.Context) {
 	defer tick.Stop()
 	var citus bool
 	if err := t.pool.QueryRow(ctx, "SELECT to_regclass('pg_catalog.citus_lock_waits') IS NOT NULL").Scan(&citus); err != nil && ctx.Err() == nil {
-		t.log.Warn("throttle: could not tell whether the database is a Citus coordinator; watching its own lock waits only", "error", err)
+		t.Logger.Warn("throttle: could not tell whether the database is a Citus coordinator; watching its own lock waits only", "error", err)
 	}
 	var citusRead time.Time
 	for {
@@ -134,17 +151,15 @@ func (t *Throttler) checkBlocked(ctx context.Context, pids []uint32, sql string)
 		if w == nil {
 			continue // the batch ended meanwhile
 		}
-		t.log.Warn("throttle: a session waits on a lock the daemon holds; cancelling the batch", "daemon_pid", h.blocker, "waiting_pid", h.waiter)
-		if t.metrics != nil {
-			t.metrics.LockWaits.Inc()
-		}
+		t.Logger.Warn("throttle: a session waits on a lock the daemon holds; cancelling the batch", "daemon_pid", h.blocker, "waiting_pid", h.waiter)
+		t.metrics.count(LockWait)
 		var start *time.Time
 		if !w.xactStart.IsZero() {
 			start = &w.xactStart
 		}
 		if _, err := t.pool.Exec(ctx, `SELECT pg_cancel_backend(pid) FROM pg_stat_activity
 WHERE pid = $1 AND ($2::timestamptz IS NULL OR xact_start = $2)`, int32(h.blocker), start); err != nil && ctx.Err() == nil {
-			t.log.Warn("throttle: cancel batch", "error", err)
+			t.Logger.Warn("throttle: cancel batch", "error", err)
 		}
 	}
 }

@@ -86,13 +86,13 @@ type sent struct {
 // pacer holds every standby's pacing state. It does no I/O and takes the
 // time as an argument, so tests drive it with a fake clock.
 type pacer struct {
-	maxLag   time.Duration
+	maxLag   func() time.Duration // MAX_REPLICA_LAG in force (the throttle's limits)
 	standbys map[string]*standby
 	sent     []sent
 	failure  string // the last reading of the standbys failed: hold (fail closed)
 }
 
-func newPacer(maxLag time.Duration) *pacer {
+func newPacer(maxLag func() time.Duration) *pacer {
 	return &pacer{maxLag: maxLag, standbys: map[string]*standby{}}
 }
 
@@ -170,12 +170,12 @@ func (p *pacer) adjust(s *standby, now time.Time) {
 		return // a lower bound of the rate would see overshoots that are not there
 	}
 	rate := s.rate()
-	if s.behind/rate > p.maxLag.Seconds() {
+	if s.behind/rate > p.maxLag().Seconds() {
 		p.cut(s, now)
 		return
 	}
 	s.recovered = true
-	if s.limited && now.Sub(s.grewAt) >= p.maxLag && now.Sub(s.cutAt) >= p.maxLag {
+	if s.limited && now.Sub(s.grewAt) >= p.maxLag() && now.Sub(s.cutAt) >= p.maxLag() {
 		s.multiplier = min(1, s.multiplier+growStep)
 		s.grewAt, s.limited = now, false
 	}
@@ -185,7 +185,7 @@ func (p *pacer) adjust(s *standby, now time.Time) {
 // cut still shows the queue written before it, so another cut waits until
 // a reading was under MAX_REPLICA_LAG again, and at least MAX_REPLICA_LAG.
 func (p *pacer) cut(s *standby, now time.Time) {
-	if !s.recovered || (!s.cutAt.IsZero() && now.Sub(s.cutAt) < p.maxLag) {
+	if !s.recovered || (!s.cutAt.IsZero() && now.Sub(s.cutAt) < p.maxLag()) {
 		return
 	}
 	s.recovered = false
@@ -198,7 +198,7 @@ func (p *pacer) cut(s *standby, now time.Time) {
 // standby's window.
 func (p *pacer) lagged(seconds float64, now time.Time) {
 	for _, s := range p.standbys {
-		if seconds <= p.maxLag.Seconds() {
+		if seconds <= p.maxLag().Seconds() {
 			s.recovered = true
 		} else {
 			p.cut(s, now)
@@ -259,7 +259,7 @@ func (s *standby) trailRate() float64 {
 // 1.5x per window applied, so a lower bound inflated by a burst (a standby
 // that was idle runs ahead for a moment) does not open it at once.
 func (p *pacer) window(s *standby) float64 {
-	w := s.multiplier * windowFactor * s.rate() * p.maxLag.Seconds()
+	w := s.multiplier * windowFactor * s.rate() * p.maxLag().Seconds()
 	if !s.measured() {
 		w = min(w, s.ceiling)
 	}

@@ -12,7 +12,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
+	"github.com/inboxkeeper/inboxkeeper/internal/service"
 )
 
 // sim is a fake standby that applies WAL at a fixed rate, read every 50 ms
@@ -31,7 +33,7 @@ type sim struct {
 }
 
 func newSim(t *testing.T, rate float64, maxLag time.Duration) *sim {
-	s := &sim{t: t, p: newPacer(maxLag), now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), rate: rate, perRow: 600, maxLag: maxLag}
+	s := &sim{t: t, p: newPacer(fixed(maxLag)), now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), rate: rate, perRow: 600, maxLag: maxLag}
 	s.read()
 	return s
 }
@@ -77,7 +79,7 @@ func (s *sim) perRowKnown() float64 {
 func (s *sim) standby() *standby { return s.p.standbys["s1"] }
 
 func TestPacerNoStandby(t *testing.T) {
-	p := newPacer(time.Second)
+	p := newPacer(fixed(time.Second))
 	if a := p.admit(5000, 100, 0); a.Rows != 5000 || a.Hold != "" {
 		t.Errorf("without a standby the sizer's size goes through: %+v", a)
 	}
@@ -203,7 +205,7 @@ func TestPacerHeartbeatLagCuts(t *testing.T) {
 // progress (a standby that saved up) is one sample of five: the median
 // ignores it, once the trailing three seconds have forgotten it.
 func TestPacerBurstDoesNotInflateRate(t *testing.T) {
-	p := newPacer(time.Second)
+	p := newPacer(fixed(time.Second))
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	replayed, behind := 0.0, float64(10<<20)
 	for i := range 80 { // 4 s of readings at 50 ms, 1 MiB/s, always 10 MiB behind
@@ -239,7 +241,7 @@ func TestPacerRateNotBelowProgress(t *testing.T) {
 }
 
 func TestPacerFailsClosed(t *testing.T) {
-	p := newPacer(time.Second)
+	p := newPacer(fixed(time.Second))
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	p.observe("s1", 1000, 0, 0, now)
 	if a := p.admit(5000, 100, 500); a.Rows == 0 {
@@ -263,7 +265,7 @@ func TestPacerFailsClosed(t *testing.T) {
 // TestPacerCountsUnreadWAL: WAL written after the last reading began counts
 // as behind, until a reading that includes it.
 func TestPacerCountsUnreadWAL(t *testing.T) {
-	p := newPacer(time.Second)
+	p := newPacer(fixed(time.Second))
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	p.observe("s1", 0, 0, 0, now)
 	a := p.admit(5000, 100, 500)
@@ -386,7 +388,7 @@ func TestDatabaseDownLogsSparingly(t *testing.T) {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	var mu sync.Mutex
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	th := New(pool, Config{Clock: clock}, slog.New(h), nil)
+	th := New(pool, config.Config{}, service.Base{Clock: clock, Logger: slog.New(h)}, nil)
 	th.MeasureOnce(ctx)
 	if s := th.Check(); s.Throttled {
 		t.Fatalf("throttled with the database up: %s", s.Reason)
@@ -438,3 +440,6 @@ func TestDatabaseDownLogsSparingly(t *testing.T) {
 		t.Errorf("still throttled once the database is back: %s", s.Reason)
 	}
 }
+
+// fixed is a MAX_REPLICA_LAG that never changes.
+func fixed(maxLag time.Duration) func() time.Duration { return func() time.Duration { return maxLag } }

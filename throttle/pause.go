@@ -9,6 +9,30 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
+// A manual pause: `inboxkeeper pause`, stored in the control schema, so
+// every instance on the database obeys it until `inboxkeeper resume` or
+// until its --for runs out.
+const ManualPause = "manual_pause"
+
+func init() {
+	register(kind{name: ManualPause,
+		collectors: func(t *Throttler) []collector {
+			return []collector{{name: "pause", interval: time.Second, run: t.measurePause}}
+		}})
+}
+
+func (t *Throttler) measurePause(ctx context.Context) {
+	p, err := ActivePause(ctx, t.pool)
+	if !t.recorded(ctx, readPause, err) {
+		return
+	}
+	r := Reading{Kind: ManualPause, Threshold: 0}
+	if p != nil {
+		r.Value, r.Detail = 1, p.String()
+	}
+	t.set(r)
+}
+
 // Querier is satisfied by *pgx.Conn, *pgxpool.Pool and pgx.Tx.
 type Querier interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
@@ -71,18 +95,4 @@ WHERE until IS NULL OR until > now()`).Scan(&p.Reason, &p.PausedBy, &p.PausedAt,
 		return nil, err
 	}
 	return &p, nil
-}
-
-// CheckQuery runs the custom throttle query once, as the daemon starts: a
-// query that does not parse, fails or does not return a number is a
-// configuration mistake to report at once, not a pause for ever. No row
-// passes: it pauses (fail closed) but may be what the query means.
-func CheckQuery(ctx context.Context, db Querier, query string) error {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	var v *float64
-	if err := db.QueryRow(ctx, query).Scan(&v); err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("INBOXKEEPER_THROTTLE_QUERY: %w", err)
-	}
-	return nil
 }

@@ -1,14 +1,19 @@
-// Package throttle decides whether the deleter may start its next batch.
+// Package throttle decides whether the services of a pass may start their
+// next batch or DDL statement.
 //
-// Collectors measure on their own tickers (replica lag from a heartbeat,
+// Signals measure on their own tickers (replica lag from a heartbeat,
 // pg_stat_replication, logical slots, a custom query, a manual pause) and
-// store readings; Check only reads them and returns a reason. The deleter
-// calls Wait before every batch, never inside a transaction. A signal that
-// went over its threshold stays "over" until it falls to its resume level
-// (half the threshold by default), so the daemon does not flap.
+// store readings; Check only reads them and returns a reason. Each signal
+// is one file that registers itself (signal.go): what it measures and how
+// often, its reason kinds, its metrics and how its readings read in
+// status. The services ask Admit before every batch, never inside a
+// transaction. A signal that went over its threshold stays "over" until it
+// falls to its resume level (half the threshold by default), so the daemon
+// does not flap. The WAL window (pace.go) paces batches before any signal
+// trips.
 //
-// Daemon internals: the daemon's pass, `once` and `status` use it; its
-// API may change between releases.
+// Daemon internals: the daemon's pass, `once` and `status` use it; its API
+// may change between releases.
 package throttle
 
 import (
@@ -24,45 +29,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/activehours"
+	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/service"
 )
-
-// Signal kinds, used as the reason label of metrics: a fixed set.
-const (
-	ReplicaLag         = "replica_lag"
-	ReplicaLagBytes    = "replica_lag_bytes"
-	ReplicaUnreachable = "replica_unreachable"
-	SlotLag            = "slot_lag"
-	CustomQuery        = "custom_query"
-	ManualPause        = "manual_pause"
-	OutsideHours       = "outside_active_hours"
-	LockWait           = "lock_wait"
-)
-
-// Kinds lists every signal kind, for metrics that must show zeros too.
-var Kinds = []string{ReplicaLag, ReplicaLagBytes, ReplicaUnreachable, SlotLag, CustomQuery, ManualPause, OutsideHours, LockWait}
-
-// Config holds the thresholds and collector settings.
-type Config struct {
-	ReplicaURLs        []string      // standbys to read the heartbeat on
-	HeartbeatInterval  time.Duration // default 250ms
-	MaxReplicaLag      time.Duration // default 1s
-	MaxReplicaLagBytes int64         // default 64 MiB
-	ReplicaFailOpen    bool          // an unreachable listed standby does not throttle
-	MaxSlotLagBytes    int64         // 0 disables the slot signal
-	Query              string        // custom query; a result > 0 throttles
-	ActiveHours        string        // "22:00-06:00"; empty = always
-	ActiveTZ           *time.Location
-	ResumeRatio        float64       // resume when a value is at or below threshold*ratio; default 0.5
-	StatsInterval      time.Duration // pg_stat_replication and slots; default 50ms
-	LockWaitCooldown   time.Duration // how long a detected lock wait keeps new batches out; default 1s
-	// Clock is the time source for the active window, the pacing and the
-	// rate limit of failure logs; nil is time.Now.
-	Clock service.Clock
-	// TestSignals are told what the throttle decided (tests); nil: nothing.
-	TestSignals *TestSignals
-}
 
 // TestSignals lets tests observe decisions without sleeping.
 type TestSignals struct {
@@ -72,29 +41,12 @@ type TestSignals struct {
 	Held func(Admission)
 }
 
-func (c *Config) defaults() {
-	if c.HeartbeatInterval <= 0 {
-		c.HeartbeatInterval = 250 * time.Millisecond
-	}
-	if c.MaxReplicaLag <= 0 {
-		c.MaxReplicaLag = time.Second
-	}
-	if c.MaxReplicaLagBytes <= 0 {
-		c.MaxReplicaLagBytes = 64 << 20
-	}
-	if c.ResumeRatio <= 0 || c.ResumeRatio > 1 {
-		c.ResumeRatio = 0.5
-	}
-	if c.StatsInterval <= 0 {
-		c.StatsInterval = 50 * time.Millisecond
-	}
-	if c.LockWaitCooldown <= 0 {
-		c.LockWaitCooldown = time.Second
-	}
-	if c.ActiveTZ == nil {
-		c.ActiveTZ = time.UTC
-	}
-}
+// Built-in cadences: how often the primary's views are read, and how long
+// a detected lock wait keeps new batches out.
+const (
+	statsInterval    = 50 * time.Millisecond
+	lockWaitCooldown = time.Second
+)
 
 // Reading is one measured signal.
 type Reading struct {
@@ -123,8 +75,8 @@ func (r Reading) String() string {
 	case "bytes":
 		fmt.Fprintf(&b, ": %s (threshold %s)", fmtBytes(r.Value), fmtBytes(r.Threshold))
 	default:
-		if r.Kind == CustomQuery {
-			fmt.Fprintf(&b, ": %g (throttles above 0)", r.Value)
+		if k := kindNamed(r.Kind); k != nil && k.format != nil {
+			b.WriteString(k.format(r))
 		}
 	}
 	if r.Detail != "" {
@@ -163,11 +115,14 @@ type State struct {
 	Since     time.Time
 }
 
-// Throttler collects signals and answers Check and Wait.
+// Throttler collects signals and answers Check, Wait and Admit. It embeds
+// the service base for its logger and clock; it is not throttled itself.
 type Throttler struct {
-	cfg     Config
+	service.Base
+	TestSignals TestSignals // set before Start
+
+	cfg     config.Config // the signals' settings (the environment's, with the runtime settings in force when built)
 	pool    *pgxpool.Pool // the primary
-	log     *slog.Logger
 	metrics *Metrics
 
 	mu       sync.Mutex
@@ -184,19 +139,47 @@ type Throttler struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	lim atomic.Pointer[limits] // the thresholds runtime settings may change
+	lim atomic.Pointer[config.Limits] // the thresholds runtime settings may change
 }
 
-// New returns a Throttler; Start launches its collectors.
-func New(pool *pgxpool.Pool, cfg Config, log *slog.Logger, m *Metrics) *Throttler {
-	cfg.defaults()
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
+// New returns a Throttler for the settings of cfg (zero values get the
+// environment's defaults); Start launches its collectors.
+func New(pool *pgxpool.Pool, cfg config.Config, base service.Base, m *Metrics) *Throttler {
+	if cfg.HeartbeatInterval <= 0 {
+		cfg.HeartbeatInterval = 250 * time.Millisecond
 	}
-	t := &Throttler{cfg: cfg, pool: pool, log: log, metrics: m, readings: map[string]Reading{}, changed: make(chan struct{}),
-		watched: map[uint32]*watch{}, pacer: newPacer(cfg.MaxReplicaLag), fails: newFailLog(log, cfg.Clock)}
-	t.lim.Store(&limits{maxLag: cfg.MaxReplicaLag, maxLagBytes: cfg.MaxReplicaLagBytes, activeHours: cfg.ActiveHours, activeTZ: cfg.ActiveTZ})
+	if cfg.ThrottleResume <= 0 || cfg.ThrottleResume > 1 {
+		cfg.ThrottleResume = 0.5
+	}
+	if base.Logger == nil {
+		base.Logger = slog.New(slog.DiscardHandler)
+	}
+	t := &Throttler{Base: base, cfg: cfg, pool: pool, metrics: m, readings: map[string]Reading{}, changed: make(chan struct{}),
+		watched: map[uint32]*watch{}}
+	t.pacer = newPacer(func() time.Duration { return t.limits().MaxReplicaLag })
+	t.fails = newFailLog(t.Logger, t.Clock)
+	t.SetLimits(cfg.Limits())
 	return t
+}
+
+// limits returns the thresholds in force.
+func (t *Throttler) limits() *config.Limits { return t.lim.Load() }
+
+// SetLimits changes the thresholds runtime settings may change
+// (MAX_REPLICA_LAG, MAX_REPLICA_LAG_BYTES, ACTIVE_HOURS, ACTIVE_TZ) while
+// the throttle runs: the next reading, admission and check use them. Zero
+// values get the defaults.
+func (t *Throttler) SetLimits(l config.Limits) {
+	if l.MaxReplicaLag <= 0 {
+		l.MaxReplicaLag = time.Second
+	}
+	if l.MaxReplicaLagBytes <= 0 {
+		l.MaxReplicaLagBytes = 64 << 20
+	}
+	if l.ActiveTZ == nil {
+		l.ActiveTZ = time.UTC
+	}
+	t.lim.Store(&l)
 }
 
 // set stores a reading, applying hysteresis against the previous one.
@@ -204,7 +187,7 @@ func (t *Throttler) set(r Reading) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	prev, had := t.readings[r.key()]
-	resume := r.Threshold * t.cfg.ResumeRatio
+	resume := r.Threshold * t.cfg.ThrottleResume
 	r.Over = r.Value > r.Threshold || (had && prev.Over && r.Value > resume)
 	r.At = time.Now()
 	t.readings[r.key()] = r
@@ -269,15 +252,14 @@ func (t *Throttler) Check() State {
 			over = append(over, r)
 		}
 	}
-	now := t.cfg.Clock.Now()
-	if ok, window := t.inWindow(now); !ok {
-		over = append(over, Reading{Kind: OutsideHours, Detail: "active hours " + window})
+	now := t.Clock.Now()
+	for _, k := range registry {
+		if k.verdict != nil {
+			if r, ok := k.verdict(t, now); ok {
+				over = append(over, r)
+			}
+		}
 	}
-	t.mu.Lock()
-	if !t.lockWait.IsZero() && time.Since(t.lockWait) < t.cfg.LockWaitCooldown {
-		over = append(over, Reading{Kind: LockWait, Detail: "a session waited on a lock the daemon held"})
-	}
-	t.mu.Unlock()
 	s := State{Throttled: len(over) > 0}
 	if s.Throttled {
 		s.Kind = over[0].Kind
@@ -352,18 +334,18 @@ func (t *Throttler) Pace(ctx context.Context, sizer BatchSizer) (Admission, Stat
 		}
 		if a.Rows > 0 {
 			if wasHeld {
-				t.log.Debug("throttle: WAL window has room again", "standby", a.Standby, "rows", a.Rows)
+				t.Logger.Debug("throttle: WAL window has room again", "standby", a.Standby, "rows", a.Rows)
 			}
-			if ts := t.cfg.TestSignals; ts != nil && ts.Admitted != nil {
-				ts.Admitted(a)
+			if t.TestSignals.Admitted != nil {
+				t.TestSignals.Admitted(a)
 			}
 			return a, first, nil
 		}
 		if !wasHeld {
-			t.log.Debug("throttle: holding the batch for the WAL window", "reason", a.Hold)
+			t.Logger.Debug("throttle: holding the batch for the WAL window", "reason", a.Hold)
 		}
-		if ts := t.cfg.TestSignals; ts != nil && ts.Held != nil {
-			ts.Held(a)
+		if t.TestSignals.Held != nil {
+			t.TestSignals.Held(a)
 		}
 		select {
 		case <-ctx.Done():
@@ -405,7 +387,7 @@ func (t *Throttler) Admit(ctx context.Context, sizer service.Sizer) (int, error)
 func (t *Throttler) Wrote(bytes float64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.pacer.wrote(t.cfg.Clock.Now(), bytes)
+	t.pacer.wrote(t.Clock.Now(), bytes)
 }
 
 // Paces returns every streaming standby's pacing state.
@@ -427,11 +409,8 @@ func zeroInf(v float64) float64 {
 // batch size should shrink, since the throttle measures too late for a big
 // batch's WAL.
 func Backlog(kind string) bool {
-	switch kind {
-	case ReplicaLag, ReplicaLagBytes, ReplicaUnreachable, SlotLag:
-		return true
-	}
-	return false
+	k := kindNamed(kind)
+	return k != nil && k.backlog
 }
 
 // transition records a new verdict: a log line when the state or reason
@@ -447,7 +426,7 @@ func (t *Throttler) transition(s State) {
 	t.state = s
 	t.mu.Unlock()
 	if t.metrics != nil {
-		for _, k := range Kinds {
+		for _, k := range Kinds() {
 			v := 0.0
 			if s.Throttled && s.Kind == k {
 				v = 1
@@ -457,9 +436,9 @@ func (t *Throttler) transition(s State) {
 	}
 	switch {
 	case s.Throttled && (!prev.Throttled || prev.Kind != s.Kind):
-		t.log.Warn("throttle: pausing", "kind", s.Kind, "reason", s.Reason)
+		t.Logger.Warn("throttle: pausing", "kind", s.Kind, "reason", s.Reason)
 	case !s.Throttled && prev.Throttled:
-		t.log.Info("throttle: resuming", "was", prev.Kind)
+		t.Logger.Info("throttle: resuming", "was", prev.Kind)
 	}
 }
 
@@ -469,24 +448,3 @@ func (t *Throttler) State() State {
 	defer t.mu.Unlock()
 	return t.state
 }
-
-// inWindow reports whether now is inside the active hours.
-func (t *Throttler) inWindow(now time.Time) (bool, string) {
-	if t.limits().activeHours == "" {
-		return true, ""
-	}
-	from, to, err := ParseWindow(t.limits().activeHours)
-	if err != nil {
-		return false, t.limits().activeHours + " (invalid)"
-	}
-	local := now.In(t.limits().activeTZ)
-	m := local.Hour()*60 + local.Minute()
-	label := t.limits().activeHours + " " + t.limits().activeTZ.String()
-	if from <= to {
-		return m >= from && m < to, label
-	}
-	return m >= from || m < to, label // wraps past midnight
-}
-
-// ParseWindow parses "HH:MM-HH:MM" into minutes after midnight.
-func ParseWindow(s string) (from, to int, err error) { return activehours.Parse(s) }

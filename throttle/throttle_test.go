@@ -14,6 +14,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/expiry"
 	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 	"github.com/inboxkeeper/inboxkeeper/internal/service"
@@ -59,9 +60,12 @@ func (e env) left(t *testing.T) int {
 	return n
 }
 
-func startThrottle(t *testing.T, pool *pgxpool.Pool, cfg throttle.Config) *throttle.Throttler {
+func startThrottle(t *testing.T, pool *pgxpool.Pool, cfg config.Config, signals ...throttle.TestSignals) *throttle.Throttler {
 	t.Helper()
-	th := throttle.New(pool, cfg, nil, nil)
+	th := throttle.New(pool, cfg, service.Base{}, nil)
+	for _, s := range signals {
+		th.TestSignals = s
+	}
 	th.Start(context.Background())
 	t.Cleanup(th.Stop)
 	return th
@@ -98,7 +102,7 @@ func TestReplicaLagStopsTheDeleter(t *testing.T) {
 	e := newEnv(t, primary.URL("postgres"), 20000, "")
 	const maxLag = time.Second
 	const beat = 100 * time.Millisecond
-	th := startThrottle(t, e.pool, throttle.Config{ReplicaURLs: []string{standby.URL("postgres")}, MaxReplicaLag: maxLag, HeartbeatInterval: beat})
+	th := startThrottle(t, e.pool, config.Config{ReplicaURLs: []string{standby.URL("postgres")}, MaxReplicaLag: maxLag, HeartbeatInterval: beat})
 	pgtest.WaitFor(t, 30*time.Second, "the standby to apply a heartbeat", func() bool { return !th.Check().Throttled })
 
 	var mu sync.Mutex
@@ -161,7 +165,7 @@ func TestStoppedStandbyFailsClosedOrOpen(t *testing.T) {
 	primary := pgtest.NewCluster(t)
 	standby := pgtest.NewStandby(t, primary, nil)
 	e := newEnv(t, primary.URL("postgres"), 10, "")
-	cfg := throttle.Config{ReplicaURLs: []string{standby.URL("postgres")}, HeartbeatInterval: 50 * time.Millisecond}
+	cfg := config.Config{ReplicaURLs: []string{standby.URL("postgres")}, HeartbeatInterval: 50 * time.Millisecond}
 	closed := startThrottle(t, e.pool, cfg)
 	cfg.ReplicaFailOpen = true
 	open := startThrottle(t, e.pool, cfg)
@@ -204,7 +208,7 @@ func TestLogicalSlotLag(t *testing.T) {
 	c := pgtest.NewCluster(t)
 	e := newEnv(t, c.URL("postgres"), 10, "")
 	pgtest.ExecOn(t, e.url, "SELECT pg_create_logical_replication_slot('cdc', 'test_decoding')")
-	th := startThrottle(t, e.pool, throttle.Config{MaxSlotLagBytes: 1 << 20, StatsInterval: 50 * time.Millisecond})
+	th := startThrottle(t, e.pool, config.Config{MaxSlotLagBytes: 1 << 20})
 	if s := th.Check(); s.Throttled {
 		t.Fatalf("throttled before any WAL: %s", s.Reason)
 	}
@@ -231,7 +235,7 @@ func TestLockWaiterProceeds(t *testing.T) {
 	e := newEnv(t, url, 200, `
 CREATE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.05); RETURN OLD; END $$;
 CREATE TRIGGER slow BEFORE DELETE ON public.consumer_inbox FOR EACH ROW EXECUTE FUNCTION slow();`)
-	th := startThrottle(t, e.pool, throttle.Config{})
+	th := startThrottle(t, e.pool, config.Config{})
 	d := expiry.New(e.pool, []*catalog.Table{e.table}, expiry.Options{
 		Settings: batchloop.Settings{
 			Base:      service.Base{Throttle: th, StatementTimeout: time.Minute},
@@ -327,13 +331,13 @@ func TestManualPauseAcrossInstances(t *testing.T) {
 	ctx := context.Background()
 	_, url := pgtest.NewPool(t)
 	e := newEnv(t, url, 10, "")
-	a := startThrottle(t, e.pool, throttle.Config{})
+	a := startThrottle(t, e.pool, config.Config{})
 	other, err := pgxpool.New(ctx, url) // a second instance, its own pool
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer other.Close()
-	b := startThrottle(t, other, throttle.Config{})
+	b := startThrottle(t, other, config.Config{})
 
 	if _, err := throttle.SetPause(ctx, e.pool, "vacuum running", "dba", 0); err != nil {
 		t.Fatal(err)
@@ -364,7 +368,7 @@ func TestCustomQuery(t *testing.T) {
 	t.Parallel()
 	_, url := pgtest.NewPool(t)
 	e := newEnv(t, url, 10, "CREATE TABLE busy (n int); INSERT INTO busy VALUES (0);")
-	th := startThrottle(t, e.pool, throttle.Config{Query: "SELECT n FROM busy"})
+	th := startThrottle(t, e.pool, config.Config{ThrottleQuery: "SELECT n FROM busy"})
 	if th.Check().Throttled {
 		t.Fatal("throttled at 0")
 	}
@@ -373,7 +377,7 @@ func TestCustomQuery(t *testing.T) {
 	pgtest.ExecOn(t, url, "UPDATE busy SET n = 0")
 	pgtest.WaitFor(t, 10*time.Second, "the query to release", func() bool { return !th.Check().Throttled })
 
-	broken := startThrottle(t, e.pool, throttle.Config{Query: "SELECT nope FROM busy"})
+	broken := startThrottle(t, e.pool, config.Config{ThrottleQuery: "SELECT nope FROM busy"})
 	if s := broken.Check(); s.Kind != throttle.CustomQuery || !strings.Contains(s.Reason, "query failed") {
 		t.Errorf("a failing query must throttle and say why: %+v", s)
 	}
@@ -386,7 +390,7 @@ func TestUnlistedStandbyBytesBehind(t *testing.T) {
 	primary := pgtest.NewCluster(t)
 	standby := pgtest.NewStandby(t, primary, nil)
 	e := newEnv(t, primary.URL("postgres"), 10, "")
-	th := startThrottle(t, e.pool, throttle.Config{MaxReplicaLagBytes: 1 << 20, MaxReplicaLag: time.Hour, StatsInterval: 50 * time.Millisecond})
+	th := startThrottle(t, e.pool, config.Config{MaxReplicaLagBytes: 1 << 20, MaxReplicaLag: time.Hour})
 	pgtest.WaitFor(t, 30*time.Second, "the standby to appear in pg_stat_replication", func() bool {
 		for _, r := range th.Readings() {
 			if r.Kind == throttle.ReplicaLagBytes {
@@ -421,7 +425,7 @@ func TestWindowHoldsBatches(t *testing.T) {
 	var mu sync.Mutex
 	var admitted []throttle.Admission
 	held := make(chan throttle.Admission, 1)
-	signals := &throttle.TestSignals{
+	signals := throttle.TestSignals{
 		Admitted: func(a throttle.Admission) { mu.Lock(); admitted = append(admitted, a); mu.Unlock() },
 		Held: func(a throttle.Admission) {
 			select {
@@ -431,7 +435,7 @@ func TestWindowHoldsBatches(t *testing.T) {
 		},
 	}
 	// The lag signals out of reach: only the window holds batches here.
-	th := startThrottle(t, e.pool, throttle.Config{MaxReplicaLag: time.Hour, MaxReplicaLagBytes: 1 << 40, TestSignals: signals})
+	th := startThrottle(t, e.pool, config.Config{MaxReplicaLag: time.Hour, MaxReplicaLagBytes: 1 << 40}, signals)
 	// The fill committed asynchronously: megabytes of its WAL may not be
 	// written yet (two CI runs paused replay with about 1 MB of it still
 	// to come, which the window then rightly held batches behind). Wait on
@@ -521,7 +525,7 @@ func TestPaceCountsWALNotYetWritten(t *testing.T) {
 	primary := pgtest.NewCluster(t)
 	pgtest.NewStandby(t, primary, nil)
 	e := newEnv(t, primary.URL("postgres"), 0, "")
-	th := startThrottle(t, e.pool, throttle.Config{MaxReplicaLag: time.Hour, MaxReplicaLagBytes: 1 << 40})
+	th := startThrottle(t, e.pool, config.Config{MaxReplicaLag: time.Hour, MaxReplicaLagBytes: 1 << 40})
 	pgtest.WaitFor(t, 60*time.Second, "the throttle to see the standby caught up", func() bool {
 		p := th.Paces()
 		return len(p) == 1 && p[0].Behind < 64<<10
@@ -559,7 +563,7 @@ func TestLockWatchCancelsOnlyTheWatchedTransaction(t *testing.T) {
 	_, url := pgtest.NewPool(t)
 	e := newEnv(t, url, 10, "")
 	ctx := context.Background()
-	th := throttle.New(e.pool, throttle.Config{}, nil, nil)
+	th := throttle.New(e.pool, config.Config{}, service.Base{}, nil)
 
 	holder := pgtest.Connect(t, url)
 	var pid uint32

@@ -437,7 +437,7 @@ func (a *app) statusOnce(ctx context.Context, pool *pgxpool.Pool, tables []*cata
 			rates.add(st.Table, now, st.Due)
 		}
 	}
-	th := throttle.New(pool, a.throttleConfig(ctx, pool), a.log, nil)
+	th := throttle.New(pool, a.throttleConfig(ctx, pool), service.Base{Logger: a.log}, nil)
 	th.MeasureOnce(ctx)
 	if asJSON {
 		return json.NewEncoder(w).Encode(rep.JSON(th))

@@ -6,13 +6,13 @@ import (
 	"io"
 	"os"
 	"os/user"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/inboxkeeper/inboxkeeper/expiry"
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
+	"github.com/inboxkeeper/inboxkeeper/internal/service"
 	"github.com/inboxkeeper/inboxkeeper/internal/settings"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
 )
@@ -20,7 +20,7 @@ import (
 // throttleConfig is the throttle's configuration: the environment, with the
 // global runtime settings (max_replica_lag, active_hours...) applied when
 // they can be read.
-func (a *app) throttleConfig(ctx context.Context, pool *pgxpool.Pool) throttle.Config {
+func (a *app) throttleConfig(ctx context.Context, pool *pgxpool.Pool) config.Config {
 	c := a.cfg
 	if pool != nil {
 		if stored, err := settings.Load(ctx, pool); err == nil {
@@ -31,19 +31,7 @@ func (a *app) throttleConfig(ctx context.Context, pool *pgxpool.Pool) throttle.C
 			}
 		}
 	}
-	tz, _ := time.LoadLocation(c.ActiveTZ) // validated like the environment
-	return throttle.Config{
-		ReplicaURLs:        a.cfg.ReplicaURLs,
-		HeartbeatInterval:  a.cfg.HeartbeatInterval,
-		MaxReplicaLag:      c.MaxReplicaLag,
-		MaxReplicaLagBytes: int64(c.MaxReplicaLagBytes),
-		ReplicaFailOpen:    a.cfg.ReplicaFailOpen,
-		MaxSlotLagBytes:    int64(a.cfg.MaxSlotLagBytes),
-		Query:              a.cfg.ThrottleQuery,
-		ActiveHours:        c.ActiveHours,
-		ActiveTZ:           tz,
-		ResumeRatio:        a.cfg.ThrottleResume,
-	}
+	return c
 }
 
 // startThrottle starts the collectors; the caller stops them. A
@@ -58,7 +46,7 @@ func (a *app) startThrottle(ctx context.Context, pool *pgxpool.Pool, reg prometh
 	if reg != nil {
 		m = throttle.NewMetrics(reg)
 	}
-	t := throttle.New(pool, a.throttleConfig(ctx, pool), a.log, m)
+	t := throttle.New(pool, a.throttleConfig(ctx, pool), service.Base{Logger: a.log}, m)
 	t.Start(ctx)
 	return t, nil
 }

@@ -173,12 +173,7 @@ func (a *app) tuningValues(ctx context.Context, pool *pgxpool.Pool, tables []*ca
 // (max_replica_lag, max_replica_lag_bytes, active_hours, active_tz) into a
 // running throttle.
 func applyLimits(th *throttle.Throttler, c config.Config) {
-	if th == nil {
-		return
+	if th != nil {
+		th.SetLimits(c.Limits())
 	}
-	tz, err := time.LoadLocation(c.ActiveTZ) // checked like the environment
-	if err != nil {
-		tz = time.UTC
-	}
-	th.SetLimits(c.MaxReplicaLag, int64(c.MaxReplicaLagBytes), c.ActiveHours, tz)
 }

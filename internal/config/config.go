@@ -22,7 +22,6 @@ import (
 	"github.com/kelseyhightower/envconfig"
 	"github.com/robfig/cron/v3"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/activehours"
 	"github.com/inboxkeeper/inboxkeeper/internal/humantime"
 )
 
@@ -409,7 +408,7 @@ func (c Config) problems() problems {
 		ps.addf(n["SessionURL"], "is not a connection string")
 	}
 	if c.ActiveHours != "" {
-		if _, _, err := activehours.Parse(c.ActiveHours); err != nil {
+		if _, _, err := ParseWindow(c.ActiveHours); err != nil {
 			ps.addf(n["ActiveHours"], "%v (for example 22:00-06:00)", err)
 		}
 	}
@@ -599,20 +598,25 @@ func quote(v string) string {
 
 // Tunable is a setting `inboxkeeper set` may change at run time: its key in
 // the control schema and the policy's tuning block, and its variable.
-type Tunable struct{ Key, Env string }
+// DatabaseWide ones hold for the whole database, not per table: they are
+// the throttle's Limits (its standbys and active window serve every table).
+type Tunable struct {
+	Key, Env     string
+	DatabaseWide bool
+}
 
 // Tunables are the settings that change without a restart (issue 15).
 var Tunables = []Tunable{
-	{"batch_size", Prefix + "_BATCH_SIZE"},
-	{"batch_size_min", Prefix + "_BATCH_SIZE_MIN"},
-	{"batch_size_max", Prefix + "_BATCH_SIZE_MAX"},
-	{"batch_target", Prefix + "_BATCH_TARGET"},
-	{"batch_pause", Prefix + "_BATCH_PAUSE"},
-	{"run_time", Prefix + "_RUN_TIME"},
-	{"max_replica_lag", Prefix + "_MAX_REPLICA_LAG"},
-	{"max_replica_lag_bytes", Prefix + "_MAX_REPLICA_LAG_BYTES"},
-	{"active_hours", Prefix + "_ACTIVE_HOURS"},
-	{"active_tz", Prefix + "_ACTIVE_TZ"},
+	{"batch_size", Prefix + "_BATCH_SIZE", false},
+	{"batch_size_min", Prefix + "_BATCH_SIZE_MIN", false},
+	{"batch_size_max", Prefix + "_BATCH_SIZE_MAX", false},
+	{"batch_target", Prefix + "_BATCH_TARGET", false},
+	{"batch_pause", Prefix + "_BATCH_PAUSE", false},
+	{"run_time", Prefix + "_RUN_TIME", false},
+	{"max_replica_lag", Prefix + "_MAX_REPLICA_LAG", true},
+	{"max_replica_lag_bytes", Prefix + "_MAX_REPLICA_LAG_BYTES", true},
+	{"active_hours", Prefix + "_ACTIVE_HOURS", true},
+	{"active_tz", Prefix + "_ACTIVE_TZ", true},
 }
 
 // TunableByKey finds a tunable by its key.
@@ -696,4 +700,53 @@ func setField(f reflect.Value, value string) error {
 		return nil
 	}
 	return fmt.Errorf("cannot set a %s at run time", f.Type())
+}
+
+// Limits are the throttle's thresholds that runtime settings change while
+// the daemon runs (the database-wide tunables): one struct, taken from the
+// configuration in force (Config.Limits) and handed to a running throttle
+// whole.
+type Limits struct {
+	MaxReplicaLag      time.Duration
+	MaxReplicaLagBytes int64
+	ActiveHours        string
+	ActiveTZ           *time.Location
+}
+
+// Limits are c's throttle thresholds. An ACTIVE_TZ that does not load
+// (Validate refuses it) is UTC.
+func (c Config) Limits() Limits {
+	tz, err := time.LoadLocation(c.ActiveTZ)
+	if err != nil {
+		tz = time.UTC
+	}
+	return Limits{MaxReplicaLag: c.MaxReplicaLag, MaxReplicaLagBytes: int64(c.MaxReplicaLagBytes), ActiveHours: c.ActiveHours, ActiveTZ: tz}
+}
+
+// ParseWindow reads INBOXKEEPER_ACTIVE_HOURS, a daily window "HH:MM-HH:MM"
+// that may wrap past midnight (22:00-06:00), into minutes after midnight.
+// The configuration checks it; the throttle applies it.
+func ParseWindow(s string) (from, to int, err error) {
+	a, b, ok := strings.Cut(s, "-")
+	if !ok {
+		return 0, 0, fmt.Errorf("%q: want HH:MM-HH:MM", s)
+	}
+	if from, err = parseClock(a); err != nil {
+		return 0, 0, fmt.Errorf("%q: %w", s, err)
+	}
+	if to, err = parseClock(b); err != nil {
+		return 0, 0, fmt.Errorf("%q: %w", s, err)
+	}
+	if from == to {
+		return 0, 0, fmt.Errorf("%q: empty window (leave it empty for always)", s)
+	}
+	return from, to, nil
+}
+
+func parseClock(s string) (int, error) {
+	t, err := time.Parse("15:04", strings.TrimSpace(s))
+	if err != nil {
+		return 0, fmt.Errorf("%q is not HH:MM", s)
+	}
+	return t.Hour()*60 + t.Minute(), nil
 }

@@ -416,3 +416,40 @@ func TestWith(t *testing.T) {
 		}
 	}
 }
+
+func TestParseWindow(t *testing.T) {
+	t.Parallel()
+	from, to, err := ParseWindow("22:00-06:30")
+	if err != nil || from != 22*60 || to != 6*60+30 {
+		t.Errorf("ParseWindow = %d, %d, %v", from, to, err)
+	}
+	for _, bad := range []string{"22-06", "25:00-01:00", "10:00-10:00", "10:00", ""} {
+		if _, _, err := ParseWindow(bad); err == nil {
+			t.Errorf("ParseWindow(%q) accepted", bad)
+		}
+	}
+}
+
+// The database-wide tunables are exactly what Limits hands a running
+// throttle: a threshold that runtime settings change must reach it, and
+// one that does not reach it must not be refused per table.
+func TestLimitsAreTheDatabaseWideTunables(t *testing.T) {
+	t.Parallel()
+	values := map[string]string{"batch_size": "123", "batch_size_min": "7", "batch_size_max": "70000", "batch_target": "3s",
+		"batch_pause": "1s", "run_time": "1m", "max_replica_lag": "7s", "max_replica_lag_bytes": "3MB",
+		"active_hours": "01:00-02:00", "active_tz": "Europe/Berlin"}
+	for _, tu := range Tunables {
+		v, ok := values[tu.Key]
+		if !ok {
+			t.Errorf("no test value for tunable %s", tu.Key)
+			continue
+		}
+		c, err := defaults.Set(tu.Env, v)
+		if err != nil {
+			t.Fatalf("%s=%s: %v", tu.Env, v, err)
+		}
+		if changed := !reflect.DeepEqual(defaults.Limits(), c.Limits()); changed != tu.DatabaseWide {
+			t.Errorf("%s: changes the throttle's Limits: %v, but DatabaseWide is %v", tu.Key, changed, tu.DatabaseWide)
+		}
+	}
+}

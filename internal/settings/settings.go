@@ -119,7 +119,7 @@ func Write(ctx context.Context, db Beginner, table string, values map[string]*st
 		if _, ok := config.TunableByKey(k); !ok {
 			return nil, fmt.Errorf("%w: unknown key %q (known: %s)", ErrInvalid, k, strings.Join(Keys(), ", "))
 		}
-		if table != Global && slices.Contains(DatabaseWide, k) {
+		if t, _ := config.TunableByKey(k); table != Global && t.DatabaseWide {
 			return nil, fmt.Errorf("%w: %s holds for the whole database (the standbys and the active window serve every table); set it without --table", ErrInvalid, k)
 		}
 		keys = append(keys, k)
@@ -172,17 +172,13 @@ VALUES ($1, $2, $3, $4, $5) RETURNING id, changed_at, changed_by`, table, k, old
 	return changes, nil
 }
 
-// DatabaseWide are the keys that hold for the whole database, not per
-// table: the throttle's standbys and active window serve every table.
-var DatabaseWide = []string{"max_replica_lag", "max_replica_lag_bytes", "active_hours", "active_tz"}
-
 // TableKeys are the keys a table may have a value of its own for (set
 // --table, the policy's tuning block).
 func TableKeys() []string {
 	var out []string
-	for _, k := range Keys() {
-		if !slices.Contains(DatabaseWide, k) {
-			out = append(out, k)
+	for _, t := range config.Tunables {
+		if !t.DatabaseWide {
+			out = append(out, t.Key)
 		}
 	}
 	return out

@@ -1,0 +1,295 @@
+package throttle
+
+import (
+	"context"
+	"math"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/daemonmetrics"
+)
+
+// The signal registry. A signal is one file of this package that
+// registers, from init, every reason kind its readings carry (kind): what
+// it measures and how often (collectors, or a verdict read at Check time),
+// whether a pause for it means a backlog of WAL, its metric and how its
+// readings read in status. Adding a signal is that file, its setting in
+// internal/config (a threshold runtime settings change goes in
+// config.Limits), and its row in docs/guides/throttle.md. Kinds register
+// in file name order: the order of Kinds, and of the readings Check adds
+// from the clock.
+
+// kind is one reason kind: a value of the reason label of
+// inboxkeeper_throttled.
+type kind struct {
+	name string
+	// backlog: a pause for it means WAL piles up somewhere, and halves the
+	// next batch (the signals see WAL only after it was written).
+	backlog bool
+	// collectors are what measures it under t's settings, each on its own
+	// ticker; none when it is off or measured otherwise.
+	collectors func(t *Throttler) []collector
+	// verdict, when set, is a reading taken at Check time from the clock
+	// or the throttle's state (no I/O): ok when it throttles.
+	verdict func(t *Throttler, now time.Time) (r Reading, ok bool)
+	// gauge, when set, exports every reading of this kind by subject.
+	gauge *gauge
+	// observe and forget, when set, export readings some other way.
+	observe, forget func(m *Metrics, r Reading)
+	// counter, when set, is a counter of events of this kind.
+	counter *counter
+	// format, when set, is how a reading without a unit reads after the
+	// kind and subject in status and logs.
+	format func(r Reading) string
+}
+
+type gauge struct{ name, help, label string }
+
+type counter struct{ name, help string }
+
+var registry []*kind
+
+// register adds a kind; a file registers its kinds from init.
+func register(k kind) {
+	if kindNamed(k.name) != nil {
+		panic("throttle: kind " + k.name + " registered twice")
+	}
+	registry = append(registry, &k)
+}
+
+func kindNamed(name string) *kind {
+	for _, k := range registry {
+		if k.name == name {
+			return k
+		}
+	}
+	return nil
+}
+
+// Kinds lists every signal kind, for metrics that must show zeros too.
+func Kinds() []string {
+	out := make([]string, len(registry))
+	for i, k := range registry {
+		out[i] = k.name
+	}
+	return out
+}
+
+// collector measures one or more signals once; Start runs each on its own
+// ticker, MeasureOnce runs them all once.
+type collector struct {
+	name     string
+	interval time.Duration
+	run      func(ctx context.Context)
+	close    func()
+}
+
+func (t *Throttler) collectors() []collector {
+	var cs []collector
+	for _, k := range registry {
+		if k.collectors != nil {
+			cs = append(cs, k.collectors(t)...)
+		}
+	}
+	return cs
+}
+
+// Start measures every signal once, so the first batch is already checked,
+// then keeps measuring in the background until Stop.
+func (t *Throttler) Start(ctx context.Context) {
+	ctx, t.cancel = context.WithCancel(ctx)
+	cs := t.collectors()
+	if len(t.cfg.ReplicaURLs) > 0 {
+		// A first heartbeat before the first reading, so a healthy standby
+		// is not reported as lagging for lack of one.
+		t.writeHeartbeat(ctx)
+	}
+	for _, c := range cs {
+		c.run(ctx)
+	}
+	t.wg.Add(2)
+	go func() { defer t.wg.Done(); t.watchLocks(ctx) }()
+	go func() { defer t.wg.Done(); t.keepAlive(ctx) }()
+	for _, c := range cs {
+		t.wg.Add(1)
+		go func() {
+			defer t.wg.Done()
+			if c.close != nil {
+				defer c.close()
+			}
+			every(ctx, c.interval, c.run)
+		}()
+	}
+}
+
+// every runs fn every interval until ctx ends.
+func every(ctx context.Context, interval time.Duration, fn func(ctx context.Context)) {
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			fn(ctx)
+		}
+	}
+}
+
+// Stop ends the collectors and waits for them.
+func (t *Throttler) Stop() {
+	if t.cancel != nil {
+		t.cancel()
+	}
+	t.wg.Wait()
+}
+
+// MeasureOnce takes one reading of every signal without starting anything:
+// what `inboxkeeper status` shows. When a standby streams, it then reads
+// pg_stat_replication for another trailSpan, so that its apply rate is
+// measured (or at least its recent progress).
+func (t *Throttler) MeasureOnce(ctx context.Context) {
+	for _, c := range t.collectors() {
+		c.run(ctx)
+		if c.close != nil {
+			c.close()
+		}
+	}
+	if len(t.Paces()) == 0 {
+		return
+	}
+	tick := time.NewTicker(statsInterval)
+	defer tick.Stop()
+	end := time.After(trailSpan)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-end:
+			return
+		case <-tick.C:
+			t.measureWalsenders(ctx)
+		}
+	}
+}
+
+// keepAlive pings the primary while the deleter may be waiting, so that a
+// long pause does not end with a dead idle connection.
+func (t *Throttler) keepAlive(ctx context.Context) {
+	every(ctx, 30*time.Second, func(ctx context.Context) { _ = t.pool.Ping(ctx) })
+}
+
+// queryRows runs sql on the pool and reads every row into a T with scan.
+// The error is the query's or the first a row met (pgx.CollectRows checks
+// rows.Err): a read that breaks off part-way is a failed read, never a
+// short one.
+func queryRows[T any](ctx context.Context, pool *pgxpool.Pool, sql string, scan func(row pgx.CollectableRow, v *T) error, args ...any) ([]T, error) {
+	rows, err := pool.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (T, error) {
+		var v T
+		err := scan(row, &v)
+		return v, err
+	})
+}
+
+// recorded notes in the failure log how a read or write of signal went,
+// and says whether its caller goes on with the result: not when ctx ended
+// meanwhile (shutting down is no failure), nor when it failed.
+func (t *Throttler) recorded(ctx context.Context, signal string, err error) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	if err != nil {
+		t.fails.failed(signal, err)
+		return false
+	}
+	t.fails.ok(signal)
+	return true
+}
+
+// readFailed fails closed on a read of the primary's views: a reading of
+// kind that throttles.
+func (t *Throttler) readFailed(kind, signal string, err error) {
+	t.fails.failed(signal, err)
+	t.set(Reading{Kind: kind, Subject: signal, Value: math.Inf(1), Threshold: 0, Detail: "cannot read: " + err.Error()})
+}
+
+// Metrics are the throttle's Prometheus metrics: the verdict, the WAL
+// window, and each signal's own.
+type Metrics struct {
+	Throttled        *prometheus.GaugeVec
+	ThrottledSeconds *prometheus.CounterVec
+	WALWindow        prometheus.Gauge
+	ApplyRate        *prometheus.GaugeVec
+	gauges           map[string]*prometheus.GaugeVec // by metric name
+	counters         map[string]prometheus.Counter   // by kind
+}
+
+// NewMetrics creates the metrics and registers them on reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		Throttled:        daemonmetrics.GaugeVec(reg, "inboxkeeper_throttled", "1 while the deleter waits because of this reason (the first signal over its threshold), else 0.", "reason"),
+		ThrottledSeconds: daemonmetrics.CounterVec(reg, "inboxkeeper_throttled_seconds_total", "Seconds the deleter spent waiting, by reason.", "reason"),
+		WALWindow:        daemonmetrics.Gauge(reg, "inboxkeeper_wal_window_bytes", "The WAL window of the tightest streaming standby at the last batch: a batch starts only when the bytes it has not replayed plus the batch's predicted WAL fit in it. 0 when no standby streams."),
+		ApplyRate:        daemonmetrics.GaugeVec(reg, "inboxkeeper_replica_apply_rate_bytes_per_second", "A streaming standby's apply rate (walsender NAME), measured from replay_lsn progress while it has a backlog; a lower bound from its recent progress until then.", "replica"),
+		gauges:           map[string]*prometheus.GaugeVec{},
+		counters:         map[string]prometheus.Counter{},
+	}
+	for _, k := range registry {
+		m.Throttled.WithLabelValues(k.name).Set(0)
+		m.ThrottledSeconds.WithLabelValues(k.name).Add(0)
+		if g := k.gauge; g != nil {
+			m.gauges[g.name] = daemonmetrics.GaugeVec(reg, g.name, g.help, g.label)
+		}
+		if c := k.counter; c != nil {
+			m.counters[k.name] = daemonmetrics.Counter(reg, c.name, c.help)
+		}
+	}
+	return m
+}
+
+// gauge is the gauge a kind's readings go to, by its metric name.
+func (m *Metrics) gauge(name string) *prometheus.GaugeVec { return m.gauges[name] }
+
+// count counts an event of kind.
+func (m *Metrics) count(kind string) {
+	if m != nil {
+		m.counters[kind].Inc()
+	}
+}
+
+func (m *Metrics) observe(r Reading) {
+	k := kindNamed(r.Kind)
+	switch {
+	case k == nil:
+	case k.observe != nil:
+		k.observe(m, r)
+	case k.gauge != nil:
+		m.gauges[k.gauge.name].WithLabelValues(r.Subject).Set(r.Value)
+	}
+}
+
+func (m *Metrics) forget(r Reading) {
+	k := kindNamed(r.Kind)
+	switch {
+	case k == nil:
+	case k.forget != nil:
+		k.forget(m, r)
+	case k.gauge != nil:
+		m.gauges[k.gauge.name].DeleteLabelValues(r.Subject)
+	}
+}
+
+// paces exports the apply rates of the streaming standbys, and only theirs.
+func (m *Metrics) paces(ps []Pace) {
+	m.ApplyRate.Reset()
+	for _, p := range ps {
+		m.ApplyRate.WithLabelValues("walsender " + p.Standby).Set(p.ApplyRate)
+	}
+}
