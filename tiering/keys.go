@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -101,4 +102,21 @@ func CopyPermanentKeys(ctx context.Context, tx pgx.Tx, t *catalog.Table, source 
 		return 0, fmt.Errorf("table %s: copy the permanent keys of %s into %s: %w", t.Name, source, k.Name, err)
 	}
 	return tag.RowsAffected(), nil
+}
+
+// EnsureKeyTables creates the missing permanent key tables of tables
+// before anything is deleted: a deletion writes its keys in the same
+// statement, so the table must exist first. A role that may not create one
+// gets ErrKeyTable, which says how to fix it.
+func EnsureKeyTables(ctx context.Context, db Querier, tables []*catalog.Table, log *slog.Logger) error {
+	for _, t := range tables {
+		created, err := EnsureKeyTable(ctx, db, t)
+		if err != nil {
+			return err
+		}
+		if created {
+			log.Info("tiering: created the permanent key table", "table", t.Name, "keys", t.Tiers.Key.Name)
+		}
+	}
+	return nil
 }

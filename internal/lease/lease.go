@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 )
 
 // DB is satisfied by *pgxpool.Pool and *pgx.Conn.
@@ -150,6 +152,66 @@ func (l *Lease) Keep(ctx context.Context) {
 		}
 	}
 }
+
+// Start keeps the lease in the background (Keep) until the returned stop,
+// which waits for the keeper and then releases the lease, so that the next
+// instance need not wait for it to run out.
+func (l *Lease) Start(ctx context.Context) (stop func()) {
+	keepCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); l.Keep(keepCtx) }()
+	return func() {
+		cancel()
+		<-done
+		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		l.Release(rctx)
+	}
+}
+
+// ErrHeld is Wait's error when another instance held the lease for as long
+// as it waited.
+type ErrHeld struct {
+	Holder Holder
+	For    time.Duration
+}
+
+func (e ErrHeld) Error() string {
+	return fmt.Sprintf("another instance (%s) held the lease for %s", e.Holder.Name, e.For)
+}
+
+// Wait takes the lease, trying again every third of its ttl while another
+// instance holds it, for at most giveUp (0: until ctx ends). It returns
+// ErrHeld when giveUp ran out first.
+func (l *Lease) Wait(ctx context.Context, giveUp time.Duration) error {
+	wctx := ctx
+	if giveUp > 0 {
+		var cancel context.CancelFunc
+		wctx, cancel = context.WithTimeout(ctx, giveUp)
+		defer cancel()
+	}
+	var holder Holder
+	err := retry.Do(wctx, retry.Policy{MaxRetries: -1, Base: l.ttl / 3, Max: l.ttl / 3,
+		Retry: func(err error, _ retry.Kind) bool { return errors.Is(err, errHeldNow) }},
+		func(int) error {
+			held, h, err := l.TryAcquire(wctx)
+			switch {
+			case err != nil:
+				return err
+			case !held:
+				holder = h
+				return errHeldNow
+			}
+			return nil
+		})
+	if err != nil && ctx.Err() == nil && wctx.Err() != nil {
+		return ErrHeld{Holder: holder, For: giveUp}
+	}
+	return err
+}
+
+// errHeldNow is one attempt of Wait that found the lease held.
+var errHeldNow = errors.New("lease: held by another instance")
 
 // Release gives the lease up, so that another instance need not wait for it
 // to run out.

@@ -1,0 +1,86 @@
+package dbconn
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/config"
+)
+
+// connectTimeout bounds connecting and the first ping.
+const connectTimeout = 15 * time.Second
+
+// Open connects a pool of up to maxConns to url as every command does: one
+// connection first, to see whether a pooler stands in between (Pooled), for
+// the pool's query mode depends on it (ForPooler); then the pool, pinged.
+// It reports whether the connection goes through a pooler. A url that does
+// not parse is ErrBadURL; an error never shows the password.
+func Open(ctx context.Context, url string, maxConns int32, opts ...Option) (pool *pgxpool.Pool, pooled bool, err error) {
+	pc, err := Pool(url, maxConns, opts...)
+	if err != nil {
+		return nil, false, err
+	}
+	connCtx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
+	probe, err := pgx.ConnectConfig(connCtx, pc.ConnConfig.Copy())
+	if err != nil {
+		return nil, false, connectError(url, err)
+	}
+	pooled, err = Pooled(connCtx, probe)
+	probe.Close(context.WithoutCancel(ctx))
+	if err != nil {
+		return nil, false, connectError(url, err)
+	}
+	if pooled {
+		ForPooler(pc.ConnConfig)
+	}
+	if pool, err = ping(ctx, connCtx, pc); err != nil {
+		return nil, false, connectError(url, err)
+	}
+	return pool, pooled, nil
+}
+
+// OpenDirect connects a pool to url, which must not go through a
+// transaction pooler (INBOXKEEPER_SESSION_DATABASE_URL): no probe. A url
+// that does not parse is ErrBadURL.
+func OpenDirect(ctx context.Context, url string, maxConns int32, opts ...Option) (*pgxpool.Pool, error) {
+	pc, err := Pool(url, maxConns, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return ping(ctx, ctx, pc)
+}
+
+func ping(ctx, connCtx context.Context, pc *pgxpool.Config) (*pgxpool.Pool, error) {
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, err
+	}
+	if err := pool.Ping(connCtx); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return pool, nil
+}
+
+// Dial opens one connection of its own to url: a session (the migration
+// lock, DETACH ... CONCURRENTLY).
+func Dial(ctx context.Context, url string, opts ...Option) (*pgx.Conn, error) {
+	cc, err := Conn(url, opts...)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := pgx.ConnectConfig(ctx, cc)
+	if err != nil {
+		return nil, connectError(url, err)
+	}
+	return conn, nil
+}
+
+func connectError(url string, err error) error {
+	return fmt.Errorf("connect to %s: %w", config.RedactURL(url), err)
+}

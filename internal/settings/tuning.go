@@ -1,0 +1,207 @@
+package settings
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/config"
+	"github.com/inboxkeeper/inboxkeeper/internal/policy"
+	"github.com/inboxkeeper/inboxkeeper/internal/retry"
+)
+
+// Tuning is what a pass runs with: the configuration in force globally and
+// for each table, with the runtime settings and the policy's tuning blocks
+// applied, and the settings version it was read at.
+type Tuning struct {
+	Version int64
+	Global  config.Config
+	Tables  map[string]config.Config
+}
+
+// For is the configuration in force for table: its own, or the global one.
+func (tn Tuning) For(table string) config.Config {
+	if c, ok := tn.Tables[table]; ok {
+		return c
+	}
+	return tn.Global
+}
+
+// Read reads the runtime settings and resolves them, on top of base (the
+// environment), for every table. A combination that does not hold together
+// (say, set before a policy change) is an error: the caller keeps what it
+// had. The Tuning returned with it has the version read, when it was.
+func Read(ctx context.Context, q Querier, base config.Config, tables []*catalog.Table) (Tuning, error) {
+	tn := Tuning{Tables: map[string]config.Config{}}
+	var err error
+	if tn.Version, err = Version(ctx, q); err != nil {
+		return tn, err
+	}
+	stored, err := Load(ctx, q)
+	if err != nil {
+		return tn, err
+	}
+	var errs []error
+	if tn.Global, _, err = Resolve(base, nil, stored, Global); err != nil {
+		errs = append(errs, err)
+	}
+	for _, t := range tables {
+		c, _, err := Resolve(base, t.Policy.Tuning, stored, t.Name)
+		errs = append(errs, err)
+		tn.Tables[t.Name] = c
+	}
+	return tn, errors.Join(errs...)
+}
+
+// Fixed is the tuning of base alone, at no settings version: what is in
+// force before the runtime settings could be read.
+func Fixed(base config.Config) Tuning {
+	return Tuning{Version: -1, Global: base, Tables: map[string]config.Config{}}
+}
+
+// InForce is the global configuration in force: base with the global
+// runtime settings applied. Settings that cannot be read leave base (a
+// command run before migrate); settings that do not hold together leave
+// base too, and are the error.
+func InForce(ctx context.Context, q Querier, base config.Config) (config.Config, error) {
+	stored, err := Load(ctx, q)
+	if err != nil {
+		return base, nil
+	}
+	g, _, err := Resolve(base, nil, stored, Global)
+	if err != nil {
+		return base, err
+	}
+	return g, nil
+}
+
+// Values resolves every tunable, globally and per table, for status: the
+// value in force and its source, by table (Global for the global view).
+func Values(ctx context.Context, q Querier, base config.Config, tables []*catalog.Table) (map[string][]Value, error) {
+	stored, err := Load(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string][]Value{}
+	_, out[Global], _ = Resolve(base, nil, stored, Global)
+	for _, t := range tables {
+		_, out[t.Name], _ = Resolve(base, t.Policy.Tuning, stored, t.Name)
+	}
+	return out, nil
+}
+
+// CheckPolicy checks the tuning blocks of p's tables on top of base, as the
+// environment is checked: each problem names the file, line and table.
+func CheckPolicy(base config.Config, p *policy.Policy) error {
+	var errs []error
+	for _, t := range p.Tables {
+		if len(t.Tuning) == 0 {
+			continue
+		}
+		if _, _, err := Resolve(base, t.Tuning, nil, t.Name.String()); err != nil {
+			errs = append(errs, fmt.Errorf("%s:%d: table %s: tuning: %w", p.Source, t.Line, t.Name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Scope is every tunable in force in one scope, the global one or a
+// table's, and why they do not hold together when they do not: what
+// `inboxkeeper settings` shows.
+type Scope struct {
+	Table    string  `json:"table"` // "global" for the global scope
+	Settings []Value `json:"settings"`
+	Error    string  `json:"error,omitempty"`
+}
+
+// Scopes resolves every tunable on top of base with the stored settings:
+// globally, then for each table of p with its tuning block.
+func Scopes(base config.Config, stored []Setting, p *policy.Policy) []Scope {
+	var out []Scope
+	add := func(name string, tuning map[string]string) {
+		_, vals, err := Resolve(base, tuning, stored, name)
+		s := Scope{Table: ScopeName(name), Settings: vals}
+		if err != nil {
+			s.Error = err.Error()
+		}
+		out = append(out, s)
+	}
+	add(Global, nil)
+	for _, t := range p.Tables {
+		add(t.Name.String(), t.Tuning)
+	}
+	return out
+}
+
+// ScopeName names a scope for people: the table, or "global".
+func ScopeName(table string) string {
+	if table == Global {
+		return "global"
+	}
+	return table
+}
+
+// HoldTogether is the check of Write that every table of p still has a
+// configuration that holds together, globally and with its tuning block,
+// on top of base.
+func HoldTogether(base config.Config, p *policy.Policy) func([]Setting) error {
+	return func(all []Setting) error {
+		if _, _, err := Resolve(base, nil, all, ""); err != nil {
+			return err
+		}
+		for _, t := range p.Tables {
+			if _, _, err := Resolve(base, t.Tuning, all, t.Name.String()); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+// Watch is checked before every batch and DDL statement (with the lease):
+// it stops the pass as soon as the settings version moves past the one the
+// pass was built with.
+type Watch struct {
+	q       Querier
+	version atomic.Int64
+	changed atomic.Bool
+}
+
+// NewWatch watches for a version other than version.
+func NewWatch(q Querier, version int64) *Watch {
+	w := &Watch{q: q}
+	w.version.Store(version)
+	return w
+}
+
+// Rebase watches for a version other than version from now on: settings
+// that could not be applied are not a change to stop every pass for.
+func (w *Watch) Rebase(version int64) {
+	w.version.Store(version)
+	w.changed.Store(false)
+}
+
+// Check returns retry.ErrSettingsChanged once the version moved. A failed
+// read changes nothing: the batch itself will tell.
+func (w *Watch) Check() error {
+	if w.changed.Load() {
+		return retry.ErrSettingsChanged
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	v, err := Version(ctx, w.q)
+	if err == nil && v != w.version.Load() {
+		w.changed.Store(true)
+		return retry.ErrSettingsChanged
+	}
+	return nil
+}
+
+// Changed reports whether a check saw the version move.
+func (w *Watch) Changed() bool { return w.changed.Load() }
+
+// Version is the version the watch was built with.
+func (w *Watch) Version() int64 { return w.version.Load() }

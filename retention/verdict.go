@@ -1,0 +1,141 @@
+package retention
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
+	"github.com/inboxkeeper/inboxkeeper/internal/redisprobe"
+)
+
+// CoveredUntil reads the end of the unbroken run of t's partitions that
+// starts at now (partitions.CoveredUntil, which this package cannot import:
+// the partitions' tests use the claim path, which uses this package).
+type CoveredUntil func(ctx context.Context, pool *pgxpool.Pool, t *catalog.Table, now time.Time) (*time.Time, error)
+
+// Verdict is one check of a deployment against a retention record, printed
+// as one line by plan --check: whether the deployment keeps the record's
+// promise there.
+type Verdict struct {
+	Result  string // OK, FAIL or SKIP
+	Subject string
+	Detail  string
+}
+
+// CheckTable compares one table with the rule of its record: the expiry
+// rule, every row's expiry, and partition coverage. Its verdicts name no
+// subject: the caller's is the record.
+//
+// coveredUntil reads how far t's partitions reach from now without a gap
+// (partitions.CoveredUntil: nil when a MAXVALUE partition ends them).
+func CheckTable(ctx context.Context, pool *pgxpool.Pool, r Rule, t *catalog.Table, s dbconn.TxSettings, coveredUntil CoveredUntil) []Verdict {
+	var out []Verdict
+	if ea := t.Policy.ExpiresAfter; ea != nil {
+		if ea.After < r.Retention {
+			out = append(out, Verdict{"FAIL", "", fmt.Sprintf("expiry rule: expires_after %s + %s is shorter than the computed retention %s (%s longest scenario + %s margin); rows would be deleted before the promise ends",
+				ea.Column, days(ea.After), days(r.Retention), days(r.Retention-r.Margin), days(r.Margin))})
+		} else {
+			out = append(out, Verdict{"OK", "", fmt.Sprintf("expiry rule: expires_after %s + %s covers the retention %s", ea.Column, days(ea.After), days(r.Retention))})
+		}
+	}
+	out = append(out, checkRows(ctx, pool, r, t, s))
+	return append(out, checkCoverage(ctx, pool, r, t, coveredUntil)...)
+}
+
+// checkCoverage compares how far ahead the rule writes expiries with the
+// table's partitions: a new row beyond the last partition fails its insert.
+// Retirement cannot cut a promise short (a partition goes only once its
+// upper bound has passed), so coverage is the one thing to check.
+func checkCoverage(ctx context.Context, pool *pgxpool.Pool, r Rule, t *catalog.Table, coveredUntil CoveredUntil) []Verdict {
+	if !t.Partitioned() {
+		return []Verdict{{"OK", "", "partition coverage: not partitioned"}}
+	}
+	now, err := dbconn.Now(ctx, pool)
+	if err != nil {
+		return []Verdict{{"FAIL", "", "partition coverage: read the clock: " + err.Error()}}
+	}
+	// A message first seen now gets at most the longest scenario plus the
+	// margin; a deadline may reach further.
+	ahead := r.Retention
+	if r.Deadline != nil {
+		ahead = max(ahead, r.Deadline.Add(r.Margin).Sub(now))
+	}
+	var out []Verdict
+	if me := t.Policy.Partitions.MaxExpiry; me < ahead {
+		out = append(out, Verdict{"FAIL", "", fmt.Sprintf("partition coverage: partitions.max_expiry %s is shorter than the %s ahead the rule writes; premake will not keep partitions for the newest rows", days(me), days(ahead))})
+	} else {
+		out = append(out, Verdict{"OK", "", fmt.Sprintf("partition coverage: partitions.max_expiry %s covers the %s ahead the rule writes", days(me), days(ahead))})
+	}
+	until, err := coveredUntil(ctx, pool, t, now)
+	switch {
+	case err != nil:
+		out = append(out, Verdict{"FAIL", "", "partition coverage: " + err.Error()})
+	case until == nil:
+		out = append(out, Verdict{"OK", "", "partition coverage: a MAXVALUE partition takes every row"})
+	case until.Sub(now) < ahead:
+		out = append(out, Verdict{"FAIL", "", fmt.Sprintf("partition coverage: the partitions reach %s (%s ahead), the rule writes up to %s ahead: inserts beyond fail; run inboxkeeper partitions ensure",
+			until.UTC().Format(time.RFC3339), days(until.Sub(now).Round(time.Second)), days(ahead))})
+	default:
+		out = append(out, Verdict{"OK", "", fmt.Sprintf("partition coverage: the partitions reach %s, beyond the %s the rule writes", until.UTC().Format(time.RFC3339), days(ahead))})
+	}
+	return out
+}
+
+// checkRows says whether any row of the scope has an expiry before the one
+// the rule computes from its own anchors (CheckRows).
+func checkRows(ctx context.Context, pool *pgxpool.Pool, r Rule, t *catalog.Table, s dbconn.TxSettings) Verdict {
+	rc, err := CheckRows(ctx, pool, r, t, s)
+	scope := ""
+	if t.Scope != nil {
+		scope = fmt.Sprintf(" (scope %q)", r.Scope)
+	}
+	formula := strings.TrimPrefix(r.String(), "remember_until = ")
+	switch {
+	case errors.Is(err, ErrNoAnchor):
+		return Verdict{"FAIL", "", "rows: the table lacks the first_seen or event_time column the rule counts from"}
+	case err != nil:
+		return Verdict{"FAIL", "", "rows: could not check: " + err.Error()}
+	case rc.NoScenario:
+		return Verdict{"OK", "", "rows: the rule has no inbox scenario (every path is left to the permanent business key); nothing to compare"}
+	case rc.Early == 0:
+		return Verdict{"OK", "", fmt.Sprintf("rows: none with an expiry earlier than %s%s", formula, scope)}
+	}
+	count := fmt.Sprint(rc.Early)
+	if rc.Capped {
+		count = fmt.Sprintf("more than %d", RowCheckCap)
+	}
+	id := make([]string, len(t.Key))
+	for i, k := range t.Key {
+		v := "NULL"
+		if rc.First.Key[i] != nil {
+			v = *rc.First.Key[i]
+		}
+		id[i] = k.Name + "=" + v
+	}
+	return Verdict{"FAIL", "", fmt.Sprintf("rows: %s with an expiry earlier than %s%s, so forgotten too early; the first: %s: expiry %s, rule %s",
+		count, formula, scope, strings.Join(id, " "), rc.First.Expiry.UTC().Format(time.RFC3339), rc.First.Until.UTC().Format(time.RFC3339))}
+}
+
+// CheckRedis judges a volatile tier: its TTLs are kept only if nothing
+// evicts the keys and a restart does not wipe them.
+func CheckRedis(ctx context.Context, url string) []Verdict {
+	s, err := redisprobe.Probe(ctx, url)
+	if err != nil {
+		return []Verdict{{"FAIL", "redis", "cannot read its settings, so nothing shows it keeps a key for its TTL: " + err.Error()}}
+	}
+	var out []Verdict
+	for _, f := range s.Findings() {
+		v := "OK"
+		if !f.OK {
+			v = "FAIL"
+		}
+		out = append(out, Verdict{v, "redis " + s.Addr, f.Check + ": " + f.Detail})
+	}
+	return out
+}
