@@ -16,6 +16,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/demo"
 	"github.com/inboxkeeper/inboxkeeper/internal/pgcluster"
+	"github.com/inboxkeeper/inboxkeeper/internal/render"
 	"github.com/inboxkeeper/inboxkeeper/migrations"
 )
 
@@ -89,10 +90,12 @@ func (a *app) demo(ctx context.Context, args []string) error {
 	}
 	fmt.Fprintf(a.stdout, "\ndemo: one pass (partitions, then demotion, then deletion), batches starting at %d rows and adapting toward %s each\n",
 		a.cfg.BatchSize, a.cfg.BatchTarget)
-	failed, _, err := a.onePass(ctx, pool, tables, false, nil, nil, func(p expiry.Progress) {
+	d := a.driver(pool, tables, false, nil)
+	d.Progress = func(p expiry.Progress) {
 		fmt.Fprintf(a.stdout, "  %s: %d rows deleted in %d batches (%.0f rows/s)\n", p.Table, p.Deleted, p.Batches,
 			float64(p.Deleted)/max(p.Elapsed.Seconds(), 1e-9))
-	}, nil)
+	}
+	failed, _, err := d.Once(ctx)
 	if failed > 0 || err != nil {
 		return fmt.Errorf("demo: the pass failed: %v", err)
 	}
@@ -108,10 +111,10 @@ func (a *app) demo(ctx context.Context, args []string) error {
 }
 
 func (a *app) demoStatus(ctx context.Context, pool *pgxpool.Pool, tables []*catalog.Table) error {
-	var rep statusReport
+	var rep render.Status
 	if err := a.tableStatus(ctx, pool, tables, &rep); err != nil {
 		return err
 	}
-	rep.writeTables(a.stdout, tables)
+	rep.WriteTables(a.stdout, tables)
 	return nil
 }

@@ -5,85 +5,20 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
-	"strconv"
-	"strings"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxkeeper/inboxkeeper/holds"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
-	"github.com/inboxkeeper/inboxkeeper/internal/policy"
+	"github.com/inboxkeeper/inboxkeeper/internal/render"
 	"github.com/inboxkeeper/inboxkeeper/internal/sqlident"
 	"github.com/inboxkeeper/inboxkeeper/migrations"
 )
-
-// timeFlag is an optional time flag value: RFC 3339, or a date meaning
-// 00:00 UTC of that day.
-type timeFlag struct{ t *time.Time }
-
-func (f *timeFlag) String() string {
-	if f.t == nil {
-		return ""
-	}
-	return f.t.Format(time.RFC3339)
-}
-
-func (f *timeFlag) Set(s string) error {
-	t, err := parseTime(s)
-	if err != nil {
-		return err
-	}
-	f.t = &t
-	return nil
-}
-
-// parseTime reads an RFC 3339 time (2026-12-31T18:00:00+01:00) or a date
-// (2026-12-31, meaning 00:00 UTC of that day).
-func parseTime(s string) (time.Time, error) {
-	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
-		return t, nil
-	}
-	if t, err := time.ParseInLocation(time.DateOnly, s, time.UTC); err == nil {
-		return t, nil
-	}
-	return time.Time{}, fmt.Errorf("%q is neither an RFC 3339 time (like 2026-01-31T00:00:00Z) nor a date (like 2026-01-31, meaning 00:00 UTC)", s)
-}
-
-// durationFlag is a positive duration in the policy file's syntax (90d,
-// 36h, 1d12h).
-type durationFlag struct{ d time.Duration }
-
-func (f *durationFlag) String() string { return policy.Duration(f.d).String() }
-
-func (f *durationFlag) Set(s string) error {
-	d, err := policy.ParseDuration(s)
-	if err != nil {
-		return err
-	}
-	if d <= 0 {
-		return fmt.Errorf("%q must be longer than 0", s)
-	}
-	f.d = d
-	return nil
-}
 
 // fence is how hold and replay writers wait for the batches in flight.
 func (a *app) fence() holds.FenceOptions {
 	return holds.FenceOptions{Timeout: a.cfg.FenceTimeout, IdleTimeout: a.cfg.IdleTimeout}
 }
-
-// stringFlag records whether it was given, so --scope "" differs from no --scope.
-type stringFlag struct{ v *string }
-
-func (f *stringFlag) String() string {
-	if f.v == nil {
-		return ""
-	}
-	return *f.v
-}
-func (f *stringFlag) Set(s string) error { f.v = &s; return nil }
 
 // tableFor finds the policy table a hold or replay names and resolves it, so
 // that a hold on a table the daemon does not manage, or a scope on a table
@@ -133,30 +68,6 @@ func holdErr(err error) error {
 	return err
 }
 
-func parseID(fs *flag.FlagSet, what string) (int64, error) {
-	if fs.NArg() != 1 {
-		return 0, usagef("%s: expected exactly one ID", fs.Name())
-	}
-	id, err := strconv.ParseInt(fs.Arg(0), 10, 64)
-	if err != nil || id <= 0 {
-		return 0, usagef("%s: %q is not a %s id", fs.Name(), fs.Arg(0), what)
-	}
-	return id, nil
-}
-
-// group handles a command group's own help: "hold", "hold --help" and
-// "hold -h" print its subcommands (the first as a usage error, exit 2).
-func (a *app) group(name string, args []string) error {
-	if len(args) > 0 && !wantsHelp(args[:1]) {
-		return nil
-	}
-	fmt.Fprintf(a.stdout, "Usage:\n%s\n", strings.Join(usageLines(name), "\n"))
-	if len(args) == 0 {
-		return usagef("%s: expected a subcommand (see above)", name)
-	}
-	return errHelpShown
-}
-
 func (a *app) hold(ctx context.Context, args []string) error {
 	if err := a.group("hold", args); err != nil {
 		return err
@@ -197,7 +108,7 @@ func (a *app) hold(ctx context.Context, args []string) error {
 		})
 	case "list":
 		all := fs.Bool("all", false, "include released and expired holds")
-		return listRecords(ctx, a, fs, args[1:], all, "no holds", holds.ListHolds, describeHold)
+		return listRecords(ctx, a, fs, args[1:], all, "no holds", holds.ListHolds, render.DescribeHold)
 	case "release":
 		return a.endRecord(ctx, fs, args[1:], "hold", "released", holds.ReleaseHold)
 	}
@@ -232,7 +143,7 @@ func (a *app) replay(ctx context.Context, args []string) error {
 		})
 	case "list":
 		all := fs.Bool("all", false, "include finished replays")
-		return listRecords(ctx, a, fs, args[1:], all, "no replays", holds.ListReplays, describeReplay)
+		return listRecords(ctx, a, fs, args[1:], all, "no replays", holds.ListReplays, render.DescribeReplay)
 	case "finish":
 		return a.endRecord(ctx, fs, args[1:], "replay", "finished", holds.FinishReplay)
 	}
@@ -272,19 +183,8 @@ func listRecords[T any](ctx context.Context, a *app, fs *flag.FlagSet, args []st
 	if err != nil {
 		return err
 	}
-	printLines(a.stdout, rs, none, describe)
+	render.PrintLines(a.stdout, rs, none, describe)
 	return nil
-}
-
-// printLines writes one line per item as describe gives it, or the line
-// none when there is no item.
-func printLines[T any](w io.Writer, items []T, none string, describe func(T) string) {
-	if len(items) == 0 {
-		fmt.Fprintln(w, none)
-	}
-	for _, it := range items {
-		fmt.Fprintln(w, describe(it))
-	}
 }
 
 // endRecord runs `hold release ID` or `replay finish ID`: end ends the
@@ -307,38 +207,4 @@ func (a *app) endRecord(ctx context.Context, fs *flag.FlagSet, args []string, wh
 	}
 	fmt.Fprintf(a.stdout, "%s %d %s\n", what, id, ended)
 	return nil
-}
-
-func describeHold(h holds.Hold) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "hold %d on %s", h.ID, h.Table)
-	if h.Scope != nil {
-		fmt.Fprintf(&b, " scope=%q", *h.Scope)
-	}
-	if h.From != nil {
-		fmt.Fprintf(&b, " events [%s, %s)", h.From.UTC().Format(time.RFC3339), h.To.UTC().Format(time.RFC3339))
-	}
-	if h.Blocks == holds.BlocksDelete {
-		b.WriteString(" blocks=delete") // deletion only: the payload may be demoted
-	}
-	fmt.Fprintf(&b, " owner=%q reason=%q since %s", h.Owner, h.Reason, h.CreatedAt.UTC().Format(time.RFC3339))
-	if h.ExpiresAt != nil {
-		fmt.Fprintf(&b, " expires %s", h.ExpiresAt.UTC().Format(time.RFC3339))
-	}
-	if h.ReleasedAt != nil {
-		fmt.Fprintf(&b, " released %s", h.ReleasedAt.UTC().Format(time.RFC3339))
-	}
-	return b.String()
-}
-
-func describeReplay(r holds.Replay) string {
-	s := fmt.Sprintf("replay %d on %s scope=%q events [%s, %s) owner=%q since %s", r.ID, r.Table, r.Scope,
-		r.From.UTC().Format(time.RFC3339), r.To.UTC().Format(time.RFC3339), r.Owner, r.StartedAt.UTC().Format(time.RFC3339))
-	if r.BeyondWindow {
-		s += " BEYOND THE DEDUP WINDOW (forced)"
-	}
-	if r.FinishedAt != nil {
-		s += " finished " + r.FinishedAt.UTC().Format(time.RFC3339)
-	}
-	return s
 }

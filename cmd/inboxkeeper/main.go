@@ -5,7 +5,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -15,7 +14,6 @@ import (
 	"runtime/debug"
 	"strings"
 	"syscall"
-	"time"
 	_ "time/tzdata" // INBOXKEEPER_ACTIVE_TZ works in images without a zone database
 
 	"github.com/jackc/pgx/v5"
@@ -24,10 +22,13 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
+	"github.com/inboxkeeper/inboxkeeper/internal/pass"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
+	"github.com/inboxkeeper/inboxkeeper/internal/render"
 	"github.com/inboxkeeper/inboxkeeper/internal/settings"
 	"github.com/inboxkeeper/inboxkeeper/migrations"
 	"github.com/inboxkeeper/inboxkeeper/retention"
+	"github.com/inboxkeeper/inboxkeeper/tiering"
 )
 
 // Exit codes: the same for every command.
@@ -85,65 +86,6 @@ environment variables and the policy file (INBOXKEEPER_POLICY_FILE).
 Exit status: 0 ok, 1 runtime failure, 2 usage or configuration error.
 `
 
-// errHelpShown ends a command whose --help was printed: exit 0.
-var errHelpShown = errors.New("help shown")
-
-// printHelp prints the usage lines of the command fs is for, what the
-// top-level usage says of it, and its flags.
-func printHelp(w io.Writer, fs *flag.FlagSet) {
-	fmt.Fprintln(w, "Usage:")
-	for _, line := range usageLines(fs.Name()) {
-		fmt.Fprintln(w, line)
-	}
-	var n int
-	fs.VisitAll(func(*flag.Flag) { n++ })
-	if n > 0 {
-		fmt.Fprintln(w, "\nFlags:")
-		fs.SetOutput(w)
-		fs.PrintDefaults()
-	}
-}
-
-// usageLines are the lines of the top-level usage for command (and its
-// subcommands, for a group such as "hold").
-func usageLines(command string) []string {
-	var out []string
-	for _, line := range strings.Split(usage, "\n") {
-		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "inboxkeeper "+command)
-		if ok && (rest == "" || rest[0] == ' ') {
-			out = append(out, line)
-		}
-	}
-	return out
-}
-
-// wantsHelp reports whether the command line asks for a command's help.
-func wantsHelp(args []string) bool {
-	for _, a := range args {
-		switch a {
-		case "-h", "-help", "--help":
-			return true
-		case "--":
-			return false
-		}
-	}
-	return false
-}
-
-// usageError is a mistake on the command line: exit 2.
-type usageError struct{ msg string }
-
-func (e usageError) Error() string { return e.msg }
-
-func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
-
-// configError is a bad environment, policy file or policy/catalog mismatch:
-// exit 2, and nothing was deleted.
-type configError struct{ err error }
-
-func (e configError) Error() string { return e.err.Error() }
-func (e configError) Unwrap() error { return e.err }
-
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
@@ -183,8 +125,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	// --help needs no valid environment: every command parses its flags
 	// before it touches anything.
-	if isTerminal(stderr) {
-		stderr = &terminal{w: stderr} // the log and the progress bar take turns
+	if render.IsTerminal(stderr) {
+		stderr = render.NewTerminal(stderr) // the log and the progress bar take turns
 	}
 	log := cfg.Logger(stderr)
 	a := &app{cfg: cfg, log: log, stdout: stdout, stderr: stderr, command: cmd}
@@ -371,36 +313,15 @@ func (a *app) connect(ctx context.Context) (*pgxpool.Pool, error) {
 		return a.pool, nil
 	}
 	// The deleter uses one connection; the throttle's collectors a few more.
-	pc, err := dbconn.Pool(a.cfg.DatabaseURL, 8, dbconn.AppName(a.command))
-	if err != nil {
+	pool, pooled, err := dbconn.Open(ctx, a.cfg.DatabaseURL, 8, dbconn.AppName(a.command))
+	if errors.Is(err, dbconn.ErrBadURL) {
 		return nil, configError{fmt.Errorf("INBOXKEEPER_DATABASE_URL: %w (%s)", err, config.RedactURL(a.cfg.DatabaseURL))}
 	}
-	connCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	defer cancel()
-	// One connection first, to see whether a pooler stands in between: the
-	// pool's query mode depends on it.
-	probe, err := pgx.ConnectConfig(connCtx, pc.ConnConfig.Copy())
-	if err != nil {
-		return nil, fmt.Errorf("connect to %s: %w", config.RedactURL(a.cfg.DatabaseURL), err)
-	}
-	a.pooled, err = dbconn.Pooled(connCtx, probe)
-	probe.Close(context.WithoutCancel(ctx))
-	if err != nil {
-		return nil, fmt.Errorf("connect to %s: %w", config.RedactURL(a.cfg.DatabaseURL), err)
-	}
-	if a.pooled {
-		dbconn.ForPooler(pc.ConnConfig)
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, err
 	}
-	if err := pool.Ping(connCtx); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("connect to %s: %w", config.RedactURL(a.cfg.DatabaseURL), err)
-	}
-	a.log.Debug("inboxkeeper: connected", "database", config.RedactURL(a.cfg.DatabaseURL), "pooler", a.pooled)
-	a.pool = pool
+	a.log.Debug("inboxkeeper: connected", "database", config.RedactURL(a.cfg.DatabaseURL), "pooler", pooled)
+	a.pool, a.pooled = pool, pooled
 	return pool, nil
 }
 
@@ -429,19 +350,15 @@ func (a *app) txSettings() dbconn.TxSettings {
 
 // sessionConn opens a connection of its own to url (from sessionURL).
 func (a *app) sessionConn(ctx context.Context, url string) (*pgx.Conn, error) {
-	name := "INBOXKEEPER_DATABASE_URL"
-	if url == a.cfg.SessionURL {
-		name = "INBOXKEEPER_SESSION_DATABASE_URL"
-	}
-	pc, err := dbconn.Conn(url, dbconn.AppName(a.command))
-	if err != nil {
+	conn, err := dbconn.Dial(ctx, url, dbconn.AppName(a.command))
+	if errors.Is(err, dbconn.ErrBadURL) {
+		name := "INBOXKEEPER_DATABASE_URL"
+		if url == a.cfg.SessionURL {
+			name = "INBOXKEEPER_SESSION_DATABASE_URL"
+		}
 		return nil, configError{fmt.Errorf("%s: %w (%s)", name, err, config.RedactURL(url))}
 	}
-	conn, err := pgx.ConnectConfig(ctx, pc)
-	if err != nil {
-		return nil, fmt.Errorf("connect to %s: %w", config.RedactURL(url), err)
-	}
-	return conn, nil
+	return conn, err
 }
 
 func (a *app) loadPolicy() (*policy.Policy, error) {
@@ -453,16 +370,7 @@ func (a *app) loadPolicy() (*policy.Policy, error) {
 	if _, err := retention.Load(p); err != nil {
 		return nil, configError{err}
 	}
-	var errs []error
-	for _, t := range p.Tables {
-		if len(t.Tuning) == 0 {
-			continue
-		}
-		if _, _, err := settings.Resolve(a.cfg, t.Tuning, nil, t.Name.String()); err != nil {
-			errs = append(errs, fmt.Errorf("%s:%d: table %s: tuning: %w", p.Source, t.Line, t.Name, err))
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
+	if err := settings.CheckPolicy(a.cfg, p); err != nil {
 		return nil, configError{err}
 	}
 	return p, nil
@@ -486,11 +394,11 @@ func (a *app) prepare(ctx context.Context) (*pgxpool.Pool, []*catalog.Table, err
 	if schemaErr != nil && !isSetupError(schemaErr) {
 		return nil, nil, schemaErr
 	}
-	tables, err := resolveAll(ctx, pool, p)
+	tables, err := catalog.ResolveAll(ctx, pool, p)
 	if err != nil || schemaErr != nil {
 		return nil, nil, errors.Join(schemaErr, err)
 	}
-	a.warnLocalTime(ctx, pool, tables)
+	catalog.WarnLocalTime(ctx, pool, tables, a.log)
 	return pool, tables, nil
 }
 
@@ -500,96 +408,5 @@ func isSetupError(err error) bool {
 	var ue usageError
 	var ce configError
 	return errors.As(err, &ue) || errors.As(err, &ce) || errors.Is(err, catalog.ErrInvalid) || errors.Is(err, migrations.ErrNotMigrated) ||
-		errors.Is(err, migrations.ErrTooNew)
-}
-
-// warnLocalTime warns, once per table and column, when a timestamp without
-// time zone column is read as UTC (the policy gives no time_zone) while the
-// database's TimeZone is not UTC: an application that writes local time
-// would see rows go hours early or late.
-func (a *app) warnLocalTime(ctx context.Context, q catalog.Querier, tables []*catalog.Table) {
-	tz, err := dbconn.TimeZone(ctx, q)
-	if err != nil {
-		a.log.Warn("inboxkeeper: cannot read the database's TimeZone", "error", err)
-		return
-	}
-	if isUTC(tz) {
-		return
-	}
-	for _, t := range tables {
-		if t.Policy.TimeZone != "" {
-			continue
-		}
-		for _, c := range t.TimeColumns() {
-			if c.Zone != "" {
-				a.log.Warn("inboxkeeper: a timestamp without time zone column is read as UTC, but the database's TimeZone is not UTC; if the application writes local time, set time_zone in the policy",
-					"table", t.Name, "column", c.Name, "database_time_zone", tz, "policy_time_zone", "UTC (default)")
-			}
-		}
-	}
-}
-
-// isUTC reports whether the zone named tz never differs from UTC.
-func isUTC(tz string) bool {
-	loc, err := time.LoadLocation(tz)
-	if err != nil {
-		return false
-	}
-	now := time.Now()
-	for _, t := range []time.Time{now, now.AddDate(0, 6, 0)} {
-		if _, off := t.In(loc).Zone(); off != 0 {
-			return false
-		}
-	}
-	return true
-}
-
-func resolveAll(ctx context.Context, q catalog.Querier, p *policy.Policy) ([]*catalog.Table, error) {
-	var out []*catalog.Table
-	var errs []error
-	for _, pt := range p.Tables {
-		t, err := catalog.Resolve(ctx, q, pt)
-		if err != nil {
-			if errors.Is(err, catalog.ErrInvalid) {
-				errs = append(errs, fmt.Errorf("%s: %w", p.Source, err))
-				continue
-			}
-			return nil, err
-		}
-		out = append(out, t)
-	}
-	if len(errs) > 0 {
-		return nil, errors.Join(errs...)
-	}
-	return out, nil
-}
-
-func (a *app) migrate(ctx context.Context, args []string) error {
-	if err := a.noArgs("migrate", args); err != nil {
-		return err
-	}
-	if _, err := a.connect(ctx); err != nil {
-		return err
-	}
-	// A dedicated connection: the migration lock is a session lock.
-	url, err := a.sessionURL("migrate")
-	if err != nil {
-		return err
-	}
-	conn, err := a.sessionConn(ctx, url)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	applied, err := migrations.Migrate(ctx, conn)
-	if err != nil {
-		return err
-	}
-	a.migrateKeyTables(ctx, conn)
-	if len(applied) == 0 {
-		fmt.Fprintf(a.stdout, "control schema %s is up to date (version %d)\n", migrations.Schema, migrations.Latest())
-		return nil
-	}
-	fmt.Fprintf(a.stdout, "control schema %s migrated to version %d (applied %v)\n", migrations.Schema, migrations.Latest(), applied)
-	return nil
+		errors.Is(err, migrations.ErrTooNew) || errors.Is(err, tiering.ErrKeyTable) || pass.IsSettingsError(err)
 }

@@ -7,17 +7,13 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"strings"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxkeeper/inboxkeeper/inbox"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
-	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
-	"github.com/inboxkeeper/inboxkeeper/internal/redisprobe"
 	"github.com/inboxkeeper/inboxkeeper/internal/sqlident"
 	"github.com/inboxkeeper/inboxkeeper/partitions"
 	"github.com/inboxkeeper/inboxkeeper/retention"
@@ -105,13 +101,6 @@ func (a *app) loadPlans(files []string) ([]retention.Plan, *policy.Policy, error
 	return plans, p, nil
 }
 
-// checkLine is one check's verdict, printed as one line.
-type checkLine struct {
-	verdict string // OK, FAIL or SKIP
-	subject string
-	detail  string
-}
-
 func (a *app) checkPlans(ctx context.Context, plans []retention.Plan, p *policy.Policy, redisURL string) error {
 	// Resolve every named table first: a record that names a table the
 	// database does not match is a configuration error, as for every command.
@@ -148,31 +137,31 @@ func (a *app) checkPlans(ctx context.Context, plans []retention.Plan, p *policy.
 	}
 
 	failed, total := 0, 0
-	report := func(l checkLine) {
-		switch l.verdict {
+	report := func(l retention.Verdict) {
+		switch l.Result {
 		case "FAIL":
 			failed++
 			total++
 		case "OK":
 			total++
 		}
-		fmt.Fprintf(a.stdout, "%-4s %s: %s\n", l.verdict, l.subject, l.detail)
+		fmt.Fprintf(a.stdout, "%-4s %s: %s\n", l.Result, l.Subject, l.Detail)
 	}
 	for _, pl := range plans {
 		subject := pl.Rule.Scope
 		t := tables[pl.Rule.Table]
 		if t == nil {
-			report(checkLine{"SKIP", subject, "the record names no table, so there is no deployment to compare it with"})
+			report(retention.Verdict{Result: "SKIP", Subject: subject, Detail: "the record names no table, so there is no deployment to compare it with"})
 			continue
 		}
 		subject += " (" + t.Name + ")"
-		for _, l := range a.checkTable(ctx, pool, pl.Rule, t) {
-			l.subject = subject
+		for _, l := range retention.CheckTable(ctx, pool, pl.Rule, t, a.txSettings(), partitions.CoveredUntil) {
+			l.Subject = subject
 			report(l)
 		}
 	}
 	if redisURL != "" {
-		for _, l := range checkRedis(ctx, redisURL) {
+		for _, l := range retention.CheckRedis(ctx, redisURL) {
 			report(l)
 		}
 	}
@@ -181,116 +170,6 @@ func (a *app) checkPlans(ctx context.Context, plans []retention.Plan, p *policy.
 	}
 	return nil
 }
-
-// checkTable compares one table with the rule of its record: the expiry
-// rule, every row's expiry, and partition coverage.
-func (a *app) checkTable(ctx context.Context, pool *pgxpool.Pool, r retention.Rule, t *catalog.Table) []checkLine {
-	var out []checkLine
-	if ea := t.Policy.ExpiresAfter; ea != nil {
-		if ea.After < r.Retention {
-			out = append(out, checkLine{"FAIL", "", fmt.Sprintf("expiry rule: expires_after %s + %s is shorter than the computed retention %s (%s longest scenario + %s margin); rows would be deleted before the promise ends",
-				ea.Column, dur(ea.After), dur(r.Retention), dur(r.Retention-r.Margin), dur(r.Margin))})
-		} else {
-			out = append(out, checkLine{"OK", "", fmt.Sprintf("expiry rule: expires_after %s + %s covers the retention %s", ea.Column, dur(ea.After), dur(r.Retention))})
-		}
-	}
-	out = append(out, a.checkRows(ctx, pool, r, t))
-	return append(out, checkCoverage(ctx, pool, r, t)...)
-}
-
-// checkCoverage compares how far ahead the rule writes expiries with the
-// table's partitions: a new row beyond the last partition fails its insert.
-// Retirement cannot cut a promise short (a partition goes only once its
-// upper bound has passed), so coverage is the one thing to check.
-func checkCoverage(ctx context.Context, pool *pgxpool.Pool, r retention.Rule, t *catalog.Table) []checkLine {
-	if !t.Partitioned() {
-		return []checkLine{{"OK", "", "partition coverage: not partitioned"}}
-	}
-	now, err := dbconn.Now(ctx, pool)
-	if err != nil {
-		return []checkLine{{"FAIL", "", "partition coverage: read the clock: " + err.Error()}}
-	}
-	// A message first seen now gets at most the longest scenario plus the
-	// margin; a deadline may reach further.
-	ahead := r.Retention
-	if r.Deadline != nil {
-		ahead = max(ahead, r.Deadline.Add(r.Margin).Sub(now))
-	}
-	var out []checkLine
-	if me := t.Policy.Partitions.MaxExpiry; me < ahead {
-		out = append(out, checkLine{"FAIL", "", fmt.Sprintf("partition coverage: partitions.max_expiry %s is shorter than the %s ahead the rule writes; premake will not keep partitions for the newest rows", dur(me), dur(ahead))})
-	} else {
-		out = append(out, checkLine{"OK", "", fmt.Sprintf("partition coverage: partitions.max_expiry %s covers the %s ahead the rule writes", dur(me), dur(ahead))})
-	}
-	until, err := partitions.CoveredUntil(ctx, pool, t, now)
-	switch {
-	case err != nil:
-		out = append(out, checkLine{"FAIL", "", "partition coverage: " + err.Error()})
-	case until == nil:
-		out = append(out, checkLine{"OK", "", "partition coverage: a MAXVALUE partition takes every row"})
-	case until.Sub(now) < ahead:
-		out = append(out, checkLine{"FAIL", "", fmt.Sprintf("partition coverage: the partitions reach %s (%s ahead), the rule writes up to %s ahead: inserts beyond fail; run inboxkeeper partitions ensure",
-			until.UTC().Format(time.RFC3339), dur(until.Sub(now).Round(time.Second)), dur(ahead))})
-	default:
-		out = append(out, checkLine{"OK", "", fmt.Sprintf("partition coverage: the partitions reach %s, beyond the %s the rule writes", until.UTC().Format(time.RFC3339), dur(ahead))})
-	}
-	return out
-}
-
-// checkRows says whether any row of the scope has an expiry before the one
-// the rule computes from its own anchors (retention.CheckRows).
-func (a *app) checkRows(ctx context.Context, pool *pgxpool.Pool, r retention.Rule, t *catalog.Table) checkLine {
-	rc, err := retention.CheckRows(ctx, pool, r, t, a.txSettings())
-	scope := ""
-	if t.Scope != nil {
-		scope = fmt.Sprintf(" (scope %q)", r.Scope)
-	}
-	formula := strings.TrimPrefix(r.String(), "remember_until = ")
-	switch {
-	case errors.Is(err, retention.ErrNoAnchor):
-		return checkLine{"FAIL", "", "rows: the table lacks the first_seen or event_time column the rule counts from"}
-	case err != nil:
-		return checkLine{"FAIL", "", "rows: could not check: " + err.Error()}
-	case rc.NoScenario:
-		return checkLine{"OK", "", "rows: the rule has no inbox scenario (every path is left to the permanent business key); nothing to compare"}
-	case rc.Early == 0:
-		return checkLine{"OK", "", fmt.Sprintf("rows: none with an expiry earlier than %s%s", formula, scope)}
-	}
-	count := fmt.Sprint(rc.Early)
-	if rc.Capped {
-		count = fmt.Sprintf("more than %d", retention.RowCheckCap)
-	}
-	id := make([]string, len(t.Key))
-	for i, k := range t.Key {
-		v := "NULL"
-		if rc.First.Key[i] != nil {
-			v = *rc.First.Key[i]
-		}
-		id[i] = k.Name + "=" + v
-	}
-	return checkLine{"FAIL", "", fmt.Sprintf("rows: %s with an expiry earlier than %s%s, so forgotten too early; the first: %s: expiry %s, rule %s",
-		count, formula, scope, strings.Join(id, " "), rc.First.Expiry.UTC().Format(time.RFC3339), rc.First.Until.UTC().Format(time.RFC3339))}
-}
-
-// checkRedis judges a volatile tier: its TTLs are kept only if nothing
-// evicts the keys and a restart does not wipe them.
-func checkRedis(ctx context.Context, url string) []checkLine {
-	s, err := redisprobe.Probe(ctx, url)
-	if err != nil {
-		return []checkLine{{"FAIL", "redis", "cannot read its settings, so nothing shows it keeps a key for its TTL: " + err.Error()}}
-	}
-	var out []checkLine
-	for _, f := range s.Findings() {
-		v := "OK"
-		if !f.OK {
-			v = "FAIL"
-		}
-		out = append(out, checkLine{v, "redis " + s.Addr, f.Check + ": " + f.Detail})
-	}
-	return out
-}
-
-func dur(d time.Duration) string { return policy.Duration(d).String() }
 
 // applyPlans installs every record's rule, in one transaction, for the claim
 // path. A record without a table has nothing to install it on.

@@ -4,13 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
-	"io"
 	"strings"
-	"text/tabwriter"
-	"time"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
+	"github.com/inboxkeeper/inboxkeeper/internal/render"
 	"github.com/inboxkeeper/inboxkeeper/internal/settings"
 	"github.com/inboxkeeper/inboxkeeper/internal/sqlident"
 )
@@ -64,25 +61,14 @@ func (a *app) set(ctx context.Context, args []string) error {
 		return err
 	}
 	// Every table must still have a configuration that holds together.
-	check := func(all []settings.Setting) error {
-		if _, _, err := settings.Resolve(a.cfg, nil, all, ""); err != nil {
-			return err
-		}
-		for _, t := range p.Tables {
-			if _, _, err := settings.Resolve(a.cfg, t.Tuning, all, t.Name.String()); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	changes, err := settings.Write(ctx, pool, scope, values, *reason, check)
+	changes, err := settings.Write(ctx, pool, scope, values, *reason, settings.HoldTogether(a.cfg, p))
 	if errors.Is(err, settings.ErrInvalid) {
 		return usageError{err.Error() + "; nothing was changed"}
 	}
 	if err != nil {
 		return err
 	}
-	printLines(a.stdout, changes, "nothing changed: every value was already so", describeChange)
+	render.PrintLines(a.stdout, changes, "nothing changed: every value was already so", render.DescribeChange)
 	return nil
 }
 
@@ -94,24 +80,6 @@ func policyTable(p *policy.Policy, qn sqlident.QualifiedName) *policy.Table {
 		}
 	}
 	return nil
-}
-
-func scopeName(table string) string {
-	if table == settings.Global {
-		return "global"
-	}
-	return table
-}
-
-func describeChange(c settings.Change) string {
-	val := func(v *string) string {
-		if v == nil {
-			return "(not set)"
-		}
-		return *v
-	}
-	return fmt.Sprintf("%s %s %s: %s -> %s by %s: %s", c.ChangedAt.UTC().Format(time.RFC3339), scopeName(c.Table), c.Key,
-		val(c.Old), val(c.New), c.ChangedBy, c.Reason)
 }
 
 // settingsCmd is `inboxkeeper settings [--json] [--history]`: the value in
@@ -141,50 +109,19 @@ func (a *app) settingsCmd(ctx context.Context, args []string) error {
 			return err
 		}
 		if *asJSON {
-			return json.NewEncoder(a.stdout).Encode(map[string]any{"history": list(h)})
+			return json.NewEncoder(a.stdout).Encode(map[string]any{"history": render.List(h)})
 		}
-		printLines(a.stdout, h, "no changes", describeChange)
+		render.PrintLines(a.stdout, h, "no changes", render.DescribeChange)
 		return nil
 	}
 	stored, err := settings.Load(ctx, pool)
 	if err != nil {
 		return err
 	}
-	type scope struct {
-		Table    string           `json:"table"`
-		Settings []settings.Value `json:"settings"`
-		Error    string           `json:"error,omitempty"`
-	}
-	var scopes []scope
-	add := func(name string, tuning map[string]string) {
-		_, vals, err := settings.Resolve(a.cfg, tuning, stored, name)
-		s := scope{Table: scopeName(name), Settings: vals}
-		if err != nil {
-			s.Error = err.Error()
-		}
-		scopes = append(scopes, s)
-	}
-	add(settings.Global, nil)
-	for _, t := range p.Tables {
-		add(t.Name.String(), t.Tuning)
-	}
+	scopes := settings.Scopes(a.cfg, stored, p)
 	if *asJSON {
 		return json.NewEncoder(a.stdout).Encode(map[string]any{"scopes": scopes})
 	}
-	for _, s := range scopes {
-		fmt.Fprintln(a.stdout, s.Table)
-		if s.Error != "" {
-			fmt.Fprintf(a.stdout, "  ERROR: %s\n", s.Error)
-		}
-		writeValues(a.stdout, s.Settings, "  ")
-	}
+	render.WriteScopes(a.stdout, scopes)
 	return nil
-}
-
-func writeValues(w io.Writer, vals []settings.Value, indent string) {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	for _, v := range vals {
-		fmt.Fprintf(tw, "%s%s\t%s\t(%s)\n", indent, v.Key, v.Value, v.Source)
-	}
-	tw.Flush()
 }

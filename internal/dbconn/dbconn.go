@@ -210,14 +210,6 @@ func InRecovery(ctx context.Context, db Querier) (bool, error) {
 	return standby, err
 }
 
-// TimeZone is the session's TimeZone: the database's and role's default
-// unless the connection string sets one.
-func TimeZone(ctx context.Context, db Querier) (string, error) {
-	var tz string
-	err := db.QueryRow(ctx, "SELECT current_setting('TimeZone')").Scan(&tz)
-	return tz, err
-}
-
 // Now is the database's now(): inboxkeeper never asks the host clock.
 func Now(ctx context.Context, db Querier) (time.Time, error) {
 	var now time.Time

@@ -9,13 +9,12 @@ import (
 	"regexp"
 	"strconv"
 
-	"github.com/inboxkeeper/inboxkeeper/expiry"
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/inboxkeeper/inboxkeeper/inbox"
 	"github.com/inboxkeeper/inboxkeeper/internal/daemonmetrics"
-	"github.com/inboxkeeper/inboxkeeper/partitions"
+	"github.com/inboxkeeper/inboxkeeper/internal/pass"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
-	"github.com/inboxkeeper/inboxkeeper/tiering"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Metric is what a collector describes of one metric.
@@ -86,18 +85,15 @@ func kindOf(c prometheus.Collector) string {
 	return fmt.Sprintf("unknown (%T)", c)
 }
 
-// All registers every metric constructor of the project on a recorder: the
-// daemon's (expiry, partitions, throttle, tiering, daemonmetrics) and the
-// claim path's (inbox, on the consumers' registries), and returns what they
-// describe, by name.
+// All registers every metric of the project on a recorder: the daemon's
+// (a pass's, pass.Register, and the throttle's) and the claim path's
+// (inbox, on the consumers' registries), and returns what they describe,
+// by name.
 func All() (map[string]Metric, error) {
 	r := &recorder{metrics: map[string]Metric{}}
-	expiry.NewMetrics(r, nil)
+	pass.Register(r, "test")
 	throttle.NewMetrics(r)
 	inbox.NewMetrics(r)
-	partitions.NewMetrics(r, nil)
-	daemonmetrics.New(r, daemonmetrics.NewFacts(), "test")
-	tiering.NewMetrics(r, nil)
 	if r.err == nil && len(r.metrics) == 0 {
 		r.err = errors.New("no metric registered")
 	}

@@ -1,4 +1,9 @@
-package main
+// Package render writes what the commands print, from values computed
+// elsewhere: a pass's results line by line (and the progress of a long
+// one, as a bar on a terminal or a log line), status in text and JSON,
+// holds, replays and settings. Nothing here reads the database or decides
+// anything. Daemon internals.
+package render
 
 import (
 	"io"
@@ -6,19 +11,22 @@ import (
 	"sync"
 )
 
-// terminal is stderr on a terminal, shared by the log and the progress bar:
+// Terminal is stderr on a terminal, shared by the log and the progress bar:
 // a log record first clears the bar's line, so the two never share a line;
 // the bar is redrawn by its next update.
-type terminal struct {
+type Terminal struct {
 	mu  sync.Mutex
 	w   io.Writer
 	bar bool // a progress line is on screen, without a newline
 }
 
+// NewTerminal wraps w, a terminal.
+func NewTerminal(w io.Writer) *Terminal { return &Terminal{w: w} }
+
 const clearLine = "\r\033[K"
 
 // Write writes a log record.
-func (t *terminal) Write(p []byte) (int, error) {
+func (t *Terminal) Write(p []byte) (int, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.bar {
@@ -31,7 +39,7 @@ func (t *terminal) Write(p []byte) (int, error) {
 }
 
 // Bar draws the progress line in place.
-func (t *terminal) Bar(line string) {
+func (t *Terminal) Bar(line string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	_, _ = io.WriteString(t.w, clearLine+line)
@@ -39,7 +47,7 @@ func (t *terminal) Bar(line string) {
 }
 
 // ClearBar removes the progress line.
-func (t *terminal) ClearBar() {
+func (t *Terminal) ClearBar() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.bar {
@@ -48,9 +56,9 @@ func (t *terminal) ClearBar() {
 	}
 }
 
-// isTerminal reports whether w is a terminal (or the terminal wrapper).
-func isTerminal(w io.Writer) bool {
-	if _, ok := w.(*terminal); ok {
+// IsTerminal reports whether w is a terminal (or the Terminal wrapper).
+func IsTerminal(w io.Writer) bool {
+	if _, ok := w.(*Terminal); ok {
 		return true
 	}
 	f, ok := w.(*os.File)

@@ -1,4 +1,4 @@
-package main
+package pass
 
 import (
 	"reflect"
@@ -15,10 +15,10 @@ import (
 // of gauges to reset): they are all facts of one daemonmetrics.Facts, and a
 // per-table gauge of any other kind must be one that keeps its history.
 func TestMeasuredGaugesAreFacts(t *testing.T) {
-	m := newMetricSet(false)
+	m := NewMetrics(false, "test")
 	history := map[string]bool{"inboxkeeper_last_success_timestamp_seconds": true, "inboxkeeper_build_info": true}
 	facts := 0
-	for _, s := range []any{m.expiry, m.tiering, m.partitions, m.daemon} {
+	for _, s := range []any{m.Expiry, m.Tiering, m.Partitions, m.Daemon} {
 		v := reflect.ValueOf(s).Elem()
 		for i := range v.NumField() {
 			var c prometheus.Collector
@@ -52,8 +52,8 @@ func TestMeasuredGaugesAreFacts(t *testing.T) {
 	if facts < 20 {
 		t.Fatalf("found %d facts, want every per-table gauge a pass measures (20 or more)", facts)
 	}
-	m.facts.Clear()
-	families, err := m.reg.Gather()
+	m.Facts.Clear()
+	families, err := m.Registry.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,136 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/inboxkeeper/inboxkeeper/expiry"
+	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
+	"github.com/inboxkeeper/inboxkeeper/internal/lease"
+	"github.com/inboxkeeper/inboxkeeper/internal/pass"
+	"github.com/inboxkeeper/inboxkeeper/internal/render"
+	"github.com/inboxkeeper/inboxkeeper/throttle"
+)
+
+// preparePrimary is prepare for commands that change the database: against
+// a standby it says so and returns a nil pool, and the command does nothing.
+func (a *app) preparePrimary(ctx context.Context) (*pgxpool.Pool, []*catalog.Table, error) {
+	pool, tables, err := a.prepare(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	if standby, err := dbconn.InRecovery(ctx, pool); err != nil {
+		return nil, nil, err
+	} else if standby {
+		fmt.Fprintln(a.stdout, "the database is a standby (in recovery): nothing to do here; run inboxkeeper against the primary")
+		return nil, nil, nil
+	}
+	return pool, tables, nil
+}
+
+func (a *app) once(ctx context.Context, args []string) error {
+	fs := a.newFlags("once")
+	dryRun := fs.Bool("dry-run", false, "count what would be deleted; delete nothing")
+	metricsFile := fs.String("metrics-file", "", "write the pass's metrics to this file, in the node_exporter textfile format (written whole, by rename)")
+	gateway := fs.String("pushgateway", "", "push the pass's metrics to this Prometheus Pushgateway (http://host:9091), job inboxkeeper")
+	pushInstance := fs.String("push-instance", "", "the instance label of the pushed metrics (default: the host name); give a name that stays the same from run to run, such as the CronJob's")
+	if err := a.parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usagef("once: unexpected argument %q", fs.Arg(0))
+	}
+	if *pushInstance != "" && *gateway == "" {
+		return usagef("once: --push-instance names the instance at a Pushgateway; give --pushgateway too")
+	}
+	var ms *pass.Metrics
+	if *metricsFile != "" || *gateway != "" {
+		ms = pass.NewMetrics(false, buildVersion())
+	}
+	pool, tables, err := a.preparePrimary(ctx)
+	if err != nil || pool == nil {
+		return err
+	}
+	if err := a.sessionForPartitions(ctx, tables, *dryRun); err != nil {
+		return err
+	}
+	d := a.driver(pool, tables, *dryRun, ms)
+	if !*dryRun {
+		ls := lease.New(pool, a.cfg.LeaseTTL, a.log)
+		// RUN_TIME bounds the wait too: a cron job must end within its slot.
+		var held lease.ErrHeld
+		if err := ls.Wait(ctx, a.cfg.RunTime); errors.As(err, &held) {
+			return fmt.Errorf("another instance (%s) held the lease for the whole INBOXKEEPER_RUN_TIME (%s); nothing deleted", held.Holder.Name, held.For)
+		} else if err != nil {
+			return err
+		}
+		defer ls.Start(ctx)()
+		d.Lease = ls.Check
+		if ms != nil {
+			ms.Daemon.Active.Set(1)
+		}
+		if d.Throttle, err = a.startThrottle(ctx, pool, ms.ThrottleMetrics()); err != nil {
+			return err
+		}
+		defer d.Throttle.Stop()
+	}
+	failed, total, err := d.Once(ctx)
+	if ms != nil && ctx.Err() == nil {
+		// Also after a failed pass: the metrics say it failed.
+		instance := *pushInstance
+		if instance == "" {
+			instance = instanceName()
+		}
+		if xerr := ms.Export(ctx, *metricsFile, *gateway, instance); xerr != nil {
+			return errors.Join(err, xerr)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	if failed > 0 {
+		return fmt.Errorf("%d of %d tables failed (see the log)", failed, total)
+	}
+	return nil
+}
+
+// driver is the pass driver of once and the demo: a line per table and
+// step on stdout as each step ends, and the progress of long ones.
+func (a *app) driver(pool *pgxpool.Pool, tables []*catalog.Table, dryRun bool, ms *pass.Metrics) *pass.Driver {
+	d := &pass.Driver{Env: a.cfg, Wiring: a.wiring(pool, dryRun, ms, render.Progress(a.stderr, a.log)),
+		AfterStage: func(stage string, rs []pass.TableResult) { render.Stage(a.stdout, a.stderr, stage, rs, dryRun) }}
+	d.Use(tables)
+	return d
+}
+
+// wiring is what the services of a pass share.
+func (a *app) wiring(pool *pgxpool.Pool, dryRun bool, ms *pass.Metrics, progress func(expiry.Progress)) pass.Wiring {
+	return pass.Wiring{Pool: pool, DDLPool: a.ddl, Log: a.log, DryRun: dryRun, Metrics: ms, Progress: progress}
+}
+
+// instanceName names this process's series at a Pushgateway.
+func instanceName() string {
+	host, err := os.Hostname()
+	if err != nil {
+		return "inboxkeeper"
+	}
+	return host
+}
+
+// startThrottle starts the throttle's collectors; the caller stops them. A
+// THROTTLE_QUERY that fails is a configuration error.
+func (a *app) startThrottle(ctx context.Context, pool *pgxpool.Pool, m *throttle.Metrics) (*throttle.Throttler, error) {
+	if a.cfg.ThrottleQuery != "" {
+		if err := throttle.CheckQuery(ctx, pool, a.cfg.ThrottleQuery); err != nil && ctx.Err() == nil {
+			return nil, configError{err}
+		}
+	}
+	t := pass.NewThrottle(ctx, pool, a.cfg, a.log, m)
+	t.Start(ctx)
+	return t, nil
+}

@@ -1,0 +1,145 @@
+package pass
+
+import (
+	"context"
+	"time"
+
+	"github.com/inboxkeeper/inboxkeeper/expiry"
+	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/daemonmetrics"
+	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
+	"github.com/inboxkeeper/inboxkeeper/internal/lease"
+	"github.com/inboxkeeper/inboxkeeper/tiering"
+)
+
+// Daemon is a pass of `run`, when this instance may: not against a
+// standby, only while it holds the lease; and what the daemon measures and
+// remembers around its passes, so that state changes are logged once, not
+// every pass. Scheduling passes is the caller's.
+type Daemon struct {
+	*Driver
+	lease    *lease.Lease
+	metrics  *Metrics
+	tiers    *tiering.Collector
+	retained *expiry.Retained
+	state    string
+	inForce  map[string]bool
+}
+
+// NewDaemon runs d's passes under ls, exporting to d's Metrics (required).
+func NewDaemon(d *Driver, ls *lease.Lease) *Daemon {
+	m := d.Metrics
+	d.Lease = ls.Check
+	return &Daemon{Driver: d, lease: ls, metrics: m,
+		tiers:    tiering.NewCollector(d.Pool, m.Tiering, m.Daemon.BytesPerKey, d.Log),
+		retained: expiry.NewRetained(d.Pool, m.retained(), d.Log)}
+}
+
+// Use puts a (re)loaded policy's tables in force: the next pass builds its
+// stages for them, and what was measured of a table the policy no longer
+// names is no longer exported.
+func (d *Daemon) Use(tables []*catalog.Table) {
+	d.Driver.Use(tables)
+	d.inForce = map[string]bool{}
+	for _, t := range tables {
+		d.inForce[t.Name] = true
+	}
+	d.metrics.Facts.KeepTables(func(table string) bool { return d.inForce[table] })
+	d.metrics.Daemon.ReloadOK.Set(1)
+	d.metrics.Daemon.ReloadTime.Set(float64(time.Now().Unix()))
+}
+
+// ReloadFailed says the policy file on disk is not the one in force: its
+// last change failed its checks.
+func (d *Daemon) ReloadFailed() { d.metrics.Daemon.ReloadOK.Set(0) }
+
+func (d *Daemon) say(state string, args ...any) {
+	if state != d.state {
+		d.Log.Info("inboxkeeper: "+state, args...)
+		d.state = state
+	}
+}
+
+// inactive clears what this instance measured while it was the active one:
+// stale per-table gauges from a waiting instance would contradict the
+// active one's. Counters and last-success timestamps keep their history.
+func (d *Daemon) inactive() {
+	d.metrics.Daemon.Active.Set(0)
+	d.metrics.Facts.Clear()
+}
+
+// Pass does one pass if this instance may; it returns an error only when
+// ctx ended the pass.
+func (d *Daemon) Pass(ctx context.Context) error {
+	start := time.Now()
+	dm := d.metrics.Daemon
+	outcome := daemonmetrics.PassSkipped
+	defer func() { d.metrics.PassEnded(outcome) }()
+	standby, err := dbconn.InRecovery(ctx, d.Pool)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		outcome = daemonmetrics.PassFailed
+		dm.Active.Set(0)
+		d.say("database unreachable; retrying next pass", "error", err)
+		return nil
+	}
+	if standby {
+		dm.InRecovery.Set(1)
+		d.inactive()
+		d.say("the database is a standby (in recovery): doing nothing until it is promoted")
+		return nil
+	}
+	dm.InRecovery.Set(0)
+	if !d.lease.Held() {
+		// Try now rather than wait for the keeper's next tick: a promoted
+		// standby or a restarted database should not wait a ttl.
+		if held, h, _ := d.lease.TryAcquire(ctx); !held {
+			d.inactive()
+			d.say("another instance is active; waiting", "holder", h.Name)
+			return nil
+		}
+	}
+	dm.Active.Set(1)
+	d.say("active")
+	dm.PassesInFlight.Set(1)
+	defer dm.PassesInFlight.Set(0)
+	if err := d.tune(ctx); err != nil && ctx.Err() == nil {
+		d.Log.Error("inboxkeeper: the runtime settings cannot be applied; what was in force stays", "error", err)
+	}
+	res, err := d.runner.Run(ctx)
+	if err != nil {
+		return err
+	}
+	results := d.metrics.results()
+	for _, r := range Of[expiry.TableResult](res.Tables) {
+		results.Record(r)
+	}
+	outcome = res.Outcome()
+	failed, _, total := res.Counts()
+	_ = d.tiers.Update(ctx, d.tables)
+	if err := d.retained.Update(ctx, d.tables); err != nil && ctx.Err() == nil {
+		d.Log.Warn("inboxkeeper: read the control schema for metrics", "error", err)
+	}
+	d.Log.Info("inboxkeeper: pass done", "outcome", outcome, "tables", total, "failed", failed,
+		"duration", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// Refresh counts what is due on every table between passes, when this
+// instance is the active one (a waiting instance exports nothing per
+// table): the cleanup lag grows while the daemon waits for its next pass.
+func (d *Daemon) Refresh(ctx context.Context) {
+	if !d.lease.Held() {
+		return
+	}
+	// After a reload the stages are still the old policy's until the next
+	// pass: a table it no longer names is not counted (or exported) again.
+	inForce := func(table string) bool { return d.inForce[table] }
+	for _, del := range d.deleters {
+		if err := del.Refresh(ctx, inForce); err != nil && ctx.Err() == nil {
+			d.Log.Warn("inboxkeeper: could not count the due rows between passes", "error", err)
+		}
+	}
+}

@@ -1,0 +1,152 @@
+package pass
+
+import (
+	"context"
+	"errors"
+
+	"github.com/inboxkeeper/inboxkeeper/expiry"
+	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/config"
+	"github.com/inboxkeeper/inboxkeeper/internal/settings"
+	"github.com/inboxkeeper/inboxkeeper/tiering"
+)
+
+// Driver runs passes over the tables in force: the one pass of `once` and
+// the demo (Once), and every pass of `run` (Daemon). It builds the stages
+// with the runtime settings in force, and builds them again when those
+// change (a settings watch, asked with the lease before every batch and
+// DDL statement, stops a pass as soon as they do); the deleters and
+// demoters it built keep what they learnt of each table (the batch size)
+// from pass to pass while the settings stay.
+type Driver struct {
+	// Wiring builds the services; its Active is set from Lease and the
+	// settings watch.
+	Wiring
+	// Env is the environment's configuration, which the runtime settings
+	// apply to.
+	Env config.Config
+	// Lease, when set, is asked before every batch and DDL statement: an
+	// error (the lease was lost) stops the table's pass.
+	Lease func() error
+	// AfterStage, when set, is told each stage's results as soon as the
+	// stage ends (once prints them as the pass goes).
+	AfterStage func(stage string, results []TableResult)
+
+	tables   []*catalog.Table
+	watch    *settings.Watch
+	runner   Runner
+	deleters []*expiry.Deleter
+}
+
+// Use puts tables in force; the next pass builds its stages for them.
+func (d *Driver) Use(tables []*catalog.Table) {
+	d.tables, d.watch = tables, nil
+}
+
+// Tables are the tables in force.
+func (d *Driver) Tables() []*catalog.Table { return d.tables }
+
+// EnsureKeyTables creates the permanent key tables the tables in force
+// need: a deletion writes its keys in the same statement, so they must
+// exist before anything runs (tiering.ErrKeyTable when the role may not
+// create one).
+func (d *Driver) EnsureKeyTables(ctx context.Context) error {
+	return tiering.EnsureKeyTables(ctx, d.Pool, d.tables, d.Log)
+}
+
+// Changed reports whether the runtime settings changed during the last
+// pass, which stopped there: the next pass, started at once, applies them.
+func (d *Driver) Changed() bool { return d.watch != nil && d.watch.Changed() }
+
+// SettingsError is a pass that could not start because the runtime
+// settings could not be read, or do not hold together.
+type SettingsError struct{ Err error }
+
+func (e SettingsError) Error() string { return e.Err.Error() }
+func (e SettingsError) Unwrap() error { return e.Err }
+
+// tune builds the stages for the runtime settings in force, unless they
+// are built for that version already. Settings that do not hold together
+// are the error: the stages in force stay, and only a later change is
+// looked at; without stages yet, the environment's configuration is used.
+func (d *Driver) tune(ctx context.Context) error {
+	tn, err := settings.Read(ctx, d.Pool, d.Env, d.tables)
+	if err != nil {
+		if d.watch != nil {
+			// Wait for the next change rather than stop every pass for this one.
+			v := d.watch.Version()
+			if tn.Version > 0 {
+				v = tn.Version
+			}
+			d.watch.Rebase(v)
+			return err
+		}
+		tn = settings.Fixed(d.Env)
+	}
+	if d.watch == nil || d.watch.Version() != tn.Version {
+		d.build(tn)
+	}
+	return err
+}
+
+// build builds the stages for tn, with a settings watch of its version.
+func (d *Driver) build(tn settings.Tuning) {
+	d.watch = settings.NewWatch(d.Pool, tn.Version)
+	if d.Throttle != nil {
+		d.Throttle.SetLimits(tn.Global.Limits())
+	}
+	w := d.Wiring
+	w.Active = both(d.Lease, d.watch.Check)
+	var stages []Stage
+	stages, d.deleters = w.Stages(d.tables, tn)
+	d.runner = Runner{Stages: stages, RunTime: tn.Global.RunTime, AfterStage: d.AfterStage}
+}
+
+// both asks the lease (if any), then the settings watch.
+func both(lease, watch func() error) func() error {
+	return func() error {
+		if lease != nil {
+			if err := lease(); err != nil {
+				return err
+			}
+		}
+		return watch()
+	}
+}
+
+// Once runs one pass with each table's configuration in force; a setting
+// changed during it stops it before its next batch, and the pass starts
+// again with it. It returns how many table steps failed, out of how many.
+// Settings that cannot be read or do not hold together end it, a
+// SettingsError, before anything runs.
+func (d *Driver) Once(ctx context.Context) (failed, total int, err error) {
+	if !d.DryRun {
+		if err := d.EnsureKeyTables(ctx); err != nil {
+			return 0, 0, err
+		}
+	}
+	for {
+		tn, err := settings.Read(ctx, d.Pool, d.Env, d.tables)
+		if err != nil {
+			return failed, total, SettingsError{err}
+		}
+		d.build(tn)
+		res, err := d.runner.Run(ctx)
+		if d.Metrics != nil {
+			d.Metrics.PassEnded(res.Outcome())
+		}
+		f, _, n := res.Counts()
+		failed, total = failed+f, total+n
+		if err != nil || !d.watch.Changed() {
+			return failed, total, err
+		}
+		d.Log.Info("inboxkeeper: the runtime settings changed; the pass starts again with them")
+	}
+}
+
+// IsSettingsError reports a pass that the runtime settings kept from
+// starting.
+func IsSettingsError(err error) bool {
+	var se SettingsError
+	return errors.As(err, &se)
+}

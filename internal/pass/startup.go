@@ -1,0 +1,64 @@
+package pass
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/config"
+	"github.com/inboxkeeper/inboxkeeper/internal/retry"
+	"github.com/inboxkeeper/inboxkeeper/internal/service"
+	"github.com/inboxkeeper/inboxkeeper/internal/settings"
+	"github.com/inboxkeeper/inboxkeeper/migrations"
+	"github.com/inboxkeeper/inboxkeeper/throttle"
+	"github.com/inboxkeeper/inboxkeeper/tiering"
+)
+
+// WaitForSetup runs setup until it succeeds, for a daemon: a database that
+// is not up yet, a control schema a migrate job has not created yet, tables
+// the application's migration has not created yet or a permanent key table
+// not created yet are waited for with backoff (1 s doubling to 30 s)
+// instead of crash-looping (a crash-looping native sidecar would take its
+// database pod out of service). Errors for which fatal is true end it at
+// once. mismatch is 1 while the policy does not match the database. It
+// returns ctx's error when ctx ended first.
+func WaitForSetup(ctx context.Context, log *slog.Logger, mismatch prometheus.Gauge, fatal func(error) bool, setup func() error) error {
+	err := retry.Do(ctx, retry.Policy{MaxRetries: -1, Base: time.Second, Max: 30 * time.Second,
+		Retry: func(err error, _ retry.Kind) bool { return errors.Is(err, tiering.ErrKeyTable) || !fatal(err) },
+		OnRetry: func(_ retry.Kind, _ int, wait time.Duration, err error) {
+			switch {
+			case errors.Is(err, tiering.ErrKeyTable):
+				mismatch.Set(1)
+				log.Error("inboxkeeper: waiting for a permanent key table; nothing is touched until it exists", "error", err, "retry_in", wait)
+			case errors.Is(err, catalog.ErrInvalid):
+				mismatch.Set(1)
+				log.Error("inboxkeeper: the policy does not match the database; nothing is touched until it does", "error", err, "retry_in", wait)
+			case errors.Is(err, migrations.ErrNotMigrated):
+				log.Warn("inboxkeeper: waiting for the control schema", "error", err, "retry_in", wait)
+			default:
+				log.Warn("inboxkeeper: waiting for the database", "error", err, "retry_in", wait)
+			}
+		}}, func(int) error { return setup() })
+	if err == nil {
+		mismatch.Set(0)
+	} else if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return err
+}
+
+// NewThrottle builds the throttle for env with the global runtime settings
+// in force (max_replica_lag, active_hours...) when they can be read, and
+// says so when they do not hold together.
+func NewThrottle(ctx context.Context, pool *pgxpool.Pool, env config.Config, log *slog.Logger, m *throttle.Metrics) *throttle.Throttler {
+	c, err := settings.InForce(ctx, pool, env)
+	if err != nil {
+		log.Error("inboxkeeper: the global runtime settings cannot be applied; the environment's values stay", "error", err)
+	}
+	return throttle.New(pool, c, service.Base{Logger: log}, m)
+}

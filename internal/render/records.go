@@ -1,0 +1,88 @@
+package render
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/inboxkeeper/inboxkeeper/holds"
+	"github.com/inboxkeeper/inboxkeeper/internal/settings"
+)
+
+// PrintLines writes one line per item as describe gives it, or the line
+// none when there is no item.
+func PrintLines[T any](w io.Writer, items []T, none string, describe func(T) string) {
+	if len(items) == 0 {
+		fmt.Fprintln(w, none)
+	}
+	for _, it := range items {
+		fmt.Fprintln(w, describe(it))
+	}
+}
+
+func DescribeHold(h holds.Hold) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "hold %d on %s", h.ID, h.Table)
+	if h.Scope != nil {
+		fmt.Fprintf(&b, " scope=%q", *h.Scope)
+	}
+	if h.From != nil {
+		fmt.Fprintf(&b, " events [%s, %s)", h.From.UTC().Format(time.RFC3339), h.To.UTC().Format(time.RFC3339))
+	}
+	if h.Blocks == holds.BlocksDelete {
+		b.WriteString(" blocks=delete") // deletion only: the payload may be demoted
+	}
+	fmt.Fprintf(&b, " owner=%q reason=%q since %s", h.Owner, h.Reason, h.CreatedAt.UTC().Format(time.RFC3339))
+	if h.ExpiresAt != nil {
+		fmt.Fprintf(&b, " expires %s", h.ExpiresAt.UTC().Format(time.RFC3339))
+	}
+	if h.ReleasedAt != nil {
+		fmt.Fprintf(&b, " released %s", h.ReleasedAt.UTC().Format(time.RFC3339))
+	}
+	return b.String()
+}
+
+func DescribeReplay(r holds.Replay) string {
+	s := fmt.Sprintf("replay %d on %s scope=%q events [%s, %s) owner=%q since %s", r.ID, r.Table, r.Scope,
+		r.From.UTC().Format(time.RFC3339), r.To.UTC().Format(time.RFC3339), r.Owner, r.StartedAt.UTC().Format(time.RFC3339))
+	if r.BeyondWindow {
+		s += " BEYOND THE DEDUP WINDOW (forced)"
+	}
+	if r.FinishedAt != nil {
+		s += " finished " + r.FinishedAt.UTC().Format(time.RFC3339)
+	}
+	return s
+}
+
+func DescribeChange(c settings.Change) string {
+	val := func(v *string) string {
+		if v == nil {
+			return "(not set)"
+		}
+		return *v
+	}
+	return fmt.Sprintf("%s %s %s: %s -> %s by %s: %s", c.ChangedAt.UTC().Format(time.RFC3339), settings.ScopeName(c.Table), c.Key,
+		val(c.Old), val(c.New), c.ChangedBy, c.Reason)
+}
+
+// WriteScopes writes every tunable in force, by scope (`inboxkeeper
+// settings`).
+func WriteScopes(w io.Writer, scopes []settings.Scope) {
+	for _, s := range scopes {
+		fmt.Fprintln(w, s.Table)
+		if s.Error != "" {
+			fmt.Fprintf(w, "  ERROR: %s\n", s.Error)
+		}
+		writeValues(w, s.Settings, "  ")
+	}
+}
+
+func writeValues(w io.Writer, vals []settings.Value, indent string) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	for _, v := range vals {
+		fmt.Fprintf(tw, "%s%s\t%s\t(%s)\n", indent, v.Key, v.Value, v.Source)
+	}
+	tw.Flush()
+}
