@@ -11,13 +11,13 @@ import (
 const OutsideHours = "outside_active_hours"
 
 func init() {
-	register(kind{name: OutsideHours,
-		verdict: func(t *Throttler, now time.Time) (Reading, bool) {
-			if ok, window := t.inWindow(now); !ok {
-				return Reading{Kind: OutsideHours, Detail: "active hours " + window}, true
-			}
-			return Reading{}, false
-		}})
+	register(kind{name: OutsideHours, verdict: (*Throttler).outsideHours})
+}
+
+// outsideHours throttles outside the active hours.
+func (t *Throttler) outsideHours(now time.Time) (Reading, bool) {
+	ok, window := t.inWindow(now)
+	return Reading{Kind: OutsideHours, Detail: "active hours " + window}, !ok
 }
 
 // inWindow reports whether now is inside the active hours.

@@ -12,16 +12,16 @@ import (
 const LockWait = "lock_wait"
 
 func init() {
-	register(kind{name: LockWait,
-		verdict: func(t *Throttler, _ time.Time) (Reading, bool) {
-			t.mu.Lock()
-			defer t.mu.Unlock()
-			if !t.lockWait.IsZero() && time.Since(t.lockWait) < lockWaitCooldown {
-				return Reading{Kind: LockWait, Detail: "a session waited on a lock the daemon held"}, true
-			}
-			return Reading{}, false
-		},
+	register(kind{name: LockWait, verdict: (*Throttler).lockWaited,
 		counter: &counter{"inboxkeeper_lock_waits_total", "Batches cancelled because another session waited on a lock they held."}})
+}
+
+// lockWaited throttles for lockWaitCooldown after a lock wait.
+func (t *Throttler) lockWaited(time.Time) (Reading, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	waited := !t.lockWait.IsZero() && time.Since(t.lockWait) < lockWaitCooldown
+	return Reading{Kind: LockWait, Detail: "a session waited on a lock the daemon held"}, waited
 }
 
 type watch struct {

@@ -15,10 +15,7 @@ import (
 const ManualPause = "manual_pause"
 
 func init() {
-	register(kind{name: ManualPause,
-		collectors: func(t *Throttler) []collector {
-			return []collector{{name: "pause", interval: time.Second, run: t.measurePause}}
-		}})
+	register(kind{name: ManualPause, poll: (*Throttler).measurePause, interval: time.Second})
 }
 
 func (t *Throttler) measurePause(ctx context.Context) {

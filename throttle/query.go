@@ -15,13 +15,8 @@ import (
 const CustomQuery = "custom_query"
 
 func init() {
-	register(kind{name: CustomQuery,
-		collectors: func(t *Throttler) []collector {
-			if t.cfg.ThrottleQuery == "" {
-				return nil
-			}
-			return []collector{{name: "query", interval: time.Second, run: t.measureQuery}}
-		},
+	register(kind{name: CustomQuery, poll: (*Throttler).measureQuery, interval: time.Second,
+		on:     func(t *Throttler) bool { return t.cfg.ThrottleQuery != "" },
 		format: func(r Reading) string { return fmt.Sprintf(": %g (throttles above 0)", r.Value) }})
 }
 

@@ -25,13 +25,11 @@ const (
 func init() {
 	register(kind{name: ReplicaLag, backlog: true, collectors: replicaCollectors,
 		gauge: &gauge{"inboxkeeper_replica_lag_seconds", "Apply lag of a standby: from the heartbeat for listed standbys (host:port), replay_lag for the others (walsender NAME). +Inf when unknown.", "replica"}})
-	register(kind{name: ReplicaUnreachable, backlog: true,
-		observe: func(m *Metrics, r Reading) {
-			if r.Value > 0 && r.Subject != readStatReplication {
-				m.gauge("inboxkeeper_replica_lag_seconds").WithLabelValues(r.Subject).Set(math.Inf(1))
-			}
-		},
-		forget: func(*Metrics, Reading) {}})
+	register(kind{name: ReplicaUnreachable, backlog: true, export: func(m *Metrics, r Reading, gone bool) {
+		if !gone && r.Value > 0 && r.Subject != readStatReplication {
+			m.gauge("inboxkeeper_replica_lag_seconds").WithLabelValues(r.Subject).Set(math.Inf(1))
+		}
+	}})
 }
 
 // replicaCollectors read each listed standby, and write the heartbeat.
@@ -39,10 +37,10 @@ func init() {
 // backlog, its small writes make the walreceivers report their replay
 // positions, which the pacer reads.
 func replicaCollectors(t *Throttler) []collector {
-	cs := []collector{{name: "heartbeat", interval: statsInterval, run: t.beat}}
+	cs := []collector{{interval: statsInterval, run: t.beat}}
 	for _, u := range t.cfg.ReplicaURLs {
 		r := &replica{url: u, name: replicaName(u)}
-		cs = append(cs, collector{name: "replica " + r.name, interval: t.cfg.HeartbeatInterval,
+		cs = append(cs, collector{interval: t.cfg.HeartbeatInterval,
 			run: func(ctx context.Context) { t.measureReplica(ctx, r) }, close: r.closeConn})
 	}
 	return cs

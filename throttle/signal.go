@@ -29,16 +29,22 @@ type kind struct {
 	// backlog: a pause for it means WAL piles up somewhere, and halves the
 	// next batch (the signals see WAL only after it was written).
 	backlog bool
-	// collectors are what measures it under t's settings, each on its own
-	// ticker; none when it is off or measured otherwise.
+	// poll, when set, measures it every interval on a ticker of its own,
+	// while on (nil: always) says t's settings ask for it.
+	poll     func(t *Throttler, ctx context.Context)
+	interval time.Duration
+	on       func(t *Throttler) bool
+	// collectors, when set, are what measures it instead: one per subject
+	// configured (the listed standbys).
 	collectors func(t *Throttler) []collector
 	// verdict, when set, is a reading taken at Check time from the clock
 	// or the throttle's state (no I/O): ok when it throttles.
 	verdict func(t *Throttler, now time.Time) (r Reading, ok bool)
 	// gauge, when set, exports every reading of this kind by subject.
 	gauge *gauge
-	// observe and forget, when set, export readings some other way.
-	observe, forget func(m *Metrics, r Reading)
+	// export, when set, exports a reading (gone: no longer measured) some
+	// other way.
+	export func(m *Metrics, r Reading, gone bool)
 	// counter, when set, is a counter of events of this kind.
 	counter *counter
 	// format, when set, is how a reading without a unit reads after the
@@ -81,7 +87,6 @@ func Kinds() []string {
 // collector measures one or more signals once; Start runs each on its own
 // ticker, MeasureOnce runs them all once.
 type collector struct {
-	name     string
 	interval time.Duration
 	run      func(ctx context.Context)
 	close    func()
@@ -90,8 +95,12 @@ type collector struct {
 func (t *Throttler) collectors() []collector {
 	var cs []collector
 	for _, k := range registry {
-		if k.collectors != nil {
+		switch {
+		case k.collectors != nil:
 			cs = append(cs, k.collectors(t)...)
+		case k.poll != nil && (k.on == nil || k.on(t)):
+			run := func(ctx context.Context) { k.poll(t, ctx) }
+			cs = append(cs, collector{interval: k.interval, run: run})
 		}
 	}
 	return cs
@@ -264,25 +273,17 @@ func (m *Metrics) count(kind string) {
 	}
 }
 
-func (m *Metrics) observe(r Reading) {
+// export exports a reading of a registered kind, or forgets it (gone).
+func (m *Metrics) export(r Reading, gone bool) {
 	k := kindNamed(r.Kind)
 	switch {
 	case k == nil:
-	case k.observe != nil:
-		k.observe(m, r)
+	case k.export != nil:
+		k.export(m, r, gone)
+	case k.gauge != nil && gone:
+		m.gauges[k.gauge.name].DeleteLabelValues(r.Subject)
 	case k.gauge != nil:
 		m.gauges[k.gauge.name].WithLabelValues(r.Subject).Set(r.Value)
-	}
-}
-
-func (m *Metrics) forget(r Reading) {
-	k := kindNamed(r.Kind)
-	switch {
-	case k == nil:
-	case k.forget != nil:
-		k.forget(m, r)
-	case k.gauge != nil:
-		m.gauges[k.gauge.name].DeleteLabelValues(r.Subject)
 	}
 }
 

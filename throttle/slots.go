@@ -11,13 +11,8 @@ import (
 const SlotLag = "slot_lag"
 
 func init() {
-	register(kind{name: SlotLag, backlog: true,
-		collectors: func(t *Throttler) []collector {
-			if t.cfg.MaxSlotLagBytes <= 0 {
-				return nil
-			}
-			return []collector{{name: "pg_replication_slots", interval: statsInterval, run: t.measureSlots}}
-		},
+	register(kind{name: SlotLag, backlog: true, poll: (*Throttler).measureSlots, interval: statsInterval,
+		on:    func(t *Throttler) bool { return t.cfg.MaxSlotLagBytes > 0 },
 		gauge: &gauge{"inboxkeeper_slot_lag_bytes", "WAL bytes between the primary's current position and a logical slot's confirmed_flush_lsn.", "slot"}})
 }
 

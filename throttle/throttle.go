@@ -192,7 +192,7 @@ func (t *Throttler) set(r Reading) {
 	r.At = time.Now()
 	t.readings[r.key()] = r
 	if t.metrics != nil {
-		t.metrics.observe(r)
+		t.metrics.export(r, false)
 	}
 	t.notify()
 }
@@ -212,7 +212,7 @@ func (t *Throttler) drop(kind string, keep map[string]bool) {
 		if r.Kind == kind && !keep[r.Subject] {
 			delete(t.readings, k)
 			if t.metrics != nil {
-				t.metrics.forget(r)
+				t.metrics.export(r, true)
 			}
 		}
 	}
@@ -226,7 +226,7 @@ func (t *Throttler) forget(kind, subject string) {
 	if r, ok := t.readings[k]; ok {
 		delete(t.readings, k)
 		if t.metrics != nil {
-			t.metrics.forget(r)
+			t.metrics.export(r, true)
 		}
 	}
 }

@@ -455,11 +455,7 @@ func TestWindowHoldsBatches(t *testing.T) {
 	pgtest.ExecOn(t, standby.URL("postgres"), "SELECT pg_wal_replay_pause()")
 
 	d := expiry.New(e.pool, []*catalog.Table{e.table}, expiry.Options{
-		Settings: batchloop.Settings{
-			Base:      service.Base{Throttle: th},
-			BatchSize: 200,
-			Sizing:    &expiry.Sizing{Min: 50, Max: 2000, Target: time.Second},
-		},
+		Settings: batchloop.Settings{Base: service.Base{Throttle: th}, BatchSize: 200, Sizing: &expiry.Sizing{Min: 50, Max: 2000, Target: time.Second}},
 	})
 	done := make(chan expiry.TableResult, 1)
 	go func() {

@@ -15,10 +15,7 @@ import (
 const ReplicaLagBytes = "replica_lag_bytes"
 
 func init() {
-	register(kind{name: ReplicaLagBytes, backlog: true,
-		collectors: func(t *Throttler) []collector {
-			return []collector{{name: "pg_stat_replication", interval: statsInterval, run: t.measureWalsenders}}
-		},
+	register(kind{name: ReplicaLagBytes, backlog: true, poll: (*Throttler).measureWalsenders, interval: statsInterval,
 		gauge: &gauge{"inboxkeeper_replica_lag_bytes", "WAL bytes between the primary's current position and a standby's replay position (pg_stat_replication).", "replica"}})
 }
 

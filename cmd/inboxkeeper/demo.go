@@ -15,6 +15,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/demo"
+	"github.com/inboxkeeper/inboxkeeper/internal/pass"
 	"github.com/inboxkeeper/inboxkeeper/internal/pgcluster"
 	"github.com/inboxkeeper/inboxkeeper/internal/render"
 	"github.com/inboxkeeper/inboxkeeper/migrations"
@@ -111,10 +112,10 @@ func (a *app) demo(ctx context.Context, args []string) error {
 }
 
 func (a *app) demoStatus(ctx context.Context, pool *pgxpool.Pool, tables []*catalog.Table) error {
-	var rep render.Status
-	if err := a.tableStatus(ctx, pool, tables, &rep); err != nil {
+	st, err := pass.ReadTables(ctx, a.wiring(pool, false, nil, nil), a.cfg, tables)
+	if err != nil {
 		return err
 	}
-	rep.WriteTables(a.stdout, tables)
+	render.StatusTables(a.stdout, st, tables, nil)
 	return nil
 }

@@ -11,13 +11,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
-	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
-	"github.com/inboxkeeper/inboxkeeper/internal/lease"
 	"github.com/inboxkeeper/inboxkeeper/internal/pass"
 	"github.com/inboxkeeper/inboxkeeper/internal/render"
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
-	"github.com/inboxkeeper/inboxkeeper/internal/settings"
-	"github.com/inboxkeeper/inboxkeeper/tiering"
 )
 
 func (a *app) status(ctx context.Context, args []string) error {
@@ -73,70 +69,21 @@ func (a *app) status(ctx context.Context, args []string) error {
 // statusOnce measures and writes the status once; with rates (--watch) it
 // adds each table's rate over the last minute and an ETA.
 func (a *app) statusOnce(ctx context.Context, pool *pgxpool.Pool, tables []*catalog.Table, asJSON bool, w io.Writer, rates render.Rates) error {
-	rep := render.Status{Rates: rates, Citus: map[string]*catalog.Distribution{}}
-	for _, t := range tables {
-		if t.Citus != nil {
-			rep.Citus[t.Name] = t.Citus
-		}
-	}
-	var err error
-	if rep.InRecovery, err = dbconn.InRecovery(ctx, pool); err != nil {
-		return err
-	}
-	if rep.Lease, err = lease.Current(ctx, pool); err != nil {
-		return err
-	}
-	if err := a.tableStatus(ctx, pool, tables, &rep); err != nil {
-		return err
-	}
-	if rep.Tuning, err = settings.Values(ctx, pool, a.cfg, tables); err != nil {
+	st, err := pass.ReadStatus(ctx, a.wiring(pool, false, nil, nil), a.cfg, tables)
+	if err != nil {
 		return err
 	}
 	if rates != nil {
 		now := time.Now()
-		for _, st := range rep.Tables {
-			rates.Add(st.Table, now, st.Due)
+		for _, ts := range st.Tables {
+			rates.Add(ts.Table, now, ts.Due)
 		}
 	}
 	th := pass.NewThrottle(ctx, pool, a.cfg, a.log, nil)
 	th.MeasureOnce(ctx)
 	if asJSON {
-		return json.NewEncoder(w).Encode(rep.JSON(th))
+		return json.NewEncoder(w).Encode(render.StatusJSON(st, th))
 	}
-	rep.Write(w, tables, th)
-	return nil
-}
-
-// tableStatus reads what status shows per table: rows due for ordinary
-// tables, a dry-run partition pass for partitioned ones, and the tiers.
-func (a *app) tableStatus(ctx context.Context, pool *pgxpool.Pool, tables []*catalog.Table, rep *render.Status) error {
-	// Status reads; it never deletes (not a dry run: that would count
-	// differently).
-	d := a.wiring(pool, false, nil, nil).Deleter(a.cfg, tables)
-	for _, t := range tables {
-		if t.Partitioned() {
-			continue
-		}
-		st, err := d.Status(ctx, t)
-		if err != nil {
-			return err
-		}
-		rep.Tables = append(rep.Tables, st)
-	}
-	// A dry-run pass shows what the next one would make, detach and drop.
-	ro := pass.ReadOnly(pool, a.log)
-	var err error
-	if rep.Partitions, err = ro.Partitions(a.cfg, tables).RunPass(ctx); err != nil {
-		return err
-	}
-	rep.Tiers = map[string]*tiering.Status{}
-	dem := ro.Demoter(a.cfg, tables)
-	for _, t := range dem.Tables() {
-		st, err := dem.Status(ctx, t)
-		if err != nil {
-			return err
-		}
-		rep.Tiers[t.Name] = &st
-	}
+	render.Status(w, st, tables, rates, th)
 	return nil
 }

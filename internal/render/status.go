@@ -10,7 +10,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/expiry"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/humantime"
-	"github.com/inboxkeeper/inboxkeeper/internal/lease"
+	"github.com/inboxkeeper/inboxkeeper/internal/pass"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
 	"github.com/inboxkeeper/inboxkeeper/internal/settings"
 	"github.com/inboxkeeper/inboxkeeper/partitions"
@@ -18,10 +18,11 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/tiering"
 )
 
-// Write prints status: every table, the database's role and the active
-// instance, and the throttle's verdict from th's fresh measurement.
-func (r Status) Write(w io.Writer, tables []*catalog.Table, th *throttle.Throttler) {
-	r.WriteTables(w, tables)
+// Status prints status: every table (with its rate and an ETA over rates,
+// for status --watch), the database's role and the active instance, and
+// the throttle's verdict from th's fresh measurement.
+func Status(w io.Writer, r pass.Status, tables []*catalog.Table, rates Rates, th *throttle.Throttler) {
+	StatusTables(w, r, tables, rates)
 	switch {
 	case r.InRecovery:
 		fmt.Fprintln(w, "database: a standby (in recovery): the daemon does nothing here")
@@ -33,9 +34,9 @@ func (r Status) Write(w io.Writer, tables []*catalog.Table, th *throttle.Throttl
 	WriteThrottle(w, th)
 }
 
-// WriteTables prints the per-table part of status.
-// Each table is named once, in policy order, with every part that applies.
-func (r Status) WriteTables(w io.Writer, tables []*catalog.Table) {
+// StatusTables prints the per-table part of status. Each table is named
+// once, in policy order, with every part that applies.
+func StatusTables(w io.Writer, r pass.Status, tables []*catalog.Table, rates Rates) {
 	if s := describeTuning(r.Tuning[settings.Global]); s != "" {
 		fmt.Fprintf(w, "settings (all tables):      %s\n", s)
 	}
@@ -54,7 +55,7 @@ func (r Status) WriteTables(w io.Writer, tables []*catalog.Table) {
 		for _, st := range r.Tables {
 			if st.Table == t.Name {
 				writeStatus(w, st)
-				if rate, ok := r.Rates.rate(st.Table); ok {
+				if rate, ok := rates.rate(st.Table); ok {
 					eta := "none: nothing goes"
 					if rate > 0 {
 						eta = humantime.Duration(time.Duration(float64(st.Due) / rate * float64(time.Second)))
@@ -72,23 +73,9 @@ func (r Status) WriteTables(w io.Writer, tables []*catalog.Table) {
 	}
 }
 
-type Status struct {
-	Rates Rates // status --watch
-	// citus is the distribution of each table Citus hash-distributes.
-	Citus map[string]*catalog.Distribution
-	// tuning is every tunable in force and its source, by table ("" for
-	// the global view).
-	Tuning     map[string][]settings.Value
-	InRecovery bool
-	Lease      *lease.Holder
-	Tables     []expiry.TableStatus
-	Partitions []partitions.TableResult
-	Tiers      map[string]*tiering.Status // tables with tiers, by name
-}
-
-// JSON is the shape of `status --json`: snake_case, durations in seconds,
-// instants in RFC 3339.
-func (r Status) JSON(th *throttle.Throttler) map[string]any {
+// StatusJSON is the shape of `status --json`: snake_case, durations in
+// seconds, instants in RFC 3339.
+func StatusJSON(r pass.Status, th *throttle.Throttler) map[string]any {
 	tables := []map[string]any{}
 	for _, st := range r.Tables {
 		holds, replays := []map[string]any{}, []map[string]any{}

@@ -1,0 +1,89 @@
+package pass
+
+import (
+	"context"
+
+	"github.com/inboxkeeper/inboxkeeper/expiry"
+	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/config"
+	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
+	"github.com/inboxkeeper/inboxkeeper/internal/lease"
+	"github.com/inboxkeeper/inboxkeeper/internal/settings"
+	"github.com/inboxkeeper/inboxkeeper/partitions"
+	"github.com/inboxkeeper/inboxkeeper/tiering"
+)
+
+// Status is what `status` shows, read without changing anything: each
+// table right now (rows due with the holds and replays on it; for a
+// partitioned table, what a dry-run partition pass would do), its tiers,
+// the tunables in force and where they come from, the database's role and
+// the active instance. The throttle's verdict is measured apart
+// (NewThrottle, MeasureOnce).
+type Status struct {
+	Citus      map[string]*catalog.Distribution // the tables Citus distributes
+	Tuning     map[string][]settings.Value      // by table, settings.Global for the global view
+	InRecovery bool
+	Lease      *lease.Holder // nil: no instance holds it
+	Tables     []expiry.TableStatus
+	Partitions []partitions.TableResult
+	Tiers      map[string]*tiering.Status // tables with tiers, by name
+}
+
+// ReadStatus reads the status of tables on pool, with env's settings.
+func ReadStatus(ctx context.Context, w Wiring, env config.Config, tables []*catalog.Table) (Status, error) {
+	st, err := ReadTables(ctx, w, env, tables)
+	if err != nil {
+		return st, err
+	}
+	st.Citus = map[string]*catalog.Distribution{}
+	for _, t := range tables {
+		if t.Citus != nil {
+			st.Citus[t.Name] = t.Citus
+		}
+	}
+	if st.InRecovery, err = dbconn.InRecovery(ctx, w.Pool); err != nil {
+		return st, err
+	}
+	if st.Lease, err = lease.Current(ctx, w.Pool); err != nil {
+		return st, err
+	}
+	st.Tuning, err = settings.Values(ctx, w.Pool, env, tables)
+	return st, err
+}
+
+// ReadTables reads the per-table part of the status: rows due for
+// ordinary tables, a dry-run partition pass for partitioned ones, and the
+// tiers.
+func ReadTables(ctx context.Context, w Wiring, env config.Config, tables []*catalog.Table) (Status, error) {
+	var st Status
+	// Status reads; it never deletes (not a dry run: that would count
+	// differently).
+	w.DryRun = false
+	d := w.Deleter(env, tables)
+	for _, t := range tables {
+		if t.Partitioned() {
+			continue
+		}
+		ts, err := d.Status(ctx, t)
+		if err != nil {
+			return st, err
+		}
+		st.Tables = append(st.Tables, ts)
+	}
+	// A dry-run pass shows what the next one would make, detach and drop.
+	ro := ReadOnly(w.Pool, w.Log)
+	var err error
+	if st.Partitions, err = ro.Partitions(env, tables).RunPass(ctx); err != nil {
+		return st, err
+	}
+	st.Tiers = map[string]*tiering.Status{}
+	dem := ro.Demoter(env, tables)
+	for _, t := range dem.Tables() {
+		ts, err := dem.Status(ctx, t)
+		if err != nil {
+			return st, err
+		}
+		st.Tiers[t.Name] = &ts
+	}
+	return st, nil
+}
