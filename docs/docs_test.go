@@ -15,8 +15,8 @@ import (
 	"testing"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
-	"github.com/inboxkeeper/inboxkeeper/internal/metricsinfo"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/metricsinfo"
 	"github.com/inboxkeeper/inboxkeeper/retention"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
 )

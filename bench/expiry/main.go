@@ -45,7 +45,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxkeeper/inboxkeeper/bench/internal/benchdata"
-	"github.com/inboxkeeper/inboxkeeper/internal/pgcluster"
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgcluster"
 )
 
 // The goals of the issue.

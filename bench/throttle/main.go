@@ -75,7 +75,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxkeeper/inboxkeeper/bench/internal/benchdata"
-	"github.com/inboxkeeper/inboxkeeper/internal/pgcluster"
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgcluster"
 )
 
 // The goals of issue #13: the throttled peak lag within goalLag x

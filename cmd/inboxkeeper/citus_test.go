@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 )
 
 // newCitusFixture is newFixture on a Citus coordinator: the usual inbox,

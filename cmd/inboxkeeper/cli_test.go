@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
-	"github.com/inboxkeeper/inboxkeeper/internal/redisprobe/redistest"
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/redistest"
 )
 
 func TestUsage(t *testing.T) {

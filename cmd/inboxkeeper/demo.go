@@ -16,8 +16,8 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/demo"
 	"github.com/inboxkeeper/inboxkeeper/internal/pass"
-	"github.com/inboxkeeper/inboxkeeper/internal/pgcluster"
 	"github.com/inboxkeeper/inboxkeeper/internal/render"
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgcluster"
 	"github.com/inboxkeeper/inboxkeeper/migrations"
 )
 

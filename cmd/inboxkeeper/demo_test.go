@@ -5,7 +5,7 @@ import (
 	"regexp"
 	"testing"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/pgcluster"
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgcluster"
 )
 
 // The demo starts a cluster of its own, runs a pass with a hold and a replay,

@@ -15,10 +15,10 @@ import (
 
 	"github.com/inboxkeeper/inboxkeeper/inbox"
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
-	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
 	"github.com/inboxkeeper/inboxkeeper/internal/redisprobe"
-	"github.com/inboxkeeper/inboxkeeper/internal/redisprobe/redistest"
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/redistest"
 	"github.com/inboxkeeper/inboxkeeper/retention"
 )
 

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
-	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
-	"github.com/inboxkeeper/inboxkeeper/internal/scrape"
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/scrape"
 )
 
 var (

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 )
 
 // The tiered inbox (pgtest.TieredInboxDDL), filled relative to the database

@@ -27,9 +27,9 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/inboxkeeper/inboxkeeper/inbox"
-	"github.com/inboxkeeper/inboxkeeper/internal/metricsinfo"
-	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
-	"github.com/inboxkeeper/inboxkeeper/internal/scrape"
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/metricsinfo"
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/scrape"
 )
 
 const (

@@ -6,8 +6,8 @@ import (
 	"testing"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
-	"github.com/inboxkeeper/inboxkeeper/internal/pgtest"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 )
 
 func TestResolveTiers(t *testing.T) {

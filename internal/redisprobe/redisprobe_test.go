@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/redisprobe/redistest"
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/redistest"
 )
 
 func TestProbe(t *testing.T) {

@@ -15,7 +15,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/pgcluster"
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgcluster"
 )
 
 // ClusterSettings are the server settings every benchmark cluster starts
