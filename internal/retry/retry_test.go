@@ -86,3 +86,27 @@ func TestDo(t *testing.T) {
 		t.Errorf("a cancelled context went on: %d attempts, %v", n, err)
 	}
 }
+
+// A negative MaxRetries retries until the attempt succeeds; every wait
+// stays within Max, jittered in its upper half.
+func TestDoUntilDone(t *testing.T) {
+	t.Parallel()
+	var waits []time.Duration
+	n := 0
+	err := Do(context.Background(), Policy{MaxRetries: -1, Base: time.Microsecond, Max: 4 * time.Microsecond,
+		OnRetry: func(_ Kind, _ int, wait time.Duration, _ error) { waits = append(waits, wait) }},
+		func(int) error {
+			if n++; n < 12 {
+				return pgErr(SQLStateLockTimeout)
+			}
+			return nil
+		})
+	if err != nil || n != 12 {
+		t.Fatalf("%d attempts, %v; want success at the 12th", n, err)
+	}
+	for i, w := range waits {
+		if w > 4*time.Microsecond || (i >= 2 && w < 2*time.Microsecond) {
+			t.Errorf("wait %d: %s, want within [Max/2, Max] once the base has doubled past it", i, w)
+		}
+	}
+}

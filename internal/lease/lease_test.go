@@ -1,0 +1,119 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// instances are two daemons' handles on the lease of a migrated database
+// of the test's own, each with its own ttl.
+func instances(t *testing.T, ttlA, ttlB time.Duration) (a, b *Lease, db DB) {
+	t.Helper()
+	pool, _ := pgtest.NewMigratedPool(t)
+	return New(pool, ttlA, nil), New(pool, ttlB, nil), pool
+}
+
+// One instance holds the lease at a time; the others see who, take it once
+// it is released or has run out, and the holder knows when it may no
+// longer be sure it holds it.
+func TestLease(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	t.Run("OneHolder", func(t *testing.T) {
+		t.Parallel()
+		a, b, pool := instances(t, time.Minute, time.Minute)
+		if a.Name() == b.Name() {
+			t.Fatalf("two handles in one process share the holder name %s", a.Name())
+		}
+		if held, _, err := a.TryAcquire(ctx); err != nil || !held || !a.Held() || a.Check() != nil {
+			t.Fatalf("the first instance: held %v, %v, check %v", held, err, a.Check())
+		}
+		held, h, err := b.TryAcquire(ctx)
+		if err != nil || held || h.Name != a.Name() || b.Held() || b.Check() == nil {
+			t.Fatalf("the second instance: held %v, holder %+v, %v", held, h, err)
+		}
+		if cur, err := Current(ctx, pool); err != nil || cur == nil || cur.Name != a.Name() || time.Until(cur.ExpiresAt) < 50*time.Second {
+			t.Errorf("status reads the holder %+v, %v", cur, err)
+		}
+		// Renewing keeps it; a release hands it over at once.
+		if held, _, _ := a.TryAcquire(ctx); !held {
+			t.Error("the holder could not renew")
+		}
+		a.Release(ctx)
+		if a.Held() {
+			t.Error("still held after the release")
+		}
+		if cur, _ := Current(ctx, pool); cur != nil {
+			t.Errorf("a holder after the release: %+v", cur)
+		}
+		if held, _, _ := b.TryAcquire(ctx); !held {
+			t.Error("the second instance could not take the released lease")
+		}
+	})
+
+	t.Run("RunsOut", func(t *testing.T) {
+		t.Parallel()
+		a, b, _ := instances(t, 300*time.Millisecond, time.Minute)
+		if held, _, _ := a.TryAcquire(ctx); !held {
+			t.Fatal("the first instance did not get the lease")
+		}
+		// The holder stops being sure before the database lets anyone else
+		// in: it keeps a fifth of the ttl as slack.
+		pgtest.WaitFor(t, 10*time.Second, "the holder to stop being sure it holds the lease", func() bool { return !a.Held() })
+		pgtest.WaitFor(t, 10*time.Second, "the lease to run out for another instance", func() bool {
+			held, _, err := b.TryAcquire(ctx)
+			return err == nil && held
+		})
+		if held, h, _ := a.TryAcquire(ctx); held || h.Name != b.Name() {
+			t.Errorf("the first instance took it back from %s: held %v", h.Name, held)
+		}
+	})
+
+	t.Run("Wait", func(t *testing.T) {
+		t.Parallel()
+		a, b, _ := instances(t, 3*time.Second, 3*time.Second)
+		if held, _, _ := a.TryAcquire(ctx); !held {
+			t.Fatal("the first instance did not get the lease")
+		}
+		stop := a.Start(ctx) // keeps it, and releases it when stopped
+		var held ErrHeld
+		if err := b.Wait(ctx, 200*time.Millisecond); !errors.As(err, &held) || held.Holder.Name != a.Name() || held.For != 200*time.Millisecond {
+			t.Fatalf("waiting while another keeps the lease: %v, want ErrHeld naming it", err)
+		}
+		waited := make(chan error, 1)
+		go func() { waited <- b.Wait(ctx, time.Minute) }()
+		stop() // releases it
+		select {
+		case err := <-waited:
+			if err != nil || !b.Held() {
+				t.Errorf("waiting for a released lease: %v, held %v", err, b.Held())
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("still waiting 30 s after the holder released the lease")
+		}
+		if a.Held() {
+			t.Error("the stopped keeper still holds the lease")
+		}
+	})
+
+	t.Run("Cancelled", func(t *testing.T) {
+		t.Parallel()
+		a, b, _ := instances(t, time.Minute, time.Minute)
+		if held, _, _ := a.TryAcquire(ctx); !held {
+			t.Fatal("the first instance did not get the lease")
+		}
+		cctx, cancel := context.WithCancel(ctx)
+		cancel()
+		var held ErrHeld
+		if err := b.Wait(cctx, 0); err == nil || errors.As(err, &held) {
+			t.Errorf("waiting with a cancelled context: %v, want its error", err)
+		}
+	})
+}
