@@ -62,6 +62,19 @@ func (l *Lease) Name() string { return l.holder }
 // TryAcquire takes or renews the lease once. It reports whether this
 // instance holds it, and otherwise who does.
 func (l *Lease) TryAcquire(ctx context.Context) (bool, Holder, error) {
+	held, h, err := l.tryAcquire(ctx)
+	if errors.Is(err, errReleased) {
+		// Released between taking and reading it: it is free now.
+		held, h, err = l.tryAcquire(ctx)
+	}
+	return held, h, err
+}
+
+// errReleased: the lease was held by another instance when this one tried
+// to take it, and gone when it read who holds it.
+var errReleased = errors.New("released meanwhile")
+
+func (l *Lease) tryAcquire(ctx context.Context) (bool, Holder, error) {
 	start := time.Now()
 	var got string
 	err := l.db.QueryRow(ctx, `
@@ -90,6 +103,9 @@ RETURNING holder`, l.holder, l.ttl.Milliseconds()).Scan(&got)
 	}
 	var h Holder
 	if err := l.db.QueryRow(ctx, "SELECT holder, expires_at FROM inboxkeeper.lease").Scan(&h.Name, &h.ExpiresAt); err != nil {
+		if errors.Is(err, pgx.ErrNoRows) {
+			err = errReleased
+		}
 		l.lost()
 		return false, Holder{}, fmt.Errorf("lease: read holder: %w", err)
 	}
