@@ -216,6 +216,64 @@ func TestThrottleSignals(t *testing.T) {
 	compare(t, "reference/metrics.md", "reason", uniq(throttle.Kinds()), uniq(inReference))
 }
 
+// The layers of development.md are the code's: every package of the
+// daemon is in one layer, and imports only its own layer and those below
+// it; the test kits are imported by tests, the benchmarks and the demo
+// command alone.
+func TestLayers(t *testing.T) {
+	t.Parallel()
+	const doc = "development.md"
+	text := read(t, doc)
+	i := strings.Index(text, "## The layers")
+	if i < 0 {
+		t.Fatalf("%s has no Layers section", doc)
+	}
+	const module = "github.com/inboxkeeper/inboxkeeper/"
+	rank := map[string]int{} // package -> layer, 0 the top
+	layerOf := map[string]string{}
+	var layers []string
+	for _, row := range regexp.MustCompile("(?m)^\\| ([a-z ]+) \\| (`.*`) \\|$").FindAllStringSubmatch(text[i:], -1) {
+		layers = append(layers, row[1])
+		for _, m := range regexp.MustCompile("`([a-z][a-z0-9/_-]*)`").FindAllStringSubmatch(row[2], -1) {
+			if l, dup := layerOf[m[1]]; dup {
+				t.Errorf("%s: %s is in two layers, %s and %s", doc, m[1], l, row[1])
+			}
+			rank[m[1]], layerOf[m[1]] = len(layers)-1, row[1]
+		}
+	}
+	if len(layers) < 4 || layers[len(layers)-1] != "test kits" {
+		t.Fatalf("%s: the layers table lists %v; want the layers from the top, then the test kits", doc, layers)
+	}
+	kits := len(layers) - 1
+	out, err := exec.Command("go", "list", "-f", "{{.ImportPath}}{{range .Imports}} {{.}}{{end}}", "../...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		fields := strings.Fields(line)
+		pkg := strings.TrimPrefix(fields[0], module)
+		if strings.HasPrefix(pkg, "bench/") || strings.HasPrefix(pkg, "deploy") || pkg == "docs" {
+			continue // tools and tests of their own, in the Layout table
+		}
+		r, ok := rank[pkg]
+		if !ok {
+			t.Errorf("%s: the layers table does not place %s", doc, pkg)
+			continue
+		}
+		for _, imp := range fields[1:] {
+			imp, ours := strings.CutPrefix(imp, module)
+			ir, placed := rank[imp]
+			switch {
+			case !ours || !placed || r == kits:
+			case ir == kits && pkg != "cmd/inboxkeeper":
+				t.Errorf("%s (%s) imports the test kit %s", pkg, layerOf[pkg], imp)
+			case ir < r:
+				t.Errorf("%s (%s) imports %s, of the %s layer above it", pkg, layerOf[pkg], imp, layerOf[imp])
+			}
+		}
+	}
+}
+
 // Every directory that holds Go code is in the layout table of
 // development.md.
 func TestLayout(t *testing.T) {

@@ -1,5 +1,5 @@
-// Package pass runs one pass over the policy's tables, in the one order
-// the daemon, `once`, the demo and `status` share:
+// Package pass is the engine: it runs passes over the policy's tables, in
+// the one order the daemon, `once` and the demo share (Stages, Runner):
 //
 //  1. partitions: premake the months ahead, then retire expired ones (a
 //     missing month makes inserts fail, an expired row only waits);
@@ -8,9 +8,17 @@
 //  3. expiry: delete expired rows in batches.
 //
 // Every stage shares one deadline, RUN_TIME from the start of the pass, and
-// reports one result per table. The lease and the throttle are checked by
-// the stages themselves before every batch or DDL statement (their Active
-// and Throttle options). Daemon internals.
+// reports one result per table. The lease, the settings watch and the
+// throttle are asked by the services themselves before every batch or DDL
+// statement (their service.Base's Active and Throttle).
+//
+// Around the order: Wiring builds the services from a configuration (the
+// one place a setting goes from config.Config into a service), Driver keeps
+// the stages built for the runtime settings in force and runs `once`'s
+// pass (Once), Daemon runs `run`'s (Pass: not on a standby, only under the
+// lease, then the per-table facts), Metrics is every metric of a pass on
+// one registry, and ReadStatus reads what `status` shows (a dry-run
+// partition pass, not a pass). Daemon internals.
 package pass
 
 import (
