@@ -30,6 +30,18 @@ func read(t *testing.T, path string) string {
 	return string(b)
 }
 
+// section is doc from heading on; the test fails when doc has no such
+// heading.
+func section(t *testing.T, doc, heading string) string {
+	t.Helper()
+	text := read(t, doc)
+	i := strings.Index(text, heading)
+	if i < 0 {
+		t.Fatalf("%s has no section %q", doc, heading)
+	}
+	return text[i:]
+}
+
 // compare reports what is in code but not in the doc, and the other way round.
 func compare(t *testing.T, doc, what string, inCode, inDoc []string) {
 	t.Helper()
@@ -223,16 +235,12 @@ func TestThrottleSignals(t *testing.T) {
 func TestLayers(t *testing.T) {
 	t.Parallel()
 	const doc = "development.md"
-	text := read(t, doc)
-	i := strings.Index(text, "## The layers")
-	if i < 0 {
-		t.Fatalf("%s has no Layers section", doc)
-	}
+	layersText := section(t, doc, "## The layers")
 	const module = "github.com/inboxkeeper/inboxkeeper/"
 	rank := map[string]int{} // package -> layer, 0 the top
 	layerOf := map[string]string{}
 	var layers []string
-	for _, row := range regexp.MustCompile("(?m)^\\| ([a-z ]+) \\| (`.*`) \\|$").FindAllStringSubmatch(text[i:], -1) {
+	for _, row := range regexp.MustCompile("(?m)^\\| ([a-z ]+) \\| (`.*`) \\|$").FindAllStringSubmatch(layersText, -1) {
 		layers = append(layers, row[1])
 		for _, m := range regexp.MustCompile("`([a-z][a-z0-9/_-]*)`").FindAllStringSubmatch(row[2], -1) {
 			if l, dup := layerOf[m[1]]; dup {
@@ -279,13 +287,8 @@ func TestLayers(t *testing.T) {
 func TestLayout(t *testing.T) {
 	t.Parallel()
 	const doc = "development.md"
-	text := read(t, doc)
-	i := strings.Index(text, "## Layout")
-	if i < 0 {
-		t.Fatalf("%s has no Layout section", doc)
-	}
 	described := map[string]bool{}
-	for _, m := range regexp.MustCompile("`([a-z][a-z0-9/_-]*)`").FindAllStringSubmatch(text[i:], -1) {
+	for _, m := range regexp.MustCompile("`([a-z][a-z0-9/_-]*)`").FindAllStringSubmatch(section(t, doc, "## Layout"), -1) {
 		described[m[1]] = true
 	}
 	err := filepath.WalkDir("..", func(path string, d os.DirEntry, err error) error {

@@ -71,9 +71,6 @@ func (a *app) once(ctx context.Context, args []string) error {
 		}
 		defer ls.Start(ctx)()
 		d.Lease = ls.Check
-		if ms != nil {
-			ms.Daemon.Active.Set(1)
-		}
 		if d.Throttle, err = a.startThrottle(ctx, pool, ms.ThrottleMetrics()); err != nil {
 			return err
 		}

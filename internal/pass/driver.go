@@ -120,6 +120,9 @@ func both(lease, watch func() error) func() error {
 // Settings that cannot be read or do not hold together end it, a
 // SettingsError, before anything runs.
 func (d *Driver) Once(ctx context.Context) (failed, total int, err error) {
+	if d.Metrics != nil && d.Lease != nil {
+		d.Metrics.Daemon.Active.Set(1) // this instance holds the lease
+	}
 	if !d.DryRun {
 		if err := d.EnsureKeyTables(ctx); err != nil {
 			return 0, 0, err

@@ -68,7 +68,7 @@ type rateSample struct {
 	n  int64
 }
 
-// add records n for table at at and returns the rate of change, in rows/s,
+// Add records n for table at at and returns the rate of change, in rows/s,
 // over the samples of the last minute (0 until there are two).
 func (r Rates) Add(table string, at time.Time, n int64) float64 {
 	s := append(r[table], rateSample{at, n})

@@ -1,3 +1,8 @@
+// Package render writes what the commands print, from values computed
+// elsewhere: a pass's results line by line (and the progress of a long
+// one, as a bar on a terminal or a log line), status in text and JSON,
+// holds, replays and settings. Nothing here reads the database or decides
+// anything. Daemon internals.
 package render
 
 import (
@@ -22,6 +27,7 @@ func PrintLines[T any](w io.Writer, items []T, none string, describe func(T) str
 	}
 }
 
+// DescribeHold is a hold in one line (hold list, status).
 func DescribeHold(h holds.Hold) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "hold %d on %s", h.ID, h.Table)
@@ -44,6 +50,7 @@ func DescribeHold(h holds.Hold) string {
 	return b.String()
 }
 
+// DescribeReplay is a replay marker in one line (replay list, status).
 func DescribeReplay(r holds.Replay) string {
 	s := fmt.Sprintf("replay %d on %s scope=%q events [%s, %s) owner=%q since %s", r.ID, r.Table, r.Scope,
 		r.From.UTC().Format(time.RFC3339), r.To.UTC().Format(time.RFC3339), r.Owner, r.StartedAt.UTC().Format(time.RFC3339))
@@ -56,6 +63,8 @@ func DescribeReplay(r holds.Replay) string {
 	return s
 }
 
+// DescribeChange is a change of a runtime setting in one line (set,
+// settings --history).
 func DescribeChange(c settings.Change) string {
 	val := func(v *string) string {
 		if v == nil {

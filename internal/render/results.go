@@ -20,17 +20,17 @@ func Stage(stdout, stderr io.Writer, stage string, rs []pass.TableResult, dryRun
 	case pass.StagePartitions:
 		PrintPartitionResults(stdout, pass.Of[partitions.TableResult](rs), dryRun)
 	case pass.StageTiering:
-		PrintTierResults(stdout, pass.Of[tiering.Result](rs), dryRun)
+		printTierResults(stdout, pass.Of[tiering.Result](rs), dryRun)
 	case pass.StageExpiry:
 		if t, ok := stderr.(*Terminal); ok {
 			t.ClearBar()
 		}
-		PrintResults(stdout, pass.Of[expiry.TableResult](rs), dryRun)
+		printResults(stdout, pass.Of[expiry.TableResult](rs), dryRun)
 	}
 }
 
-// PrintResults writes one line per table and returns how many failed.
-func PrintResults(w io.Writer, results []expiry.TableResult, dryRun bool) int {
+// printResults writes one line per table and returns how many failed.
+func printResults(w io.Writer, results []expiry.TableResult, dryRun bool) int {
 	verb := pick(dryRun, "would delete", "deleted")
 	return writeResults(w, results, func(r expiry.TableResult) (string, retry.Early, error) {
 		return fmt.Sprintf("%s: %s %d, protected by holds %d, protected by replays %d, %s",
@@ -63,9 +63,9 @@ func pick(cond bool, yes, no string) string {
 	return no
 }
 
-// PrintTierResults writes one line per tiered table and returns how many
+// printTierResults writes one line per tiered table and returns how many
 // failed.
-func PrintTierResults(w io.Writer, results []tiering.Result, dryRun bool) int {
+func printTierResults(w io.Writer, results []tiering.Result, dryRun bool) int {
 	verb := pick(dryRun, "would demote", "demoted")
 	return writeResults(w, results, func(r tiering.Result) (string, retry.Early, error) {
 		return fmt.Sprintf("%s: %s %d to %s, payload kept by holds %d, %s",

@@ -31,7 +31,7 @@ func Status(w io.Writer, r pass.Status, tables []*catalog.Table, rates Rates, th
 	default:
 		fmt.Fprintln(w, "active instance: none holds the lease")
 	}
-	WriteThrottle(w, th)
+	writeThrottle(w, th)
 }
 
 // StatusTables prints the per-table part of status. Each table is named
@@ -313,9 +313,9 @@ func describeTuning(vals []settings.Value) string {
 	return out
 }
 
-// WriteThrottle prints the throttle's verdict and every signal against its
+// writeThrottle prints the throttle's verdict and every signal against its
 // threshold, from one fresh measurement.
-func WriteThrottle(w io.Writer, t *throttle.Throttler) {
+func writeThrottle(w io.Writer, t *throttle.Throttler) {
 	s := t.Check()
 	if s.Throttled {
 		fmt.Fprintf(w, "throttle: PAUSED (%s): %s\n", s.Kind, s.Reason)

@@ -1,8 +1,3 @@
-// Package render writes what the commands print, from values computed
-// elsewhere: a pass's results line by line (and the progress of a long
-// one, as a bar on a terminal or a log line), status in text and JSON,
-// holds, replays and settings. Nothing here reads the database or decides
-// anything. Daemon internals.
 package render
 
 import (
