@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
@@ -22,7 +21,7 @@ import (
 // transactions it opens on the workers. It runs first in tx, before any
 // statement opens a connection to a worker. A Citus local table's DDL
 // reaches the workers too (their copies of its metadata).
-func (m *Manager) toWorkers(ctx context.Context, tx pgx.Tx, t *catalog.Table) error {
+func (m *Manager) toWorkers(ctx context.Context, tx dbconn.Querier, t *catalog.Table) error {
 	if !t.InCitusMetadata {
 		return nil
 	}

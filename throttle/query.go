@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -33,7 +32,7 @@ func (t *Throttler) measureQuery(ctx context.Context) {
 	r := Reading{Kind: CustomQuery, Threshold: 0}
 	switch {
 	case err != nil:
-		r.Value, r.Detail = math.Inf(1), "query failed: "+err.Error()
+		r.Value, r.Detail = unknown, "query failed: "+err.Error()
 	case v != nil:
 		r.Value = *v
 	}

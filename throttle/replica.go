@@ -27,7 +27,7 @@ func init() {
 		gauge: &gauge{"inboxkeeper_replica_lag_seconds", "Apply lag of a standby: from the heartbeat for listed standbys (host:port), replay_lag for the others (walsender NAME). +Inf when unknown.", "replica"}})
 	register(kind{name: ReplicaUnreachable, backlog: true, export: func(m *Metrics, r Reading, gone bool) {
 		if !gone && r.Value > 0 && r.Subject != readStatReplication {
-			m.gauge("inboxkeeper_replica_lag_seconds").WithLabelValues(r.Subject).Set(math.Inf(1))
+			m.gauge("inboxkeeper_replica_lag_seconds").WithLabelValues(r.Subject).Set(unknown)
 		}
 	}})
 }
@@ -146,7 +146,7 @@ func (r *replica) lag(ctx context.Context, timeout time.Duration) (float64, erro
 		return 0, err
 	}
 	if lag == nil {
-		return math.Inf(1), nil
+		return unknown, nil
 	}
 	return max(*lag, 0), nil
 }

@@ -2,7 +2,6 @@ package throttle
 
 import (
 	"context"
-	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -226,7 +225,7 @@ func (t *Throttler) recorded(ctx context.Context, signal string, err error) bool
 // kind that throttles.
 func (t *Throttler) readFailed(kind, signal string, err error) {
 	t.fails.failed(signal, err)
-	t.set(Reading{Kind: kind, Subject: signal, Value: math.Inf(1), Threshold: 0, Detail: "cannot read: " + err.Error()})
+	t.set(Reading{Kind: kind, Subject: signal, Value: unknown, Threshold: 0, Detail: "cannot read: " + err.Error()})
 }
 
 // Metrics are the throttle's Prometheus metrics: the verdict, the WAL

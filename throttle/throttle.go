@@ -48,6 +48,10 @@ const (
 	lockWaitCooldown = time.Second
 )
 
+// unknown is the value of a reading that could not be taken: over every
+// threshold, so that it fails closed.
+var unknown = math.Inf(1)
+
 // Reading is one measured signal.
 type Reading struct {
 	Kind      string

@@ -7,10 +7,8 @@ import (
 	"time"
 
 	"github.com/inboxkeeper/inboxkeeper/holds"
-	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
-	"github.com/inboxkeeper/inboxkeeper/internal/service"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 )
 
@@ -51,8 +49,12 @@ func TestDemotionOnCitus(t *testing.T) {
 		if _, err := holds.AddHold(ctx, f.pool, f.table, holds.HoldSpec{Scope: &s, Reason: "litigation", Owner: "legal"}); err != nil {
 			t.Fatal(err)
 		}
-		dry := f.demote(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0), DryRun: true}}})
-		res := f.demote(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}, BatchSize: 15}})
+		dryRun := at(t0)
+		dryRun.DryRun = true
+		dry := f.demote(t, dryRun)
+		batches := at(t0)
+		batches.BatchSize = 15
+		res := f.demote(t, batches)
 		if res.Demoted != 40 || res.ProtectedByHolds != 10 || res.Batches != 3 {
 			t.Errorf("demoted %d in %d batches, protected %d; want 40 in 3, 10 protected", res.Demoted, res.Batches, res.ProtectedByHolds)
 		}
@@ -68,7 +70,7 @@ func TestDemotionOnCitus(t *testing.T) {
 		if n := f.count(t, "SELECT count(*) FROM public.inbox"); n != 55 {
 			t.Errorf("%d inbox rows left, want all 55: demotion deletes no identity", n)
 		}
-		if res := f.demote(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}}}); res.Demoted != 0 {
+		if res := f.demote(t, at(t0)); res.Demoted != 0 {
 			t.Errorf("second pass demoted %d", res.Demoted)
 		}
 
@@ -108,7 +110,9 @@ func TestDemotionOnCitusMeetsLockedRow(t *testing.T) {
 	app := pgtest.Lock(t, f.pool, `SELECT 1 FROM public.inbox_payload WHERE consumer = 'a' AND message_id = 'a-0' FOR UPDATE`)
 
 	began := time.Now()
-	res, err := New(f.pool, f.tables(), Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0), LockTimeout: 100 * time.Millisecond, MaxRetries: 1}}}).RunPass(ctx)
+	o := at(t0)
+	o.LockTimeout, o.MaxRetries = 100*time.Millisecond, 1
+	res, err := New(f.pool, f.tables(), o).RunPass(ctx)
 	took := time.Since(began)
 	t.Logf("took %s", took)
 	if err != nil {
@@ -128,7 +132,7 @@ func TestDemotionOnCitusMeetsLockedRow(t *testing.T) {
 	if err := app.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if res := f.demote(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}}}); res.Demoted != 10 {
+	if res := f.demote(t, at(t0)); res.Demoted != 10 {
 		t.Errorf("once the row is free the pass demoted %d, want 10", res.Demoted)
 	}
 }

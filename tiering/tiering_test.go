@@ -27,6 +27,11 @@ var t0 = time.Date(2026, 6, 15, 12, 0, 0, 0, time.UTC)
 
 func pinned(t time.Time) service.Clock { return func() time.Time { return t } }
 
+// at are the demoter's options with now pinned at now, and the defaults.
+func at(now time.Time) Options {
+	return Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(now)}}}
+}
+
 // inboxDDL is the recommended inbox plus payload columns for in-place
 // emptying, with the recommended partial index on the anchor; and a side
 // table for the side-table layout.

@@ -32,11 +32,8 @@ func (a *app) pause(ctx context.Context, args []string) error {
 	fs := a.newFlags("pause")
 	reason := fs.String("reason", "", "why cleanup must wait (required)")
 	forDur := fs.Duration("for", 0, "end the pause by itself after this long (Go duration); 0 = until resume")
-	if err := a.parseFlags(fs, args); err != nil {
+	if err := a.parseOnlyFlags(fs, args); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return usagef("pause: unexpected argument %q", fs.Arg(0))
 	}
 	if *reason == "" {
 		return usagef("pause: --reason is required")
@@ -153,11 +150,8 @@ func (a *app) settingsCmd(ctx context.Context, args []string) error {
 	fs := a.newFlags("settings")
 	asJSON := fs.Bool("json", false, "print one JSON object, for scripts")
 	history := fs.Bool("history", false, "list every change instead: when, who (the database role), what, from what to what, and why")
-	if err := a.parseFlags(fs, args); err != nil {
+	if err := a.parseOnlyFlags(fs, args); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return usagef("settings: unexpected argument %q", fs.Arg(0))
 	}
 	p, err := a.loadPolicy()
 	if err != nil {

@@ -25,11 +25,8 @@ import (
 // this schedules them and reloads the policy.
 func (a *app) daemon(ctx context.Context, args []string) error {
 	fs := a.newFlags("run")
-	if err := a.parseFlags(fs, args); err != nil {
+	if err := a.parseOnlyFlags(fs, args); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return usagef("run: unexpected argument %q", fs.Arg(0))
 	}
 	var sched cron.Schedule
 	if a.cfg.Schedule != "" {

@@ -93,6 +93,18 @@ func (a *app) parseFlags(fs *flag.FlagSet, args []string) error {
 	return nil
 }
 
+// parseOnlyFlags parses the flags of a command that takes no arguments
+// besides them: one is a usage error that names it.
+func (a *app) parseOnlyFlags(fs *flag.FlagSet, args []string) error {
+	if err := a.parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usagef("%s: unexpected argument %q", fs.Name(), fs.Arg(0))
+	}
+	return nil
+}
+
 // parseInterleaved parses flags that may come before, between or after the
 // command's arguments, and returns the arguments.
 func (a *app) parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {

@@ -129,11 +129,8 @@ func (a *app) replay(ctx context.Context, args []string) error {
 		var from, to timeFlag
 		fs.Var(&from, "from", "event-time range start, inclusive (RFC 3339, or a date: 00:00 UTC; required)")
 		fs.Var(&to, "to", "event-time range end, exclusive (RFC 3339, or a date: 00:00 UTC; required)")
-		if err := a.parseFlags(fs, args[1:]); err != nil {
+		if err := a.parseOnlyFlags(fs, args[1:]); err != nil {
 			return err
-		}
-		if fs.NArg() > 0 {
-			return usagef("replay start: unexpected argument %q", fs.Arg(0))
 		}
 		if *scope == "" || *owner == "" || from.t == nil || to.t == nil {
 			return usagef("replay start: --table, --scope, --from, --to and --owner are required")
@@ -169,11 +166,8 @@ func (a *app) startRecord(ctx context.Context, table string, start func(*pgxpool
 // one line each as describe writes it, or none when there are none.
 func listRecords[T any](ctx context.Context, a *app, fs *flag.FlagSet, args []string, all *bool, none string,
 	list func(context.Context, holds.Querier, bool) ([]T, error), describe func(T) string) error {
-	if err := a.parseFlags(fs, args); err != nil {
+	if err := a.parseOnlyFlags(fs, args); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return usagef("%s: unexpected argument %q", fs.Name(), fs.Arg(0))
 	}
 	pool, err := a.controlPool(ctx)
 	if err != nil {

@@ -39,11 +39,8 @@ func (a *app) once(ctx context.Context, args []string) error {
 	metricsFile := fs.String("metrics-file", "", "write the pass's metrics to this file, in the node_exporter textfile format (written whole, by rename)")
 	gateway := fs.String("pushgateway", "", "push the pass's metrics to this Prometheus Pushgateway (http://host:9091), job inboxkeeper")
 	pushInstance := fs.String("push-instance", "", "the instance label of the pushed metrics (default: the host name); give a name that stays the same from run to run, such as the CronJob's")
-	if err := a.parseFlags(fs, args); err != nil {
+	if err := a.parseOnlyFlags(fs, args); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return usagef("once: unexpected argument %q", fs.Arg(0))
 	}
 	if *pushInstance != "" && *gateway == "" {
 		return usagef("once: --push-instance names the instance at a Pushgateway; give --pushgateway too")

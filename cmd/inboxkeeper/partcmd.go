@@ -48,11 +48,8 @@ func (a *app) partitionsCmd(ctx context.Context, args []string) error {
 	}
 	fs := a.newFlags("partitions ensure")
 	dryRun := fs.Bool("dry-run", false, "list the partitions that would be created; create nothing")
-	if err := a.parseFlags(fs, args[1:]); err != nil {
+	if err := a.parseOnlyFlags(fs, args[1:]); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return usagef("partitions ensure: unexpected argument %q", fs.Arg(0))
 	}
 	pool, tables, err := a.preparePrimary(ctx)
 	if err != nil || pool == nil {
