@@ -32,6 +32,8 @@ type Metrics struct {
 	Partitions *partitions.Metrics
 	Daemon     *daemonmetrics.Metrics
 	Throttle   *throttle.Metrics // nil until the throttle is started with it
+
+	reg prometheus.Registerer // where the metrics are registered
 }
 
 // NewMetrics registers every metric on a new registry; process adds the Go
@@ -51,7 +53,7 @@ func NewMetrics(process bool, version string) *Metrics {
 func Register(reg prometheus.Registerer, version string) *Metrics {
 	facts := daemonmetrics.NewFacts()
 	m := &Metrics{Facts: facts, Expiry: expiry.NewMetrics(reg, facts), Tiering: tiering.NewMetrics(reg, facts),
-		Partitions: partitions.NewMetrics(reg, facts), Daemon: daemonmetrics.New(reg, facts, version)}
+		Partitions: partitions.NewMetrics(reg, facts), Daemon: daemonmetrics.New(reg, facts, version), reg: reg}
 	// One series each, whichever step measured it.
 	m.Partitions.Errors, m.Partitions.CleanupLag, m.Partitions.LastSuccess = m.Expiry.Errors, m.Expiry.CleanupLag, m.Expiry.LastSuccess
 	return m
@@ -64,7 +66,7 @@ func (m *Metrics) ThrottleMetrics() *throttle.Metrics {
 		return nil
 	}
 	if m.Throttle == nil {
-		m.Throttle = throttle.NewMetrics(m.Registry)
+		m.Throttle = throttle.NewMetrics(m.reg)
 	}
 	return m.Throttle
 }

@@ -63,3 +63,39 @@ func TestRunner(t *testing.T) {
 		t.Errorf("Of = %v", got)
 	}
 }
+
+// The stages ask the lease before the settings watch: a lost lease is the
+// reason a pass stops even when the settings changed too.
+func TestBoth(t *testing.T) {
+	t.Parallel()
+	lost := errors.New("lease lost")
+	var watched int
+	watch := func() error { watched++; return retry.ErrSettingsChanged }
+	if err := both(func() error { return lost }, watch)(); !errors.Is(err, lost) || watched != 0 {
+		t.Errorf("a lost lease: %v, the watch asked %d times", err, watched)
+	}
+	if err := both(nil, watch)(); !errors.Is(err, retry.ErrSettingsChanged) || watched != 1 {
+		t.Errorf("no lease (a dry run): %v, the watch asked %d times", err, watched)
+	}
+}
+
+// A table's own RUN_TIME bounds its stage within the pass's; one equal to
+// the pass's, or none, leaves the stage as it is.
+func TestLimit(t *testing.T) {
+	t.Parallel()
+	var ran []string
+	var got time.Time
+	s := fake{"expiry", nil, nil, &ran, &got}
+	deadline := time.Now().Add(time.Hour)
+	for _, own := range []time.Duration{0, time.Hour} {
+		if _, err := limit(s, own, time.Hour).Run(context.Background(), deadline); err != nil || !got.Equal(deadline) {
+			t.Errorf("a RUN_TIME of its own of %s: the stage got %s (%v), want the pass's deadline", own, got, err)
+		}
+	}
+	if _, err := limit(s, time.Minute, time.Hour).Run(context.Background(), deadline); err != nil {
+		t.Fatal(err)
+	}
+	if until := time.Until(got); until > time.Minute || until < 50*time.Second {
+		t.Errorf("the table's stage got %s, want its own minute", until)
+	}
+}
