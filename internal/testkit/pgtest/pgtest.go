@@ -199,9 +199,15 @@ func sanitize(s string) string {
 // is set.
 func NewCluster(t testing.TB) *pgcluster.Cluster {
 	t.Helper()
+	return NewClusterWith(t, nil)
+}
+
+// NewClusterWith is NewCluster with extra postgresql.conf settings.
+func NewClusterWith(t testing.TB, settings map[string]string) *pgcluster.Cluster {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := pgcluster.Start(ctx, pgcluster.Options{})
+	c, err := pgcluster.Start(ctx, pgcluster.Options{Settings: settings})
 	if err != nil {
 		t.Fatalf("pgtest: start a cluster: %v", err)
 	}
