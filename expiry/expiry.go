@@ -806,17 +806,24 @@ FROM pg_class WHERE oid = $1`, t.OID).Scan(&res.BytesPerKey)
 }
 
 // retainedRange is the oldest (at or after from) and newest expiry present
-// (column + expires_after), read from both ends of the expiry index.
+// (column + expires_after), read from both ends of the expiry index. The
+// newest is nil only when no row has an expiry; the oldest is nil too when
+// every row lies before from (rows a pass left behind it: held ones, whose
+// oldest the caller reads apart).
 func retainedRange(ctx context.Context, q catalog.Querier, t *catalog.Table, from pgtype.Timestamptz) (oldest, newest *time.Time, err error) {
 	var o, n pgtype.Timestamptz
 	err = q.QueryRow(ctx, fmt.Sprintf(`SELECT (SELECT %[1]s FROM %[2]s t WHERE t.%[3]s >= %[4]s ORDER BY t.%[3]s LIMIT 1),
        (SELECT %[1]s FROM %[2]s t WHERE t.%[3]s IS NOT NULL ORDER BY t.%[3]s DESC LIMIT 1)`,
 		t.Expiry.AsTimestamptz("t"), t.Ident, t.Expiry.Quoted, t.Expiry.Instant("$1::timestamptz")), from).Scan(&o, &n)
-	if err != nil || !o.Valid {
+	if err != nil || !n.Valid {
 		return nil, nil, err
 	}
 	// The column holds when the clock started; the expiry is offset from it.
-	ot, nt := o.Time.Add(t.Policy.ExpiryOffset()), n.Time.Add(t.Policy.ExpiryOffset())
+	nt := n.Time.Add(t.Policy.ExpiryOffset())
+	if !o.Valid {
+		return nil, &nt, nil
+	}
+	ot := o.Time.Add(t.Policy.ExpiryOffset())
 	return &ot, &nt, nil
 }
 
