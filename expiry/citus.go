@@ -105,8 +105,8 @@ func (d *Deleter) distributedBatch(ctx context.Context, t *catalog.Table, lower 
 			continue
 		}
 		if retry.KindOf(err) != retry.KindLockTimeout {
-			// The loop retries the batch from where it began; windows this
-			// batch already committed stay deleted but go uncounted.
+			// The windows this batch already committed end at lower: the
+			// loop counts them and retries from there (batchloop.Batch).
 			return n, lower.Time, wal, err
 		}
 		if !narrowed {

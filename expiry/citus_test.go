@@ -246,3 +246,47 @@ FROM generate_series(0, 24) i, unnest(ARRAY['payments', 'orders']) c`, base)
 		t.Errorf("%d complete keys (%v), want 50", keys, err)
 	}
 }
+
+// A batch that commits a narrowed window and then fails (its connection
+// cut before the next window's COMMIT) counts the committed window's rows:
+// the pass reports exactly the rows it deleted.
+func TestCitusCommittedWindowsOfAFailedBatchAreCounted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := citusSetup(t)
+	f.insert(t, "c", 60, t0.Add(-24*time.Hour), time.Minute)
+	// A row held locked narrows the batch's window: its part before the
+	// row commits on its own.
+	pgtest.Lock(t, f.pool, "SELECT 1 FROM public.consumer_inbox WHERE consumer = 'c' AND message_id = 'c-40' FOR UPDATE")
+	commits := 0
+	cut := func(string, int64) {
+		// The second window to commit loses its connection first.
+		if commits++; commits != 2 {
+			return
+		}
+		pgtest.Exec(t, f.pool, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid() AND state = 'idle in transaction' AND query LIKE 'DELETE%'`)
+	}
+	var deleted int64
+	for pass := 1; ; pass++ {
+		res, err := newTest(f.pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0), MaxRetries: 2}, BatchSize: 100}},
+			TestSignals{BeforeCommit: cut}).RunPass(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("pass %d: %+v", pass, res[0])
+		deleted += res[0].Deleted
+		if res[0].Err == nil {
+			break
+		}
+		if pass == 3 {
+			t.Fatalf("pass %d failed: %v", pass, res[0].Err)
+		}
+	}
+	if commits < 2 {
+		t.Fatalf("%d windows committed: the cut never happened", commits)
+	}
+	if left := f.count(t, "true"); deleted != 60-left || left != 1 {
+		t.Errorf("the passes reported %d deleted, %d rows are gone (%d left, want the locked one)", deleted, 60-left, left)
+	}
+}

@@ -292,13 +292,12 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 	}
 	r, err := loop.Run(ctx, func(ctx context.Context, lower pgtype.Timestamptz, size int) (int64, time.Time, float64, error) {
 		n, newest, wal, err := d.batch(ctx, t, lower, size, res)
-		if err == nil {
-			lastNewest = newest
-			res.Deleted += n
-			if n > 0 {
-				res.Batches++
-				res.keyset = pgtype.Timestamptz{Time: newest, Valid: true}
-			}
+		// n of a failed batch is what part of it committed (batchloop.Batch).
+		lastNewest = newest
+		res.Deleted += n
+		if n > 0 {
+			res.Batches++
+			res.keyset = pgtype.Timestamptz{Time: newest, Valid: true}
 		}
 		return n, newest, wal, err
 	})

@@ -10,9 +10,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
@@ -22,6 +24,12 @@ import (
 // Batch runs one batch transaction of at most size rows starting at the
 // keyset position lower. It returns the rows it changed, the newest key
 // among them, and the WAL it wrote (0 when unmeasured).
+//
+// A batch that commits in parts (a Citus distributed batch commits window
+// by window) and fails after some part committed returns the error with
+// the rows those parts changed and the keyset position they end at: the
+// loop counts them, and its retry starts there. Any other failed batch
+// returns n = 0.
 type Batch func(ctx context.Context, lower pgtype.Timestamptz, size int) (n int64, newest time.Time, wal float64, err error)
 
 // Loop is one pass over one table.
@@ -167,6 +175,13 @@ func (l *Loop) withRetry(ctx context.Context, batch Batch, lower pgtype.Timestam
 		var wal float64
 		var err error
 		n, newest, wal, err = batch(ctx, lower, size)
+		err = onNode(err)
+		if err != nil && n > 0 {
+			// Part of it committed before it failed: those rows are gone
+			// and counted now; the retry starts after them.
+			l.committedPart(n, newest, wal, time.Since(began), res)
+			lower = res.Resume
+		}
 		if err == nil {
 			took := time.Since(began)
 			perShard := int((n + int64(l.shards()) - 1) / int64(l.shards()))
@@ -207,6 +222,36 @@ func (l *Loop) withRetry(ctx context.Context, batch Batch, lower pgtype.Timestam
 		return 0, time.Time{}, size, err
 	}
 	return 0, time.Time{}, size, fmt.Errorf("%s batch (%s, after %d retries): %w", l.What, kind, attempts, err)
+}
+
+// onNode adds to err the node of a Citus cluster a failed statement ran on:
+// Citus reports a worker's error with the node in its context ("while
+// executing command on host:port"), which the error's text leaves out.
+func onNode(err error) error {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) {
+		return err
+	}
+	for _, line := range strings.Split(pe.Where, "\n") {
+		if strings.Contains(line, "executing command on ") {
+			return fmt.Errorf("%w (%s)", err, strings.TrimSpace(line))
+		}
+	}
+	return err
+}
+
+// committedPart counts the part of a failed batch that committed (see
+// Batch) as a batch of its own, and moves the keyset to where it ends.
+func (l *Loop) committedPart(n int64, newest time.Time, wal float64, took time.Duration, res *Result) {
+	res.Rows += n
+	res.Batches++
+	res.Resume = pgtype.Timestamptz{Time: newest, Valid: true}
+	if l.Throttle != nil {
+		l.Throttle.Wrote(wal)
+	}
+	if l.AfterBatch != nil {
+		l.AfterBatch(n, took)
+	}
 }
 
 // LogEnd logs how a table's pass that failed with err ended, for the
