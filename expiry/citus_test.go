@@ -1,8 +1,12 @@
 package expiry
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -10,6 +14,7 @@ import (
 
 	"github.com/inboxkeeper/inboxkeeper/holds"
 	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
+	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 	"github.com/inboxkeeper/inboxkeeper/internal/service"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 )
@@ -289,4 +294,77 @@ WHERE datname = current_database() AND pid <> pg_backend_pid() AND state = 'idle
 	if left := f.count(t, "true"); deleted != 60-left || left != 1 {
 		t.Errorf("the passes reported %d deleted, %d rows are gone (%d left, want the locked one)", deleted, 60-left, left)
 	}
+}
+
+// A worker that goes away in the middle of a pass (stopped as a batch is
+// about to commit) fails the table's pass cleanly, with the node named in
+// the error and the log; once it is back, the next pass deletes the rest,
+// and the passes together report exactly the rows that went. Not parallel:
+// the worker serves every Citus test of this binary, and the parallel ones
+// wait until the sequential ones are done.
+func TestCitusWorkerRestartMidPass(t *testing.T) {
+	ctx := context.Background()
+	f := citusSetup(t)
+	for i, c := range []string{"a", "b", "c", "d", "e", "f", "g", "h"} {
+		f.insert(t, c, 25, t0.Add(-24*time.Hour+time.Duration(i)*time.Second), time.Minute)
+	}
+	worker := pgtest.Citus(t).Workers[1]
+	node := fmt.Sprintf("127.0.0.1:%d", worker.Port)
+	restart := sync.OnceFunc(func() {
+		if err := worker.StartServer(context.Background()); err != nil {
+			t.Fatalf("restart the worker: %v", err)
+		}
+	})
+	t.Cleanup(restart)
+	commits := 0
+	var logs syncBuffer
+	d := newTest(f.pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0), MaxRetries: 1,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))}, BatchSize: 5}}, TestSignals{BeforeCommit: func(string, int64) {
+		if commits++; commits == 3 {
+			if err := worker.StopServer(ctx); err != nil {
+				t.Errorf("stop the worker: %v", err)
+			}
+		}
+	}})
+	res, err := d.RunPass(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := res[0]
+	if first.Err == nil || !strings.Contains(first.Err.Error(), node) || retry.KindOf(first.Err) != retry.KindConnection {
+		t.Fatalf("pass with the worker gone: %v; want a connection error naming %s", first.Err, node)
+	}
+	if !strings.Contains(logs.String(), "expiry: table failed") || !strings.Contains(logs.String(), node) {
+		t.Errorf("the log does not name the node %s:\n%s", node, logs.String())
+	}
+	restart()
+	if gone := 200 - f.count(t, "true"); first.Deleted != gone || gone == 0 {
+		t.Errorf("the failed pass reported %d deleted, %d rows are gone; want the two committed batches counted", first.Deleted, gone)
+	}
+	d.TestSignals = TestSignals{}
+	res, err = d.RunPass(ctx)
+	if err != nil || res[0].Err != nil {
+		t.Fatalf("the pass after the restart: %v %v", err, res[0].Err)
+	}
+	if left := f.count(t, "true"); first.Deleted+res[0].Deleted != 200 || left != 0 {
+		t.Errorf("the passes reported %d + %d deleted, %d rows left; want 200 and none", first.Deleted, res[0].Deleted, left)
+	}
+}
+
+// syncBuffer is a bytes.Buffer a logger and the test share.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -106,6 +106,12 @@ func KindOf(err error) Kind {
 	if pgconn.SafeToRetry(err) || errors.Is(err, pgx.ErrTxClosed) {
 		return KindConnection
 	}
+	if errors.Is(err, pgx.ErrTxCommitRollback) {
+		// COMMIT answered ROLLBACK: on a Citus coordinator, a worker went
+		// away during the two-phase commit (its warnings name it). Nothing
+		// committed, so the batch may run again.
+		return KindConnection
+	}
 	var netErr interface{ Timeout() bool }
 	if errors.As(err, &netErr) {
 		return KindConnection

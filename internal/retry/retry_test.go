@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -25,6 +26,7 @@ func TestKind(t *testing.T) {
 		fmt.Errorf("x: %w", ErrLockWait):                   KindLockWait,
 		errors.New("plain"):                                KindOther,
 		fmt.Errorf("%w (%v)", ErrLockWait, pgErr("57014")): KindLockWait,
+		fmt.Errorf("commit: %w", pgx.ErrTxCommitRollback):  KindConnection,
 	} {
 		if got := KindOf(err); got != want {
 			t.Errorf("KindOf(%v) = %s, want %s", err, got, want)
