@@ -5,10 +5,9 @@
 // Demotion runs like the expiry deleter: ordered, index-driven batches on
 // the tiers anchor that advance by keyset, each a short transaction with
 // its own lock and statement timeouts, rows other sessions hold locked
-// skipped (on a Citus-distributed table not skipped but met with the lock
-// timeout: distributedDemoteSQL), "now" from the database, retries with
-// backoff, and the same
-// throttle. In place it sets the payload columns to NULL; with a side table
+// skipped (on a Citus-distributed table stepped over: distributedBatch),
+// "now" from the database, retries with backoff, and the same throttle.
+// In place it sets the payload columns to NULL; with a side table
 // it deletes the side-table rows. A hold that blocks demotion (a legal hold,
 // --blocks all) keeps the payload; a replay marker and a --blocks delete
 // hold do not, because a replay needs the identity, not the payload.
@@ -85,6 +84,8 @@ type Demoter struct {
 type TestSignals struct {
 	// BeforeCommit holds a batch open before its COMMIT.
 	BeforeCommit func(table string, n int64)
+	// OnStep is told when a distributed batch steps over a locked row.
+	OnStep func()
 }
 
 // New returns a Demoter for the tables of tables that have tiers.
@@ -191,12 +192,23 @@ func (d *Demoter) demoteAll(ctx context.Context, t *catalog.Table, deadline time
 func cutoff(t *catalog.Table, now time.Time) time.Time { return now.Add(-t.Tiers.HotFor) }
 
 // batch demotes at most size due rows no blocking hold covers, in one
-// transaction, and returns how many and the newest anchor among them.
+// transaction, and returns how many and the newest anchor among them. On a
+// distributed table it steps over rows other sessions hold locked
+// (distributedBatch).
 func (d *Demoter) batch(ctx context.Context, t *catalog.Table, lower pgtype.Timestamptz, size int) (n int64, newest time.Time, wal float64, err error) {
+	if t.Distributed() {
+		return d.distributedBatch(ctx, t, lower, size)
+	}
+	return d.batchTx(ctx, t, lower, size, d.opts.LockTimeout)
+}
+
+// batchTx is one batch transaction: it demotes at most size due rows from
+// lower on, waiting at most lockTimeout for a lock.
+func (d *Demoter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Timestamptz, size int, lockTimeout time.Duration) (n int64, newest time.Time, wal float64, err error) {
 	// The fence, as in the deleter: taken before the holds are read, so a
 	// hold whose writer we waited for is in this batch's snapshot.
 	tx, err := batchloop.Begin(ctx, d.pool, t.Name, batchloop.TxOptions{
-		LockTimeout: d.opts.LockTimeout, StatementTimeout: d.opts.StatementTimeout, IdleInTx: d.opts.IdleTimeout, Throttle: d.opts.Throttle, Clock: d.opts.Clock,
+		LockTimeout: lockTimeout, StatementTimeout: d.opts.StatementTimeout, IdleInTx: d.opts.IdleTimeout, Throttle: d.opts.Throttle, Clock: d.opts.Clock,
 		Citus: t.Distributed()})
 	if err != nil {
 		return 0, time.Time{}, 0, err
@@ -325,12 +337,8 @@ SELECT count(*), max(anchor) FROM done`, pick, rel, cond, hold, anchor, limit, c
 // table is co-located with it, catalog.resolveCitusTiers): Citus refuses a
 // ctid match and a multi-shard FOR UPDATE SKIP LOCKED, so the rows are
 // matched on the key columns (the distribution column among them), picked
-// by a subquery the coordinator runs first, and not skipped when locked.
-// Instead the lock timeout, sent to the workers (batchloop.TxOptions.Citus),
-// fails a batch that meets a row an application holds within LOCK_TIMEOUT
-// and rolls it back, so no application session waits on the batch for
-// longer; the batch loop retries smaller, and a row still locked is left
-// for a later pass.
+// by a subquery the coordinator runs first, and not skipped when locked:
+// distributedBatch steps over them instead.
 func distributedDemoteSQL(t *catalog.Table, rel, cond, hold, anchor, limit string) string {
 	ti := t.Tiers
 	var keys, pick []string
