@@ -53,6 +53,8 @@ func TestCitusExpiryWithHoldsAndReplays(t *testing.T) {
 	if _, err := holds.StartReplay(ctx, f.pool, f.tables[0], holds.ReplaySpec{Scope: "replayed", From: from, To: to, Owner: "ops", Force: true}); err != nil {
 		t.Fatal(err)
 	}
+	// The shards' statistics, for the bytes per key.
+	pgtest.Exec(t, f.pool, "ANALYZE public.consumer_inbox")
 	// One row per shard a batch (4 shards): the 9 tied rows are more than
 	// a window can bound, and go by key.
 	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}, BatchSize: 1}})
@@ -67,6 +69,14 @@ func TestCitusExpiryWithHoldsAndReplays(t *testing.T) {
 	}
 	if n := f.count(t, "true"); n != 90 {
 		t.Errorf("%d rows left, want 90", n)
+	}
+	// Measured on the shards: their size over the 219 rows ANALYZE saw.
+	var perRow float64
+	if err := f.pool.QueryRow(ctx, "SELECT citus_total_relation_size('public.consumer_inbox') / 219.0").Scan(&perRow); err != nil {
+		t.Fatal(err)
+	}
+	if res.BytesPerKey < 0.9*perRow || res.BytesPerKey > 1.1*perRow {
+		t.Errorf("bytes per key %.0f, want about %.0f (the shards' size per row)", res.BytesPerKey, perRow)
 	}
 }
 

@@ -795,6 +795,17 @@ FROM %[1]s t WHERE t.%[5]s <= %[2]s AND (%[3]s OR %[4]s)`, t.Ident, t.Expiry.Ins
 			res.Oldest = &o
 		}
 	}
+	if t.Distributed() {
+		// The coordinator's copy of the table is empty: the shards know.
+		rows, bytes, ok, err := catalog.ShardStats(ctx, tx, t.OID)
+		if err != nil {
+			return fmt.Errorf("measure bytes per key on the shards: %w", err)
+		}
+		if ok && rows > 0 {
+			res.BytesPerKey = bytes / rows
+		}
+		return nil
+	}
 	// reltuples is the planner's estimate (-1 before the first ANALYZE).
 	err = tx.QueryRow(ctx, `SELECT CASE WHEN reltuples > 0 THEN pg_total_relation_size(oid) / reltuples ELSE 0 END
 FROM pg_class WHERE oid = $1`, t.OID).Scan(&res.BytesPerKey)

@@ -93,6 +93,20 @@ WHERE k.logicalrelid = 'inboxkeeper.keys_public_inbox'::regclass AND i.logicalre
 		if created, err := EnsureKeyTable(ctx, f.pool, ct); err != nil || created || !ct.Tiers.Key.Exists {
 			t.Errorf("second EnsureKeyTable: created=%v, %v", created, err)
 		}
+
+		// The tiers are measured on the shards (the coordinator's copies
+		// are empty): 15 hot rows, 40 warm, 55 permanent keys.
+		pgtest.Exec(t, f.pool, "ANALYZE")
+		st, err := Measure(ctx, f.pool, ct)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("measured: %+v", st)
+		near := func(got, want float64) bool { return got > want-0.5 && got < want+0.5 }
+		if !near(st.Rows[Hot], 15) || !near(st.Rows[Warm], 40) || !near(st.Rows[Permanent], 55) ||
+			st.BytesPerKey[Warm] <= 0 || st.BytesPerKey[Hot] <= st.BytesPerKey[Warm] || st.BytesPerKey[Permanent] <= 0 {
+			t.Errorf("tiers measured on the shards: %+v; want 15 hot, 40 warm, 55 permanent, each with its bytes", st)
+		}
 	})
 }
 

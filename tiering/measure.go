@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -12,6 +13,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/holds"
 	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/sqlident"
 )
 
 // Stats are a tiered table's tiers as the planner's statistics see them:
@@ -35,8 +37,13 @@ type Stats struct {
 }
 
 // relStats is the estimated rows and total bytes of a relation, partitions
-// included; ok is false before the first ANALYZE (or VACUUM).
-func relStats(ctx context.Context, q Querier, oid uint32) (rows, bytes float64, ok bool, err error) {
+// included; ok is false before the first ANALYZE (or VACUUM). A relation
+// Citus distributes (the inbox, its side and key tables: all co-located
+// when t is distributed) is measured on its shards.
+func relStats(ctx context.Context, q Querier, t *catalog.Table, oid uint32) (rows, bytes float64, ok bool, err error) {
+	if t.Distributed() {
+		return catalog.ShardStats(ctx, q, oid)
+	}
 	var known *bool
 	err = q.QueryRow(ctx, `
 SELECT coalesce(sum(greatest(c.reltuples, 0)), 0)::float8,
@@ -55,13 +62,13 @@ func Measure(ctx context.Context, q Querier, t *catalog.Table) (Stats, error) {
 	if ti == nil {
 		return st, nil
 	}
-	rows, bytes, ok, err := relStats(ctx, q, t.OID)
+	rows, bytes, ok, err := relStats(ctx, q, t, t.OID)
 	if err != nil {
 		return st, fmt.Errorf("table %s: measure tiers: %w", t.Name, err)
 	}
 	if ok && rows > 0 {
 		if ti.Side != nil {
-			srows, sbytes, sok, err := relStats(ctx, q, ti.Side.OID)
+			srows, sbytes, sok, err := relStats(ctx, q, t, ti.Side.OID)
 			if err != nil {
 				return st, fmt.Errorf("table %s: measure the side table %s: %w", t.Name, ti.Side.Name, err)
 			}
@@ -85,7 +92,7 @@ func Measure(ctx context.Context, q Querier, t *catalog.Table) (Stats, error) {
 			return st, fmt.Errorf("table %s: look up %s: %w", t.Name, k.Name, err)
 		}
 		if err == nil {
-			krows, kbytes, kok, err := relStats(ctx, q, oid)
+			krows, kbytes, kok, err := relStats(ctx, q, t, oid)
 			if err != nil {
 				return st, fmt.Errorf("table %s: measure %s: %w", t.Name, k.Name, err)
 			}
@@ -109,11 +116,16 @@ func inPlaceStats(ctx context.Context, q Querier, t *catalog.Table, rows, bytes 
 		names = append(names, c.Name)
 	}
 	var minNull, width, payloadBytes *float64
-	err := q.QueryRow(ctx, `
+	var err error
+	if t.Distributed() {
+		minNull, width, payloadBytes, err = shardPayloadStats(ctx, q, t, names)
+	} else {
+		err = q.QueryRow(ctx, `
 SELECT min(null_frac)::float8, sum(avg_width)::float8, sum(avg_width * (1 - null_frac))::float8, count(*)
 FROM pg_stats
 WHERE schemaname = $1 AND tablename = $2 AND attname = ANY ($3::text[]) AND inherited = $4`,
-		t.Policy.Name.Schema, t.Policy.Name.Name, names, t.Kind == "p").Scan(&minNull, &width, &payloadBytes, new(int64))
+			t.Policy.Name.Schema, t.Policy.Name.Name, names, t.Kind == "p").Scan(&minNull, &width, &payloadBytes, new(int64))
+	}
 	if err != nil {
 		return fmt.Errorf("table %s: read the payload columns' statistics: %w", t.Name, err)
 	}
@@ -126,6 +138,66 @@ WHERE schemaname = $1 AND tablename = $2 AND attname = ANY ($3::text[]) AND inhe
 	st.BytesPerKey[Warm] = warm
 	st.BytesPerKey[Hot] = warm + *width
 	return nil
+}
+
+// shardPayloadStats is inPlaceStats's reading of the payload columns'
+// statistics for a table Citus distributes, whose shards on the workers
+// have them (the coordinator's empty copy has none): each shard's, weighted
+// by its rows. All nil while a shard with rows has none.
+func shardPayloadStats(ctx context.Context, q Querier, t *catalog.Table, names []string) (minNull, width, payloadBytes *float64, err error) {
+	// run_command_on_shards has no parameters: the names go in as a
+	// literal, its % doubled for the format() that puts in each shard's
+	// name (%1$L).
+	cmd := fmt.Sprintf(`SELECT c.reltuples || ' ' || coalesce(min(s.null_frac) || ' ' || sum(s.avg_width) || ' ' || sum(s.avg_width * (1 - s.null_frac)), 'none')
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+LEFT JOIN pg_stats s ON s.schemaname = n.nspname AND s.tablename = c.relname AND s.attname = ANY (%s::text[]) AND s.inherited = %t
+WHERE c.oid = %%1$L::regclass GROUP BY c.reltuples`,
+		strings.ReplaceAll(sqlident.QuoteLiteral(pgTextArray(names)), "%", "%%"), t.Kind == "p")
+	rows, err := q.Query(ctx, `SELECT success, result FROM run_command_on_shards($1::oid::regclass, $2)`, t.OID, cmd)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("table %s: read the payload columns' statistics on the shards: %w", t.Name, err)
+	}
+	defer rows.Close()
+	var total, nulls, widths, payload float64
+	known := true
+	for rows.Next() {
+		var ok bool
+		var res *string
+		if err := rows.Scan(&ok, &res); err != nil {
+			return nil, nil, nil, err
+		}
+		var n, mn, w, p float64
+		if !ok || res == nil {
+			known = false
+			continue
+		}
+		if _, err := fmt.Sscanf(*res, "%g %g %g %g", &n, &mn, &w, &p); err != nil {
+			// No statistics ("none"): unknown, unless the shard is empty.
+			known = known && n <= 0
+			continue
+		}
+		if n > 0 {
+			total += n
+			nulls, widths, payload = nulls+n*mn, widths+n*w, payload+n*p
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, nil, err
+	}
+	if !known || total <= 0 {
+		return nil, nil, nil, nil
+	}
+	mn, w, p := nulls/total, widths/total, payload/total
+	return &mn, &w, &p, nil
+}
+
+// pgTextArray spells names as a PostgreSQL text[] literal.
+func pgTextArray(names []string) string {
+	quoted := make([]string, len(names))
+	for i, n := range names {
+		quoted[i] = `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(n) + `"`
+	}
+	return "{" + strings.Join(quoted, ",") + "}"
 }
 
 // Status is `inboxkeeper status` for one tiered table.

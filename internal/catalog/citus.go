@@ -155,3 +155,46 @@ FROM pg_catalog.pg_dist_partition p WHERE p.logicalrelid = $1::text::regclass`, 
 	}
 	return nil
 }
+
+// shardStatsCommand is what each shard of a distributed table answers
+// (run_command_on_shards puts the shard's name for %1$L): its size with
+// indexes and TOAST, and the planner's row estimate there.
+const shardStatsCommand = `SELECT pg_total_relation_size(%1$L::regclass) || ' ' || reltuples FROM pg_class WHERE oid = %1$L::regclass`
+
+// ShardStats is the estimated rows and total bytes of a distributed table
+// (its partitions' included), read from its shards on the workers: the
+// coordinator's own catalog has neither (its copy of the table is empty,
+// and never analyzed). ok is false while a shard has no statistics yet
+// (before its first ANALYZE, which autovacuum runs on the workers) or did
+// not answer.
+func ShardStats(ctx context.Context, q Querier, oid uint32) (rows, bytes float64, ok bool, err error) {
+	r, err := q.Query(ctx, `
+SELECT s.success, s.result
+FROM pg_class c, LATERAL run_command_on_shards(c.oid::regclass, $2) s
+WHERE (c.oid = $1 AND c.relkind = 'r') OR c.oid IN (SELECT relid FROM pg_partition_tree($1::oid::regclass) WHERE isleaf)`, oid, shardStatsCommand)
+	if err != nil {
+		return 0, 0, false, err
+	}
+	defer r.Close()
+	ok = true
+	shards := 0
+	for r.Next() {
+		var success bool
+		var result string
+		if err := r.Scan(&success, &result); err != nil {
+			return 0, 0, false, err
+		}
+		shards++
+		var size, tuples float64
+		if _, err := fmt.Sscanf(result, "%g %g", &size, &tuples); !success || err != nil || tuples < 0 {
+			ok = false
+			continue
+		}
+		rows += tuples
+		bytes += size
+	}
+	if err := r.Err(); err != nil {
+		return 0, 0, false, err
+	}
+	return rows, bytes, ok && shards > 0, nil
+}
