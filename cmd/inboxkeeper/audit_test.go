@@ -102,23 +102,50 @@ func runAudit(t *testing.T, r *rand.Rand, pooled bool) {
 	if pooled {
 		vars = append(vars, "INBOXKEEPER_DATABASE_URL="+pgtest.BouncerURL(t, pgtest.NewBouncer(t), f.url))
 	}
-	d := startDaemon(t, f.dir, f.env(append(vars, "INBOXKEEPER_BATCH_SIZE=20", "INBOXKEEPER_BATCH_SIZE_MIN=5",
-		"INBOXKEEPER_BATCH_SIZE_MAX=50", "INBOXKEEPER_INTERVAL=100ms", "INBOXKEEPER_LOG_LEVEL=warn")...), "run")
+	d := startDaemon(t, f.dir, f.env(append(vars, auditDaemonVars...)...), "run")
 
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
 	writerSeed := r.Uint64()
-	go func() { defer wg.Done(); auditWriter(t, f.pool, rand.New(rand.NewPCG(writerSeed, 1)), stop) }()
+	go func() { defer wg.Done(); auditWriter(t, f.pool, rand.New(rand.NewPCG(writerSeed, 1)), stop, nil) }()
+	deadline := time.Now().Add(*auditFor)
+	actions := auditOperator(t, f, r, vars, func() bool { return time.Now().Before(deadline) })
+	close(stop)
+	wg.Wait()
+	d.stop()
+	if strings.Contains(d.log(), "level=ERROR") {
+		t.Errorf("run logged errors:\n%s", d.log())
+	}
+	auditCheck(t, f, vars, actions, auditTables{committed: "pg_xact_commit_timestamp(d.xmin)", left: "public.consumer_inbox"})
+}
 
-	// The operator, in this goroutine: holds and replays through the CLI.
+// auditTables say where auditCheck finds what it checks.
+type auditTables struct {
+	// committed is the SQL expression of the time the transaction that
+	// deleted the row d of public.deleted committed.
+	committed string
+	// left is the table of the rows left after the final pass, which
+	// snapshot (when set) fills then.
+	left     string
+	snapshot func()
+}
+
+// auditDaemonVars run the audited daemon with small batches, often.
+var auditDaemonVars = []string{"INBOXKEEPER_BATCH_SIZE=20", "INBOXKEEPER_BATCH_SIZE_MIN=5",
+	"INBOXKEEPER_BATCH_SIZE_MAX=50", "INBOXKEEPER_INTERVAL=100ms", "INBOXKEEPER_LOG_LEVEL=warn"}
+
+// auditOperator is the audit's operator: it adds, releases and lets expire
+// holds and starts and finishes replays through the CLI (with vars), and
+// records when each call that created one returned, while more says so. It
+// returns how many actions it took.
+func auditOperator(t *testing.T, f *fixture, r *rand.Rand, vars []string, more func() bool) int {
 	returned := func(kind, id string) {
 		pgtest.Exec(t, f.pool, "INSERT INTO public.returned VALUES ($1, $2::bigint, clock_timestamp())", kind, id)
 	}
 	var openHolds, openReplays []string
-	deadline := time.Now().Add(*auditFor)
 	actions := 0
-	for time.Now().Before(deadline) {
+	for more() {
 		actions++
 		consumer := fmt.Sprintf("c%d", r.IntN(5))
 		switch k := r.IntN(10); {
@@ -160,19 +187,22 @@ func runAudit(t *testing.T, r *rand.Rand, pooled bool) {
 			openReplays = append(openReplays[:i], openReplays[i+1:]...)
 		}
 	}
-	close(stop)
-	wg.Wait()
-	d.stop()
-	if strings.Contains(d.log(), "level=ERROR") {
-		t.Errorf("run logged errors:\n%s", d.log())
-	}
+	return actions
+}
 
-	// The final pass.
+// auditCheck runs the final pass (once, with onceVars) and checks the
+// audit's three guarantees against public.deleted and the rows left.
+func auditCheck(t *testing.T, f *fixture, onceVars []string, actions int, at auditTables) {
+	ctx := context.Background()
 	var t0 time.Time
 	if err := f.pool.QueryRow(ctx, "SELECT now()").Scan(&t0); err != nil {
 		t.Fatal(err)
 	}
-	wantExit(t, f.runWith(vars, "once"), 0)
+	wantExit(t, f.runWith(onceVars, "once"), 0)
+	if at.snapshot != nil {
+		at.snapshot()
+	}
+	committed := at.committed
 
 	deleted := f.count("SELECT count(*) FROM public.deleted")
 	holds := f.count("SELECT count(*) FROM inboxkeeper.holds")
@@ -192,7 +222,7 @@ SELECT count(*)
 FROM public.deleted d
 JOIN (SELECT x.*, pg_xact_commit_timestamp(x.xmin) AS written FROM inboxkeeper.` + table + ` x) r ON true
 JOIN public.returned ret ON ret.kind = '` + kind + `' AND ret.id = r.id
-WHERE pg_xact_commit_timestamp(d.xmin) > ret.at
+WHERE ` + committed + ` > ret.at
 ` + covered
 	}
 	f.wantCount("rows deleted under a hold that had returned", 0, deletedAfterReturn("hold", "holds", `
@@ -200,13 +230,13 @@ WHERE pg_xact_commit_timestamp(d.xmin) > ret.at
   AND (r.event_from IS NULL OR d.event_time IS NULL OR (d.event_time >= r.event_from AND d.event_time < r.event_to))
   AND (r.expires_at IS NULL OR r.expires_at > d.xact_start)
   -- released: the release's commit (the row's last writer) came first
-  AND NOT (r.released_at IS NOT NULL AND r.written < pg_xact_commit_timestamp(d.xmin))`))
+  AND NOT (r.released_at IS NOT NULL AND r.written < `+committed+`)`))
 	f.wantCount("rows deleted under a replay that had returned", 0, deletedAfterReturn("replay", "replays", `
   AND d.consumer = r.scope_value
   AND (d.event_time IS NULL OR (d.event_time >= r.event_from AND d.event_time < r.event_to))
-  AND NOT (r.finished_at IS NOT NULL AND r.written < pg_xact_commit_timestamp(d.xmin))`))
+  AND NOT (r.finished_at IS NOT NULL AND r.written < `+committed+`)`))
 	f.wantCount("expired rows nothing covers, left after the final pass", 0, `
-SELECT count(*) FROM public.consumer_inbox c
+SELECT count(*) FROM `+at.left+` c
 WHERE c.remember_until <= $1
   AND NOT EXISTS (SELECT 1 FROM inboxkeeper.holds h
       WHERE h.released_at IS NULL AND (h.expires_at IS NULL OR h.expires_at > $1)
@@ -219,7 +249,7 @@ WHERE c.remember_until <= $1
 
 // auditWriter inserts rows that expire within seconds (some already
 // expired), like consumers recording deliveries, until stop closes.
-func auditWriter(t *testing.T, pool *pgxpool.Pool, r *rand.Rand, stop <-chan struct{}) {
+func auditWriter(t *testing.T, pool *pgxpool.Pool, r *rand.Rand, stop <-chan struct{}, waits *insertWaits) {
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for n := 0; ; n++ {
@@ -228,6 +258,7 @@ func auditWriter(t *testing.T, pool *pgxpool.Pool, r *rand.Rand, stop <-chan str
 			return
 		case <-tick.C:
 		}
+		began := time.Now()
 		_, err := pool.Exec(context.Background(), `
 INSERT INTO public.consumer_inbox
 SELECT 'c' || ((i + $2) % 5), 'w-' || $1::bigint || '-' || i, timestamptz '2026-01-01 00:00Z' + ((i * $2) % 120) * interval '1 minute',
@@ -237,5 +268,6 @@ FROM generate_series(1, 5) i`, n, r.IntN(1000))
 			t.Errorf("writer: %v", err)
 			return
 		}
+		waits.add(began, time.Since(began))
 	}
 }

@@ -43,9 +43,9 @@ func FindBouncer() (string, error) {
 }
 
 // StartBouncer starts a PgBouncer in transaction mode that forwards every
-// database to the server at host:port, trusting user (the server checks
-// the password, if any, itself), and waits until it listens.
-func StartBouncer(ctx context.Context, host string, serverPort int, user string) (*Bouncer, error) {
+// database to the server at host:port, trusting user and others (the
+// server checks the password, if any, itself), and waits until it listens.
+func StartBouncer(ctx context.Context, host string, serverPort int, user string, others ...string) (*Bouncer, error) {
 	bin, err := FindBouncer()
 	if err != nil {
 		return nil, err
@@ -76,7 +76,7 @@ logfile = %s
 pidfile = %s
 admin_users = postgres
 `, host, serverPort, port, filepath.Join(root, "users.txt"), filepath.Join(root, "pgbouncer.log"), filepath.Join(root, "pgbouncer.pid"))
-	for name, content := range map[string]string{"pgbouncer.ini": ini, "users.txt": strconv.Quote(user) + ` ""` + "\n"} {
+	for name, content := range map[string]string{"pgbouncer.ini": ini, "users.txt": authFile(append([]string{user}, others...))} {
 		if err := os.WriteFile(filepath.Join(root, name), []byte(content), 0o644); err != nil {
 			os.RemoveAll(root)
 			return nil, err
@@ -113,6 +113,15 @@ admin_users = postgres
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
+}
+
+// authFile is PgBouncer's auth_file for users, without passwords.
+func authFile(users []string) string {
+	var b strings.Builder
+	for _, u := range users {
+		b.WriteString(strconv.Quote(u) + ` ""` + "\n")
+	}
+	return b.String()
 }
 
 // URL is a connection string for database db through the pooler.

@@ -78,6 +78,9 @@ func teardown() {
 	if citus != nil {
 		citus.Destroy()
 	}
+	for _, s := range citusSpares {
+		s.Destroy()
+	}
 }
 
 // Cluster is the throwaway cluster, or nil when the tests use

@@ -1,0 +1,304 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
+)
+
+// The randomized audit on a Citus coordinator, with shards moving under the
+// daemon: the same operator, writer and checks as TestRandomizedAudit, on an
+// inbox distributed over the test cluster's two workers, with a backlog to
+// work through, the daemon and the operator running as the least-privilege
+// roles of deploy/sql/role.sql. While they run, a shard moves to the other
+// worker and back (citus_move_shard_placement with logical replication),
+// then a third worker joins and citus_rebalance_start moves shards onto it.
+// The first move runs before the daemon starts: the writer's longest insert
+// then is the cut-over's own cost, against which the moves under the daemon
+// are measured (logged, and documented in docs/guides/citus.md).
+//
+// Each deletion is recorded by a trigger on the shards, on the worker that
+// deletes it, with the coordinator's distributed transaction stamp (taken
+// at the batch's first statement on a worker, milliseconds after the
+// batch's now(): the early-deletion check is that much weaker than on one
+// node) and, from the worker's commit timestamps, when it committed there
+// (a two-phase commit's COMMIT PREPARED, before the coordinator lets go of
+// the fence).
+func TestRandomizedAuditCitusShardMoves(t *testing.T) {
+	t.Parallel()
+	seed := *auditSeed
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("randomized audit seed %d: rerun with go test ./cmd/inboxkeeper -run 'TestRandomizedAuditCitusShardMoves' -audit.seed=%d", seed, seed)
+		}
+	})
+	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	c := newCitusAudit(t)
+	f := c.f
+
+	waits := &insertWaits{}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	writerSeed := r.Uint64()
+	go func() { defer wg.Done(); auditWriter(t, f.pool, rand.New(rand.NewPCG(writerSeed, 1)), stop, waits) }()
+
+	// A: the cut-over alone, the writer inserting, no daemon.
+	shard, from, to := c.placement(t)
+	alone := c.move(t, waits, "move, no daemon", shard, from, to)
+
+	d := startDaemon(t, f.dir, f.env(append([]string{"INBOXKEEPER_DATABASE_URL=" + c.roles.Daemon}, auditDaemonVars...)...), "run")
+	var spans []span
+	moved := make(chan struct{})
+	go func() {
+		// Closed also when a helper ends this goroutine with t.Fatal.
+		defer close(moved)
+		// Once the daemon is into the backlog: B, the shard back; C, a
+		// third worker and a rebalance.
+		pgtest.WaitFor(t, time.Minute, "the daemon to start on the backlog", func() bool {
+			return f.count("SELECT count(*) FROM public.consumer_inbox WHERE message_id LIKE 'backlog-%'") < citusBacklog
+		})
+		b := c.move(t, waits, "move back, daemon running", shard, to, from)
+		spans = []span{b, c.rebalance(t, waits)}
+	}()
+	deadline := time.Now().Add(*auditFor)
+	operator := []string{"INBOXKEEPER_DATABASE_URL=" + c.roles.Operator}
+	actions := auditOperator(t, f, r, operator, func() bool {
+		select {
+		case <-moved:
+			return time.Now().Before(deadline) && !t.Failed()
+		default:
+			return true
+		}
+	})
+	close(stop)
+	wg.Wait()
+	d.stop()
+	if t.Failed() {
+		return
+	}
+	if strings.Contains(d.log(), "level=ERROR") {
+		t.Errorf("run logged errors:\n%s", d.log())
+	}
+	c.gatherDeletions(t)
+	for _, s := range append([]span{alone}, spans...) {
+		n := f.count("SELECT count(*) FROM public.deleted WHERE committed BETWEEN $1 AND $2", s.from, s.to)
+		t.Logf("%s: %s, the writer's longest insert %s, %d rows deleted meanwhile", s.name, s.to.Sub(s.from).Round(time.Millisecond), s.longest.Round(time.Millisecond), n)
+		if s != alone && n == 0 {
+			t.Errorf("%s: the daemon deleted nothing while it ran", s.name)
+		}
+	}
+	if left := f.count("SELECT count(*) FROM public.consumer_inbox WHERE message_id LIKE 'backlog-%'"); left == citusBacklog {
+		t.Error("the backlog was not worked on")
+	}
+	// The daemon's own cost at a cut-over: a batch that holds a shard's
+	// locks when the move blocks writes is cancelled by the lock watch
+	// (within CitusLockPollInterval, 250 ms) or ends within the batch
+	// target (200 ms); 2 s more allows for a loaded 2-core machine.
+	for _, s := range spans {
+		if s.longest > alone.longest+2*time.Second {
+			t.Errorf("%s: the writer waited %s, against %s for the move without the daemon", s.name, s.longest, alone.longest)
+		}
+	}
+	// The rows left are copied to the coordinator: Citus does not join a
+	// distributed table with the local holds and replays.
+	auditCheck(t, f, []string{"INBOXKEEPER_DATABASE_URL=" + c.roles.Daemon}, actions, auditTables{committed: "d.committed", left: "public.inbox_left",
+		snapshot: func() {
+			pgtest.Exec(t, f.pool, "CREATE TABLE public.inbox_left AS SELECT * FROM public.consumer_inbox")
+		}})
+}
+
+// citusBacklog is how many rows the Citus audit's inbox starts with that
+// expired an hour ago.
+const citusBacklog = 10000
+
+// citusAudit is the Citus audit's database.
+type citusAudit struct {
+	f     *fixture
+	roles pgtest.Roles
+	nodes []int // ports of the nodes with a public.deleted (every worker, and the spare once added)
+	db    string
+}
+
+// auditNodeDDL is each worker's record of the deletions its shards saw:
+// the coordinator's distributed transaction stamp (the batch's start as
+// near as a worker knows it). The trigger runs as the deleting role.
+const auditNodeDDL = `
+CREATE TABLE public.deleted (
+    consumer       text,
+    message_id     text,
+    event_time     timestamptz,
+    remember_until timestamptz,
+    xact_start     timestamptz NOT NULL DEFAULT coalesce((get_current_transaction_id()).transaction_stamp, now())
+);
+GRANT INSERT ON public.deleted TO PUBLIC;`
+
+func newCitusAudit(t *testing.T) *citusAudit {
+	t.Helper()
+	pool, url := pgtest.NewCitusPool(t)
+	f := &fixture{t: t, pool: pool, url: url, dir: t.TempDir()}
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &citusAudit{f: f, db: cfg.Database}
+	for _, w := range pgtest.Citus(t).Workers {
+		c.addNode(t, w.Port)
+	}
+	pgtest.Exec(t, pool, inboxTable)
+	pgtest.Exec(t, pool, pgtest.Distribute("consumer", "public.consumer_inbox"))
+	// One statement at a time: Citus sends the function and the trigger to
+	// the workers, and refuses to within a multi-statement query.
+	pgtest.Exec(t, pool, `
+CREATE FUNCTION public.audit_delete() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO public.deleted (consumer, message_id, event_time, remember_until) VALUES (OLD.consumer, OLD.message_id, OLD.event_time, OLD.remember_until);
+  RETURN OLD;
+END $$`)
+	pgtest.Exec(t, pool, `SET citus.enable_unsafe_triggers = on`)
+	pgtest.Exec(t, pool, `CREATE TRIGGER audit_delete AFTER DELETE ON public.consumer_inbox FOR EACH ROW EXECUTE FUNCTION public.audit_delete()`)
+	pgtest.Exec(t, pool, `
+-- The seed rows of the one-node audit: 2,000 expiring from a minute ago to a minute ahead.
+INSERT INTO public.consumer_inbox
+SELECT 'c' || (i % 5), 'seed-' || i, timestamptz '2026-01-01 00:00Z' + (i % 120) * interval '1 minute',
+       now() + ((i * 7919) % 120 - 60) * interval '1 second'
+FROM generate_series(1, 2000) i;
+-- The backlog, expired an hour ago.
+INSERT INTO public.consumer_inbox
+SELECT 'c' || (i % 5), 'backlog-' || i, timestamptz '2026-01-01 00:00Z' + (i % 120) * interval '1 minute',
+       now() - interval '1 hour' - i * interval '1 millisecond'
+FROM generate_series(1, `+fmt.Sprint(citusBacklog)+`) i;
+CREATE TABLE public.returned (kind text, id bigint, at timestamptz NOT NULL);
+-- The workers' records, gathered at the end with their commit times.
+CREATE TABLE public.deleted (consumer text, message_id text, event_time timestamptz, remember_until timestamptz,
+                             xact_start timestamptz, committed timestamptz);`)
+	pgtest.Migrate(t, url)
+	c.roles = pgtest.ApplyRoleScript(t, url, map[string]string{"table_schema": "public", "table_name": "consumer_inbox", "expiry_column": "remember_until"})
+	f.policy = f.writeFile("inboxkeeper.yaml", inboxPolicy)
+	return c
+}
+
+// addNode creates the deletion record on the node at port.
+func (c *citusAudit) addNode(t *testing.T, port int) {
+	t.Helper()
+	pgtest.ExecOn(t, pgtest.CitusNodeURL(t, port, c.db), auditNodeDDL)
+	c.nodes = append(c.nodes, port)
+}
+
+// placement is a shard of the inbox, its worker and another worker.
+func (c *citusAudit) placement(t *testing.T) (shard int64, from, to int) {
+	t.Helper()
+	if err := c.f.pool.QueryRow(context.Background(), `SELECT s.shardid, s.nodeport, (SELECT min(nodeport) FROM pg_dist_node WHERE noderole = 'primary' AND groupid > 0 AND nodeport <> s.nodeport)
+FROM citus_shards s WHERE s.table_name = 'public.consumer_inbox'::regclass ORDER BY s.shardid LIMIT 1`).Scan(&shard, &from, &to); err != nil {
+		t.Fatal(err)
+	}
+	return shard, from, to
+}
+
+// span is a shard move: when it ran, and the writer's longest insert that
+// began meanwhile.
+type span struct {
+	name     string
+	from, to time.Time
+	longest  time.Duration
+}
+
+// move moves shard (and those co-located with it) from one worker to the
+// other with logical replication, while the writer writes.
+func (c *citusAudit) move(t *testing.T, waits *insertWaits, name string, shard int64, from, to int) span {
+	t.Helper()
+	return c.timed(t, waits, name, fmt.Sprintf("SELECT citus_move_shard_placement(%d, '127.0.0.1', %d, '127.0.0.1', %d, shard_transfer_mode => 'force_logical')", shard, from, to))
+}
+
+// rebalance adds the spare node as a third worker and rebalances onto it.
+func (c *citusAudit) rebalance(t *testing.T, waits *insertWaits) span {
+	t.Helper()
+	node := pgtest.CitusSpareNode(t, c.f.url)
+	c.addNode(t, node.Port)
+	pgtest.Exec(t, c.f.pool, fmt.Sprintf("SELECT citus_add_node('127.0.0.1', %d)", node.Port))
+	s := c.timed(t, waits, "rebalance onto a third worker, daemon running",
+		"SELECT citus_rebalance_start(shard_transfer_mode => 'force_logical')", "SELECT citus_rebalance_wait()")
+	var onSpare int
+	if err := c.f.pool.QueryRow(context.Background(), "SELECT count(*) FROM citus_shards WHERE nodeport = $1", node.Port).Scan(&onSpare); err != nil || onSpare == 0 {
+		t.Errorf("the rebalance moved no shard onto the third worker (%v)", err)
+	}
+	return s
+}
+
+// timed runs sql, one statement after the other, on a connection of its
+// own, and measures the span.
+func (c *citusAudit) timed(t *testing.T, waits *insertWaits, name string, sql ...string) span {
+	t.Helper()
+	conn := pgtest.Connect(t, c.f.url)
+	s := span{name: name, from: time.Now()}
+	for _, q := range sql {
+		pgtest.Exec(t, conn, q)
+	}
+	s.to = time.Now()
+	s.longest = waits.longest(s.from, s.to)
+	return s
+}
+
+// gatherDeletions copies every node's deletion records, with the time each
+// committed there, into the coordinator's public.deleted.
+func (c *citusAudit) gatherDeletions(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	for _, port := range c.nodes {
+		conn := pgtest.Connect(t, pgtest.CitusNodeURL(t, port, c.db))
+		rows, err := conn.Query(ctx, "SELECT consumer, message_id, event_time, remember_until, xact_start, pg_xact_commit_timestamp(xmin) FROM public.deleted")
+		if err != nil {
+			t.Fatal(err)
+		}
+		records, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) ([]any, error) { return row.Values() })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.f.pool.CopyFrom(ctx, pgx.Identifier{"public", "deleted"},
+			[]string{"consumer", "message_id", "event_time", "remember_until", "xact_start", "committed"}, pgx.CopyFromRows(records)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// insertWaits records how long each of the writer's inserts took, to tell
+// the longest that began within a span.
+type insertWaits struct {
+	mu   sync.Mutex
+	at   []time.Time
+	took []time.Duration
+}
+
+// add records one insert; a nil insertWaits records nothing.
+func (w *insertWaits) add(at time.Time, took time.Duration) {
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.at, w.took = append(w.at, at), append(w.took, took)
+}
+
+// longest is the longest insert that began from from to to.
+func (w *insertWaits) longest(from, to time.Time) time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var m time.Duration
+	for i, at := range w.at {
+		if !at.Before(from) && !at.After(to) {
+			m = max(m, w.took[i])
+		}
+	}
+	return m
+}

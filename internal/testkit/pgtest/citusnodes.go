@@ -1,0 +1,100 @@
+package pgtest
+
+import (
+	"context"
+
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgcluster"
+)
+
+var (
+	// spare is one more Citus node, started by the first test that asks
+	// (CitusSpareNode), in no database's metadata until a test adds it.
+	spare    *pgcluster.Cluster
+	spareErr error
+)
+
+// CitusSpareNode is a node with Citus beside the test Citus cluster, for a
+// test that adds a worker (citus_add_node) and rebalances onto it. It
+// creates the database of the test's coordinator URL there, with the
+// extension, dropped at the end of the test; the test adds the node to its
+// own database's metadata, which no other test sees. Started once per test
+// binary, removed with the cluster.
+func CitusSpareNode(t testing.TB, coordinatorURL string) *pgcluster.Cluster {
+	t.Helper()
+	Citus(t)
+	citusMu.Lock()
+	if spare == nil && spareErr == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		var c *pgcluster.Citus
+		c, spareErr = pgcluster.StartCitus(ctx, 0, pgcluster.Options{Settings: map[string]string{"track_commit_timestamp": "on"}})
+		cancel()
+		if spareErr == nil {
+			spare = c.Coordinator // a node like the others: Citus preloaded
+			citusSpares = append(citusSpares, spare)
+		}
+	}
+	node, err := spare, spareErr
+	citusMu.Unlock()
+	if err != nil {
+		t.Fatalf("pgtest: start a spare Citus node: %v", err)
+	}
+	cfg, err := pgx.ParseConfig(coordinatorURL)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	db := pgx.Identifier{cfg.Database}.Sanitize()
+	ExecOn(t, node.URL("postgres"), "CREATE DATABASE "+db+" TEMPLATE template0")
+	t.Cleanup(func() { ExecOn(t, node.URL("postgres"), "DROP DATABASE IF EXISTS "+db+" WITH (FORCE)") })
+	ExecOn(t, node.URL(cfg.Database), "CREATE EXTENSION citus")
+	return node
+}
+
+// NewCitusBouncer starts a PgBouncer in transaction mode in front of the
+// test Citus cluster's coordinator, stopped at the end of the test, letting
+// in postgres and users. BouncerURL gives a database's URL through it.
+func NewCitusBouncer(t testing.TB, users ...string) *pgcluster.Bouncer {
+	t.Helper()
+	port := Citus(t).Coordinator.Port
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var b *pgcluster.Bouncer
+	var err error
+	// A port picked free can be taken by a parallel test's server before
+	// the pooler binds it (NewBouncer).
+	for attempt := 1; ; attempt++ {
+		if b, err = pgcluster.StartBouncer(ctx, "127.0.0.1", port, "postgres", users...); err == nil {
+			break
+		}
+		if attempt == 3 {
+			t.Fatalf("pgtest: %v", err)
+		}
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("pgbouncer log:\n%s", b.Log())
+		}
+		b.Stop()
+	})
+	return b
+}
+
+// CitusNodeURL is the URL of database db on the node of the test Citus
+// cluster (its spare included) that listens on port.
+func CitusNodeURL(t testing.TB, port int, db string) string {
+	t.Helper()
+	citusMu.Lock()
+	s := spare
+	citusMu.Unlock()
+	if s != nil && s.Port == port {
+		return s.URL(db)
+	}
+	return CitusWorkerURL(t, port, db)
+}
+
+// citusSpares are the spare nodes teardown removes.
+var citusSpares []*pgcluster.Cluster
