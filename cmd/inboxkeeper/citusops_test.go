@@ -1,0 +1,113 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
+)
+
+// citusRoles applies deploy/sql/role.sql for the fixture's inbox on the
+// coordinator: the tests of the daemon on Citus run as its roles.
+func citusRoles(t *testing.T, f *fixture) pgtest.Roles {
+	t.Helper()
+	return pgtest.ApplyRoleScript(t, f.url, map[string]string{"table_schema": "public", "table_name": "consumer_inbox", "expiry_column": "remember_until"})
+}
+
+// citusDB is the name of the fixture's database, on every node.
+func citusDB(t *testing.T, f *fixture) string {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(f.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg.Database
+}
+
+// A daemon frozen (SIGSTOP, a paused VM) in the middle of a batch on a
+// distributed table: the batch's row locks on the workers and the fence on
+// the coordinator go when PostgreSQL ends its transaction, after
+// IDLE_IN_TRANSACTION_TIMEOUT; an application's UPDATE of the rows it
+// deleted and a hold add wait about that long, and the frozen batch
+// deletes nothing. The daemon and hold add run as role.sql's roles.
+func TestCitusFrozenDaemonLetsGo(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newCitusFixture(t)
+	wantExit(t, f.run("migrate"), 0)
+	roles := citusRoles(t, f)
+	db := citusDB(t, f)
+	// The gate: every row the daemon deletes waits, on its worker, while
+	// that worker's public.gate has a row (a wait that is not a lock, so
+	// the batch's short lock timeout does not end it).
+	var gates []string
+	for _, w := range pgtest.Citus(t).Workers {
+		u := w.URL(db)
+		pgtest.ExecOn(t, u, "CREATE TABLE public.gate (closed bool); GRANT SELECT ON public.gate TO PUBLIC; INSERT INTO public.gate VALUES (true)")
+		gates = append(gates, u)
+	}
+	pgtest.Exec(t, f.pool, `CREATE FUNCTION public.gate() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  WHILE EXISTS (SELECT 1 FROM public.gate) LOOP PERFORM pg_sleep(0.01); END LOOP;
+  RETURN OLD;
+END $$`)
+	pgtest.Exec(t, f.pool, "SET citus.enable_unsafe_triggers = on")
+	pgtest.Exec(t, f.pool, "CREATE TRIGGER gate BEFORE DELETE ON public.consumer_inbox FOR EACH ROW EXECUTE FUNCTION public.gate()")
+
+	const idle = 2 * time.Second
+	d := startDaemon(t, f.dir, f.env("INBOXKEEPER_DATABASE_URL="+roles.Daemon, "INBOXKEEPER_STATEMENT_TIMEOUT=60s",
+		fmt.Sprintf("INBOXKEEPER_IDLE_IN_TRANSACTION_TIMEOUT=%s", idle), "INBOXKEEPER_INTERVAL=1h"), "run")
+	var pid int32
+	pgtest.WaitFor(t, 30*time.Second, "the daemon's DELETE at the gate", func() bool {
+		return f.pool.QueryRow(ctx, `SELECT pid FROM pg_stat_activity
+WHERE datname = current_database() AND application_name = 'inboxkeeper run' AND state = 'active' AND query LIKE '%DELETE%'`).Scan(&pid) == nil
+	})
+	thaw := pgtest.Freeze(t, d.cmd.Process.Pid)
+	defer thaw()
+	// Its connections to the workers, which Citus names after the
+	// coordinator backend's global pid.
+	const onWorkers = "SELECT count(*) FROM citus_stat_activity WHERE application_name = 'citus_internal gpid=' || (citus_backend_gpid() / 10000000000 * 10000000000 + $1)"
+	if n := f.count(onWorkers, pid); n == 0 {
+		t.Fatal("the frozen batch has no session on a worker: the check below would see nothing")
+	}
+	for _, u := range gates {
+		pgtest.ExecOn(t, u, "DELETE FROM public.gate")
+	}
+	// The DELETE ends; COMMIT never comes. An application wants a row
+	// the batch deleted, and an operator adds a hold.
+	began := time.Now()
+	held := make(chan result, 1)
+	go func() {
+		held <- runCLI(t, f.dir, f.env("INBOXKEEPER_DATABASE_URL="+roles.Operator), "hold", "add", "--table", "public.consumer_inbox",
+			"--scope", "billing", "--reason", "r", "--owner", "o")
+	}()
+	app := pgtest.Begin(t, f.pool)
+	pgtest.Exec(t, app, "SET LOCAL citus.propagate_set_commands = 'local'")
+	pgtest.Exec(t, app, "SET LOCAL lock_timeout = '60s'")
+	pgtest.Exec(t, app, "UPDATE public.consumer_inbox SET event_time = event_time WHERE consumer = 'payments' AND remember_until <= now()")
+	appWait := time.Since(began)
+	if err := app.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-held
+	wantExit(t, r, 0)
+	holdWait := time.Since(began)
+	t.Logf("with IDLE_IN_TRANSACTION_TIMEOUT=%s: the application's UPDATE waited %s, hold add returned after %s", idle, appWait.Round(time.Millisecond), holdWait.Round(time.Millisecond))
+	// The timeout runs from the DELETE's end, a moment after the gate
+	// opened; 3 s more allows for a loaded 2-core machine (the process
+	// start of hold add included).
+	if appWait > idle+3*time.Second || holdWait > idle+3*time.Second {
+		t.Errorf("waits of %s (UPDATE) and %s (hold add) with IDLE_IN_TRANSACTION_TIMEOUT=%s", appWait, holdWait, idle)
+	}
+	// Nothing of the frozen batch is left: its coordinator backend, its
+	// sessions on the workers (their locks went as they aborted; the
+	// process entries a moment later).
+	pgtest.WaitFor(t, 10*time.Second, "the frozen batch's backend and its sessions on the workers to end", func() bool {
+		return f.count("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid) == 0 && f.count(onWorkers, pid) == 0
+	})
+	f.wantCount("rows (the frozen batch rolled back)", allRows, "SELECT count(*) FROM public.consumer_inbox")
+}
