@@ -2,6 +2,7 @@ package partitions
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -51,12 +52,29 @@ func (m *Manager) premake(ctx context.Context, t *catalog.Table, now time.Time, 
 						// The new partition belongs to the parent's owner, as
 						// one made by hand would, when the daemon's role is a
 						// member of it (which creating a partition requires).
-						if _, err := tx.Exec(ctx, `SELECT set_config('role', r.rolname, true)
-FROM pg_class c JOIN pg_roles r ON r.oid = c.relowner
-WHERE c.oid = $1 AND r.rolname <> current_user AND pg_has_role(current_user, r.oid, 'MEMBER')`, t.OID); err != nil {
+						var owner string
+						err := tx.QueryRow(ctx, `SELECT r.rolname FROM pg_class c JOIN pg_roles r ON r.oid = c.relowner
+WHERE c.oid = $1 AND r.rolname <> current_user AND pg_has_role(current_user, r.oid, 'MEMBER')`, t.OID).Scan(&owner)
+						if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 							return err
 						}
-						_, err := tx.Exec(ctx, sql)
+						if owner == "" || !t.Distributed() {
+							if owner != "" {
+								if _, err := tx.Exec(ctx, `SELECT set_config('role', $1, true)`, owner); err != nil {
+									return err
+								}
+							}
+							_, err = tx.Exec(ctx, sql)
+							return err
+						}
+						// On Citus the partition is created as the daemon's
+						// role and then given away: under the owner's role
+						// Citus would connect to the workers as the owner,
+						// which need not be allowed to log in.
+						if _, err := tx.Exec(ctx, sql); err != nil {
+							return err
+						}
+						_, err = tx.Exec(ctx, fmt.Sprintf("ALTER TABLE %s OWNER TO %s", p.Ident(), pgx.Identifier{owner}.Sanitize()))
 						return err
 					})
 				})
