@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -110,4 +112,114 @@ WHERE datname = current_database() AND application_name = 'inboxkeeper run' AND 
 		return f.count("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid) == 0 && f.count(onWorkers, pid) == 0
 	})
 	f.wantCount("rows (the frozen batch rolled back)", allRows, "SELECT count(*) FROM public.consumer_inbox")
+}
+
+// Through PgBouncer in transaction mode in front of the coordinator (the
+// usual managed-Citus setup), as on one node: every command that needs no
+// session of its own works, one after the other, and leaves no session
+// state on the server connections; what needs one (partition DDL, the
+// migration lock) is refused naming INBOXKEEPER_SESSION_DATABASE_URL, and
+// works with it. Every command runs as role.sql's roles; the partitioned
+// inbox belongs to a role the daemon's login is a member of, so that it
+// creates and retires partitions, on the workers too, without being a
+// superuser.
+func TestCitusThroughPgBouncer(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newCitusFixture(t)
+	rename := strings.NewReplacer("public.consumer_inbox", "public.part_inbox", "public.old_month", "public.part_old", "public.this_month", "public.part_now")
+	pgtest.Exec(t, f.pool, rename.Replace(partitionedDDL))
+	pgtest.Exec(t, f.pool, "SET citus.shard_count = 4; SELECT create_distributed_table('public.part_inbox', 'consumer')")
+	wantExit(t, f.run("migrate"), 0)
+	roles := pgtest.ApplyRoleScript(t, f.url,
+		map[string]string{"table_schema": "public", "table_name": "consumer_inbox", "expiry_column": "remember_until"},
+		map[string]string{"table_schema": "public", "table_name": "part_inbox", "expiry_column": "remember_until"})
+	daemonLogin, operatorLogin := userOf(t, roles.Daemon), userOf(t, roles.Operator)
+	owner := pgx.Identifier{roles.DaemonRole + "_owner"}.Sanitize()
+	// The owner of the application's tables, who may create them.
+	pgtest.Exec(t, f.pool, "CREATE ROLE "+owner+" NOLOGIN")
+	pgtest.Exec(t, f.pool, "GRANT CREATE ON SCHEMA public TO "+owner)
+	for _, table := range []string{"public.part_inbox", "public.part_old", "public.part_now"} {
+		pgtest.Exec(t, f.pool, "ALTER TABLE "+table+" OWNER TO "+owner)
+	}
+	pgtest.Exec(t, f.pool, "GRANT "+owner+" TO "+pgx.Identifier{daemonLogin}.Sanitize())
+
+	b := pgtest.NewCitusBouncer(t, daemonLogin, operatorLogin)
+	db := citusDB(t, f)
+	daemon := []string{"INBOXKEEPER_DATABASE_URL=" + pgtest.WithUser(t, b.URL(db), daemonLogin)}
+	operator := []string{"INBOXKEEPER_DATABASE_URL=" + pgtest.WithUser(t, b.URL(db), operatorLogin)}
+
+	wantExit(t, f.runWith(daemon, "status"), 0, "distributed (Citus):      hash on consumer, 4 shards on 2 nodes")
+	r := f.runWith(daemon, "once", "--dry-run")
+	wantExit(t, r, 0)
+	wantResult(t, r, "public.consumer_inbox", "would delete", expiredRows, 0, 0)
+	holdID := f.addIDWith(operator, "hold", "add", "--table", "public.consumer_inbox", "--scope", "billing", "--reason", "r", "--owner", "o", "--for", "1d")
+	wantExit(t, f.runWith(daemon, "hold", "list"), 0, "hold "+holdID+" ")
+	replayID := f.addIDWith(operator, "replay", "start", "--table", "public.consumer_inbox", "--scope", "payments",
+		"--from", "2026-01-01T00:00:00Z", "--to", "2026-01-01T05:30:00Z", "--owner", "o")
+	r = f.runWith(daemon, "once")
+	wantExit(t, r, 0)
+	wantResult(t, r, "public.consumer_inbox", "deleted", 15, 10, 5)
+	r = f.runWith(daemon, "once")
+	wantExit(t, r, 0)
+	wantResult(t, r, "public.consumer_inbox", "deleted", 0, 10, 5)
+	wantExit(t, f.runWith(operator, "replay", "finish", replayID), 0)
+	wantExit(t, f.runWith(operator, "hold", "release", holdID), 0)
+	wantExit(t, f.runWith(operator, "pause", "--reason", "test", "--for", "1m"), 0)
+	wantExit(t, f.runWith(operator, "resume"), 0)
+	wantExit(t, f.runWith(daemon, "status", "--json"), 0, `"distribution_column":"consumer"`)
+	d := startDaemon(t, f.dir, f.env(append(daemon, "INBOXKEEPER_INTERVAL=200ms")...), "run")
+	d.waitLine(passDone, 30*time.Second)
+	d.waitLine(passDone, 30*time.Second)
+	f.wantCount("expired rows", 0, "SELECT count(*) FROM public.consumer_inbox WHERE remember_until <= now()")
+	d.stop()
+	if regexp.MustCompile(`level=(ERROR|WARN)`).MatchString(d.log()) {
+		t.Errorf("run through PgBouncer logged warnings or errors:\n%s", d.log())
+	}
+
+	// The partitioned inbox too: partition DDL needs a session.
+	f.policy = f.writeFile("both.yaml", inboxPolicy+strings.TrimPrefix(rename.Replace(partitionedPolicy), "tables:\n"))
+	partitions := func() int64 {
+		return f.count("SELECT count(*) FROM pg_inherits WHERE inhparent = 'public.part_inbox'::regclass")
+	}
+	before := partitions()
+	for _, args := range [][]string{{"once"}, {"partitions", "ensure"}, {"run"}} {
+		wantExit(t, f.runWith(daemon, args...), 2, "INBOXKEEPER_SESSION_DATABASE_URL", "pooler")
+	}
+	wantExit(t, f.runWith([]string{"INBOXKEEPER_DATABASE_URL=" + b.URL(db)}, "migrate"), 2, "INBOXKEEPER_SESSION_DATABASE_URL", "pooler")
+	if n := partitions(); n != before {
+		t.Errorf("refused commands changed the partitions: %d, was %d", n, before)
+	}
+	wantExit(t, f.runWith(daemon, "once", "--dry-run"), 0)
+	withSession := append(daemon, "INBOXKEEPER_SESSION_DATABASE_URL="+roles.Daemon)
+	r = f.runWith(withSession, "once")
+	wantExit(t, r, 0)
+	if n := partitions(); n == before {
+		t.Errorf("once with a session URL made and retired no partition (still %d)\n%s", n, r)
+	}
+	f.wantCount("rows of the expired month", 0, "SELECT count(*) FROM public.part_inbox WHERE remember_until < now()")
+	// The partitions the daemon made belong to the parent's owner, on the
+	// coordinator and in the shards on the workers.
+	f.wantCount("partitions owned by another role", 0, `SELECT count(*) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+WHERE i.inhparent = 'public.part_inbox'::regclass AND c.relowner <> $1::regrole`, roles.DaemonRole+"_owner")
+	var shardOwners []string
+	if err := f.pool.QueryRow(ctx, `SELECT array_agg(DISTINCT result) FROM run_command_on_shards('public.part_inbox',
+$$SELECT string_agg(DISTINCT c.relowner::regrole::text, ',') FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = %1$L::regclass$$)`).Scan(&shardOwners); err != nil {
+		t.Fatal(err)
+	}
+	if len(shardOwners) != 1 || shardOwners[0] != roles.DaemonRole+"_owner" {
+		t.Errorf("the partitions' shards belong to %v, want %s", shardOwners, roles.DaemonRole+"_owner")
+	}
+	wantExit(t, f.runWith(append([]string{"INBOXKEEPER_DATABASE_URL=" + b.URL(db)}, "INBOXKEEPER_SESSION_DATABASE_URL="+f.url), "migrate"), 0, "up to date")
+	wantNoSessionState(t, b.URL(db))
+}
+
+// userOf is the user of a connection string.
+func userOf(t *testing.T, url string) string {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg.User
 }
