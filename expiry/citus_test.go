@@ -31,6 +31,19 @@ func citusSetup(t *testing.T) fixture {
 	return f
 }
 
+// asDaemon is f with its pool connected as role.sql's daemon role: the
+// Citus tests of this package run the Deleter with only its grants.
+func (f fixture) asDaemon(t *testing.T) fixture {
+	t.Helper()
+	var db string
+	if err := f.pool.QueryRow(context.Background(), "SELECT current_database()").Scan(&db); err != nil {
+		t.Fatal(err)
+	}
+	roles := pgtest.ApplyRoleScript(t, pgtest.Citus(t).Coordinator.URL(db),
+		map[string]string{"table_schema": "public", "table_name": "consumer_inbox", "expiry_column": "remember_until"})
+	return fixture{pool: pgtest.Pool(t, roles.Daemon), tables: f.tables}
+}
+
 // On a distributed table a pass deletes exactly the due rows no hold or
 // replay covers, by expiry windows, and by key where more rows share one
 // expiry than a batch may hold.
@@ -57,7 +70,7 @@ func TestCitusExpiryWithHoldsAndReplays(t *testing.T) {
 	pgtest.Exec(t, f.pool, "ANALYZE public.consumer_inbox")
 	// One row per shard a batch (4 shards): the 9 tied rows are more than
 	// a window can bound, and go by key.
-	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}, BatchSize: 1}})
+	res := f.asDaemon(t).pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}, BatchSize: 1}})
 	if res.Deleted != 3*40+9 || res.ProtectedByHolds != 40 || res.ProtectedByReplays != 40 {
 		t.Errorf("deleted %d, held %d, replayed %d; want %d, 40, 40", res.Deleted, res.ProtectedByHolds, res.ProtectedByReplays, 3*40+9)
 	}
@@ -273,6 +286,7 @@ func TestCitusCommittedWindowsOfAFailedBatchAreCounted(t *testing.T) {
 	// A row held locked narrows the batch's window: its part before the
 	// row commits on its own.
 	pgtest.Lock(t, f.pool, "SELECT 1 FROM public.consumer_inbox WHERE consumer = 'c' AND message_id = 'c-40' FOR UPDATE")
+	daemon := f.asDaemon(t)
 	commits := 0
 	cut := func(string, int64) {
 		// The second window to commit loses its connection first.
@@ -284,7 +298,7 @@ WHERE datname = current_database() AND pid <> pg_backend_pid() AND state = 'idle
 	}
 	var deleted int64
 	for pass := 1; ; pass++ {
-		res, err := newTest(f.pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0), MaxRetries: 2}, BatchSize: 100}},
+		res, err := newTest(daemon.pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0), MaxRetries: 2}, BatchSize: 100}},
 			TestSignals{BeforeCommit: cut}).RunPass(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -328,7 +342,7 @@ func TestCitusWorkerRestartMidPass(t *testing.T) {
 	t.Cleanup(restart)
 	commits := 0
 	var logs syncBuffer
-	d := newTest(f.pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0), MaxRetries: 1,
+	d := newTest(f.asDaemon(t).pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0), MaxRetries: 1,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))}, BatchSize: 5}}, TestSignals{BeforeCommit: func(string, int64) {
 		if commits++; commits == 3 {
 			if err := worker.StopServer(ctx); err != nil {

@@ -29,6 +29,28 @@ func setupCitus(t *testing.T, pol string) fixture {
 	return fixture{pool: pool, table: ct}
 }
 
+// asDaemon is f with its pool connected as role.sql's daemon role, given
+// what the layout of policy needs: the Citus tests of this package demote
+// and measure with only its grants.
+func (f fixture) asDaemon(t *testing.T, policy string) fixture {
+	t.Helper()
+	var db string
+	if err := f.pool.QueryRow(context.Background(), "SELECT current_database()").Scan(&db); err != nil {
+		t.Fatal(err)
+	}
+	vars := []map[string]string{{"table_schema": "public", "table_name": "inbox", "expiry_column": "remember_until",
+		"keys_schema": "inboxkeeper", "keys_table": "keys_public_inbox"}}
+	if policy == sidePolicy {
+		vars[0]["payload_schema"], vars[0]["payload_table"], vars[0]["anchor_column"] = "public", "inbox_payload", "first_seen_at"
+	} else {
+		for _, c := range []string{"payload", "headers"} {
+			vars = append(vars, map[string]string{"table_schema": "public", "table_name": "inbox", "expiry_column": "remember_until", "payload_column": c})
+		}
+	}
+	roles := pgtest.ApplyRoleScript(t, pgtest.Citus(t).Coordinator.URL(db), vars...)
+	return fixture{pool: pgtest.Pool(t, roles.Daemon), table: f.table}
+}
+
 // Demotion on a distributed table, both layouts: the due rows of every
 // shard are demoted in ordered batches, a legal hold keeps its payload, a
 // second pass finds nothing; the key table is distributed on consumer and
@@ -97,7 +119,7 @@ WHERE k.logicalrelid = 'inboxkeeper.keys_public_inbox'::regclass AND i.logicalre
 		// The tiers are measured on the shards (the coordinator's copies
 		// are empty): 15 hot rows, 40 warm, 55 permanent keys.
 		pgtest.Exec(t, f.pool, "ANALYZE")
-		st, err := Measure(ctx, f.pool, ct)
+		st, err := Measure(ctx, f.asDaemon(t, policy).pool, ct)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -125,7 +147,7 @@ func TestDemotionOnCitusStepsOverALockedRow(t *testing.T) {
 	steps := 0
 	o := at(t0)
 	o.LockTimeout = 20 * time.Second
-	d := New(f.pool, f.tables(), o)
+	d := New(f.asDaemon(t, sidePolicy).pool, f.tables(), o)
 	d.TestSignals.OnStep = func() { steps++ }
 	began := time.Now()
 	res, err := d.RunPass(ctx)

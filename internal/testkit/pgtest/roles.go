@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgcluster"
 )
@@ -102,4 +103,11 @@ func moduleRoot(t testing.TB) string {
 			t.Fatalf("pgtest: no go.mod above %s", wd)
 		}
 	}
+}
+
+// Pool opens a pool on url (a login of ApplyRoleScript's), closed at the
+// end of the test.
+func Pool(t testing.TB, url string) *pgxpool.Pool {
+	t.Helper()
+	return poolOn(t, url)
 }
