@@ -6,10 +6,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/inboxkeeper/inboxkeeper/holds"
+	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 	"github.com/inboxkeeper/inboxkeeper/internal/service"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 )
@@ -259,5 +261,60 @@ SELECT citus_add_local_table_to_metadata('public.consumer_inbox');`, policyText(
 	want := []string{"public.consumer_inbox_p202605"}
 	if len(res.Created) != 6 || !slices.Equal(res.Detached, want) || !slices.Equal(res.Dropped, want) || len(res.Blocked) != 0 {
 		t.Fatalf("pass: %+v", res)
+	}
+}
+
+// Premaking while a session straight on a worker holds a lock on the
+// parent's shard there. A reader (an open transaction that read it) is no
+// obstacle: the months are made. A lock that conflicts with attaching a
+// partition (SHARE, as a CREATE INDEX on the shard holds) is: the DDL lock
+// timeout reaches the worker, so the premake gives up within it, is
+// retried once, and the table's pass fails naming the lock timeout instead
+// of waiting for the lock; once it is gone, the next pass makes the months.
+func TestCitusPremakeWithALockOnAWorker(t *testing.T) {
+	t.Parallel()
+	f := setupCitus(t, citusDDL, policyText("0"))
+	ctx := context.Background()
+	f.insertRows(t, "c", 1, time.Date(2026, 5, 10, 0, 0, 0, 0, time.UTC))
+	shard, url := f.shardOf(t, "public.consumer_inbox", "c")
+	worker := pgtest.Connect(t, url)
+	const lockTimeout = 300 * time.Millisecond
+	ensure := func(now time.Time) TableResult {
+		res, err := f.manager(Options{Base: service.Base{Clock: pinned(now), LockTimeout: lockTimeout, MaxRetries: 1}}).Ensure(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res[0]
+	}
+
+	reader := pgtest.Begin(t, worker)
+	pgtest.Exec(t, reader, "SELECT count(*) FROM public."+pgx.Identifier{shard}.Sanitize())
+	if res := ensure(t0); res.Err != nil || len(res.Created) == 0 {
+		t.Fatalf("premake with a reader on a worker: %+v; want the months made", res)
+	}
+	if err := reader.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	later := t0.AddDate(0, 3, 0) // three more months to make
+	locker := pgtest.Lock(t, worker, "SET LOCAL citus.enable_manual_changes_to_shards = on; LOCK TABLE public."+pgx.Identifier{shard}.Sanitize()+" IN SHARE MODE")
+	start := time.Now()
+	res := ensure(later)
+	took := time.Since(start)
+	t.Logf("premake against a SHARE lock on a worker: %s, %v", took, res.Err)
+	if res.Err == nil || retry.KindOf(res.Err) != retry.KindLockTimeout || len(res.Created) != 0 {
+		t.Fatalf("premake with a SHARE lock on a worker: %+v; want it failed on the lock timeout, nothing made", res)
+	}
+	// Two attempts of lockTimeout and a backoff (at most 100 ms), and 2 s
+	// for a loaded machine; without the timeout on the worker it would wait
+	// for the lock as long as it stays (the test's).
+	if took > 2*lockTimeout+100*time.Millisecond+2*time.Second {
+		t.Errorf("the premake took %s against a lock on a worker; the DDL lock timeout is %s", took, lockTimeout)
+	}
+	if err := locker.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if res := ensure(later); res.Err != nil || len(res.Created) != 3 {
+		t.Fatalf("once the lock is gone: %+v; want the three months made", res)
 	}
 }
