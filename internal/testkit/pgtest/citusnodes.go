@@ -11,34 +11,30 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgcluster"
 )
 
-var (
-	// spare is one more Citus node, started by the first test that asks
-	// (CitusSpareNode), in no database's metadata until a test adds it.
-	spare    *pgcluster.Cluster
-	spareErr error
-)
-
-// CitusSpareNode is a node with Citus beside the test Citus cluster, for a
-// test that adds a worker (citus_add_node) and rebalances onto it. It
-// creates the database of the test's coordinator URL there, with the
-// extension, dropped at the end of the test; the test adds the node to its
-// own database's metadata, which no other test sees. Started once per test
-// binary, removed with the cluster.
-func CitusSpareNode(t testing.TB, coordinatorURL string) *pgcluster.Cluster {
+// CitusSpareNode is the i-th (from 0) node with Citus beside the test Citus
+// cluster, for a test that adds a worker (citus_add_node) and rebalances
+// onto it. It creates the database of the test's coordinator URL there,
+// with the extension, dropped at the end of the test; the test adds the node
+// to its own database's metadata, which no other test sees. Each is started
+// once per test binary, on first use, and removed with the cluster.
+func CitusSpareNode(t testing.TB, coordinatorURL string, i int) *pgcluster.Cluster {
 	t.Helper()
 	Citus(t)
 	citusMu.Lock()
-	if spare == nil && spareErr == nil {
+	for len(citusSpares) <= i && spareErr == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		var c *pgcluster.Citus
 		c, spareErr = pgcluster.StartCitus(ctx, 0, pgcluster.Options{Settings: map[string]string{"track_commit_timestamp": "on"}})
 		cancel()
 		if spareErr == nil {
-			spare = c.Coordinator // a node like the others: Citus preloaded
-			citusSpares = append(citusSpares, spare)
+			citusSpares = append(citusSpares, c.Coordinator) // a node like the others: Citus preloaded
 		}
 	}
-	node, err := spare, spareErr
+	err := spareErr
+	var node *pgcluster.Cluster
+	if err == nil {
+		node = citusSpares[i]
+	}
 	citusMu.Unlock()
 	if err != nil {
 		t.Fatalf("pgtest: start a spare Citus node: %v", err)
@@ -84,17 +80,23 @@ func NewCitusBouncer(t testing.TB, users ...string) *pgcluster.Bouncer {
 }
 
 // CitusNodeURL is the URL of database db on the node of the test Citus
-// cluster (its spare included) that listens on port.
+// cluster (its spares included) that listens on port.
 func CitusNodeURL(t testing.TB, port int, db string) string {
 	t.Helper()
 	citusMu.Lock()
-	s := spare
-	citusMu.Unlock()
-	if s != nil && s.Port == port {
-		return s.URL(db)
+	for _, s := range citusSpares {
+		if s.Port == port {
+			citusMu.Unlock()
+			return s.URL(db)
+		}
 	}
+	citusMu.Unlock()
 	return CitusWorkerURL(t, port, db)
 }
 
-// citusSpares are the spare nodes teardown removes.
-var citusSpares []*pgcluster.Cluster
+var (
+	// citusSpares are the spare nodes started so far (CitusSpareNode);
+	// teardown removes them.
+	citusSpares []*pgcluster.Cluster
+	spareErr    error
+)
