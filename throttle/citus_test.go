@@ -2,13 +2,19 @@ package throttle_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/inboxkeeper/inboxkeeper/expiry"
+	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
+	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/service"
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgcluster"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
 )
@@ -85,4 +91,86 @@ func TestCitusWorkerStandby(t *testing.T) {
 	}
 	pgtest.ExecOn(t, standbyURL, "SELECT pg_wal_replay_resume()")
 	pgtest.WaitFor(t, 30*time.Second, "the throttle to resume", func() bool { return !th.Check().Throttled })
+}
+
+// A standby of a worker, listed nowhere: the coordinator finds it through
+// its metadata (run_command_on_workers) and paces against it like one of
+// its own. With its replay paused, a deleter whose batches write their WAL
+// on that worker fills the standby's WAL window and is held there, the
+// hold naming the standby; once replay resumes, the pass finishes. Not
+// parallel: the paused standby would hold the throttle of every other
+// Citus test of this binary, which all read the shared workers' standbys.
+func TestCitusWorkerStandbyPaces(t *testing.T) {
+	ctx := context.Background()
+	_, url := pgtest.NewCitusPool(t)
+	// Every row has consumer c: one shard, on one worker.
+	const rows = 40000
+	e := newEnv(t, url, rows, ";"+pgtest.Distribute("consumer", "public.consumer_inbox"))
+	if !e.table.Distributed() {
+		t.Fatal("the inbox is not distributed")
+	}
+	var port int
+	if err := e.pool.QueryRow(ctx, `SELECT nodeport FROM citus_shards
+WHERE shardid = get_shard_id_for_distribution_column('public.consumer_inbox', 'c')`).Scan(&port); err != nil {
+		t.Fatal(err)
+	}
+	var worker *pgcluster.Cluster
+	for _, w := range pgtest.Citus(t).Workers {
+		if w.Port == port {
+			worker = w
+		}
+	}
+	standby := pgtest.NewStandby(t, worker, nil)
+	name := fmt.Sprintf("127.0.0.1:%d/", port)
+
+	held := make(chan throttle.Admission, 1)
+	th := startThrottle(t, e.pool, config.Config{MaxReplicaLag: time.Hour, MaxReplicaLagBytes: 1 << 40}, throttle.TestSignals{
+		Held: func(a throttle.Admission) {
+			select {
+			case held <- a:
+			default:
+			}
+		}})
+	// The fill's WAL replayed there first.
+	pgtest.WaitFor(t, 60*time.Second, "the throttle to pace against the worker's standby, caught up", func() bool {
+		for _, p := range th.Paces() {
+			if strings.HasPrefix(p.Standby, name) && p.Behind < 64<<10 {
+				return true
+			}
+		}
+		return false
+	})
+	if !th.PacesWorkers() {
+		t.Fatal("PacesWorkers is false with a worker's standby paced")
+	}
+	pgtest.ExecOn(t, standby.URL("postgres"), "SELECT pg_wal_replay_pause()")
+
+	d := expiry.New(e.pool, []*catalog.Table{e.table}, expiry.Options{
+		Settings: batchloop.Settings{Base: service.Base{Throttle: th}, BatchSize: 200, Sizing: &expiry.Sizing{Min: 50, Max: 2000, Target: time.Second}},
+	})
+	done := make(chan expiry.TableResult, 1)
+	go func() {
+		res, _ := d.RunPass(ctx)
+		done <- res[0]
+	}()
+	select {
+	case h := <-held:
+		t.Logf("held: %+v", h)
+		if !strings.HasPrefix(h.Standby, name) || !strings.Contains(h.Hold, "WAL window") {
+			t.Errorf("hold %+v does not name the worker's standby and the window", h)
+		}
+	case res := <-done:
+		t.Fatalf("the pass ended without the worker's standby's window ever holding a batch: %+v", res)
+	case <-time.After(60 * time.Second):
+		t.Fatal("timed out waiting for the window to hold a batch")
+	}
+	pgtest.ExecOn(t, standby.URL("postgres"), "SELECT pg_wal_replay_resume()")
+	select {
+	case res := <-done:
+		if res.Err != nil || res.Deleted != rows {
+			t.Fatalf("pass: %+v", res)
+		}
+	case <-time.After(120 * time.Second):
+		t.Fatal("the pass did not finish once replay resumed")
+	}
 }

@@ -140,6 +140,12 @@ type Throttler struct {
 	lastBeat time.Time
 	fails    *failLog
 
+	// workers is the reading of a Citus coordinator's workers' standbys
+	// (workers.go), owned by the walsender reading; workerStandbys says
+	// whether it found one (under mu).
+	workers        workerReads
+	workerStandbys bool
+
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 

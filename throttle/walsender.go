@@ -54,9 +54,15 @@ func (t *Throttler) measureWalsenders(ctx context.Context) {
 	// (readStarted), and the window admitted batches on top of it
 	// (docs/design/throttle-pacing.md, "Measured from the insert position").
 	began := t.Clock.Now()
-	t.mu.Lock()
-	t.pacer.readStarted(began)
-	t.mu.Unlock()
+	// On a Citus coordinator the workers' standbys are read less often
+	// (workers.go): the WAL written since the last reading that included
+	// them stays counted until the next one.
+	workers := t.workersDue(ctx, began)
+	if workers || !t.workers.citus {
+		t.mu.Lock()
+		t.pacer.readStarted(began)
+		t.mu.Unlock()
+	}
 	senders, err := queryRows(ctx, t.pool, `SELECT coalesce(nullif(application_name, ''), client_addr::text, pid::text), pg_is_in_recovery(),
        CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_wal_lsn_diff(pg_current_wal_insert_lsn(), replay_lsn)::float8 END,
        extract(epoch FROM replay_lag)::float8,
@@ -65,6 +71,19 @@ func (t *Throttler) measureWalsenders(ctx context.Context) {
 FROM pg_stat_replication`, func(row pgx.CollectableRow, w *walsender) error {
 		return row.Scan(&w.name, &w.recovery, &w.behind, &w.lag, &w.replayed, &w.queued)
 	})
+	// The workers' standbys: read now, or as last read (kept, not read
+	// again: a stale reading would look like a standby that applies
+	// nothing).
+	var kept []walsender
+	if err == nil && workers {
+		var ws []walsender
+		if ws, err = t.readWorkers(ctx, began); err != nil {
+			err = fmt.Errorf("the workers' standbys: %w", err)
+		}
+		senders = append(senders, ws...)
+	} else if err == nil {
+		kept = t.workers.senders
+	}
 	if ctx.Err() != nil {
 		return
 	}
@@ -73,7 +92,7 @@ FROM pg_stat_replication`, func(row pgx.CollectableRow, w *walsender) error {
 	} else {
 		t.fails.ok(readStatReplication)
 		t.forget(ReplicaUnreachable, readStatReplication)
-		t.walsenders(senders, t.Clock.Now())
+		t.walsenders(senders, kept, t.Clock.Now())
 	}
 	if t.cfg.MaxSlotLagBytes > 0 {
 		t.measureSlots(ctx)
@@ -81,12 +100,18 @@ FROM pg_stat_replication`, func(row pgx.CollectableRow, w *walsender) error {
 }
 
 // walsenders stores the readings of one pg_stat_replication read and feeds
-// the pacer.
-func (t *Throttler) walsenders(senders []walsender, now time.Time) {
+// the pacer; kept are standbys (of Citus workers) not read this time, whose
+// pacing state and readings stay as they are.
+func (t *Throttler) walsenders(senders, kept []walsender, now time.Time) {
 	seen := map[string]bool{}
 	paced := map[string]bool{}
 	t.mu.Lock()
 	t.pacer.failure = ""
+	for _, w := range kept {
+		paced[w.name] = true
+		seen["walsender "+w.name], seen["walsender "+w.name+" (queue)"] = true, true
+	}
+	t.workerStandbys = len(t.workers.senders) > 0
 	for _, w := range senders {
 		if w.recovery {
 			continue // the daemon runs on a standby: nothing to pace

@@ -43,18 +43,31 @@ type Tx struct {
 	pool      *pgxpool.Pool
 	measure   bool
 	walStart  string
+	workerWAL map[string]float64 // each worker's WAL position at Begin, when measured (workerPacer)
 	done      func()
 	blocked   func() bool
 	committed bool
 }
 
+// workerPacer is a throttle that paces against the standbys of Citus
+// workers (throttle.Throttler.PacesWorkers): a batch on a distributed table
+// writes its WAL there, and measures it there.
+type workerPacer interface{ PacesWorkers() bool }
+
 // Begin opens a batch transaction on table.
 func Begin(ctx context.Context, pool *pgxpool.Pool, table string, o TxOptions) (_ *Tx, err error) {
+	var workers map[string]float64
+	if wp, ok := o.Throttle.(workerPacer); ok && o.Citus && wp.PacesWorkers() {
+		// Read before the transaction: it holds no lock meanwhile.
+		if workers, err = WorkerWAL(ctx, pool); err != nil {
+			return nil, fmt.Errorf("read the workers' WAL positions: %w", err)
+		}
+	}
 	ptx, err := pool.Begin(ctx)
 	if err != nil {
 		return nil, err
 	}
-	t := &Tx{Tx: ptx, pool: pool, measure: o.Throttle != nil}
+	t := &Tx{Tx: ptx, pool: pool, measure: o.Throttle != nil, workerWAL: workers}
 	defer func() {
 		if err != nil {
 			t.Close(ctx, &err)
@@ -90,7 +103,38 @@ func (t *Tx) Commit(ctx context.Context) (wal float64, err error) {
 			wal = 0
 		}
 	}
+	if t.workerWAL != nil {
+		// And what the workers wrote: the bulk of a distributed batch's.
+		if end, err := WorkerWAL(ctx, t.pool); err == nil {
+			for node, at := range end {
+				if start, ok := t.workerWAL[node]; ok && at > start {
+					wal += at - start
+				}
+			}
+		}
+	}
 	return wal, nil
+}
+
+// WorkerWAL is every Citus worker's WAL insert position, in bytes, by
+// node, read from the coordinator (run_command_on_workers). A worker that
+// does not answer is left out.
+func WorkerWAL(ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}) (map[string]float64, error) {
+	rows, err := q.Query(ctx, `SELECT nodename || ':' || nodeport, result::float8 FROM run_command_on_workers(
+$$SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')$$) WHERE success`)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]float64{}
+	var node string
+	var at float64
+	_, err = pgx.ForEachRow(rows, []any{&node, &at}, func() error {
+		out[node] = at
+		return nil
+	})
+	return out, err
 }
 
 // Close ends the transaction: a rollback unless it committed. When *errp is
