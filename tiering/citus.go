@@ -89,21 +89,13 @@ func (d *Demoter) distributedBatch(ctx context.Context, t *catalog.Table, lower 
 func (d *Demoter) firstDue(ctx context.Context, t *catalog.Table, lower pgtype.Timestamptz) (time.Time, bool, error) {
 	var a pgtype.Timestamptz
 	err := d.readTx(ctx, t, func(tx pgx.Tx) error {
-		now, err := d.opts.Clock.DBNow(ctx, tx)
-		if err != nil {
-			return err
-		}
-		cov, err := holds.Active(ctx, tx, t.Name, now)
+		now, cov, err := d.coverage(ctx, tx, t)
 		if err != nil {
 			return err
 		}
 		var args holds.Args
-		rel := t.Ident
-		if t.Tiers.Side != nil {
-			rel = t.Tiers.Side.Ident
-		}
 		cond, _ := due(t, "t", &args, cov, now, lower)
-		return tx.QueryRow(ctx, fmt.Sprintf("SELECT min(%s) FROM %s t WHERE %s AND NOT %s", t.Tiers.Anchor.AsTimestamptz("t"), rel, cond, blocked(t, cov, "t", &args)),
+		return tx.QueryRow(ctx, fmt.Sprintf("SELECT min(%s) FROM %s t WHERE %s AND NOT %s", t.Tiers.Anchor.AsTimestamptz("t"), walked(t), cond, blocked(t, cov, "t", &args)),
 			args.Values...).Scan(&a)
 	})
 	if err != nil {

@@ -366,14 +366,30 @@ WITH done AS (
 SELECT count(*), max(anchor) FROM done`, change)
 }
 
+// coverage is now, by the Demoter's clock, and the holds and replays
+// active on t then, read in tx.
+func (d *Demoter) coverage(ctx context.Context, tx pgx.Tx, t *catalog.Table) (time.Time, holds.Coverage, error) {
+	now, err := d.opts.Clock.DBNow(ctx, tx)
+	if err != nil {
+		return now, holds.Coverage{}, err
+	}
+	cov, err := holds.Active(ctx, tx, t.Name, now)
+	return now, cov, err
+}
+
+// walked is the relation demotion walks: the side table, or the table
+// itself in place.
+func walked(t *catalog.Table) string {
+	if t.Tiers.Side != nil {
+		return t.Tiers.Side.Ident
+	}
+	return t.Ident
+}
+
 // count fills in the rows due for demotion that a blocking hold keeps and,
 // for a dry run, the rows a pass would demote.
 func (d *Demoter) count(ctx context.Context, tx pgx.Tx, t *catalog.Table, res *Result, dry bool) error {
-	now, err := d.opts.Clock.DBNow(ctx, tx)
-	if err != nil {
-		return err
-	}
-	cov, err := holds.Active(ctx, tx, t.Name, now)
+	now, cov, err := d.coverage(ctx, tx, t)
 	if err != nil {
 		return err
 	}
@@ -382,10 +398,7 @@ func (d *Demoter) count(ctx context.Context, tx pgx.Tx, t *catalog.Table, res *R
 		return nil
 	}
 	var args holds.Args
-	rel := t.Ident
-	if t.Tiers.Side != nil {
-		rel = t.Tiers.Side.Ident
-	}
+	rel := walked(t)
 	cond, _ := due(t, "t", &args, cov, now, batchloop.NegInf)
 	hold := blocked(t, cov, "t", &args)
 	var would int64

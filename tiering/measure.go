@@ -224,12 +224,9 @@ func (d *Demoter) Status(ctx context.Context, t *catalog.Table) (Status, error) 
 		st.KeyMissing = !k.Exists
 	}
 	err := d.readTx(ctx, t, func(tx pgx.Tx) error {
+		var cov holds.Coverage
 		var err error
-		if st.Now, err = d.opts.Clock.DBNow(ctx, tx); err != nil {
-			return err
-		}
-		cov, err := holds.Active(ctx, tx, t.Name, st.Now)
-		if err != nil {
+		if st.Now, cov, err = d.coverage(ctx, tx, t); err != nil {
 			return err
 		}
 		for _, h := range cov.Holds {
@@ -238,13 +235,9 @@ func (d *Demoter) Status(ctx context.Context, t *catalog.Table) (Status, error) 
 			}
 		}
 		var args holds.Args
-		rel := t.Ident
-		if t.Tiers.Side != nil {
-			rel = t.Tiers.Side.Ident
-		}
 		cond, _ := due(t, "t", &args, cov, st.Now, batchloop.NegInf)
 		capArg := args.Add(expiry.StatusCountCap)
-		if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM (SELECT 1 FROM %s t WHERE %s LIMIT %s) due`, rel, cond, capArg),
+		if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM (SELECT 1 FROM %s t WHERE %s LIMIT %s) due`, walked(t), cond, capArg),
 			args.Values...).Scan(&st.Due); err != nil {
 			return fmt.Errorf("status %s: count rows due for demotion: %w", t.Name, err)
 		}

@@ -45,18 +45,25 @@ func TestRandomizedAudit(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			seed := *auditSeed
-			if seed == 0 {
-				seed = uint64(time.Now().UnixNano())
-			}
-			t.Cleanup(func() {
-				if t.Failed() {
-					t.Logf("randomized audit seed %d: rerun with go test ./cmd/inboxkeeper -run 'TestRandomizedAudit/%s' -audit.seed=%d", seed, name, seed)
-				}
-			})
-			runAudit(t, rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), pooled)
+			runAudit(t, auditRand(t), pooled)
 		})
 	}
+}
+
+// auditRand is the random source of an audit run: from -audit.seed, or a
+// new seed, printed with the command that reruns the test with it when the
+// test fails.
+func auditRand(t *testing.T) *rand.Rand {
+	seed := *auditSeed
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("randomized audit seed %d: rerun with go test ./cmd/inboxkeeper -run '^%s$' -audit.seed=%d", seed, strings.ReplaceAll(t.Name(), "/", "$/^"), seed)
+		}
+	})
+	return rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 }
 
 // auditDDL is the command tests' inbox with a trigger that records each

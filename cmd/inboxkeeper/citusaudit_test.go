@@ -34,16 +34,7 @@ import (
 // the fence).
 func TestRandomizedAuditCitusShardMoves(t *testing.T) {
 	t.Parallel()
-	seed := *auditSeed
-	if seed == 0 {
-		seed = uint64(time.Now().UnixNano())
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("randomized audit seed %d: rerun with go test ./cmd/inboxkeeper -run 'TestRandomizedAuditCitusShardMoves' -audit.seed=%d", seed, seed)
-		}
-	})
-	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	r := auditRand(t)
 	c := newCitusAudit(t)
 	f := c.f
 

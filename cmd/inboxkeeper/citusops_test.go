@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -150,32 +149,7 @@ func TestCitusThroughPgBouncer(t *testing.T) {
 	operator := []string{"INBOXKEEPER_DATABASE_URL=" + pgtest.WithUser(t, b.URL(db), operatorLogin)}
 
 	wantExit(t, f.runWith(daemon, "status"), 0, "distributed (Citus):      hash on consumer, 4 shards on 2 nodes")
-	r := f.runWith(daemon, "once", "--dry-run")
-	wantExit(t, r, 0)
-	wantResult(t, r, "public.consumer_inbox", "would delete", expiredRows, 0, 0)
-	holdID := f.addIDWith(operator, "hold", "add", "--table", "public.consumer_inbox", "--scope", "billing", "--reason", "r", "--owner", "o", "--for", "1d")
-	wantExit(t, f.runWith(daemon, "hold", "list"), 0, "hold "+holdID+" ")
-	replayID := f.addIDWith(operator, "replay", "start", "--table", "public.consumer_inbox", "--scope", "payments",
-		"--from", "2026-01-01T00:00:00Z", "--to", "2026-01-01T05:30:00Z", "--owner", "o")
-	r = f.runWith(daemon, "once")
-	wantExit(t, r, 0)
-	wantResult(t, r, "public.consumer_inbox", "deleted", 15, 10, 5)
-	r = f.runWith(daemon, "once")
-	wantExit(t, r, 0)
-	wantResult(t, r, "public.consumer_inbox", "deleted", 0, 10, 5)
-	wantExit(t, f.runWith(operator, "replay", "finish", replayID), 0)
-	wantExit(t, f.runWith(operator, "hold", "release", holdID), 0)
-	wantExit(t, f.runWith(operator, "pause", "--reason", "test", "--for", "1m"), 0)
-	wantExit(t, f.runWith(operator, "resume"), 0)
-	wantExit(t, f.runWith(daemon, "status", "--json"), 0, `"distribution_column":"consumer"`)
-	d := startDaemon(t, f.dir, f.env(append(daemon, "INBOXKEEPER_INTERVAL=200ms")...), "run")
-	d.waitLine(passDone, 30*time.Second)
-	d.waitLine(passDone, 30*time.Second)
-	f.wantCount("expired rows", 0, "SELECT count(*) FROM public.consumer_inbox WHERE remember_until <= now()")
-	d.stop()
-	if regexp.MustCompile(`level=(ERROR|WARN)`).MatchString(d.log()) {
-		t.Errorf("run through PgBouncer logged warnings or errors:\n%s", d.log())
-	}
+	pooledCommands(t, f, daemon, operator)
 
 	// The partitioned inbox too: partition DDL needs a session.
 	f.policy = f.writeFile("both.yaml", inboxPolicy+strings.TrimPrefix(rename.Replace(partitionedPolicy), "tables:\n"))
@@ -192,7 +166,7 @@ func TestCitusThroughPgBouncer(t *testing.T) {
 	}
 	wantExit(t, f.runWith(daemon, "once", "--dry-run"), 0)
 	withSession := append(daemon, "INBOXKEEPER_SESSION_DATABASE_URL="+roles.Daemon)
-	r = f.runWith(withSession, "once")
+	r := f.runWith(withSession, "once")
 	wantExit(t, r, 0)
 	if n := partitions(); n == before {
 		t.Errorf("once with a session URL made and retired no partition (still %d)\n%s", n, r)

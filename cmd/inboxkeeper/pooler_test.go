@@ -29,28 +29,38 @@ func TestThroughPgBouncer(t *testing.T) {
 	f := inboxFixture(t)
 	bouncerURL, via := throughBouncer(t, f)
 
-	wantExit(t, f.runWith(via, "status"), 0, "public.consumer_inbox")
-	r := f.runWith(via, "once", "--dry-run")
+	pooledCommands(t, f, via, via)
+	wantNoSessionState(t, bouncerURL)
+}
+
+// pooledCommands runs, through a pooler, every command that needs no
+// session of its own on the usual inbox, one after the other: the daemon's
+// (status, once, the lists, run) with the environment daemon, the
+// operator's (holds, replays, pause) with operator.
+func pooledCommands(t *testing.T, f *fixture, daemon, operator []string) {
+	t.Helper()
+	wantExit(t, f.runWith(daemon, "status"), 0, "public.consumer_inbox")
+	r := f.runWith(daemon, "once", "--dry-run")
 	wantExit(t, r, 0)
 	wantResult(t, r, "public.consumer_inbox", "would delete", expiredRows, 0, 0)
-	holdID := f.addIDWith(via, "hold", "add", "--table", "public.consumer_inbox", "--scope", "billing", "--reason", "r", "--owner", "o", "--for", "1d")
-	wantExit(t, f.runWith(via, "hold", "list"), 0, "hold "+holdID+" ")
-	replayID := f.addIDWith(via, "replay", "start", "--table", "public.consumer_inbox", "--scope", "payments",
+	holdID := f.addIDWith(operator, "hold", "add", "--table", "public.consumer_inbox", "--scope", "billing", "--reason", "r", "--owner", "o", "--for", "1d")
+	wantExit(t, f.runWith(daemon, "hold", "list"), 0, "hold "+holdID+" ")
+	replayID := f.addIDWith(operator, "replay", "start", "--table", "public.consumer_inbox", "--scope", "payments",
 		"--from", "2026-01-01T00:00:00Z", "--to", "2026-01-01T05:30:00Z", "--owner", "o")
-	r = f.runWith(via, "once")
+	r = f.runWith(daemon, "once")
 	wantExit(t, r, 0)
 	wantResult(t, r, "public.consumer_inbox", "deleted", 15, 10, 5)
-	r = f.runWith(via, "once")
+	r = f.runWith(daemon, "once")
 	wantExit(t, r, 0)
 	wantResult(t, r, "public.consumer_inbox", "deleted", 0, 10, 5)
-	wantExit(t, f.runWith(via, "replay", "finish", replayID), 0)
-	wantExit(t, f.runWith(via, "hold", "release", holdID), 0)
-	wantExit(t, f.runWith(via, "pause", "--reason", "test", "--for", "1m"), 0)
-	wantExit(t, f.runWith(via, "resume"), 0)
-	wantExit(t, f.runWith(via, "status", "--json"), 0)
+	wantExit(t, f.runWith(operator, "replay", "finish", replayID), 0)
+	wantExit(t, f.runWith(operator, "hold", "release", holdID), 0)
+	wantExit(t, f.runWith(operator, "pause", "--reason", "test", "--for", "1m"), 0)
+	wantExit(t, f.runWith(operator, "resume"), 0)
+	wantExit(t, f.runWith(daemon, "status", "--json"), 0)
 
 	// The daemon: passes complete, and a clean stop exits 0.
-	d := startDaemon(t, f.dir, f.env(append(via, "INBOXKEEPER_INTERVAL=200ms")...), "run")
+	d := startDaemon(t, f.dir, f.env(append(daemon, "INBOXKEEPER_INTERVAL=200ms")...), "run")
 	d.waitLine(passDone, 30*time.Second)
 	d.waitLine(passDone, 30*time.Second)
 	f.wantCount("expired rows", 0, "SELECT count(*) FROM public.consumer_inbox WHERE remember_until <= now()")
@@ -58,7 +68,6 @@ func TestThroughPgBouncer(t *testing.T) {
 	if regexp.MustCompile(`level=(ERROR|WARN)`).MatchString(d.log()) {
 		t.Errorf("run through PgBouncer logged warnings or errors:\n%s", d.log())
 	}
-	wantNoSessionState(t, bouncerURL)
 }
 
 // Tiered tables too: demotion, the permanent key table made on the fly,

@@ -55,28 +55,7 @@ func CitusSpareNode(t testing.TB, coordinatorURL string, i int) *pgcluster.Clust
 // in postgres and users. BouncerURL gives a database's URL through it.
 func NewCitusBouncer(t testing.TB, users ...string) *pgcluster.Bouncer {
 	t.Helper()
-	port := Citus(t).Coordinator.Port
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	var b *pgcluster.Bouncer
-	var err error
-	// A port picked free can be taken by a parallel test's server before
-	// the pooler binds it (NewBouncer).
-	for attempt := 1; ; attempt++ {
-		if b, err = pgcluster.StartBouncer(ctx, "127.0.0.1", port, "postgres", users...); err == nil {
-			break
-		}
-		if attempt == 3 {
-			t.Fatalf("pgtest: %v", err)
-		}
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("pgbouncer log:\n%s", b.Log())
-		}
-		b.Stop()
-	})
-	return b
+	return startBouncer(t, "127.0.0.1", Citus(t).Coordinator.Port, "postgres", users...)
 }
 
 // CitusNodeURL is the URL of database db on the node of the test Citus

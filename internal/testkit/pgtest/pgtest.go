@@ -244,13 +244,22 @@ func NewBouncer(t testing.TB) *pgcluster.Bouncer {
 	if strings.HasPrefix(host, "/") {
 		t.Fatalf("pgtest: the pooler tests need a TCP server address, not the socket %s (INBOXKEEPER_TEST_DATABASE_URL)", host)
 	}
+	return startBouncer(t, host, int(cfg.Port), cfg.User)
+}
+
+// startBouncer starts a PgBouncer in transaction mode in front of the
+// server at host:port, letting in user and others, stopped at the end of
+// the test.
+func startBouncer(t testing.TB, host string, port int, user string, others ...string) *pgcluster.Bouncer {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	// A port picked free can be taken by a parallel test's server before
 	// the pooler binds it: then it exits, and another port is tried.
 	var b *pgcluster.Bouncer
+	var err error
 	for attempt := 1; ; attempt++ {
-		if b, err = pgcluster.StartBouncer(ctx, host, int(cfg.Port), cfg.User); err == nil {
+		if b, err = pgcluster.StartBouncer(ctx, host, port, user, others...); err == nil {
 			break
 		}
 		if attempt == 3 {
