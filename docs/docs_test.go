@@ -161,10 +161,12 @@ func TestCommandsReference(t *testing.T) {
 	sections := regexp.MustCompile("(?m)^## `inboxkeeper ([^`]*)`").FindAllStringSubmatchIndex(read(t, doc), -1)
 	text := read(t, doc)
 	docFlag := regexp.MustCompile(`--([a-z][a-z-]*)`)
-	for i, s := range sections {
+	heading := regexp.MustCompile(`(?m)^## `)
+	for _, s := range sections {
+		// A section ends at the next heading of its level, a command's or not.
 		end := len(text)
-		if i+1 < len(sections) {
-			end = sections[i+1][0]
+		if next := heading.FindStringIndex(text[s[1]:]); next != nil {
+			end = s[1] + next[0]
 		}
 		syntax := strings.Fields(text[s[2]:s[3]])
 		name := syntax[0]

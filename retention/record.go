@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/policy"
+	"github.com/inboxkeeper/inboxkeeper/internal/humantime"
 )
 
 // Record is the JSON form of a Plan: the retention record a team keeps in
@@ -94,7 +94,7 @@ func (s *Span) duration() (time.Duration, error) {
 	if s == nil {
 		return 0, nil
 	}
-	return policy.ParseDuration(s.Text)
+	return humantime.Parse(s.Text)
 }
 
 // Record is the plan in its JSON form.

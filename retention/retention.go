@@ -31,6 +31,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/inboxkeeper/inboxkeeper/internal/humantime"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
 	"github.com/inboxkeeper/inboxkeeper/internal/sqlident"
 	"github.com/inboxkeeper/inboxkeeper/internal/strictyaml"
@@ -564,7 +565,7 @@ func add(a, b time.Duration) (time.Duration, bool) {
 	return a + b, true
 }
 
-func days(d time.Duration) string { return policy.Duration(d).String() }
+func days(d time.Duration) string { return humantime.Format(d) }
 
 // Fields lists every field path of a retention entry ("paths[].stages[].after").
 func Fields() []string { return strictyaml.Fields(rawEntry{}) }

@@ -284,7 +284,7 @@ func TestJSONRoundTrip(t *testing.T) {
 	if r := rule["retention"].(map[string]any); r["text"] != "50d" || r["seconds"] != float64(50*86400) {
 		t.Errorf("rule.retention = %v", r)
 	}
-	if by := raw[0]["extension"].(map[string]any)["by"].(map[string]any); by["text"] != "36h" || by["seconds"] != float64(36*3600) {
+	if by := raw[0]["extension"].(map[string]any)["by"].(map[string]any); by["text"] != "1d12h" || by["seconds"] != float64(36*3600) {
 		t.Errorf("extension.by = %v", by)
 	}
 	if rule["deadline"] != "2027-03-01T00:00:00Z" || rule["formula"] == "" || raw[0]["scope"] != "payments" {
@@ -381,7 +381,7 @@ func TestPlanErrors(t *testing.T) {
 			[]string{at + "26: retention[0] (payments): paths[0].stages[0]: give after (a duration) or deadline"}},
 		{"zero duration", "after: 14d", "after: 0", []string{"paths[0].stages[0].after: must be positive"}},
 		{"negative duration", "after: 3d }", "after: -3d }", []string{"paths[4].stages[1].after: must be positive"}},
-		{"bad duration", "after: 14d", "after: 2 weeks", []string{"paths[0].stages[0].after: ", `invalid duration "2 weeks"`}},
+		{"bad duration", "after: 14d", "after: 2 weeks", []string{"paths[0].stages[0].after: ", `"2 weeks" is not a duration`}},
 		{"from on a later stage", "{ name: backlog, after: 3d }", "{ name: backlog, after: 3d, from: event_time }",
 			[]string{at + "34: retention[0] (payments): paths[4].stages[1].from: only the first stage has an anchor"}},
 		{"unknown from", "after: 10d, from: event_time", "after: 10d, from: publish_time",

@@ -30,6 +30,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
+	"github.com/inboxkeeper/inboxkeeper/internal/humantime"
 	"github.com/inboxkeeper/inboxkeeper/internal/service"
 )
 
@@ -93,7 +94,7 @@ func fmtSeconds(v float64) string {
 	if math.IsInf(v, 1) {
 		return "unknown"
 	}
-	return time.Duration(v * float64(time.Second)).Round(time.Millisecond).String()
+	return humantime.Format(time.Duration(v * float64(time.Second)).Round(time.Millisecond))
 }
 
 func fmtBytes(v float64) string {

@@ -64,7 +64,7 @@ func TestHelpEnv(t *testing.T) {
 		`(?m)^INBOXKEEPER_DATABASE_URL\s+postgres://u:\*\*\*@host/db\s`,
 		`(?m)^INBOXKEEPER_BATCH_SIZE\s+123\s+5000\s`,
 		`(?m)^INBOXKEEPER_LOG_LEVEL\s+debug\s+info\s`,
-		`(?m)^INBOXKEEPER_METRICS_ADDR\s+""\s+127\.0\.0\.1:9610\s`,
+		`(?m)^INBOXKEEPER_METRICS_ADDR\s+\(empty: no listener\)\s+127\.0\.0\.1:9610\s`,
 		`(?m)^INBOXKEEPER_POLICY_FILE\s+\./inboxkeeper\.yaml\s`,
 	} {
 		if !regexp.MustCompile(want).MatchString(r.stdout) {
@@ -76,10 +76,23 @@ func TestHelpEnv(t *testing.T) {
 	}
 
 	// The keyword/value form loses its password too.
-	r = runCLI(t, dir, cliEnv("INBOXKEEPER_DATABASE_URL=host=db.example user=u password=s3cret dbname=inbox"), "help", "env")
+	r = runCLI(t, dir, cliEnv("INBOXKEEPER_DATABASE_URL=host=db.example user=u password=s3cret dbname=inbox", "INBOXKEEPER_RUN_TIME=1d12h"), "help", "env")
 	wantExit(t, r, 0, "host=db.example")
 	if strings.Contains(r.output(), "s3cret") {
 		t.Errorf("help env shows the password\n%s", r)
+	}
+	// What an empty value means, each its own (issue 25: the session URL
+	// falls back to DATABASE_URL, not to libpq's variables); durations in
+	// the one grammar.
+	for _, want := range []string{
+		`(?m)^INBOXKEEPER_SESSION_DATABASE_URL\s+\(empty: DATABASE_URL\)\s+\(empty: DATABASE_URL\)\s`,
+		`(?m)^INBOXKEEPER_REPLICA_URLS\s+\(empty: none\)\s`,
+		`(?m)^INBOXKEEPER_RUN_TIME\s+1d12h\s+0s\s`,
+		`(?m)^INBOXKEEPER_INTERVAL\s+1m\s+1m\s`,
+	} {
+		if !regexp.MustCompile(want).MatchString(r.stdout) {
+			t.Errorf("help env does not match %s\n%s", want, r)
+		}
 	}
 
 	// With a bad environment the table is still shown, the problems follow,

@@ -31,21 +31,19 @@ func whoami() string {
 func (a *app) pause(ctx context.Context, args []string) error {
 	fs := a.newFlags("pause")
 	reason := fs.String("reason", "", "why cleanup must wait (required)")
-	forDur := fs.Duration("for", 0, "end the pause by itself after this long (Go duration); 0 = until resume")
+	forDur := durationFlag{zero: true}
+	fs.Var(&forDur, "for", "end the pause by itself after this long (like 30m, 2h, 1d); 0 or none: until resume")
 	if err := a.parseOnlyFlags(fs, args); err != nil {
 		return err
 	}
 	if *reason == "" {
 		return usagef("pause: --reason is required")
 	}
-	if *forDur < 0 {
-		return usagef("pause: --for must not be negative")
-	}
 	pool, err := a.controlPool(ctx)
 	if err != nil {
 		return err
 	}
-	p, err := throttle.SetPause(ctx, pool, *reason, whoami(), *forDur)
+	p, err := throttle.SetPause(ctx, pool, *reason, whoami(), forDur.d)
 	if err != nil {
 		return err
 	}

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/policy"
+	"github.com/inboxkeeper/inboxkeeper/internal/humantime"
 )
 
 // errHelpShown ends a command whose --help was printed: exit 0.
@@ -74,8 +74,10 @@ func (e configError) Unwrap() error { return e.err }
 // newFlags makes the flag set of command name ("once", "hold add").
 func (a *app) newFlags(name string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(a.stderr)
-	fs.Usage = func() {} // parseFlags prints help, to stdout, and errors
+	// parseFlags prints the help, to stdout, and the errors, once: the flag
+	// package's own printing would say each error twice.
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
 	return fs
 }
 
@@ -165,19 +167,31 @@ func parseTime(s string) (time.Time, error) {
 	return time.Time{}, fmt.Errorf("%q is neither an RFC 3339 time (like 2026-01-31T00:00:00Z) nor a date (like 2026-01-31, meaning 00:00 UTC)", s)
 }
 
-// durationFlag is a positive duration in the policy file's syntax (90d,
-// 36h, 1d12h).
-type durationFlag struct{ d time.Duration }
+// durationFlag is a duration in the one grammar of every duration (90d,
+// 36h, 1d12h, 500ms: internal/humantime). It must be longer than 0, or at
+// least 0 when zero is allowed.
+type durationFlag struct {
+	d    time.Duration
+	zero bool
+}
 
-func (f *durationFlag) String() string { return policy.Duration(f.d).String() }
+func (f *durationFlag) String() string {
+	if f == nil || f.d == 0 {
+		return ""
+	}
+	return humantime.Format(f.d)
+}
 
 func (f *durationFlag) Set(s string) error {
-	d, err := policy.ParseDuration(s)
-	if err != nil {
-		return err
-	}
-	if d <= 0 {
-		return fmt.Errorf("%q must be longer than 0", s)
+	// The flag package's message names the value already.
+	d, err := humantime.Parse(s)
+	switch {
+	case err != nil:
+		return fmt.Errorf("not a duration (%s)", humantime.Example)
+	case d < 0:
+		return errors.New("must not be negative")
+	case d == 0 && !f.zero:
+		return errors.New("must be longer than 0")
 	}
 	f.d = d
 	return nil

@@ -11,6 +11,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/expiry"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
+	"github.com/inboxkeeper/inboxkeeper/internal/humantime"
 	"github.com/inboxkeeper/inboxkeeper/internal/lease"
 	"github.com/inboxkeeper/inboxkeeper/internal/pass"
 	"github.com/inboxkeeper/inboxkeeper/internal/render"
@@ -62,7 +63,7 @@ func (a *app) once(ctx context.Context, args []string) error {
 		// RUN_TIME bounds the wait too: a cron job must end within its slot.
 		var held lease.ErrHeld
 		if err := ls.Wait(ctx, a.cfg.RunTime); errors.As(err, &held) {
-			return fmt.Errorf("another instance (%s) held the lease for the whole INBOXKEEPER_RUN_TIME (%s); nothing deleted", held.Holder.Name, held.For)
+			return fmt.Errorf("another instance (%s) held the lease for the whole INBOXKEEPER_RUN_TIME (%s); nothing deleted", held.Holder.Name, humantime.Format(held.For))
 		} else if err != nil {
 			return err
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/humantime"
 	"github.com/inboxkeeper/inboxkeeper/internal/pass"
 	"github.com/inboxkeeper/inboxkeeper/internal/render"
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
@@ -27,7 +28,7 @@ func (a *app) status(ctx context.Context, args []string) error {
 	every := 2 * time.Second
 	switch {
 	case *watch && fs.NArg() == 1:
-		d, err := time.ParseDuration(fs.Arg(0))
+		d, err := humantime.Parse(fs.Arg(0))
 		if err != nil || d < 100*time.Millisecond {
 			return usagef("status --watch %q: want an interval such as 2s or 1m (at least 100ms)", fs.Arg(0))
 		}

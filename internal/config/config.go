@@ -36,7 +36,7 @@ var ignoredVariables = []string{"INBOXKEEPER_PG_BINDIR", "INBOXKEEPER_TEST_DATAB
 // Config is the daemon's configuration. The `secret` tag marks a connection
 // string that must only ever be shown through RedactURL.
 type Config struct {
-	DatabaseURL      string        `envconfig:"DATABASE_URL" secret:"true" desc:"PostgreSQL connection string (URL or keyword/value); empty uses libpq PG* variables"`
+	DatabaseURL      string        `envconfig:"DATABASE_URL" secret:"true" empty:"libpq PG* variables" desc:"PostgreSQL connection string (URL or keyword/value); empty uses libpq PG* variables"`
 	DatabaseURLFile  string        `envconfig:"DATABASE_URL_FILE" desc:"a file holding the connection string (Docker secrets, systemd credentials); instead of DATABASE_URL"`
 	PolicyFile       string        `envconfig:"POLICY_FILE" default:"./inboxkeeper.yaml" desc:"path of the retention policy file"`
 	BatchSize        int           `envconfig:"BATCH_SIZE" default:"5000" desc:"rows in the first delete batch (per shard on a Citus distributed table); the size then adapts toward BATCH_TARGET"`
@@ -49,14 +49,14 @@ type Config struct {
 	DDLLockTimeout   time.Duration `envconfig:"DDL_LOCK_TIMEOUT" default:"100ms" desc:"lock_timeout of every partition DDL statement: the longest an insert can queue behind one (> 0)"`
 	FenceTimeout     time.Duration `envconfig:"FENCE_TIMEOUT" default:"30s" desc:"hold add and replay start: the longest they wait for the cleanup batches in flight; then they fail, name the blocking sessions and write nothing"`
 	IdleTimeout      time.Duration `envconfig:"IDLE_IN_TRANSACTION_TIMEOUT" default:"10s" desc:"idle_in_transaction_session_timeout of every transaction inboxkeeper opens: a frozen or vanished process loses its locks (the hold fence among them) after this long"`
-	SessionURL       string        `envconfig:"SESSION_DATABASE_URL" secret:"true" desc:"a direct (not transaction-pooled) connection string for what needs a session: partition DDL and migrate; empty: DATABASE_URL"`
-	MetricsAddr      string        `envconfig:"METRICS_ADDR" default:"127.0.0.1:9610" desc:"run: host:port of the /metrics listener; empty disables it"`
+	SessionURL       string        `envconfig:"SESSION_DATABASE_URL" secret:"true" empty:"DATABASE_URL" desc:"a direct (not transaction-pooled) connection string for what needs a session: partition DDL and migrate; empty: DATABASE_URL"`
+	MetricsAddr      string        `envconfig:"METRICS_ADDR" default:"127.0.0.1:9610" empty:"no listener" desc:"run: host:port of the /metrics listener; empty disables it"`
 	LogFormat        string        `envconfig:"LOG_FORMAT" default:"text" desc:"log format: text or json"`
 	LogLevel         string        `envconfig:"LOG_LEVEL" default:"info" desc:"log level: debug, info, warn or error"`
 
 	// The throttle.
 	HeartbeatInterval  time.Duration `envconfig:"HEARTBEAT_INTERVAL" default:"250ms" desc:"how often the heartbeat row is written on the primary (when REPLICA_URLS is set)"`
-	ReplicaURLs        []string      `envconfig:"REPLICA_URLS" secret:"true" desc:"comma-separated connection strings of standbys whose apply lag is read from the heartbeat"`
+	ReplicaURLs        []string      `envconfig:"REPLICA_URLS" secret:"true" empty:"none" desc:"comma-separated connection strings of standbys whose apply lag is read from the heartbeat"`
 	MaxReplicaLag      time.Duration `envconfig:"MAX_REPLICA_LAG" default:"1s" desc:"pause while a standby's apply lag is above this"`
 	MaxReplicaLagBytes ByteSize      `envconfig:"MAX_REPLICA_LAG_BYTES" default:"64MB" desc:"pause while a standby's replay position is more than this behind (pg_stat_replication)"`
 	ReplicaFailOpen    bool          `envconfig:"REPLICA_FAIL_OPEN" default:"false" desc:"a listed standby that cannot be reached does not pause the daemon"`
@@ -65,12 +65,39 @@ type Config struct {
 	BatchSizeMin       int           `envconfig:"BATCH_SIZE_MIN" default:"100" desc:"smallest adaptive batch size"`
 	BatchSizeMax       int           `envconfig:"BATCH_SIZE_MAX" default:"50000" desc:"largest adaptive batch size"`
 	ThrottleQuery      string        `envconfig:"THROTTLE_QUERY" desc:"SQL run every second on the primary; a first column > 0 pauses"`
-	ActiveHours        string        `envconfig:"ACTIVE_HOURS" desc:"HH:MM-HH:MM window outside which no batch starts; empty = always"`
+	ActiveHours        string        `envconfig:"ACTIVE_HOURS" empty:"always" desc:"HH:MM-HH:MM window outside which no batch starts; empty = always"`
 	ActiveTZ           string        `envconfig:"ACTIVE_TZ" default:"UTC" desc:"time zone of ACTIVE_HOURS (IANA name)"`
 	ThrottleResume     float64       `envconfig:"THROTTLE_RESUME" default:"0.5" desc:"a paused signal resumes at or below threshold x this (0 < r <= 1)"`
 
 	// Running many.
 	LeaseTTL time.Duration `envconfig:"LEASE_TTL" default:"15s" desc:"the active instance's lease runs out this long after its last renewal; another instance then takes over"`
+}
+
+var durationType = reflect.TypeFor[time.Duration]()
+
+// envDuration reads a duration variable in the one grammar (humantime).
+type envDuration time.Duration
+
+// Decode implements envconfig.Decoder.
+func (d *envDuration) Decode(s string) error {
+	v, err := humantime.Parse(s)
+	if err != nil {
+		return err
+	}
+	*d = envDuration(v)
+	return nil
+}
+
+// format writes a value as the environment writes it: durations in the one
+// grammar (humantime.Format), sizes with their unit, lists comma-separated.
+func format(v reflect.Value) string {
+	switch x := v.Interface().(type) {
+	case time.Duration:
+		return humantime.Format(x)
+	case []string:
+		return strings.Join(x, ",")
+	}
+	return fmt.Sprint(v.Interface())
 }
 
 // ByteSize is a size in bytes written as PostgreSQL writes memory sizes:
@@ -118,8 +145,11 @@ func ParseByteSize(s string) (int64, error) {
 
 type variable struct {
 	name, field, def, desc string
-	index                  int
-	secret                 bool
+	// empty is what an empty value means ("DATABASE_URL"), when it means
+	// something: help env says so instead of "".
+	empty  string
+	index  int
+	secret bool
 }
 
 func variables() []variable {
@@ -136,6 +166,7 @@ func variables() []variable {
 			field:  f.Name,
 			def:    f.Tag.Get("default"),
 			desc:   f.Tag.Get("desc"),
+			empty:  f.Tag.Get("empty"),
 			index:  i,
 			secret: f.Tag.Get("secret") == "true",
 		})
@@ -204,14 +235,24 @@ func Load() (Config, error) {
 		// without a prefix, because envconfig.Process stops at the first bad
 		// value and, for tagged fields, silently falls back to the unprefixed
 		// name (so a stray LOG_LEVEL or DATABASE_URL would be picked up).
+		// A duration is read in the one grammar of every duration
+		// (humantime: 90d, 1d12h, 500ms), not envconfig's Go syntax.
+		typ := field.Type()
+		if typ == durationType {
+			typ = reflect.TypeFor[envDuration]()
+		}
 		holder := reflect.New(reflect.StructOf([]reflect.StructField{{
 			Name: "V",
-			Type: field.Type(),
+			Type: typ,
 			Tag:  reflect.StructTag(fmt.Sprintf(`envconfig:%q default:%q`, v.name, v.def)),
 		}}))
 		if err := envconfig.Process("", holder.Interface()); err != nil {
 			ps = append(ps, parseProblem(v, field.Type(), err))
 			failed[v.name] = true
+			continue
+		}
+		if typ != field.Type() {
+			field.SetInt(holder.Elem().Field(0).Int())
 			continue
 		}
 		field.Set(holder.Elem().Field(0))
@@ -254,8 +295,8 @@ func parseProblem(v variable, typ reflect.Type, err error) problem {
 		return problem{v.name, val + " is not a boolean (true or false)"}
 	case typ == reflect.TypeFor[float64]():
 		return problem{v.name, val + " is not a number"}
-	case typ == reflect.TypeFor[time.Duration]():
-		return problem{v.name, val + " is not a duration (e.g. 500ms, 30s, 5m, 1h)"}
+	case typ == durationType:
+		return problem{v.name, val + " is not a duration (" + humantime.Example + ")"}
 	case typ.Kind() >= reflect.Int && typ.Kind() <= reflect.Uint64:
 		if errors.Is(pe.Err, strconv.ErrRange) {
 			return problem{v.name, val + " is out of range"}
@@ -345,11 +386,11 @@ func (c Config) problems() problems {
 	}
 	for field, d := range map[string]time.Duration{"BatchPause": c.BatchPause, "RunTime": c.RunTime} {
 		if d < 0 {
-			ps.addf(n[field], "%s must not be negative", d)
+			ps.addf(n[field], "%s must not be negative", humantime.Format(d))
 		}
 	}
 	if c.Interval <= 0 {
-		ps.addf(n["Interval"], "%s must be greater than 0", c.Interval)
+		ps.addf(n["Interval"], "%s must be greater than 0", humantime.Format(c.Interval))
 	}
 	// PostgreSQL reads these in whole milliseconds, and 0 there means "no
 	// timeout": 999us would silently become no lock_timeout at all.
@@ -374,19 +415,19 @@ func (c Config) problems() problems {
 		}
 	}
 	if c.HeartbeatInterval <= 0 {
-		ps.addf(n["HeartbeatInterval"], "%s must be greater than 0", c.HeartbeatInterval)
+		ps.addf(n["HeartbeatInterval"], "%s must be greater than 0", humantime.Format(c.HeartbeatInterval))
 	}
 	if c.MaxReplicaLag <= 0 {
-		ps.addf(n["MaxReplicaLag"], "%s must be greater than 0", c.MaxReplicaLag)
+		ps.addf(n["MaxReplicaLag"], "%s must be greater than 0", humantime.Format(c.MaxReplicaLag))
 	}
 	if c.MaxReplicaLagBytes <= 0 {
 		ps.addf(n["MaxReplicaLagBytes"], "%s must be greater than 0", c.MaxReplicaLagBytes)
 	}
 	if c.LeaseTTL < 3*time.Second {
-		ps.addf(n["LeaseTTL"], "%s must be at least 3s", c.LeaseTTL)
+		ps.addf(n["LeaseTTL"], "%s must be at least 3s", humantime.Format(c.LeaseTTL))
 	}
 	if c.BatchTarget <= 0 {
-		ps.addf(n["BatchTarget"], "%s must be greater than 0", c.BatchTarget)
+		ps.addf(n["BatchTarget"], "%s must be greater than 0", humantime.Format(c.BatchTarget))
 	}
 	if c.BatchSizeMin < 1 {
 		ps.addf(n["BatchSizeMin"], "%d must be at least 1", c.BatchSizeMin)
@@ -431,10 +472,10 @@ func (c Config) problems() problems {
 // timeout setting): a whole number of milliseconds, at least 1ms.
 func CheckMillis(d time.Duration) error {
 	if d < time.Millisecond {
-		return fmt.Errorf("%s must be at least 1ms (PostgreSQL reads 0 as no timeout at all)", d)
+		return fmt.Errorf("%s must be at least 1ms (PostgreSQL reads 0 as no timeout at all)", humantime.Format(d))
 	}
 	if d%time.Millisecond != 0 {
-		return fmt.Errorf("%s must be a whole number of milliseconds (PostgreSQL would round it)", d)
+		return fmt.Errorf("%s must be a whole number of milliseconds (PostgreSQL would round it)", humantime.Format(d))
 	}
 	return nil
 }
@@ -454,8 +495,11 @@ func checkSchedule(s string) (err error) {
 // WriteEnvHelp prints an aligned table of every variable with the value in
 // effect, its default and its meaning.
 func WriteEnvHelp(w io.Writer, c Config) {
-	show := func(s string) string {
-		if s == "" {
+	show := func(v variable, s string) string {
+		switch {
+		case s == "" && v.empty != "":
+			return "(empty: " + v.empty + ")"
+		case s == "":
 			return `""`
 		}
 		return s
@@ -464,11 +508,11 @@ func WriteEnvHelp(w io.Writer, c Config) {
 	fmt.Fprintln(tw, "VARIABLE\tVALUE\tDEFAULT\tMEANING")
 	rv := reflect.ValueOf(c)
 	for _, v := range variables() {
-		val := fmt.Sprint(rv.Field(v.index).Interface())
-		if v.secret {
+		val := format(rv.Field(v.index))
+		if v.secret && val != "" {
 			val = redactField(rv.Field(v.index).Interface())
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", v.name, show(val), show(v.def), v.desc)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", v.name, show(v, val), show(v, v.def), v.desc)
 	}
 	tw.Flush()
 	fmt.Fprintf(w, "\nAlso accepted, for the demo and the tests: %s.\n", strings.Join(ignoredVariables, ", "))
@@ -634,8 +678,7 @@ func TunableByKey(key string) (Tunable, bool) {
 func (c Config) Get(env string) string {
 	for _, v := range variables() {
 		if v.name == env {
-			f := reflect.ValueOf(c).Field(v.index)
-			return fmt.Sprint(f.Interface())
+			return format(reflect.ValueOf(c).Field(v.index))
 		}
 	}
 	return ""
@@ -682,7 +725,7 @@ func setField(f reflect.Value, value string) error {
 	case *ByteSize:
 		return p.Decode(value)
 	case *time.Duration:
-		d, err := time.ParseDuration(value)
+		d, err := humantime.Parse(value)
 		if err != nil {
 			return err
 		}

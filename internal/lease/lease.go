@@ -18,6 +18,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/inboxkeeper/inboxkeeper/internal/humantime"
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 )
 
@@ -193,7 +194,7 @@ type ErrHeld struct {
 }
 
 func (e ErrHeld) Error() string {
-	return fmt.Sprintf("another instance (%s) held the lease for %s", e.Holder.Name, e.For)
+	return fmt.Sprintf("another instance (%s) held the lease for %s", e.Holder.Name, humantime.Format(e.For))
 }
 
 // Wait takes the lease, trying again every third of its ttl while another

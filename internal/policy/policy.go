@@ -14,8 +14,9 @@
 //
 // Table names use SQL syntax (unquoted parts fold to lower case, quoted parts
 // keep case). Column names are taken verbatim as the catalog spells them.
-// Durations are Go durations plus a "d" unit of 24h; fractional days such as
-// 1.5d are accepted. Unknown fields, repeated keys and YAML merge keys (<<)
+// Durations are in the one grammar of every duration (internal/humantime):
+// Go durations plus a "d" unit of 24h; fractional days such as 1.5d are
+// accepted. Unknown fields, repeated keys and YAML merge keys (<<)
 // are rejected: a typo in a retention policy must not silently change what
 // gets deleted. Anchors and aliases work.
 //
@@ -26,14 +27,13 @@ package policy
 import (
 	"errors"
 	"fmt"
-	"math"
 	"os"
 	"reflect"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
+	"github.com/inboxkeeper/inboxkeeper/internal/humantime"
 	"github.com/inboxkeeper/inboxkeeper/internal/sqlident"
 	"github.com/inboxkeeper/inboxkeeper/internal/strictyaml"
 	"go.yaml.in/yaml/v3"
@@ -353,7 +353,7 @@ func checkColumn(c string) error {
 	return nil
 }
 
-// Duration is a policy-file duration: Go syntax plus "d" for 24h.
+// Duration is a policy-file duration, in the one grammar (humantime).
 type Duration time.Duration
 
 // RequiredPositive is the value of a duration field that must be given
@@ -371,12 +371,12 @@ func RequiredPositive(v *Duration, field, missing string, fail func(field, forma
 	return 0
 }
 
-// UnmarshalYAML accepts the syntax of ParseDuration.
+// UnmarshalYAML reads the one duration grammar (humantime.Parse).
 func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	if n.Kind != yaml.ScalarNode {
-		return fmt.Errorf("must be a duration such as 30d or 36h, not %s", strictyaml.KindName(n))
+		return fmt.Errorf("must be a duration (%s), not %s", humantime.Example, strictyaml.KindName(n))
 	}
-	v, err := ParseDuration(n.Value)
+	v, err := humantime.Parse(n.Value)
 	if err != nil {
 		return err
 	}
@@ -384,69 +384,8 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	return nil
 }
 
-// String prints whole days as days (30d) and anything else in Go syntax
-// without zero trailing units (36h, 1h30m).
-func (d Duration) String() string {
-	const day = 24 * time.Hour
-	v := time.Duration(d)
-	if v != 0 && v%day == 0 {
-		return strconv.FormatInt(int64(v/day), 10) + "d"
-	}
-	s := v.String()
-	if strings.HasSuffix(s, "m0s") {
-		s = s[:len(s)-2]
-	}
-	if strings.HasSuffix(s, "h0m") {
-		s = s[:len(s)-2]
-	}
-	return s
-}
-
-// ParseDuration is time.ParseDuration plus a "d" unit of exactly 24h
-// (calendar days and DST do not matter for expiry). Fractions such as 1.5d
-// are accepted.
-func ParseDuration(s string) (time.Duration, error) {
-	bad := fmt.Errorf("invalid duration %q (want e.g. 30d, 36h, 1d12h)", s)
-	rest := strings.TrimSpace(s)
-	neg := strings.HasPrefix(rest, "-")
-	if neg || strings.HasPrefix(rest, "+") {
-		rest = rest[1:]
-	}
-	if rest == "0" {
-		return 0, nil
-	}
-	if rest == "" {
-		return 0, bad
-	}
-	var total time.Duration
-	for rest != "" {
-		// Each number+unit is checked by time.ParseDuration on its own so
-		// that "d" can be swapped for hours.
-		i := strings.IndexFunc(rest, func(r rune) bool { return (r < '0' || r > '9') && r != '.' })
-		if i <= 0 {
-			return 0, bad
-		}
-		j := strings.IndexAny(rest[i:], "0123456789.")
-		if j < 0 {
-			j = len(rest) - i
-		}
-		num, unit := rest[:i], rest[i:i+j]
-		rest = rest[i+j:]
-		mult := time.Duration(1)
-		if unit == "d" {
-			unit, mult = "h", 24
-		}
-		v, err := time.ParseDuration(num + unit)
-		if err != nil || v > (math.MaxInt64-total)/mult {
-			return 0, bad
-		}
-		total += v * mult
-	}
-	if neg {
-		total = -total
-	}
-	return total, nil
-}
+// String prints the duration in the one grammar (humantime.Format).
+func (d Duration) String() string { return humantime.Format(time.Duration(d)) }
 
 // Fields lists every field path of a policy table entry ("partitions.by");
 // the retention section's are retention.Fields.

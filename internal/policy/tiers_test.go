@@ -94,7 +94,7 @@ func TestParseTiersErrors(t *testing.T) {
 		{"zero hot_for", "      hot_for: 0\n      anchor: a\n      payload_columns: [payload]\n",
 			[]string{"p.yaml:9: tables[0] (public.consumer_inbox): tiers.hot_for: must be positive"}},
 		{"negative hot_for", "      hot_for: -1h\n      anchor: a\n      payload_columns: [payload]\n", []string{"p.yaml:9:", "tiers.hot_for: must be positive"}},
-		{"bad hot_for", "      hot_for: 3 days\n      anchor: a\n      payload_columns: [payload]\n", []string{"p.yaml:9:", "tiers.hot_for:", `invalid duration "3 days"`}},
+		{"bad hot_for", "      hot_for: 3 days\n      anchor: a\n      payload_columns: [payload]\n", []string{"p.yaml:9:", "tiers.hot_for:", `"3 days" is not a duration`}},
 		{"missing anchor", "      hot_for: 1d\n      payload_columns: [payload]\n", []string{"p.yaml:8:", "tiers.anchor: required"}},
 		{"no payload", "      hot_for: 1d\n      anchor: a\n", []string{"p.yaml:8:", "tiers: payload_columns or payload_table is required"}},
 		{"both payloads", "      hot_for: 1d\n      anchor: a\n      payload_columns: [payload]\n      payload_table: public.p\n",

@@ -115,15 +115,29 @@ func Write(ctx context.Context, db Beginner, table string, values map[string]*st
 		return nil, fmt.Errorf("%w: a change needs --reason", ErrInvalid)
 	}
 	keys := make([]string, 0, len(values))
-	for k := range values {
-		if _, ok := config.TunableByKey(k); !ok {
+	canonical := map[string]*string{}
+	for k, v := range values {
+		t, ok := config.TunableByKey(k)
+		if !ok {
 			return nil, fmt.Errorf("%w: unknown key %q (known: %s)", ErrInvalid, k, strings.Join(Keys(), ", "))
 		}
-		if t, _ := config.TunableByKey(k); table != Global && t.DatabaseWide {
+		if table != Global && t.DatabaseWide {
 			return nil, fmt.Errorf("%w: %s holds for the whole database (the standbys and the active window serve every table); set it without --table", ErrInvalid, k)
 		}
+		if v != nil {
+			// Stored as the one printer writes it (1h, not 60m): the
+			// settings and their history then say the same.
+			c, err := config.Config{}.Set(t.Env, *v)
+			if err != nil {
+				return nil, fmt.Errorf("%w: %s", ErrInvalid, keyNames.Replace(err.Error()))
+			}
+			text := c.Get(t.Env)
+			v = &text
+		}
+		canonical[k] = v
 		keys = append(keys, k)
 	}
+	values = canonical
 	slices.Sort(keys)
 	var changes []Change
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
