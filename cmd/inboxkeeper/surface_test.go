@@ -4,6 +4,8 @@ package main
 // same thing; each test retries an item as a new user would.
 
 import (
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -52,4 +54,49 @@ func TestOneDurationGrammar(t *testing.T) {
 	}
 	wantExit(t, f.runWith([]string{"INBOXKEEPER_RUN_TIME=1w"}, "once"), 2, `INBOXKEEPER_RUN_TIME: "1w" is not a duration`)
 	wantExit(t, f.run("set", "batch_target=1w", "--reason", "r"), 2, `batch_target: "1w" is not a duration`)
+}
+
+// set against a lower layer: a higher layer's bound bounds what lower
+// layers give, only a contradiction within one layer is refused, and
+// settings says where each part of the value in force comes from.
+func TestSetBoundsLowerLayers(t *testing.T) {
+	t.Parallel()
+	f := inboxFixture(t)
+	env := []string{"INBOXKEEPER_BATCH_SIZE=500"}
+	wantExit(t, f.runWith(env, "set", "--table", "public.consumer_inbox", "batch_size_max=123", "--reason", "a small table"), 0,
+		"public.consumer_inbox batch_size_max: (not set) -> 123")
+	r := f.runWith(env, "settings")
+	wantExit(t, r, 0)
+	for _, want := range []string{
+		`(?m)^global\n  batch_size\s+500\s+\(environment\)$`,
+		`(?m)^  batch_size\s+123\s+\(environment 500, bounded by batch_size_max from table setting\)$`,
+		`(?m)^  batch_size_max\s+123\s+\(table setting\)$`,
+	} {
+		if !regexp.MustCompile(want).MatchString(r.stdout) {
+			t.Errorf("settings does not match %s\n%s", want, r)
+		}
+	}
+	wantExit(t, f.runWith(env, "status"), 0,
+		"  settings:                 batch_size=123 (environment 500, bounded by batch_size_max from table setting), batch_size_max=123 (table setting)\n")
+	// The pass runs with it: its batches take 123 rows at most.
+	file := filepath.Join(f.dir, "once.prom")
+	wantExit(t, f.runWith(env, "once", "--metrics-file", file), 0)
+	if v := metricValue(t, readFile(t, file), `inboxkeeper_batch_size{table="public.consumer_inbox"}`); v < 100 || v > 123 {
+		t.Errorf("the pass's batch size is %v, want between the default batch_size_min (100) and the table's batch_size_max (123)", v)
+	}
+
+	// A contradiction within one layer is refused, and nothing is written.
+	wantExit(t, f.runWith(env, "set", "--table", "public.consumer_inbox", "batch_size_min=200", "--reason", "r"), 2,
+		"the settings of public.consumer_inbox would not hold together: batch_size_max: 123 must be at least batch_size_min (200)")
+	f.wantCount("changes recorded", 1, "SELECT count(*) FROM inboxkeeper.settings_history")
+}
+
+// readFile is a file's content.
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }

@@ -257,6 +257,17 @@ func Load() (Config, error) {
 		}
 		field.Set(holder.Elem().Field(0))
 	}
+	// A variable set bounds the batch sizes left at their defaults
+	// (BATCH_SIZE_MAX=50 alone lowers BATCH_SIZE and BATCH_SIZE_MIN to 50);
+	// only the variables set contradicting each other is a problem.
+	if !failed[Prefix+"_BATCH_SIZE"] && !failed[Prefix+"_BATCH_SIZE_MIN"] && !failed[Prefix+"_BATCH_SIZE_MAX"] {
+		c.BoundBatchSizes(func(env string) int {
+			if _, set := os.LookupEnv(env); set {
+				return 1
+			}
+			return 0
+		})
+	}
 	for _, p := range c.problems() {
 		if !failed[p.name] { // a zero left by a parse failure is not news
 			ps = append(ps, p)
@@ -468,6 +479,53 @@ func (c Config) problems() problems {
 	return ps
 }
 
+// Bound is a tunable whose value another layer's value moved: what its own
+// layer gave, and the variable whose value moved it.
+type Bound struct {
+	Env   string // the variable moved
+	Given string // its value as its own layer gave it
+	By    string // the variable, of a higher layer, that moved it
+}
+
+// BoundBatchSizes makes BATCH_SIZE_MIN <= BATCH_SIZE <= BATCH_SIZE_MAX
+// hold across layers: rank says which layer each comes from (higher wins),
+// and a value from a lower layer gives way to one from a higher layer,
+// moved to the bound that value sets (a table's batch_size_max of 123
+// lowers a batch_size of 500 from the environment to 123; a batch_size
+// of 60000 raises a default batch_size_max of 50000). Values of one layer
+// that contradict each other stay: Validate refuses them. It returns the
+// values it moved.
+func (c *Config) BoundBatchSizes(rank func(env string) int) []Bound {
+	// In the order they must hold: each at most the next.
+	vals := []struct {
+		env string
+		p   *int
+	}{{Prefix + "_BATCH_SIZE_MIN", &c.BatchSizeMin}, {Prefix + "_BATCH_SIZE", &c.BatchSize}, {Prefix + "_BATCH_SIZE_MAX", &c.BatchSizeMax}}
+	order := []int{0, 1, 2}
+	slices.SortStableFunc(order, func(a, b int) int { return rank(vals[b].env) - rank(vals[a].env) })
+	var moved []Bound
+	var fixed []int
+	for _, i := range order {
+		r, v := rank(vals[i].env), *vals[i].p
+		given := v
+		by := ""
+		for _, j := range fixed {
+			if rank(vals[j].env) <= r || *vals[j].p < 1 {
+				continue // the same layer (a contradiction), or a value Validate refuses
+			}
+			if w := *vals[j].p; (j < i && v < w) || (j > i && v > w) {
+				v, by = w, vals[j].env
+			}
+		}
+		if v != given {
+			*vals[i].p = v
+			moved = append(moved, Bound{Env: vals[i].env, Given: strconv.Itoa(given), By: by})
+		}
+		fixed = append(fixed, i)
+	}
+	return moved
+}
+
 // CheckMillis accepts a duration PostgreSQL takes in milliseconds (a
 // timeout setting): a whole number of milliseconds, at least 1ms.
 func CheckMillis(d time.Duration) error {
@@ -671,6 +729,17 @@ func TunableByKey(key string) (Tunable, bool) {
 		}
 	}
 	return Tunable{}, false
+}
+
+// Default is the default value of the variable env, as the environment
+// would write it.
+func Default(env string) string {
+	for _, v := range variables() {
+		if v.name == env {
+			return v.def
+		}
+	}
+	return ""
 }
 
 // Get returns the value of the variable env in c, written as the

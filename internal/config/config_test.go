@@ -167,8 +167,6 @@ var badValues = []struct{ name, value, want string }{
 	{"ACTIVE_HOURS", "22-06", "HH:MM"},
 	{"ACTIVE_HOURS", "06:00-06:00", "empty window"},
 	{"ACTIVE_TZ", "Mars/Olympus", "not a time zone"},
-	{"BATCH_SIZE_MAX", "50", "must be at least INBOXKEEPER_BATCH_SIZE_MIN"},
-	{"BATCH_SIZE", "60000", "must lie between"},
 	{"THROTTLE_RESUME", "1.5", "at most 1"},
 	{"REPLICA_URLS", "postgres://a/db,,postgres://b/db", "entry 2 is empty"},
 }
@@ -188,6 +186,37 @@ func TestLoadBadValues(t *testing.T) {
 				t.Errorf("got %q, want one error naming INBOXKEEPER_%s containing %q", msg, tt.name, tt.want)
 			}
 		})
+	}
+}
+
+// A variable set bounds the batch sizes left at their defaults; only the
+// variables set contradicting each other is refused (issue 25).
+func TestLoadBatchSizeLayers(t *testing.T) {
+	for _, c := range []struct {
+		env           map[string]string
+		min, size, mx int
+		want          string
+	}{
+		{map[string]string{"INBOXKEEPER_BATCH_SIZE_MAX": "50"}, 50, 50, 50, ""},
+		{map[string]string{"INBOXKEEPER_BATCH_SIZE": "60000"}, 100, 60000, 60000, ""},
+		{map[string]string{"INBOXKEEPER_BATCH_SIZE_MIN": "8000"}, 8000, 8000, 50000, ""},
+		{map[string]string{"INBOXKEEPER_BATCH_SIZE": "500", "INBOXKEEPER_BATCH_SIZE_MAX": "123"}, 0, 0, 0,
+			"INBOXKEEPER_BATCH_SIZE: 500 must lie between INBOXKEEPER_BATCH_SIZE_MIN (100) and INBOXKEEPER_BATCH_SIZE_MAX (123)"},
+		{map[string]string{"INBOXKEEPER_BATCH_SIZE_MIN": "200", "INBOXKEEPER_BATCH_SIZE_MAX": "100"}, 0, 0, 0,
+			"INBOXKEEPER_BATCH_SIZE_MAX: 100 must be at least INBOXKEEPER_BATCH_SIZE_MIN (200)"},
+	} {
+		setEnv(t, c.env)
+		got, err := Load()
+		switch {
+		case c.want != "":
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("%v: %v, want an error containing %q", c.env, err, c.want)
+			}
+		case err != nil:
+			t.Errorf("%v: %v", c.env, err)
+		case got.BatchSizeMin != c.min || got.BatchSize != c.size || got.BatchSizeMax != c.mx:
+			t.Errorf("%v: min %d, size %d, max %d; want %d, %d, %d", c.env, got.BatchSizeMin, got.BatchSize, got.BatchSizeMax, c.min, c.size, c.mx)
+		}
 	}
 }
 

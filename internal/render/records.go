@@ -91,7 +91,17 @@ func WriteScopes(w io.Writer, scopes []settings.Scope) {
 func writeValues(w io.Writer, vals []settings.Value, indent string) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	for _, v := range vals {
-		fmt.Fprintf(tw, "%s%s\t%s\t(%s)\n", indent, v.Key, v.Value, v.Source)
+		fmt.Fprintf(tw, "%s%s\t%s\t(%s)\n", indent, v.Key, v.Value, origin(v))
 	}
 	tw.Flush()
+}
+
+// origin says where a value in force comes from: its source, and when a
+// higher layer's value bounded it, what its source gave and what bounded
+// it ("environment 500, bounded by batch_size_max from table setting").
+func origin(v settings.Value) string {
+	if v.BoundBy == "" {
+		return v.Source
+	}
+	return fmt.Sprintf("%s %s, bounded by %s from %s", v.Source, v.Given, v.BoundBy, v.BoundBySource)
 }

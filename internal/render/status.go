@@ -302,13 +302,13 @@ func tierJSON(st *tiering.Status) map[string]any {
 func describeTuning(vals []settings.Value) string {
 	var out string
 	for _, v := range vals {
-		if v.Source == settings.SourceDefault {
+		if v.Source == settings.SourceDefault && v.BoundBy == "" {
 			continue
 		}
 		if out != "" {
 			out += ", "
 		}
-		out += fmt.Sprintf("%s=%s (%s)", v.Key, v.Value, v.Source)
+		out += fmt.Sprintf("%s=%s (%s)", v.Key, v.Value, origin(v))
 	}
 	return out
 }

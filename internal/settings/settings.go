@@ -210,23 +210,39 @@ func Keys() []string {
 // Value is a tunable in force, and where it comes from.
 type Value struct {
 	Key, Value, Source string
+	// Given is what Source gave, when a value of a higher layer moved it
+	// to the bound it sets (BoundBy, from BoundBySource): a table's
+	// batch_size_max of 123 bounds a batch_size of 500 from the
+	// environment. "" when the value is Source's own.
+	Given, BoundBy, BoundBySource string
 }
+
+// layers ranks the sources: a higher layer's value wins, and bounds what
+// lower layers give.
+var layers = map[string]int{SourceDefault: 0, SourceEnvironment: 1, SourcePolicy: 2, SourceGlobal: 3, SourceTable: 4}
 
 // Resolve applies, on top of base (the environment and defaults), the
 // policy table's tuning block, the global settings and the table's own
 // settings, in that order of precedence (the last wins), and checks the
-// result as the environment is checked. It returns the configuration in
-// force for the table and every tunable's value and source. table "" (a
-// command's global view) takes no table layers.
+// result as the environment is checked. A value from a higher layer bounds
+// what lower layers give (config.BoundBatchSizes): only values of one
+// layer that contradict each other are an error. It returns the
+// configuration in force for the table and every tunable's value, its
+// source and, when another layer's value bounded it, what its source gave.
+// table "" (a command's global view) takes no table layers.
 func Resolve(base config.Config, tuning map[string]string, stored []Setting, table string) (config.Config, []Value, error) {
 	c := base
 	vals := make([]Value, len(config.Tunables))
 	for i, t := range config.Tunables {
-		src := SourceDefault
-		if _, set := os.LookupEnv(t.Env); set {
-			src = SourceEnvironment
+		src := SourceEnvironment
+		if _, set := os.LookupEnv(t.Env); !set {
+			// The default as such: the environment's values may have
+			// bounded it (config.Load); the bounds are drawn again below,
+			// with every layer.
+			src = SourceDefault
+			c, _ = c.Set(t.Env, config.Default(t.Env))
 		}
-		vals[i] = Value{Key: t.Key, Value: base.Get(t.Env), Source: src}
+		vals[i] = Value{Key: t.Key, Value: c.Get(t.Env), Source: src}
 	}
 	set := func(key, value, source string) error {
 		t, _ := config.TunableByKey(key)
@@ -262,6 +278,18 @@ func Resolve(base config.Config, tuning map[string]string, stored []Setting, tab
 	}
 	if err := errors.Join(errs...); err != nil {
 		return c, vals, err
+	}
+	byEnv := func(env string) *Value {
+		for i, t := range config.Tunables {
+			if t.Env == env {
+				return &vals[i]
+			}
+		}
+		return nil
+	}
+	for _, b := range c.BoundBatchSizes(func(env string) int { return layers[byEnv(env).Source] }) {
+		v, by := byEnv(b.Env), byEnv(b.By)
+		v.Value, v.Given, v.BoundBy, v.BoundBySource = c.Get(b.Env), b.Given, by.Key, by.Source
 	}
 	// The values together, checked as the environment is (BATCH_SIZE between
 	// its bounds and the like), in the keys' names.
