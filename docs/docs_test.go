@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"sort"
@@ -16,6 +17,8 @@ import (
 
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
+	"github.com/inboxkeeper/inboxkeeper/internal/render"
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/jsondoc"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/metricsinfo"
 	"github.com/inboxkeeper/inboxkeeper/retention"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
@@ -316,5 +319,28 @@ func TestLayout(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestJSONOutputsReference: every JSON output's fields in the commands
+// reference are exactly the fields of the type it is written from, with
+// the same types (the command tests check the outputs themselves against
+// the same tables).
+func TestJSONOutputsReference(t *testing.T) {
+	doc := read(t, "reference/commands.md")
+	for output, typ := range map[string]reflect.Type{
+		"status --json":             reflect.TypeFor[render.StatusJSON](),
+		"settings --json":           reflect.TypeFor[render.SettingsJSON](),
+		"settings --history --json": reflect.TypeFor[render.HistoryJSON](),
+		"plan --json":               reflect.TypeFor[[]retention.Record](),
+	} {
+		fields, err := jsondoc.Read(doc, output)
+		if err != nil {
+			t.Errorf("reference/commands.md: %s: %v", output, err)
+			continue
+		}
+		for _, d := range jsondoc.CompareType(fields, typ) {
+			t.Errorf("reference/commands.md: %s: %s", output, d)
+		}
 	}
 }

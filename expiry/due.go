@@ -18,12 +18,52 @@ import (
 const DueCap = 1_000_000
 
 // Due is what is left to do on a table: the rows whose expiry has passed and
-// that no hold or replay covers, counted exactly through the expiry index
-// (at most DueCap+1 of them), and the cleanup lag.
+// that no hold or replay covers (due: deletable now), counted exactly
+// through the expiry index up to DueCap, and the cleanup lag.
 type Due struct {
-	Rows   int64
-	Capped bool // Rows stopped at DueCap: there are more
+	Rows   int64 // at most DueCap
+	Capped bool  // Rows stopped at DueCap: there are more
 	Lag    time.Duration
+}
+
+// countDue counts the rows of t due at now from the keyset bound from on
+// that cov does not cover: exactly, up to DueCap (capped: there are more).
+// status and inboxkeeper_rows_due count with it, so they say the same.
+func countDue(ctx context.Context, q catalog.Querier, t *catalog.Table, now time.Time, cov holds.Coverage, from pgtype.Timestamptz) (rows int64, capped bool, err error) {
+	var args holds.Args
+	hp, rp := cov.Predicates(t, "t", &args)
+	c, f := args.Add(cutoff(t, now)), args.Add(from)
+	form := `SELECT count(*) FROM (SELECT 1 FROM %[1]s t WHERE t.%[2]s <= %[3]s AND t.%[2]s >= %[4]s AND NOT %[5]s AND NOT %[6]s LIMIT %[7]d) s`
+	if t.Distributed() {
+		// Through a coordinator the LIMIT would pull up to DueCap rows
+		// from the shards; a plain count is counted on every shard at
+		// once, each its own share.
+		form = `SELECT count(*) FROM %[1]s t WHERE t.%[2]s <= %[3]s AND t.%[2]s >= %[4]s AND NOT %[5]s AND NOT %[6]s`
+	}
+	sql := fmt.Sprintf(form,
+		t.Ident, t.Expiry.Quoted, t.Expiry.Instant(c+"::timestamptz"), t.Expiry.Instant(f+"::timestamptz"), hp, rp, DueCap+1)
+	if err := q.QueryRow(ctx, sql, args.Values...).Scan(&rows); err != nil {
+		return 0, false, fmt.Errorf("count the due rows: %w", err)
+	}
+	return min(rows, DueCap), rows > DueCap, nil
+}
+
+// countProtected counts the expired rows of t at now that a hold of cov
+// covers, and those only a replay covers, and returns the oldest expiry
+// column value among them. status and inboxkeeper_rows_protected count
+// with it, so they say the same.
+func countProtected(ctx context.Context, q catalog.Querier, t *catalog.Table, now time.Time, cov holds.Coverage) (byHolds, byReplays int64, oldest pgtype.Timestamptz, err error) {
+	if cov.Empty() {
+		return 0, 0, oldest, nil
+	}
+	var args holds.Args
+	hp, rp := cov.Predicates(t, "t", &args)
+	sql := fmt.Sprintf(`SELECT count(*) FILTER (WHERE %[3]s), count(*) FILTER (WHERE %[4]s AND NOT %[3]s), min(%[6]s)
+FROM %[1]s t WHERE t.%[5]s <= %[2]s AND (%[3]s OR %[4]s)`, t.Ident, t.Expiry.Instant(args.Add(cutoff(t, now))+"::timestamptz"), hp, rp, t.Expiry.Quoted, t.Expiry.AsTimestamptz("t"))
+	if err := q.QueryRow(ctx, sql, args.Values...).Scan(&byHolds, &byReplays, &oldest); err != nil {
+		return 0, 0, oldest, fmt.Errorf("count protected rows: %w", err)
+	}
+	return byHolds, byReplays, oldest, nil
 }
 
 // Due counts what is due on t from the keyset bound from on (the start of
@@ -36,23 +76,10 @@ func (d *Deleter) Due(ctx context.Context, t *catalog.Table, from pgtype.Timesta
 		from = batchloop.NegInf
 	}
 	err := d.coverageTx(ctx, t, func(tx pgx.Tx, now time.Time, cov holds.Coverage) error {
-		var args holds.Args
-		hp, rp := cov.Predicates(t, "t", &args)
-		c, f := args.Add(cutoff(t, now)), args.Add(from)
-		form := `SELECT count(*) FROM (SELECT 1 FROM %[1]s t WHERE t.%[2]s <= %[3]s AND t.%[2]s >= %[4]s AND NOT %[5]s AND NOT %[6]s LIMIT %[7]d) s`
-		if t.Distributed() {
-			// Through a coordinator the LIMIT would pull up to DueCap rows
-			// from the shards; a plain count is counted on every shard at
-			// once, each its own share.
-			form = `SELECT count(*) FROM %[1]s t WHERE t.%[2]s <= %[3]s AND t.%[2]s >= %[4]s AND NOT %[5]s AND NOT %[6]s`
-		}
-		sql := fmt.Sprintf(form,
-			t.Ident, t.Expiry.Quoted, t.Expiry.Instant(c+"::timestamptz"), t.Expiry.Instant(f+"::timestamptz"), hp, rp, DueCap+1)
-		if err := tx.QueryRow(ctx, sql, args.Values...).Scan(&due.Rows); err != nil {
-			return fmt.Errorf("count the due rows: %w", err)
-		}
-		due.Capped = due.Rows > DueCap
 		var err error
+		if due.Rows, due.Capped, err = countDue(ctx, tx, t, now, cov, from); err != nil {
+			return err
+		}
 		due.Lag, err = cleanupLag(ctx, tx, t, now, cov, from)
 		return err
 	})
@@ -60,7 +87,7 @@ func (d *Deleter) Due(ctx context.Context, t *catalog.Table, from pgtype.Timesta
 		return due, err
 	}
 	if m := d.opts.Metrics; m != nil && !d.opts.DryRun {
-		m.RowsDue.Set(float64(min(due.Rows, DueCap)), t.Name)
+		m.RowsDue.Set(float64(due.Rows), t.Name)
 		capped := 0.0
 		if due.Capped {
 			capped = 1

@@ -770,14 +770,9 @@ func (d *Deleter) afterPass(ctx context.Context, t *catalog.Table, res *TableRes
 // the bytes per key.
 func (d *Deleter) measure(ctx context.Context, tx pgx.Tx, t *catalog.Table, now time.Time, cov holds.Coverage, res *TableResult) error {
 	var oldestCovered pgtype.Timestamptz
-	if !cov.Empty() {
-		var args holds.Args
-		hp, rp := cov.Predicates(t, "t", &args)
-		sql := fmt.Sprintf(`SELECT count(*) FILTER (WHERE %[3]s), count(*) FILTER (WHERE %[4]s AND NOT %[3]s), min(%[6]s)
-FROM %[1]s t WHERE t.%[5]s <= %[2]s AND (%[3]s OR %[4]s)`, t.Ident, t.Expiry.Instant(args.Add(cutoff(t, now))+"::timestamptz"), hp, rp, t.Expiry.Quoted, t.Expiry.AsTimestamptz("t"))
-		if err := tx.QueryRow(ctx, sql, args.Values...).Scan(&res.ProtectedByHolds, &res.ProtectedByReplays, &oldestCovered); err != nil {
-			return fmt.Errorf("count protected rows: %w", err)
-		}
+	var err error
+	if res.ProtectedByHolds, res.ProtectedByReplays, oldestCovered, err = countProtected(ctx, tx, t, now, cov); err != nil {
+		return err
 	}
 	// Rows the pass skipped because another session held them locked lie
 	// before res.resume: the next pass deletes them, and counts them.

@@ -578,8 +578,8 @@ func TestCleanupLagAndStatus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Due != 6 || st.DueCapped || st.CleanupLag != 24*time.Hour || len(st.Holds) != 1 {
-		t.Errorf("status %+v: want 6 due, lag 24h (held rows do not count), 1 hold", st)
+	if st.Due != 3 || st.ProtectedByHolds != 3 || st.ProtectedByReplays != 0 || st.DueCapped || st.CleanupLag != 24*time.Hour || len(st.Holds) != 1 {
+		t.Errorf("status %+v: want 3 due and 3 protected by holds (due rows are deletable now), lag 24h (held rows do not count), 1 hold", st)
 	}
 	if !st.Oldest.Equal(t0.Add(-48*time.Hour)) || !st.Newest.Equal(t0.Add(2*time.Hour)) {
 		t.Errorf("oldest %v newest %v", st.Oldest, st.Newest)

@@ -12,20 +12,32 @@ import (
 )
 
 // StatusCountCap bounds the count of due rows so that `status` stays cheap on
-// a table with a large backlog; a capped count is shown as "more than".
-const StatusCountCap = 1_000_000
+// a table with a large backlog; a capped count is shown as "more than". It
+// is the cap of inboxkeeper_rows_due.
+const StatusCountCap = DueCap
 
-// TableStatus describes one table right now.
+// TableStatus describes one table right now, in the words the metrics use:
+// due (deletable now), protected by holds, protected by replays, and the
+// replays beyond the window.
 type TableStatus struct {
-	Table      string
-	Now        time.Time
-	Due        int64 // expired rows present, protected ones included; at most StatusCountCap
-	DueCapped  bool  // Due reached the cap: the real number is larger
-	CleanupLag time.Duration
-	Oldest     *time.Time // oldest expiry present: column + expires_after (NULL expiries are never counted)
-	Newest     *time.Time
-	Holds      []holds.Hold
-	Replays    []holds.Replay
+	Table string
+	Now   time.Time
+	// Due are the expired rows no hold or replay covers: what the next
+	// pass deletes (inboxkeeper_rows_due); at most StatusCountCap.
+	Due       int64
+	DueCapped bool // Due reached the cap: the real number is larger
+	// ProtectedByHolds are the expired rows a hold covers, and
+	// ProtectedByReplays those only a replay covers
+	// (inboxkeeper_rows_protected{by="hold"}, {by="replay"}).
+	ProtectedByHolds, ProtectedByReplays int64
+	// ReplaysBeyondWindow are the active replays started with --force past
+	// the dedup window (inboxkeeper_replays_beyond_window).
+	ReplaysBeyondWindow int
+	CleanupLag          time.Duration
+	Oldest              *time.Time // oldest expiry present: column + expires_after (NULL expiries are never counted)
+	Newest              *time.Time
+	Holds               []holds.Hold
+	Replays             []holds.Replay
 }
 
 // Status reads the state of table t. It uses the deleter's clock.
@@ -46,16 +58,20 @@ func (d *Deleter) status(ctx context.Context, tx pgx.Tx, t *catalog.Table, st *T
 		return err
 	}
 	st.Holds, st.Replays = cov.Holds, cov.Replays
-
+	for _, r := range st.Replays {
+		if r.BeyondWindow {
+			st.ReplaysBeyondWindow++
+		}
+	}
 	if st.Oldest, st.Newest, err = retainedRange(ctx, tx, t, negInf); err != nil {
 		return fmt.Errorf("status %s: oldest and newest expiry: %w", t.Name, err)
 	}
-	err = tx.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM (SELECT 1 FROM %s t WHERE t.%s <= %s LIMIT $2) due`,
-		t.Ident, t.Expiry.Quoted, t.Expiry.Instant("$1::timestamptz")), cutoff(t, now), StatusCountCap).Scan(&st.Due)
-	if err != nil {
-		return fmt.Errorf("status %s: count due rows: %w", t.Name, err)
+	if st.Due, st.DueCapped, err = countDue(ctx, tx, t, now, cov, negInf); err != nil {
+		return fmt.Errorf("status %s: %w", t.Name, err)
 	}
-	st.DueCapped = st.Due >= StatusCountCap
+	if st.ProtectedByHolds, st.ProtectedByReplays, _, err = countProtected(ctx, tx, t, now, cov); err != nil {
+		return fmt.Errorf("status %s: %w", t.Name, err)
+	}
 	st.CleanupLag, err = cleanupLag(ctx, tx, t, now, cov, negInf)
 	return err
 }

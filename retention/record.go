@@ -10,26 +10,27 @@ import (
 )
 
 // Record is the JSON form of a Plan: the retention record a team keeps in
-// review. Durations are Spans; instants are RFC 3339 strings. Plan marshals
-// to a Record and unmarshals from one, so the JSON round-trips.
+// review. Durations are Spans; instants are RFC 3339 strings; every field
+// is always there (a list [] when empty, what is not set null or ""). Plan
+// marshals to a Record and unmarshals from one, so the JSON round-trips.
 type Record struct {
 	Scope             string           `json:"scope"`
-	Producer          string           `json:"producer,omitempty"`
-	Table             string           `json:"table,omitempty"`
+	Producer          string           `json:"producer"`
+	Table             string           `json:"table"`
 	Consequence       string           `json:"consequence"`
 	Owner             string           `json:"owner"`
 	Paths             []RecordPath     `json:"paths"`
 	Scenarios         []RecordScenario `json:"scenarios"`
-	PermanentKeyPaths []string         `json:"permanent_key_paths,omitempty"` // unbounded paths the permanent key covers
+	PermanentKeyPaths []string         `json:"permanent_key_paths"` // unbounded paths the permanent key covers
 	Rule              RecordRule       `json:"rule"`
 	Margin            Span             `json:"margin"`
 	MarginReason      string           `json:"margin_reason"`
-	StorageTiers      string           `json:"storage_tiers,omitempty"`
-	MaxBackfillAge    *Span            `json:"max_backfill_age,omitempty"`
-	PermanentKey      []string         `json:"permanent_key,omitempty"`
+	StorageTiers      string           `json:"storage_tiers"`
+	MaxBackfillAge    *Span            `json:"max_backfill_age"`
+	PermanentKey      []string         `json:"permanent_key"`
 	Extension         RecordExtension  `json:"extension"`
 	AfterExpiry       string           `json:"after_expiry"`
-	Notes             []string         `json:"notes,omitempty"`
+	Notes             []string         `json:"notes"`
 }
 
 // Span is a duration both as the policy file writes it ("50d", "36h") and
@@ -41,41 +42,58 @@ type Span struct {
 
 type RecordPath struct {
 	Name      string        `json:"name"`
-	Unbounded bool          `json:"unbounded,omitempty"`
-	Stages    []RecordStage `json:"stages,omitempty"`
+	Unbounded bool          `json:"unbounded"`
+	Stages    []RecordStage `json:"stages"`
 }
 
 type RecordStage struct {
-	Name     string     `json:"name,omitempty"`
-	After    *Span      `json:"after,omitempty"`
-	From     string     `json:"from,omitempty"`
-	Deadline *time.Time `json:"deadline,omitempty"`
+	Name     string     `json:"name"`
+	After    *Span      `json:"after"`
+	From     string     `json:"from"`
+	Deadline *time.Time `json:"deadline"`
 }
 
 type RecordScenario struct {
 	Path      string     `json:"path"`
 	Anchor    string     `json:"anchor"` // event_time, first_seen or deadline
-	Terms     []Span     `json:"terms,omitempty"`
+	Terms     []Span     `json:"terms"`
 	Length    Span       `json:"length"`
-	Until     *time.Time `json:"until,omitempty"` // deadline scenarios
-	BoundedBy string     `json:"bounded_by,omitempty"`
+	Until     *time.Time `json:"until"` // deadline scenarios
+	BoundedBy string     `json:"bounded_by"`
 }
 
 type RecordRule struct {
 	Formula         string     `json:"formula"`
-	PostReceipt     *Span      `json:"post_receipt,omitempty"`
-	Replay          *Span      `json:"replay,omitempty"`
-	Deadline        *time.Time `json:"deadline,omitempty"`
+	PostReceipt     *Span      `json:"post_receipt"`
+	Replay          *Span      `json:"replay"`
+	Deadline        *time.Time `json:"deadline"`
 	Margin          Span       `json:"margin"`
 	Retention       Span       `json:"retention"`
-	LongestScenario string     `json:"longest_scenario,omitempty"`
+	LongestScenario string     `json:"longest_scenario"`
 }
 
 type RecordExtension struct {
 	Owner       string `json:"owner"`
 	OnDuplicate bool   `json:"on_duplicate"`
-	By          *Span  `json:"by,omitempty"`
-	Cap         *Span  `json:"cap,omitempty"`
+	By          *Span  `json:"by"`
+	Cap         *Span  `json:"cap"`
+}
+
+// list is s, or [] for none: JSON says [], never null.
+func list[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}
+
+// orNil is s, or nil for none: a plan read back from its record is the
+// plan it was made from.
+func orNil[T any](s []T) []T {
+	if len(s) == 0 {
+		return nil
+	}
+	return s
 }
 
 func span(d time.Duration) Span { return Span{Text: days(d), Seconds: d.Seconds()} }
@@ -102,26 +120,26 @@ func (p Plan) Record() Record {
 	c, r := p.Contract, p.Rule
 	rec := Record{
 		Scope: c.Scope, Producer: c.Producer, Table: c.Table, Consequence: c.Consequence, Owner: c.Owner,
-		Paths: []RecordPath{}, Scenarios: []RecordScenario{}, PermanentKeyPaths: p.Covered,
+		Paths: []RecordPath{}, Scenarios: []RecordScenario{}, PermanentKeyPaths: list(p.Covered),
 		Rule: RecordRule{
 			Formula: r.String(), PostReceipt: optSpan(r.PostReceipt), Replay: optSpan(r.Replay), Deadline: r.Deadline,
 			Margin: span(r.Margin), Retention: span(r.Retention), LongestScenario: p.Longest,
 		},
 		Margin: span(c.Margin), MarginReason: c.MarginReason, StorageTiers: c.StorageTiers,
-		MaxBackfillAge: optSpan(c.MaxBackfillAge), PermanentKey: c.PermanentKey,
+		MaxBackfillAge: optSpan(c.MaxBackfillAge), PermanentKey: list(c.PermanentKey),
 		Extension: RecordExtension{Owner: c.Extension.Owner, OnDuplicate: c.Extension.OnDuplicate,
 			By: optSpan(c.Extension.By), Cap: optSpan(c.Extension.Cap)},
-		AfterExpiry: c.AfterExpiry, Notes: p.Notes,
+		AfterExpiry: c.AfterExpiry, Notes: list(p.Notes),
 	}
 	for _, path := range c.Paths {
-		rp := RecordPath{Name: path.Name, Unbounded: path.Unbounded}
+		rp := RecordPath{Name: path.Name, Unbounded: path.Unbounded, Stages: []RecordStage{}}
 		for _, st := range path.Stages {
 			rp.Stages = append(rp.Stages, RecordStage{Name: st.Name, After: optSpan(st.After), From: string(st.From), Deadline: st.Deadline})
 		}
 		rec.Paths = append(rec.Paths, rp)
 	}
 	for _, s := range p.Scenarios {
-		rs := RecordScenario{Path: s.Path, Anchor: string(s.Anchor), Length: span(s.Length), Until: s.Until, BoundedBy: s.BoundedBy}
+		rs := RecordScenario{Path: s.Path, Anchor: string(s.Anchor), Terms: []Span{}, Length: span(s.Length), Until: s.Until, BoundedBy: s.BoundedBy}
 		for _, t := range s.Terms {
 			rs.Terms = append(rs.Terms, span(t))
 		}
@@ -145,7 +163,7 @@ func (rec Record) Plan() (Plan, error) {
 		Margin: dur("margin", &rec.Margin), MarginReason: rec.MarginReason, AfterExpiry: rec.AfterExpiry,
 		Extension: Extension{Owner: rec.Extension.Owner, OnDuplicate: rec.Extension.OnDuplicate,
 			By: dur("extension.by", rec.Extension.By), Cap: dur("extension.cap", rec.Extension.Cap)},
-		MaxBackfillAge: dur("max_backfill_age", rec.MaxBackfillAge), PermanentKey: rec.PermanentKey,
+		MaxBackfillAge: dur("max_backfill_age", rec.MaxBackfillAge), PermanentKey: orNil(rec.PermanentKey),
 		StorageTiers: rec.StorageTiers,
 	}
 	for _, rp := range rec.Paths {
@@ -155,7 +173,7 @@ func (rec Record) Plan() (Plan, error) {
 		}
 		c.Paths = append(c.Paths, path)
 	}
-	p := Plan{Contract: c, Longest: rec.Rule.LongestScenario, Covered: rec.PermanentKeyPaths, Notes: rec.Notes}
+	p := Plan{Contract: c, Longest: rec.Rule.LongestScenario, Covered: orNil(rec.PermanentKeyPaths), Notes: orNil(rec.Notes)}
 	for _, rs := range rec.Scenarios {
 		s := Scenario{Path: rs.Path, Anchor: Anchor(rs.Anchor), Length: dur("scenarios: length", &rs.Length), Until: rs.Until, BoundedBy: rs.BoundedBy}
 		for _, t := range rs.Terms {

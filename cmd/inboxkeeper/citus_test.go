@@ -1,10 +1,10 @@
 package main
 
 import (
-	"encoding/json"
 	"strings"
 	"testing"
 
+	"github.com/inboxkeeper/inboxkeeper/internal/render"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 )
 
@@ -31,18 +31,10 @@ func TestCitusCommands(t *testing.T) {
 	wantExit(t, f.run("status"), 0, "distributed (Citus):      hash on consumer, 4 shards on 2 nodes")
 	r := f.run("status", "--json")
 	wantExit(t, r, 0)
-	var st struct {
-		Tables []struct {
-			Citus *struct {
-				Column  string   `json:"distribution_column"`
-				Shards  int      `json:"shards"`
-				Workers []string `json:"workers"`
-			} `json:"citus"`
-		} `json:"tables"`
-	}
-	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil || len(st.Tables) != 1 || st.Tables[0].Citus == nil ||
-		st.Tables[0].Citus.Column != "consumer" || st.Tables[0].Citus.Shards != 4 || len(st.Tables[0].Citus.Workers) != 2 {
-		t.Errorf("status --json: %v\n%s", err, r.stdout)
+	st := decodeOutput[render.StatusJSON](t, "status --json", r, nil)
+	if len(st.Tables) != 1 || st.Tables[0].Citus == nil ||
+		st.Tables[0].Citus.DistributionColumn != "consumer" || st.Tables[0].Citus.Shards != 4 || len(st.Tables[0].Citus.Workers) != 2 {
+		t.Errorf("status --json: %+v\n%s", st, r.stdout)
 	}
 	wantExit(t, f.run("hold", "add", "--table", "public.consumer_inbox", "--scope", "billing", "--reason", "audit", "--owner", "dba"), 0)
 	wantExit(t, f.run("once"), 0)
@@ -76,7 +68,10 @@ func TestCitusPartitionedStatus(t *testing.T) {
 	wantExit(t, f.run("migrate"), 0)
 	wantExit(t, f.run("status"), 0, "public.consumer_inbox (managed by partition)\n  distributed (Citus):      hash on consumer, 4 shards on 2 nodes")
 	r := f.run("status", "--json")
-	wantExit(t, r, 0, `"distribution_column":"consumer"`)
+	wantExit(t, r, 0)
+	if st := decodeOutput[render.StatusJSON](t, "status --json", r, nil); len(st.Tables) != 1 || st.Tables[0].Citus == nil || st.Tables[0].Citus.DistributionColumn != "consumer" {
+		t.Errorf("status --json: %+v\n%s", st, r.stdout)
+	}
 	wantExit(t, f.run("once"), 0)
 	f.wantCount("rows left", 1, "SELECT count(*) FROM public.consumer_inbox")
 }

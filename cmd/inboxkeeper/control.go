@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -165,7 +164,7 @@ func (a *app) settingsCmd(ctx context.Context, args []string) error {
 			return err
 		}
 		if *asJSON {
-			return json.NewEncoder(a.stdout).Encode(map[string]any{"history": render.List(h)})
+			return render.WriteJSON(a.stdout, render.History(h))
 		}
 		render.PrintLines(a.stdout, h, "no changes", render.DescribeChange)
 		return nil
@@ -176,7 +175,7 @@ func (a *app) settingsCmd(ctx context.Context, args []string) error {
 	}
 	scopes := settings.Scopes(a.cfg, stored, p)
 	if *asJSON {
-		return json.NewEncoder(a.stdout).Encode(map[string]any{"scopes": scopes})
+		return render.WriteJSON(a.stdout, render.SettingsJSON{Scopes: render.Scopes(scopes)})
 	}
 	render.WriteScopes(a.stdout, scopes)
 	return nil

@@ -3,8 +3,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"encoding/json"
-	"fmt"
 	"os/exec"
 	"regexp"
 	"strings"
@@ -14,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/inboxkeeper/inboxkeeper/internal/render"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgcluster"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 )
@@ -182,60 +181,19 @@ func TestStatusJSON(t *testing.T) {
 	wantExit(t, f.run("hold", "add", "--table", "public.consumer_inbox", "--scope", "billing", "--reason", "r", "--owner", "o"), 0)
 	r := f.run("status", "--json")
 	wantExit(t, r, 0)
-	var got struct {
-		InRecovery bool `json:"in_recovery"`
-		Tables     []struct {
-			Table             string  `json:"table"`
-			Due               int     `json:"due"`
-			CleanupLagSeconds float64 `json:"cleanup_lag_seconds"`
-			Holds             []struct {
-				Scope string `json:"scope"`
-			} `json:"holds"`
-		} `json:"tables"`
-		Throttle struct {
-			Throttled bool `json:"throttled"`
-		} `json:"throttle"`
+	got := decodeOutput[render.StatusJSON](t, "status --json", r, nil)
+	if got.InRecovery || len(got.Tables) != 1 || got.Tables[0].Table != "public.consumer_inbox" || got.Tables[0].Rows == nil || got.Throttle.Throttled {
+		t.Fatalf("status --json: %+v\n%s", got, r.stdout)
 	}
-	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil {
-		t.Fatalf("status --json is not JSON: %v\n%s", err, r.stdout)
+	// billing's 10 expired rows are held; payments' 20 are due.
+	if rows := got.Tables[0].Rows; rows.Due != expiredRows-10 || rows.ProtectedByHolds != 10 || got.Tables[0].CleanupLagSeconds < 7000 ||
+		len(rows.Holds) != 1 || rows.Holds[0].Scope == nil || *rows.Holds[0].Scope != "billing" {
+		t.Errorf("status --json: %+v\n%s", rows, r.stdout)
 	}
-	if got.InRecovery || len(got.Tables) != 1 || got.Tables[0].Table != "public.consumer_inbox" || got.Tables[0].Due != expiredRows ||
-		got.Tables[0].CleanupLagSeconds < 7000 || len(got.Tables[0].Holds) != 1 || got.Tables[0].Holds[0].Scope != "billing" || got.Throttle.Throttled {
-		t.Errorf("status --json: %+v\n%s", got, r.stdout)
-	}
-	// Lists are [] when empty, never null: replays here, signals, and the
-	// lists of a partitioned table.
-	wantNoNullLists(t, r.stdout)
+	// Lists are [] when empty, never null (decodeOutput checks the types):
+	// replays here, signals, and the lists of a partitioned table.
 	p := newFixture(t, partitionedDDL, partitionedPolicy, true)
-	wantNoNullLists(t, p.run("status", "--json").stdout)
-}
-
-// wantNoNullLists fails when a JSON document holds null where a list
-// belongs: under a plural key (holds, replays, signals, partitions...).
-func wantNoNullLists(t *testing.T, doc string) {
-	t.Helper()
-	var v any
-	if err := json.Unmarshal([]byte(doc), &v); err != nil {
-		t.Fatalf("not JSON: %v\n%s", err, doc)
-	}
-	plural := regexp.MustCompile(`^(holds|replays|signals|standbys|partitions|missing|due|blocked|detached|tables)$`)
-	var walk func(path string, v any)
-	walk = func(path string, v any) {
-		switch x := v.(type) {
-		case map[string]any:
-			for k, e := range x {
-				if e == nil && plural.MatchString(k) {
-					t.Errorf("%s.%s is null, want []\n%s", path, k, doc)
-				}
-				walk(path+"."+k, e)
-			}
-		case []any:
-			for i, e := range x {
-				walk(fmt.Sprintf("%s[%d]", path, i), e)
-			}
-		}
-	}
-	walk("$", v)
+	decodeOutput[render.StatusJSON](t, "status --json", p.run("status", "--json"), nil)
 }
 
 // once waits while a daemon holds the lease, and RUN_TIME bounds the wait.
@@ -295,10 +253,10 @@ func TestStatusWatch(t *testing.T) {
 	}
 	round := regexp.MustCompile(`^--- \d{4}-`)
 	next(round)
-	next(regexp.MustCompile(`^  expired, not yet deleted: 30 `))
+	next(regexp.MustCompile(`^  due \(deletable now\): +30$`))
 	// Rows go between rounds, as a daemon would delete them.
 	pgtest.Exec(t, f.pool, "DELETE FROM public.consumer_inbox WHERE consumer = 'billing' AND remember_until <= now()")
-	next(regexp.MustCompile(`^  expired, not yet deleted: 20 `))
+	next(regexp.MustCompile(`^  due \(deletable now\): +20$`))
 	rate := next(regexp.MustCompile(`^  rate \(last minute\): +\d+ rows/s, ETA `))
 	if strings.Contains(rate, " 0 rows/s") {
 		t.Errorf("rows went, but the rate says %q", rate)

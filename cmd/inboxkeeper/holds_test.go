@@ -204,7 +204,7 @@ func TestStatus(t *testing.T) {
 	replayID := f.addID("replay", "start", "--table", "public.consumer_inbox", "--scope", "payments",
 		"--from", "2026-01-01T00:00:00Z", "--to", "2026-01-01T05:30:00Z", "--owner", "ops")
 
-	check := func(r result, due int, lag string) {
+	check := func(r result, due, byHolds, byReplays int, lag string) {
 		t.Helper()
 		var oldest, newest time.Time
 		if err := f.pool.QueryRow(context.Background(), "SELECT min(remember_until), max(remember_until) FROM public.consumer_inbox").Scan(&oldest, &newest); err != nil {
@@ -213,7 +213,10 @@ func TestStatus(t *testing.T) {
 		wantExit(t, r, 0)
 		for _, want := range []string{
 			`(?m)^public\.consumer_inbox$`,
-			`(?m)^  expired, not yet deleted: ` + strconv.Itoa(due) + ` `,
+			`(?m)^  due \(deletable now\): +` + strconv.Itoa(due) + `$`,
+			`(?m)^  protected by holds: +` + strconv.Itoa(byHolds) + `$`,
+			`(?m)^  protected by replays: +` + strconv.Itoa(byReplays) + `$`,
+			`(?m)^  replays beyond the window: 0$`,
 			`(?m)^  cleanup lag: +` + lag + `$`,
 			`(?m)^  oldest retained expiry: +` + regexp.QuoteMeta(oldest.UTC().Format(time.RFC3339)) + `$`,
 			`(?m)^  newest retained expiry: +` + regexp.QuoteMeta(newest.UTC().Format(time.RFC3339)) + `$`,
@@ -228,19 +231,20 @@ func TestStatus(t *testing.T) {
 		}
 	}
 
-	// Every expired row counts; the lag is that of the oldest row nothing
-	// protects: payments' 20th, due 2h20m ago.
-	check(f.run("status"), expiredRows, `2h 20m`)
+	// Due are the expired rows nothing protects, deletable now: billing's 10
+	// are held and payments' first 5 replayed; the lag is that of the oldest
+	// row nothing protects: payments' 20th, due 2h20m ago.
+	check(f.run("status"), expiredRows-15, 10, 5, `2h20m`)
 	wantExit(t, f.run("once"), 0)
 	// Left: billing's 10 (held) and payments' 5 (replayed); nothing is late.
-	check(f.run("status"), 15, `0ms`)
+	check(f.run("status"), 0, 10, 5, `0s`)
 
 	wantExit(t, f.run("hold", "release", holdID), 0)
 	wantExit(t, f.run("replay", "finish", replayID), 0)
 	r := f.run("status")
 	wantExit(t, r, 0, "active holds:             0", "active replays:           0")
 	// Nothing protects billing's 10 any more: the oldest of them is due 2h10m ago.
-	if !regexp.MustCompile(`(?m)^  cleanup lag: +2h 10m$`).MatchString(r.stdout) {
+	if !regexp.MustCompile(`(?m)^  cleanup lag: +2h10m$`).MatchString(r.stdout) {
 		t.Errorf("want a lag of 2h10m\n%s", r)
 	}
 }
@@ -270,7 +274,7 @@ FROM public.other_inbox`).Scan(&oldest, &newest); err != nil {
 			t.Fatal(err)
 		}
 		for _, want := range []string{
-			`(?m)^  expired, not yet deleted: ` + strconv.Itoa(due) + ` `,
+			`(?m)^  due \(deletable now\): +` + strconv.Itoa(due) + `$`,
 			`(?m)^  cleanup lag: +` + lag + `$`,
 			`(?m)^  oldest retained expiry: +` + regexp.QuoteMeta(oldest.UTC().Format(time.RFC3339)) + `$`,
 			`(?m)^  newest retained expiry: +` + regexp.QuoteMeta(newest.UTC().Format(time.RFC3339)) + `$`,
@@ -281,12 +285,12 @@ FROM public.other_inbox`).Scan(&oldest, &newest); err != nil {
 		}
 	}
 	// The oldest row was first seen 3h07m ago and expired 2h after that.
-	check(f.run("status"), 7, `1h 7m`)
+	check(f.run("status"), 7, `1h7m`)
 	r := f.run("once")
 	wantExit(t, r, 0)
 	wantResult(t, r, "public.other_inbox", "deleted", 7, 0, 0)
 	// Left: three rows first seen about 30 minutes ago, expiring in about 1h30m.
-	check(f.run("status"), 0, `0ms`)
+	check(f.run("status"), 0, `0s`)
 }
 
 // --expires takes a date (00:00 UTC) as well as RFC 3339, and --for a

@@ -325,7 +325,7 @@ INSERT INTO public.x VALUES (1);`
 	wantResult(t, r, name, "deleted", 4, 4, 0)
 
 	r = f.run("status")
-	wantExit(t, r, 0, name+"\n", "expired, not yet deleted: 4 ", "active holds:             1")
+	wantExit(t, r, 0, name+"\n", "due (deletable now):      0\n", "protected by holds:       4\n", "active holds:             1")
 
 	if n := count(`"Remember ""Until""" <= now() AND "consumer id" = 'plain'`); n != 0 {
 		t.Errorf("%d expired rows of plain left", n)

@@ -1,11 +1,11 @@
 package main
 
 import (
-	"encoding/json"
 	"regexp"
 	"testing"
 	"time"
 
+	"github.com/inboxkeeper/inboxkeeper/internal/render"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 )
 
@@ -25,20 +25,8 @@ func TestPacingStatusAndMetrics(t *testing.T) {
 	}
 	r = runCLI(t, dir, env, "status", "--json")
 	wantExit(t, r, 0)
-	var got struct {
-		Throttle struct {
-			Standbys []struct {
-				Standby string   `json:"standby"`
-				Behind  *float64 `json:"bytes_behind"`
-				Rate    *float64 `json:"apply_rate_bytes_per_second"`
-				Window  float64  `json:"window_bytes"`
-			} `json:"standbys"`
-		} `json:"throttle"`
-	}
-	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil {
-		t.Fatalf("status --json: %v\n%s", err, r.stdout)
-	}
-	if s := got.Throttle.Standbys; len(s) != 1 || s[0].Standby == "" || s[0].Behind == nil || s[0].Rate == nil || s[0].Window < 256<<10 {
+	got := decodeOutput[render.StatusJSON](t, "status --json", r, nil)
+	if s := got.Throttle.Standbys; len(s) != 1 || s[0].Standby == "" || s[0].WindowBytes < 256<<10 {
 		t.Errorf("status --json throttle.standbys: %+v\n%s", s, r.stdout)
 	}
 

@@ -1,12 +1,12 @@
 package main
 
 import (
-	"encoding/json"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/inboxkeeper/inboxkeeper/internal/render"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 )
 
@@ -57,7 +57,7 @@ FROM (SELECT date_trunc('month', now() AT TIME ZONE 'UTC') a, date_trunc('month'
 	if made != want {
 		t.Fatalf("ensure made %d partitions, want %d\n%s", made, want, r)
 	}
-	if !regexp.MustCompile(`coverage \d+d \d+h`).MatchString(r.stdout) {
+	if !regexp.MustCompile(`coverage \d+d(\d+h)? \(until `).MatchString(r.stdout) {
 		t.Fatalf("no coverage in the output\n%s", r)
 	}
 	// ensure retires nothing.
@@ -76,17 +76,9 @@ FROM (SELECT date_trunc('month', now() AT TIME ZONE 'UTC') a, date_trunc('month'
 
 	r = f.run("status", "--json")
 	wantExit(t, r, 0)
-	var st struct {
-		Tables []struct {
-			Table     string   `json:"table"`
-			ManagedBy string   `json:"managed_by"`
-			Coverage  *float64 `json:"coverage_seconds"`
-		} `json:"tables"`
-	}
-	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
-		t.Fatalf("status --json: %v\n%s", err, r)
-	}
-	if len(st.Tables) != 1 || st.Tables[0].ManagedBy != "partition" || st.Tables[0].Coverage == nil || *st.Tables[0].Coverage < 30*86400 {
+	st := decodeOutput[render.StatusJSON](t, "status --json", r, nil)
+	if len(st.Tables) != 1 || st.Tables[0].ManagedBy != "partition" || st.Tables[0].Partitions == nil || st.Tables[0].Partitions.CoverageSeconds == nil ||
+		*st.Tables[0].Partitions.CoverageSeconds < 30*86400 {
 		t.Fatalf("status --json: %+v\n%s", st, r)
 	}
 }

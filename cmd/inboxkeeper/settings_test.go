@@ -1,11 +1,13 @@
 package main
 
 import (
-	"encoding/json"
+	"fmt"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/render"
 )
 
 // set and settings: values checked like the environment, global and per
@@ -30,28 +32,20 @@ func TestSettings(t *testing.T) {
 		"  settings:                 batch_size=300 (table setting), batch_pause=10ms (policy tuning), max_replica_lag=5s (global setting)\n")
 	r = f.run("settings", "--json")
 	wantExit(t, r, 0)
-	var got struct {
-		Scopes []struct {
-			Table    string
-			Settings []struct{ Key, Value, Source string }
-		}
-	}
-	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil {
-		t.Fatalf("settings --json: %v\n%s", err, r.stdout)
-	}
+	got := decodeOutput[render.SettingsJSON](t, "settings --json", r, nil)
 	in := map[string]string{}
 	for _, s := range got.Scopes {
 		for _, v := range s.Settings {
-			in[s.Table+" "+v.Key] = v.Value + " (" + v.Source + ")"
+			in[s.Table+" "+v.Key] = fmt.Sprintf("%v %s (%s)", v.Value, v.Unit, v.Source)
 		}
 	}
 	for k, want := range map[string]string{
-		"global batch_size":                     "1000 (global setting)",
-		"global batch_pause":                    "0s (default)",
-		"public.consumer_inbox batch_size":      "300 (table setting)",
-		"public.consumer_inbox batch_pause":     "10ms (policy tuning)",
-		"public.consumer_inbox max_replica_lag": "5s (global setting)",
-		"public.consumer_inbox batch_size_max":  "50000 (default)",
+		"global batch_size":                     "1000 rows (global setting)",
+		"global batch_pause":                    "0 seconds (default)",
+		"public.consumer_inbox batch_size":      "300 rows (table setting)",
+		"public.consumer_inbox batch_pause":     "0.01 seconds (policy tuning)",
+		"public.consumer_inbox max_replica_lag": "5 seconds (global setting)",
+		"public.consumer_inbox batch_size_max":  "50000 rows (default)",
 	} {
 		if in[k] != want {
 			t.Errorf("%s = %q, want %q", k, in[k], want)

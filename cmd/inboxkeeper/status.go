@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
@@ -83,7 +82,7 @@ func (a *app) statusOnce(ctx context.Context, pool *pgxpool.Pool, tables []*cata
 	th := pass.NewThrottle(ctx, pool, a.cfg, a.log, nil)
 	th.MeasureOnce(ctx)
 	if asJSON {
-		return json.NewEncoder(w).Encode(render.StatusJSON(st, th))
+		return render.WriteJSON(w, render.StatusOf(st, tables, th))
 	}
 	render.Status(w, st, tables, rates, th)
 	return nil

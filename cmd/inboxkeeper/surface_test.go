@@ -4,11 +4,15 @@ package main
 // same thing; each test retries an item as a new user would.
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/jsondoc"
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 )
 
 // One duration grammar: 90d, 36h and 1d12h wherever a duration goes (the
@@ -99,4 +103,108 @@ func readFile(t *testing.T, path string) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// documented is what the commands reference documents of a JSON output
+// ("status --json"): its fields.
+func documented(t *testing.T, output string) []jsondoc.Field {
+	t.Helper()
+	fields, err := jsondoc.Read(readFile(t, "../../docs/reference/commands.md"), output)
+	if err != nil {
+		t.Fatalf("docs/reference/commands.md: %s: %v", output, err)
+	}
+	return fields
+}
+
+// decodeOutput decodes a command's JSON output strictly: every field it
+// holds must be documented for output in the commands reference, with a
+// value of the documented type; then into T, which must know every field.
+// seen (nil: none) collects the fields shown.
+func decodeOutput[T any](t *testing.T, output string, r result, seen jsondoc.Seen) T {
+	t.Helper()
+	if seen == nil {
+		seen = jsondoc.Seen{}
+	}
+	for _, d := range jsondoc.Check([]byte(r.stdout), documented(t, output), seen) {
+		t.Errorf("%s: %s", output, d)
+	}
+	var v T
+	dec := json.NewDecoder(strings.NewReader(r.stdout))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&v); err != nil {
+		t.Fatalf("%s: %v\n%s", output, err, r)
+	}
+	return v
+}
+
+// retentionSection is a retention record of payments on the short inbox,
+// with a field of every kind (plan --json shows them all).
+const retentionSection = `retention:
+  - scope: payments
+    table: public.consumer_inbox
+    producer: billing-service
+    consequence: high
+    owner: payments-team
+    margin: 2d
+    margin_reason: clock skew and delayed cleanup
+    after_expiry: applied again; the ledger's unique payout id guards it
+    extension: { owner: payments-oncall, on_duplicate: true, by: 7d, cap: 90d }
+    max_backfill_age: 60d
+    storage_tiers: hot only
+    paths:
+      - { name: broker redelivery, stages: [{ after: 14d, from: event_time }] }
+      - name: restore then backlog
+        stages: [{ name: restore, after: 45d, from: event_time }, { name: backlog, after: 3d }]
+      - name: migration replay
+        stages: [{ deadline: 2099-03-01T00:00:00Z }]
+      - { name: manual backfill, unbounded: true }
+`
+
+// Every JSON output decodes strictly against the fields the commands
+// reference documents for it (a field not documented, or of another type,
+// fails), and shows every documented field that cannot be null: a table
+// managed by rows with holds, replays and settings bounded across layers,
+// one managed by partition, one with tiers; the settings, their history
+// and the retention records.
+func TestJSONOutputsAsDocumented(t *testing.T) {
+	t.Parallel()
+	seen := map[string]jsondoc.Seen{}
+	check := func(output string, r result) {
+		t.Helper()
+		wantExit(t, r, 0)
+		if seen[output] == nil {
+			seen[output] = jsondoc.Seen{}
+		}
+		for _, d := range jsondoc.Check([]byte(r.stdout), documented(t, output), seen[output]) {
+			t.Errorf("%s: %s\n%s", output, d, r.stdout)
+		}
+	}
+
+	f := newFixture(t, inboxDDL, strings.Replace(inboxPolicy, "expires_at: remember_until", `expires_at: remember_until
+    tuning: {batch_pause: 10ms}`, 1)+retentionSection, true)
+	env := []string{"INBOXKEEPER_BATCH_SIZE=500"}
+	wantExit(t, f.run("plan", "--apply"), 0)
+	wantExit(t, f.run("hold", "add", "--table", "public.consumer_inbox", "--scope", "billing", "--from", "2026-02-01", "--to", "2026-02-02",
+		"--reason", "r", "--owner", "o", "--for", "30d"), 0)
+	wantExit(t, f.run("replay", "start", "--table", "public.consumer_inbox", "--scope", "payments", "--from", "2000-01-01", "--to", "2000-01-02",
+		"--owner", "o", "--force"), 0)
+	wantExit(t, f.runWith(env, "set", "--table", "public.consumer_inbox", "batch_size_max=123", "--reason", "r"), 0)
+	wantExit(t, f.run("set", "active_hours=22:00-06:00", "max_replica_lag_bytes=16MB", "--reason", "r"), 0)
+	wantExit(t, f.run("set", "--unset", "active_hours", "--reason", "r"), 0)
+	check("status --json", f.runWith(env, "status", "--json"))
+	check("settings --json", f.runWith(env, "settings", "--json"))
+	check("settings --history --json", f.run("settings", "--history", "--json"))
+	check("plan --json", f.run("plan", "--json"))
+
+	p := newFixture(t, partitionedDDL, partitionedPolicy, true)
+	check("status --json", p.run("status", "--json"))
+	tiered := newFixture(t, tieredDDL, pgtest.TieredInboxPolicy, true)
+	wantExit(t, tiered.run("migrate"), 0) // creates the permanent key table
+	check("status --json", tiered.run("status", "--json"))
+
+	for output, s := range seen {
+		if unseen := jsondoc.Unseen(documented(t, output), s); len(unseen) > 0 {
+			t.Errorf("%s never showed %v", output, unseen)
+		}
+	}
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/url"
 	"os"
@@ -10,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inboxkeeper/inboxkeeper/internal/render"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 )
 
@@ -73,25 +73,20 @@ func TestHoldBlocks(t *testing.T) {
 		"due for demotion:       5 (held ones included; holds blocking demotion: 1)", "permanent:              ~5 rows", "in inboxkeeper.keys_public_inbox")
 	r = f.run("status", "--json")
 	wantExit(t, r, 0)
-	var st struct {
-		Tiers map[string]struct {
-			Due   int64              `json:"due"`
-			Rows  map[string]float64 `json:"rows"`
-			Table string             `json:"permanent_key_table"`
-		} `json:"tiers"`
-		Tables []struct {
-			Holds []struct {
-				Blocks string `json:"blocks"`
-			} `json:"holds"`
-		} `json:"tables"`
+	st := decodeOutput[render.StatusJSON](t, "status --json", r, nil)
+	if len(st.Tables) != 1 || st.Tables[0].Tiers == nil || st.Tables[0].Rows == nil {
+		t.Fatalf("status --json: %+v\n%s", st, r)
 	}
-	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
-		t.Fatalf("status --json: %v\n%s", err, r)
+	ti, of := st.Tables[0].Tiers, func(v *float64) float64 {
+		if v == nil {
+			return -1
+		}
+		return *v
 	}
-	if ti := st.Tiers["public.inbox"]; ti.Due != 5 || ti.Rows["warm"] != 10 || ti.Rows["hot"] != 10 || ti.Table != "inboxkeeper.keys_public_inbox" {
-		t.Errorf("status --json tiers: %+v\n%s", st.Tiers, r)
+	if ti.Due != 5 || of(ti.Rows.Warm) != 10 || of(ti.Rows.Hot) != 10 || ti.PermanentKeyTable == nil || *ti.PermanentKeyTable != "inboxkeeper.keys_public_inbox" {
+		t.Errorf("status --json tiers: %+v\n%s", ti, r)
 	}
-	if len(st.Tables) != 1 || len(st.Tables[0].Holds) != 2 || st.Tables[0].Holds[1].Blocks != "delete" {
+	if h := st.Tables[0].Rows.Holds; len(h) != 2 || h[1].Blocks != "delete" {
 		t.Errorf("status --json holds: %+v", st.Tables)
 	}
 }

@@ -753,6 +753,17 @@ func (c Config) Get(env string) string {
 	return ""
 }
 
+// Value returns the value of the variable env in c, typed: an int, a
+// time.Duration, a ByteSize, a string; nil for an unknown variable.
+func (c Config) Value(env string) any {
+	for _, v := range variables() {
+		if v.name == env {
+			return reflect.ValueOf(c).Field(v.index).Interface()
+		}
+	}
+	return nil
+}
+
 // With returns c with the variable env set to value, parsed and checked
 // exactly as the environment is (the same messages, cross-checks included:
 // BATCH_SIZE between BATCH_SIZE_MIN and _MAX). The error names env.

@@ -21,7 +21,7 @@ import (
 // (NewThrottle, MeasureOnce).
 type Status struct {
 	Citus      map[string]*catalog.Distribution // the tables Citus distributes
-	Tuning     map[string][]settings.Value      // by table, settings.Global for the global view
+	Scopes     []settings.Scope                 // the tunables in force: global, then each table's
 	InRecovery bool
 	Lease      *lease.Holder // nil: no instance holds it
 	Tables     []expiry.TableStatus
@@ -47,7 +47,7 @@ func ReadStatus(ctx context.Context, w Wiring, env config.Config, tables []*cata
 	if st.Lease, err = lease.Current(ctx, w.Pool); err != nil {
 		return st, err
 	}
-	st.Tuning, err = settings.Values(ctx, w.Pool, env, tables)
+	st.Scopes, err = settings.Values(ctx, w.Pool, env, tables)
 	return st, err
 }
 

@@ -3,7 +3,6 @@ package render
 import (
 	"fmt"
 	"io"
-	"math"
 	"strings"
 	"time"
 
@@ -11,7 +10,6 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/humantime"
 	"github.com/inboxkeeper/inboxkeeper/internal/pass"
-	"github.com/inboxkeeper/inboxkeeper/internal/policy"
 	"github.com/inboxkeeper/inboxkeeper/internal/settings"
 	"github.com/inboxkeeper/inboxkeeper/partitions"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
@@ -37,8 +35,9 @@ func Status(w io.Writer, r pass.Status, tables []*catalog.Table, rates Rates, th
 // StatusTables prints the per-table part of status. Each table is named
 // once, in policy order, with every part that applies.
 func StatusTables(w io.Writer, r pass.Status, tables []*catalog.Table, rates Rates) {
-	if s := describeTuning(r.Tuning[settings.Global]); s != "" {
-		fmt.Fprintf(w, "settings (all tables):      %s\n", s)
+	global := describeTuning(scope(r.Scopes, settings.ScopeName(settings.Global)))
+	if global != "" {
+		fmt.Fprintf(w, "settings (all tables):      %s\n", global)
 	}
 	for _, t := range tables {
 		if t.Partitioned() {
@@ -46,7 +45,7 @@ func StatusTables(w io.Writer, r pass.Status, tables []*catalog.Table, rates Rat
 		} else {
 			fmt.Fprintf(w, "%s\n", t.Name)
 		}
-		if s := describeTuning(r.Tuning[t.Name]); s != "" && s != describeTuning(r.Tuning[settings.Global]) {
+		if s := describeTuning(scope(r.Scopes, t.Name)); s != "" && s != global {
 			fmt.Fprintf(w, "  settings:                 %s\n", s)
 		}
 		if d := t.Citus; d != nil {
@@ -73,81 +72,28 @@ func StatusTables(w io.Writer, r pass.Status, tables []*catalog.Table, rates Rat
 	}
 }
 
-// StatusJSON is the shape of `status --json`: snake_case, durations in
-// seconds, instants in RFC 3339.
-func StatusJSON(r pass.Status, th *throttle.Throttler) map[string]any {
-	tables := []map[string]any{}
-	for _, st := range r.Tables {
-		holds, replays := []map[string]any{}, []map[string]any{}
-		for _, h := range st.Holds {
-			holds = append(holds, map[string]any{"id": h.ID, "scope": h.Scope, "from": h.From, "to": h.To,
-				"reason": h.Reason, "owner": h.Owner, "created_at": h.CreatedAt, "expires_at": h.ExpiresAt, "blocks": h.Blocks})
+// scope is the settings of the scope named name (a table, or "global").
+func scope(scopes []settings.Scope, name string) []settings.Value {
+	for _, s := range scopes {
+		if s.Table == name {
+			return s.Settings
 		}
-		for _, p := range st.Replays {
-			replays = append(replays, map[string]any{"id": p.ID, "scope": p.Scope, "from": p.From, "to": p.To,
-				"owner": p.Owner, "started_at": p.StartedAt, "beyond_window": p.BeyondWindow})
-		}
-		tables = append(tables, map[string]any{
-			"table": st.Table, "now": st.Now, "due": st.Due, "due_capped": st.DueCapped,
-			"cleanup_lag_seconds": st.CleanupLag.Seconds(), "oldest_expiry": st.Oldest, "newest_expiry": st.Newest,
-			"holds": holds, "replays": replays, "citus": citusJSON(r.Citus[st.Table]),
-		})
 	}
-	for _, p := range r.Partitions {
-		pj := partitionJSON(p)
-		pj["citus"] = citusJSON(r.Citus[p.Table])
-		tables = append(tables, pj)
-	}
-	state := th.Check()
-	signals := []map[string]any{}
-	for _, s := range th.Readings() {
-		v := any(s.Value)
-		if math.IsInf(s.Value, 0) {
-			v = nil // unknown: JSON has no infinity
-		}
-		signals = append(signals, map[string]any{"kind": s.Kind, "subject": s.Subject, "value": v, "threshold": s.Threshold,
-			"unit": s.Unit, "over": s.Over, "detail": s.Detail})
-	}
-	standbys := []map[string]any{}
-	for _, p := range th.Paces() {
-		standbys = append(standbys, map[string]any{"standby": p.Standby, "bytes_behind": p.Behind,
-			"apply_rate_bytes_per_second": p.ApplyRate, "apply_rate_measured": p.Measured, "window_bytes": p.Window})
-	}
-	out := map[string]any{
-		"in_recovery": r.InRecovery,
-		"tables":      tables,
-		"throttle": map[string]any{"throttled": state.Throttled, "kind": state.Kind, "reason": state.Reason, "signals": signals,
-			"standbys": standbys},
-		"active_instance": nil,
-	}
-	if len(r.Tiers) > 0 {
-		tiers := map[string]any{}
-		for name, st := range r.Tiers {
-			tiers[name] = tierJSON(st)
-		}
-		out["tiers"] = tiers
-	}
-	if r.Lease != nil {
-		out["active_instance"] = map[string]any{"holder": r.Lease.Name, "lease_expires_at": r.Lease.ExpiresAt}
-	}
-	return out
+	return nil
 }
 
-// citusJSON is a distributed table's distribution in status --json; null
-// for an ordinary table.
-func citusJSON(d *catalog.Distribution) any {
-	if d == nil {
-		return nil
-	}
-	return map[string]any{"distribution_column": d.Column.Name, "shards": d.Shards, "workers": d.Workers}
-}
-
+// writeStatus writes a table managed row by row, its backlog in the words
+// of the metrics: due (deletable now: inboxkeeper_rows_due), protected by
+// holds and by replays (inboxkeeper_rows_protected), the replays beyond the
+// window (inboxkeeper_replays_beyond_window).
 func writeStatus(w io.Writer, st expiry.TableStatus) {
 	due := fmt.Sprintf("%d", st.Due)
 	if st.DueCapped {
 		due = fmt.Sprintf("more than %d (count capped)", st.Due)
 	}
-	fmt.Fprintf(w, "  expired, not yet deleted: %s (protected rows included)\n", due)
+	fmt.Fprintf(w, "  due (deletable now):      %s\n", due)
+	fmt.Fprintf(w, "  protected by holds:       %d\n", st.ProtectedByHolds)
+	fmt.Fprintf(w, "  protected by replays:     %d\n", st.ProtectedByReplays)
 	fmt.Fprintf(w, "  cleanup lag:              %s\n", humantime.Duration(st.CleanupLag))
 	if st.Oldest != nil {
 		fmt.Fprintf(w, "  oldest retained expiry:   %s\n", st.Oldest.UTC().Format(time.RFC3339))
@@ -163,6 +109,7 @@ func writeStatus(w io.Writer, st expiry.TableStatus) {
 	for _, r := range st.Replays {
 		fmt.Fprintf(w, "    %s\n", DescribeReplay(r))
 	}
+	fmt.Fprintf(w, "  replays beyond the window: %d\n", st.ReplaysBeyondWindow)
 }
 
 // writePartitionStatus describes a partitioned table for `status`, from a
@@ -212,35 +159,6 @@ func bound(x *time.Time) string {
 	return x.UTC().Format(time.RFC3339)
 }
 
-// partitionJSON is one partitioned table in `status --json`.
-func partitionJSON(r partitions.TableResult) map[string]any {
-	cov := any(r.Coverage.Seconds())
-	if r.CoveredUntil == nil {
-		cov = nil // unbounded: JSON has no infinity
-	}
-	attached := []map[string]any{}
-	for _, p := range r.Partitions {
-		attached = append(attached, map[string]any{"name": p.String(), "from": p.Lower, "to": p.Upper, "detach_pending": p.DetachPending})
-	}
-	blocked := []map[string]any{}
-	for _, b := range r.Blocked {
-		blocked = append(blocked, map[string]any{"partition": b.Partition, "reason": b.Reason, "detail": b.Detail, "detached": b.Detached})
-	}
-	waiting := []map[string]any{}
-	for _, d := range r.Waiting {
-		waiting = append(waiting, map[string]any{"partition": policyName(d), "detached_at": d.DetachedAt, "drop_at": d.DropAt})
-	}
-	out := map[string]any{
-		"table": r.Table, "now": r.Now, "managed_by": "partition",
-		"coverage_seconds": cov, "covered_until": r.CoveredUntil, "cleanup_lag_seconds": r.CleanupLag.Seconds(),
-		"partitions": attached, "missing": List(r.Created), "due": List(r.Detached), "blocked": blocked, "detached": waiting,
-	}
-	if r.Err != nil {
-		out["error"] = r.Err.Error()
-	}
-	return out
-}
-
 // List is s, or an empty list: status --json writes [] for none, never null.
 func List[T any](s []T) []T {
 	if s == nil {
@@ -257,7 +175,7 @@ func writeTierStatus(w io.Writer, st *tiering.Status) {
 	if st.DueCapped {
 		due = fmt.Sprintf("more than %d (count capped)", st.Due)
 	}
-	fmt.Fprintf(w, "  tiers:                    hot for %s, payload %s\n", policy.Duration(st.HotFor), st.Layout)
+	fmt.Fprintf(w, "  tiers:                    hot for %s, payload %s\n", humantime.Format(st.HotFor), st.Layout)
 	fmt.Fprintf(w, "    due for demotion:       %s (held ones included; holds blocking demotion: %d)\n", due, st.Blocking)
 	est := func(tier string) string {
 		v, ok := st.Rows[tier]
@@ -279,22 +197,6 @@ func writeTierStatus(w io.Writer, st *tiering.Status) {
 			fmt.Fprintf(w, "    permanent:              %s in %s\n", est(tiering.Permanent), st.KeyTable)
 		}
 	}
-}
-
-// tierJSON is the "tiers" object of a table in `status --json`.
-func tierJSON(st *tiering.Status) map[string]any {
-	if st == nil {
-		return nil
-	}
-	out := map[string]any{
-		"hot_for_seconds": st.HotFor.Seconds(), "layout": st.Layout, "due": st.Due, "due_capped": st.DueCapped,
-		"blocking_holds": st.Blocking, "rows": st.Rows, "bytes_per_key": st.BytesPerKey,
-	}
-	if st.KeyTable != "" {
-		out["permanent_key_table"] = st.KeyTable
-		out["permanent_key_table_exists"] = !st.KeyMissing
-	}
-	return out
 }
 
 // describeTuning lists, for status, the values in force that are not the

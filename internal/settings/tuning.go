@@ -78,19 +78,18 @@ func InForce(ctx context.Context, q Querier, base config.Config) (config.Config,
 	return g, nil
 }
 
-// Values resolves every tunable, globally and per table, for status: the
-// value in force and its source, by table (Global for the global view).
-func Values(ctx context.Context, q Querier, base config.Config, tables []*catalog.Table) (map[string][]Value, error) {
+// Values resolves every tunable, globally and for each of tables, for
+// status: the scopes settings shows.
+func Values(ctx context.Context, q Querier, base config.Config, tables []*catalog.Table) ([]Scope, error) {
 	stored, err := Load(ctx, q)
 	if err != nil {
 		return nil, err
 	}
-	out := map[string][]Value{}
-	_, out[Global], _ = Resolve(base, nil, stored, Global)
+	named := []namedTuning{{Global, nil}}
 	for _, t := range tables {
-		_, out[t.Name], _ = Resolve(base, t.Policy.Tuning, stored, t.Name)
+		named = append(named, namedTuning{t.Name, t.Policy.Tuning})
 	}
-	return out, nil
+	return scopes(base, stored, named), nil
 }
 
 // CheckPolicy checks the tuning blocks of p's tables on top of base, as the
@@ -112,26 +111,37 @@ func CheckPolicy(base config.Config, p *policy.Policy) error {
 // table's, and why they do not hold together when they do not: what
 // `inboxkeeper settings` shows.
 type Scope struct {
-	Table    string  `json:"table"` // "global" for the global scope
-	Settings []Value `json:"settings"`
-	Error    string  `json:"error,omitempty"`
+	Table    string // "global" for the global scope
+	Settings []Value
+	Error    string
 }
 
 // Scopes resolves every tunable on top of base with the stored settings:
 // globally, then for each table of p with its tuning block.
 func Scopes(base config.Config, stored []Setting, p *policy.Policy) []Scope {
+	named := []namedTuning{{Global, nil}}
+	for _, t := range p.Tables {
+		named = append(named, namedTuning{t.Name.String(), t.Tuning})
+	}
+	return scopes(base, stored, named)
+}
+
+// namedTuning is a scope's name (Global, or a table's) and its tuning
+// block.
+type namedTuning struct {
+	name   string
+	tuning map[string]string
+}
+
+func scopes(base config.Config, stored []Setting, named []namedTuning) []Scope {
 	var out []Scope
-	add := func(name string, tuning map[string]string) {
-		_, vals, err := Resolve(base, tuning, stored, name)
-		s := Scope{Table: ScopeName(name), Settings: vals}
+	for _, n := range named {
+		_, vals, err := Resolve(base, n.tuning, stored, n.name)
+		s := Scope{Table: ScopeName(n.name), Settings: vals}
 		if err != nil {
 			s.Error = err.Error()
 		}
 		out = append(out, s)
-	}
-	add(Global, nil)
-	for _, t := range p.Tables {
-		add(t.Name.String(), t.Tuning)
 	}
 	return out
 }
