@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/inboxkeeper/inboxkeeper/internal/render"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/jsondoc"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 )
@@ -207,4 +208,43 @@ func TestJSONOutputsAsDocumented(t *testing.T) {
 			t.Errorf("%s never showed %v", output, unseen)
 		}
 	}
+}
+
+// One vocabulary for the backlog: after a pass, status, status --json and
+// the metrics once exports (the textfile here; the push is the same
+// registry) name and count the same: due, protected by holds, protected by
+// replays, the replays beyond the window.
+func TestOneVocabularyForTheBacklog(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, inboxDDL, inboxPolicy+retentionSection, true)
+	wantExit(t, f.run("plan", "--apply"), 0)
+	wantExit(t, f.run("hold", "add", "--table", "public.consumer_inbox", "--scope", "billing", "--reason", "r", "--owner", "o"), 0)
+	wantExit(t, f.run("replay", "start", "--table", "public.consumer_inbox", "--scope", "payments",
+		"--from", "2026-01-01T00:00:00Z", "--to", "2026-01-01T05:30:00Z", "--owner", "o", "--force"), 0)
+
+	// Before the pass: billing's 10 are held, payments' first 5 replayed,
+	// its other 15 due.
+	r := f.run("status")
+	wantExit(t, r, 0, "  due (deletable now):      15\n", "  protected by holds:       10\n", "  protected by replays:     5\n",
+		"  replays beyond the window: 1\n", "BEYOND THE DEDUP WINDOW (forced)")
+
+	file := filepath.Join(f.dir, "once.prom")
+	wantExit(t, f.run("once", "--metrics-file", file), 0)
+	m := readFile(t, file)
+	st := decodeOutput[render.StatusJSON](t, "status --json", f.run("status", "--json"), nil)
+	rows := st.Tables[0].Rows
+	for series, got := range map[string]float64{
+		`inboxkeeper_rows_due{table="public.consumer_inbox"}`:                   float64(rows.Due),
+		`inboxkeeper_rows_protected{by="hold",table="public.consumer_inbox"}`:   float64(rows.ProtectedByHolds),
+		`inboxkeeper_rows_protected{by="replay",table="public.consumer_inbox"}`: float64(rows.ProtectedByReplays),
+		`inboxkeeper_replays_beyond_window{table="public.consumer_inbox"}`:      float64(rows.ReplaysBeyondWindow),
+	} {
+		if want := metricValue(t, m, series); got != want {
+			t.Errorf("status --json says %v where once exported %s %v", got, series, want)
+		}
+	}
+	if rows.Due != 0 || rows.ProtectedByHolds != 10 || rows.ProtectedByReplays != 5 || rows.ReplaysBeyondWindow != 1 {
+		t.Errorf("after the pass: %+v, want 0 due, 10 and 5 protected, 1 replay beyond the window", rows)
+	}
+	wantExit(t, f.run("status"), 0, "  due (deletable now):      0\n", "  protected by holds:       10\n", "  protected by replays:     5\n")
 }

@@ -968,6 +968,20 @@ func TestOnceExportsMetrics(t *testing.T) {
 	if v := scrape.Value(t, pushed, series); v != 20 {
 		t.Errorf("the Pushgateway has %s = %v, want 20", series, v)
 	}
+	// What run exports after a pass, the push has too: the policy loaded,
+	// the forced replay (InboxkeeperReplayBeyondWindow can fire), the rows
+	// it protects and the rule's horizon.
+	for series, want := range map[string]float64{
+		`inboxkeeper_config_last_reload_successful{instance=%q,job="inboxkeeper"}`:                                         1,
+		`inboxkeeper_replays_beyond_window{instance=%q,job="inboxkeeper",table="public.consumer_inbox"}`:                   1,
+		`inboxkeeper_rows_protected{by="replay",instance=%q,job="inboxkeeper",table="public.consumer_inbox"}`:              0,
+		`inboxkeeper_replay_horizon_seconds{instance=%q,job="inboxkeeper",scope="payments",table="public.consumer_inbox"}`: -1,
+	} {
+		series = fmt.Sprintf(series, host)
+		if v := scrape.Value(t, pushed, series); (want >= 0 && v != want) || (want < 0 && v <= 0) {
+			t.Errorf("the Pushgateway has %s = %v, want %v (-1: above 0)", series, v, want)
+		}
+	}
 
 	// A CronJob's runs push under one stable name, each replacing the last.
 	for range 2 {
@@ -980,22 +994,12 @@ func TestOnceExportsMetrics(t *testing.T) {
 	}
 }
 
-// onceLacks is what `once` does not export yet although the rules tests of
-// a CronJob's series (cronModes) feed it: issue 25's phase B makes `once`
-// export what `run` measures after a pass. Take each out as `once` exports
-// it; the test fails while one is listed but exported.
-var onceLacks = []string{"inboxkeeper_rows_protected", "inboxkeeper_replays_beyond_window", "inboxkeeper_replay_horizon_seconds"}
-
-// onceReloadMetricIsZero: `once` exports inboxkeeper_config_last_reload_successful
-// 0 (and its timestamp 0) after loading its policy, which would fire
-// InboxkeeperConfigReloadFailed for every CronJob; phase B of issue 25 sets
-// them as `run` does at start. Set this false then.
-const onceReloadMetricIsZero = true
-
 // checkCronSeries: every inboxkeeper_* series the rules tests feed as a
-// healthy once's is one that once --metrics-file exports, with the value
-// the tests give the reload metric, but for onceLacks. The partition gauges
-// are set for tables managed by partition, which this fixture has not.
+// healthy once's is one that once --metrics-file exports (what run exports
+// after a pass: rows_protected, the replays beyond the window, the rules'
+// horizons), and the reload metric says 1 at the policy's load, as the
+// tests give it. The partition gauges are set for tables managed by
+// partition, which this fixture has not.
 func checkCronSeries(t *testing.T, textfile string) {
 	t.Helper()
 	exported := map[string]bool{}
@@ -1019,24 +1023,13 @@ func checkCronSeries(t *testing.T, textfile string) {
 		t.Fatalf("%s has no tests of once's series", rulesTestFile)
 	}
 	for name := range fed {
-		switch {
-		case slices.Contains(onceLacks, name):
-		case strings.HasPrefix(name, "inboxkeeper_partition"):
-		case !exported[name]:
+		if !strings.HasPrefix(name, "inboxkeeper_partition") && !exported[name] {
 			t.Errorf("%s feeds %s as a CronJob's series, but once --metrics-file does not export it", rulesTestFile, name)
-		}
-	}
-	for _, name := range onceLacks {
-		if exported[name] {
-			t.Errorf("once --metrics-file exports %s now: take it out of onceLacks", name)
 		}
 	}
 	ok := scrape.Value(t, textfile, "inboxkeeper_config_last_reload_successful")
 	at := scrape.Value(t, textfile, "inboxkeeper_config_last_reload_success_timestamp_seconds")
-	switch {
-	case onceReloadMetricIsZero && (ok != 0 || at != 0):
-		t.Errorf("once exports inboxkeeper_config_last_reload_successful %v at %v now: set onceReloadMetricIsZero false", ok, at)
-	case !onceReloadMetricIsZero && (ok != 1 || at <= 0):
+	if ok != 1 || at <= 0 {
 		t.Errorf("once exports inboxkeeper_config_last_reload_successful %v at %v after loading its policy, want 1 at the load's time: InboxkeeperConfigReloadFailed would fire for every CronJob", ok, at)
 	}
 }

@@ -4,12 +4,10 @@ import (
 	"context"
 	"time"
 
-	"github.com/inboxkeeper/inboxkeeper/expiry"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/daemonmetrics"
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/lease"
-	"github.com/inboxkeeper/inboxkeeper/tiering"
 )
 
 // Daemon is a pass of `run`, when this instance may: not against a
@@ -18,21 +16,16 @@ import (
 // every pass. Scheduling passes is the caller's.
 type Daemon struct {
 	*Driver
-	lease    *lease.Lease
-	metrics  *Metrics
-	tiers    *tiering.Collector
-	retained *expiry.Retained
-	state    string
-	inForce  map[string]bool
+	lease   *lease.Lease
+	metrics *Metrics
+	state   string
+	inForce map[string]bool
 }
 
 // NewDaemon runs d's passes under ls, exporting to d's Metrics (required).
 func NewDaemon(d *Driver, ls *lease.Lease) *Daemon {
-	m := d.Metrics
 	d.Lease = ls.Check
-	return &Daemon{Driver: d, lease: ls, metrics: m,
-		tiers:    tiering.NewCollector(d.Pool, m.Tiering, m.Daemon.BytesPerKey, d.Log),
-		retained: expiry.NewRetained(d.Pool, m.retained(), d.Log)}
+	return &Daemon{Driver: d, lease: ls, metrics: d.Metrics}
 }
 
 // Use puts a (re)loaded policy's tables in force: the next pass builds its
@@ -45,8 +38,6 @@ func (d *Daemon) Use(tables []*catalog.Table) {
 		d.inForce[t.Name] = true
 	}
 	d.metrics.Facts.KeepTables(func(table string) bool { return d.inForce[table] })
-	d.metrics.Daemon.ReloadOK.Set(1)
-	d.metrics.Daemon.ReloadTime.Set(float64(time.Now().Unix()))
 }
 
 // ReloadFailed says the policy file on disk is not the one in force: its
@@ -112,16 +103,9 @@ func (d *Daemon) Pass(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	results := d.metrics.results()
-	for _, r := range Of[expiry.TableResult](res.Tables) {
-		results.Record(r)
-	}
+	d.record(ctx, res)
 	outcome = res.Outcome()
 	failed, _, total := res.Counts()
-	_ = d.tiers.Update(ctx, d.tables)
-	if err := d.retained.Update(ctx, d.tables); err != nil && ctx.Err() == nil {
-		d.Log.Warn("inboxkeeper: read the control schema for metrics", "error", err)
-	}
 	d.Log.Info("inboxkeeper: pass done", "outcome", outcome, "tables", total, "failed", failed,
 		"duration", time.Since(start).Round(time.Millisecond))
 	return nil

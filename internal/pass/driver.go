@@ -36,11 +36,42 @@ type Driver struct {
 	watch    *settings.Watch
 	runner   Runner
 	deleters []*expiry.Deleter
+	tiers    *tiering.Collector // made by record
+	retained *expiry.Retained
 }
 
-// Use puts tables in force; the next pass builds its stages for them.
+// Use puts tables in force, a policy that passed its checks: the next pass
+// builds its stages for them, and the metrics say the policy in force is
+// the file's, loaded now (inboxkeeper_config_last_reload_successful 1, in
+// run as in once's export).
 func (d *Driver) Use(tables []*catalog.Table) {
 	d.tables, d.watch = tables, nil
+	if d.Metrics != nil {
+		d.Metrics.PolicyLoaded()
+	}
+}
+
+// record exports what a pass measured besides its counters, the same after
+// a pass of run and of once: each table's facts (rows protected, retained
+// expiries, bytes per key), the tiers, and what each table remembers (the
+// installed rules' horizons, the retained ranges, the replays beyond the
+// window). A dry run exports none of them: it measured nothing.
+func (d *Driver) record(ctx context.Context, res Result) {
+	if d.Metrics == nil || d.DryRun {
+		return
+	}
+	if d.tiers == nil {
+		d.tiers = tiering.NewCollector(d.Pool, d.Metrics.Tiering, d.Metrics.Daemon.BytesPerKey, d.Log)
+		d.retained = expiry.NewRetained(d.Pool, d.Metrics.retained(), d.Log)
+	}
+	results := d.Metrics.results()
+	for _, r := range Of[expiry.TableResult](res.Tables) {
+		results.Record(r)
+	}
+	_ = d.tiers.Update(ctx, d.tables)
+	if err := d.retained.Update(ctx, d.tables); err != nil && ctx.Err() == nil {
+		d.Log.Warn("inboxkeeper: read the control schema for metrics", "error", err)
+	}
 }
 
 // Tables are the tables in force.
@@ -135,6 +166,9 @@ func (d *Driver) Once(ctx context.Context) (failed, total int, err error) {
 		}
 		d.build(tn)
 		res, err := d.runner.Run(ctx)
+		if err == nil {
+			d.record(ctx, res)
+		}
 		if d.Metrics != nil {
 			d.Metrics.PassEnded(res.Outcome())
 		}

@@ -71,6 +71,12 @@ func (m *Metrics) ThrottleMetrics() *throttle.Metrics {
 	return m.Throttle
 }
 
+// PolicyLoaded says the policy in force is the file's, loaded now.
+func (m *Metrics) PolicyLoaded() {
+	m.Daemon.ReloadOK.Set(1)
+	m.Daemon.ReloadTime.Set(float64(time.Now().Unix()))
+}
+
 // PassEnded records a finished pass with its outcome.
 func (m *Metrics) PassEnded(outcome string) {
 	m.Daemon.Passes.WithLabelValues(outcome).Inc()
