@@ -85,6 +85,32 @@ WHERE n.nspname = $1 AND c.relname = $2)`, k.Table.Schema, k.Table.Name).Scan(&o
 	return true, nil
 }
 
+// CheckKeyTables checks, for a dry run, what EnsureKeyTables would do
+// without creating anything: a missing permanent key table whose schema
+// the role may not create in (or that does not exist) is ErrKeyTable, as
+// the real run would find.
+func CheckKeyTables(ctx context.Context, db Querier, tables []*catalog.Table) error {
+	for _, t := range tables {
+		if t.Tiers == nil || t.Tiers.Key == nil {
+			continue
+		}
+		k := t.Tiers.Key
+		var exists, canCreate bool
+		err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2),
+       coalesce((SELECT has_schema_privilege(n.oid, 'CREATE') FROM pg_namespace n WHERE n.nspname = $1), false)`,
+			k.Table.Schema, k.Table.Name).Scan(&exists, &canCreate)
+		if err != nil {
+			return fmt.Errorf("table %s: look up the permanent key table %s: %w", t.Name, k.Name, err)
+		}
+		k.Exists = exists
+		if !exists && !canCreate {
+			return fmt.Errorf("%w %s of table %s does not exist and cannot be created (no CREATE privilege on schema %s); run `inboxkeeper migrate` as the owner of the schema, or create it:\n%s",
+				ErrKeyTable, k.Name, t.Name, k.Table.Schema, k.DDL(t))
+		}
+	}
+	return nil
+}
+
 // CopyPermanentKeys writes the permanent keys of every row of source (a
 // quoted relation with t's columns: t itself, or one of its partitions) in
 // one statement of tx, and returns how many keys were new. Partition

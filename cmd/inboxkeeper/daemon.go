@@ -49,7 +49,7 @@ func (a *app) daemon(ctx context.Context, args []string) error {
 	if err != nil || ctx.Err() != nil {
 		return err
 	}
-	if err := a.sessionForPartitions(ctx, tables, false); err != nil {
+	if err := a.sessionForPartitions(ctx, tables); err != nil {
 		return err
 	}
 	th, err := a.startThrottle(ctx, pool, ms.ThrottleMetrics())
@@ -155,7 +155,7 @@ func (a *app) reloadPolicy(ctx context.Context, pool *pgxpool.Pool) ([]*catalog.
 	if err := tiering.EnsureKeyTables(ctx, pool, tables, a.log); err != nil {
 		return nil, err
 	}
-	if err := a.sessionForPartitions(ctx, tables, false); err != nil {
+	if err := a.sessionForPartitions(ctx, tables); err != nil {
 		return nil, err
 	}
 	catalog.WarnLocalTime(ctx, pool, tables, a.log)

@@ -54,7 +54,13 @@ func (a *app) once(ctx context.Context, args []string) error {
 	if err != nil || pool == nil {
 		return err
 	}
-	if err := a.sessionForPartitions(ctx, tables, *dryRun); err != nil {
+	// A dry run checks everything the real run checks before it starts (it
+	// is how a change is tried): the partition DDL's session, the throttle's
+	// query; the pass checks the permanent key tables.
+	if err := a.sessionForPartitions(ctx, tables); err != nil {
+		return err
+	}
+	if err := a.checkThrottleQuery(ctx, pool); err != nil {
 		return err
 	}
 	d := a.driver(pool, tables, *dryRun, ms)
@@ -117,13 +123,22 @@ func instanceName() string {
 	return host
 }
 
-// startThrottle starts the throttle's collectors; the caller stops them. A
-// THROTTLE_QUERY that fails is a configuration error.
-func (a *app) startThrottle(ctx context.Context, pool *pgxpool.Pool, m *throttle.Metrics) (*throttle.Throttler, error) {
+// checkThrottleQuery runs INBOXKEEPER_THROTTLE_QUERY once: one that fails
+// is a configuration error.
+func (a *app) checkThrottleQuery(ctx context.Context, pool *pgxpool.Pool) error {
 	if a.cfg.ThrottleQuery != "" {
 		if err := throttle.CheckQuery(ctx, pool, a.cfg.ThrottleQuery); err != nil && ctx.Err() == nil {
-			return nil, configError{err}
+			return configError{err}
 		}
+	}
+	return nil
+}
+
+// startThrottle starts the throttle's collectors, after checking its query;
+// the caller stops them.
+func (a *app) startThrottle(ctx context.Context, pool *pgxpool.Pool, m *throttle.Metrics) (*throttle.Throttler, error) {
+	if err := a.checkThrottleQuery(ctx, pool); err != nil {
+		return nil, err
 	}
 	t := pass.NewThrottle(ctx, pool, a.cfg, a.log, m)
 	t.Start(ctx)

@@ -47,12 +47,15 @@ func TestPacingStatusAndMetrics(t *testing.T) {
 func TestThrottleQueryCheckedAtStart(t *testing.T) {
 	t.Parallel()
 	f := inboxFixture(t)
+	// once --dry-run refuses it too: a dry run checks what the run checks
+	// (issue 25).
 	for _, q := range []string{"SELEC 1", "SELECT nope FROM pg_class", "SELECT 'busy'::text"} {
-		for _, cmd := range []string{"once", "run"} {
-			r := f.runWith([]string{"INBOXKEEPER_THROTTLE_QUERY=" + q, "INBOXKEEPER_METRICS_ADDR="}, cmd)
+		for _, args := range [][]string{{"once"}, {"once", "--dry-run"}, {"run"}} {
+			r := f.runWith([]string{"INBOXKEEPER_THROTTLE_QUERY=" + q, "INBOXKEEPER_METRICS_ADDR="}, args...)
 			wantExit(t, r, 2, "INBOXKEEPER_THROTTLE_QUERY")
 		}
 	}
+	wantExit(t, f.runWith([]string{"INBOXKEEPER_THROTTLE_QUERY=SELECT 0"}, "once", "--dry-run"), 0)
 	if n := f.rows(); n != 42 {
 		t.Errorf("%d rows left, want all 42: nothing may be deleted", n)
 	}

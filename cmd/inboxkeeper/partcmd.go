@@ -16,9 +16,10 @@ import (
 // partition DDL of tables can have sessions of its own (DETACH ...
 // CONCURRENTLY cannot run in a transaction, and its fence is a session
 // lock), and opens a pool on INBOXKEEPER_SESSION_DATABASE_URL for it when
-// that is set. A dry run does no DDL and needs none.
-func (a *app) sessionForPartitions(ctx context.Context, tables []*catalog.Table, dryRun bool) error {
-	if dryRun || a.ddl != nil || !slices.ContainsFunc(tables, (*catalog.Table).Partitioned) {
+// that is set. A dry run does no DDL, but checks the same: it is how a
+// change is tried before it runs.
+func (a *app) sessionForPartitions(ctx context.Context, tables []*catalog.Table) error {
+	if a.ddl != nil || !slices.ContainsFunc(tables, (*catalog.Table).Partitioned) {
 		return nil
 	}
 	url, err := a.sessionURL("partition DDL (DETACH ... CONCURRENTLY under the hold fence)")
@@ -55,7 +56,7 @@ func (a *app) partitionsCmd(ctx context.Context, args []string) error {
 	if err != nil || pool == nil {
 		return err
 	}
-	if err := a.sessionForPartitions(ctx, tables, *dryRun); err != nil {
+	if err := a.sessionForPartitions(ctx, tables); err != nil {
 		return err
 	}
 	m := a.wiring(pool, *dryRun, nil, nil).Partitions(a.cfg, tables)

@@ -109,8 +109,11 @@ func TestOnceWithoutKeyTablePrivilege(t *testing.T) {
 	t.Cleanup(func() { _, _ = f.pool.Exec(t.Context(), "DROP OWNED BY "+role+"; DROP ROLE "+role) })
 	pgtestExecf(t, f, "GRANT USAGE ON SCHEMA inboxkeeper TO "+role+"; GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA inboxkeeper TO "+role+
 		"; GRANT SELECT, UPDATE, DELETE ON public.inbox TO "+role)
-	r := f.runWith([]string{"INBOXKEEPER_DATABASE_URL=" + asRole(t, f.url, role)}, "once")
-	wantExit(t, r, 2, "permanent key table inboxkeeper.keys_public_inbox of table public.inbox does not exist and cannot be created", "inboxkeeper migrate")
+	// The dry run refuses it as the real run does, and creates nothing.
+	for _, args := range [][]string{{"once", "--dry-run"}, {"once"}} {
+		r := f.runWith([]string{"INBOXKEEPER_DATABASE_URL=" + asRole(t, f.url, role)}, args...)
+		wantExit(t, r, 2, "permanent key table inboxkeeper.keys_public_inbox of table public.inbox does not exist and cannot be created", "inboxkeeper migrate")
+	}
 	f.wantCount("rows after the refused pass", 25, "SELECT count(*) FROM public.inbox WHERE payload IS NOT NULL")
 
 	// run, as a sidecar would, waits for it instead of exiting.
@@ -118,7 +121,7 @@ func TestOnceWithoutKeyTablePrivilege(t *testing.T) {
 	d.waitLine(regexp.MustCompile(`waiting for a permanent key table.*inboxkeeper migrate`), 30*time.Second)
 
 	// migrate, as the owner, creates it; then the role can run.
-	r = f.run("migrate")
+	r := f.run("migrate")
 	wantExit(t, r, 0, "permanent key table inboxkeeper.keys_public_inbox created for public.inbox")
 	wantExit(t, f.run("migrate"), 0, "permanent key table inboxkeeper.keys_public_inbox of public.inbox exists")
 	pgtestExecf(t, f, "GRANT SELECT, INSERT ON inboxkeeper.keys_public_inbox TO "+role)

@@ -80,8 +80,11 @@ func (d *Driver) Tables() []*catalog.Table { return d.tables }
 // EnsureKeyTables creates the permanent key tables the tables in force
 // need: a deletion writes its keys in the same statement, so they must
 // exist before anything runs (tiering.ErrKeyTable when the role may not
-// create one).
+// create one). A dry run creates none, but checks that it could.
 func (d *Driver) EnsureKeyTables(ctx context.Context) error {
+	if d.DryRun {
+		return tiering.CheckKeyTables(ctx, d.Pool, d.tables)
+	}
 	return tiering.EnsureKeyTables(ctx, d.Pool, d.tables, d.Log)
 }
 
@@ -154,10 +157,9 @@ func (d *Driver) Once(ctx context.Context) (failed, total int, err error) {
 	if d.Metrics != nil && d.Lease != nil {
 		d.Metrics.Daemon.Active.Set(1) // this instance holds the lease
 	}
-	if !d.DryRun {
-		if err := d.EnsureKeyTables(ctx); err != nil {
-			return 0, 0, err
-		}
+	// A dry run creates nothing, but refuses what the real run would.
+	if err := d.EnsureKeyTables(ctx); err != nil {
+		return 0, 0, err
 	}
 	for {
 		tn, err := settings.Read(ctx, d.Pool, d.Env, d.tables)
