@@ -13,6 +13,7 @@ import (
 
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
+	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/lease"
 	"github.com/inboxkeeper/inboxkeeper/internal/pass"
 	"github.com/inboxkeeper/inboxkeeper/internal/render"
@@ -168,9 +169,12 @@ func (a *app) reloadPolicy(ctx context.Context, pool *pgxpool.Pool) ([]*catalog.
 // policy file that does not parse still ends it (exit 2).
 func (a *app) prepareWithRetry(ctx context.Context, ms *pass.Metrics) (pool *pgxpool.Pool, tables []*catalog.Table, err error) {
 	err = pass.WaitForSetup(ctx, a.log, ms.Daemon.PolicyMismatch, func(err error) bool {
+		// A connection refused for a reason of the configuration's is waited
+		// for: a password, a grant or a database can change while it runs.
 		var ce configError
 		var ue usageError
-		return errors.As(err, &ce) || errors.As(err, &ue)
+		var conn *dbconn.ConnectError
+		return (errors.As(err, &ce) || errors.As(err, &ue)) && !errors.As(err, &conn)
 	}, func() error {
 		if pool, tables, err = a.prepare(ctx); err != nil {
 			return err

@@ -314,11 +314,8 @@ func (a *app) connect(ctx context.Context) (*pgxpool.Pool, error) {
 	}
 	// The deleter uses one connection; the throttle's collectors a few more.
 	pool, pooled, err := dbconn.Open(ctx, a.cfg.DatabaseURL, 8, dbconn.AppName(a.command))
-	if errors.Is(err, dbconn.ErrBadURL) {
-		return nil, configError{fmt.Errorf("INBOXKEEPER_DATABASE_URL: %w (%s)", err, config.RedactURL(a.cfg.DatabaseURL))}
-	}
 	if err != nil {
-		return nil, err
+		return nil, connectFailed("INBOXKEEPER_DATABASE_URL", a.cfg.DatabaseURL, err)
 	}
 	a.log.Debug("inboxkeeper: connected", "database", config.RedactURL(a.cfg.DatabaseURL), "pooler", pooled)
 	a.pool, a.pooled = pool, pooled
@@ -351,14 +348,31 @@ func (a *app) txSettings() dbconn.TxSettings {
 // sessionConn opens a connection of its own to url (from sessionURL).
 func (a *app) sessionConn(ctx context.Context, url string) (*pgx.Conn, error) {
 	conn, err := dbconn.Dial(ctx, url, dbconn.AppName(a.command))
-	if errors.Is(err, dbconn.ErrBadURL) {
+	if err != nil {
 		name := "INBOXKEEPER_DATABASE_URL"
 		if url == a.cfg.SessionURL {
 			name = "INBOXKEEPER_SESSION_DATABASE_URL"
 		}
-		return nil, configError{fmt.Errorf("%s: %w (%s)", name, err, config.RedactURL(url))}
+		return nil, connectFailed(name, url, err)
 	}
-	return conn, err
+	return conn, nil
+}
+
+// connectFailed names the variable of a connection that failed. A string
+// that does not parse, and a failure that is the configuration's (the
+// password, the role's grants, the database's name: dbconn.IsConfigError),
+// are configuration errors: exit 2.
+func connectFailed(variable, url string, err error) error {
+	switch red := config.RedactURL(url); {
+	case errors.Is(err, dbconn.ErrBadURL) && strings.HasPrefix(red, "("):
+		// Not even redacted: it is not shown, as it may hold a password.
+		return configError{fmt.Errorf("%s: %w; the string is not shown, as it may hold a password", variable, err)}
+	case errors.Is(err, dbconn.ErrBadURL):
+		return configError{fmt.Errorf("%s %s: %w", variable, red, err)}
+	case dbconn.IsConfigError(err):
+		return configError{fmt.Errorf("%s: %w", variable, err)}
+	}
+	return fmt.Errorf("%s: %w", variable, err)
 }
 
 func (a *app) loadPolicy() (*policy.Policy, error) {
@@ -407,7 +421,7 @@ func (a *app) prepare(ctx context.Context) (*pgxpool.Pool, []*catalog.Table, err
 func isSetupError(err error) bool {
 	var ue usageError
 	var ce configError
-	return errors.As(err, &ue) || errors.As(err, &ce) || errors.Is(err, catalog.ErrInvalid) || errors.Is(err, migrations.ErrNotMigrated) ||
+	return errors.As(err, &ue) || errors.As(err, &ce) || dbconn.IsConfigError(err) || errors.Is(err, catalog.ErrInvalid) || errors.Is(err, migrations.ErrNotMigrated) ||
 		errors.Is(err, migrations.ErrTooNew) || errors.Is(err, tiering.ErrKeyTable) || pass.IsSettingsError(err)
 }
 

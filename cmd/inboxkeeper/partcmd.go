@@ -2,12 +2,10 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
-	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/render"
 )
@@ -27,11 +25,8 @@ func (a *app) sessionForPartitions(ctx context.Context, tables []*catalog.Table)
 		return err // DATABASE_URL is direct: the main pool serves
 	}
 	pool, err := dbconn.OpenDirect(ctx, url, 4, dbconn.AppName(a.command))
-	if errors.Is(err, dbconn.ErrBadURL) {
-		return configError{fmt.Errorf("INBOXKEEPER_SESSION_DATABASE_URL: %w (%s)", err, config.RedactURL(url))}
-	}
 	if err != nil {
-		return fmt.Errorf("connect to %s (INBOXKEEPER_SESSION_DATABASE_URL): %w", config.RedactURL(url), err)
+		return connectFailed("INBOXKEEPER_SESSION_DATABASE_URL", url, err)
 	}
 	a.ddl = pool
 	return nil

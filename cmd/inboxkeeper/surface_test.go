@@ -5,15 +5,19 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/render"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/jsondoc"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/redistest"
+	"github.com/jackc/pgx/v5"
 )
 
 // One duration grammar: 90d, 36h and 1d12h wherever a duration goes (the
@@ -247,4 +251,76 @@ func TestOneVocabularyForTheBacklog(t *testing.T) {
 		t.Errorf("after the pass: %+v, want 0 due, 10 and 5 protected, 1 replay beyond the window", rows)
 	}
 	wantExit(t, f.run("status"), 0, "  due (deletable now):      0\n", "  protected by holds:       10\n", "  protected by replays:     5\n")
+}
+
+// Connection failures are classified: a wrong password, a role that may
+// not connect, a database that does not exist and a connection string that
+// does not parse are configuration errors (exit 2), said once, without
+// pgx's attempt with TLS and without doubled parentheses; an unreachable
+// server is a runtime failure (exit 1). run waits for a cause of the
+// configuration's with one ERROR line per change of cause, backing off.
+func TestConnectionFailuresClassified(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	c := pgtest.NewCluster(t)
+	pgtest.ExecOn(t, c.URL("postgres"), `CREATE DATABASE app`)
+	pgtest.ExecOn(t, c.URL("postgres"), `CREATE ROLE ik_pw LOGIN PASSWORD 'right'; CREATE ROLE ik_nogrant LOGIN;
+REVOKE CONNECT ON DATABASE app FROM PUBLIC; GRANT CONNECT ON DATABASE app TO ik_pw`)
+	if err := c.RequirePassword(ctx, "ik_pw"); err != nil {
+		t.Fatal(err)
+	}
+	// No sslmode: pgx tries TLS first, which this server refuses.
+	url := func(userinfo, db string) string {
+		return fmt.Sprintf("postgres://%s@127.0.0.1:%d/%s", userinfo, c.Port, db)
+	}
+	pgtest.WaitFor(t, 30*time.Second, "the server to want ik_pw's password", func() bool {
+		conn, err := pgx.Connect(ctx, url("ik_pw:wrong", "app"))
+		if err == nil {
+			conn.Close(ctx)
+		}
+		return err != nil
+	})
+	dir := t.TempDir()
+	policy := writeFile(t, dir, "inboxkeeper.yaml", inboxPolicy)
+	for _, k := range []struct {
+		url  string
+		code int
+		want string
+	}{
+		{url("ik_pw:wrong", "app"), 2, `INBOXKEEPER_DATABASE_URL: connect to postgres://ik_pw:***@127.0.0.1:` + fmt.Sprint(c.Port) +
+			`/app: authentication failed: password authentication failed for user "ik_pw" (SQLSTATE 28P01)`},
+		{url("ik_nosuchrole", "app"), 2, `authentication failed: role "ik_nosuchrole" does not exist (SQLSTATE 28000)`},
+		{url("ik_nogrant", "app"), 2, `not allowed to connect: permission denied for database "app" (SQLSTATE 42501)`},
+		{url("postgres", "nosuchdb"), 2, `unknown database: database "nosuchdb" does not exist (SQLSTATE 3D000)`},
+		{"postgres://u:s3cret/x@h/db", 2, "INBOXKEEPER_DATABASE_URL: cannot parse the connection string: invalid port; the string is not shown, as it may hold a password"},
+		{fmt.Sprintf("host=127.0.0.1 port=%d sslmode=sometimes", c.Port), 2, "cannot parse the connection string: failed to configure TLS"},
+		{fmt.Sprintf("postgres://postgres@127.0.0.1:%d/app", redistest.FreePort(t)), 1, "unreachable: dial tcp 127.0.0.1:"},
+	} {
+		for _, args := range [][]string{{"status"}, {"once"}, {"migrate"}, {"hold", "list"}} {
+			r := runCLI(t, dir, cliEnv("INBOXKEEPER_DATABASE_URL="+k.url, "INBOXKEEPER_POLICY_FILE="+policy), args...)
+			wantExit(t, r, k.code, k.want)
+			for _, noise := range []string{"tls error", "((", "s3cret", "\n\t"} {
+				if strings.Contains(r.output(), noise) {
+					t.Errorf("the message holds %q\n%s", noise, r)
+				}
+			}
+		}
+	}
+
+	// run waits: one ERROR however often it tries, until the cause changes.
+	failures := func() int {
+		return strings.Count(readFile(t, c.LogFile()), `password authentication failed for user "ik_pw"`)
+	}
+	before := failures()
+	d := startDaemon(t, dir, cliEnv("INBOXKEEPER_DATABASE_URL="+url("ik_pw:wrong", "app"), "INBOXKEEPER_POLICY_FILE="+policy), "run")
+	d.waitLine(regexp.MustCompile(`level=ERROR msg="inboxkeeper: cannot connect; trying again with backoff until the configuration or the database changes" cause="authentication failed"`), 30*time.Second)
+	pgtest.WaitFor(t, 60*time.Second, "run to try three times", func() bool { return failures() >= before+3 })
+	// The password changes on the server's side: run connects, and waits
+	// for what comes next (the control schema, the table).
+	pgtest.ExecOn(t, c.URL("postgres"), `ALTER ROLE ik_pw PASSWORD 'wrong'`)
+	d.waitLine(regexp.MustCompile(`msg="inboxkeeper: the policy does not match the database; nothing is touched until it does" error="control schema`), 60*time.Second)
+	if n := strings.Count(d.log(), `msg="inboxkeeper: cannot connect`); n != 1 {
+		t.Errorf("run logged %d lines for one cause of failing to connect, want 1\n%s", n, d.log())
+	}
+	d.stop()
 }

@@ -17,10 +17,6 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 )
 
-// ErrBadURL is returned for a connection string pgx cannot parse. Its text
-// never repeats the string, which may hold a password.
-var ErrBadURL = fmt.Errorf("cannot parse the connection string")
-
 // Option adjusts a connection configuration.
 type Option func(*pgconn.Config)
 
@@ -56,7 +52,7 @@ func base(c *pgconn.Config, opts []Option) {
 func Pool(url string, maxConns int32, opts ...Option) (*pgxpool.Config, error) {
 	pc, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		return nil, ErrBadURL
+		return nil, badURL(err)
 	}
 	pc.MaxConns = maxConns
 	base(&pc.ConnConfig.Config, opts)
@@ -67,7 +63,7 @@ func Pool(url string, maxConns int32, opts ...Option) (*pgxpool.Config, error) {
 func Conn(url string, opts ...Option) (*pgx.ConnConfig, error) {
 	cc, err := pgx.ParseConfig(url)
 	if err != nil {
-		return nil, ErrBadURL
+		return nil, badURL(err)
 	}
 	base(&cc.Config, opts)
 	return cc, nil

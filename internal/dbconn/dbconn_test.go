@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 )
@@ -85,6 +86,50 @@ func TestBadURL(t *testing.T) {
 	if err == nil || strings.Contains(err.Error(), "s3cret") || !strings.Contains(err.Error(), "connect to postgres://inboxkeeper:***@127.0.0.1:1/app") {
 		t.Errorf("Dial(no server): %v, want the address with the password hidden", err)
 	}
+}
+
+// A failed connection says its cause once: a database that does not exist
+// is the configuration's, a server that does not answer is not; a pool's
+// failure while it runs is classified alike.
+func TestConnectErrorCauses(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.NewDatabase(t)
+	noDB := strings.Replace(url, "/"+dbName(t, url)+"?", "/ik_no_such_db?", 1)
+	_, _, err := Open(ctx, noDB, 2)
+	var ce *ConnectError
+	if !errors.As(err, &ce) || ce.Cause != CauseUnknownDatabase || !IsConfigError(err) || !strings.Contains(err.Error(), `database "ik_no_such_db" does not exist (SQLSTATE 3D000)`) {
+		t.Errorf("Open(no such database): %v", err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, err = Dial(cctx, "postgres://u@127.0.0.1:1/app")
+	if !errors.As(err, &ce) || ce.Cause != CauseUnreachable || IsConfigError(err) || strings.Contains(err.Error(), "\n") {
+		t.Errorf("Dial(no server): %v, want unreachable, in one line", err)
+	}
+	pc, err := Pool(noDB, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	_, err = InRecovery(ctx, pool)
+	if err = Classify(err); !errors.As(err, &ce) || ce.Cause != CauseUnknownDatabase || !strings.HasPrefix(err.Error(), "connect to postgres@") {
+		t.Errorf("a pool's failure classified: %v", err)
+	}
+}
+
+// dbName is the database a test URL names.
+func dbName(t *testing.T, url string) string {
+	t.Helper()
+	cc, err := pgx.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cc.Database
 }
 
 // TxSettings are local to the transaction (nothing is left on a

@@ -2,13 +2,10 @@ package dbconn
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/inboxkeeper/inboxkeeper/internal/config"
 )
 
 // connectTimeout bounds connecting and the first ping.
@@ -46,13 +43,17 @@ func Open(ctx context.Context, url string, maxConns int32, opts ...Option) (pool
 
 // OpenDirect connects a pool to url, which must not go through a
 // transaction pooler (INBOXKEEPER_SESSION_DATABASE_URL): no probe. A url
-// that does not parse is ErrBadURL.
+// that does not parse is ErrBadURL; a failed connection a ConnectError.
 func OpenDirect(ctx context.Context, url string, maxConns int32, opts ...Option) (*pgxpool.Pool, error) {
 	pc, err := Pool(url, maxConns, opts...)
 	if err != nil {
 		return nil, err
 	}
-	return ping(ctx, ctx, pc)
+	pool, err := ping(ctx, ctx, pc)
+	if err != nil {
+		return nil, connectError(url, err)
+	}
+	return pool, nil
 }
 
 func ping(ctx, connCtx context.Context, pc *pgxpool.Config) (*pgxpool.Pool, error) {
@@ -79,8 +80,4 @@ func Dial(ctx context.Context, url string, opts ...Option) (*pgx.Conn, error) {
 		return nil, connectError(url, err)
 	}
 	return conn, nil
-}
-
-func connectError(url string, err error) error {
-	return fmt.Errorf("connect to %s: %w", config.RedactURL(url), err)
 }

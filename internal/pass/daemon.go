@@ -2,6 +2,8 @@ package pass
 
 import (
 	"context"
+	"errors"
+	"log/slog"
 	"time"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
@@ -44,9 +46,12 @@ func (d *Daemon) Use(tables []*catalog.Table) {
 // last change failed its checks.
 func (d *Daemon) ReloadFailed() { d.metrics.Daemon.ReloadOK.Set(0) }
 
-func (d *Daemon) say(state string, args ...any) {
+func (d *Daemon) say(state string, args ...any) { d.sayAt(slog.LevelInfo, state, args...) }
+
+// sayAt logs a new state at level, once.
+func (d *Daemon) sayAt(level slog.Level, state string, args ...any) {
 	if state != d.state {
-		d.Log.Info("inboxkeeper: "+state, args...)
+		d.Log.Log(context.Background(), level, "inboxkeeper: "+state, args...)
 		d.state = state
 	}
 }
@@ -73,7 +78,14 @@ func (d *Daemon) Pass(ctx context.Context) error {
 		}
 		outcome = daemonmetrics.PassFailed
 		dm.Active.Set(0)
-		d.say("database unreachable; retrying next pass", "error", err)
+		// One line per change of cause; a cause of the configuration's (a
+		// password rotated, a grant revoked) is an ERROR someone must fix.
+		var ce *dbconn.ConnectError
+		if err = dbconn.Classify(err); errors.As(err, &ce) && ce.Config() {
+			d.sayAt(slog.LevelError, "cannot connect: "+string(ce.Cause)+"; retrying every pass until the configuration or the database changes", "error", err)
+		} else {
+			d.say("database unreachable; retrying next pass", "error", err)
+		}
 		return nil
 	}
 	if standby {

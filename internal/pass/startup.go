@@ -11,6 +11,7 @@ import (
 
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
+	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 	"github.com/inboxkeeper/inboxkeeper/internal/service"
 	"github.com/inboxkeeper/inboxkeeper/internal/settings"
@@ -28,9 +29,26 @@ import (
 // once. mismatch is 1 while the policy does not match the database. It
 // returns ctx's error when ctx ended first.
 func WaitForSetup(ctx context.Context, log *slog.Logger, mismatch prometheus.Gauge, fatal func(error) bool, setup func() error) error {
+	var lastConnect dbconn.ConnectError // the connection failure logged last
 	err := retry.Do(ctx, retry.Policy{MaxRetries: -1, Base: time.Second, Max: 30 * time.Second,
 		Retry: func(err error, _ retry.Kind) bool { return errors.Is(err, tiering.ErrKeyTable) || !fatal(err) },
 		OnRetry: func(_ retry.Kind, _ int, wait time.Duration, err error) {
+			var ce *dbconn.ConnectError
+			if errors.As(err, &ce) {
+				// One line per change of cause, not one per try: a wrong
+				// password is an ERROR that waits for someone to fix it.
+				if ce.Cause == lastConnect.Cause && ce.Detail == lastConnect.Detail {
+					return
+				}
+				lastConnect = *ce
+				if ce.Config() {
+					log.Error("inboxkeeper: cannot connect; trying again with backoff until the configuration or the database changes", "cause", string(ce.Cause), "error", err)
+				} else {
+					log.Warn("inboxkeeper: waiting for the database", "cause", string(ce.Cause), "error", err, "retry_in", wait)
+				}
+				return
+			}
+			lastConnect = dbconn.ConnectError{}
 			switch {
 			case errors.Is(err, tiering.ErrKeyTable):
 				mismatch.Set(1)

@@ -227,7 +227,7 @@ func quoteConf(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") 
 // StartServer starts (or restarts after StopServer) the server and waits
 // until it accepts connections.
 func (c *Cluster) StartServer(ctx context.Context) error {
-	logFile := filepath.Join(c.root, "server.log")
+	logFile := c.LogFile()
 	if _, err := c.run(ctx, "pg_ctl", "-D", c.DataDir, "-l", logFile, "-w", "-t", "60", "start"); err != nil {
 		return fmt.Errorf("%w\nserver log:\n%s", err, tail(logFile, 2000))
 	}
@@ -249,6 +249,27 @@ func (c *Cluster) Destroy() {
 		_, _ = c.run(ctx, "pg_ctl", "-D", c.DataDir, "-m", "immediate", "-w", "-t", "30", "stop")
 	}
 	_ = os.RemoveAll(c.root)
+}
+
+// LogFile is the server's log.
+func (c *Cluster) LogFile() string { return filepath.Join(c.root, "server.log") }
+
+// RequirePassword makes role log in over TCP with a password
+// (scram-sha-256) instead of trust, and has the server reload its
+// configuration.
+func (c *Cluster) RequirePassword(ctx context.Context, role string) error {
+	hba := filepath.Join(c.DataDir, "pg_hba.conf")
+	b, err := os.ReadFile(hba)
+	if err != nil {
+		return err
+	}
+	// The first line that matches decides: before the trust lines.
+	lines := fmt.Sprintf("host all %[1]s 127.0.0.1/32 scram-sha-256\nhost all %[1]s ::1/128 scram-sha-256\n", role)
+	if err := os.WriteFile(hba, append([]byte(lines), b...), 0o600); err != nil {
+		return err
+	}
+	_, err = c.run(ctx, "pg_ctl", "-D", c.DataDir, "reload")
+	return err
 }
 
 // URL is a connection string for database db as the superuser postgres.

@@ -1,0 +1,166 @@
+package dbconn
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/config"
+)
+
+// ErrBadURL is returned for a connection string pgx cannot parse. Its text
+// never repeats the string, which may hold a password.
+var ErrBadURL = errors.New("cannot parse the connection string")
+
+// badURL is ErrBadURL with pgx's reason ("sslmode is invalid"), which
+// never holds the string.
+func badURL(err error) error {
+	var pe *pgconn.ParseConfigError
+	if !errors.As(err, &pe) {
+		return ErrBadURL
+	}
+	// pgx writes "cannot parse `<string, redacted as best it can>`: <reason>
+	// (<inner error>)"; only the reason is sure to hold no password.
+	s := pe.Error()
+	if inner := errors.Unwrap(pe); inner != nil {
+		s = strings.TrimSuffix(s, " ("+inner.Error()+")")
+	}
+	i := strings.LastIndex(s, "`: ")
+	if i < 0 {
+		return ErrBadURL
+	}
+	return fmt.Errorf("%w: %s", ErrBadURL, s[i+3:])
+}
+
+// Cause is why a connection failed.
+type Cause string
+
+// The causes of a failed connection. The first four are the
+// configuration's (ConnectError.Config): trying again changes nothing until
+// the connection string, the password or the database's roles and grants
+// change.
+const (
+	// CauseAuthentication: a wrong password, a role that does not exist, no
+	// pg_hba.conf entry (SQLSTATE 28P01, 28000).
+	CauseAuthentication Cause = "authentication failed"
+	// CauseAuthorization: the role may not connect to the database
+	// (SQLSTATE 42501: no CONNECT privilege, or not a login role).
+	CauseAuthorization Cause = "not allowed to connect"
+	// CauseUnknownDatabase: the database does not exist (SQLSTATE 3D000).
+	CauseUnknownDatabase Cause = "unknown database"
+	// CauseUnreachable: no server answered (refused, timed out, no such
+	// host).
+	CauseUnreachable Cause = "unreachable"
+	// CauseRefused: the server answered but refused for now (starting up,
+	// shutting down, too many connections).
+	CauseRefused Cause = "refused"
+)
+
+// ConnectError is a connection that failed, with its cause and the one
+// message that says why: the server's, or the network's, once, without the
+// attempts pgx makes with and without TLS.
+type ConnectError struct {
+	URL    string // redacted (config.RedactURL)
+	Cause  Cause
+	Detail string
+	Err    error
+}
+
+func (e *ConnectError) Error() string {
+	return fmt.Sprintf("connect to %s: %s: %s", e.URL, e.Cause, e.Detail)
+}
+
+func (e *ConnectError) Unwrap() error { return e.Err }
+
+// Config reports a failure that is the configuration's: trying again as is
+// cannot help.
+func (e *ConnectError) Config() bool {
+	switch e.Cause {
+	case CauseAuthentication, CauseAuthorization, CauseUnknownDatabase:
+		return true
+	}
+	return false
+}
+
+// IsConfigError reports whether err is a connection string that does not
+// parse, or a connection that failed for a reason of the configuration's
+// (authentication, authorization, an unknown database).
+func IsConfigError(err error) bool {
+	var ce *ConnectError
+	return errors.Is(err, ErrBadURL) || (errors.As(err, &ce) && ce.Config())
+}
+
+// Classify is err as a ConnectError when it is a failed connection (a
+// pool's, say, while the daemon runs), named by its user, host, port and
+// database; any other error unchanged.
+func Classify(err error) error {
+	var ce *ConnectError
+	var pce *pgconn.ConnectError
+	if errors.As(err, &ce) || !errors.As(err, &pce) {
+		return err
+	}
+	c := pce.Config
+	return classify(fmt.Sprintf("%s@%s:%d/%s", c.User, c.Host, c.Port, c.Database), err)
+}
+
+// connectError classifies a failed connection to url.
+func connectError(url string, err error) error {
+	return classify(config.RedactURL(url), err)
+}
+
+// classify classifies a failed connection to where.
+func classify(where string, err error) error {
+	if errors.Is(err, context.Canceled) {
+		return err
+	}
+	ce := &ConnectError{URL: where, Err: err}
+	var pe *pgconn.PgError
+	var ne net.Error
+	var oe *net.OpError
+	var de *net.DNSError
+	switch {
+	case errors.As(err, &pe):
+		ce.Detail = fmt.Sprintf("%s (SQLSTATE %s)", pe.Message, pe.Code)
+		switch pe.Code {
+		case "28P01", "28000":
+			ce.Cause = CauseAuthentication
+		case "42501":
+			ce.Cause = CauseAuthorization
+		case "3D000":
+			ce.Cause = CauseUnknownDatabase
+		default:
+			ce.Cause = CauseRefused
+		}
+	case errors.As(err, &de):
+		ce.Cause, ce.Detail = CauseUnreachable, de.Error()
+	case errors.As(err, &oe):
+		ce.Cause, ce.Detail = CauseUnreachable, oe.Error()
+	case errors.As(err, &ne) && ne.Timeout(), errors.Is(err, context.DeadlineExceeded):
+		ce.Cause, ce.Detail = CauseUnreachable, fmt.Sprintf("no answer within %s", connectTimeout)
+	default:
+		ce.Cause, ce.Detail = CauseUnreachable, withoutTLSNoise(err)
+	}
+	return ce
+}
+
+// withoutTLSNoise is err's message without the lines of the attempt pgx
+// makes with TLS first (sslmode=prefer), when another attempt says more,
+// and without repeated lines.
+func withoutTLSNoise(err error) string {
+	var lines []string
+	for _, l := range strings.Split(err.Error(), "\n") {
+		l = strings.TrimSpace(l)
+		if l != "" && !strings.Contains(l, "tls error") && !slices.Contains(lines, l) {
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) == 0 {
+		return err.Error()
+	}
+	return strings.Join(lines, "; ")
+}
