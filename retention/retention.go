@@ -263,11 +263,11 @@ func plan(d *strictyaml.Decoder, list *yaml.Node, p *policy.Policy) ([]Plan, err
 	firsts := map[string]string{}
 	for i, n := range list.Content {
 		var re rawEntry
-		ctx, ok := d.DecodeEntry(n, &re, "retention", i, "scope")
-		if !ok {
-			continue
-		}
+		// Every problem at once: the checks of an entry run on what decoded,
+		// skipping what did not (strictyaml.Decoder.Reported).
+		ctx, decoded := d.DecodeEntry(n, &re, "retention", i, "scope")
 		pl, ok := entry(d, re, ctx, n.Line, p)
+		ok = ok && decoded
 		if re.Scope != "" {
 			if first, dup := firsts[re.Scope]; dup {
 				d.Errorf(n.Line, ctx, "scope", "scope %q is listed twice (first as %s)", re.Scope, first)
@@ -290,7 +290,9 @@ func plan(d *strictyaml.Decoder, list *yaml.Node, p *policy.Policy) ([]Plan, err
 func entry(d *strictyaml.Decoder, re rawEntry, ctx string, line int, p *policy.Policy) (pl Plan, ok bool) {
 	failed := false
 	fail := func(field, format string, args ...any) {
-		d.Errorf(line, ctx, field, format, args...)
+		if !d.Reported(ctx, field) {
+			d.Errorf(line, ctx, field, format, args...)
+		}
 		failed = true
 	}
 	required := func(field, v, why string) {

@@ -25,7 +25,6 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/pass"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
 	"github.com/inboxkeeper/inboxkeeper/internal/render"
-	"github.com/inboxkeeper/inboxkeeper/internal/settings"
 	"github.com/inboxkeeper/inboxkeeper/migrations"
 	"github.com/inboxkeeper/inboxkeeper/retention"
 	"github.com/inboxkeeper/inboxkeeper/tiering"
@@ -382,9 +381,6 @@ func (a *app) loadPolicy() (*policy.Policy, error) {
 	}
 	// A broken retention section makes the whole file suspect.
 	if _, err := retention.Load(p); err != nil {
-		return nil, configError{err}
-	}
-	if err := settings.CheckPolicy(a.cfg, p); err != nil {
 		return nil, configError{err}
 	}
 	return p, nil

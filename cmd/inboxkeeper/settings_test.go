@@ -87,7 +87,8 @@ func TestSettings(t *testing.T) {
 	// A tuning block is checked like the environment when the policy loads.
 	bad := f.writeFile("bad.yaml", strings.Replace(inboxPolicy, "expires_at: remember_until", `expires_at: remember_until
     tuning: {batch_target: soon}`, 1))
-	wantExit(t, f.runWith([]string{"INBOXKEEPER_POLICY_FILE=" + bad}, "once", "--dry-run"), 2, "bad.yaml:2: table public.consumer_inbox: tuning:", `"soon" is not a duration`)
+	wantExit(t, f.runWith([]string{"INBOXKEEPER_POLICY_FILE=" + bad}, "once", "--dry-run"), 2,
+		`bad.yaml:7: tables[0] (public.consumer_inbox): tuning.batch_target: "soon" is not a duration`)
 }
 
 // A running daemon applies a set before its next batch, without a restart,

@@ -324,3 +324,41 @@ REVOKE CONNECT ON DATABASE app FROM PUBLIC; GRANT CONNECT ON DATABASE app TO ik_
 	}
 	d.stop()
 }
+
+// Policy errors: a syntax error on the line where it is, and every problem
+// of the file at once, each on its field's line.
+func TestPolicyErrorsAllAtTheirLines(t *testing.T) {
+	t.Parallel()
+	f := inboxFixture(t)
+	for _, c := range []struct{ policy, want string }{
+		// The key under the list item is indented one space short.
+		{"tables:\n  - table: public.consumer_inbox\n   key: [consumer, message_id]\n    expires_at: remember_until\n",
+			"syntax.yaml:3: did not find expected '-' indicator"},
+		{"tables:\n  - table: public.consumer_inbox\n    key: [consumer, message_id]\n    scope: consumer\n    event_time: event_time\n    expires_at remember_until\n",
+			"syntax.yaml:6: could not find expected ':'"},
+	} {
+		r := f.runWith([]string{"INBOXKEEPER_POLICY_FILE=" + f.writeFile("syntax.yaml", c.policy)}, "status")
+		wantExit(t, r, 2, c.want)
+	}
+	r := f.runWith([]string{"INBOXKEEPER_POLICY_FILE=" + f.writeFile("many.yaml", `tables:
+  - table: public.consumer_inbox
+    key: [consumer, message_id]
+    expires_at: remember_until
+    colour: blue
+    tuning:
+      batch_target: soon
+      batch_size: lots
+  - table: public.other
+    key: []
+    expires_after: {column: seen, after: 30 days}
+`)}, "once", "--dry-run")
+	wantExit(t, r, 2,
+		`many.yaml:5: tables[0] (public.consumer_inbox): unknown field "colour"`,
+		`many.yaml:7: tables[0] (public.consumer_inbox): tuning.batch_target: "soon" is not a duration`,
+		`many.yaml:8: tables[0] (public.consumer_inbox): tuning.batch_size: "lots" is not an integer`,
+		`many.yaml:10: tables[1] (public.other): key: required`,
+		`many.yaml:11: tables[1] (public.other): expires_after.after: "30 days" is not a duration`)
+	if n := strings.Count(r.stderr, "many.yaml:"); n != 5 {
+		t.Errorf("%d problems reported, want 5, once each\n%s", n, r)
+	}
+}

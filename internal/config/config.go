@@ -380,6 +380,47 @@ var levels = map[string]slog.Level{
 	"error": slog.LevelError,
 }
 
+// Problem is one problem of a configuration: the variable, and what is
+// wrong with its value.
+type Problem struct{ Variable, Message string }
+
+// Problems are what Validate refuses, one by one.
+func (c Config) Problems() []Problem {
+	var out []Problem
+	for _, p := range c.problems() {
+		out = append(out, Problem{p.name, p.msg})
+	}
+	return out
+}
+
+// Defaults is the configuration of an empty environment.
+func Defaults() Config {
+	var c Config
+	for _, v := range variables() {
+		if v.def != "" {
+			c, _ = c.Set(v.name, v.def)
+		}
+	}
+	return c
+}
+
+// InKeys spells the tunables' variables in s as their keys (batch_size for
+// INBOXKEEPER_BATCH_SIZE), for messages about runtime settings and tuning
+// blocks.
+func InKeys(s string) string { return keyNames.Replace(s) }
+
+// keyNames replaces the longest names first: BATCH_SIZE_MIN before
+// BATCH_SIZE.
+var keyNames = func() *strings.Replacer {
+	ts := slices.Clone(Tunables)
+	slices.SortFunc(ts, func(a, b Tunable) int { return len(b.Env) - len(a.Env) })
+	var pairs []string
+	for _, t := range ts {
+		pairs = append(pairs, t.Env, t.Key)
+	}
+	return strings.NewReplacer(pairs...)
+}()
+
 // Validate checks the values; every problem names its variable.
 func (c Config) Validate() error { return c.problems().err() }
 
@@ -799,7 +840,7 @@ func (c Config) Set(env, value string) (Config, error) {
 }
 
 // setField parses value into f the way envconfig does for the types the
-// tunables have.
+// variables have (a list, read by Load alone, excepted).
 func setField(f reflect.Value, value string) error {
 	switch p := f.Addr().Interface().(type) {
 	case *ByteSize:
@@ -820,6 +861,20 @@ func setField(f reflect.Value, value string) error {
 			return err
 		}
 		*p = int(n)
+		return nil
+	case *bool:
+		b, err := strconv.ParseBool(value)
+		if err != nil {
+			return err
+		}
+		*p = b
+		return nil
+	case *float64:
+		x, err := strconv.ParseFloat(value, 64)
+		if err != nil {
+			return err
+		}
+		*p = x
 		return nil
 	}
 	return fmt.Errorf("cannot set a %s at run time", f.Type())

@@ -220,6 +220,13 @@ func TestLoadBatchSizeLayers(t *testing.T) {
 	}
 }
 
+// Defaults is the configuration of an empty environment, whole.
+func TestDefaults(t *testing.T) {
+	if got := Defaults(); !reflect.DeepEqual(got, defaults) {
+		t.Errorf("Defaults() = %+v\nwant %+v", got, defaults)
+	}
+}
+
 func TestUnknownVariables(t *testing.T) {
 	tests := []struct{ name, want string }{
 		{"INBOXKEEPER_BATCHSIZE", "INBOXKEEPER_BATCHSIZE: unknown variable (did you mean INBOXKEEPER_BATCH_SIZE?)"},

@@ -27,12 +27,14 @@ package policy
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"reflect"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/humantime"
 	"github.com/inboxkeeper/inboxkeeper/internal/sqlident"
 	"github.com/inboxkeeper/inboxkeeper/internal/strictyaml"
@@ -158,6 +160,36 @@ func (r *rawTuning) values() map[string]string {
 	return out
 }
 
+// checkTuning checks a tuning block as the environment is checked: each
+// value alone, and the block's values together. The block is a layer above
+// the environment and the defaults, so its values bound theirs
+// (config.BoundBatchSizes): only the block contradicting itself is a
+// problem. Each problem is the field's own.
+func checkTuning(tuning map[string]string, fail func(field, format string, args ...any)) {
+	c := config.Defaults()
+	inBlock := map[string]bool{}
+	for _, key := range slices.Sorted(maps.Keys(tuning)) {
+		t, _ := config.TunableByKey(key)
+		next, err := c.Set(t.Env, tuning[key])
+		if err != nil {
+			fail("tuning."+key, "%s", config.InKeys(strings.TrimPrefix(err.Error(), t.Env+": ")))
+			continue
+		}
+		c, inBlock[t.Env] = next, true
+	}
+	c.BoundBatchSizes(func(env string) int {
+		if inBlock[env] {
+			return 1
+		}
+		return 0
+	})
+	for _, p := range c.Problems() {
+		if inBlock[p.Variable] {
+			fail("tuning."+config.InKeys(p.Variable), "%s", config.InKeys(p.Message))
+		}
+	}
+}
+
 // TuningKeys are the keys a tuning block takes.
 func TuningKeys() []string {
 	var out []string
@@ -219,11 +251,11 @@ func Parse(data []byte, source string) (*Policy, error) {
 	for i := range raw.Tables {
 		n := &raw.Tables[i]
 		var rt rawTable
-		ctx, ok := d.DecodeEntry(n, &rt, "tables", i, "table")
-		if !ok {
-			continue
-		}
+		// Every problem at once: the checks of an entry run on what decoded,
+		// skipping what did not (strictyaml.Decoder.Reported).
+		ctx, decoded := d.DecodeEntry(n, &rt, "tables", i, "table")
 		t, ok := table(d, rt, ctx, n.Line)
+		ok = ok && decoded
 		if !ok {
 			continue
 		}
@@ -242,7 +274,11 @@ func Parse(data []byte, source string) (*Policy, error) {
 
 func table(d *strictyaml.Decoder, rt rawTable, ctx string, line int) (Table, bool) {
 	before := d.Count()
-	fail := func(field, format string, args ...any) { d.Errorf(line, ctx, field, format, args...) }
+	fail := func(field, format string, args ...any) {
+		if !d.Reported(ctx, field) {
+			d.Errorf(line, ctx, field, format, args...)
+		}
+	}
 	column := func(field, c string) {
 		if err := checkColumn(c); err != nil {
 			fail(field, "%v", err)
@@ -281,7 +317,7 @@ func table(d *strictyaml.Decoder, rt rawTable, ctx string, line int) (Table, boo
 	switch ea := rt.ExpiresAfter; {
 	case rt.ExpiresAt != "" && ea != nil:
 		fail("expires_after", "cannot be combined with expires_at; use one")
-	case rt.ExpiresAt == "" && ea == nil:
+	case rt.ExpiresAt == "" && ea == nil && !d.Reported(ctx, "expires_after"):
 		fail("", "expires_at or expires_after is required")
 	case ea == nil:
 		column("expires_at", rt.ExpiresAt)
@@ -300,6 +336,7 @@ func table(d *strictyaml.Decoder, rt rawTable, ctx string, line int) (Table, boo
 		t.Partitions = partitions(rp, fail)
 	}
 	t.Tuning = rt.Tuning.values()
+	checkTuning(t.Tuning, fail)
 	if rt.TimeZone != "" {
 		// Go's zone database is built into the binary; the catalog check
 		// asks PostgreSQL's too.

@@ -227,6 +227,34 @@ func TestParseReportsAll(t *testing.T) {
 	if msg := err.Error(); !strings.Contains(msg, "p.yaml:2: tables[0] (x): table:") || !strings.Contains(msg, `p.yaml:3: tables[1] (a.b): unknown field "foo"`) {
 		t.Errorf("got %q", msg)
 	}
+
+	// Within one entry too: an unknown field does not hide the others, a
+	// value that does not decode is said once, and every tuning value is
+	// checked, each on its own line.
+	_, err = Parse([]byte(`tables:
+  - table: a.b
+    key: []
+    foo: 1
+    expires_after: {column: "", after: 30 days}
+    partitions: {by: week, max_expiry: 60d}
+    tuning:
+      batch_size: lots
+      batch_target: soon
+      batch_size_min: 500
+      batch_size_max: 100
+      run_time: 1d12h
+`), "p.yaml")
+	want := `p.yaml:3: tables[0] (a.b): key: required: list the columns that identify a row
+p.yaml:4: tables[0] (a.b): unknown field "foo" (known: table, key, scope, event_time, first_seen, expires_at, expires_after, partitions, tiers, time_zone, tuning)
+p.yaml:5: tables[0] (a.b): expires_after.after: "30 days" is not a duration (like 500ms, 30s, 36h, 90d or 1d12h)
+p.yaml:5: tables[0] (a.b): expires_after.column: required
+p.yaml:6: tables[0] (a.b): partitions.by: "week" is not supported; use month
+p.yaml:8: tables[0] (a.b): tuning.batch_size: "lots" is not an integer
+p.yaml:9: tables[0] (a.b): tuning.batch_target: "soon" is not a duration (like 500ms, 30s, 36h, 90d or 1d12h)
+p.yaml:11: tables[0] (a.b): tuning.batch_size_max: 100 must be at least batch_size_min (500)`
+	if err == nil || err.Error() != want {
+		t.Errorf("got\n%v\nwant\n%s", err, want)
+	}
 }
 
 // TestDuration: the policy file reads durations in the one grammar

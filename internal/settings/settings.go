@@ -129,7 +129,7 @@ func Write(ctx context.Context, db Beginner, table string, values map[string]*st
 			// settings and their history then say the same.
 			c, err := config.Config{}.Set(t.Env, *v)
 			if err != nil {
-				return nil, fmt.Errorf("%w: %s", ErrInvalid, keyNames.Replace(err.Error()))
+				return nil, fmt.Errorf("%w: %s", ErrInvalid, config.InKeys(err.Error()))
 			}
 			text := c.Get(t.Env)
 			v = &text
@@ -248,7 +248,7 @@ func Resolve(base config.Config, tuning map[string]string, stored []Setting, tab
 		t, _ := config.TunableByKey(key)
 		next, err := c.Set(t.Env, value)
 		if err != nil {
-			return fmt.Errorf("%w: %s: %v", ErrInvalid, source, keyNames.Replace(err.Error()))
+			return fmt.Errorf("%w: %s: %v", ErrInvalid, source, config.InKeys(err.Error()))
 		}
 		c = next
 		for i := range vals {
@@ -298,19 +298,7 @@ func Resolve(base config.Config, tuning map[string]string, stored []Setting, tab
 		if table != "" {
 			where = "the settings of " + table
 		}
-		return c, vals, fmt.Errorf("%w: %s would not hold together: %s", ErrInvalid, where, keyNames.Replace(err.Error()))
+		return c, vals, fmt.Errorf("%w: %s would not hold together: %s", ErrInvalid, where, config.InKeys(err.Error()))
 	}
 	return c, vals, nil
 }
-
-// keyNames spells the tunables' variables as their keys, in messages about
-// settings (the longest names first: BATCH_SIZE_MIN before BATCH_SIZE).
-var keyNames = func() *strings.Replacer {
-	ts := slices.Clone(config.Tunables)
-	slices.SortFunc(ts, func(a, b config.Tunable) int { return len(b.Env) - len(a.Env) })
-	var pairs []string
-	for _, t := range ts {
-		pairs = append(pairs, t.Env, t.Key)
-	}
-	return strings.NewReplacer(pairs...)
-}()

@@ -3,7 +3,6 @@ package settings
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync/atomic"
 	"time"
 
@@ -90,21 +89,6 @@ func Values(ctx context.Context, q Querier, base config.Config, tables []*catalo
 		named = append(named, namedTuning{t.Name, t.Policy.Tuning})
 	}
 	return scopes(base, stored, named), nil
-}
-
-// CheckPolicy checks the tuning blocks of p's tables on top of base, as the
-// environment is checked: each problem names the file, line and table.
-func CheckPolicy(base config.Config, p *policy.Policy) error {
-	var errs []error
-	for _, t := range p.Tables {
-		if len(t.Tuning) == 0 {
-			continue
-		}
-		if _, _, err := Resolve(base, t.Tuning, nil, t.Name.String()); err != nil {
-			errs = append(errs, fmt.Errorf("%s:%d: table %s: tuning: %w", p.Source, t.Line, t.Name, err))
-		}
-	}
-	return errors.Join(errs...)
 }
 
 // Scope is every tunable in force in one scope, the global one or a

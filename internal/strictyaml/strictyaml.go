@@ -57,6 +57,19 @@ func (d *Decoder) ErrorAt(line int, where, format string, args ...any) {
 	d.errorf(line, where, format, args...)
 }
 
+// Reported reports whether an error was recorded about field of the entry
+// ctx, or about a field it is part of: checks after decoding skip a field
+// whose value did not decode, rather than say the same twice.
+func (d *Decoder) Reported(ctx, field string) bool {
+	for field != "" {
+		if d.reported[joinWhere(ctx, field)] {
+			return true
+		}
+		field = field[:max(0, strings.LastIndexAny(field, ".["))]
+	}
+	return false
+}
+
 // Count is how many errors were recorded so far.
 func (d *Decoder) Count() int { return len(d.errs) }
 
@@ -72,14 +85,19 @@ func KindName(n *yaml.Node) string { return kindName(n) }
 // run shows most mistakes. Errors read "file:line: entry: field: problem"
 // and come out all at once, in file order (Err).
 type Decoder struct {
-	source string
-	errs   []fileError
-	lines  map[string]int // where → line of its key, for checks after decoding
+	source   string
+	errs     []fileError
+	lines    map[string]int  // where → line of its key, for checks after decoding
+	reported map[string]bool // where an error was recorded
 }
 
 var unmarshalerType = reflect.TypeFor[yaml.Unmarshaler]()
 
 func (d *Decoder) errorf(line int, where, format string, args ...any) {
+	if d.reported == nil {
+		d.reported = map[string]bool{}
+	}
+	d.reported[where] = true
 	loc := d.source
 	if line > 0 {
 		loc += ":" + strconv.Itoa(line)
@@ -122,12 +140,12 @@ func (d *Decoder) decode(n *yaml.Node, v reflect.Value, ctx, field string) bool 
 	case reflect.PointerTo(t).Implements(unmarshalerType):
 		// fall through to the leaf decode below
 	case t.Kind() == reflect.Pointer:
+		// Set even when part of it failed: the checks after decoding see
+		// what did decode (and skip what did not: Reported).
 		p := reflect.New(t.Elem())
-		if !d.decode(n, p.Elem(), ctx, field) {
-			return false
-		}
+		ok := d.decode(n, p.Elem(), ctx, field)
 		v.Set(p)
-		return true
+		return ok
 	case t.Kind() == reflect.Struct:
 		return d.decodeStruct(n, v, ctx, field)
 	case t.Kind() == reflect.Slice:
@@ -242,11 +260,33 @@ var yamlLine = regexp.MustCompile(`^(?:yaml: )?line (\d+): `)
 
 // yamlError turns a yaml syntax error into the file:line: form used
 // everywhere else.
-func (d *Decoder) yamlError(err error) error {
+func (d *Decoder) yamlError(data []byte, err error) error {
 	if m := yamlLine.FindStringSubmatch(err.Error()); m != nil {
-		return fmt.Errorf("%s:%s: %s", d.source, m[1], yamlLine.ReplaceAllString(err.Error(), ""))
+		msg := yamlLine.ReplaceAllString(err.Error(), "")
+		line := m[1]
+		if l := problemLine(data, msg); l > 0 {
+			line = strconv.Itoa(l)
+		}
+		return fmt.Errorf("%s:%s: %s", d.source, line, msg)
 	}
 	return fmt.Errorf("%s: %s", d.source, yamlMessage(err))
+}
+
+// problemLine finds the line where the syntax error msg is: yaml reports
+// the line where the construct it was in began (a list two lines up for a
+// key indented wrong), counted from 0 for some errors. The first lines of
+// data that fail to parse with the same message end on the line of the
+// problem. 0 when none do.
+func problemLine(data []byte, msg string) int {
+	lines := bytes.SplitAfter(data, []byte("\n"))
+	for n := 1; n <= len(lines); n++ {
+		var doc yaml.Node
+		err := yaml.Unmarshal(bytes.Join(lines[:n], nil), &doc)
+		if err != nil && yamlLine.ReplaceAllString(err.Error(), "") == msg {
+			return n
+		}
+	}
+	return 0
 }
 
 // yamlMessage drops yaml's own line prefixes; callers add file and line.
@@ -271,12 +311,12 @@ func (d *Decoder) document(data []byte) (*yaml.Node, error) {
 		if errors.Is(err, io.EOF) {
 			return nil, nil
 		}
-		return nil, d.yamlError(err)
+		return nil, d.yamlError(data, err)
 	}
 	// A second document would otherwise be ignored without a word.
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
 		if err != nil {
-			return nil, d.yamlError(err)
+			return nil, d.yamlError(data, err)
 		}
 		return nil, fmt.Errorf("%s:%d: only one YAML document is allowed", d.source, extra.Line)
 	}

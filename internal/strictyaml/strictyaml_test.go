@@ -52,3 +52,25 @@ func TestDecoder(t *testing.T) {
 		t.Errorf("two documents: %v", err)
 	}
 }
+
+// A syntax error is reported on the line of the problem, not on the line
+// where the construct it is in began (yaml's own line, counted from 0 for
+// some errors).
+func TestSyntaxErrorLines(t *testing.T) {
+	t.Parallel()
+	const head = "tables:\n  - table: x\n"
+	for doc, want := range map[string]string{
+		head + "    key: [a]\n  expires_at: y\n":                       "p.yaml:4: did not find expected '-' indicator",
+		head + "   key: [a]\n    expires_at: y\n":                      "p.yaml:3: did not find expected '-' indicator",
+		head + "    key: [a, b\n    expires_at: y\n":                   "p.yaml:3: did not find expected ',' or ']'",
+		head + "    key: [a]\n    expires_at: y\n - table: z\n":        "p.yaml:5: did not find expected key",
+		head + "    key: [a]\n    scope: s\n    expires_at remember\n": "p.yaml:5: could not find expected ':'",
+		head + "    key: [a]\n    expires_at: y: z\n":                  "p.yaml:4: mapping values are not allowed in this context",
+		head + "    key: [a]\n    expires_at: \"y\n    scope: z\n":     "p.yaml:4: found unexpected end of stream",
+		"tables:\n\t- table: x\n":                                      "p.yaml:2: found character that cannot start any token",
+	} {
+		if _, err := New("p.yaml").Document([]byte(doc)); err == nil || err.Error() != want {
+			t.Errorf("%q: %v, want %s", doc, err, want)
+		}
+	}
+}
