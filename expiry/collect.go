@@ -2,7 +2,9 @@ package expiry
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -73,11 +75,13 @@ type Retained struct {
 
 	scopeIdx map[*catalog.Table]*ScopeIndexes
 	seenIdx  map[*catalog.Table]bool // an index leads with first_seen
+	hinted   map[string]string       // table → the indexes the log last asked for
 }
 
 // NewRetained measures on q into facts.
 func NewRetained(q Querier, facts RetainedFacts, log *slog.Logger) *Retained {
-	return &Retained{q: q, facts: facts, log: log, scopeIdx: map[*catalog.Table]*ScopeIndexes{}, seenIdx: map[*catalog.Table]bool{}}
+	return &Retained{q: q, facts: facts, log: log, scopeIdx: map[*catalog.Table]*ScopeIndexes{}, seenIdx: map[*catalog.Table]bool{},
+		hinted: map[string]string{}}
 }
 
 // Querier reads rows too: the installed rules and the replays.
@@ -176,6 +180,29 @@ func (c *Retained) firstSeen(ctx context.Context, tables []*catalog.Table) error
 	return nil
 }
 
+// hint says, once per table and process (not again on a reload that
+// changes nothing), which index the per-scope ranges of t want and do not
+// have, as the statement that creates it. They are left out without it:
+// four index probes per scope with it, a scan of the scope without.
+func (c *Retained) hint(t *catalog.Table, si ScopeIndexes) {
+	var want []string
+	if !si.Expiry {
+		want = append(want, fmt.Sprintf("CREATE INDEX CONCURRENTLY ON %s (%s, %s);", t.Name, sqlident.QuoteIfNeeded(t.Scope.Name), sqlident.QuoteIfNeeded(t.Expiry.Name)))
+	}
+	if t.FirstSeen != nil && !si.FirstSeen {
+		want = append(want, fmt.Sprintf("CREATE INDEX CONCURRENTLY ON %s (%s, %s);", t.Name, sqlident.QuoteIfNeeded(t.Scope.Name), sqlident.QuoteIfNeeded(t.FirstSeen.Name)))
+	}
+	stmt := strings.Join(want, " ")
+	if stmt == c.hinted[t.Name] {
+		return
+	}
+	c.hinted[t.Name] = stmt
+	if stmt != "" {
+		c.log.Info("inboxkeeper: per-scope retained ranges (inboxkeeper_scope_*) are left out where an index would make them cheap; to export them, create it",
+			"table", t.Name, "index", stmt)
+	}
+}
+
 // scope exports the retained range of one scope that has a retention
 // rule: bounded label values, and four index probes per scope.
 func (c *Retained) scope(ctx context.Context, t *catalog.Table, scope string) error {
@@ -190,10 +217,7 @@ func (c *Retained) scope(ctx context.Context, t *catalog.Table, scope string) er
 		}
 		si = &found
 		c.scopeIdx[t] = si
-		if !si.Expiry || (t.FirstSeen != nil && !si.FirstSeen) {
-			c.log.Info("inboxkeeper: per-scope retained ranges need an index leading with the scope column: without it they would scan the scope every pass",
-				"table", t.Name, "expiry_indexed", si.Expiry, "first_seen_indexed", si.FirstSeen)
-		}
+		c.hint(t, *si)
 	}
 	r, err := ScopeRanges(ctx, c.q, t, *si, scope)
 	if err != nil {

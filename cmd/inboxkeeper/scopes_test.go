@@ -1,6 +1,7 @@
 package main
 
 import (
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -75,16 +76,35 @@ VALUES ('public', 'consumer_inbox', 'payments', '30 days', '2 days'), ('public',
 	if _, err := pgtest.Exec(t.Context(), `DROP INDEX public.consumer_inbox_consumer_first_seen_at_idx`); err != nil {
 		t.Fatal(err)
 	}
-	d = startDaemon(t, f.dir, f.env("INBOXKEEPER_METRICS_ADDR=127.0.0.1:0", "INBOXKEEPER_INTERVAL=1h"), "run")
+	d = startDaemon(t, f.dir, f.env("INBOXKEEPER_METRICS_ADDR=127.0.0.1:0", "INBOXKEEPER_INTERVAL=500ms"), "run")
 	addr = metricsAddr(t, d)
 	d.waitLine(passDone, 30*time.Second)
 	m = httpGet(t, "http://"+addr+"/metrics")
 	if strings.Contains(m, "inboxkeeper_scope_first_seen_timestamp_seconds{") || !strings.Contains(m, `inboxkeeper_scope_retained_expiry_timestamp_seconds{end="oldest",scope="billing"`) {
 		t.Errorf("without the first-seen index\n%s", m)
 	}
-	if !strings.Contains(d.log(), "per-scope retained ranges need an index") {
-		t.Errorf("the log does not say why\n%s", d.log())
+	// The log names the index it wants, once, not again on a reload.
+	hint := `index="CREATE INDEX CONCURRENTLY ON public.consumer_inbox (consumer, first_seen_at);"`
+	if !strings.Contains(d.log(), hint) {
+		t.Errorf("the log does not name the index\n%s", d.log())
+	}
+	d.signal(syscall.SIGHUP)
+	d.waitLine(regexp.MustCompile(`msg="inboxkeeper: policy reloaded"`), 30*time.Second)
+	d.waitLine(passDone, 30*time.Second) // a pass with the reloaded policy's tables
+	if n := strings.Count(d.log(), "per-scope retained ranges"); n != 1 {
+		t.Errorf("the index is asked for %d times, want once\n%s", n, d.log())
 	}
 	d.signal(syscall.SIGTERM)
 	d.exit(10 * time.Second)
+
+	// With both indexes, nothing is asked for.
+	if _, err := pgtest.Exec(t.Context(), `CREATE INDEX ON public.consumer_inbox (consumer, first_seen_at)`); err != nil {
+		t.Fatal(err)
+	}
+	d = startDaemon(t, f.dir, f.env("INBOXKEEPER_INTERVAL=1h"), "run")
+	d.waitLine(passDone, 30*time.Second)
+	if strings.Contains(d.log(), "per-scope retained ranges") {
+		t.Errorf("an index is asked for although both exist\n%s", d.log())
+	}
+	d.stop()
 }
