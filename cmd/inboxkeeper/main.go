@@ -51,7 +51,30 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	signal.Notify(sighup, syscall.SIGHUP)
-	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+	// A reader that goes away (inboxkeeper demo | head -40) makes a write to
+	// stdout fail with EPIPE instead of killing the process with SIGPIPE
+	// before it cleans up: the command then ends as on SIGTERM (the demo
+	// removes its PostgreSQL, a pass rolls back its batch).
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
+	ctx, cancel := context.WithCancelCause(ctx)
+	os.Exit(run(ctx, os.Args[1:], &stdoutWriter{File: os.Stdout, closed: func() { cancel(errStdoutClosed) }}, os.Stderr))
+}
+
+// errStdoutClosed ends a command whose stdout's reader went away.
+var errStdoutClosed = errors.New("stdout closed")
+
+// stdoutWriter is stdout that ends the command when its reader goes away.
+type stdoutWriter struct {
+	*os.File
+	closed func()
+}
+
+func (w *stdoutWriter) Write(p []byte) (int, error) {
+	n, err := w.File.Write(p)
+	if errors.Is(err, syscall.EPIPE) {
+		w.closed()
+	}
+	return n, err
 }
 
 const usage = `inboxkeeper: forget expired inbox rows safely.
@@ -168,6 +191,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	default:
 		fmt.Fprintf(stderr, "inboxkeeper: unknown command %q\n\n%s", cmd, usage)
 		return exitUsage
+	}
+	if errors.Is(context.Cause(ctx), errStdoutClosed) {
+		return exitFailure // no one reads what it would say
 	}
 	return exitCode(cmdErr, stderr)
 }

@@ -56,7 +56,7 @@ func IsTerminal(w io.Writer) bool {
 	if _, ok := w.(*Terminal); ok {
 		return true
 	}
-	f, ok := w.(*os.File)
+	f, ok := w.(interface{ Stat() (os.FileInfo, error) }) // an *os.File, or a wrapper of one
 	if !ok {
 		return false
 	}
