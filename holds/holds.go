@@ -133,6 +133,17 @@ type ReplaySpec struct {
 	// remembered; the marker records that it did.
 	Force bool
 	Fence FenceOptions
+	// Record is what the policy's retention record of the scope promises,
+	// for a scope whose rule is not installed (plan --apply); nil: the
+	// policy has no record with an event-time horizon for it.
+	Record *Record
+}
+
+// Record is a retention record's promise for event-time replays: an
+// identity is remembered Replay + Margin after its event time.
+type Record struct {
+	Replay, Margin time.Duration
+	Source         string // where the record is, for messages ("the retention record of scope payments in inboxkeeper.yaml")
 }
 
 // ErrBeyondWindow refuses a replay that reaches further back than the
@@ -342,7 +353,7 @@ func StartReplay(ctx context.Context, db Beginner, t *catalog.Table, s ReplaySpe
 		if err != nil {
 			return err
 		}
-		beyond, err := beyondWindow(ctx, tx, t, scope, s.From)
+		beyond, err := beyondWindow(ctx, tx, t, scope, s)
 		if err != nil {
 			return err
 		}
@@ -359,23 +370,55 @@ VALUES ($1, $2, $3, $4, $5, $6) RETURNING id`, t.Name, scope, s.From, s.To, s.Ow
 	return id, err
 }
 
-// beyondWindow explains why a replay from `from` reaches past what the
-// deployed rule still remembers, or returns "". Every identity whose event
-// time is at or after now - (replay horizon + margin) is still remembered.
-func beyondWindow(ctx context.Context, tx pgx.Tx, t *catalog.Table, scope string, from time.Time) (string, error) {
+// beyondWindow explains why a replay reaches past what is still
+// remembered, or returns "". What is remembered is, in this order: what the
+// installed rule promises (every identity whose event time is at or after
+// now - (replay horizon + margin)); what the policy's retention record of
+// the scope promises, when its rule is not installed; else what the table
+// holds: a range that ends before the oldest event it holds for the scope,
+// or a scope of which it holds none, is remembered by nothing. A table
+// with a permanent key remembers every key it deletes: that last judgement
+// does not apply to it.
+func beyondWindow(ctx context.Context, tx pgx.Tx, t *catalog.Table, scope string, s ReplaySpec) (string, error) {
+	from := s.From.UTC().Format(time.RFC3339)
 	var start time.Time
 	err := tx.QueryRow(ctx, `SELECT now() - (replay + margin) FROM inboxkeeper.retention_rules
 WHERE schema_name = $1 AND table_name = $2 AND scope = $3 AND replay IS NOT NULL`,
 		t.Policy.Name.Schema, t.Policy.Name.Name, scope).Scan(&start)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return "", nil // no deployed rule: nothing to compare with
-	}
-	if err != nil {
+	switch {
+	case err == nil:
+		if s.From.Before(start) {
+			return fmt.Sprintf("it starts at %s, but only events since %s are still remembered for scope %q (the installed rule)",
+				from, start.UTC().Format(time.RFC3339), scope), nil
+		}
+		return "", nil
+	case !errors.Is(err, pgx.ErrNoRows):
 		return "", fmt.Errorf("read the retention rule: %w", err)
+	case s.Record != nil:
+		if err := tx.QueryRow(ctx, `SELECT now() - $1::int8 * interval '1 microsecond'`, (s.Record.Replay + s.Record.Margin).Microseconds()).Scan(&start); err != nil {
+			return "", err
+		}
+		if s.From.Before(start) {
+			return fmt.Sprintf("it starts at %s, but only events since %s are still remembered for scope %q (%s, not installed: plan --apply installs it)",
+				from, start.UTC().Format(time.RFC3339), scope, s.Record.Source), nil
+		}
+		return "", nil
+	case t.Tiers != nil && t.Tiers.Key != nil:
+		return "", nil // its permanent key remembers what is deleted
 	}
-	if from.Before(start) {
-		return fmt.Sprintf("it starts at %s, but only events since %s are still remembered for scope %q",
-			from.UTC().Format(time.RFC3339), start.UTC().Format(time.RFC3339), scope), nil
+	// Neither: what the table still holds of the scope.
+	var oldest *time.Time
+	err = tx.QueryRow(ctx, fmt.Sprintf(`SELECT min(%s) FROM %s t WHERE t.%s = CAST($1 AS %s)`,
+		t.EventTime.AsTimestamptz("t"), t.Ident, t.Scope.Quoted, t.Scope.Type), scope).Scan(&oldest)
+	switch {
+	case err != nil:
+		return "", fmt.Errorf("read the oldest event of scope %q: %w", scope, err)
+	case oldest == nil:
+		return fmt.Sprintf("table %s holds no event of scope %q: nothing of it is remembered (and no retention rule or record says how long it would be)",
+			t.Name, scope), nil
+	case !s.To.After(*oldest):
+		return fmt.Sprintf("it ends at %s, before the oldest event table %s still holds for scope %q (%s): nothing of the range is remembered (and no retention rule or record says how long it would be)",
+			s.To.UTC().Format(time.RFC3339), t.Name, scope, oldest.UTC().Format(time.RFC3339)), nil
 	}
 	return "", nil
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/render"
 	"github.com/inboxkeeper/inboxkeeper/internal/sqlident"
 	"github.com/inboxkeeper/inboxkeeper/migrations"
+	"github.com/inboxkeeper/inboxkeeper/retention"
 )
 
 // fence is how hold and replay writers wait for the batches in flight.
@@ -136,7 +137,12 @@ func (a *app) replay(ctx context.Context, args []string) error {
 			return usagef("replay start: --table, --scope, --from, --to and --owner are required")
 		}
 		return a.startRecord(ctx, *table, func(pool *pgxpool.Pool, t *catalog.Table) (int64, error) {
-			return holds.StartReplay(ctx, pool, t, holds.ReplaySpec{Scope: *scope, From: *from.t, To: *to.t, Owner: *owner, Force: *force, Fence: a.fence()})
+			rec, err := a.retentionRecord(t.Name, *scope)
+			if err != nil {
+				return 0, err
+			}
+			return holds.StartReplay(ctx, pool, t, holds.ReplaySpec{Scope: *scope, From: *from.t, To: *to.t, Owner: *owner, Force: *force, Fence: a.fence(),
+				Record: rec})
 		})
 	case "list":
 		all := fs.Bool("all", false, "include finished replays")
@@ -145,6 +151,26 @@ func (a *app) replay(ctx context.Context, args []string) error {
 		return a.endRecord(ctx, fs, args[1:], "replay", "finished", holds.FinishReplay)
 	}
 	return usagef("replay: unknown subcommand %q (expected start, finish or list)", args[0])
+}
+
+// retentionRecord is what the policy's retention record of scope on table
+// promises for event-time replays, when it has one: what replay start
+// judges a range by while the record's rule is not installed.
+func (a *app) retentionRecord(table, scope string) (*holds.Record, error) {
+	p, err := a.loadPolicy()
+	if err != nil || p.Retention == nil {
+		return nil, err
+	}
+	plans, err := retention.Load(p)
+	if err != nil {
+		return nil, configError{err}
+	}
+	for _, pl := range plans {
+		if r := pl.Rule; r.Table == table && r.Scope == scope && r.Replay > 0 {
+			return &holds.Record{Replay: r.Replay, Margin: r.Margin, Source: fmt.Sprintf("the retention record of scope %q in %s", scope, p.Source)}, nil
+		}
+	}
+	return nil, nil
 }
 
 // startRecord runs `hold add` or `replay start` on the policy's table

@@ -362,3 +362,38 @@ func TestPolicyErrorsAllAtTheirLines(t *testing.T) {
 		t.Errorf("%d problems reported, want 5, once each\n%s", n, r)
 	}
 }
+
+// replay start over a range nothing remembers is refused unless --force,
+// whether a rule is installed or not: by the installed rule, else by the
+// policy's retention record, else by what the table holds.
+func TestReplayBeyondWhatIsRemembered(t *testing.T) {
+	t.Parallel()
+	replay := func(f *fixture, scope, from, to string, extra ...string) result {
+		return f.run(append([]string{"replay", "start", "--table", "public.consumer_inbox", "--scope", scope, "--from", from, "--to", to, "--owner", "o"}, extra...)...)
+	}
+	recent := time.Now().UTC().Add(-10 * 24 * time.Hour).Format(time.DateOnly)
+	today := time.Now().UTC().Format(time.DateOnly)
+
+	// No rule and no record: what the table holds. Payments' oldest event
+	// is 2026-01-01T01:00Z.
+	f := inboxFixture(t)
+	wantExit(t, replay(f, "payments", "2000-01-01", "2000-01-02"), 2,
+		`it ends at 2000-01-02T00:00:00Z, before the oldest event table public.consumer_inbox still holds for scope "payments" (2026-01-01T01:00:00Z)`,
+		"use --force to start it anyway")
+	wantExit(t, replay(f, "nobody", "2026-01-01", "2026-01-02"), 2, `table public.consumer_inbox holds no event of scope "nobody"`)
+	f.wantCount("replays after the refusals", 0, "SELECT count(*) FROM inboxkeeper.replays")
+	wantExit(t, replay(f, "payments", "2026-01-01", "2026-01-02"), 0) // it reaches what is held
+	wantExit(t, replay(f, "payments", "2000-01-01", "2000-01-02", "--force"), 0)
+	wantExit(t, f.run("status"), 0, "  replays beyond the window: 1\n", "BEYOND THE DEDUP WINDOW (forced)")
+
+	// A record in the policy, not installed: its horizon (60d + 2d).
+	g := newFixture(t, inboxDDL, inboxPolicy+retentionSection, true)
+	wantExit(t, replay(g, "payments", "2026-01-01", "2026-01-02"), 2,
+		`only events since`, `are still remembered for scope "payments" (the retention record of scope "payments" in `, "not installed: plan --apply installs it")
+	wantExit(t, replay(g, "payments", recent, today), 0)
+	// Installed: the rule's.
+	wantExit(t, g.run("plan", "--apply"), 0)
+	wantExit(t, replay(g, "payments", "2026-01-01", "2026-01-02"), 2, `are still remembered for scope "payments" (the installed rule)`)
+	wantExit(t, replay(g, "payments", recent, today), 0)
+	g.wantCount("replays started", 2, "SELECT count(*) FROM inboxkeeper.replays")
+}
