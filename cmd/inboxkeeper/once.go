@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -79,6 +80,15 @@ func (a *app) once(ctx context.Context, args []string) error {
 			return err
 		}
 		defer d.Throttle.Stop()
+		// A pass held back (pause --for 1h) says so, and for how long, now
+		// and every minute, rather than going quiet.
+		wctx, stopWatch := context.WithCancel(ctx)
+		watched := make(chan struct{})
+		go func() {
+			defer close(watched)
+			pass.WatchWaits(wctx, d.Throttle, pool, time.Minute, render.Waiting(a.log, a.cfg.RunTime))
+		}()
+		defer func() { stopWatch(); <-watched }()
 	}
 	failed, total, err := d.Once(ctx)
 	if ms != nil && ctx.Err() == nil {

@@ -397,3 +397,22 @@ func TestReplayBeyondWhatIsRemembered(t *testing.T) {
 	wantExit(t, replay(g, "payments", recent, today), 0)
 	g.wantCount("replays started", 2, "SELECT count(*) FROM inboxkeeper.replays")
 }
+
+// once during pause --for 1h says it waits, until when and how long is
+// left, rather than go quiet after the throttle's one line; it goes on
+// once resumed.
+func TestOnceSaysWhileItWaits(t *testing.T) {
+	t.Parallel()
+	f := inboxFixture(t)
+	wantExit(t, f.run("pause", "--reason", "maintenance", "--for", "1h"), 0, "(until ")
+	d := startDaemon(t, f.dir, f.env(), "once")
+	d.waitLine(regexp.MustCompile(`msg="inboxkeeper: waiting: every instance is paused; no batch starts until the pause ends, or inboxkeeper resume" `+
+		`until=\S+ left=(59m\d+s|1h) paused_by=\S+ reason=maintenance`), 30*time.Second)
+	wantExit(t, f.run("resume"), 0, "resumed")
+	if code, _ := d.exit(60 * time.Second); code != 0 {
+		t.Errorf("once exited %d after the pause ended\n%s", code, d.log())
+	}
+	if n := f.rows(); n != allRows-expiredRows {
+		t.Errorf("%d rows left after the pass, want %d", n, allRows-expiredRows)
+	}
+}
