@@ -66,7 +66,7 @@ func (f *failLog) failed(signal string, err error) {
 		f.log.Warn("throttle: reading failed", "signal", signal, "error", err)
 		return
 	}
-	f.log.Warn("throttle: reading still failing", "signal", signal, "error", err, "repeats", repeats, "since_last_log", failLogEvery.String())
+	f.log.Warn("throttle: reading still failing", "signal", signal, "error", err, "repeats", repeats, "since_last_log", failLogEvery)
 }
 
 // ok records a successful reading of signal.
