@@ -134,7 +134,10 @@ WHERE shardid = get_shard_id_for_distribution_column('public.consumer_inbox', 'c
 	// The fill's WAL replayed there first.
 	pgtest.WaitFor(t, 60*time.Second, "the throttle to pace against the worker's standby, caught up", func() bool {
 		for _, p := range th.Paces() {
-			if strings.HasPrefix(p.Standby, name) && p.Behind < 64<<10 {
+			// Reported: a walsender that has just connected has no
+			// replay position yet, and Behind 0 would pass for caught up
+			// (the first hold was then "has not reported", 3 runs of 5).
+			if strings.HasPrefix(p.Standby, name) && p.Reported && p.Behind < 64<<10 {
 				return true
 			}
 		}

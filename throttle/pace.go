@@ -341,7 +341,11 @@ func (p *pacer) admit(size, minRows int, perRow float64) Admission {
 
 // Pace is one standby's pacing state, for status and metrics.
 type Pace struct {
-	Standby   string
+	Standby string
+	// Reported: the standby has reported a replay position. Until it has
+	// (a walsender just connected), Behind is not known and the pacer
+	// holds every batch for it.
+	Reported  bool
 	Behind    float64 // bytes not replayed
 	ApplyRate float64 // bytes/s; 0 until measured
 	Measured  bool    // ApplyRate comes from a busy standby (not a lower bound)
@@ -351,7 +355,7 @@ type Pace struct {
 func (p *pacer) paces() []Pace {
 	out := make([]Pace, 0, len(p.standbys))
 	for name, s := range p.standbys {
-		out = append(out, Pace{Standby: name, Behind: s.behind, ApplyRate: s.rate(), Measured: s.measured(), Window: p.window(s)})
+		out = append(out, Pace{Standby: name, Reported: s.known, Behind: s.behind, ApplyRate: s.rate(), Measured: s.measured(), Window: p.window(s)})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Standby < out[j].Standby })
 	return out
@@ -359,6 +363,9 @@ func (p *pacer) paces() []Pace {
 
 // String is the human form shown by status.
 func (pc Pace) String() string {
+	if !pc.Reported {
+		return fmt.Sprintf("standby %s: has not reported a replay position yet (every batch waits for it)", pc.Standby)
+	}
 	rate := "not measured yet (no backlog)"
 	switch {
 	case pc.Measured:

@@ -184,6 +184,7 @@ type SignalJSON struct {
 // StandbyJSON is a streaming standby's pacing.
 type StandbyJSON struct {
 	Standby                 string  `json:"standby"`
+	Reported                bool    `json:"reported"`
 	BytesBehind             float64 `json:"bytes_behind"`
 	ApplyRateBytesPerSecond float64 `json:"apply_rate_bytes_per_second"`
 	ApplyRateMeasured       bool    `json:"apply_rate_measured"`
@@ -410,7 +411,7 @@ func throttleJSON(th *throttle.Throttler) ThrottleJSON {
 		out.Signals = append(out.Signals, sj)
 	}
 	for _, p := range th.Paces() {
-		out.Standbys = append(out.Standbys, StandbyJSON{Standby: p.Standby, BytesBehind: p.Behind, ApplyRateBytesPerSecond: p.ApplyRate,
+		out.Standbys = append(out.Standbys, StandbyJSON{Standby: p.Standby, Reported: p.Reported, BytesBehind: p.Behind, ApplyRateBytesPerSecond: p.ApplyRate,
 			ApplyRateMeasured: p.Measured, WindowBytes: p.Window})
 	}
 	return out
