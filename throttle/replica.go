@@ -3,7 +3,6 @@ package throttle
 import (
 	"context"
 	"errors"
-	"fmt"
 	"math"
 	"net"
 	"strconv"
@@ -137,7 +136,8 @@ func (r *replica) lag(ctx context.Context, timeout time.Duration) (float64, erro
 		}
 		cc.ConnectTimeout = timeout
 		if r.conn, err = pgx.ConnectConfig(ctx, cc); err != nil {
-			return 0, fmt.Errorf("connect: %w", errors.Unwrap(err))
+			// The cause once, without the TLS attempt pgx makes first.
+			return 0, dbconn.Classify(err)
 		}
 	}
 	var lag *float64

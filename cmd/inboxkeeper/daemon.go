@@ -58,6 +58,11 @@ func (a *app) daemon(ctx context.Context, args []string) error {
 		return err
 	}
 	defer th.Stop()
+	// A standby's password can change while the daemon runs: say it once
+	// here, plainly; the throttle holds for that standby until it connects.
+	for _, err := range a.checkReplicas(ctx) {
+		a.log.Error("inboxkeeper: " + err.Error() + "; batches wait until it connects (fail closed)")
+	}
 	ls := lease.New(pool, a.cfg.LeaseTTL, a.log)
 	defer ls.Start(ctx)()
 

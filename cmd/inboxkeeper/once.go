@@ -64,6 +64,9 @@ func (a *app) once(ctx context.Context, args []string) error {
 	if err := a.checkThrottleQuery(ctx, pool); err != nil {
 		return err
 	}
+	if errs := a.checkReplicas(ctx); len(errs) > 0 {
+		return configError{errors.Join(errs...)}
+	}
 	d := a.driver(pool, tables, *dryRun, ms)
 	if !*dryRun {
 		ls := lease.New(pool, a.cfg.LeaseTTL, a.log)
@@ -131,6 +134,28 @@ func instanceName() string {
 		return "inboxkeeper"
 	}
 	return host
+}
+
+// checkReplicas connects once to each INBOXKEEPER_REPLICA_URLS entry. A
+// connection refused for a reason of the configuration's (a password, a
+// grant, a database's name) is a configuration error: a one-shot pass would
+// otherwise wait on that standby until RUN_TIME ends. A standby that does
+// not answer is not: the throttle holds for it (fail closed), as in run.
+func (a *app) checkReplicas(ctx context.Context) []error {
+	var errs []error
+	for i, u := range a.cfg.ReplicaURLs {
+		cctx, cancel := context.WithTimeout(ctx, a.cfg.HeartbeatInterval*4+time.Second)
+		conn, err := dbconn.Dial(cctx, u, dbconn.AppName(a.command))
+		cancel()
+		if err == nil {
+			_ = conn.Close(ctx)
+			continue
+		}
+		if dbconn.IsConfigError(err) && ctx.Err() == nil {
+			errs = append(errs, fmt.Errorf("INBOXKEEPER_REPLICA_URLS entry %d: %w", i+1, err))
+		}
+	}
+	return errs
 }
 
 // checkThrottleQuery runs INBOXKEEPER_THROTTLE_QUERY once: one that fails

@@ -6,6 +6,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	neturl "net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -323,6 +324,50 @@ REVOKE CONNECT ON DATABASE app FROM PUBLIC; GRANT CONNECT ON DATABASE app TO ik_
 		t.Errorf("run logged %d lines for one cause of failing to connect, want 1\n%s", n, d.log())
 	}
 	d.stop()
+}
+
+// A standby of INBOXKEEPER_REPLICA_URLS refused for a reason of the
+// configuration's is a configuration error of once, real or dry (exit 2,
+// every such entry named, nothing deleted), where it used to make once wait
+// for that standby until RUN_TIME ended; run says it once at ERROR and
+// holds the batches (fail closed). The throttle's own reading of it names
+// the cause without pgx's attempt with TLS.
+func TestReplicaURLConfigErrors(t *testing.T) {
+	t.Parallel()
+	f := inboxFixture(t)
+	u, err := neturl.Parse(f.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	replica := func(user, db string) string {
+		return fmt.Sprintf("postgres://%s@%s/%s", user, u.Host, db)
+	}
+	env := []string{"INBOXKEEPER_REPLICA_URLS=" + replica("ik_nosuchrole", "postgres") + "," + replica("postgres", "postgres") + "," + replica("postgres", "nosuchdb")}
+	for _, args := range [][]string{{"once"}, {"once", "--dry-run"}} {
+		r := f.runWith(env, args...)
+		wantExit(t, r, 2, `INBOXKEEPER_REPLICA_URLS entry 1: connect to postgres://ik_nosuchrole@`)
+		for _, want := range []string{`authentication failed: role "ik_nosuchrole" does not exist (SQLSTATE 28000)`,
+			`INBOXKEEPER_REPLICA_URLS entry 3: connect to postgres://postgres@` + u.Host + `/nosuchdb: unknown database`} {
+			if !strings.Contains(r.output(), want) {
+				t.Errorf("%v: the output does not say %q\n%s", args, want, r)
+			}
+		}
+		if strings.Contains(r.output(), "entry 2") || strings.Contains(r.output(), "tls error") {
+			t.Errorf("%v: the output names the good entry or pgx's TLS attempt\n%s", args, r)
+		}
+	}
+	f.wantCount("rows after the refused passes", allRows, "SELECT count(*) FROM public.consumer_inbox")
+
+	d := startDaemon(t, f.dir, f.env(append(env, "INBOXKEEPER_INTERVAL=1s")...), "run")
+	d.waitLine(regexp.MustCompile(`level=ERROR msg="inboxkeeper: INBOXKEEPER_REPLICA_URLS entry 1: connect to .*role \\"ik_nosuchrole\\" does not exist.*; batches wait until it connects \(fail closed\)"`), 30*time.Second)
+	d.waitLine(regexp.MustCompile(`level=ERROR msg="inboxkeeper: INBOXKEEPER_REPLICA_URLS entry 3: connect to .*/nosuchdb: unknown database: .*; batches wait until it connects \(fail closed\)"`), 30*time.Second)
+	// The entries share a host:port here; whichever the throttle read first.
+	d.waitLine(regexp.MustCompile(`msg="throttle: pausing" kind=replica_unreachable reason="replica_unreachable [^ ]+ \[connect to [^ ]+: (authentication failed: role \\"ik_nosuchrole\\"|unknown database: database \\"nosuchdb\\") does not exist \(SQLSTATE (28000|3D000)\)\]"`), 30*time.Second)
+	d.stop()
+	if strings.Contains(d.log(), "tls error") {
+		t.Errorf("run's log holds pgx's TLS attempt\n%s", d.log())
+	}
+	f.wantCount("rows after run held for the standby", allRows, "SELECT count(*) FROM public.consumer_inbox")
 }
 
 // Policy errors: a syntax error on the line where it is, and every problem
