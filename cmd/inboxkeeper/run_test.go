@@ -128,12 +128,21 @@ func TestRunOnSchedule(t *testing.T) {
 // inbox waits for it (a crash-looping native sidecar would take the
 // database pod out of service), says so in its log and in
 // inboxkeeper_policy_mismatch, and starts working once the table exists.
+// The mismatch is said once at ERROR however often it is tried (the
+// retries are at DEBUG).
 func TestRunWaitsForTheTables(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, "", inboxPolicy, true)
-	d := startDaemon(t, f.dir, f.env("INBOXKEEPER_METRICS_ADDR=127.0.0.1:0", "INBOXKEEPER_INTERVAL=1h"), "run")
+	d := startDaemon(t, f.dir, f.env("INBOXKEEPER_METRICS_ADDR=127.0.0.1:0", "INBOXKEEPER_INTERVAL=1h", "INBOXKEEPER_LOG_LEVEL=debug"), "run")
 	addr := metricsAddr(t, d)
-	d.waitLine(regexp.MustCompile(`the policy does not match the database.*public\.consumer_inbox.*no such table`), 30*time.Second)
+	mismatch := regexp.MustCompile(`level=(ERROR|DEBUG) msg="inboxkeeper: the policy does not match the database.*public\.consumer_inbox.*no such table`)
+	d.waitLine(mismatch, 30*time.Second)
+	pgtest.WaitFor(t, 30*time.Second, "two more tries (1 s, then 2 s of backoff)", func() bool {
+		return len(mismatch.FindAllString(d.log(), -1)) >= 3
+	})
+	if n := strings.Count(d.log(), `level=ERROR msg="inboxkeeper: the policy does not match the database`); n != 1 {
+		t.Errorf("%d ERROR lines for one unchanged mismatch, want 1\n%s", n, d.log())
+	}
 	if v := metricValue(t, httpGet(t, "http://"+addr+"/metrics"), "inboxkeeper_policy_mismatch"); v != 1 {
 		t.Errorf("inboxkeeper_policy_mismatch = %v while the table is missing", v)
 	}

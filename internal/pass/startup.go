@@ -29,38 +29,31 @@ import (
 // once. mismatch is 1 while the policy does not match the database. It
 // returns ctx's error when ctx ended first.
 func WaitForSetup(ctx context.Context, log *slog.Logger, mismatch prometheus.Gauge, fatal func(error) bool, setup func() error) error {
-	var lastConnect dbconn.ConnectError // the connection failure logged last
+	// One line per change of cause, not one per try: a wrong password or a
+	// policy that names a missing table waits for someone to fix it, and a
+	// line every 30 s says nothing new. The retries are at DEBUG.
+	last := ""
 	err := retry.Do(ctx, retry.Policy{MaxRetries: -1, Base: time.Second, Max: 30 * time.Second,
 		Retry: func(err error, _ retry.Kind) bool { return errors.Is(err, tiering.ErrKeyTable) || !fatal(err) },
 		OnRetry: func(_ retry.Kind, _ int, wait time.Duration, err error) {
+			level, msg, attrs := setupWait(err)
+			if errors.Is(err, tiering.ErrKeyTable) || errors.Is(err, catalog.ErrInvalid) {
+				mismatch.Set(1)
+			}
+			cause := msg + "\x00" + err.Error()
 			var ce *dbconn.ConnectError
 			if errors.As(err, &ce) {
-				// One line per change of cause, not one per try: a wrong
-				// password is an ERROR that waits for someone to fix it.
-				if ce.Cause == lastConnect.Cause && ce.Detail == lastConnect.Detail {
-					return
-				}
-				lastConnect = *ce
-				if ce.Config() {
-					log.Error("inboxkeeper: cannot connect; trying again with backoff until the configuration or the database changes", "cause", string(ce.Cause), "error", err)
-				} else {
-					log.Warn("inboxkeeper: waiting for the database", "cause", string(ce.Cause), "error", err, "retry_in", wait)
-				}
+				cause = msg + "\x00" + string(ce.Cause) + "\x00" + ce.Detail
+			}
+			if cause == last {
+				log.Debug(msg, append(attrs, "error", err, "retry_in", wait)...)
 				return
 			}
-			lastConnect = dbconn.ConnectError{}
-			switch {
-			case errors.Is(err, tiering.ErrKeyTable):
-				mismatch.Set(1)
-				log.Error("inboxkeeper: waiting for a permanent key table; nothing is touched until it exists", "error", err, "retry_in", wait)
-			case errors.Is(err, catalog.ErrInvalid):
-				mismatch.Set(1)
-				log.Error("inboxkeeper: the policy does not match the database; nothing is touched until it does", "error", err, "retry_in", wait)
-			case errors.Is(err, migrations.ErrNotMigrated):
-				log.Warn("inboxkeeper: waiting for the control schema", "error", err, "retry_in", wait)
-			default:
-				log.Warn("inboxkeeper: waiting for the database", "error", err, "retry_in", wait)
+			last = cause
+			if level != slog.LevelError {
+				attrs = append(attrs, "retry_in", wait)
 			}
+			log.Log(ctx, level, msg, append(attrs, "error", err)...)
 		}}, func(int) error { return setup() })
 	if err == nil {
 		mismatch.Set(0)
@@ -68,6 +61,24 @@ func WaitForSetup(ctx context.Context, log *slog.Logger, mismatch prometheus.Gau
 		return ctx.Err()
 	}
 	return err
+}
+
+// setupWait is the log line for a setup that is not there yet.
+func setupWait(err error) (slog.Level, string, []any) {
+	var ce *dbconn.ConnectError
+	switch {
+	case errors.As(err, &ce) && ce.Config():
+		return slog.LevelError, "inboxkeeper: cannot connect; trying again with backoff until the configuration or the database changes", []any{"cause", string(ce.Cause)}
+	case errors.As(err, &ce):
+		return slog.LevelWarn, "inboxkeeper: waiting for the database", []any{"cause", string(ce.Cause)}
+	case errors.Is(err, tiering.ErrKeyTable):
+		return slog.LevelError, "inboxkeeper: waiting for a permanent key table; nothing is touched until it exists", nil
+	case errors.Is(err, catalog.ErrInvalid):
+		return slog.LevelError, "inboxkeeper: the policy does not match the database; nothing is touched until it does", nil
+	case errors.Is(err, migrations.ErrNotMigrated):
+		return slog.LevelWarn, "inboxkeeper: waiting for the control schema", nil
+	}
+	return slog.LevelWarn, "inboxkeeper: waiting for the database", nil
 }
 
 // NewThrottle builds the throttle for env with the global runtime settings
