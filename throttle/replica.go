@@ -36,7 +36,7 @@ func init() {
 // backlog, its small writes make the walreceivers report their replay
 // positions, which the pacer reads.
 func replicaCollectors(t *Throttler) []collector {
-	cs := []collector{{interval: statsInterval, run: t.beat}}
+	cs := []collector{{interval: statsInterval, run: t.beat, writes: true}}
 	for _, u := range t.cfg.ReplicaURLs {
 		r := &replica{url: u, name: replicaName(u)}
 		cs = append(cs, collector{interval: t.cfg.HeartbeatInterval,

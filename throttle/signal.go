@@ -89,6 +89,9 @@ type collector struct {
 	interval time.Duration
 	run      func(ctx context.Context)
 	close    func()
+	// writes: it writes to the database (the heartbeat), which MeasureOnce,
+	// status's reading, never does.
+	writes bool
 }
 
 func (t *Throttler) collectors() []collector {
@@ -155,12 +158,16 @@ func (t *Throttler) Stop() {
 	t.wg.Wait()
 }
 
-// MeasureOnce takes one reading of every signal without starting anything:
-// what `inboxkeeper status` shows. When a standby streams, it then reads
+// MeasureOnce takes one reading of every signal without starting anything
+// and without writing (no heartbeat: a listed standby's lag is as of the
+// last beat a running daemon wrote): what `inboxkeeper status` shows. When a standby streams, it then reads
 // pg_stat_replication for another trailSpan, so that its apply rate is
 // measured (or at least its recent progress).
 func (t *Throttler) MeasureOnce(ctx context.Context) {
 	for _, c := range t.collectors() {
+		if c.writes {
+			continue
+		}
 		c.run(ctx)
 		if c.close != nil {
 			c.close()

@@ -622,3 +622,27 @@ func TestLockWatchCancelsOnlyTheWatchedTransaction(t *testing.T) {
 		t.Errorf("waiter: %v", err)
 	}
 }
+
+// status reads the signals with MeasureOnce, which writes nothing: no
+// heartbeat, even with standbys listed (status may run against a standby,
+// or as a role that only reads). Start, by contrast, writes one.
+func TestMeasureOnceWritesNoHeartbeat(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, url := pgtest.NewPool(t)
+	pgtest.Migrate(t, url)
+	beats := func() int {
+		var n int
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM inboxkeeper.heartbeat").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	cfg := config.Config{ReplicaURLs: []string{url}, MaxReplicaLag: time.Minute, HeartbeatInterval: 100 * time.Millisecond}
+	throttle.New(pool, cfg, service.Base{}, nil).MeasureOnce(ctx)
+	if n := beats(); n != 0 {
+		t.Fatalf("MeasureOnce wrote %d heartbeat rows", n)
+	}
+	startThrottle(t, pool, cfg)
+	pgtest.WaitFor(t, 30*time.Second, "a running throttle to write its heartbeat", func() bool { return beats() == 1 })
+}
