@@ -1,7 +1,6 @@
 package expiry
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -17,6 +16,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 	"github.com/inboxkeeper/inboxkeeper/internal/service"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/syncbuf"
 )
 
 // citusSetup is setup on a Citus coordinator: the inbox distributed on
@@ -341,7 +341,7 @@ func TestCitusWorkerRestartMidPass(t *testing.T) {
 	})
 	t.Cleanup(restart)
 	commits := 0
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	d := newTest(f.asDaemon(t).pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0), MaxRetries: 1,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))}, BatchSize: 5}}, TestSignals{BeforeCommit: func(string, int64) {
 		if commits++; commits == 3 {
@@ -373,22 +373,4 @@ func TestCitusWorkerRestartMidPass(t *testing.T) {
 	if left := f.count(t, "true"); first.Deleted+res[0].Deleted != 200 || left != 0 {
 		t.Errorf("the passes reported %d + %d deleted, %d rows left; want 200 and none", first.Deleted, res[0].Deleted, left)
 	}
-}
-
-// syncBuffer is a bytes.Buffer a logger and the test share.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -4,15 +4,15 @@
 package redistest
 
 import (
-	"bytes"
 	"fmt"
 	"net"
 	"os/exec"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/syncbuf"
 )
 
 // HowToFix is the message for a machine without redis-server.
@@ -34,7 +34,7 @@ func Start(t testing.TB, args ...string) string {
 	var lastErr error
 	for range 5 {
 		port := FreePort(t)
-		out := &syncBuffer{}
+		out := &syncbuf.Buffer{}
 		cmd := exec.Command(bin, append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir, "--daemonize", "no"}, args...)...)
 		cmd.Stdout, cmd.Stderr = out, out
 		if err := cmd.Start(); err != nil {
@@ -103,21 +103,4 @@ func FreePort(t testing.TB) int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
