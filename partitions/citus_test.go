@@ -2,7 +2,9 @@ package partitions
 
 import (
 	"context"
+	neturl "net/url"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -304,6 +306,10 @@ func TestCitusPremakeWithALockOnAWorker(t *testing.T) {
 	t.Logf("premake against a SHARE lock on a worker: %s, %v", took, res.Err)
 	if res.Err == nil || retry.KindOf(res.Err) != retry.KindLockTimeout || len(res.Created) != 0 {
 		t.Fatalf("premake with a SHARE lock on a worker: %+v; want it failed on the lock timeout, nothing made", res)
+	}
+	// The error names the worker whose lock stopped it.
+	if wu, err := neturl.Parse(url); err != nil || !strings.Contains(res.Err.Error(), "(while executing command on "+wu.Host+")") {
+		t.Errorf("the premake's error does not name the worker %s: %v", url, res.Err)
 	}
 	// Two attempts of lockTimeout and a backoff (at most 100 ms), and 2 s
 	// for a loaded machine; without the timeout on the worker it would wait

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
@@ -88,9 +89,26 @@ func (m *Manager) ddl(ctx context.Context, t *catalog.Table, what string, fn fun
 		}()
 	}
 	if err := fn(c); err != nil {
-		return fmt.Errorf("%s: %w", what, err)
+		// A worker's error names its node (Citus).
+		return fmt.Errorf("%s: %w", what, dbconn.OnNode(err))
 	}
 	return nil
+}
+
+// ddlTx runs fn in a transaction of a DDL session (ddl) under the DDL
+// retry policy, with the lock timeout carried to the Citus workers first
+// (toWorkers).
+func (m *Manager) ddlTx(ctx context.Context, t *catalog.Table, what string, fn func(tx pgx.Tx) error) error {
+	return m.retrying(ctx, t, what, func() error {
+		return m.ddl(ctx, t, what, func(c *pgxpool.Conn) error {
+			return pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
+				if err := m.toWorkers(ctx, tx, t); err != nil {
+					return err
+				}
+				return fn(tx)
+			})
+		})
+	})
 }
 
 // retrying runs step under the DDL retry policy.

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
@@ -43,41 +42,34 @@ func (m *Manager) premake(ctx context.Context, t *catalog.Table, now time.Time, 
 			}
 			sql := fmt.Sprintf("CREATE TABLE %s PARTITION OF %s FOR VALUES FROM (%s) TO (%s)",
 				p.Ident(), t.Ident, literal(t.Expiry, g[0]), literal(t.Expiry, g[1]))
-			err = m.retrying(ctx, t, "create "+p.String(), func() error {
-				return m.ddl(ctx, t, "create "+p.String(), func(c *pgxpool.Conn) error {
-					return pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
-						if err := m.toWorkers(ctx, tx, t); err != nil {
-							return err
-						}
-						// The new partition belongs to the parent's owner, as
-						// one made by hand would, when the daemon's role is a
-						// member of it (which creating a partition requires).
-						var owner string
-						err := tx.QueryRow(ctx, `SELECT r.rolname FROM pg_class c JOIN pg_roles r ON r.oid = c.relowner
+			err = m.ddlTx(ctx, t, "create "+p.String(), func(tx pgx.Tx) error {
+				// The new partition belongs to the parent's owner, as
+				// one made by hand would, when the daemon's role is a
+				// member of it (which creating a partition requires).
+				var owner string
+				err := tx.QueryRow(ctx, `SELECT r.rolname FROM pg_class c JOIN pg_roles r ON r.oid = c.relowner
 WHERE c.oid = $1 AND r.rolname <> current_user AND pg_has_role(current_user, r.oid, 'MEMBER')`, t.OID).Scan(&owner)
-						if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+				if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+					return err
+				}
+				if owner == "" || !t.Distributed() {
+					if owner != "" {
+						if _, err := tx.Exec(ctx, `SELECT set_config('role', $1, true)`, owner); err != nil {
 							return err
 						}
-						if owner == "" || !t.Distributed() {
-							if owner != "" {
-								if _, err := tx.Exec(ctx, `SELECT set_config('role', $1, true)`, owner); err != nil {
-									return err
-								}
-							}
-							_, err = tx.Exec(ctx, sql)
-							return err
-						}
-						// On Citus the partition is created as the daemon's
-						// role and then given away: under the owner's role
-						// Citus would connect to the workers as the owner,
-						// which need not be allowed to log in.
-						if _, err := tx.Exec(ctx, sql); err != nil {
-							return err
-						}
-						_, err = tx.Exec(ctx, fmt.Sprintf("ALTER TABLE %s OWNER TO %s", p.Ident(), pgx.Identifier{owner}.Sanitize()))
-						return err
-					})
-				})
+					}
+					_, err = tx.Exec(ctx, sql)
+					return err
+				}
+				// On Citus the partition is created as the daemon's
+				// role and then given away: under the owner's role
+				// Citus would connect to the workers as the owner,
+				// which need not be allowed to log in.
+				if _, err := tx.Exec(ctx, sql); err != nil {
+					return err
+				}
+				_, err = tx.Exec(ctx, fmt.Sprintf("ALTER TABLE %s OWNER TO %s", p.Ident(), pgx.Identifier{owner}.Sanitize()))
+				return err
 			})
 			if raced(err) {
 				// Another instance (or a DBA) made it meanwhile: look again.

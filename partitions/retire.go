@@ -394,46 +394,39 @@ func (m *Manager) drop(ctx context.Context, t *catalog.Table, p Partition, key [
 		return reason == "" && err == nil, reason, detail, err
 	}
 	var copied int64
-	err = m.retrying(ctx, t, "drop "+p.String(), func() error {
-		return m.ddl(ctx, t, "drop "+p.String(), func(c *pgxpool.Conn) error {
-			return pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
-				// The DROP takes ACCESS EXCLUSIVE on the table's shards too.
-				if err := m.toWorkers(ctx, tx, t); err != nil {
-					return err
-				}
-				// Another instance may have dropped it meanwhile.
-				var mine bool
-				dropped, reason, detail = false, "", ""
-				if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM inboxkeeper.partitions
+	// The DROP takes ACCESS EXCLUSIVE on the table's shards too.
+	err = m.ddlTx(ctx, t, "drop "+p.String(), func(tx pgx.Tx) error {
+		// Another instance may have dropped it meanwhile.
+		var mine bool
+		dropped, reason, detail = false, "", ""
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM inboxkeeper.partitions
 WHERE partition_schema = $1 AND partition_name = $2 AND detach_started = $3 AND dropped_at IS NULL FOR UPDATE)`, key...).Scan(&mine); err != nil || !mine {
-					return err
-				}
-				if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock_shared($1)", holds.FenceKey); err != nil {
-					return err
-				}
-				var err error
-				if reason, detail, err = coveredIn(ctx, tx, t, p.Ident(), now, m.txSettings()); err != nil || reason != "" {
-					return err
-				}
-				// Copying keys reads the whole partition: no statement
-				// timeout for it.
-				if _, err := tx.Exec(ctx, "SELECT set_config('statement_timeout', '0', true)"); err != nil {
-					return err
-				}
-				if m.copyKeys != nil {
-					if copied, err = m.copyKeys(ctx, tx, t, p.Ident()); err != nil {
-						return fmt.Errorf("copy permanent keys out of %s: %w", p, err)
-					}
-				}
-				if _, err := tx.Exec(ctx, "DROP TABLE "+p.Ident()); err != nil {
-					return err
-				}
-				_, err = tx.Exec(ctx, `UPDATE inboxkeeper.partitions SET dropped_at = $4, keys_copied = $5
+			return err
+		}
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock_shared($1)", holds.FenceKey); err != nil {
+			return err
+		}
+		var err error
+		if reason, detail, err = coveredIn(ctx, tx, t, p.Ident(), now, m.txSettings()); err != nil || reason != "" {
+			return err
+		}
+		// Copying keys reads the whole partition: no statement
+		// timeout for it.
+		if _, err := tx.Exec(ctx, "SELECT set_config('statement_timeout', '0', true)"); err != nil {
+			return err
+		}
+		if m.copyKeys != nil {
+			if copied, err = m.copyKeys(ctx, tx, t, p.Ident()); err != nil {
+				return fmt.Errorf("copy permanent keys out of %s: %w", p, err)
+			}
+		}
+		if _, err := tx.Exec(ctx, "DROP TABLE "+p.Ident()); err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `UPDATE inboxkeeper.partitions SET dropped_at = $4, keys_copied = $5
 WHERE partition_schema = $1 AND partition_name = $2 AND detach_started = $3`, append(key, now, copied)...)
-				dropped = err == nil
-				return err
-			})
-		})
+		dropped = err == nil
+		return err
 	})
 	if err != nil || !dropped {
 		return false, reason, detail, err

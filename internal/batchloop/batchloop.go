@@ -10,13 +10,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 	"github.com/inboxkeeper/inboxkeeper/internal/service"
 )
@@ -175,7 +174,7 @@ func (l *Loop) withRetry(ctx context.Context, batch Batch, lower pgtype.Timestam
 		var wal float64
 		var err error
 		n, newest, wal, err = batch(ctx, lower, size)
-		err = onNode(err)
+		err = dbconn.OnNode(err)
 		if err != nil && n > 0 {
 			// Part of it committed before it failed: those rows are gone
 			// and counted now; the retry starts after them.
@@ -222,22 +221,6 @@ func (l *Loop) withRetry(ctx context.Context, batch Batch, lower pgtype.Timestam
 		return 0, time.Time{}, size, err
 	}
 	return 0, time.Time{}, size, fmt.Errorf("%s batch (%s, after %d retries): %w", l.What, kind, attempts, err)
-}
-
-// onNode adds to err the node of a Citus cluster a failed statement ran on:
-// Citus reports a worker's error with the node in its context ("while
-// executing command on host:port"), which the error's text leaves out.
-func onNode(err error) error {
-	var pe *pgconn.PgError
-	if !errors.As(err, &pe) {
-		return err
-	}
-	for _, line := range strings.Split(pe.Where, "\n") {
-		if strings.Contains(line, "executing command on ") {
-			return fmt.Errorf("%w (%s)", err, strings.TrimSpace(line))
-		}
-	}
-	return err
 }
 
 // committedPart counts the part of a failed batch that committed (see

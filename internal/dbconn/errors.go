@@ -164,3 +164,19 @@ func withoutTLSNoise(err error) string {
 	}
 	return strings.Join(lines, "; ")
 }
+
+// OnNode adds to err the node of a Citus cluster a failed statement ran on:
+// Citus reports a worker's error with the node in its context ("while
+// executing command on host:port"), which the error's text leaves out.
+func OnNode(err error) error {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) {
+		return err
+	}
+	for _, line := range strings.Split(pe.Where, "\n") {
+		if strings.Contains(line, "executing command on ") {
+			return fmt.Errorf("%w (%s)", err, strings.TrimSpace(line))
+		}
+	}
+	return err
+}
