@@ -72,6 +72,18 @@ func (t *Throttler) watchLocks(ctx context.Context) {
 	}
 	var citusRead time.Time
 	for {
+		t.mu.Lock()
+		awake, woken := t.awake, t.woken
+		t.mu.Unlock()
+		if !awake {
+			// Between passes no batch runs: nothing to watch.
+			select {
+			case <-ctx.Done():
+				return
+			case <-woken:
+				continue
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return

@@ -28,14 +28,22 @@ type kind struct {
 	// backlog: a pause for it means WAL piles up somewhere, and halves the
 	// next batch (the signals see WAL only after it was written).
 	backlog bool
-	// poll, when set, measures it every interval on a ticker of its own,
-	// while on (nil: always) says t's settings ask for it.
+	// poll, when set, measures it every interval on a ticker of its own
+	// while the throttle is awake (cadence.go), while on (nil: always) says
+	// t's settings ask for it.
 	poll     func(t *Throttler, ctx context.Context)
 	interval time.Duration
 	on       func(t *Throttler) bool
+	// idle, when set, says whether the poll goes on between passes too
+	// (every idleEvery): for the gauges of a subject that exists.
+	idle func(t *Throttler) bool
+	// sparse, when set, says the last reading found nothing to measure (no
+	// standby streams, no slot): the poll then only looks for one, every
+	// discoverEvery, while awake.
+	sparse func(t *Throttler) bool
 	// collectors, when set, are what measures it instead: one per subject
 	// configured (the listed standbys).
-	collectors func(t *Throttler) []collector
+	collectors func(t *Throttler) []*collector
 	// verdict, when set, is a reading taken at Check time from the clock
 	// or the throttle's state (no I/O): ok when it throttles.
 	verdict func(t *Throttler, now time.Time) (r Reading, ok bool)
@@ -83,47 +91,45 @@ func Kinds() []string {
 	return out
 }
 
-// collector measures one or more signals once; Start runs each on its own
-// ticker, MeasureOnce runs them all once.
-type collector struct {
-	interval time.Duration
-	run      func(ctx context.Context)
-	close    func()
-	// writes: it writes to the database (the heartbeat), which MeasureOnce,
-	// status's reading, never does.
-	writes bool
-}
-
-func (t *Throttler) collectors() []collector {
-	var cs []collector
+func (t *Throttler) collectors() []*collector {
+	var cs []*collector
 	for _, k := range registry {
 		switch {
 		case k.collectors != nil:
 			cs = append(cs, k.collectors(t)...)
 		case k.poll != nil && (k.on == nil || k.on(t)):
-			run := func(ctx context.Context) { k.poll(t, ctx) }
-			cs = append(cs, collector{interval: k.interval, run: run})
+			c := &collector{interval: k.interval, run: func(ctx context.Context) { k.poll(t, ctx) }}
+			if k.idle != nil {
+				c.idle = func() bool { return k.idle(t) }
+			}
+			if k.sparse != nil {
+				c.sparse = func() bool { return k.sparse(t) }
+			}
+			cs = append(cs, c)
 		}
 	}
 	return cs
 }
 
 // Start measures every signal once, so the first batch is already checked,
-// then keeps measuring in the background until Stop.
+// then keeps measuring in the background until Stop: awake, as for a pass,
+// until the first Idle.
 func (t *Throttler) Start(ctx context.Context) {
 	ctx, t.cancel = context.WithCancel(ctx)
-	cs := t.collectors()
+	cs := append(t.collectors(), &collector{interval: keepAliveEvery, run: t.keepAlive})
+	t.mu.Lock()
+	t.cs, t.awake = cs, true
+	t.mu.Unlock()
 	if len(t.cfg.ReplicaURLs) > 0 {
 		// A first heartbeat before the first reading, so a healthy standby
 		// is not reported as lagging for lack of one.
 		t.writeHeartbeat(ctx)
 	}
 	for _, c := range cs {
-		c.run(ctx)
+		c.measure(ctx)
 	}
-	t.wg.Add(2)
+	t.wg.Add(1)
 	go func() { defer t.wg.Done(); t.watchLocks(ctx) }()
-	go func() { defer t.wg.Done(); t.keepAlive(ctx) }()
 	for _, c := range cs {
 		t.wg.Add(1)
 		go func() {
@@ -131,22 +137,8 @@ func (t *Throttler) Start(ctx context.Context) {
 			if c.close != nil {
 				defer c.close()
 			}
-			every(ctx, c.interval, c.run)
+			t.poll(ctx, c)
 		}()
-	}
-}
-
-// every runs fn every interval until ctx ends.
-func every(ctx context.Context, interval time.Duration, fn func(ctx context.Context)) {
-	tick := time.NewTicker(interval)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-			fn(ctx)
-		}
 	}
 }
 
@@ -168,7 +160,7 @@ func (t *Throttler) MeasureOnce(ctx context.Context) {
 		if c.writes {
 			continue
 		}
-		c.run(ctx)
+		c.measure(ctx)
 		if c.close != nil {
 			c.close()
 		}
@@ -191,11 +183,10 @@ func (t *Throttler) MeasureOnce(ctx context.Context) {
 	}
 }
 
-// keepAlive pings the primary while the deleter may be waiting, so that a
-// long pause does not end with a dead idle connection.
-func (t *Throttler) keepAlive(ctx context.Context) {
-	every(ctx, 30*time.Second, func(ctx context.Context) { _ = t.pool.Ping(ctx) })
-}
+// keepAlive pings the primary while the deleter may be waiting (every
+// keepAliveEvery while awake), so that a long pause does not end with a
+// dead idle connection.
+func (t *Throttler) keepAlive(ctx context.Context) { _ = t.pool.Ping(ctx) }
 
 // queryRows runs sql on the pool and reads every row into a T with scan.
 // The error is the query's or the first a row met (pgx.CollectRows checks

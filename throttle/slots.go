@@ -7,13 +7,16 @@ import (
 )
 
 // Logical slots (INBOXKEEPER_MAX_SLOT_LAG_BYTES): cleanup WAL must not push
-// a Debezium-style reader further behind. Read as often as pg_stat_replication.
+// a Debezium-style reader further behind. Read as often as pg_stat_replication
+// while one exists; looked for every discoverEvery while none does.
 const SlotLag = "slot_lag"
 
 func init() {
 	register(kind{name: SlotLag, backlog: true, poll: (*Throttler).measureSlots, interval: statsInterval,
-		on:    func(t *Throttler) bool { return t.cfg.MaxSlotLagBytes > 0 },
-		gauge: &gauge{"inboxkeeper_slot_lag_bytes", "WAL bytes between the primary's current position and a logical slot's confirmed_flush_lsn.", "slot"}})
+		on:     func(t *Throttler) bool { return t.cfg.MaxSlotLagBytes > 0 },
+		idle:   func(t *Throttler) bool { return !t.noSlot() },
+		sparse: (*Throttler).noSlot,
+		gauge:  &gauge{"inboxkeeper_slot_lag_bytes", "WAL bytes between the primary's current position and a logical slot's confirmed_flush_lsn.", "slot"}})
 }
 
 // slot is one logical slot with a confirmed position.
@@ -40,4 +43,11 @@ FROM pg_replication_slots WHERE slot_type = 'logical' AND confirmed_flush_lsn IS
 		t.set(Reading{Kind: SlotLag, Subject: s.name, Value: s.behind, Threshold: float64(t.cfg.MaxSlotLagBytes), Unit: "bytes"})
 	}
 	t.drop(SlotLag, keep)
+}
+
+// noSlot says the last read found no logical slot (and did not fail).
+func (t *Throttler) noSlot() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return !t.hasReading(SlotLag)
 }

@@ -3,7 +3,9 @@
 //
 // Signals measure on their own tickers (replica lag from a heartbeat,
 // pg_stat_replication, logical slots, a custom query, a manual pause) and
-// store readings; Check only reads them and returns a reason. Each signal
+// store readings; Check only reads them and returns a reason. They read at
+// their cadence only while a pass asks for batches, and only what exists
+// between passes (cadence.go). Each signal
 // is one file that registers itself (signal.go): what it measures and how
 // often, its reason kinds, its metrics and how its readings read in
 // status. The services ask Admit before every batch, never inside a
@@ -139,7 +141,11 @@ type Throttler struct {
 	pacer    *pacer
 	held     bool // the last admission waited
 	lastBeat time.Time
+	beats    []time.Time // the heartbeats written lately, in the primary's clock (replica.go)
 	fails    *failLog
+	awake    bool          // the signals are read at their working cadence (cadence.go)
+	woken    chan struct{} // closed and replaced when awake changes
+	cs       []*collector  // what Start polls
 
 	// workers is the reading of a Citus coordinator's workers' standbys
 	// (workers.go), owned by the walsender reading; workerStandbys says
@@ -166,7 +172,7 @@ func New(pool *pgxpool.Pool, cfg config.Config, base service.Base, m *Metrics) *
 		base.Logger = slog.New(slog.DiscardHandler)
 	}
 	t := &Throttler{Base: base, cfg: cfg, pool: pool, metrics: m, readings: map[string]Reading{}, changed: make(chan struct{}),
-		watched: map[uint32]*watch{}}
+		watched: map[uint32]*watch{}, woken: make(chan struct{})}
 	t.pacer = newPacer(func() time.Duration { return t.limits().MaxReplicaLag })
 	t.fails = newFailLog(t.Logger, t.Clock)
 	t.SetLimits(cfg.Limits())
@@ -287,6 +293,7 @@ func (t *Throttler) Check() State {
 // returns the first throttled state it saw (zero when it did not wait), logs
 // every change of state or reason, and accounts the time spent throttled.
 func (t *Throttler) Wait(ctx context.Context) (State, error) {
+	t.wake(ctx)
 	tick := time.NewTicker(100 * time.Millisecond) // the active window moves with the clock
 	defer tick.Stop()
 	var first State

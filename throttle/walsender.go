@@ -16,7 +16,9 @@ const ReplicaLagBytes = "replica_lag_bytes"
 
 func init() {
 	register(kind{name: ReplicaLagBytes, backlog: true, poll: (*Throttler).measureWalsenders, interval: statsInterval,
-		gauge: &gauge{"inboxkeeper_replica_lag_bytes", "WAL bytes between the primary's current position and a standby's replay position (pg_stat_replication).", "replica"}})
+		idle:   func(t *Throttler) bool { return !t.noStandby() },
+		sparse: (*Throttler).noStandby,
+		gauge:  &gauge{"inboxkeeper_replica_lag_bytes", "WAL bytes between the primary's current position and a standby's replay position (pg_stat_replication).", "replica"}})
 }
 
 // walsender is one row of pg_stat_replication.
@@ -94,9 +96,24 @@ FROM pg_stat_replication`, func(row pgx.CollectableRow, w *walsender) error {
 		t.forget(ReplicaUnreachable, readStatReplication)
 		t.walsenders(senders, kept, t.Clock.Now())
 	}
-	if t.cfg.MaxSlotLagBytes > 0 {
-		t.measureSlots(ctx)
+}
+
+// noStandby says the last read of pg_stat_replication found no standby
+// (and did not fail): nothing to pace, nothing to export.
+func (t *Throttler) noStandby() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.pacer.standbys) == 0 && t.pacer.failure == "" && !t.hasReading(ReplicaLagBytes)
+}
+
+// hasReading says whether a reading of kind is stored; t.mu is held.
+func (t *Throttler) hasReading(kind string) bool {
+	for _, r := range t.readings {
+		if r.Kind == kind {
+			return true
+		}
 	}
+	return false
 }
 
 // walsenders stores the readings of one pg_stat_replication read and feeds
