@@ -2171,9 +2171,11 @@ wait:
 			t.Errorf("GET %s: %s", p, resp.Status)
 		}
 	}
-	// The heartbeat and the collectors run on tickers of their own: wait
-	// until the heartbeat was written twice after the first pass, so that
-	// each has run (and could have logged a warning) more than once.
+	// The heartbeat and the collectors run on tickers of their own (between
+	// passes the listed standby is read, after a fresh heartbeat, every ten
+	// seconds): wait until the heartbeat was written twice after the first
+	// pass, so that each has run (and could have logged a warning) more than
+	// once.
 	first := beat()
 	pgtest.WaitFor(t, 30*time.Second, "the daemon's heartbeat to advance", func() bool { return beat().After(first) })
 	second := beat()

@@ -72,11 +72,9 @@ FROM %[1]s t WHERE t.%[5]s <= %[2]s AND (%[3]s OR %[4]s)`, t.Ident, t.Expiry.Ins
 // lag as metrics.
 func (d *Deleter) Due(ctx context.Context, t *catalog.Table, from pgtype.Timestamptz) (Due, error) {
 	var due Due
-	if !from.Valid {
-		from = batchloop.NegInf
-	}
 	err := d.coverageTx(ctx, t, func(tx pgx.Tx, now time.Time, cov holds.Coverage) error {
 		var err error
+		from := orNegInf(from)
 		if due.Rows, due.Capped, err = countDue(ctx, tx, t, now, cov, from); err != nil {
 			return err
 		}
@@ -86,16 +84,55 @@ func (d *Deleter) Due(ctx context.Context, t *catalog.Table, from pgtype.Timesta
 	if err != nil {
 		return due, err
 	}
-	if m := d.opts.Metrics; m != nil && !d.opts.DryRun {
-		m.RowsDue.Set(float64(due.Rows), t.Name)
-		capped := 0.0
-		if due.Capped {
-			capped = 1
-		}
-		m.RowsDueCapped.Set(capped, t.Name)
-		m.CleanupLag.Set(due.Lag.Seconds(), t.Name)
-	}
+	d.exportDue(t, due)
 	return due, nil
+}
+
+// look is what a pass reads of a table before it starts and after it ends,
+// in one read-only transaction: the rows due from where the pass's keyset
+// ended on (res.resume; the start of the index before the pass), and what
+// the table holds (measure: protected rows, cleanup lag, retained range,
+// bytes per key). A pass that finds nothing due is this one transaction.
+func (d *Deleter) look(ctx context.Context, t *catalog.Table, res *TableResult) (Due, error) {
+	var due Due
+	err := d.coverageTx(ctx, t, func(tx pgx.Tx, now time.Time, cov holds.Coverage) error {
+		var err error
+		if due.Rows, due.Capped, err = countDue(ctx, tx, t, now, cov, orNegInf(res.resume)); err != nil {
+			return err
+		}
+		if err := d.measure(ctx, tx, t, now, cov, res); err != nil {
+			return err
+		}
+		due.Lag = res.CleanupLag
+		return nil
+	})
+	if err != nil {
+		return due, err
+	}
+	d.exportDue(t, due)
+	return due, nil
+}
+
+func orNegInf(from pgtype.Timestamptz) pgtype.Timestamptz {
+	if !from.Valid {
+		return batchloop.NegInf
+	}
+	return from
+}
+
+// exportDue exports a count of t's due rows and its cleanup lag.
+func (d *Deleter) exportDue(t *catalog.Table, due Due) {
+	m := d.opts.Metrics
+	if m == nil || d.opts.DryRun {
+		return
+	}
+	m.RowsDue.Set(float64(due.Rows), t.Name)
+	capped := 0.0
+	if due.Capped {
+		capped = 1
+	}
+	m.RowsDueCapped.Set(capped, t.Name)
+	m.CleanupLag.Set(due.Lag.Seconds(), t.Name)
 }
 
 // Refresh counts what is due again, between passes, on every table for

@@ -193,11 +193,20 @@ func (d *Deleter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 	if d.opts.DryRun {
 		res.Err = d.dryRun(ctx, t, &res)
 	} else {
-		res.Err = d.deleteAll(ctx, t, deadline, &res)
-		if res.Err == nil && ctx.Err() == nil {
-			// Measuring is best effort: the deletion is done whatever it says.
-			if err := d.afterPass(ctx, t, &res); err != nil {
-				log.Warn("expiry: could not measure the table after the pass; its metrics wait for the next one", "error", err)
+		// The count at the start is what the progress line's ETA counts
+		// down from (refreshed every DueRefresh during a long pass); when
+		// nothing is due, what it measured is the pass.
+		due, err := d.look(ctx, t, &res)
+		if err != nil && ctx.Err() == nil {
+			d.log.Warn("expiry: could not count the due rows", "table", t.Name, "error", err)
+		}
+		if err != nil || due.Rows > 0 {
+			res.Err = d.deleteAll(ctx, t, deadline, due.Rows, &res)
+			if res.Err == nil && ctx.Err() == nil {
+				// Measuring is best effort: the deletion is done whatever it says.
+				if _, err := d.look(ctx, t, &res); err != nil {
+					log.Warn("expiry: could not measure the table after the pass; its metrics wait for the next one", "error", err)
+				}
 			}
 		}
 	}
@@ -221,7 +230,7 @@ func (d *Deleter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 	return res
 }
 
-func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time.Time, res *TableResult) error {
+func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time.Time, estimate int64, res *TableResult) error {
 	// The keyset: every batch starts at the newest expiry the previous batch
 	// deleted, so rows it passed over (held, or locked by someone else) are
 	// not scanned again in this pass.
@@ -232,14 +241,6 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 	d.mu.Lock()
 	d.scanChoice[t.Name] = &scanChooser{}
 	d.mu.Unlock()
-	// The exact count at the start is what the progress line's ETA counts
-	// down from; it is refreshed every DueRefresh during a long pass.
-	var estimate int64
-	if due, err := d.Due(ctx, t, pgtype.Timestamptz{}); err == nil {
-		estimate = due.Rows
-	} else if ctx.Err() == nil {
-		d.log.Warn("expiry: could not count the due rows", "table", t.Name, "error", err)
-	}
 	lastCount := time.Now()
 	m := d.opts.Metrics
 	var lastNewest time.Time // the newest expiry of the last batch, for its log line
@@ -750,19 +751,6 @@ FROM %[1]s t WHERE t.%[5]s <= %[2]s`, t.Ident, t.Expiry.Instant(args.Add(cutoff(
 		return fmt.Errorf("dry run: %w", err)
 	}
 	return nil
-}
-
-// afterPass counts what holds and replays kept, and measures the cleanup lag.
-func (d *Deleter) afterPass(ctx context.Context, t *catalog.Table, res *TableResult) error {
-	err := d.coverageTx(ctx, t, func(tx pgx.Tx, now time.Time, cov holds.Coverage) error {
-		return d.measure(ctx, tx, t, now, cov, res)
-	})
-	if err != nil {
-		return err
-	}
-	// rows_due and the cleanup lag, as the pass leaves the table.
-	_, err = d.Due(ctx, t, res.resume)
-	return err
 }
 
 // measure fills res with what the pass left in t as of now: the rows the

@@ -55,9 +55,20 @@ func Pool(url string, maxConns int32, opts ...Option) (*pgxpool.Config, error) {
 		return nil, badURL(err)
 	}
 	pc.MaxConns = maxConns
+	pc.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool { return p.IdleDuration > PingAfterIdle }
 	base(&pc.ConnConfig.Config, opts)
 	return pc, nil
 }
+
+// PingAfterIdle is how long a pooled connection may sit idle before it is
+// pinged when taken again. pgx pings after one second, and the daemon's
+// cadences (the lease renewed every LEASE_TTL/3, passes every few seconds)
+// leave its connections idle for a few seconds at a time: every use was a
+// ping and a statement, two transactions in pg_stat_database. A connection
+// idle this long is still checked, as one a restart or a session timeout
+// may have closed; a failure on a connection used sooner is retried or
+// read again, as any failed statement is.
+const PingAfterIdle = 30 * time.Second
 
 // Conn parses url into a single-connection configuration.
 func Conn(url string, opts ...Option) (*pgx.ConnConfig, error) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
@@ -22,12 +23,34 @@ type Daemon struct {
 	metrics *Metrics
 	state   string
 	inForce map[string]bool
+
+	mu     sync.Mutex
+	scrape []*catalog.Table // the tables in force, for what a scrape measures
 }
 
 // NewDaemon runs d's passes under ls, exporting to d's Metrics (required).
+// What changes slowly (the tiers' sizes, the installed rules, the retained
+// first-seen ranges) is measured when /metrics is scraped, not every pass:
+// a daemon that is not scraped does not read it at all.
 func NewDaemon(d *Driver, ls *lease.Lease) *Daemon {
 	d.Lease = ls.Check
-	return &Daemon{Driver: d, lease: ls, metrics: d.Metrics}
+	d.slowAtScrape = true
+	dm := &Daemon{Driver: d, lease: ls, metrics: d.Metrics}
+	d.Metrics.MeasureAtScrape(dm.measureFacts)
+	return dm
+}
+
+// measureFacts measures, for a scrape, the facts of the tables in force,
+// when this instance is the active one (a waiting instance exports nothing
+// per table).
+func (d *Daemon) measureFacts(ctx context.Context) {
+	if !d.lease.Held() {
+		return
+	}
+	d.mu.Lock()
+	tables := d.scrape
+	d.mu.Unlock()
+	d.measureSlow(ctx, tables)
 }
 
 // Use puts a (re)loaded policy's tables in force: the next pass builds its
@@ -35,6 +58,9 @@ func NewDaemon(d *Driver, ls *lease.Lease) *Daemon {
 // names is no longer exported.
 func (d *Daemon) Use(tables []*catalog.Table) {
 	d.Driver.Use(tables)
+	d.mu.Lock()
+	d.scrape = tables
+	d.mu.Unlock()
 	d.inForce = map[string]bool{}
 	for _, t := range tables {
 		d.inForce[t.Name] = true
@@ -68,10 +94,20 @@ func (d *Daemon) inactive() {
 // ctx ended the pass.
 func (d *Daemon) Pass(ctx context.Context) error {
 	start := time.Now()
+	if d.Throttle != nil {
+		// Between passes the signals are read slowly, and only what exists.
+		defer d.Throttle.Idle()
+	}
 	dm := d.metrics.Daemon
 	outcome := daemonmetrics.PassSkipped
 	defer func() { d.metrics.PassEnded(outcome) }()
-	standby, err := dbconn.InRecovery(ctx, d.Pool)
+	// Holding the lease means the database took a write (its renewal)
+	// less than LEASE_TTL ago: it is no standby, and one read a pass is
+	// saved. Without it, a standby is told apart before the lease is tried.
+	standby, err := false, error(nil)
+	if !d.lease.Held() {
+		standby, err = dbconn.InRecovery(ctx, d.Pool)
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -118,7 +154,13 @@ func (d *Daemon) Pass(ctx context.Context) error {
 	d.record(ctx, res)
 	outcome = res.Outcome()
 	failed, _, total := res.Counts()
-	d.Log.Info("inboxkeeper: pass done", "outcome", outcome, "tables", total, "failed", failed,
+	// A pass that went as planned is said at info by its tables' lines,
+	// when they did something; its own line is for debugging then.
+	logf := d.Log.Debug
+	if outcome != daemonmetrics.PassOK {
+		logf = d.Log.Info
+	}
+	logf("inboxkeeper: pass done", "outcome", outcome, "tables", total, "failed", failed,
 		"duration", time.Since(start).Round(time.Millisecond))
 	return nil
 }

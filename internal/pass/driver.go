@@ -36,8 +36,12 @@ type Driver struct {
 	watch    *settings.Watch
 	runner   Runner
 	deleters []*expiry.Deleter
-	tiers    *tiering.Collector // made by record
+	tiers    *tiering.Collector // made by measureSlow
 	retained *expiry.Retained
+	// slowAtScrape: what changes over minutes (the tiers, what each table
+	// remembers) is measured when /metrics is scraped (run), not after
+	// every pass (once, which exports once, after its pass).
+	slowAtScrape bool
 }
 
 // Use puts tables in force, a policy that passed its checks: the next pass
@@ -51,25 +55,33 @@ func (d *Driver) Use(tables []*catalog.Table) {
 	}
 }
 
-// record exports what a pass measured besides its counters, the same after
-// a pass of run and of once: each table's facts (rows protected, retained
-// expiries, bytes per key), the tiers, and what each table remembers (the
-// installed rules' horizons, the retained ranges, the replays beyond the
-// window). A dry run exports none of them: it measured nothing.
+// record exports what a pass measured besides its counters, the same for
+// run and once: each table's facts (rows protected, retained expiries,
+// bytes per key) after the pass; the tiers and what each table remembers
+// (the installed rules' horizons, the retained ranges, the replays beyond
+// the window) after once's pass, and at run's scrapes (measureSlow). A dry
+// run exports none of them: it measured nothing.
 func (d *Driver) record(ctx context.Context, res Result) {
 	if d.Metrics == nil || d.DryRun {
 		return
-	}
-	if d.tiers == nil {
-		d.tiers = tiering.NewCollector(d.Pool, d.Metrics.Tiering, d.Metrics.Daemon.BytesPerKey, d.Log)
-		d.retained = expiry.NewRetained(d.Pool, d.Metrics.retained(), d.Log)
 	}
 	results := d.Metrics.results()
 	for _, r := range Of[expiry.TableResult](res.Tables) {
 		results.Record(r)
 	}
-	_ = d.tiers.Update(ctx, d.tables)
-	if err := d.retained.Update(ctx, d.tables); err != nil && ctx.Err() == nil {
+	if !d.slowAtScrape {
+		d.measureSlow(ctx, d.tables)
+	}
+}
+
+// measureSlow measures the tiers of tables and what each remembers.
+func (d *Driver) measureSlow(ctx context.Context, tables []*catalog.Table) {
+	if d.tiers == nil {
+		d.tiers = tiering.NewCollector(d.Pool, d.Metrics.Tiering, d.Metrics.Daemon.BytesPerKey, d.Log)
+		d.retained = expiry.NewRetained(d.Pool, d.Metrics.retained(), d.Log)
+	}
+	_ = d.tiers.Update(ctx, tables)
+	if err := d.retained.Update(ctx, tables); err != nil && ctx.Err() == nil {
 		d.Log.Warn("inboxkeeper: read the control schema for metrics", "error", err)
 	}
 }
@@ -104,6 +116,13 @@ func (e SettingsError) Unwrap() error { return e.Err }
 // are the error: the stages in force stay, and only a later change is
 // looked at; without stages yet, the environment's configuration is used.
 func (d *Driver) tune(ctx context.Context) error {
+	if d.watch != nil && !d.watch.Changed() {
+		// One cheap read between passes: the settings are read whole only
+		// when their version moved.
+		if v, err := settings.Version(ctx, d.Pool); err == nil && v == d.watch.Version() {
+			return nil
+		}
+	}
 	tn, err := settings.Read(ctx, d.Pool, d.Env, d.tables)
 	if err != nil {
 		if d.watch != nil {

@@ -7,12 +7,14 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/client_golang/prometheus/push"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/inboxkeeper/inboxkeeper/expiry"
 	"github.com/inboxkeeper/inboxkeeper/internal/daemonmetrics"
@@ -34,6 +36,43 @@ type Metrics struct {
 	Throttle   *throttle.Metrics // nil until the throttle is started with it
 
 	reg prometheus.Registerer // where the metrics are registered
+
+	atScrape struct {
+		sync.Mutex
+		measure func(ctx context.Context)
+		last    time.Time
+	}
+}
+
+// scrapeMeasureEvery bounds how often a scrape measures (MeasureAtScrape):
+// two Prometheus servers, or a person with curl, do not double the reads
+// of facts that change over minutes.
+const scrapeMeasureEvery = 10 * time.Second
+
+// scrapeMeasureTimeout bounds a scrape's measurement, below Prometheus's
+// default scrape timeout (10 s): a slow read leaves the facts it did not
+// reach as they were.
+const scrapeMeasureTimeout = 5 * time.Second
+
+// MeasureAtScrape makes fn measure facts when /metrics is scraped, at most
+// once every scrapeMeasureEvery, before the registry is gathered.
+func (m *Metrics) MeasureAtScrape(fn func(ctx context.Context)) {
+	m.atScrape.Lock()
+	defer m.atScrape.Unlock()
+	m.atScrape.measure = fn
+}
+
+// gather measures what is measured at scrape time, then gathers.
+func (m *Metrics) gather() ([]*dto.MetricFamily, error) {
+	m.atScrape.Lock()
+	if fn := m.atScrape.measure; fn != nil && time.Since(m.atScrape.last) >= scrapeMeasureEvery {
+		ctx, cancel := context.WithTimeout(context.Background(), scrapeMeasureTimeout)
+		fn(ctx)
+		cancel()
+		m.atScrape.last = time.Now()
+	}
+	m.atScrape.Unlock()
+	return m.Registry.Gather()
 }
 
 // NewMetrics registers every metric on a new registry; process adds the Go
@@ -119,7 +158,7 @@ func (m *Metrics) Export(ctx context.Context, file, gateway, instance string) er
 // probes) until the returned stop.
 func (m *Metrics) Serve(addr string, log *slog.Logger) (stop func(), err error) {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry}))
+	mux.Handle("/metrics", promhttp.HandlerFor(prometheus.GathererFunc(m.gather), promhttp.HandlerOpts{Registry: m.Registry}))
 	ok := func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") }
 	mux.HandleFunc("/livez", ok)
 	mux.HandleFunc("/readyz", ok)
