@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strings"
 	"sync"
 	"time"
@@ -123,6 +124,7 @@ type Deleter struct {
 	mu         sync.Mutex
 	scanChoice map[string]*scanChooser // per table, made anew each pass
 	windows    map[string]*window      // per distributed table, kept across passes
+	rates      map[string]*deleteRate  // per table, kept across passes
 }
 
 // New returns a Deleter with defaults filled in.
@@ -150,7 +152,7 @@ func New(pool *pgxpool.Pool, tables []*catalog.Table, opts Options) *Deleter {
 		}
 	}
 	return &Deleter{pool: pool, tables: tables, opts: opts, log: log, sizers: batchloop.NewSizers(opts.BatchSize, opts.Sizing),
-		scanChoice: map[string]*scanChooser{}, windows: map[string]*window{}}
+		scanChoice: map[string]*scanChooser{}, windows: map[string]*window{}, rates: map[string]*deleteRate{}}
 }
 
 // RunPass runs one pass over every table, in policy order. A failure on one
@@ -224,10 +226,43 @@ func (d *Deleter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 	if d.opts.DryRun {
 		verb = "would_delete" // counted, not done
 	}
-	log.Info("expiry: table done", verb, res.Deleted, "protected_by_holds", res.ProtectedByHolds,
+	// A pass that deleted nothing says so only at debug: in the steady
+	// state most passes of a daemon on a short INTERVAL find little or
+	// nothing, and their lines would be most of the log.
+	logf := log.Debug
+	if res.Deleted > 0 || d.opts.DryRun || res.StoppedEarly.Stopped() {
+		logf = log.Info
+	}
+	attrs := []any{verb, res.Deleted}
+	if rate, ok := d.rate(t, res.Deleted); ok && !d.opts.DryRun {
+		attrs = append(attrs, "rows_per_second", int64(math.Round(rate)))
+	}
+	logf("expiry: table done", append(attrs, "protected_by_holds", res.ProtectedByHolds,
 		"protected_by_replays", res.ProtectedByReplays, "batches", res.Batches, "skip_locked_batches", res.SkipLockedBatches, "range_batches", res.RangeBatches, "bitmap_batches", res.BitmapBatches, "bounds_ahead", res.BoundsAhead, "dry_run", d.opts.DryRun,
-		"duration", res.Duration.Round(time.Millisecond), "stopped_early", res.StoppedEarly)
+		"duration", res.Duration.Round(time.Millisecond), "stopped_early", res.StoppedEarly)...)
 	return res
+}
+
+// rate counts a pass's deleted rows into the table's running total and
+// returns the rows deleted per second over the last minute, across passes
+// (batchloop.Rate), once there are two passes to compare.
+func (d *Deleter) rate(t *catalog.Table, deleted int64) (float64, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	r := d.rates[t.Name]
+	if r == nil {
+		r = &deleteRate{}
+		d.rates[t.Name] = r
+	}
+	r.total += deleted
+	r.Add(time.Now(), r.total)
+	return r.PerSecond()
+}
+
+// deleteRate is a table's running total of deleted rows and its rate.
+type deleteRate struct {
+	batchloop.Rate
+	total int64
 }
 
 func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time.Time, estimate int64, res *TableResult) error {

@@ -207,6 +207,9 @@ func (m *Manager) runTable(ctx context.Context, t *catalog.Table, retire bool) T
 		mm.LastSuccess.WithLabelValues(t.Name).Set(float64(time.Now().Unix()))
 	}
 	logf, created, detached, dropped := log.Info, "created", "detached", "dropped"
+	if len(res.Created)+len(res.Detached)+len(res.Dropped)+len(res.Blocked) == 0 && !res.StoppedEarly.Stopped() {
+		logf = log.Debug // nothing changed: the steady state says nothing at info
+	}
 	if m.DryRun {
 		logf = log.Debug // status runs a dry pass: its output says it all
 		created, detached, dropped = "would_create", "would_detach", "would_drop"

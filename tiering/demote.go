@@ -151,7 +151,11 @@ func (d *Demoter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 	if d.opts.DryRun {
 		verb = "would_demote" // counted, not done
 	}
-	log.Info("tiering: table done", verb, res.Demoted, "tier", res.Tier, "protected_by_holds", res.ProtectedByHolds,
+	logf := log.Debug // a pass that demoted nothing says so only at debug, as the deleter's
+	if res.Demoted > 0 || d.opts.DryRun || res.StoppedEarly.Stopped() {
+		logf = log.Info
+	}
+	logf("tiering: table done", verb, res.Demoted, "tier", res.Tier, "protected_by_holds", res.ProtectedByHolds,
 		"batches", res.Batches, "dry_run", d.opts.DryRun, "duration", res.Duration.Round(time.Millisecond), "stopped_early", res.StoppedEarly)
 	return res
 }

@@ -334,7 +334,10 @@ func startDaemon(t *testing.T, dir string, env []string, args ...string) *daemon
 		t.Fatal(err)
 	}
 	d.cmd = exec.Command(exe, args...)
-	d.cmd.Env, d.cmd.Dir = env, dir
+	// Debug unless the test says otherwise (a later value wins): a pass
+	// that goes as planned says "pass done" only there, and the tests wait
+	// for it.
+	d.cmd.Env, d.cmd.Dir = append([]string{"INBOXKEEPER_LOG_LEVEL=debug"}, env...), dir
 	d.cmd.Stderr = pw // stdout is discarded: the daemon logs to stderr
 	err = d.cmd.Start()
 	pw.Close()

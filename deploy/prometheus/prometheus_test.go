@@ -842,7 +842,8 @@ func TestLiveMetricsPassPromtool(t *testing.T) {
 	runCtx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(runCtx, bin, "run")
-	cmd.Env = append(env, "INBOXKEEPER_METRICS_ADDR=127.0.0.1:0")
+	// Debug: a pass that goes as planned says "pass done" only there.
+	cmd.Env = append(env, "INBOXKEEPER_METRICS_ADDR=127.0.0.1:0", "INBOXKEEPER_LOG_LEVEL=debug")
 	cmd.Dir = dir
 	cmd.WaitDelay = 5 * time.Second
 	stderr, err := cmd.StderrPipe()

@@ -1,0 +1,110 @@
+package main
+
+import (
+	"context"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
+)
+
+// An idle daemon is quiet: a pass that finds nothing due is at most two
+// transactions (the runtime settings' version, and one read-only look at
+// the table), and between passes nothing is read: no standby streams and no
+// slot exists, so the throttle reads nothing, and the lease (whose renewal
+// is the only other regular transaction, every LEASE_TTL/3) is set to an
+// hour here so that the count is the passes' alone. At INTERVAL=5s and the
+// default LEASE_TTL that is at most 2/5 + 1/5 = 0.6 transactions a second
+// (bench/soak measures it).
+//
+// The count is pg_stat_database's xact_commit + xact_rollback on a cluster
+// of the test's own (autovacuum off: its visits are transactions of the
+// database too), read once the daemon's sessions have ended: a session
+// writes its counts when it ends, before it leaves pg_stat_activity. Two
+// runs that differ only in how many passes they make cancel the start and
+// the stop out.
+func TestIdleDaemonIsQuiet(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c, dir, pol := clusterFixture(t)
+	admin, err := pgx.Connect(ctx, c.URL("template1")) // not the daemon's database: its reads are not counted
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	for _, sql := range []string{"ALTER SYSTEM SET autovacuum = off", "SELECT pg_reload_conf()"} {
+		if _, err := admin.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	env := cliEnv("INBOXKEEPER_DATABASE_URL="+c.URL("postgres"), "INBOXKEEPER_POLICY_FILE="+pol,
+		"INBOXKEEPER_INTERVAL=1s", "INBOXKEEPER_LEASE_TTL=1h")
+	sessionsEnded := func() {
+		t.Helper()
+		pgtest.WaitFor(t, 30*time.Second, "the sessions on the database to end", func() bool {
+			var n int
+			err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = 'postgres'`).Scan(&n)
+			return err == nil && n == 0
+		})
+	}
+	wantExit(t, runCLI(t, dir, env, "once"), 0) // nothing is due from here on
+	sessionsEnded()
+
+	// run does passes until it has done want of them, stops, and returns
+	// how many it did and the database's transactions meanwhile.
+	run := func(want int) (passes int, xacts int64) {
+		t.Helper()
+		before := databaseXacts(t, admin)
+		d := startDaemon(t, dir, env, "run")
+		for range want {
+			d.waitLine(passDone, 30*time.Second)
+		}
+		d.stop()
+		sessionsEnded()
+		for _, line := range strings.Split(d.log(), "\n") {
+			if passDone.MatchString(line) {
+				passes++
+			}
+			if noisy.MatchString(line) {
+				t.Errorf("a pass that deleted nothing logged at info: %s", line)
+			}
+		}
+		return passes, databaseXacts(t, admin) - before
+	}
+	shortPasses, short := run(4)
+	longPasses, long := run(14)
+	passes := longPasses - shortPasses
+	t.Logf("%d transactions for %d passes, %d for %d: %.2f a pass with nothing due", short, shortPasses, long, longPasses,
+		float64(long-short)/float64(passes))
+	if passes < 10 {
+		t.Fatalf("the runs differ by %d passes, want at least 10", passes)
+	}
+	// warmUp: pgx prepares a statement the first time a pooled connection
+	// runs it, a transaction of its own in pg_stat_database, and the pool
+	// hands its connections out in turn: the longer run's later passes may
+	// still prepare a few of the look's statements on a connection that
+	// had not run them yet. Once all have, a pass is 2 (seen: 1.9 to 2.1
+	// over 20 to 30 passes).
+	const warmUp = 4
+	if long-short > int64(2*passes+warmUp) {
+		t.Errorf("%d more transactions for %d more passes: more than 2 a pass with nothing due (and %d to prepare statements)", long-short, passes, warmUp)
+	}
+}
+
+// noisy is a line at info of a pass, or of a table's pass, that did nothing.
+var noisy = regexp.MustCompile(`level=INFO msg="(inboxkeeper: pass done|expiry: table done|expiry: progress)`)
+
+// databaseXacts is the transactions the database "postgres" committed and
+// rolled back, as the statistics have them.
+func databaseXacts(t *testing.T, admin *pgx.Conn) int64 {
+	t.Helper()
+	var n int64
+	if err := admin.QueryRow(context.Background(), `SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = 'postgres'`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}

@@ -1,0 +1,50 @@
+package batchloop
+
+import "time"
+
+// RateWindow is the span a Rate measures over.
+const RateWindow = time.Minute
+
+// Rate is how fast a count changes over the last RateWindow, from samples
+// of it: a running total of rows deleted across passes (a daemon keeping up
+// with 1,000 rows/s says about 1,000, not a pass's burst), or the fall of a
+// due count between rounds of status --watch. The zero value is ready.
+type Rate struct {
+	samples []rateSample
+}
+
+type rateSample struct {
+	at time.Time
+	n  int64
+}
+
+// Add records the count n at at and returns the rate of change, in units
+// per second, over the last RateWindow (0 until there are two samples).
+func (r *Rate) Add(at time.Time, n int64) float64 {
+	s := append(r.samples, rateSample{at, n})
+	for len(s) > 1 && at.Sub(s[0].at) > RateWindow {
+		s = s[1:]
+	}
+	r.samples = s
+	v, _ := r.PerSecond()
+	return v
+}
+
+// PerSecond is the rate of change over the samples kept (falling or
+// rising), and whether there are two to compare.
+func (r *Rate) PerSecond() (float64, bool) {
+	s := r.samples
+	if len(s) < 2 {
+		return 0, false
+	}
+	first, last := s[0], s[len(s)-1]
+	dt := last.at.Sub(first.at).Seconds()
+	if dt <= 0 {
+		return 0, false
+	}
+	d := float64(last.n - first.n)
+	if d < 0 {
+		d = -d
+	}
+	return d / dt, true
+}

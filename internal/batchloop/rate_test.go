@@ -1,0 +1,44 @@
+package batchloop
+
+import (
+	"math"
+	"testing"
+	"time"
+)
+
+// A daemon keeping up with 1,000 rows/s in passes every 5 s deletes about
+// 5,000 rows a pass, in a burst of a fraction of a second: its rate over
+// the last minute, across passes, is about 1,000 rows/s, not the burst's
+// rate nor a pass's count over its own duration.
+func TestRateAcrossPasses(t *testing.T) {
+	var r Rate
+	t0 := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	var total int64
+	var rate float64
+	for pass := range 30 {
+		start := t0.Add(time.Duration(pass) * 5 * time.Second)
+		// Five batches of 1,000 rows 20 ms apart: the burst runs at 50,000 rows/s.
+		for b := range 5 {
+			total += 1000
+			rate = r.Add(start.Add(time.Duration(b)*20*time.Millisecond), total)
+		}
+	}
+	if math.Abs(rate-1000) > 50 {
+		t.Errorf("rate across passes = %.0f rows/s, want about 1000", rate)
+	}
+	// The window is the last minute: an idle minute brings it to nothing.
+	if got := r.Add(t0.Add(30*5*time.Second+2*RateWindow), total); got != 0 {
+		t.Errorf("after two idle minutes the rate is %.0f, want 0", got)
+	}
+}
+
+func TestRateNeedsTwoSamples(t *testing.T) {
+	var r Rate
+	if _, ok := r.PerSecond(); ok {
+		t.Error("a rate without samples")
+	}
+	r.Add(time.Now(), 10)
+	if _, ok := r.PerSecond(); ok {
+		t.Error("a rate from one sample")
+	}
+}
