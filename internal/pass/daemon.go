@@ -7,10 +7,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/inboxkeeper/inboxkeeper/expiry"
+	"github.com/inboxkeeper/inboxkeeper/horizon"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/daemonmetrics"
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/lease"
+	"github.com/inboxkeeper/inboxkeeper/tiering"
 )
 
 // Daemon is a pass of `run`, when this instance may: not against a
@@ -21,6 +24,7 @@ type Daemon struct {
 	*Driver
 	lease   *lease.Lease
 	metrics *Metrics
+	horizon *horizon.Watch
 	state   string
 	inForce map[string]bool
 
@@ -35,7 +39,7 @@ type Daemon struct {
 func NewDaemon(d *Driver, ls *lease.Lease) *Daemon {
 	d.Lease = ls.Check
 	d.slowAtScrape = true
-	dm := &Daemon{Driver: d, lease: ls, metrics: d.Metrics}
+	dm := &Daemon{Driver: d, lease: ls, metrics: d.Metrics, horizon: horizon.NewWatch(d.Pool, d.Metrics.Horizon, d.Log)}
 	d.Metrics.MeasureAtScrape(dm.measureFacts)
 	return dm
 }
@@ -51,6 +55,9 @@ func (d *Daemon) measureFacts(ctx context.Context) {
 	tables := d.scrape
 	d.mu.Unlock()
 	d.measureSlow(ctx, tables)
+	if _, err := d.horizon.Update(ctx, false); err != nil && ctx.Err() == nil {
+		d.Log.Warn("inboxkeeper: read the xmin horizon for metrics", "error", err)
+	}
 }
 
 // Use puts a (re)loaded policy's tables in force: the next pass builds its
@@ -86,8 +93,7 @@ func (d *Daemon) sayAt(level slog.Level, state string, args ...any) {
 // stale per-table gauges from a waiting instance would contradict the
 // active one's. Counters and last-success timestamps keep their history.
 func (d *Daemon) inactive() {
-	d.metrics.Daemon.Active.Set(0)
-	d.metrics.Facts.Clear()
+	d.metrics.Inactive()
 }
 
 // Pass does one pass if this instance may; it returns an error only when
@@ -154,6 +160,14 @@ func (d *Daemon) Pass(ctx context.Context) error {
 	d.record(ctx, res)
 	outcome = res.Outcome()
 	failed, _, total := res.Counts()
+	if deleted(res) {
+		// The rows just deleted stay on disk while something holds the
+		// xmin horizon: who, and for how long, after every pass that
+		// deleted some (and at every scrape).
+		if _, err := d.horizon.Update(ctx, true); err != nil && ctx.Err() == nil {
+			d.Log.Warn("inboxkeeper: read the xmin horizon", "error", err)
+		}
+	}
 	// A pass that went as planned is said at info by its tables' lines,
 	// when they did something; its own line is for debugging then.
 	logf := d.Log.Debug
@@ -180,4 +194,20 @@ func (d *Daemon) Refresh(ctx context.Context) {
 			d.Log.Warn("inboxkeeper: could not count the due rows between passes", "error", err)
 		}
 	}
+}
+
+// deleted reports whether a pass deleted rows, or demoted payloads in
+// place: it left dead tuples behind.
+func deleted(res Result) bool {
+	for _, r := range Of[expiry.TableResult](res.Tables) {
+		if r.Deleted > 0 {
+			return true
+		}
+	}
+	for _, r := range Of[tiering.Result](res.Tables) {
+		if r.Demoted > 0 {
+			return true
+		}
+	}
+	return false
 }

@@ -17,6 +17,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/inboxkeeper/inboxkeeper/expiry"
+	"github.com/inboxkeeper/inboxkeeper/horizon"
 	"github.com/inboxkeeper/inboxkeeper/internal/daemonmetrics"
 	"github.com/inboxkeeper/inboxkeeper/partitions"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
@@ -34,6 +35,7 @@ type Metrics struct {
 	Partitions *partitions.Metrics
 	Daemon     *daemonmetrics.Metrics
 	Throttle   *throttle.Metrics // nil until the throttle is started with it
+	Horizon    *horizon.Metrics
 
 	reg prometheus.Registerer // where the metrics are registered
 
@@ -92,7 +94,7 @@ func NewMetrics(process bool, version string) *Metrics {
 func Register(reg prometheus.Registerer, version string) *Metrics {
 	facts := daemonmetrics.NewFacts()
 	m := &Metrics{Facts: facts, Expiry: expiry.NewMetrics(reg, facts), Tiering: tiering.NewMetrics(reg, facts),
-		Partitions: partitions.NewMetrics(reg, facts), Daemon: daemonmetrics.New(reg, facts, version), reg: reg}
+		Partitions: partitions.NewMetrics(reg, facts), Daemon: daemonmetrics.New(reg, facts, version), Horizon: horizon.NewMetrics(reg), reg: reg}
 	// One series each, whichever step measured it.
 	m.Partitions.Errors, m.Partitions.CleanupLag, m.Partitions.LastSuccess = m.Expiry.Errors, m.Expiry.CleanupLag, m.Expiry.LastSuccess
 	return m
@@ -114,6 +116,15 @@ func (m *Metrics) ThrottleMetrics() *throttle.Metrics {
 func (m *Metrics) PolicyLoaded() {
 	m.Daemon.ReloadOK.Set(1)
 	m.Daemon.ReloadTime.Set(float64(time.Now().Unix()))
+}
+
+// Inactive clears what only the active instance may say: every per-table
+// fact, and the xmin horizon's holders. Counters and last-success
+// timestamps keep their history.
+func (m *Metrics) Inactive() {
+	m.Daemon.Active.Set(0)
+	m.Facts.Clear()
+	m.Horizon.Age.Reset()
 }
 
 // PassEnded records a finished pass with its outcome.

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/inboxkeeper/inboxkeeper/expiry"
+	"github.com/inboxkeeper/inboxkeeper/horizon"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
@@ -27,6 +28,9 @@ type Status struct {
 	Tables     []expiry.TableStatus
 	Partitions []partitions.TableResult
 	Tiers      map[string]*tiering.Status // tables with tiers, by name
+	// Horizon is who holds the database's xmin horizon: rows deleted
+	// after it began stay on disk until it lets go.
+	Horizon horizon.Reading
 }
 
 // ReadStatus reads the status of tables on pool, with env's settings.
@@ -45,6 +49,9 @@ func ReadStatus(ctx context.Context, w Wiring, env config.Config, tables []*cata
 		return st, err
 	}
 	if st.Lease, err = lease.Current(ctx, w.Pool); err != nil {
+		return st, err
+	}
+	if st.Horizon, err = horizon.Read(ctx, w.Pool); err != nil {
 		return st, err
 	}
 	st.Scopes, err = settings.Values(ctx, w.Pool, env, tables)

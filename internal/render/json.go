@@ -38,6 +38,27 @@ type StatusJSON struct {
 	Tables         []TableJSON  `json:"tables"`
 	Settings       []ScopeJSON  `json:"settings"`
 	Throttle       ThrottleJSON `json:"throttle"`
+	XminHorizon    HorizonJSON  `json:"xmin_horizon"`
+}
+
+// HorizonJSON is who holds the database's xmin horizon.
+type HorizonJSON struct {
+	Blockers []BlockerJSON `json:"blockers"`
+}
+
+// BlockerJSON is the oldest holder of the xmin horizon of one kind.
+type BlockerJSON struct {
+	Kind         string     `json:"kind"`
+	Xids         int64      `json:"xids"`
+	Since        *time.Time `json:"since"` // null: no reading dates it
+	SinceAtLeast bool       `json:"since_at_least"`
+	AgeSeconds   *float64   `json:"age_seconds"` // null with since
+	PID          *int       `json:"pid"`         // null: no process (a prepared transaction, an inactive slot)
+	Application  string     `json:"application_name"`
+	Client       string     `json:"client"`
+	State        string     `json:"state"`
+	Name         string     `json:"name"`  // the slot's name, the prepared transaction's gid
+	Owner        string     `json:"owner"` // the prepared transaction's owner
 }
 
 // LeaseJSON is the instance that holds the lease.
@@ -336,6 +357,7 @@ func StatusOf(st pass.Status, tables []*catalog.Table, th *throttle.Throttler) S
 		out.Tables = append(out.Tables, tj)
 	}
 	out.Throttle = throttleJSON(th)
+	out.XminHorizon = horizonJSON(st.Horizon)
 	return out
 }
 

@@ -30,6 +30,7 @@ func Status(w io.Writer, r pass.Status, tables []*catalog.Table, rates Rates, th
 		fmt.Fprintln(w, "active instance: none holds the lease")
 	}
 	writeThrottle(w, th)
+	writeHorizon(w, r.Horizon)
 }
 
 // StatusTables prints the per-table part of status. Each table is named

@@ -1,0 +1,76 @@
+package expiry
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
+	"github.com/inboxkeeper/inboxkeeper/internal/service"
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
+)
+
+// The deleter's own transactions hold the xmin horizon no longer than a
+// batch: every batch is a transaction of its own, and so is every count,
+// measurement and bound read ahead; nothing keeps a snapshot across
+// batches. A session samples, every few milliseconds, every transaction of
+// the database that holds a snapshot (pg_stat_activity.backend_xmin) and
+// how long it has been open, while a pass runs 60 batches.
+func TestOwnTransactionsHoldTheHorizonOneBatchAtMost(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := setup(t, inboxDDL, inboxPolicy)
+	f.insert(t, "c", 30000, t0.Add(-48*time.Hour), time.Second)
+
+	var mu sync.Mutex
+	var longestBatch time.Duration
+	batches := 0
+	opts := Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}, BatchSize: 500},
+		Progress: func(p Progress) {
+			mu.Lock()
+			defer mu.Unlock()
+			batches++
+			longestBatch = max(longestBatch, p.BatchDuration)
+		}}
+
+	sampler := pgtest.Connect(t, f.pool.Config().ConnString())
+	stop := make(chan struct{})
+	held := make(chan time.Duration, 1)
+	go func() {
+		var longest time.Duration
+		defer func() { held <- longest }()
+		every := time.NewTicker(2 * time.Millisecond) // the sampling period
+		defer every.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-every.C:
+			}
+			var age *time.Duration
+			err := sampler.QueryRow(ctx, `SELECT max(clock_timestamp() - xact_start) FROM pg_stat_activity
+WHERE datname = current_database() AND backend_xmin IS NOT NULL AND pid <> pg_backend_pid()`).Scan(&age)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if age != nil {
+				longest = max(longest, *age)
+			}
+		}
+	}()
+	res := f.pass(t, opts)
+	close(stop)
+	longestHeld := <-held
+	t.Logf("%d batches, the longest %s; the longest snapshot held %s", batches, longestBatch, longestHeld)
+	if res.Deleted != 30000 || batches != 60 {
+		t.Fatalf("deleted %d in %d batches, want 30000 in 60", res.Deleted, batches)
+	}
+	// Twice the longest batch: a count or a bound read ahead is shorter
+	// than a batch, but a loaded machine may stall one of them once. A
+	// snapshot kept across batches would be held for many of them.
+	if longestHeld > 2*longestBatch {
+		t.Errorf("a transaction of the deleter held a snapshot for %s, more than twice its longest batch (%s)", longestHeld, longestBatch)
+	}
+}
