@@ -26,6 +26,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
+	"github.com/inboxkeeper/inboxkeeper/vacuum"
 )
 
 // Options tune a Deleter: the batch settings it shares with the demoter,
@@ -36,6 +37,9 @@ type Options struct {
 	Metrics *Metrics // may be nil
 	// Progress, when set, is called after every committed batch.
 	Progress func(Progress)
+	// Vacuum, when set, vacuums a table after a pass that left enough
+	// dead tuples in it.
+	Vacuum *vacuum.Vacuumer
 }
 
 // TestSignals are the hooks tests set on a Deleter (Deleter.TestSignals), in one
@@ -90,6 +94,9 @@ type TableResult struct {
 	CleanupLag         time.Duration
 	Oldest, Newest     *time.Time  // retained expiries after the pass
 	BytesPerKey        float64     // table size with indexes and TOAST per estimated row; 0 when unknown
+	LiveTuples         int64       // pg_stat_user_tables.n_live_tup after the pass
+	DeadTuples         int64       // dead tuples after the pass: n_dead_tup, or the rows deleted since the last VACUUM (vacuum.Vacuumer) when more
+	Vacuumed           bool        // the pass ended with a VACUUM of the table (vacuum.Vacuumer)
 	PermanentKeys      int64       // permanent keys written with the deleted rows (tiers.permanent_key)
 	StoppedEarly       retry.Early // set when RUN_TIME, the lease, the throttle, a lock wait or shutdown ended the pass early
 	Err                error
@@ -208,6 +215,9 @@ func (d *Deleter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 				// Measuring is best effort: the deletion is done whatever it says.
 				if _, err := d.look(ctx, t, &res); err != nil {
 					log.Warn("expiry: could not measure the table after the pass; its metrics wait for the next one", "error", err)
+				} else if res.Deleted > 0 {
+					v := d.opts.Vacuum.AfterPass(ctx, t, res.Deleted, res.LiveTuples, res.DeadTuples)
+					res.DeadTuples, res.Vacuumed = max(res.DeadTuples, v.Dead), v.Ran
 				}
 			}
 		}
@@ -236,6 +246,9 @@ func (d *Deleter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 	attrs := []any{verb, res.Deleted}
 	if rate, ok := d.rate(t, res.Deleted); ok && !d.opts.DryRun {
 		attrs = append(attrs, "rows_per_second", int64(math.Round(rate)))
+	}
+	if res.Deleted > 0 && !d.opts.DryRun {
+		attrs = append(attrs, "dead_tuples", res.DeadTuples, "vacuumed", res.Vacuumed)
 	}
 	logf("expiry: table done", append(attrs, "protected_by_holds", res.ProtectedByHolds,
 		"protected_by_replays", res.ProtectedByReplays, "batches", res.Batches, "skip_locked_batches", res.SkipLockedBatches, "range_batches", res.RangeBatches, "bitmap_batches", res.BitmapBatches, "bounds_ahead", res.BoundsAhead, "dry_run", d.opts.DryRun,
@@ -825,8 +838,10 @@ func (d *Deleter) measure(ctx context.Context, tx pgx.Tx, t *catalog.Table, now 
 		return nil
 	}
 	// reltuples is the planner's estimate (-1 before the first ANALYZE).
-	err = tx.QueryRow(ctx, `SELECT CASE WHEN reltuples > 0 THEN pg_total_relation_size(oid) / reltuples ELSE 0 END
-FROM pg_class WHERE oid = $1`, t.OID).Scan(&res.BytesPerKey)
+	// The tuple counts are the statistics', for the VACUUM after the pass.
+	err = tx.QueryRow(ctx, `SELECT CASE WHEN c.reltuples > 0 THEN pg_total_relation_size(c.oid) / c.reltuples ELSE 0 END,
+       coalesce(s.n_live_tup, 0), coalesce(s.n_dead_tup, 0)
+FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid WHERE c.oid = $1`, t.OID).Scan(&res.BytesPerKey, &res.LiveTuples, &res.DeadTuples)
 	if err != nil {
 		return fmt.Errorf("measure bytes per key: %w", err)
 	}

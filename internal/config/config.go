@@ -69,6 +69,9 @@ type Config struct {
 	ActiveTZ           string        `envconfig:"ACTIVE_TZ" default:"UTC" desc:"time zone of ACTIVE_HOURS (IANA name)"`
 	ThrottleResume     float64       `envconfig:"THROTTLE_RESUME" default:"0.5" desc:"a paused signal resumes at or below threshold x this (0 < r <= 1)"`
 
+	// Space.
+	VacuumDeadRatio float64 `envconfig:"VACUUM_DEAD_RATIO" default:"0.1" desc:"after a pass, VACUUM (SKIP_LOCKED, TRUNCATE false) a table whose dead tuples are at least this fraction of its tuples (and 1000); 0 leaves it to autovacuum"`
+
 	// Running many.
 	LeaseTTL time.Duration `envconfig:"LEASE_TTL" default:"15s" desc:"the active instance's lease runs out this long after its last renewal; another instance then takes over"`
 }
@@ -507,6 +510,9 @@ func (c Config) problems() problems {
 	}
 	if _, err := time.LoadLocation(c.ActiveTZ); err != nil || c.ActiveTZ == "" {
 		ps.addf(n["ActiveTZ"], "%q is not a time zone name (like UTC or Europe/Berlin)", c.ActiveTZ)
+	}
+	if c.VacuumDeadRatio < 0 || c.VacuumDeadRatio > 1 {
+		ps.addf(n["VacuumDeadRatio"], "%g must be between 0 (never) and 1", c.VacuumDeadRatio)
 	}
 	if c.ThrottleResume <= 0 || c.ThrottleResume > 1 {
 		ps.addf(n["ThrottleResume"], "%g must be greater than 0 and at most 1", c.ThrottleResume)

@@ -55,6 +55,7 @@ var defaults = Config{
 	BatchSizeMax:       50000,
 	ActiveTZ:           "UTC",
 	ThrottleResume:     0.5,
+	VacuumDeadRatio:    0.1,
 	LeaseTTL:           15 * time.Second,
 }
 
@@ -302,8 +303,8 @@ func TestKnownVariables(t *testing.T) {
 			t.Errorf("missing %s", name)
 		}
 	}
-	if len(got) != 34 {
-		t.Errorf("got %d names, want 34: %v", len(got), got)
+	if len(got) != 35 {
+		t.Errorf("got %d names, want 35: %v", len(got), got)
 	}
 }
 

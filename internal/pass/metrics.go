@@ -22,6 +22,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/partitions"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
 	"github.com/inboxkeeper/inboxkeeper/tiering"
+	"github.com/inboxkeeper/inboxkeeper/vacuum"
 )
 
 // Metrics is every metric a pass exports, on one private registry: run
@@ -36,6 +37,7 @@ type Metrics struct {
 	Daemon     *daemonmetrics.Metrics
 	Throttle   *throttle.Metrics // nil until the throttle is started with it
 	Horizon    *horizon.Metrics
+	Vacuum     *vacuum.Metrics
 
 	reg prometheus.Registerer // where the metrics are registered
 
@@ -94,7 +96,8 @@ func NewMetrics(process bool, version string) *Metrics {
 func Register(reg prometheus.Registerer, version string) *Metrics {
 	facts := daemonmetrics.NewFacts()
 	m := &Metrics{Facts: facts, Expiry: expiry.NewMetrics(reg, facts), Tiering: tiering.NewMetrics(reg, facts),
-		Partitions: partitions.NewMetrics(reg, facts), Daemon: daemonmetrics.New(reg, facts, version), Horizon: horizon.NewMetrics(reg), reg: reg}
+		Partitions: partitions.NewMetrics(reg, facts), Daemon: daemonmetrics.New(reg, facts, version), Horizon: horizon.NewMetrics(reg),
+		Vacuum: vacuum.NewMetrics(reg, facts), reg: reg}
 	// One series each, whichever step measured it.
 	m.Partitions.Errors, m.Partitions.CleanupLag, m.Partitions.LastSuccess = m.Expiry.Errors, m.Expiry.CleanupLag, m.Expiry.LastSuccess
 	return m

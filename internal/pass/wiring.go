@@ -15,6 +15,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/partitions"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
 	"github.com/inboxkeeper/inboxkeeper/tiering"
+	"github.com/inboxkeeper/inboxkeeper/vacuum"
 )
 
 // Wiring is what the services of a pass share, and the one place they are
@@ -61,8 +62,12 @@ func (w Wiring) batch(c config.Config) batchloop.Settings {
 // Deleter builds the deleter of tables with the configuration c.
 func (w Wiring) Deleter(c config.Config, tables []*catalog.Table) *expiry.Deleter {
 	o := expiry.Options{Settings: w.batch(c), Progress: w.Progress}
+	var vm *vacuum.Metrics
 	if w.Metrics != nil {
-		o.Metrics = w.Metrics.Expiry
+		o.Metrics, vm = w.Metrics.Expiry, w.Metrics.Vacuum
+	}
+	if !w.DryRun {
+		o.Vacuum = vacuum.New(w.Pool, vacuum.Options{Base: w.base(c, c.LockTimeout), DeadRatio: c.VacuumDeadRatio, Metrics: vm})
 	}
 	return expiry.New(w.Pool, tables, o)
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/service"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
+	"github.com/inboxkeeper/inboxkeeper/vacuum"
 )
 
 // The deleter's own transactions hold the xmin horizon no longer than a
@@ -72,5 +73,23 @@ WHERE datname = current_database() AND backend_xmin IS NOT NULL AND pid <> pg_ba
 	// snapshot kept across batches would be held for many of them.
 	if longestHeld > 2*longestBatch {
 		t.Errorf("a transaction of the deleter held a snapshot for %s, more than twice its longest batch (%s)", longestHeld, longestBatch)
+	}
+}
+
+// A pass that deletes a fifth of the table vacuums it (vacuum.Vacuumer):
+// the result says so, with the dead tuples it left.
+func TestPassVacuums(t *testing.T) {
+	t.Parallel()
+	f := setup(t, inboxDDL, inboxPolicy)
+	f.insert(t, "c", 5000, t0.Add(-48*time.Hour), time.Second)
+	f.insert(t, "live", 15000, t0.Add(48*time.Hour), time.Second)
+	v := vacuum.New(f.pool, vacuum.Options{DeadRatio: 0.1})
+	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}}, Vacuum: v})
+	if res.Deleted != 5000 || !res.Vacuumed || res.DeadTuples < 5000 {
+		t.Fatalf("deleted %d, vacuumed %v, dead tuples %d; want 5000, true, at least 5000", res.Deleted, res.Vacuumed, res.DeadTuples)
+	}
+	var n int64
+	if err := f.pool.QueryRow(context.Background(), `SELECT vacuum_count FROM pg_stat_user_tables WHERE relname = 'consumer_inbox'`).Scan(&n); err != nil || n != 1 {
+		t.Errorf("vacuum_count %d (%v), want 1", n, err)
 	}
 }

@@ -1,0 +1,193 @@
+// Package vacuum keeps the space of the rows the daemon deletes reclaimed.
+//
+// A deleted row's space is reusable only after VACUUM. Autovacuum visits a
+// database at most every autovacuum_naptime (a minute by default, a
+// server-wide setting) and a table only once its dead tuples pass
+// autovacuum_vacuum_threshold + autovacuum_vacuum_scale_factor x its rows,
+// so an inbox whose rows turn over in seconds carries a minute of churn as
+// dead tuples: measured, four times its live size. The daemon knows what it
+// just deleted, so after a table's pass it vacuums the table itself when
+// the dead tuples reach INBOXKEEPER_VACUUM_DEAD_RATIO of its tuples (and
+// minDead): VACUUM (SKIP_LOCKED, TRUNCATE false), which never waits for a
+// lock (it skips the table when another session holds a conflicting one,
+// and the next pass tries again) and never takes ACCESS EXCLUSIVE to cut
+// empty pages off the end (the writer would queue behind it, and the table
+// grows back). The throttle is asked first: VACUUM writes WAL too.
+//
+// Autovacuum stays the backstop; Advise says which of a table's autovacuum
+// settings cannot keep up with a deletion rate, and what to set.
+//
+// Daemon internals: the deleter's pass and `status` use it.
+package vacuum
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/daemonmetrics"
+	"github.com/inboxkeeper/inboxkeeper/internal/retry"
+	"github.com/inboxkeeper/inboxkeeper/internal/service"
+)
+
+// minDead is the fewest dead tuples worth a VACUUM: fewer fill a few pages,
+// not worth its own transaction and a scan of every index.
+const minDead = 1000
+
+// admitWait bounds how long a VACUUM waits for the throttle: it is not
+// needed now, and the next pass asks again.
+const admitWait = time.Second
+
+// Metrics are the vacuum's metrics.
+type Metrics struct {
+	Vacuums    *prometheus.CounterVec
+	DeadTuples *daemonmetrics.Fact
+}
+
+// NewMetrics registers them on reg; the dead tuples are a fact of facts.
+func NewMetrics(reg prometheus.Registerer, facts *daemonmetrics.Facts) *Metrics {
+	return &Metrics{
+		Vacuums: daemonmetrics.CounterVec(reg, "inboxkeeper_vacuums_total",
+			"VACUUM (SKIP_LOCKED, TRUNCATE false) statements the daemon ran on a table after a pass that left INBOXKEEPER_VACUUM_DEAD_RATIO of its tuples dead.", "table"),
+		DeadTuples: facts.Gauge(reg, "inboxkeeper_dead_tuples",
+			"Dead tuples of the table after the daemon's last pass that deleted rows: pg_stat_user_tables.n_dead_tup, or the rows the daemon deleted since its last VACUUM of it when more.", "table"),
+	}
+}
+
+// Options tune a Vacuumer; the base gives the logger, the throttle and the
+// active check.
+type Options struct {
+	service.Base
+	// DeadRatio: vacuum a table after a pass once its dead tuples are at
+	// least this fraction of its tuples (live and dead). 0 never does.
+	DeadRatio float64
+	Metrics   *Metrics // may be nil
+}
+
+// Vacuumer vacuums tables after the passes that leave them with enough
+// dead tuples.
+type Vacuumer struct {
+	pool *pgxpool.Pool
+	opts Options
+
+	mu      sync.Mutex
+	since   map[string]int64 // rows deleted since this process last vacuumed the table
+	allowed map[string]bool  // whether this role may vacuum the table, once asked
+}
+
+// New returns a Vacuumer on pool; nil when opts.DeadRatio is 0.
+func New(pool *pgxpool.Pool, opts Options) *Vacuumer {
+	if opts.DeadRatio <= 0 {
+		return nil
+	}
+	opts.Base = opts.Base.WithDefaults(0)
+	return &Vacuumer{pool: pool, opts: opts, since: map[string]int64{}, allowed: map[string]bool{}}
+}
+
+// Outcome is what AfterPass did.
+type Outcome struct {
+	Dead    int64         // dead tuples, as counted
+	Ran     bool          // a VACUUM ran (it may have skipped a locked table)
+	Took    time.Duration // its duration
+	Skipped string        // why none ran, when one was due
+	Err     error
+}
+
+// AfterPass is told that a pass deleted deleted rows of t, which holds live
+// and dead tuples by its statistics (read after the pass; they lag the
+// deletes by up to a second, so the rows deleted since the last VACUUM
+// count too). It vacuums t when they reach the ratio.
+func (v *Vacuumer) AfterPass(ctx context.Context, t *catalog.Table, deleted, live, dead int64) Outcome {
+	if v == nil || t.Partitioned() || t.Distributed() {
+		return Outcome{}
+	}
+	v.mu.Lock()
+	v.since[t.Name] += deleted
+	dead = max(dead, v.since[t.Name])
+	v.mu.Unlock()
+	out := Outcome{Dead: dead}
+	if m := v.opts.Metrics; m != nil {
+		m.DeadTuples.Set(float64(dead), t.Name)
+	}
+	if dead < minDead || float64(dead) < v.opts.DeadRatio*float64(live+dead) {
+		return out
+	}
+	if ok, err := v.mayVacuum(ctx, t); err != nil || !ok {
+		out.Skipped, out.Err = "this role may not vacuum the table", err
+		return out
+	}
+	if why, ok := v.opts.CheckActive(); !ok {
+		out.Skipped = why.String()
+		return out
+	}
+	if th := v.opts.Throttle; th != nil {
+		actx, cancel := context.WithTimeout(ctx, admitWait)
+		_, err := th.Admit(actx, nil)
+		cancel()
+		if err != nil {
+			reason, _ := service.Held(err)
+			out.Skipped = "throttled (" + reason + ")"
+			v.opts.Logger.Debug("vacuum: throttled; the next pass tries again", "table", t.Name, "reason", reason)
+			return out
+		}
+	}
+	began := time.Now()
+	// SKIP_LOCKED: never in a lock queue. TRUNCATE false: never ACCESS
+	// EXCLUSIVE. Outside a transaction block, as VACUUM must be: pgx sends
+	// a statement without arguments in the simple protocol.
+	_, err := v.pool.Exec(ctx, "VACUUM (SKIP_LOCKED, TRUNCATE false) "+t.Ident)
+	out.Took = time.Since(began)
+	if err != nil {
+		out.Err = fmt.Errorf("vacuum %s: %w", t.Name, err)
+		v.opts.Logger.Warn("vacuum: failed; autovacuum remains, and the next pass tries again", "table", t.Name, "error", err, "kind", retry.KindOf(err))
+		return out
+	}
+	out.Ran = true
+	v.mu.Lock()
+	v.since[t.Name] = 0
+	v.mu.Unlock()
+	if m := v.opts.Metrics; m != nil {
+		m.Vacuums.WithLabelValues(t.Name).Inc()
+	}
+	v.opts.Logger.Debug("vacuum: done", "table", t.Name, "dead_tuples", dead, "live_tuples", live, "took", out.Took.Round(time.Millisecond))
+	return out
+}
+
+// mayVacuumSQL says whether the session's role may VACUUM table $1: its
+// owner, the database's owner or a superuser may (PostgreSQL 14 to 16: a
+// non-owner's VACUUM skips the table with a warning the client never
+// sees), and from PostgreSQL 17 a role granted MAINTAIN on it. CASE keeps
+// the MAINTAIN check, which older servers do not know, from running there.
+const mayVacuumSQL = `
+SELECT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)
+    OR pg_has_role(c.relowner, 'USAGE')
+    OR pg_has_role((SELECT datdba FROM pg_database WHERE datname = current_database()), 'USAGE')
+    OR CASE WHEN current_setting('server_version_num')::int >= 170000 THEN has_table_privilege(c.oid, 'MAINTAIN') ELSE false END
+FROM pg_class c WHERE c.oid = $1`
+
+// mayVacuum asks once per table whether this role may vacuum it, and says
+// so once when it may not: autovacuum keeps the table then.
+func (v *Vacuumer) mayVacuum(ctx context.Context, t *catalog.Table) (bool, error) {
+	v.mu.Lock()
+	ok, known := v.allowed[t.Name]
+	v.mu.Unlock()
+	if known {
+		return ok, nil
+	}
+	if err := v.pool.QueryRow(ctx, mayVacuumSQL, t.OID).Scan(&ok); err != nil {
+		return false, fmt.Errorf("may this role vacuum %s: %w", t.Name, err)
+	}
+	v.mu.Lock()
+	v.allowed[t.Name] = ok
+	v.mu.Unlock()
+	if !ok {
+		v.opts.Logger.Info("vacuum: this role may not VACUUM the table (only its owner, the database's owner or, from PostgreSQL 17, a role granted MAINTAIN may): autovacuum keeps its space; docs/operations/steady-state.md has the settings for a high-churn inbox",
+			"table", t.Name)
+	}
+	return ok, nil
+}

@@ -1,0 +1,174 @@
+package vacuum
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/service"
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// setup is a table of 10,000 rows with autovacuum off (the test vacuums),
+// of which the first deleted are deleted.
+func setup(t *testing.T, deleted int) (*pgxpool.Pool, *catalog.Table) {
+	t.Helper()
+	pool, _ := pgtest.NewMigratedPool(t, pgtest.ShortInboxDDL+`
+ALTER TABLE public.consumer_inbox SET (autovacuum_enabled = off);
+INSERT INTO public.consumer_inbox SELECT 'c', 'm' || i, now(), now() - interval '1 day' + i * interval '1 second' FROM generate_series(1, 10000) i;`)
+	pgtest.Exec(t, pool, `DELETE FROM public.consumer_inbox WHERE message_id IN (SELECT 'm' || i FROM generate_series(1, $1) i)`, deleted)
+	return pool, pgtest.Resolve(t, pool, pgtest.ShortInboxPolicy)[0]
+}
+
+// vacuums is the table's manual VACUUM count.
+func vacuums(t *testing.T, pool *pgxpool.Pool) int64 {
+	t.Helper()
+	var n int64
+	if err := pool.QueryRow(context.Background(), `SELECT vacuum_count FROM pg_stat_user_tables WHERE relname = 'consumer_inbox'`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// holding is a Gate whose admission waits until its context ends: a
+// throttle over its threshold.
+type holding struct{}
+
+func (holding) Admit(ctx context.Context, _ service.Sizer) (int, error) {
+	<-ctx.Done()
+	return 0, &service.HeldError{Reason: "replica_lag walsender s: 9s (threshold 1s)", Err: ctx.Err()}
+}
+func (holding) Watch(uint32, time.Time) (func(), func() bool) {
+	return func() {}, func() bool { return false }
+}
+func (holding) Wrote(float64) {}
+
+func TestVacuumAfterPass(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	// A pass that deleted 20% of the table's tuples, which the statistics
+	// do not show yet, leaves it vacuumed: what it deleted counts.
+	t.Run("over the ratio", func(t *testing.T) {
+		t.Parallel()
+		pool, tbl := setup(t, 2000)
+		v := New(pool, Options{DeadRatio: 0.1})
+		out := v.AfterPass(ctx, tbl, 2000, 8000, 0)
+		if !out.Ran || out.Err != nil || out.Dead != 2000 {
+			t.Fatalf("outcome %+v, want a VACUUM of 2000 dead tuples", out)
+		}
+		if n := vacuums(t, pool); n != 1 {
+			t.Errorf("vacuum_count %d, want 1", n)
+		}
+	})
+
+	// Under the 1,000 rows a VACUUM is worth (500), or under the ratio
+	// (1,000 of 9,500: 10.5%, under 12%), nothing runs; the rows deleted
+	// meanwhile add up until it is worth one.
+	t.Run("under the ratio, then over", func(t *testing.T) {
+		t.Parallel()
+		pool, tbl := setup(t, 1500)
+		v := New(pool, Options{DeadRatio: 0.12})
+		for _, deleted := range []int64{500, 500} {
+			if out := v.AfterPass(ctx, tbl, deleted, 8500, 0); out.Ran {
+				t.Fatalf("vacuumed at %d dead tuples: %+v", out.Dead, out)
+			}
+		}
+		if out := v.AfterPass(ctx, tbl, 500, 8500, 0); !out.Ran || out.Dead != 1500 {
+			t.Fatalf("outcome %+v, want a VACUUM at 1500 dead tuples (15%% of 10,000, over 12%%)", out)
+		}
+		if New(pool, Options{DeadRatio: 0}) != nil {
+			t.Error("a ratio of 0 made a Vacuumer")
+		}
+	})
+
+	// A session that holds a lock VACUUM needs: it skips the table at once
+	// instead of queueing, and returns.
+	t.Run("never in a lock queue", func(t *testing.T) {
+		t.Parallel()
+		pool, tbl := setup(t, 5000)
+		tx := pgtest.Lock(t, pool, "LOCK TABLE public.consumer_inbox IN SHARE UPDATE EXCLUSIVE MODE")
+		done := make(chan Outcome, 1)
+		go func() { done <- New(pool, Options{DeadRatio: 0.1}).AfterPass(ctx, tbl, 5000, 5000, 0) }()
+		select {
+		case out := <-done:
+			if out.Err != nil {
+				t.Fatalf("outcome %+v", out)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("the VACUUM waited for the lock for 30 s")
+		}
+		if n := vacuums(t, pool); n != 0 {
+			t.Errorf("vacuum_count %d while another session held the lock, want 0 (skipped)", n)
+		}
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	// The empty pages at the end stay: cutting them off takes ACCESS
+	// EXCLUSIVE, which every insert would queue behind.
+	t.Run("no truncation", func(t *testing.T) {
+		t.Parallel()
+		pool, tbl := setup(t, 0)
+		pgtest.Exec(t, pool, `DELETE FROM public.consumer_inbox WHERE message_id NOT IN ('m1', 'm2')`)
+		var before, after int64
+		if err := pool.QueryRow(ctx, `SELECT pg_relation_size('public.consumer_inbox')`).Scan(&before); err != nil {
+			t.Fatal(err)
+		}
+		if out := New(pool, Options{DeadRatio: 0.1}).AfterPass(ctx, tbl, 9998, 2, 0); !out.Ran {
+			t.Fatalf("outcome %+v", out)
+		}
+		if err := pool.QueryRow(ctx, `SELECT pg_relation_size('public.consumer_inbox')`).Scan(&after); err != nil {
+			t.Fatal(err)
+		}
+		if after != before {
+			t.Errorf("the heap went from %d to %d bytes: the VACUUM truncated it", before, after)
+		}
+	})
+
+	// A role that does not own the table may not vacuum it (before
+	// PostgreSQL 17's MAINTAIN): PostgreSQL would skip it with a warning
+	// only the server log sees, so the Vacuumer asks first, and leaves it
+	// to autovacuum.
+	t.Run("a role that may not", func(t *testing.T) {
+		t.Parallel()
+		pool, tbl := setup(t, 5000)
+		role := "vac_" + strings.ToLower(strings.NewReplacer("/", "_", " ", "_").Replace(t.Name()))[len("testvacuumafterpass_"):]
+		pgtest.Exec(t, pool, "CREATE ROLE "+role+" LOGIN; GRANT SELECT, DELETE ON public.consumer_inbox TO "+role)
+		t.Cleanup(func() { pgtest.Exec(t, pool, "DROP OWNED BY "+role+"; DROP ROLE "+role) })
+		cfg := pool.Config().Copy()
+		cfg.ConnConfig.User = role
+		as, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer as.Close()
+		out := New(as, Options{DeadRatio: 0.1}).AfterPass(ctx, tbl, 5000, 5000, 0)
+		if out.Ran || out.Err != nil || !strings.Contains(out.Skipped, "may not vacuum") {
+			t.Errorf("outcome %+v, want skipped: this role may not vacuum", out)
+		}
+		if n := vacuums(t, pool); n != 0 {
+			t.Errorf("vacuum_count %d, want 0", n)
+		}
+	})
+
+	// Throttled: no VACUUM (it writes WAL too); the next pass tries again.
+	t.Run("throttled", func(t *testing.T) {
+		t.Parallel()
+		pool, tbl := setup(t, 5000)
+		out := New(pool, Options{Base: service.Base{Throttle: holding{}}, DeadRatio: 0.1}).AfterPass(ctx, tbl, 5000, 5000, 0)
+		if out.Ran || !strings.Contains(out.Skipped, "replica_lag") {
+			t.Errorf("outcome %+v, want skipped as throttled", out)
+		}
+		if n := vacuums(t, pool); n != 0 {
+			t.Errorf("vacuum_count %d, want 0", n)
+		}
+	})
+}
