@@ -6,9 +6,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxkeeper/inboxkeeper/holds"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 )
 
 // StatusCountCap bounds the count of due rows so that `status` stays cheap on
@@ -38,6 +40,43 @@ type TableStatus struct {
 	Newest              *time.Time
 	Holds               []holds.Hold
 	Replays             []holds.Replay
+	// FallingDue is the rows a second that fall due over the next
+	// FallingDueOver: what the deleter must delete to keep up, and what
+	// the table's VACUUM must keep up with (vacuum.Advise).
+	FallingDue float64
+}
+
+// FallingDueOver is the span over which status counts the rows falling
+// due: long enough to smooth a writer's bursts, short enough to be now's.
+const FallingDueOver = time.Minute
+
+// FallingDueRate is the rows a second that fall due on t over the next
+// FallingDueOver (TableStatus.FallingDue), read by a status of its own.
+func FallingDueRate(ctx context.Context, pool *pgxpool.Pool, t *catalog.Table) (float64, error) {
+	var rate float64
+	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		now, err := dbconn.Now(ctx, tx)
+		if err != nil {
+			return err
+		}
+		rate, err = fallingDue(ctx, tx, t, now)
+		return err
+	})
+	return rate, err
+}
+
+// fallingDue counts the rows of t whose expiry falls in the
+// FallingDueOver after now, through the expiry index (at most
+// StatusCountCap), as rows a second.
+func fallingDue(ctx context.Context, tx pgx.Tx, t *catalog.Table, now time.Time) (float64, error) {
+	var n int64
+	err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM (SELECT 1 FROM %[1]s t WHERE t.%[2]s > %[3]s AND t.%[2]s <= %[4]s LIMIT $3) soon`,
+		t.Ident, t.Expiry.Quoted, t.Expiry.Instant("$1::timestamptz"), t.Expiry.Instant("$2::timestamptz")),
+		cutoff(t, now), cutoff(t, now.Add(FallingDueOver)), StatusCountCap).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("count the rows of %s falling due: %w", t.Name, err)
+	}
+	return float64(n) / FallingDueOver.Seconds(), nil
 }
 
 // Status reads the state of table t. It uses the deleter's clock.
@@ -70,6 +109,9 @@ func (d *Deleter) status(ctx context.Context, tx pgx.Tx, t *catalog.Table, st *T
 		return fmt.Errorf("status %s: %w", t.Name, err)
 	}
 	if st.ProtectedByHolds, st.ProtectedByReplays, _, err = countProtected(ctx, tx, t, now, cov); err != nil {
+		return fmt.Errorf("status %s: %w", t.Name, err)
+	}
+	if st.FallingDue, err = fallingDue(ctx, tx, t, now); err != nil {
 		return fmt.Errorf("status %s: %w", t.Name, err)
 	}
 	st.CleanupLag, err = cleanupLag(ctx, tx, t, now, cov, negInf)

@@ -12,6 +12,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/redisprobe"
+	"github.com/inboxkeeper/inboxkeeper/vacuum"
 )
 
 // CoveredUntil reads the end of the unbroken run of t's partitions that
@@ -138,4 +139,36 @@ func CheckRedis(ctx context.Context, url string) []Verdict {
 		out = append(out, Verdict{v, "redis " + s.Addr, f.Check + ": " + f.Detail})
 	}
 	return out
+}
+
+// CheckVacuum judges whether the space of t's deleted rows is kept
+// reclaimed at the rate rows fall due now (rate, rows a second): by the
+// daemon's VACUUM after its passes (daemonRatio, INBOXKEEPER_VACUUM_DEAD_RATIO,
+// when this role may vacuum the table), or by autovacuum (vacuum.Advise).
+// A FAIL names the reloptions to set (plan --apply sets them) and, when
+// they cannot do it, the autovacuum_naptime it would take.
+func CheckVacuum(ctx context.Context, pool *pgxpool.Pool, t *catalog.Table, rate, daemonRatio float64) Verdict {
+	subject := "vacuum (" + t.Name + ")"
+	if t.Partitioned() || t.Distributed() {
+		return Verdict{"SKIP", subject, "partitions go whole, and a distributed table's shards are vacuumed on its workers"}
+	}
+	st, err := vacuum.Read(ctx, pool, t)
+	if err != nil {
+		return Verdict{"FAIL", subject, err.Error()}
+	}
+	a := vacuum.Advise(st, rate)
+	switch {
+	case daemonRatio > 0 && st.MayVacuum:
+		return Verdict{"OK", subject, fmt.Sprintf("the daemon vacuums it after a pass that leaves %.0f%% of its tuples dead; %s", 100*daemonRatio, a)}
+	case a.KeepsUp:
+		return Verdict{"OK", subject, "autovacuum keeps up: " + a.String()}
+	}
+	detail := "autovacuum cannot keep up: " + a.String()
+	if sql := a.AlterSQL(t.Ident); sql != "" {
+		detail += "; set, as the table's owner (plan --apply does): " + sql
+	}
+	if daemonRatio > 0 {
+		detail += "; the daemon's VACUUM needs a role that may vacuum the table (its owner; from PostgreSQL 17, GRANT MAINTAIN)"
+	}
+	return Verdict{"FAIL", subject, detail}
 }

@@ -6,17 +6,22 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
+	"slices"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/inboxkeeper/inboxkeeper/expiry"
 	"github.com/inboxkeeper/inboxkeeper/inbox"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
 	"github.com/inboxkeeper/inboxkeeper/internal/sqlident"
 	"github.com/inboxkeeper/inboxkeeper/partitions"
 	"github.com/inboxkeeper/inboxkeeper/retention"
+	"github.com/inboxkeeper/inboxkeeper/vacuum"
 )
 
 // plan prints the retention record of every consumer scope or, with
@@ -49,7 +54,7 @@ func (a *app) plan(ctx context.Context, args []string) error {
 		return a.checkPlans(ctx, plans, p, *redisURL)
 	}
 	if *apply {
-		return a.applyPlans(ctx, plans)
+		return a.applyPlans(ctx, plans, p)
 	}
 	if *asJSON {
 		out, err := json.MarshalIndent(plans, "", "  ")
@@ -102,38 +107,9 @@ func (a *app) loadPlans(files []string) ([]retention.Plan, *policy.Policy, error
 }
 
 func (a *app) checkPlans(ctx context.Context, plans []retention.Plan, p *policy.Policy, redisURL string) error {
-	// Resolve every named table first: a record that names a table the
-	// database does not match is a configuration error, as for every command.
-	tables := map[string]*catalog.Table{}
-	var pool *pgxpool.Pool
-	for _, pl := range plans {
-		name := pl.Rule.Table
-		if name == "" || tables[name] != nil {
-			continue
-		}
-		if p == nil {
-			return configError{fmt.Errorf("plan --check: the record for %q names table %s, but there is no policy file (%s) to find it in", pl.Rule.Scope, name, a.cfg.PolicyFile)}
-		}
-		var pt *policy.Table
-		for i := range p.Tables {
-			if p.Tables[i].Name.String() == name {
-				pt = &p.Tables[i]
-			}
-		}
-		if pt == nil {
-			return configError{fmt.Errorf("plan --check: the record for %q names table %s, which is not in the policy file %s", pl.Rule.Scope, name, p.Source)}
-		}
-		if pool == nil {
-			var err error
-			if pool, err = a.connect(ctx); err != nil {
-				return err
-			}
-		}
-		t, err := catalog.Resolve(ctx, pool, *pt)
-		if err != nil {
-			return fmt.Errorf("%s: %w", p.Source, err)
-		}
-		tables[name] = t
+	tables, pool, err := a.recordTables(ctx, plans, p, "--check")
+	if err != nil {
+		return err
 	}
 
 	failed, total := 0, 0
@@ -160,6 +136,15 @@ func (a *app) checkPlans(ctx context.Context, plans []retention.Plan, p *policy.
 			report(l)
 		}
 	}
+	for _, name := range slices.Sorted(maps.Keys(tables)) {
+		t := tables[name]
+		rate, err := expiry.FallingDueRate(ctx, pool, t)
+		if err != nil {
+			report(retention.Verdict{Result: "FAIL", Subject: "vacuum (" + t.Name + ")", Detail: err.Error()})
+			continue
+		}
+		report(retention.CheckVacuum(ctx, pool, t, rate, a.cfg.VacuumDeadRatio))
+	}
 	if redisURL != "" {
 		for _, l := range retention.CheckRedis(ctx, redisURL) {
 			report(l)
@@ -171,12 +156,57 @@ func (a *app) checkPlans(ctx context.Context, plans []retention.Plan, p *policy.
 	return nil
 }
 
+// recordTables resolves every table the records name against the policy
+// file: a record that names a table the database does not match is a
+// configuration error, as for every command. The pool is nil when no
+// record names a table.
+func (a *app) recordTables(ctx context.Context, plans []retention.Plan, p *policy.Policy, mode string) (map[string]*catalog.Table, *pgxpool.Pool, error) {
+	tables := map[string]*catalog.Table{}
+	var pool *pgxpool.Pool
+	for _, pl := range plans {
+		name := pl.Rule.Table
+		if name == "" || tables[name] != nil {
+			continue
+		}
+		if p == nil {
+			return nil, nil, configError{fmt.Errorf("plan %s: the record for %q names table %s, but there is no policy file (%s) to find it in", mode, pl.Rule.Scope, name, a.cfg.PolicyFile)}
+		}
+		var pt *policy.Table
+		for i := range p.Tables {
+			if p.Tables[i].Name.String() == name {
+				pt = &p.Tables[i]
+			}
+		}
+		if pt == nil {
+			return nil, nil, configError{fmt.Errorf("plan %s: the record for %q names table %s, which is not in the policy file %s", mode, pl.Rule.Scope, name, p.Source)}
+		}
+		if pool == nil {
+			var err error
+			if pool, err = a.connect(ctx); err != nil {
+				return nil, nil, err
+			}
+		}
+		t, err := catalog.Resolve(ctx, pool, *pt)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s: %w", p.Source, err)
+		}
+		tables[name] = t
+	}
+	return tables, pool, nil
+}
+
 // applyPlans installs every record's rule, in one transaction, for the claim
 // path. A record without a table has nothing to install it on.
-func (a *app) applyPlans(ctx context.Context, plans []retention.Plan) error {
+func (a *app) applyPlans(ctx context.Context, plans []retention.Plan, p *policy.Policy) error {
 	pool, err := a.controlPool(ctx)
 	if err != nil {
 		return err
+	}
+	var tables map[string]*catalog.Table
+	if p != nil {
+		if tables, _, err = a.recordTables(ctx, plans, p, "--apply"); err != nil {
+			return err
+		}
 	}
 	var lines []string
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
@@ -204,6 +234,38 @@ func (a *app) applyPlans(ctx context.Context, plans []retention.Plan) error {
 	}
 	for _, l := range lines {
 		fmt.Fprintln(a.stdout, l)
+	}
+	return a.applyVacuum(ctx, pool, tables)
+}
+
+// applyVacuum sets, on each table a record names, the autovacuum
+// reloptions that keep up with the rows falling due now (vacuum.Advise),
+// when this role owns it; otherwise it prints the statement for the owner.
+func (a *app) applyVacuum(ctx context.Context, pool *pgxpool.Pool, tables map[string]*catalog.Table) error {
+	for _, name := range slices.Sorted(maps.Keys(tables)) {
+		t := tables[name]
+		if t.Partitioned() || t.Distributed() {
+			continue
+		}
+		rate, err := expiry.FallingDueRate(ctx, pool, t)
+		if err != nil {
+			return err
+		}
+		st, err := vacuum.Read(ctx, pool, t)
+		if err != nil {
+			return err
+		}
+		adv := vacuum.Advise(st, rate)
+		switch err := vacuum.Apply(ctx, pool, t, adv); {
+		case errors.Is(err, vacuum.ErrNotOwner):
+			fmt.Fprintf(a.stdout, "SKIP autovacuum of %s: only its owner may set it; as the owner: %s\n", t.Name, adv.AlterSQL(t.Ident))
+		case err != nil:
+			return err
+		case len(adv.Set) == 0:
+			fmt.Fprintf(a.stdout, "autovacuum of %s: nothing to set (%s)\n", t.Name, adv)
+		default:
+			fmt.Fprintf(a.stdout, "applied autovacuum of %s: %s\n", t.Name, strings.Join(adv.Set, ", "))
+		}
 	}
 	return nil
 }

@@ -230,7 +230,7 @@ func TestPlanCheck(t *testing.T) {
 	// One row whose remember_until is a second short of the rule.
 	pgtest.Exec(t, db, `UPDATE public.consumer_inbox SET remember_until = remember_until - interval '1 second' WHERE message_id = 'p-late'`)
 	r := e.run("--check")
-	wantExit(t, r, 1, "plan --check: 3 of 5 checks failed")
+	wantExit(t, r, 1, "plan --check: 3 of 7 checks failed")
 	for _, re := range []string{
 		`(?m)^FAIL payments \(public\.consumer_inbox\): rows: 1 with an expiry earlier than max\(first_seen \+ 30d, event_time \+ 48d, 2026-03-01T00:00:00Z\) \+ 2d \(scope "payments"\), so forgotten too early; ` +
 			`the first: consumer=payments message_id=p-late: expiry 2026-06-01T23:59:59Z, rule 2026-06-02T00:00:00Z$`,

@@ -12,6 +12,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/settings"
 	"github.com/inboxkeeper/inboxkeeper/partitions"
 	"github.com/inboxkeeper/inboxkeeper/tiering"
+	"github.com/inboxkeeper/inboxkeeper/vacuum"
 )
 
 // Status is what `status` shows, read without changing anything: each
@@ -31,6 +32,11 @@ type Status struct {
 	// Horizon is who holds the database's xmin horizon: rows deleted
 	// after it began stay on disk until it lets go.
 	Horizon horizon.Reading
+	// Vacuum is how each ordinary table is vacuumed, and VacuumDeadRatio
+	// the daemon's INBOXKEEPER_VACUUM_DEAD_RATIO (0: it leaves them to
+	// autovacuum).
+	Vacuum          map[string]*vacuum.State
+	VacuumDeadRatio float64
 }
 
 // ReadStatus reads the status of tables on pool, with env's settings.
@@ -62,7 +68,7 @@ func ReadStatus(ctx context.Context, w Wiring, env config.Config, tables []*cata
 // ordinary tables, a dry-run partition pass for partitioned ones, and the
 // tiers.
 func ReadTables(ctx context.Context, w Wiring, env config.Config, tables []*catalog.Table) (Status, error) {
-	var st Status
+	st := Status{Vacuum: map[string]*vacuum.State{}, VacuumDeadRatio: env.VacuumDeadRatio}
 	// Status reads; it never deletes (not a dry run: that would count
 	// differently).
 	w.DryRun = false
@@ -76,6 +82,13 @@ func ReadTables(ctx context.Context, w Wiring, env config.Config, tables []*cata
 			return st, err
 		}
 		st.Tables = append(st.Tables, ts)
+		if !t.Distributed() {
+			vs, err := vacuum.Read(ctx, w.Pool, t)
+			if err != nil {
+				return st, err
+			}
+			st.Vacuum[t.Name] = &vs
+		}
 	}
 	// A dry-run pass shows what the next one would make, detach and drop.
 	ro := ReadOnly(w.Pool, w.Log)

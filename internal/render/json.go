@@ -77,6 +77,31 @@ type TableJSON struct {
 	Partitions        *PartitionsJSON `json:"partitions"` // null for a table managed row by row
 	Tiers             *TiersJSON      `json:"tiers"`      // null without tiers
 	Citus             *CitusJSON      `json:"citus"`      // null unless Citus distributes it
+	Vacuum            *VacuumJSON     `json:"vacuum"`     // null unless managed by rows and not distributed
+}
+
+// VacuumJSON is how a table's space is kept reclaimed.
+type VacuumJSON struct {
+	LiveTuples                  int64          `json:"live_tuples"`
+	DeadTuples                  int64          `json:"dead_tuples"`
+	LastVacuum                  *time.Time     `json:"last_vacuum"`
+	LastAutovacuum              *time.Time     `json:"last_autovacuum"`
+	Autovacuum                  AutovacuumJSON `json:"autovacuum"`
+	FallingDuePerSecond         float64        `json:"falling_due_per_second"`
+	DaemonVacuums               bool           `json:"daemon_vacuums"`
+	AutovacuumKeepsUp           bool           `json:"autovacuum_keeps_up"`
+	AutovacuumCarriesDeadTuples int64          `json:"autovacuum_carries_dead_tuples"`
+	Recommended                 []string       `json:"recommended"`
+}
+
+// AutovacuumJSON is autovacuum's settings for a table.
+type AutovacuumJSON struct {
+	Enabled             bool    `json:"enabled"`
+	NaptimeSeconds      float64 `json:"naptime_seconds"`
+	Threshold           int64   `json:"threshold"`
+	ScaleFactor         float64 `json:"scale_factor"`
+	Truncate            bool    `json:"truncate"`
+	TakesItAtDeadTuples int64   `json:"takes_it_at_dead_tuples"`
 }
 
 // RowsJSON is the backlog of a table managed row by row, in the words of
@@ -341,6 +366,7 @@ func StatusOf(st pass.Status, tables []*catalog.Table, th *throttle.Throttler) S
 		for _, ts := range st.Tables {
 			if ts.Table == t.Name {
 				tj.Now, tj.CleanupLagSeconds, tj.Rows = ts.Now, ts.CleanupLag.Seconds(), rowsJSON(ts)
+				tj.Vacuum = vacuumJSON(st, ts)
 			}
 		}
 		for _, p := range st.Partitions {

@@ -55,6 +55,7 @@ func StatusTables(w io.Writer, r pass.Status, tables []*catalog.Table, rates Rat
 		for _, st := range r.Tables {
 			if st.Table == t.Name {
 				writeStatus(w, st)
+				writeVacuum(w, r, st)
 				if rate, ok := rates.rate(st.Table); ok {
 					eta := "none: nothing goes"
 					if rate > 0 {
