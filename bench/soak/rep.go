@@ -1,0 +1,634 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/inboxkeeper/inboxkeeper/bench/internal/benchdata"
+)
+
+// sample is one second's reading of a table.
+type sample struct {
+	at      time.Duration // since the writers started
+	size    int64         // table, indexes and TOAST
+	indexes int64         // of which the indexes
+	dead    int64
+	lag     time.Duration
+}
+
+// table is one cleaner's inbox during a rep.
+type table struct {
+	cleaner string
+	url     string
+	w       *writer
+	sampler *pgx.Conn // simple protocol: one read, one transaction
+	reads   int64     // the sampler's transactions
+	samples []sample
+}
+
+// sampleSQL reads a table's size, dead tuples and cleanup lag in one
+// statement.
+const sampleSQL = `SELECT pg_total_relation_size('public.consumer_inbox'), pg_indexes_size('public.consumer_inbox'),
+       coalesce((SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = 'public.consumer_inbox'::regclass), 0),
+       coalesce(extract(epoch FROM now() - (SELECT min(remember_until) FROM public.consumer_inbox WHERE remember_until <= now())), 0)::float8`
+
+func (t *table) sample(ctx context.Context, at time.Duration) error {
+	var s sample
+	var lag float64
+	t.reads++
+	if err := t.sampler.QueryRow(ctx, sampleSQL).Scan(&s.size, &s.indexes, &s.dead, &lag); err != nil {
+		return fmt.Errorf("sample %s: %w", t.cleaner, err)
+	}
+	s.at, s.lag = at, time.Duration(lag*float64(time.Second))
+	t.samples = append(t.samples, s)
+	return nil
+}
+
+// rep runs the benchmark once.
+func (b *bench) rep(ctx context.Context, order []string, r *report) (rep, error) {
+	o := b.o
+	out := rep{order: order, results: map[string]*result{}}
+	if err := b.setup(ctx, order); err != nil {
+		return out, err
+	}
+	payload := max(o.rowBytes-rowOverhead, 0)
+	tables := map[string]*table{}
+	for _, cl := range order {
+		t := &table{cleaner: cl, url: b.cluster.URL(dbName(cl))}
+		t.w = &writer{url: t.url, rate: o.rate, expiry: o.expiry, payload: payload}
+		cfg, err := pgx.ParseConfig(t.url)
+		if err != nil {
+			return out, err
+		}
+		cfg.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+		cfg.RuntimeParams["application_name"] = "soak sampler"
+		if t.sampler, err = pgx.ConnectConfig(ctx, cfg); err != nil {
+			return out, err
+		}
+		defer t.sampler.Close(context.WithoutCancel(ctx))
+		tables[cl] = t
+	}
+
+	// The cleaners start first; the counts start with the writers.
+	d, err := b.startDaemon(ctx)
+	if err != nil {
+		return out, err
+	}
+	defer d.kill()
+	pctx, stopProc := context.WithCancel(ctx)
+	procDone := make(chan error, 1)
+	go func() { procDone <- b.procedureLoop(pctx, tables[cleanProcedure].url) }()
+	defer stopProc()
+
+	c0, err := b.xacts(ctx)
+	if err != nil {
+		return out, err
+	}
+	start := time.Now()
+	cpu0 := d.cpu()
+	wctx, stopWriters := context.WithCancel(ctx)
+	defer stopWriters()
+	written := make(chan error, len(order))
+	for _, cl := range order {
+		go func() { written <- tables[cl].w.run(wctx) }()
+	}
+	b.Logf("writing %.0f rows/s into each table for %s", o.rate, o.duration)
+
+	// The sampler, every second, until the writers stop (and then on
+	// through the drain, for the daemon's table).
+	var rss []rssSample
+	sampleAll := func() error {
+		at := time.Since(start)
+		for _, cl := range order {
+			if err := tables[cl].sample(ctx, at); err != nil {
+				return err
+			}
+		}
+		if v, err := d.rss(); err == nil {
+			rss = append(rss, rssSample{at, v})
+		}
+		return nil
+	}
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	holdStart, holdEnd := start.Add(o.holdAt), start.Add(o.holdAt+o.hold)
+	var hold *holder
+	defer func() {
+		if hold != nil {
+			hold.release()
+		}
+	}()
+	end := start.Add(o.duration)
+	for time.Now().Before(end) {
+		select {
+		case <-ctx.Done():
+			return out, ctx.Err()
+		case err := <-written:
+			return out, fmt.Errorf("a writer stopped: %v", err)
+		case <-tick.C:
+		}
+		if err := sampleAll(); err != nil {
+			return out, err
+		}
+		switch {
+		case o.hold > 0 && hold == nil && !time.Now().Before(holdStart):
+			b.Logf("holding the xmin horizon for %s", o.hold)
+			if hold, err = b.holdHorizon(ctx, order); err != nil {
+				return out, err
+			}
+			if err := b.checkHold(ctx, d, hold, &out.daemon); err != nil {
+				return out, err
+			}
+		case hold != nil && !hold.released && !time.Now().Before(holdEnd):
+			hold.release()
+			b.Logf("horizon released")
+		}
+	}
+	stopWriters()
+	for range order {
+		if err := <-written; err != nil {
+			return out, fmt.Errorf("writer: %w", err)
+		}
+	}
+	if err := b.sessionsGone(ctx, "soak writer"); err != nil {
+		return out, err
+	}
+	steady := time.Since(start)
+	c1, err := b.xacts(ctx)
+	if err != nil {
+		return out, err
+	}
+	reads1 := map[string]int64{}
+	for _, cl := range order {
+		reads1[cl] = tables[cl].reads
+	}
+	out.daemon.cpu = (d.cpu() - cpu0).Seconds() / steady.Seconds()
+	out.daemon.linesPerHour = float64(d.lines(start, start.Add(steady))) / steady.Hours()
+
+	// Nothing due: the writers stopped; once every row has expired and the
+	// daemon deleted it, its transactions are counted over -idle.
+	b.Logf("waiting for the daemon to delete every row")
+	ik := tables[cleanInboxkeeper]
+	drained := time.Now().Add(o.expiry + 3*o.interval + time.Minute)
+	for {
+		var left int64
+		ik.reads++
+		if err := ik.sampler.QueryRow(ctx, "SELECT count(*) FROM public.consumer_inbox").Scan(&left); err != nil {
+			return out, err
+		}
+		if left == 0 {
+			break
+		}
+		if time.Now().After(drained) {
+			return out, fmt.Errorf("the daemon left %d rows a minute after they all expired", left)
+		}
+		select {
+		case <-ctx.Done():
+			return out, ctx.Err()
+		case <-tick.C:
+		}
+		if err := sampleAll(); err != nil {
+			return out, err
+		}
+	}
+	// What autovacuum would come for now is done first, and a session
+	// writes its counts within 10 s of going idle: the window starts
+	// after both.
+	for _, cl := range []string{cleanInboxkeeper, cleanNone} {
+		if err := execOn(ctx, tables[cl].url, "VACUUM ANALYZE public.consumer_inbox"); err != nil {
+			return out, err
+		}
+	}
+	select {
+	case <-ctx.Done():
+		return out, ctx.Err()
+	case <-time.After(statsFlush):
+	}
+	b.Logf("counting the daemon's transactions for %s with nothing due", o.idle)
+	i0, err := b.xacts(ctx)
+	if err != nil {
+		return out, err
+	}
+	readsI0 := map[string]int64{cleanInboxkeeper: ik.reads, cleanNone: tables[cleanNone].reads}
+	idleStart := time.Now()
+	select {
+	case <-ctx.Done():
+		return out, ctx.Err()
+	case <-time.After(o.idle):
+	}
+	out.daemon.idleLinesPerHour = float64(d.lines(idleStart, time.Now())) / time.Since(idleStart).Hours()
+	if err := d.stop(); err != nil {
+		return out, err
+	}
+	if err := b.sessionsGone(ctx, "inboxkeeper run"); err != nil {
+		return out, err
+	}
+	i1, err := b.xacts(ctx)
+	if err != nil {
+		return out, err
+	}
+	residual := func(a, z map[string]int64, cl string, reads int64) int64 {
+		return z[dbName(cl)] - a[dbName(cl)] - reads
+	}
+	out.daemon.idleXacts = float64(residual(i0, i1, cleanInboxkeeper, ik.reads-readsI0[cleanInboxkeeper])-
+		residual(i0, i1, cleanNone, tables[cleanNone].reads-readsI0[cleanNone])) / o.idle.Seconds()
+	stopProc()
+	if err := <-procDone; err != nil {
+		return out, fmt.Errorf("procedure loop: %w", err)
+	}
+
+	// What the run did to each table.
+	if r.packing, err = b.packed(ctx); err != nil {
+		return out, err
+	}
+	base := residual(c0, c1, cleanNone, reads1[cleanNone]) - tables[cleanNone].w.inserted.Load()
+	for _, cl := range order {
+		t := tables[cl]
+		res := t.result(o, start, r.packing)
+		res.lat, res.late = t.w.latency(), t.w.late.Load()
+		if cl != cleanNone {
+			own := residual(c0, c1, cl, reads1[cl]) - t.w.inserted.Load()
+			res.xactsPerSecond = float64(own-base) / steady.Seconds()
+		}
+		out.results[cl] = res
+	}
+	out.daemon.rssFirst, out.daemon.rssLast = rssEnds(rss, o)
+	return out, nil
+}
+
+// statsFlush is how long an idle session may keep its statistics before
+// it writes them (PostgreSQL's PGSTAT_IDLE_INTERVAL, 10 s), and a second.
+const statsFlush = 11 * time.Second
+
+// rowOverhead is what a row of the recommended layout takes besides its
+// payload (header, identity, hash, outcome, three timestamps), about.
+const rowOverhead = 150
+
+// result summarises a table's samples: footprint peaks after the warm-up
+// (twice the expiry: the table fills up), dead tuples, cleanup lag.
+func (t *table) result(o options, start time.Time, p packing) *result {
+	res := &result{cleaner: t.cleaner}
+	warm := 2 * o.expiry
+	var lags []time.Duration
+	inserted := t.w.insertedBy(start)
+	for _, s := range t.samples {
+		if s.at < warm || s.at > o.duration {
+			continue
+		}
+		live := inserted(s.at) - inserted(s.at-o.expiry)
+		if live <= 0 {
+			continue
+		}
+		f := float64(s.size) / (float64(live) * p.perRow)
+		if o.hold > 0 && s.at >= o.holdAt {
+			res.footprintHeld = max(res.footprintHeld, f)
+		} else if f > res.footprint {
+			res.footprint = f
+			res.heapPart = float64(s.size-s.indexes) / (float64(live) * p.heapPerRow)
+			res.indexPart = float64(s.indexes) / (float64(live) * (p.perRow - p.heapPerRow))
+		}
+		res.deadPeak = max(res.deadPeak, s.dead)
+		lags = append(lags, s.lag)
+	}
+	slices.Sort(lags)
+	if len(lags) > 0 {
+		res.lagP99, res.lagMax = quantile(lags, 0.99), lags[len(lags)-1]
+	}
+	return res
+}
+
+// packing is what a row takes in a table and indexes built fresh from
+// the rows: the denominator of the footprint.
+type packing struct {
+	rowBytes   float64 // the mean of pg_column_size(row)
+	perRow     float64 // table, indexes and TOAST
+	heapPerRow float64 // the table and its TOAST
+}
+
+// packed measures the packing from as many rows as are live at once,
+// copied from the table nobody cleaned.
+func (b *bench) packed(ctx context.Context) (packing, error) {
+	var p packing
+	conn, err := pgx.Connect(ctx, b.cluster.URL(dbName(cleanNone)))
+	if err != nil {
+		return p, err
+	}
+	defer conn.Close(ctx)
+	n := int64(b.o.rate * b.o.expiry.Seconds())
+	for _, sql := range []string{`DROP TABLE IF EXISTS packed`,
+		`CREATE TABLE packed AS SELECT * FROM public.consumer_inbox ORDER BY remember_until DESC LIMIT ` + strconv.FormatInt(n, 10),
+		`ALTER TABLE packed ADD PRIMARY KEY (consumer, message_id)`,
+		`CREATE INDEX ON packed (remember_until)`,
+		`VACUUM ANALYZE packed`} {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			return p, fmt.Errorf("measure the packed rows: %s: %w", sql, err)
+		}
+	}
+	var size, indexes, rows int64
+	err = conn.QueryRow(ctx, `SELECT pg_total_relation_size('packed'), pg_indexes_size('packed'), count(*), avg(pg_column_size(p.*))::float8 FROM packed p`).
+		Scan(&size, &indexes, &rows, &p.rowBytes)
+	if err != nil {
+		return p, fmt.Errorf("measure the packed rows: %w", err)
+	}
+	p.perRow, p.heapPerRow = float64(size)/float64(rows), float64(size-indexes)/float64(rows)
+	return p, nil
+}
+
+// procedureLoop calls the cleanup procedure every -proc-every until ctx
+// ends, as pg_cron would.
+func (b *bench) procedureLoop(ctx context.Context, url string) error {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return err
+	}
+	cfg.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+	cfg.RuntimeParams["application_name"] = "soak procedure"
+	cfg.RuntimeParams["synchronous_commit"] = "off"
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	tick := time.NewTicker(b.o.procEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+		if _, err := conn.Exec(ctx, "CALL public.inbox_cleanup("+strconv.Itoa(b.o.procBatch)+")"); err != nil && ctx.Err() == nil {
+			return err
+		}
+	}
+}
+
+// holder holds the xmin horizon: a REPEATABLE READ transaction that has
+// read its table, in each database.
+type holder struct {
+	conns    []*pgx.Conn
+	pid      int // the one in the daemon's database
+	began    time.Time
+	released bool
+}
+
+func (b *bench) holdHorizon(ctx context.Context, order []string) (*holder, error) {
+	h := &holder{began: time.Now()}
+	for _, cl := range order {
+		cfg, err := pgx.ParseConfig(b.cluster.URL(dbName(cl)))
+		if err != nil {
+			return nil, err
+		}
+		cfg.RuntimeParams["application_name"] = "soak report"
+		conn, err := pgx.ConnectConfig(ctx, cfg)
+		if err != nil {
+			return nil, err
+		}
+		h.conns = append(h.conns, conn)
+		if _, err := conn.Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM public.consumer_inbox"); err != nil {
+			return nil, err
+		}
+		if cl == cleanInboxkeeper {
+			if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&h.pid); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return h, nil
+}
+
+func (h *holder) release() {
+	for _, c := range h.conns {
+		_ = c.Close(context.Background())
+	}
+	h.released = true
+}
+
+// checkHold reads the daemon's metric one pass after the hold began (the
+// scrape right at its start measures at most every 10 s, so the second
+// one, INTERVAL + 1 s later, reads what the pass measured), and runs
+// status.
+func (b *bench) checkHold(ctx context.Context, d *daemon, h *holder, f *daemonFigures) error {
+	f.holdPID = h.pid
+	if _, err := d.metric(ctx, `inboxkeeper_xmin_horizon_age_seconds{kind="backend"}`); err != nil {
+		return err
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(b.o.interval + time.Second):
+	}
+	v, err := d.metric(ctx, `inboxkeeper_xmin_horizon_age_seconds{kind="backend"}`)
+	if err != nil {
+		return err
+	}
+	f.metricAfterOnePass, f.metricAfterOnePassT = v, time.Since(h.began)
+	p, err := benchdata.RunBinary(ctx, b.bin, d.env, "status")
+	if err != nil {
+		return err
+	}
+	for _, line := range strings.Split(p.Output, "\n") {
+		if strings.Contains(line, fmt.Sprintf("backend pid %d,", h.pid)) {
+			f.namedInStatus = strings.TrimSpace(line)
+		}
+	}
+	return nil
+}
+
+// daemon is `inboxkeeper run` on the daemon's table.
+type daemon struct {
+	cmd  *exec.Cmd
+	env  []string
+	addr string
+	done chan error
+
+	mu  sync.Mutex
+	log []logLine
+}
+
+type logLine struct {
+	at   time.Time
+	text string
+}
+
+var metricsListening = regexp.MustCompile(`msg="inboxkeeper: metrics listening" addr=(\S+)`)
+
+func (b *bench) startDaemon(ctx context.Context) (*daemon, error) {
+	url := b.cluster.URL(dbName(cleanInboxkeeper))
+	d := &daemon{env: benchdata.DaemonEnv(true, daemonSet(url, filepath.Join(b.dir, "inboxkeeper.yaml"), b.o.interval.String())...),
+		done: make(chan error, 1)}
+	d.cmd = exec.Command(b.bin, "run")
+	d.cmd.Env = d.env
+	stderr, err := d.cmd.StderrPipe()
+	if err != nil {
+		return nil, err
+	}
+	d.cmd.Stdout = io.Discard
+	if err := d.cmd.Start(); err != nil {
+		return nil, err
+	}
+	addr := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			d.mu.Lock()
+			d.log = append(d.log, logLine{time.Now(), sc.Text()})
+			d.mu.Unlock()
+			if m := metricsListening.FindStringSubmatch(sc.Text()); m != nil {
+				addr <- m[1]
+			}
+		}
+		d.done <- d.cmd.Wait()
+	}()
+	select {
+	case d.addr = <-addr:
+	case err := <-d.done:
+		return nil, fmt.Errorf("inboxkeeper run exited at once: %v\n%s", err, d.text())
+	case <-time.After(time.Minute):
+		d.kill()
+		return nil, fmt.Errorf("inboxkeeper run did not listen within a minute:\n%s", d.text())
+	case <-ctx.Done():
+		d.kill()
+		return nil, ctx.Err()
+	}
+	return d, nil
+}
+
+func (d *daemon) text() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var s strings.Builder
+	for _, l := range d.log {
+		s.WriteString(l.text + "\n")
+	}
+	return s.String()
+}
+
+// lines counts the lines logged in [from, to).
+func (d *daemon) lines(from, to time.Time) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	n := 0
+	for _, l := range d.log {
+		if !l.at.Before(from) && l.at.Before(to) {
+			n++
+		}
+	}
+	return n
+}
+
+// stop sends SIGTERM and waits for the exit.
+func (d *daemon) stop() error {
+	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		return err
+	}
+	select {
+	case err := <-d.done:
+		d.done <- err
+		if err != nil {
+			return fmt.Errorf("inboxkeeper run after SIGTERM: %v\n%s", err, d.text())
+		}
+		return nil
+	case <-time.After(30 * time.Second):
+		d.kill()
+		return fmt.Errorf("inboxkeeper run did not stop within 30 s of SIGTERM")
+	}
+}
+
+// kill ends the process if it still runs.
+func (d *daemon) kill() {
+	if d.cmd.ProcessState == nil {
+		_ = d.cmd.Process.Kill()
+	}
+}
+
+// cpu is the process's user and system time so far (/proc; clock ticks of
+// 10 ms, Linux's USER_HZ).
+func (d *daemon) cpu() time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", d.cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	if len(f) < 13 {
+		return 0
+	}
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(utime+stime) * 10 * time.Millisecond
+}
+
+// rss is the process's resident set size now (/proc).
+func (d *daemon) rss() (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", d.cmd.Process.Pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return kb << 10, err
+		}
+	}
+	return 0, fmt.Errorf("no VmRSS")
+}
+
+// metric reads one series from the daemon's /metrics.
+func (d *daemon) metric(ctx context.Context, series string) (float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+d.addr+"/metrics", nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			return strconv.ParseFloat(v, 64)
+		}
+	}
+	return 0, fmt.Errorf("/metrics has no %s", series)
+}
+
+type rssSample struct {
+	at  time.Duration
+	rss int64
+}
+
+// rssEnds is the daemon's peak RSS in the first minute after the warm-up,
+// and in the last minute of the writers.
+func rssEnds(s []rssSample, o options) (first, last int64) {
+	from := 2 * o.expiry
+	for _, x := range s {
+		switch {
+		case x.at >= from && x.at < from+time.Minute:
+			first = max(first, x.rss)
+		case x.at >= o.duration-time.Minute && x.at <= o.duration:
+			last = max(last, x.rss)
+		}
+	}
+	return first, last
+}

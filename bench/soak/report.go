@@ -1,0 +1,137 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/inboxkeeper/inboxkeeper/bench/internal/benchdata"
+)
+
+// printRows describes the rows, from the first rep.
+func printRows(w io.Writer, r *report) {
+	o := r.o
+	fmt.Fprintf(w, "rows: %.0f bytes each (pg_column_size), %.0f bytes a row in a table and indexes built fresh (%.0f the table); %.0f rows/s expiring after %s: %.0f live at once\n",
+		r.packing.rowBytes, r.packing.perRow, r.packing.heapPerRow, o.rate, o.expiry, o.rate*o.expiry.Seconds())
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.2f", float64(d)/float64(time.Millisecond)) }
+
+// printRep prints rep i side by side.
+func printRep(w io.Writer, r *report, i int) {
+	o, rp := r.o, r.reps[i]
+	fmt.Fprintf(w, "\nrep %d (cleaners and writers started in the order %s)\n", i+1, strings.Join(rp.order, ", "))
+	fmt.Fprintf(w, "| | inboxkeeper run (INTERVAL %s) | procedure loop (every %s, %d rows a COMMIT) | no cleanup |\n|---|---|---|---|\n",
+		o.interval, o.procEvery, o.procBatch)
+	row := func(what string, f func(*result) string) {
+		fmt.Fprintf(w, "| %s |", what)
+		for _, cl := range cleaners {
+			fmt.Fprintf(w, " %s |", f(rp.results[cl]))
+		}
+		fmt.Fprintln(w)
+	}
+	held := ""
+	if o.hold > 0 {
+		held = " (before the hold)"
+	}
+	row("peak footprint ÷ live rows packed"+held, func(x *result) string { return fmt.Sprintf("%.2f", x.footprint) })
+	row("at that peak: table ÷ packed, indexes ÷ packed", func(x *result) string { return fmt.Sprintf("%.2f, %.2f", x.heapPart, x.indexPart) })
+	if o.hold > 0 {
+		row(fmt.Sprintf("peak footprint from the hold (%s) on", o.hold), func(x *result) string { return fmt.Sprintf("%.2f", x.footprintHeld) })
+	}
+	row("peak dead tuples", func(x *result) string { return fmt.Sprintf("%d", x.deadPeak) })
+	row("cleanup lag p99 / max", func(x *result) string {
+		if x.cleaner == cleanNone {
+			return fmt.Sprintf("(grows: %s at the end)", x.lagMax.Round(time.Second))
+		}
+		return fmt.Sprintf("%.1f s / %.1f s", x.lagP99.Seconds(), x.lagMax.Seconds())
+	})
+	row("insert p50 / p99 / p999, ms", func(x *result) string {
+		return fmt.Sprintf("%s / %s / %s", ms(x.lat.p50), ms(x.lat.p99), ms(x.lat.p999))
+	})
+	none := rp.results[cleanNone]
+	row("insert p99 ÷ no cleanup", func(x *result) string { return fmt.Sprintf("%.2f", ratio(x.lat.p99, none.lat.p99)) })
+	row("insert p999 ÷ no cleanup", func(x *result) string { return fmt.Sprintf("%.2f", ratio(x.lat.p999, none.lat.p999)) })
+	row("inserts (started > 100 ms late)", func(x *result) string { return fmt.Sprintf("%d (%d)", x.lat.inserts, x.late) })
+	row("the cleaner's transactions a second", func(x *result) string {
+		if x.cleaner == cleanNone {
+			return "-"
+		}
+		return fmt.Sprintf("%.2f", x.xactsPerSecond)
+	})
+	d := rp.daemon
+	fmt.Fprintf(w, "daemon: CPU %.1f%% of a core; RSS %.1f MB in the first minute, %.1f MB in the last; %.0f log lines an hour\n",
+		100*d.cpu, benchdata.MB(d.rssFirst), benchdata.MB(d.rssLast), d.linesPerHour)
+	fmt.Fprintf(w, "daemon with nothing due, over %s: %.2f transactions a second, %.0f log lines an hour\n", o.idle, d.idleXacts, d.idleLinesPerHour)
+	if o.hold > 0 {
+		named := "NOT named"
+		if d.namedInStatus != "" {
+			named = "named: " + d.namedInStatus
+		}
+		fmt.Fprintf(w, "hold (a REPEATABLE READ session, pid %d in the daemon's database): status %s\n", d.holdPID, named)
+		fmt.Fprintf(w, "hold: inboxkeeper_xmin_horizon_age_seconds{kind=\"backend\"} %.1f s at %.1f s into it (one INTERVAL and a second)\n",
+			d.metricAfterOnePass, d.metricAfterOnePassT.Seconds())
+	}
+}
+
+func ratio(a, b time.Duration) float64 {
+	if b <= 0 {
+		return 0
+	}
+	return float64(a) / float64(b)
+}
+
+// printGoals judges the goals on the medians of the reps.
+func printGoals(w io.Writer, r *report) {
+	o := r.o
+	of := func(f func(rep) float64) (float64, string) {
+		var vs []float64
+		var s []string
+		for _, rp := range r.reps {
+			v := f(rp)
+			vs = append(vs, v)
+			s = append(s, fmt.Sprintf("%.2f", v))
+		}
+		return median(vs), strings.Join(s, ", ")
+	}
+	goal := func(what string, v float64, each string, ok bool) {
+		fmt.Fprintf(w, "goal: %s: %.2f (reps: %s): %s\n", what, v, each, benchdata.Verdict(ok))
+	}
+	fmt.Fprintf(w, "\ngoals, on the median of %d reps:\n", len(r.reps))
+	ik := func(f func(*result) float64) func(rep) float64 {
+		return func(rp rep) float64 { return f(rp.results[cleanInboxkeeper]) }
+	}
+	v, each := of(ik(func(x *result) float64 { return x.footprint }))
+	goal(fmt.Sprintf("footprint at most %.1f x the live rows packed", goalFootprint), v, each, v <= goalFootprint)
+	if o.hold > 0 {
+		v, each = of(ik(func(x *result) float64 { return x.footprintHeld }))
+		goal(fmt.Sprintf("footprint at most %.1f x while a session holds the horizon for %s", goalFootprintHeld, o.hold), v, each, v <= goalFootprintHeld)
+		named := 0
+		for _, rp := range r.reps {
+			if rp.daemon.namedInStatus != "" && rp.daemon.metricAfterOnePass >= 1 {
+				named++
+			}
+		}
+		fmt.Fprintf(w, "goal: the holder named in status and the metric after one pass: %d of %d reps: %s\n", named, len(r.reps), benchdata.Verdict(named == len(r.reps)))
+	}
+	p99 := func(rp rep) float64 {
+		return ratio(rp.results[cleanInboxkeeper].lat.p99, rp.results[cleanNone].lat.p99)
+	}
+	v, each = of(p99)
+	goal(fmt.Sprintf("insert p99 at most %.2f x no cleanup's", goalP99), v, each, v <= goalP99)
+	p999 := func(rp rep) float64 {
+		return ratio(rp.results[cleanInboxkeeper].lat.p999, rp.results[cleanNone].lat.p999)
+	}
+	v, each = of(p999)
+	goal(fmt.Sprintf("insert p999 at most %.2f x no cleanup's", goalP999), v, each, v <= goalP999)
+	v, each = of(ik(func(x *result) float64 { return x.lagMax.Seconds() }))
+	limit := (o.interval + goalLagSlack).Seconds()
+	goal(fmt.Sprintf("cleanup lag at most INTERVAL + %s = %.0f s (the maximum, s)", goalLagSlack, limit), v, each, v <= limit)
+	v, each = of(func(rp rep) float64 { return rp.daemon.idleXacts })
+	goal(fmt.Sprintf("at most %.0f transaction a second from the daemon when nothing is due", goalIdleXacts), v, each, v <= goalIdleXacts)
+	v, each = of(func(rp rep) float64 {
+		return float64(rp.daemon.rssLast) / float64(max(rp.daemon.rssFirst, 1))
+	})
+	goal(fmt.Sprintf("RSS flat: the last minute's at most %.1f x the first's", goalRSSGrowth), v, each, v <= goalRSSGrowth)
+}
