@@ -646,3 +646,73 @@ func TestMeasureOnceWritesNoHeartbeat(t *testing.T) {
 	startThrottle(t, pool, cfg)
 	pgtest.WaitFor(t, 30*time.Second, "a running throttle to write its heartbeat", func() bool { return beats() == 1 })
 }
+
+// Between passes (Idle) no heartbeat is written at HEARTBEAT_INTERVAL, so
+// the newest one a healthy standby applied grows old. When the next pass
+// wakes the throttle, the standby gets a fresh heartbeat and is read once
+// it has applied it: the pause is not counted as lag, and the first batch
+// is not held back by it.
+func TestWakeAfterIdleDoesNotCountThePause(t *testing.T) {
+	t.Parallel()
+	primary := pgtest.NewCluster(t)
+	standby := pgtest.NewStandby(t, primary, nil)
+	e := newEnv(t, primary.URL("postgres"), 10, "")
+	const maxLag = 200 * time.Millisecond
+	th := startThrottle(t, e.pool, config.Config{ReplicaURLs: []string{standby.URL("postgres")}, MaxReplicaLag: maxLag, HeartbeatInterval: 50 * time.Millisecond})
+	pgtest.WaitFor(t, 30*time.Second, "the standby to apply a heartbeat", func() bool { return !th.Check().Throttled })
+
+	th.Idle()
+	// Wait on the heartbeat's own age: once it is five times MAX_REPLICA_LAG,
+	// the old reading (the standby's clock minus the newest heartbeat it
+	// applied) would throttle.
+	pgtest.WaitFor(t, 30*time.Second, "the newest heartbeat to be 5 x MAX_REPLICA_LAG old", func() bool {
+		var old bool
+		err := e.pool.QueryRow(context.Background(), `SELECT clock_timestamp() - beat > $1::interval FROM inboxkeeper.heartbeat`, (5 * maxLag).String()).Scan(&old)
+		return err == nil && old
+	})
+	if th.Awake() {
+		t.Fatal("awake after Idle")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	first, err := th.Wait(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.Throttled {
+		t.Errorf("the first admission after the pause waited: %s", first.Reason)
+	}
+	if !th.Awake() {
+		t.Error("not awake after an admission")
+	}
+	for _, r := range th.Readings() {
+		if r.Kind == throttle.ReplicaLag && r.Value > maxLag.Seconds() {
+			t.Errorf("lag read after the pause: %s", r)
+		}
+	}
+
+	// A standby that stopped applying while the daemon was idle: the
+	// fresh heartbeat is not applied within MAX_REPLICA_LAG, so the first
+	// admission after the pause waits, before any batch.
+	th.Idle()
+	pgtest.ExecOn(t, standby.URL("postgres"), "SELECT pg_wal_replay_pause()")
+	defer pgtest.ExecOn(t, standby.URL("postgres"), "SELECT pg_wal_replay_resume()")
+	pgtest.WaitFor(t, 30*time.Second, "the newest heartbeat to be 5 x MAX_REPLICA_LAG old again", func() bool {
+		var old bool
+		err := e.pool.QueryRow(context.Background(), `SELECT clock_timestamp() - beat > $1::interval FROM inboxkeeper.heartbeat`, (5 * maxLag).String()).Scan(&old)
+		return err == nil && old
+	})
+	waited := make(chan throttle.State, 1)
+	go func() {
+		st, _ := th.Wait(ctx)
+		waited <- st
+	}()
+	pgtest.WaitFor(t, 30*time.Second, "the first admission after the pause to wait for the standby", func() bool { return th.State().Throttled })
+	if k := th.State().Kind; k != throttle.ReplicaLag {
+		t.Errorf("throttled for %q, want %q (%s)", k, throttle.ReplicaLag, th.State().Reason)
+	}
+	pgtest.ExecOn(t, standby.URL("postgres"), "SELECT pg_wal_replay_resume()")
+	if st := <-waited; !st.Throttled {
+		t.Errorf("the admission did not wait: %+v", st)
+	}
+}
