@@ -95,6 +95,69 @@ func TestIdleDaemonIsQuiet(t *testing.T) {
 	}
 }
 
+// The goal of issue #24, measured over time with the defaults but the
+// interval: at INTERVAL=5s (and LEASE_TTL's default, 15 s: a renewal every
+// 5 s) a daemon with nothing due issues at most one transaction a second
+// (expected: 2 a pass and the renewal, 0.6). A throttle that polled between
+// passes (pg_stat_replication and pg_replication_slots at their cadence
+// made 44 a second) or a pass that read more would fail it. Two runs that
+// differ only in how long they last (2 and 8 passes) cancel the start and
+// the stop out; the count is read once their sessions have ended, as
+// TestIdleDaemonIsQuiet's. Nothing scrapes /metrics here: a scrape reads
+// the facts that change over minutes, at most every 10 s.
+func TestIdleDaemonAtMostOneTransactionASecond(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c, dir, pol := clusterFixture(t)
+	admin, err := pgx.Connect(ctx, c.URL("template1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	for _, sql := range []string{"ALTER SYSTEM SET autovacuum = off", "SELECT pg_reload_conf()"} {
+		if _, err := admin.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	env := cliEnv("INBOXKEEPER_DATABASE_URL="+c.URL("postgres"), "INBOXKEEPER_POLICY_FILE="+pol,
+		"INBOXKEEPER_INTERVAL=5s", "INBOXKEEPER_METRICS_ADDR=127.0.0.1:0")
+	sessionsEnded := func() {
+		t.Helper()
+		pgtest.WaitFor(t, 30*time.Second, "the sessions on the database to end", func() bool {
+			var n int
+			err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = 'postgres'`).Scan(&n)
+			return err == nil && n == 0
+		})
+	}
+	wantExit(t, runCLI(t, dir, env, "once"), 0) // nothing is due from here on
+	sessionsEnded()
+	run := func(passes int) (took time.Duration, xacts int64) {
+		t.Helper()
+		before := databaseXacts(t, admin)
+		start := time.Now()
+		d := startDaemon(t, dir, env, "run")
+		for range passes {
+			d.waitLine(passDone, 30*time.Second)
+		}
+		d.stop()
+		took = time.Since(start)
+		sessionsEnded()
+		return took, databaseXacts(t, admin) - before
+	}
+	shortTook, short := run(2)
+	longTook, long := run(8)
+	idle := longTook - shortTook
+	if idle < 20*time.Second {
+		t.Fatalf("the runs differ by %s, want at least 20 s of idling (6 passes at INTERVAL=5s)", idle)
+	}
+	rate := float64(long-short) / idle.Seconds()
+	t.Logf("%d transactions in %s, %d in %s: %.2f a second with nothing due", short, shortTook.Round(time.Millisecond),
+		long, longTook.Round(time.Millisecond), rate)
+	if rate > 1 {
+		t.Errorf("%.2f transactions a second with nothing due at INTERVAL=5s, want at most 1", rate)
+	}
+}
+
 // noisy is a line at info of a pass, or of a table's pass, that did nothing.
 var noisy = regexp.MustCompile(`level=INFO msg="(inboxkeeper: pass done|expiry: table done|expiry: progress)`)
 
