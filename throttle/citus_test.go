@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -175,5 +176,73 @@ WHERE shardid = get_shard_id_for_distribution_column('public.consumer_inbox', 'c
 		}
 	case <-time.After(120 * time.Second):
 		t.Fatal("the pass did not finish once replay resumed")
+	}
+}
+
+// Between passes the workers' standbys are read as the coordinator's are,
+// every 10 s while one exists, not every CitusStandbyPollInterval: each
+// reading is a run_command_on_workers, a connection and a transaction on
+// every worker, and a daemon with nothing to do must be quiet there too.
+// While a pass asks for batches they are read at their cadence again.
+func TestCitusWorkerStandbyQuietBetweenPasses(t *testing.T) {
+	ctx := context.Background()
+	pool, _ := pgtest.NewCitusPool(t)
+	worker := pgtest.Citus(t).Workers[0]
+	pgtest.NewStandby(t, worker, nil)
+	name := fmt.Sprintf("127.0.0.1:%d/", worker.Port)
+
+	var mu sync.Mutex
+	var reads []time.Time
+	readsSince := func(from time.Time) []time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		var out []time.Time
+		for _, r := range reads {
+			if !r.Before(from) {
+				out = append(out, r)
+			}
+		}
+		return out
+	}
+	th := startThrottle(t, pool, config.Config{MaxReplicaLag: time.Hour, MaxReplicaLagBytes: 1 << 40}, throttle.TestSignals{
+		WorkersRead: func() {
+			mu.Lock()
+			reads = append(reads, time.Now())
+			mu.Unlock()
+		}})
+	pgtest.WaitFor(t, 60*time.Second, "the throttle to see the worker's standby", func() bool {
+		for _, p := range th.Paces() {
+			if strings.HasPrefix(p.Standby, name) {
+				return true
+			}
+		}
+		return false
+	})
+
+	// Awake (as a pass asking for batches): every 500 ms.
+	awake := time.Now()
+	pgtest.WaitFor(t, 30*time.Second, "5 readings of the workers while awake", func() bool { return len(readsSince(awake)) >= 5 })
+	got := readsSince(awake)
+	if span := got[4].Sub(got[0]); span > 4*time.Second {
+		t.Errorf("awake, 5 readings of the workers took %s, want about 4 x %s", span, throttle.CitusStandbyPollInterval)
+	}
+
+	// Idle: a standby exists, so they are read, every 10 s.
+	th.Idle()
+	idle := time.Now()
+	pgtest.WaitFor(t, 60*time.Second, "2 readings of the workers between passes", func() bool { return len(readsSince(idle)) >= 2 })
+	got = readsSince(idle)
+	if gap := got[1].Sub(got[0]); gap < 9*time.Second {
+		t.Errorf("between passes the workers were read %s apart, want 10 s", gap)
+	}
+
+	// The next pass wakes the throttle: their cadence again.
+	if _, err := th.Admit(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	woken := time.Now()
+	pgtest.WaitFor(t, 30*time.Second, "3 readings of the workers once awake again", func() bool { return len(readsSince(woken)) >= 3 })
+	if got := readsSince(woken); got[2].Sub(got[0]) > 3*time.Second {
+		t.Errorf("awake again, 3 readings of the workers took %s", got[2].Sub(got[0]))
 	}
 }

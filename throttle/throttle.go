@@ -42,6 +42,10 @@ type TestSignals struct {
 	Admitted func(Admission)
 	// Held is told when the WAL window holds a batch back.
 	Held func(Admission)
+	// WorkersRead is told when the workers' standbys are read (on a Citus
+	// coordinator: a run_command_on_workers, a connection and a
+	// transaction on every worker).
+	WorkersRead func()
 }
 
 // Built-in cadences: how often the primary's views are read, and how long

@@ -21,9 +21,12 @@ import (
 //
 // run_command_on_workers opens a connection to every worker each time
 // (about 35 ms for two or three workers here), so the workers are read
-// every CitusStandbyPollInterval, not every statsInterval; until the next
-// reading the WAL the batches wrote counts as not replayed (the pacer's
-// unsent WAL is dropped only by a reading that includes the workers).
+// every CitusStandbyPollInterval, not every statsInterval, while a pass
+// asks for batches; between passes (cadence.go) they are read with the
+// coordinator's pg_stat_replication, every idleEvery when a standby
+// exists and not at all when none does. Until the next reading the WAL the
+// batches wrote counts as not replayed (the pacer's unsent WAL is dropped
+// only by a reading that includes the workers).
 
 // CitusStandbyPollInterval is how often, on a Citus coordinator, the
 // workers' standbys are read.
@@ -69,6 +72,9 @@ func (t *Throttler) readWorkers(ctx context.Context, now time.Time) ([]walsender
 		node    string
 		success bool
 		result  string
+	}
+	if f := t.TestSignals.WorkersRead; f != nil {
+		f()
 	}
 	answers, err := queryRows(ctx, t.pool, workerStandbysSQL, func(row pgx.CollectableRow, a *answer) error {
 		return row.Scan(&a.node, &a.success, &a.result)
