@@ -19,7 +19,7 @@ import (
 // is the only other regular transaction, every LEASE_TTL/3) is set to an
 // hour here so that the count is the passes' alone. At INTERVAL=5s and the
 // default LEASE_TTL that is at most 2/5 + 1/5 = 0.6 transactions a second
-// (bench/soak measures it).
+// (measured over time below, and by bench/soak).
 //
 // The count is pg_stat_database's xact_commit + xact_rollback on a cluster
 // of the test's own (autovacuum off: its visits are transactions of the
@@ -29,43 +29,13 @@ import (
 // the stop out.
 func TestIdleDaemonIsQuiet(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	c, dir, pol := clusterFixture(t)
-	admin, err := pgx.Connect(ctx, c.URL("template1")) // not the daemon's database: its reads are not counted
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(ctx)
-	for _, sql := range []string{"ALTER SYSTEM SET autovacuum = off", "SELECT pg_reload_conf()"} {
-		if _, err := admin.Exec(ctx, sql); err != nil {
-			t.Fatal(err)
-		}
-	}
-	env := cliEnv("INBOXKEEPER_DATABASE_URL="+c.URL("postgres"), "INBOXKEEPER_POLICY_FILE="+pol,
-		"INBOXKEEPER_INTERVAL=1s", "INBOXKEEPER_LEASE_TTL=1h")
-	sessionsEnded := func() {
-		t.Helper()
-		pgtest.WaitFor(t, 30*time.Second, "the sessions on the database to end", func() bool {
-			var n int
-			err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = 'postgres'`).Scan(&n)
-			return err == nil && n == 0
-		})
-	}
-	wantExit(t, runCLI(t, dir, env, "once"), 0) // nothing is due from here on
-	sessionsEnded()
-
+	f := newIdleFixture(t, "INBOXKEEPER_INTERVAL=1s", "INBOXKEEPER_LEASE_TTL=1h")
 	// run does passes until it has done want of them, stops, and returns
 	// how many it did and the database's transactions meanwhile.
 	run := func(want int) (passes int, xacts int64) {
 		t.Helper()
-		before := databaseXacts(t, admin)
-		d := startDaemon(t, dir, env, "run")
-		for range want {
-			d.waitLine(passDone, 30*time.Second)
-		}
-		d.stop()
-		sessionsEnded()
-		for _, line := range strings.Split(d.log(), "\n") {
+		log, _, xacts := f.run(want)
+		for _, line := range strings.Split(log, "\n") {
 			if passDone.MatchString(line) {
 				passes++
 			}
@@ -73,7 +43,7 @@ func TestIdleDaemonIsQuiet(t *testing.T) {
 				t.Errorf("a pass that deleted nothing logged at info: %s", line)
 			}
 		}
-		return passes, databaseXacts(t, admin) - before
+		return passes, xacts
 	}
 	shortPasses, short := run(4)
 	longPasses, long := run(14)
@@ -107,45 +77,9 @@ func TestIdleDaemonIsQuiet(t *testing.T) {
 // the facts that change over minutes, at most every 10 s.
 func TestIdleDaemonAtMostOneTransactionASecond(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	c, dir, pol := clusterFixture(t)
-	admin, err := pgx.Connect(ctx, c.URL("template1"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(ctx)
-	for _, sql := range []string{"ALTER SYSTEM SET autovacuum = off", "SELECT pg_reload_conf()"} {
-		if _, err := admin.Exec(ctx, sql); err != nil {
-			t.Fatal(err)
-		}
-	}
-	env := cliEnv("INBOXKEEPER_DATABASE_URL="+c.URL("postgres"), "INBOXKEEPER_POLICY_FILE="+pol,
-		"INBOXKEEPER_INTERVAL=5s", "INBOXKEEPER_METRICS_ADDR=127.0.0.1:0")
-	sessionsEnded := func() {
-		t.Helper()
-		pgtest.WaitFor(t, 30*time.Second, "the sessions on the database to end", func() bool {
-			var n int
-			err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = 'postgres'`).Scan(&n)
-			return err == nil && n == 0
-		})
-	}
-	wantExit(t, runCLI(t, dir, env, "once"), 0) // nothing is due from here on
-	sessionsEnded()
-	run := func(passes int) (took time.Duration, xacts int64) {
-		t.Helper()
-		before := databaseXacts(t, admin)
-		start := time.Now()
-		d := startDaemon(t, dir, env, "run")
-		for range passes {
-			d.waitLine(passDone, 30*time.Second)
-		}
-		d.stop()
-		took = time.Since(start)
-		sessionsEnded()
-		return took, databaseXacts(t, admin) - before
-	}
-	shortTook, short := run(2)
-	longTook, long := run(8)
+	f := newIdleFixture(t, "INBOXKEEPER_INTERVAL=5s", "INBOXKEEPER_METRICS_ADDR=127.0.0.1:0")
+	_, shortTook, short := f.run(2)
+	_, longTook, long := f.run(8)
 	idle := longTook - shortTook
 	if idle < 20*time.Second {
 		t.Fatalf("the runs differ by %s, want at least 20 s of idling (6 passes at INTERVAL=5s)", idle)
@@ -156,6 +90,65 @@ func TestIdleDaemonAtMostOneTransactionASecond(t *testing.T) {
 	if rate > 1 {
 		t.Errorf("%.2f transactions a second with nothing due at INTERVAL=5s, want at most 1", rate)
 	}
+}
+
+// idleFixture is a daemon's database with nothing due, on a cluster of the
+// test's own with autovacuum off (its visits are transactions of the
+// database too), and the daemon's environment.
+type idleFixture struct {
+	t     *testing.T
+	admin *pgx.Conn // on template1: its reads are not the daemon's database's
+	dir   string
+	env   []string
+}
+
+func newIdleFixture(t *testing.T, env ...string) *idleFixture {
+	t.Helper()
+	ctx := context.Background()
+	c, dir, pol := clusterFixture(t)
+	admin, err := pgx.Connect(ctx, c.URL("template1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Close(ctx) })
+	for _, sql := range []string{"ALTER SYSTEM SET autovacuum = off", "SELECT pg_reload_conf()"} {
+		if _, err := admin.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f := &idleFixture{t: t, admin: admin, dir: dir,
+		env: cliEnv(append([]string{"INBOXKEEPER_DATABASE_URL=" + c.URL("postgres"), "INBOXKEEPER_POLICY_FILE=" + pol}, env...)...)}
+	wantExit(t, runCLI(t, dir, f.env, "once"), 0) // nothing is due from here on
+	f.sessionsEnded()
+	return f
+}
+
+// sessionsEnded waits until no session is on the daemon's database: a
+// session writes its counts when it ends, before it leaves
+// pg_stat_activity.
+func (f *idleFixture) sessionsEnded() {
+	f.t.Helper()
+	pgtest.WaitFor(f.t, 30*time.Second, "the sessions on the database to end", func() bool {
+		var n int
+		err := f.admin.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE datname = 'postgres'`).Scan(&n)
+		return err == nil && n == 0
+	})
+}
+
+// run starts the daemon, waits for passes passes, stops it, and returns
+// its log, how long it ran and the database's transactions meanwhile.
+func (f *idleFixture) run(passes int) (log string, took time.Duration, xacts int64) {
+	f.t.Helper()
+	before := databaseXacts(f.t, f.admin)
+	start := time.Now()
+	d := startDaemon(f.t, f.dir, f.env, "run")
+	for range passes {
+		d.waitLine(passDone, 30*time.Second)
+	}
+	d.stop()
+	took = time.Since(start)
+	f.sessionsEnded()
+	return d.log(), took, databaseXacts(f.t, f.admin) - before
 }
 
 // noisy is a line at info of a pass, or of a table's pass, that did nothing.
