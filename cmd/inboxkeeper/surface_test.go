@@ -313,7 +313,10 @@ REVOKE CONNECT ON DATABASE app FROM PUBLIC; GRANT CONNECT ON DATABASE app TO ik_
 		return strings.Count(readFile(t, c.LogFile()), `password authentication failed for user "ik_pw"`)
 	}
 	before := failures()
-	d := startDaemon(t, dir, cliEnv("INBOXKEEPER_DATABASE_URL="+url("ik_pw:wrong", "app"), "INBOXKEEPER_POLICY_FILE="+policy), "run")
+	// At info, as run logs by default (startDaemon's debug adds a line
+	// for every try).
+	d := startDaemon(t, dir, cliEnv("INBOXKEEPER_DATABASE_URL="+url("ik_pw:wrong", "app"), "INBOXKEEPER_POLICY_FILE="+policy,
+		"INBOXKEEPER_LOG_LEVEL=info"), "run")
 	d.waitLine(regexp.MustCompile(`level=ERROR msg="inboxkeeper: cannot connect; trying again with backoff until the configuration or the database changes" cause="authentication failed"`), 30*time.Second)
 	pgtest.WaitFor(t, 60*time.Second, "run to try three times", func() bool { return failures() >= before+3 })
 	// The password changes on the server's side: run connects, and waits
