@@ -93,6 +93,23 @@ func TestCitusExpiryWithHoldsAndReplays(t *testing.T) {
 	}
 }
 
+// A distributed table never sweeps, even when a pass is told to and its
+// due rows lie scattered over every shard's heap: a ctid means nothing
+// through a coordinator (each shard has its own), so the pass goes by
+// expiry windows and deletes exactly the due rows.
+func TestCitusNeverSweeps(t *testing.T) {
+	t.Parallel()
+	f := citusSetup(t)
+	due := f.scatter(t, 4000)
+	res := f.passWith(t, TestSignals{Strategy: "sweep"}, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}, BatchSize: 100}})
+	if res.Deleted != due || res.SweepBatches != 0 || res.RangeBatches == 0 {
+		t.Errorf("pass %+v: want all %d due rows deleted by expiry windows, no sweep", res, due)
+	}
+	if n := f.count(t, "remember_until <= $1", t0); n != 0 {
+		t.Errorf("%d due rows left", n)
+	}
+}
+
 // Oldest first across shards: a pass cut short after two batches has
 // deleted only rows older than every row left, whatever shard they lie on,
 // and each batch held about the batch size per shard.
@@ -230,7 +247,7 @@ func TestCitusApplicationWaitsAtMostLockTimeout(t *testing.T) {
 	const wait = 2 * time.Second // long enough to see the deleter waiting
 	// The batch's statement on the worker waits on c-20: the worker's
 	// pg_stat_activity shows it (citus_stat_activity gathers every node's).
-	done := f.deleterWaitingOnALock(t, wait, "citus_stat_activity", "DELETE%")
+	done := f.deleterWaitingOnALock(t, TestSignals{}, wait, "citus_stat_activity", "DELETE%")
 	b, el := f.applicationWait(t, "SET LOCAL citus.propagate_set_commands = 'local'; SET LOCAL lock_timeout = '30s'", "SELECT 1 FROM public.consumer_inbox WHERE consumer = 'c' AND message_id = 'c-5' FOR UPDATE")
 	if el > wait+time.Second {
 		t.Errorf("the application session waited %s on the deleter, longer than its lock timeout %s", el, wait)

@@ -24,6 +24,9 @@ type Due struct {
 	Rows   int64 // at most DueCap
 	Capped bool  // Rows stopped at DueCap: there are more
 	Lag    time.Duration
+
+	now time.Time      // the database's now the count was taken at
+	cov holds.Coverage // the holds and replays it left out
 }
 
 // countDue counts the rows of t due at now from the keyset bound from on
@@ -73,6 +76,7 @@ FROM %[1]s t WHERE t.%[5]s <= %[2]s AND (%[3]s OR %[4]s)`, t.Ident, t.Expiry.Ins
 func (d *Deleter) Due(ctx context.Context, t *catalog.Table, from pgtype.Timestamptz) (Due, error) {
 	var due Due
 	err := d.coverageTx(ctx, t, func(tx pgx.Tx, now time.Time, cov holds.Coverage) error {
+		due.now, due.cov = now, cov
 		var err error
 		from := orNegInf(from)
 		if due.Rows, due.Capped, err = countDue(ctx, tx, t, now, cov, from); err != nil {
@@ -96,6 +100,7 @@ func (d *Deleter) Due(ctx context.Context, t *catalog.Table, from pgtype.Timesta
 func (d *Deleter) look(ctx context.Context, t *catalog.Table, res *TableResult) (Due, error) {
 	var due Due
 	err := d.coverageTx(ctx, t, func(tx pgx.Tx, now time.Time, cov holds.Coverage) error {
+		due.now, due.cov = now, cov
 		var err error
 		if due.Rows, due.Capped, err = countDue(ctx, tx, t, now, cov, orNegInf(res.resume)); err != nil {
 			return err

@@ -59,6 +59,9 @@ type TestSignals struct {
 	OnFallback func()
 	// AheadRead is told when a bound read ahead has been read (readAhead).
 	AheadRead func()
+	// Strategy forces a pass's strategy where the table allows a choice:
+	// "sweep" or "expiry"; empty: chosen from the sample (planSweep).
+	Strategy string
 }
 
 // Sizing bounds the adaptive batch size.
@@ -74,7 +77,7 @@ type Progress struct {
 	BatchRows     int64
 	BatchDuration time.Duration
 	// Estimate is the exact count of the rows due (no hold or replay
-	// covering them) when the table's pass began, at most DueCap+1.
+	// covering them) when the table's pass began, at most DueCap (Due.Rows).
 	Estimate int64
 }
 
@@ -90,7 +93,9 @@ type TableResult struct {
 	RangeBatches       int // batches that deleted by expiry range (the others by ctid)
 	BitmapBatches      int // range batches read with a bitmap heap scan (scanChooser)
 	BoundsAhead        int // range batches whose bound was read ahead, while the batch before ran (readAhead)
+	SweepBatches       int // batches that deleted a slice of the heap (sweep.go): the pass swept
 	Duration           time.Duration
+	LongestBatch       time.Duration // the longest committed batch, as the sizer timed it
 	CleanupLag         time.Duration
 	Oldest, Newest     *time.Time  // retained expiries after the pass
 	BytesPerKey        float64     // table size with indexes and TOAST per estimated row; 0 when unknown
@@ -132,6 +137,7 @@ type Deleter struct {
 	scanChoice map[string]*scanChooser // per table, made anew each pass
 	windows    map[string]*window      // per distributed table, kept across passes
 	rates      map[string]*deleteRate  // per table, kept across passes
+	sweepFrom  map[string]int64        // per table: the page the next sweep starts at (sweepStart)
 }
 
 // New returns a Deleter with defaults filled in.
@@ -159,7 +165,8 @@ func New(pool *pgxpool.Pool, tables []*catalog.Table, opts Options) *Deleter {
 		}
 	}
 	return &Deleter{pool: pool, tables: tables, opts: opts, log: log, sizers: batchloop.NewSizers(opts.BatchSize, opts.Sizing),
-		scanChoice: map[string]*scanChooser{}, windows: map[string]*window{}, rates: map[string]*deleteRate{}}
+		scanChoice: map[string]*scanChooser{}, windows: map[string]*window{}, rates: map[string]*deleteRate{},
+		sweepFrom: map[string]int64{}}
 }
 
 // RunPass runs one pass over every table, in policy order. A failure on one
@@ -210,7 +217,7 @@ func (d *Deleter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 			d.log.Warn("expiry: could not count the due rows", "table", t.Name, "error", err)
 		}
 		if err != nil || due.Rows > 0 {
-			res.Err = d.deleteAll(ctx, t, deadline, due.Rows, &res)
+			res.Err = d.deleteAll(ctx, t, deadline, due, &res)
 			if res.Err == nil && ctx.Err() == nil {
 				// Measuring is best effort: the deletion is done whatever it says.
 				if _, err := d.look(ctx, t, &res); err != nil {
@@ -251,7 +258,7 @@ func (d *Deleter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 		attrs = append(attrs, "dead_tuples", res.DeadTuples, "vacuumed", res.Vacuumed)
 	}
 	logf("expiry: table done", append(attrs, "protected_by_holds", res.ProtectedByHolds,
-		"protected_by_replays", res.ProtectedByReplays, "batches", res.Batches, "skip_locked_batches", res.SkipLockedBatches, "range_batches", res.RangeBatches, "bitmap_batches", res.BitmapBatches, "bounds_ahead", res.BoundsAhead, "dry_run", d.opts.DryRun,
+		"protected_by_replays", res.ProtectedByReplays, "batches", res.Batches, "skip_locked_batches", res.SkipLockedBatches, "range_batches", res.RangeBatches, "bitmap_batches", res.BitmapBatches, "bounds_ahead", res.BoundsAhead, "sweep_batches", res.SweepBatches, "longest_batch", res.LongestBatch, "dry_run", d.opts.DryRun,
 		"duration", res.Duration.Round(time.Millisecond), "stopped_early", res.StoppedEarly)...)
 	return res
 }
@@ -278,7 +285,7 @@ type deleteRate struct {
 	total int64
 }
 
-func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time.Time, estimate int64, res *TableResult) error {
+func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time.Time, due Due, res *TableResult) error {
 	// The keyset: every batch starts at the newest expiry the previous batch
 	// deleted, so rows it passed over (held, or locked by someone else) are
 	// not scanned again in this pass.
@@ -289,6 +296,11 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 	d.mu.Lock()
 	d.scanChoice[t.Name] = &scanChooser{}
 	d.mu.Unlock()
+	// The count the pass began with (look) is what the progress line's ETA
+	// counts down from. A sample of the heap decides whether the pass
+	// sweeps the heap in physical order instead (startSweep).
+	estimate := due.Rows
+	sw := d.startSweep(ctx, t, due)
 	lastCount := time.Now()
 	m := d.opts.Metrics
 	var lastNewest time.Time // the newest expiry of the last batch, for its log line
@@ -301,6 +313,7 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 			}
 		},
 		AfterBatch: func(n int64, took time.Duration) {
+			res.LongestBatch = max(res.LongestBatch, took)
 			if m != nil {
 				m.BatchDuration.WithLabelValues(t.Name).Observe(took.Seconds())
 				if n > 0 {
@@ -339,7 +352,20 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 		win.mu.Unlock()
 		loop.Shards, loop.Exhausted = t.Citus.Shards, win.isExhausted
 	}
+	if sw != nil {
+		// A slice can come back short with rows still due further on.
+		loop.Exhausted = sw.exhausted
+	}
 	r, err := loop.Run(ctx, func(ctx context.Context, lower pgtype.Timestamptz, size int) (int64, time.Time, float64, error) {
+		if sw != nil {
+			n, newest, wal, err := d.sweepBatch(ctx, t, sw, size, res)
+			lastNewest = newest
+			res.Deleted += n
+			if n > 0 {
+				res.Batches++
+			}
+			return n, newest, wal, err
+		}
 		n, newest, wal, err := d.batch(ctx, t, lower, size, res)
 		// n of a failed batch is what part of it committed (batchloop.Batch).
 		lastNewest = newest
@@ -357,6 +383,15 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 	res.Retries += r.Retries
 	res.StoppedEarly = r.StoppedEarly
 	res.resume = r.Resume
+	if sw != nil {
+		stopped := err != nil || r.StoppedEarly.Stopped()
+		res.resume = sweepResume(sw, stopped)
+		next := int64(0)
+		if stopped {
+			next = sw.position()
+		}
+		d.setSweepStart(t, next)
+	}
 	return err
 }
 

@@ -1,6 +1,7 @@
 package expiry
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -247,7 +248,7 @@ SELECT 'm' || i, true, $1::timestamp - i * interval '1 millisecond', '1', '[]' F
 
 func TestLockedRowsAreSkippedThenDeleted(t *testing.T) {
 	t.Parallel()
-	forms(t, func(t *testing.T, sig TestSignals) {
+	allForms(t, func(t *testing.T, sig TestSignals) {
 		ctx := context.Background()
 		f := setup(t, inboxDDL, inboxPolicy)
 		f.insert(t, "c", 50, t0.Add(-24*time.Hour), time.Minute)
@@ -347,7 +348,7 @@ INSERT INTO public.other VALUES (1, '2000-01-01');`, inboxPolicy+`  - table: pub
 
 func TestHoldsAndReplays(t *testing.T) {
 	t.Parallel()
-	forms(t, func(t *testing.T, sig TestSignals) {
+	allForms(t, func(t *testing.T, sig TestSignals) {
 		ctx := context.Background()
 		f := setup(t, inboxDDL, inboxPolicy)
 		tbl := f.tables[0]
@@ -507,7 +508,8 @@ func fenceRace(t *testing.T, f fixture, sig TestSignals) (TableResult, int64) {
 	sig.BeforeCommit = func(_ string, n int64) {
 		if first {
 			first, firstRows = false, n
-			if !sig.SkipLockedOnly && !f.tables[0].Distributed() { // a Citus batch is a window, with no bound
+			// A Citus batch is a window, and a sweep a slice: neither has a bound.
+			if !sig.SkipLockedOnly && !f.tables[0].Distributed() && sig.Strategy != "sweep" {
 				select {
 				case <-aheadRead:
 				case <-time.After(30 * time.Second):
@@ -657,9 +659,19 @@ func TestOptimisticFallsBackToSkipLocked(t *testing.T) {
 // waits for a row the application holds, it holds the rows it has already
 // deleted. Another application session that wants one of them waits on
 // the deleter, but only until the deleter's lock timeout ends its wait and
-// rolls the batch back; the fallback batch then skips both rows.
+// rolls the batch back; the fallback batch then skips both rows. In expiry
+// order (the batch by ctid), and in a sweep (the slice by ctid range).
 func TestApplicationWaitsAtMostLockTimeout(t *testing.T) {
 	t.Parallel()
+	for _, form := range []struct{ strategy, statement string }{{"", "%victims%"}, {"sweep", "%d.ctid >= %"}} {
+		t.Run("strategy_"+cmp.Or(form.strategy, "expiry"), func(t *testing.T) {
+			t.Parallel()
+			applicationWaitsAtMostLockTimeout(t, TestSignals{Strategy: form.strategy}, form.statement)
+		})
+	}
+}
+
+func applicationWaitsAtMostLockTimeout(t *testing.T, sig TestSignals, statement string) {
 	ctx := context.Background()
 	f := setup(t, inboxDDL, inboxPolicy)
 	// Inserted in expiry order: the DELETE's TID order is expiry order, so
@@ -668,7 +680,7 @@ func TestApplicationWaitsAtMostLockTimeout(t *testing.T) {
 	a := pgtest.Lock(t, f.pool, "SELECT 1 FROM public.consumer_inbox WHERE message_id = 'c-20' FOR UPDATE")
 
 	const wait = 2 * time.Second // long enough to see the deleter waiting
-	done := f.deleterWaitingOnALock(t, wait, "pg_stat_activity", "%victims%")
+	done := f.deleterWaitingOnALock(t, sig, wait, "pg_stat_activity", statement)
 	if _, el := f.applicationWait(t, "SET LOCAL lock_timeout = '30s'", "SELECT 1 FROM public.consumer_inbox WHERE message_id = 'c-5' FOR UPDATE"); el > wait+time.Second {
 		t.Errorf("the application session waited %s on the deleter, longer than its lock timeout %s", el, wait)
 	}
@@ -694,14 +706,15 @@ func TestApplicationWaitsAtMostLockTimeout(t *testing.T) {
 	}
 }
 
-// deleterWaitingOnALock starts a pass (optimistic lock wait and lock
-// timeout wait) and returns once its batch waits on a locked row, seen in
+// deleterWaitingOnALock starts a pass with sig (optimistic lock wait and
+// lock timeout wait) and returns once its batch waits on a locked row, seen in
 // view running a statement LIKE query; the channel gets the pass's result.
-func (f fixture) deleterWaitingOnALock(t *testing.T, wait time.Duration, view, query string) <-chan TableResult {
+func (f fixture) deleterWaitingOnALock(t *testing.T, sig TestSignals, wait time.Duration, view, query string) <-chan TableResult {
 	t.Helper()
+	sig.OptimisticWait = wait
 	done := make(chan TableResult, 1)
 	go func() {
-		res, _ := newTest(f.pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0), LockTimeout: wait}, BatchSize: 100}}, TestSignals{OptimisticWait: wait}).RunPass(context.Background())
+		res, _ := newTest(f.pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0), LockTimeout: wait}, BatchSize: 100}}, sig).RunPass(context.Background())
 		done <- res[0]
 	}()
 	pgtest.WaitForLockWait(t, f.pool, view, query, "the deleter to wait on the locked row")

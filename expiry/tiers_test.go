@@ -13,14 +13,19 @@ import (
 
 // The permanent key is written by the statement that deletes the row: kill
 // the deleter's connection while its batch is open, and neither has
-// happened; let the retry commit, and both have. Both statement forms
-// that write keys are checked.
+// happened; let the retry commit, and both have. The three statement
+// forms that write keys are checked.
 func TestPermanentKeyAtomicWithDeletion(t *testing.T) {
 	t.Parallel()
 	// 100: one batch by ctid (fewer rows than the size); 10: two batches
-	// by expiry range, the form with the keys CTE.
-	for _, size := range []int{100, 10} {
-		t.Run(fmt.Sprintf("batch_%d", size), func(t *testing.T) {
+	// by expiry range, the form with the keys CTE; sweep: a slice of the
+	// heap (sweepKeysSQL).
+	for _, v := range []struct {
+		size     int
+		Strategy string
+	}{{100, ""}, {10, ""}, {10, "sweep"}} {
+		size := v.size
+		t.Run(fmt.Sprintf("batch_%d%s", size, v.Strategy), func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			f := setup(t, pgtest.TieredInboxDDL, pgtest.TieredInboxPolicy)
@@ -41,7 +46,7 @@ func TestPermanentKeyAtomicWithDeletion(t *testing.T) {
 			const keys = `SELECT count(*) FROM inboxkeeper.keys_public_inbox`
 			killed := false
 			during := [2]int64{-1, -1}
-			sig := TestSignals{BeforeCommit: func(_ string, n int64) {
+			sig := TestSignals{Strategy: v.Strategy, BeforeCommit: func(_ string, n int64) {
 				if killed {
 					return
 				}
@@ -73,8 +78,11 @@ func TestPermanentKeyAtomicWithDeletion(t *testing.T) {
 			if r := res[0]; r.Err != nil || r.Retries != 1 || r.Deleted != 20 || r.PermanentKeys != 19 {
 				t.Errorf("pass after the kill: %+v, want 20 deleted and 19 keys after 1 retry", r)
 			}
-			if r, want := res[0], map[int]int{100: 0, 10: 2}[size]; r.RangeBatches != want {
+			if r, want := res[0], map[int]int{100: 0, 10: 2}[size]; v.Strategy == "" && r.RangeBatches != want {
 				t.Errorf("%d batches by range, want %d", r.RangeBatches, want)
+			}
+			if r := res[0]; v.Strategy == "sweep" && (r.SweepBatches == 0 || r.RangeBatches != 0) {
+				t.Errorf("%+v: want sweep batches only", r)
 			}
 			if n := count("SELECT count(*) FROM public.inbox"); n != 0 {
 				t.Errorf("%d rows left", n)

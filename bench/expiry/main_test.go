@@ -7,22 +7,42 @@ import (
 )
 
 // TestTinyRun runs the whole benchmark at a tiny scale, so CI proves that it
-// still builds the daemon, fills the tables, measures and reports. Two reps
-// cover both orders, on both layouts. PostgreSQL missing fails the test (pgcluster says how to
-// fix it); it never skips.
+// still builds the daemon, fills the tables, measures and reports: two reps
+// on the layouts with the expired rows in the first half of the heap (both
+// orders), one on the scattered ones, side by side. PostgreSQL missing fails
+// the test (pgcluster says how to fix it); it never skips.
 func TestTinyRun(t *testing.T) {
-	benchtest.TinyRun(t, run, []string{"-rows", "20000", "-flat-rows", "20000", "-batch", "1000", "-reps", "2"},
-		"bench/expiry on ", " CPUs; flags: -batch 1000 -flat-rows 20000 -keep false -layouts append-ordered,interleaved -reps 2 -rows 20000",
-		"rows: 20000 total, 10000 expired, in each copy; daemon batch size 1000; 2 reps",
-		"layout append-ordered: ", "layout interleaved: ",
-		"(inboxkeeper once first)", "(loop 50000 SKIP LOCKED first)",
-		"  unbounded DELETE ", "  loop 5000 ", "  loop 50000 ", "  loop 5000 SKIP LOCKED ", "  loop 50000 SKIP LOCKED ",
-		"throughput ratio inboxkeeper/unbounded ",
-		"ahead of the best loop (",
-		"WAL ratio ",
-		"  CPU seconds: inboxkeeper ",
-		"append-ordered over 2 reps: ", "interleaved over 2 reps: ",
-		"peak RSS: ", " at 20000;",
-		"daemon peak RSS: ",
-	)
+	t.Parallel()
+	t.Run("clustered", func(t *testing.T) {
+		t.Parallel()
+		benchtest.TinyRun(t, run, []string{"-rows", "20000", "-flat-rows", "20000", "-batch", "1000", "-reps", "2",
+			"-layouts", "append-ordered,interleaved"},
+			"bench/expiry on ", " CPUs; flags: -batch 1000 -flat-rows 20000 -gap 168h0m0s -horizons 100 -keep false -layouts append-ordered,interleaved -reps 2 -rows 20000",
+			"rows: 20000 generated in each copy; daemon batch size 1000; 2 reps",
+			"layout append-ordered: 20000 rows, 10000 expired; ", "layout interleaved: 20000 rows, 10000 expired; ",
+			"(inboxkeeper once first)", "(loop 50000 SKIP LOCKED first)",
+			"  unbounded DELETE ", "  loop 5000 ", "  loop 50000 ", "  loop 5000 SKIP LOCKED ", "  loop 50000 SKIP LOCKED ",
+			"throughput ratio inboxkeeper/unbounded ",
+			"ahead of the best loop (",
+			"WAL ratio ",
+			"longest batch ",
+			" batches, avg ", " rows, expiry order",
+			"  CPU seconds: inboxkeeper ",
+			"append-ordered over 2 reps: ", "interleaved over 2 reps: ",
+			"peak RSS: ", " at 20000;",
+			"daemon peak RSS: ",
+		)
+	})
+	t.Run("scattered", func(t *testing.T) {
+		t.Parallel()
+		benchtest.TinyRun(t, run, []string{"-rows", "20000", "-flat-rows", "0", "-batch", "1000", "-reps", "1",
+			"-layouts", "uniform,steady-state", "-horizons", "10", "-gap", "240h"},
+			" CPUs; flags: -batch 1000 -flat-rows 0 -gap 240h0m0s -horizons 10 -keep false -layouts uniform,steady-state -reps 1 -rows 20000",
+			"layout uniform: 20000 rows, 10000 expired; ", "layout steady-state: ",
+			"  method                        time     rows/s      WAL     CPU throughput    WAL  pages dirtied",
+			" rows, swept",
+			"uniform over 1 reps: ", "steady-state over 1 reps: ",
+			"peak RSS flatness: skipped (-flat-rows 0)",
+		)
+	})
 }

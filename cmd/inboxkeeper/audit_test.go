@@ -5,6 +5,8 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
+	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -34,19 +36,28 @@ var (
 //   - after a final `once`, no row that expired before it and that nothing
 //     covers is left.
 //
-// Directly and through PgBouncer in transaction mode. On failure the seed
-// is printed: rerun with -audit.seed=N.
+// Directly and through PgBouncer in transaction mode, each on two layouts:
+// narrow rows whose expiries lie around now, which the daemon deletes in
+// expiry order, and wide rows (a few a page) whose expiries lie scattered
+// over the heap and fall due in two waves of half the table, which it
+// sweeps in physical order (expiry/sweep.go). On failure the seed is
+// printed: rerun with -audit.seed=N.
 func TestRandomizedAudit(t *testing.T) {
 	t.Parallel()
 	for _, pooled := range []bool{false, true} {
-		name := "direct"
-		if pooled {
-			name = "pgbouncer"
+		for _, scattered := range []bool{false, true} {
+			name := "direct"
+			if pooled {
+				name = "pgbouncer"
+			}
+			if scattered {
+				name += "_scattered"
+			}
+			t.Run(name, func(t *testing.T) {
+				t.Parallel()
+				runAudit(t, auditRand(t), pooled, scattered)
+			})
 		}
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			runAudit(t, auditRand(t), pooled)
-		})
 	}
 }
 
@@ -67,8 +78,9 @@ func auditRand(t *testing.T) *rand.Rand {
 }
 
 // auditDDL is the command tests' inbox with a trigger that records each
-// deletion.
+// deletion, and a padding column the scattered layout fills.
 const auditDDL = inboxTable + `
+ALTER TABLE public.consumer_inbox ADD COLUMN pad text;
 CREATE TABLE public.deleted (
     consumer       text,
     message_id     text,
@@ -82,13 +94,27 @@ BEGIN
   RETURN OLD;
 END $$;
 CREATE TRIGGER audit_delete AFTER DELETE ON public.consumer_inbox FOR EACH ROW EXECUTE FUNCTION public.audit_delete();
--- 2,000 rows expiring from a minute ago to a minute ahead.
+-- The audit reads commit times; the operator's return times come from the same clock.
+CREATE TABLE public.returned (kind text, id bigint, at timestamptz NOT NULL);`
+
+// auditSeedRows are 2,000 rows expiring from a minute ago to a minute ahead.
+const auditSeedRows = `
 INSERT INTO public.consumer_inbox
 SELECT 'c' || (i % 5), 'seed-' || i, timestamptz '2026-01-01 00:00Z' + (i % 120) * interval '1 minute',
        now() + ((i * 7919) % 120 - 60) * interval '1 second'
-FROM generate_series(1, 2000) i;
--- The audit reads commit times; the operator's return times come from the same clock.
-CREATE TABLE public.returned (kind text, id bigint, at timestamptz NOT NULL);`
+FROM generate_series(1, 2000) i;`
+
+// auditScatteredRows are 2,100 rows of about a kilobyte (7 a page), in an
+// order unrelated to their expiries: half expired up to a minute ago, half
+// expiring within a millisecond four seconds from now, so that a pass finds
+// 3 or 4 due rows of all its batches on every page, and sweeps.
+const auditScatteredRows = `
+INSERT INTO public.consumer_inbox
+SELECT 'c' || (i % 5), 'seed-' || i, timestamptz '2026-01-01 00:00Z' + (i % 120) * interval '1 minute',
+       CASE WHEN (i * 7919) % 2 = 0 THEN now() - (1 + (i * 7919) % 60) * interval '1 second'
+       ELSE now() + interval '4 seconds' + (i * 7919) % 997 * interval '1 microsecond' END,
+       repeat(md5(i::text), 32)
+FROM generate_series(1, 2100) i;`
 
 // auditRange is an event-time window of the seeded rows: [from, to).
 func auditRange(r *rand.Rand) (from, to string) {
@@ -98,9 +124,14 @@ func auditRange(r *rand.Rand) (from, to string) {
 		base.Add(time.Duration(start+1+r.IntN(30)) * time.Minute).Format(time.RFC3339)
 }
 
-func runAudit(t *testing.T, r *rand.Rand, pooled bool) {
+func runAudit(t *testing.T, r *rand.Rand, pooled, scattered bool) {
 	ctx := context.Background()
-	f := newFixture(t, auditDDL, inboxPolicy, true)
+	seedRows, daemonVars := auditSeedRows, auditDaemonVars
+	if scattered {
+		// Info: the "table done" lines show that passes swept.
+		seedRows, daemonVars = auditScatteredRows, append(slices.Clone(auditDaemonVars), "INBOXKEEPER_LOG_LEVEL=info")
+	}
+	f := newFixture(t, auditDDL+seedRows, inboxPolicy, true)
 	var on string
 	if err := f.pool.QueryRow(ctx, "SHOW track_commit_timestamp").Scan(&on); err != nil || on != "on" {
 		t.Fatalf("the audit needs track_commit_timestamp = on in the test server (pgtest turns it on in its own cluster; set it on the server INBOXKEEPER_TEST_DATABASE_URL names): got %q, %v", on, err)
@@ -109,7 +140,7 @@ func runAudit(t *testing.T, r *rand.Rand, pooled bool) {
 	if pooled {
 		vars = append(vars, "INBOXKEEPER_DATABASE_URL="+pgtest.BouncerURL(t, pgtest.NewBouncer(t), f.url))
 	}
-	d := startDaemon(t, f.dir, f.env(append(vars, auditDaemonVars...)...), "run")
+	d := startDaemon(t, f.dir, f.env(append(vars, daemonVars...)...), "run")
 
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -123,6 +154,13 @@ func runAudit(t *testing.T, r *rand.Rand, pooled bool) {
 	d.stop()
 	if strings.Contains(d.log(), "level=ERROR") {
 		t.Errorf("run logged errors:\n%s", d.log())
+	}
+	if scattered {
+		swept := len(regexp.MustCompile(`expiry: table done.* sweep_batches=[1-9]`).FindAllString(d.log(), -1))
+		t.Logf("%d passes swept", swept)
+		if swept == 0 {
+			t.Errorf("no pass swept the scattered layout:\n%s", d.log())
+		}
 	}
 	auditCheck(t, f, vars, actions, auditTables{committed: "pg_xact_commit_timestamp(d.xmin)", left: "public.consumer_inbox"})
 }

@@ -88,6 +88,16 @@ func Fill(ctx context.Context, db DB, table string, payload bool, n, expired int
 // FillHorizons is Fill with rows remembered for one of horizons durations
 // (see horizonSQL).
 func FillHorizons(ctx context.Context, db DB, table string, payload bool, n, expired int64, t0 time.Time, horizons int) error {
+	return fillRows(ctx, db, table, payload, n, func(val string, lo, hi int64) error {
+		_, err := db.Exec(ctx, fmt.Sprintf(insertSQL, table, val, horizonSQL(horizons)), lo, hi, expired, n, t0)
+		return err
+	})
+}
+
+// fillRows creates table, has insert add rows lo to hi (val is the payload
+// column's value expression, or empty) in chunks of bounded size, in
+// first_seen_at order, then indexes, vacuums and analyzes it.
+func fillRows(ctx context.Context, db DB, table string, payload bool, n int64, insert func(val string, lo, hi int64) error) error {
 	col, val := "", ""
 	if payload {
 		col, val = ",\n    payload        text        NOT NULL", ",\n       left(repeat(md5(k::text), 10), 300)"
@@ -95,9 +105,9 @@ func FillHorizons(ctx context.Context, db DB, table string, payload bool, n, exp
 	if _, err := db.Exec(ctx, fmt.Sprintf(inboxDDL, table, col)+"; SET maintenance_work_mem = '256MB'"); err != nil {
 		return fmt.Errorf("create %s: %w", table, err)
 	}
-	const chunk = 500_000 // statements of bounded size, in first_seen_at order
+	const chunk = 500_000
 	for lo := int64(0); lo < n; lo += chunk {
-		if _, err := db.Exec(ctx, fmt.Sprintf(insertSQL, table, val, horizonSQL(horizons)), lo, min(lo+chunk, n)-1, expired, n, t0); err != nil {
+		if err := insert(val, lo, min(lo+chunk, n)-1); err != nil {
 			return fmt.Errorf("fill %s: %w", table, err)
 		}
 	}
@@ -111,6 +121,106 @@ func FillHorizons(ctx context.Context, db DB, table string, payload bool, n, exp
 		}
 	}
 	return nil
+}
+
+// scatteredSQL fills the scattered layouts, which spread the due rows
+// over the heap, where expiry order is not heap order (issue #26). Rows
+// come in insertion (first_seen_at) order; row k is remembered for horizon
+// j = (k * p) % horizons ($3, $4), p a multiplier coprime with horizons near
+// 0.618 x horizons, so neighbouring rows get unrelated horizons; %[3]s says
+// when it was first seen and how long it is remembered, (f, h), and %[4]s
+// which rows the table holds. Each layout keeps no row whose expiry lies
+// within a day after $5, so that the rows expired at $5 are exactly the
+// ones expired for the whole run.
+const scatteredSQL = `
+INSERT INTO %[1]s
+SELECT (ARRAY['billing', 'payments', 'shipping', 'email'])[1 + k %% 4],
+       md5(k::text)::uuid, sha256(k::text::bytea), 'applied',
+       f - interval '5 minutes', f, f + h%[2]s
+FROM generate_series($1::bigint, $2::bigint) AS k,
+LATERAL (SELECT (k * $3::bigint) %% $4::bigint) AS c(j),
+LATERAL (SELECT %[3]s) AS s(f, h)%[4]s`
+
+// uniform: every page holds expired and live rows, and expiry order is
+// unrelated to heap order. Rows were first seen over 20 days, from 200 to
+// 180 days before $5 ($6 rows); half the horizons are short (10 to 179 days:
+// expired a day or more before $5, over 180 days), half long (201 to 400
+// days: a day or more after $5). With horizons 2 expiry follows insertion
+// order among the expired rows: evenly spread, but clustered.
+const uniformFH = `$5::timestamptz - interval '200 days' + k * (interval '20 days' / $6::bigint),
+  CASE WHEN j < $4 / 2 THEN interval '10 days' + j * (interval '169 days' / greatest($4 / 2 - 1, 1))
+  ELSE interval '201 days' + (j - $4 / 2) * (interval '199 days' / greatest($4 - $4 / 2 - 1, 1)) END`
+
+// steady-state: a table of 60 days of rows (first seen from 60 days before
+// $5 to $5) with horizons of 30 to 60 days, as a daemon leaves it when its
+// last pass ran $7 before $5: the rows that expired before then are gone;
+// the due rows are the ones that expired since, and lie scattered over the
+// older half of the heap. The heap is compact, as after a VACUUM FULL: the
+// space of the rows deleted before holds no newer rows.
+const (
+	steadyFH = `$5::timestamptz - interval '60 days' + k * (interval '60 days' / $6::bigint),
+  interval '30 days' + j * (interval '30 days' / greatest($4 - 1, 1))`
+	steadyWhere = `
+WHERE f + h > $5::timestamptz - $7::interval
+  AND NOT (f + h > $5::timestamptz AND f + h <= $5::timestamptz + interval '1 day')`
+)
+
+// Layout is a physical arrangement of an inbox for FillLayout.
+type Layout struct {
+	// Kind is "horizons" (FillHorizons: the first half of the heap
+	// expired), "uniform" or "steady-state" (scattered: scatteredSQL,
+	// uniformFH, steadyFH).
+	Kind     string
+	Horizons int
+	// Gap is how long before t0 the last pass ran (steady-state).
+	Gap time.Duration
+}
+
+// FillLayout (re)creates table with n generated rows in layout l, indexed,
+// vacuumed and analyzed like FillHorizons, and returns the rows it holds and
+// how many of them are expired at t0 (and for the whole run). For the
+// "horizons" kind they are n and expired; the scattered kinds ignore
+// expired: their layout decides.
+func FillLayout(ctx context.Context, db DB, table string, payload bool, n, expired int64, t0 time.Time, l Layout) (rows, due int64, err error) {
+	if l.Kind == "horizons" {
+		return n, expired, FillHorizons(ctx, db, table, payload, n, expired, t0, l.Horizons)
+	}
+	fh, where, args := uniformFH, "", []any{nil, nil, spreadMultiplier(l.Horizons), int64(l.Horizons), t0, n}
+	if l.Kind == "steady-state" {
+		fh, where, args = steadyFH, steadyWhere, append(args, l.Gap)
+	} else if l.Kind != "uniform" {
+		return 0, 0, fmt.Errorf("unknown layout kind %q", l.Kind)
+	}
+	err = fillRows(ctx, db, table, payload, n, func(val string, lo, hi int64) error {
+		args[0], args[1] = lo, hi
+		_, err := db.Exec(ctx, fmt.Sprintf(scatteredSQL, table, val, fh, where), args...)
+		return err
+	})
+	if err != nil {
+		return 0, 0, err
+	}
+	err = db.QueryRow(ctx, fmt.Sprintf("SELECT count(*), count(*) FILTER (WHERE remember_until <= $1) FROM %s", table), t0).Scan(&rows, &due)
+	return rows, due, err
+}
+
+// spreadMultiplier is the multiplier coprime with h nearest above 0.618 x h
+// (1 for h < 3): k -> (k * p) % h visits every horizon and puts unrelated
+// ones side by side.
+func spreadMultiplier(h int) int64 {
+	if h < 3 {
+		return 1
+	}
+	gcd := func(a, b int) int {
+		for b != 0 {
+			a, b = b, a%b
+		}
+		return a
+	}
+	p := int(0.618*float64(h)) + 1
+	for gcd(p, h) != 1 {
+		p++
+	}
+	return int64(p)
 }
 
 // Table is a table for FillAll to fill.

@@ -1,0 +1,558 @@
+package expiry
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/inboxkeeper/inboxkeeper/holds"
+	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
+	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/retry"
+)
+
+// The sweep: a pass in physical order (issue #26).
+//
+// Expiry-ordered batches read a heap page once per batch that has a row on
+// it. Where expiry order follows the heap that is once a page; where the
+// due rows of every expiry lie scattered over the whole heap (several
+// retention horizons, in steady state) a page holds rows of nearly every
+// batch and is read and dirtied tens of times a pass. A sweep deletes the
+// due rows of one slice of the heap a batch instead:
+//
+//	DELETE FROM t WHERE ctid >= '(a,0)' AND ctid < '(b,0)' AND e <= $cutoff AND NOT <covered>
+//
+// (a TID Range Scan), slice after slice, so that each page is read once a
+// pass. A slice is sized from the batch size and the density of due rows
+// that a sample of the heap measured at the start of the pass, corrected
+// by what the batches before it found. Which of the two a pass takes is
+// decided per table and pass from the same sample (chooseSweep).
+// See docs/design/expiry.md, "The sweep".
+
+// sampleBlocks is about how many heap pages the sample at the start of a
+// pass reads (TABLESAMPLE SYSTEM, whole pages at random).
+const sampleBlocks = 2048
+
+// minSweepPages: a table smaller than this is deleted in expiry order,
+// whatever its layout: a few pages cost little either way.
+const minSweepPages = 64
+
+// sweepSettingsSQL: a sweep batch reads its slice with a TID Range Scan and
+// nothing else (the planner might otherwise walk the whole due range of the
+// expiry index for every slice), and, like every batch, commits without
+// waiting for the disk (batchSettingsSQL).
+const sweepSettingsSQL = `SELECT set_config('synchronous_commit', 'off', true), set_config('enable_seqscan', 'off', true),
+       set_config('enable_indexscan', 'off', true), set_config('enable_bitmapscan', 'off', true)`
+
+// The statements of a sweep batch: %[1]s is the table, %[2]s the slice
+// (a ctid range), %[3]s the due predicate (cutoff, holds and replays).
+const (
+	sweepSQL = `
+DELETE FROM %[1]s d WHERE %[2]s AND %[3]s`
+
+	// sweepKeysSQL writes the deleted rows' permanent keys in the same
+	// statement (permanentKeys: %[4]s to %[6]s).
+	sweepKeysSQL = `
+WITH gone AS (
+  DELETE FROM %[1]s d WHERE %[2]s AND %[3]s
+  RETURNING 1 AS one%[4]s
+)%[5]s
+SELECT count(*), %[6]s FROM gone`
+
+	// sweepSkipLockedSQL is the fallback of a slice that met a locked row:
+	// the rows of the slice that no other session holds, locked first.
+	sweepSkipLockedSQL = `
+WITH victims AS (
+  SELECT d.ctid FROM %[1]s d WHERE %[2]s AND %[3]s
+  FOR UPDATE OF d SKIP LOCKED
+), gone AS (
+  DELETE FROM %[1]s d WHERE d.ctid = ANY (ARRAY(SELECT ctid FROM victims))
+  RETURNING 1 AS one%[4]s
+)%[5]s
+SELECT count(*), %[6]s FROM gone`
+)
+
+// sampledBlock is one heap page the sample read: how many rows it holds,
+// and the expiries (Unix seconds) of those due and uncovered.
+type sampledBlock struct {
+	block  int64
+	tuples int64
+	due    []float64
+}
+
+// sweepEstimate is what the sample says about a pass.
+type sweepEstimate struct {
+	// Pages a pass in expiry order would read: per page, the batches that
+	// have a row on it (the bitmap heap scan reads a page once a batch).
+	expiryVisits float64
+	// Pages a sweep would read: up to the last page with a due row when
+	// the count of due rows stops short of its cap (the sweep stops once it
+	// has deleted them all), else the whole heap.
+	sweepPages float64
+	// Rows a sampled page holds, on average.
+	tuplesPerPage float64
+	// The due rows, estimated.
+	due float64
+	// Due rows per page, per segment of segLen pages (from block 0).
+	density []float64
+	segLen  int64
+}
+
+// Relative costs, fitted to the server CPU of bench/expiry's layouts on
+// its machine (2 cores, PostgreSQL 15, the table in the OS cache; see
+// docs/design/expiry.md, "The sweep"): reading a page in a sweep and
+// testing each row on it, a bitmap heap scan's visit of a page for the
+// rows of one batch, and the expiry index entries a row costs in expiry
+// order (the bound, then the DELETE's scan). Deleting a row costs the same
+// either way and is left out. costVisit was 4 at first; fitted to the
+// differences between the two ways (what they do not share) it is about 12,
+// and at 4 a steady-state pass of 5 batches of 20,000 rows, where the two
+// estimates met, went in expiry order in one rep of three at 0.46 of the
+// unbounded DELETE, against 0.65 and 0.80 swept (docs/design/expiry.md).
+const (
+	costSweepPage  = 5.0
+	costSweepTuple = 0.85
+	costVisit      = 12.0
+	costIndexRow   = 1.6
+)
+
+// estimateSweep reads the sample: blocks are the pages it read (frac of the
+// heap's nblocks pages, at random); start is the page a sweep would start
+// at; sizes are the batch sizes a pass in expiry order would take, in order
+// (the last one repeats).
+func estimateSweep(blocks []sampledBlock, frac float64, nblocks, start int64, sizes []int) sweepEstimate {
+	e := sweepEstimate{segLen: 1}
+	if frac <= 0 || nblocks <= 0 {
+		return e
+	}
+	var all []float64
+	var tuples int64
+	for _, b := range blocks {
+		all = append(all, b.due...)
+		tuples += b.tuples
+	}
+	if len(blocks) > 0 {
+		e.tuplesPerPage = float64(tuples) / float64(len(blocks))
+	}
+	slices.Sort(all)
+	e.due = float64(len(all)) / frac
+	// The count stops at DueCap: a sweep of more rows cannot know when it
+	// has deleted them all.
+	capped := e.due > DueCap
+	// The density map: segments of about 64 sampled pages (a page's count
+	// of due rows varies; 64 of them predict a slice within a few percent).
+	e.segLen = max(1, int64(math.Ceil(64/frac)))
+	segs := (nblocks + e.segLen - 1) / e.segLen
+	e.density = make([]float64, segs)
+	// Per page the sample read: the number of pages it reads varies more
+	// than their rows do. An empty page holds no row to show that it was
+	// read, which makes the density err on the high side, and the slices
+	// short.
+	read := make([]int, segs)
+	for _, b := range blocks {
+		if s := b.block / e.segLen; s < segs {
+			e.density[s] += float64(len(b.due))
+			read[s]++
+		}
+	}
+	for s := range e.density {
+		e.density[s] /= float64(max(1, read[s]))
+	}
+	if len(all) == 0 {
+		e.sweepPages = float64(nblocks)
+		return e
+	}
+	// Batch ends in rank space: batch j takes the ranks below ends[j].
+	var ends []float64
+	sum := 0.0
+	for i := 0; sum < e.due; i++ {
+		sum += float64(sizes[min(i, len(sizes)-1)])
+		ends = append(ends, sum)
+	}
+	last := int64(-1) // the last page with a due row, in sweep order
+	visits := 0
+	for _, b := range blocks {
+		if len(b.due) == 0 {
+			continue
+		}
+		seen := map[int]bool{}
+		for _, x := range b.due {
+			// The row's rank among all due rows, from its rank in the sample.
+			i := sort.SearchFloat64s(all, x)
+			r := (float64(i) + 0.5) / float64(len(all)) * e.due
+			seen[sort.Search(len(ends), func(j int) bool { return ends[j] > r })] = true
+		}
+		visits += len(seen)
+		last = max(last, (b.block-start+nblocks)%nblocks)
+	}
+	e.expiryVisits = float64(visits) / frac
+	e.sweepPages = float64(nblocks)
+	if !capped {
+		e.sweepPages = min(float64(nblocks), float64(last+1)+1/frac)
+	}
+	return e
+}
+
+// clustered: where expiry order would visit fewer pages than this many
+// times the pages a sweep reads, the due rows are clustered (expiry
+// follows the heap, more or less), and the pass keeps expiry order: it
+// reads each page about once too, and its batches are exact and oldest
+// first.
+const clustered = 1.5
+
+// chooseSweep says whether a pass should sweep: when the sample predicts
+// that expiry order would read the pages with due rows many times over, so
+// that reading every page up to the last due row once costs less, and the
+// table is large enough and its pages hold few enough due rows for slices
+// of about a batch (a slice is at least a page).
+func (e sweepEstimate) chooseSweep(nblocks int64, firstBatch int) bool {
+	if nblocks < minSweepPages || e.due < 2*float64(firstBatch) || e.sweepPages <= 0 {
+		return false
+	}
+	if e.due/e.sweepPages > float64(firstBatch)/4 {
+		return false // a page would hold more than a quarter of a batch
+	}
+	if e.expiryVisits < clustered*e.sweepPages {
+		return false
+	}
+	sweep := e.sweepPages * (costSweepPage + costSweepTuple*e.tuplesPerPage)
+	expiry := e.expiryVisits*costVisit + e.due*costIndexRow
+	return sweep < expiry
+}
+
+// sweep is the state of one sweep pass over a table.
+type sweep struct {
+	nblocks int64 // heap pages when the pass began
+	start   int64 // the page the pass starts at; it wraps around to it
+	// cutoff is the cutoff of the due count: no batch of the pass deletes
+	// a row that expired after it, so that the rows the pass deletes are
+	// among the ones counted.
+	cutoff time.Time
+	// cov are the holds and replays of the count: a batch leaves their rows
+	// too, with its own (so a hold released during the pass keeps its rows
+	// until the next pass).
+	cov holds.Coverage
+	// counted says, once the count is in, how many rows were due, and
+	// whether that is all of them (it stops at DueCap); the pass stops when
+	// it has deleted as many. Nil: never (tests).
+	counted func() (rows int64, ok bool)
+	est     sweepEstimate
+
+	mu        sync.Mutex
+	done      int64 // pages swept, in sweep order from start
+	found     int64 // rows the slices deleted
+	predicted float64
+	perPage   time.Duration
+	target    time.Duration
+}
+
+// factor corrects the density map by what the slices so far found, against
+// what it predicted for them (within a factor of four).
+func (s *sweep) factor() float64 {
+	if s.predicted <= 0 {
+		return 1
+	}
+	return max(0.25, min(4, (float64(s.found)+1)/(s.predicted+1)))
+}
+
+// exhausted is batchloop.Loop.Exhausted for a sweep pass.
+func (s *sweep) exhausted() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.done >= s.nblocks {
+		return true
+	}
+	if s.counted == nil {
+		return false
+	}
+	rows, ok := s.counted()
+	return ok && s.found >= rows
+}
+
+// position is where the sweep has got to, as a page number.
+func (s *sweep) position() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return (s.start + s.done) % s.nblocks
+}
+
+// slice is the next slice, [a, b) in page numbers, for a batch of about
+// size rows: it ends where the density map, corrected by what the slices
+// so far found (factor), predicts size rows, at the wrap-around point, or
+// after as many pages as fit in the batch target at the time a page has
+// taken. mapped is what the map alone predicts for it.
+func (s *sweep) slice(size int) (a, b int64, mapped float64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a = (s.start + s.done) % s.nblocks
+	end := s.nblocks // the slice does not wrap
+	if a < s.start {
+		end = s.start
+	}
+	maxPages := int64(size) // before the first slice: as if a page held at least one due row
+	if s.perPage > 0 {
+		maxPages = max(1, int64(s.target/s.perPage))
+	}
+	end = min(end, a+maxPages)
+	want := float64(size) / s.factor()
+	b = a
+	for b < end && mapped < want {
+		seg := b / s.est.segLen
+		segEnd := min(end, (seg+1)*s.est.segLen)
+		rate := 0.0
+		if seg < int64(len(s.est.density)) {
+			rate = s.est.density[seg]
+		}
+		if rate <= 0 {
+			b = segEnd
+			continue
+		}
+		pages := min(segEnd-b, max(1, int64(math.Ceil((want-mapped)/rate))))
+		mapped += float64(pages) * rate
+		b += pages
+	}
+	return a, max(b, a+1), mapped
+}
+
+// swept records a committed slice: the pages it covered, the rows it
+// deleted against the rows the map predicted, and how long its statement
+// took.
+func (s *sweep) swept(a, b int64, n int64, mapped float64, took time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.done += b - a
+	s.found += n
+	s.predicted += mapped
+	per := took / time.Duration(b-a)
+	if s.perPage == 0 {
+		s.perPage = per
+	} else {
+		s.perPage = (s.perPage + per) / 2
+	}
+}
+
+// startSweep decides, before the first batch, whether the pass over t
+// sweeps the heap (nil: expiry order), from due, the count the pass began
+// with (look): a table that may sweep, with at least two batches due (a
+// daemon that keeps up has fewer, and reads no sample), is sampled at the
+// count's now and under its holds and replays. The sweep stops once it has
+// deleted as many rows as were counted, when the count was not capped.
+func (d *Deleter) startSweep(ctx context.Context, t *catalog.Table, due Due) *sweep {
+	if t.InCitusMetadata || t.Distributed() || d.TestSignals.Strategy == "expiry" || due.now.IsZero() {
+		return nil // no ctid through Citus
+	}
+	forced := d.TestSignals.Strategy == "sweep"
+	if due.Rows < int64(2*d.sizer(t).Size()) && !due.Capped && !forced {
+		return nil
+	}
+	sw := d.planSweep(ctx, t, due.now, due.cov)
+	if sw != nil {
+		sw.counted = func() (int64, bool) { return due.Rows, !due.Capped }
+	}
+	return sw
+}
+
+// sample reads about sampleBlocks pages of t at random and what is due on
+// them at the cutoff, under cov.
+func (d *Deleter) sample(ctx context.Context, t *catalog.Table, cutoff time.Time, cov holds.Coverage) (blocks []sampledBlock, frac float64, nblocks int64, err error) {
+	err = d.readTx(ctx, func(tx pgx.Tx) error {
+		if err := tx.QueryRow(ctx, `SELECT pg_relation_size($1::oid) / current_setting('block_size')::bigint`, t.OID).Scan(&nblocks); err != nil || nblocks == 0 {
+			return err
+		}
+		frac = min(1, float64(sampleBlocks)/float64(nblocks))
+		var args holds.Args
+		hp, rp := cov.Predicates(t, "t", &args)
+		rows, err := tx.Query(ctx, fmt.Sprintf(`SELECT (t.ctid::text::point)[0]::bigint, count(*),
+       coalesce(array_agg(extract(epoch FROM %[1]s)::float8) FILTER (WHERE t.%[2]s <= %[3]s AND NOT %[4]s AND NOT %[5]s), '{}')
+FROM %[6]s t TABLESAMPLE SYSTEM (%[7]s)
+GROUP BY 1`, t.Expiry.AsTimestamptz("t"), t.Expiry.Quoted, t.Expiry.Instant(args.Add(cutoff)+"::timestamptz"), hp, rp, t.Ident,
+			args.Add(frac*100)+"::float8"), args.Values...)
+		if err != nil {
+			return err
+		}
+		blocks, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (sampledBlock, error) {
+			var b sampledBlock
+			return b, r.Scan(&b.block, &b.tuples, &b.due)
+		})
+		return err
+	})
+	if err != nil {
+		return nil, 0, 0, fmt.Errorf("sample the heap: %w", err)
+	}
+	return blocks, frac, nblocks, nil
+}
+
+// expirySizes are the batch sizes a pass in expiry order would take from
+// the size the next batch has: growing by at most 1.2x a batch up to the
+// ceiling, as the sizer lets them when batches are fast.
+func (d *Deleter) expirySizes(t *catalog.Table) []int {
+	s := d.sizer(t).Size()
+	sizes := []int{s}
+	if z := d.opts.Sizing; z != nil {
+		for s < z.Max && len(sizes) < 1000 {
+			s = min(z.Max, max(s+1, int(float64(s)*1.2)))
+			sizes = append(sizes, s)
+		}
+	}
+	return sizes
+}
+
+// planSweep reads the sample and decides whether the pass sweeps, at the
+// count's now and under its holds and replays; nil: expiry order.
+func (d *Deleter) planSweep(ctx context.Context, t *catalog.Table, now time.Time, cov holds.Coverage) *sweep {
+	c := cutoff(t, now)
+	blocks, frac, nblocks, err := d.sample(ctx, t, c, cov)
+	if err != nil {
+		if ctx.Err() == nil {
+			d.log.Warn("expiry: could not sample the table; this pass goes in expiry order", "table", t.Name, "error", err)
+		}
+		return nil
+	}
+	forced := d.TestSignals.Strategy == "sweep"
+	if nblocks == 0 || (nblocks < minSweepPages && !forced) {
+		return nil // a table of a few pages reads little twice
+	}
+	start := d.sweepStart(t)
+	if start >= nblocks {
+		start = 0
+	}
+	est := estimateSweep(blocks, frac, nblocks, start, d.expirySizes(t))
+	choose := est.chooseSweep(nblocks, d.sizer(t).Size())
+	d.log.Debug("expiry: pass plan", "table", t.Name, "sweep", choose, "due", int64(est.due), "pages", nblocks,
+		"sweep_pages", int64(est.sweepPages), "expiry_visits", int64(est.expiryVisits), "tuples_per_page", est.tuplesPerPage)
+	if !choose && !forced {
+		return nil
+	}
+	target := 200 * time.Millisecond
+	if d.opts.Sizing != nil && d.opts.Sizing.Target > 0 {
+		target = d.opts.Sizing.Target
+	}
+	return &sweep{nblocks: nblocks, start: start, cutoff: c, cov: cov, est: est, target: target}
+}
+
+// sweepStart is the page the next sweep of t starts at: where the last one
+// stopped early (RUN_TIME, the lease, the throttle), so that passes cut
+// short still cover the whole heap in turn; 0 after a sweep that finished.
+func (d *Deleter) sweepStart(t *catalog.Table) int64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.sweepFrom[t.Name]
+}
+
+func (d *Deleter) setSweepStart(t *catalog.Table, page int64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.sweepFrom[t.Name] = page
+}
+
+// sweepBatch deletes the due, uncovered rows of the next slice of the heap:
+// about size of them. Like batch, it runs optimistically, without a lock
+// pass, under a short lock timeout, and runs the slice again with SKIP
+// LOCKED when it meets a row another session holds.
+func (d *Deleter) sweepBatch(ctx context.Context, t *catalog.Table, s *sweep, size int, res *TableResult) (int64, time.Time, float64, error) {
+	a, b, predicted := s.slice(size)
+	skipLocked := d.TestSignals.SkipLockedOnly
+	n, wal, took, err := d.sweepTx(ctx, t, s, a, b, res, skipLocked)
+	if !skipLocked && retry.KindOf(err) == retry.KindLockTimeout {
+		res.SkipLockedBatches++
+		d.log.Debug("expiry: slice met a locked row, running it again with SKIP LOCKED", "table", t.Name, "error", err)
+		if d.TestSignals.OnFallback != nil {
+			d.TestSignals.OnFallback()
+		}
+		n, wal, took, err = d.sweepTx(ctx, t, s, a, b, res, true)
+	}
+	if err != nil {
+		return 0, time.Time{}, 0, err
+	}
+	s.swept(a, b, n, predicted, took)
+	res.SweepBatches++
+	d.log.Debug("expiry: slice", "table", t.Name, "from_page", a, "to_page", b, "predicted", int64(predicted*s.factor()), "deleted", n, "took", took)
+	return n, s.cutoff, wal, nil
+}
+
+// sweepTx is one sweep batch transaction over the pages [a, b).
+func (d *Deleter) sweepTx(ctx context.Context, t *catalog.Table, s *sweep, a, b int64, res *TableResult, skipLocked bool) (n int64, wal float64, took time.Duration, err error) {
+	lockTimeout := d.opts.LockTimeout
+	if !skipLocked {
+		lockTimeout = min(d.opts.LockTimeout, d.optimisticLockTimeout())
+	}
+	tx, err := batchloop.Begin(ctx, d.pool, t.Name, batchloop.TxOptions{
+		LockTimeout: lockTimeout, StatementTimeout: d.opts.StatementTimeout, IdleInTx: d.opts.IdleTimeout, Throttle: d.opts.Throttle, Clock: d.opts.Clock})
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	defer tx.Close(ctx, &err)
+	if _, err := tx.Exec(ctx, sweepSettingsSQL); err != nil {
+		return 0, 0, 0, err
+	}
+	// The count's cutoff, or this batch's if the clock went back since.
+	c := s.cutoff
+	if now := cutoff(t, tx.Now); now.Before(c) {
+		c = now
+	}
+	var args holds.Args
+	hp, rp := union(tx.Coverage, s.cov).Predicates(t, "d", &args)
+	slice := fmt.Sprintf("d.ctid >= %s::tid AND d.ctid < %s::tid", args.Add(tid(a)), args.Add(tid(b)))
+	due := fmt.Sprintf("d.%s <= %s AND NOT %s AND NOT %s", t.Expiry.Quoted, t.Expiry.Instant(args.Add(c)+"::timestamptz"), hp, rp)
+	keysReturning, keysCTE, keysCount := permanentKeys(t)
+	var keys int64
+	began := time.Now()
+	switch {
+	case skipLocked:
+		err = tx.QueryRow(ctx, fmt.Sprintf(sweepSkipLockedSQL, t.Ident, slice, due, keysReturning, keysCTE, keysCount), args.Values...).Scan(&n, &keys)
+	case t.Tiers != nil && t.Tiers.Key != nil:
+		err = tx.QueryRow(ctx, fmt.Sprintf(sweepKeysSQL, t.Ident, slice, due, keysReturning, keysCTE, keysCount), args.Values...).Scan(&n, &keys)
+	default:
+		tag, e := tx.Exec(ctx, fmt.Sprintf(sweepSQL, t.Ident, slice, due), args.Values...)
+		n, err = tag.RowsAffected(), e
+	}
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	took = time.Since(began)
+	if d.TestSignals.BeforeCommit != nil {
+		d.TestSignals.BeforeCommit(t.Name, n)
+	}
+	if wal, err = tx.Commit(ctx); err != nil {
+		return 0, 0, 0, err
+	}
+	res.PermanentKeys += keys
+	return n, wal, took, nil
+}
+
+// tid is the first tuple position of page p, as text for a tid parameter.
+func tid(p int64) string { return fmt.Sprintf("(%d,0)", p) }
+
+// union is every hold and replay of a and b, each once.
+func union(a, b holds.Coverage) holds.Coverage {
+	u := holds.Coverage{Holds: slices.Clone(a.Holds), Replays: slices.Clone(a.Replays)}
+	for _, h := range b.Holds {
+		if !slices.ContainsFunc(u.Holds, func(x holds.Hold) bool { return x.ID == h.ID }) {
+			u.Holds = append(u.Holds, h)
+		}
+	}
+	for _, r := range b.Replays {
+		if !slices.ContainsFunc(u.Replays, func(x holds.Replay) bool { return x.ID == r.ID }) {
+			u.Replays = append(u.Replays, r)
+		}
+	}
+	return u
+}
+
+// sweepResume is where the measurements after a sweep pass start in the
+// expiry index: a sweep that finished deleted every counted row it could,
+// so they start at the count's cutoff; one cut short left due rows of every
+// expiry behind, so they count them all.
+func sweepResume(s *sweep, stopped bool) pgtype.Timestamptz {
+	if stopped {
+		return batchloop.NegInf
+	}
+	return pgtype.Timestamptz{Time: s.cutoff, Valid: true}
+}

@@ -1,0 +1,429 @@
+package expiry
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/inboxkeeper/inboxkeeper/holds"
+	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
+	"github.com/inboxkeeper/inboxkeeper/internal/retry"
+	"github.com/inboxkeeper/inboxkeeper/internal/service"
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
+)
+
+// scatter fills the fixture's inbox with n rows whose expiries lie around
+// t0 in an order unrelated to the heap's: row i expires at t0 + ((i * 7919)
+// mod n - n/2) seconds, so about half are due at t0 and every page holds
+// due rows of every part of the expiry range. It returns how many are due.
+func (f fixture) scatter(t *testing.T, n int) int64 {
+	t.Helper()
+	pgtest.Exec(t, f.pool, `INSERT INTO public.consumer_inbox (consumer, message_id, event_time, remember_until)
+SELECT 'c' || (i % 4), 'm-' || i, e - interval '30 days', e
+FROM generate_series(0, $2 - 1) i, LATERAL (SELECT $1::timestamptz + ((i * 7919) % $2 - $2 / 2) * interval '1 second') AS x(e)`, t0, n)
+	pgtest.Exec(t, f.pool, "VACUUM ANALYZE public.consumer_inbox")
+	return f.count(t, "remember_until <= $1", t0)
+}
+
+// sweepForms runs test with every batch of a pass forced to sweep (the
+// table's layout aside): optimistically, and in the SKIP LOCKED form.
+func sweepForms(t *testing.T, test func(t *testing.T, sig TestSignals)) {
+	t.Run("sweep", func(t *testing.T) {
+		t.Parallel()
+		test(t, TestSignals{Strategy: "sweep"})
+	})
+	t.Run("sweep_skip_locked", func(t *testing.T) {
+		t.Parallel()
+		test(t, TestSignals{Strategy: "sweep", SkipLockedOnly: true})
+	})
+}
+
+// allForms is forms and sweepForms: the guarantees that do not depend on
+// the order of deletion hold for all four.
+func allForms(t *testing.T, test func(t *testing.T, sig TestSignals)) {
+	forms(t, test)
+	sweepForms(t, test)
+}
+
+// TestSweepScatteredRows: on a table whose due rows lie scattered over every
+// page, the pass sweeps the heap in slices of about the batch size, deletes
+// every due row and no other, and leaves no cleanup lag and nothing due.
+func TestSweepScatteredRows(t *testing.T) {
+	t.Parallel()
+	f := setup(t, inboxDDL+deleteLogDDL, inboxPolicy)
+	due := f.scatter(t, 20000)
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg, nil)
+	const size = 1000
+	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}, BatchSize: size}, Metrics: m})
+	if res.Deleted != due || res.SweepBatches == 0 || res.SweepBatches != res.Batches || res.RangeBatches != 0 {
+		t.Fatalf("pass %+v: want all %d due rows deleted by sweep batches only", res, due)
+	}
+	if n := f.count(t, "remember_until <= $1", t0); n != 0 {
+		t.Errorf("%d due rows left", n)
+	}
+	if n := f.count(t, "true"); n != 20000-due {
+		t.Errorf("%d rows left, want the %d not due", n, 20000-due)
+	}
+	// Every slice holds about the batch size: the sample read the whole
+	// table, and a page holds about 65 due rows.
+	sizes := f.loggedSizes(t)
+	if len(sizes) != res.Batches || slices.Max(sizes) > size*3/2 {
+		t.Errorf("%d transactions deleted %v rows, want %d of about %d", len(sizes), sizes, res.Batches, size)
+	}
+	if res.CleanupLag != 0 {
+		t.Errorf("cleanup lag %s after a sweep that deleted everything, want 0", res.CleanupLag)
+	}
+	if v := gauge(t, reg, "inboxkeeper_rows_due"); v != 0 {
+		t.Errorf("rows_due %v after the pass, want 0", v)
+	}
+}
+
+// windowGate is a throttle whose standbys' WAL window admits rows rows a
+// batch, and that records the WAL each batch told it.
+type windowGate struct {
+	rows  int
+	mu    sync.Mutex
+	wrote []float64
+}
+
+func (g *windowGate) Admit(context.Context, service.Sizer) (int, error) { return g.rows, nil }
+func (g *windowGate) Watch(uint32, time.Time) (func(), func() bool) {
+	return func() {}, func() bool { return false }
+}
+func (g *windowGate) Wrote(bytes float64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.wrote = append(g.wrote, bytes)
+}
+
+// TestSweepThrottleWindow: a slice holds about the rows the throttle's
+// window admits, not the batch size, and the throttle is told the WAL of
+// every slice.
+func TestSweepThrottleWindow(t *testing.T) {
+	t.Parallel()
+	f := setup(t, inboxDDL+deleteLogDDL, inboxPolicy)
+	due := f.scatter(t, 20000)
+	gate := &windowGate{rows: 300}
+	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0), Throttle: gate}, BatchSize: 1000}})
+	if res.Deleted != due || res.SweepBatches == 0 || res.SweepBatches != res.Batches {
+		t.Fatalf("pass %+v: want all %d due rows deleted by sweep batches only", res, due)
+	}
+	sizes := f.loggedSizes(t)
+	if slices.Max(sizes) > gate.rows*3/2 {
+		t.Errorf("slices deleted %v rows, want about the %d the window admits", sizes, gate.rows)
+	}
+	gate.mu.Lock()
+	defer gate.mu.Unlock()
+	if len(gate.wrote) != res.Batches || slices.Min(gate.wrote) <= 0 {
+		t.Errorf("the throttle was told WAL %v, want a positive figure for each of %d slices", gate.wrote, res.Batches)
+	}
+}
+
+// TestSweepNotChosen: where expiry follows the heap, or the due rows are
+// few, a pass goes in expiry order.
+func TestSweepNotChosen(t *testing.T) {
+	t.Parallel()
+	f := setup(t, inboxDDL, inboxPolicy)
+	// 20,000 rows in expiry order, 10 of them due.
+	f.insert(t, "c", 20000, t0.Add(-10*time.Second), time.Second)
+	pgtest.Exec(t, f.pool, "VACUUM ANALYZE public.consumer_inbox")
+	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}, BatchSize: 1000}})
+	if res.Deleted != 11 || res.SweepBatches != 0 {
+		t.Errorf("pass %+v: want 11 deleted in expiry order", res)
+	}
+}
+
+// TestSweepHoldsLocksAndReplays runs the deleter's guarantees with a
+// scattered table that the pass sweeps: holds and replays keep their rows,
+// locked rows are skipped and deleted by a later pass.
+func TestSweepHoldsLocksAndReplays(t *testing.T) {
+	t.Parallel()
+	sweepForms(t, func(t *testing.T, sig TestSignals) {
+		ctx := context.Background()
+		f := setup(t, inboxDDL, inboxPolicy)
+		due := f.scatter(t, 20000)
+		tbl := f.tables[0]
+		c1 := "c1"
+		if _, err := holds.AddHold(ctx, f.pool, tbl, holds.HoldSpec{Scope: &c1, Reason: "legal", Owner: "legal"}); err != nil {
+			t.Fatal(err)
+		}
+		from, to := t0.Add(-30*24*time.Hour-time.Hour), t0.Add(-30*24*time.Hour)
+		replay, err := holds.StartReplay(ctx, f.pool, tbl, holds.ReplaySpec{Scope: "c2", From: from, To: to, Owner: "ops"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		held := f.count(t, "remember_until <= $1 AND consumer = 'c1'", t0)
+		replayed := f.count(t, "remember_until <= $1 AND consumer = 'c2' AND event_time >= $2 AND event_time < $3", t0, from, to)
+		// Two due rows held by another session, far apart in the heap.
+		locker := pgtest.Lock(t, f.pool, `SELECT 1 FROM public.consumer_inbox WHERE message_id IN
+  (SELECT message_id FROM public.consumer_inbox WHERE consumer = 'c0' AND remember_until <= $1 ORDER BY ctid LIMIT 1)
+  OR message_id IN (SELECT message_id FROM public.consumer_inbox WHERE consumer = 'c3' AND remember_until <= $1 ORDER BY ctid DESC LIMIT 1)
+FOR UPDATE`, t0)
+		res := f.passWith(t, sig, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0), LockTimeout: 5 * time.Second}, BatchSize: 1000}})
+		if want := due - held - replayed - 2; res.Deleted != want || res.SweepBatches == 0 {
+			t.Errorf("pass %+v: want %d deleted by sweep batches (%d due, %d held, %d replayed, 2 locked)", res, want, due, held, replayed)
+		}
+		if res.ProtectedByHolds != held || res.ProtectedByReplays != replayed {
+			t.Errorf("protected by holds %d, by replays %d; want %d and %d", res.ProtectedByHolds, res.ProtectedByReplays, held, replayed)
+		}
+		if !sig.SkipLockedOnly && res.SkipLockedBatches == 0 {
+			t.Error("no slice fell back to SKIP LOCKED, yet two rows were locked")
+		}
+		if err := locker.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := holds.FinishReplay(ctx, f.pool, replay); err != nil {
+			t.Fatal(err)
+		}
+		res = f.passWith(t, sig, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}, BatchSize: 1000}})
+		if res.Deleted != replayed+2 {
+			t.Errorf("the next pass deleted %d, want the %d replayed and the 2 formerly locked rows", res.Deleted, replayed)
+		}
+		if n := f.count(t, "remember_until <= $1", t0); n != held {
+			t.Errorf("%d due rows left, want the %d held", n, held)
+		}
+	})
+}
+
+// TestSweepFenceInFlightBatch: a hold added while a slice is in flight
+// waits for it, and no later slice deletes a held row.
+func TestSweepFenceInFlightBatch(t *testing.T) {
+	t.Parallel()
+	sweepForms(t, func(t *testing.T, sig TestSignals) {
+		f := setup(t, inboxDDL, inboxPolicy)
+		// Scattered over about 80 pages, all of consumer payments.
+		pgtest.Exec(t, f.pool, `INSERT INTO public.consumer_inbox (consumer, message_id, remember_until)
+SELECT 'payments', 'm-' || i, $1::timestamptz - ((i * 7919) % 10000) * interval '1 second' FROM generate_series(0, 9999) i`, t0)
+		res, first := fenceRace(t, f, sig)
+		if res.Deleted != first || res.SweepBatches == 0 {
+			t.Errorf("pass %+v deleted %d, want only the %d of the slice already in flight", res, res.Deleted, first)
+		}
+		if n := f.count(t, "true"); n != 10000-first {
+			t.Errorf("%d rows left, want %d", n, 10000-first)
+		}
+	})
+}
+
+// TestSweepStoppedEarly: a sweep cut short (here by the lease) leaves due
+// rows of every expiry behind; rows_due counts them all, and the next
+// sweep starts where this one stopped, wraps around, and deletes them.
+func TestSweepStoppedEarly(t *testing.T) {
+	t.Parallel()
+	f := setup(t, inboxDDL, inboxPolicy)
+	due := f.scatter(t, 20000)
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg, nil)
+	batches := 0
+	opts := Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0), Active: func() error {
+		if batches++; batches > 3 {
+			return errors.New("lease lost")
+		}
+		return nil
+	}}, BatchSize: 1000}, Metrics: m}
+	d := newTest(f.pool, f.tables, opts, TestSignals{})
+	results, err := d.RunPass(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := results[0]
+	if res.StoppedEarly.Kind != retry.KindLease || res.SweepBatches != 3 || res.Deleted == 0 {
+		t.Fatalf("pass %+v: want it stopped by the lease after 3 slices", res)
+	}
+	if v := gauge(t, reg, "inboxkeeper_rows_due"); v != float64(due-res.Deleted) {
+		t.Errorf("rows_due %v after the pass, want the %d due rows left", v, due-res.Deleted)
+	}
+	if res.CleanupLag < time.Hour {
+		t.Errorf("cleanup lag %s: rows due for hours are left, all over the heap", res.CleanupLag)
+	}
+	from := d.sweepStart(f.tables[0])
+	if from == 0 {
+		t.Fatal("the next sweep starts at page 0, not where this one stopped")
+	}
+	batches = -1000
+	res2, err := d.RunPass(context.Background())
+	if err != nil || res2[0].Err != nil {
+		t.Fatal(err, res2[0].Err)
+	}
+	if res.Deleted+res2[0].Deleted != due || res2[0].SweepBatches == 0 {
+		t.Errorf("the two passes deleted %d and %d (%+v), want %d in all", res.Deleted, res2[0].Deleted, res2[0], due)
+	}
+	if d.sweepStart(f.tables[0]) != 0 {
+		t.Error("after a sweep that finished, the next does not start at page 0")
+	}
+}
+
+func TestEstimateSweep(t *testing.T) {
+	t.Parallel()
+	r := rand.New(rand.NewPCG(1, 2))
+	const pages = 10000
+	sizes := []int{5000, 6000, 7200, 8640, 10368, 12441, 14929, 17915, 21498, 25797, 30956, 37147, 44576, 50000}
+	sample := func(frac float64, due func(page int64) []float64) []sampledBlock {
+		var out []sampledBlock
+		for p := int64(0); p < pages; p++ {
+			if r.Float64() < frac {
+				out = append(out, sampledBlock{block: p, tuples: 20, due: due(p)})
+			}
+		}
+		return out
+	}
+	// Uniform: ten due rows a page, of any expiry.
+	uniform := sample(0.2, func(int64) []float64 {
+		var d []float64
+		for range 10 {
+			d = append(d, r.Float64()*1e6)
+		}
+		return d
+	})
+	e := estimateSweep(uniform, 0.2, pages, 0, sizes)
+	if e.expiryVisits < 5*pages || e.sweepPages < pages*0.99 || !e.chooseSweep(pages, 5000) {
+		t.Errorf("uniform: %+v, want about 10 visits a page over the whole heap, and a sweep", e)
+	}
+	if d := e.density[len(e.density)/2]; d < 9 || d > 11 {
+		t.Errorf("uniform: density %v, want about 10 a page", d)
+	}
+	// Append-ordered: the first half due, expiry rising with the page.
+	ordered := sample(0.2, func(p int64) []float64 {
+		var d []float64
+		for i := range 20 {
+			if p < pages/2 {
+				d = append(d, float64(p*20+int64(i)))
+			}
+		}
+		return d
+	})
+	e = estimateSweep(ordered, 0.2, pages, 0, sizes)
+	if e.expiryVisits > pages/2*1.1 || e.sweepPages > pages/2*1.05 || e.chooseSweep(pages, 5000) {
+		t.Errorf("ordered: %+v, want about one visit a page with due rows, a sweep of the first half, and expiry order", e)
+	}
+	// Steady state with large batches: 5 due rows of any expiry on each page
+	// of the older half, 4 batches in all: expiry order visits each of those
+	// pages about 3 times, which costs more than reading them once
+	// (bench/expiry -layouts steady-state -batch 20000 -rows 1000000 -horizons
+	// 30: swept 0.65 and 0.80 of the unbounded DELETE, in expiry order 0.46).
+	steady := sample(0.2, func(p int64) []float64 {
+		var d []float64
+		for range 5 {
+			if p < pages/2 {
+				d = append(d, r.Float64()*1e6)
+			}
+		}
+		return d
+	})
+	e = estimateSweep(steady, 0.2, pages, 0, sizes)
+	if e.expiryVisits < 5*pages/4 || e.sweepPages > pages/2*1.05 || !e.chooseSweep(pages, 5000) {
+		t.Errorf("steady: %+v, want about 3 visits a page of the older half, and a sweep of that half", e)
+	}
+	// Sparse: 2 batches' worth spread over the whole heap.
+	sparse := sample(0.2, func(int64) []float64 {
+		if r.IntN(pages) < 10000*2/10 {
+			return []float64{r.Float64() * 1e6}
+		}
+		return nil
+	})
+	e = estimateSweep(sparse, 0.2, pages, 0, []int{1000})
+	if e.chooseSweep(pages, 1000) {
+		t.Errorf("sparse: %+v, want expiry order", e)
+	}
+	// More due than the count counts: the sweep reads the whole heap.
+	e = estimateSweep(ordered, 0.00002*20, pages, 0, sizes)
+	if e.due <= DueCap || e.sweepPages != pages {
+		t.Errorf("capped: %v due, sweep pages %v, want more than %d and the whole heap", e.due, e.sweepPages, DueCap)
+	}
+	// A pass that starts half way wraps around: the last due page in sweep
+	// order lies just before the start.
+	e = estimateSweep(ordered, 0.2, pages, pages/2, sizes)
+	if e.sweepPages < pages*0.95 {
+		t.Errorf("wrapped: sweep pages %v, want nearly the whole heap", e.sweepPages)
+	}
+}
+
+func TestSweepSlices(t *testing.T) {
+	t.Parallel()
+	est := sweepEstimate{segLen: 100, density: []float64{10, 10, 0, 0, 50, 50, 10, 10, 10, 10}}
+	s := &sweep{nblocks: 1000, est: est, target: 100 * time.Millisecond}
+	a, b, mapped := s.slice(500)
+	if a != 0 || b != 50 || mapped != 500 {
+		t.Errorf("first slice [%d, %d) mapped %v, want [0, 50), 500", a, b, mapped)
+	}
+	// The slice found twice the rows the map predicted: the next is half
+	// as long.
+	s.swept(a, b, 1000, mapped, 10*time.Millisecond)
+	if a, b, _ = s.slice(500); a != 50 || b < 75 || b > 76 {
+		t.Errorf("after finding twice the rows: [%d, %d), want [50, 75)", a, b)
+	}
+	// Through the empty segments to the dense one.
+	s = &sweep{nblocks: 1000, est: est, target: 100 * time.Millisecond, done: 150}
+	if a, b, _ = s.slice(1000); a != 150 || b != 410 {
+		t.Errorf("across the empty segments: [%d, %d), want [150, 410)", a, b)
+	}
+	// A page took 0.2 ms: 500 pages fit in the 100 ms target.
+	s = &sweep{nblocks: 1000, est: est, target: 100 * time.Millisecond, perPage: 200 * time.Microsecond}
+	if a, b, _ = s.slice(1 << 20); a != 0 || b != 500 {
+		t.Errorf("bounded by the target: [%d, %d), want [0, 500)", a, b)
+	}
+	// A sweep that started at page 900 wraps at the end of the heap and
+	// ends where it started.
+	w := &sweep{nblocks: 1000, start: 900, est: est, target: time.Second}
+	if a, b, _ = w.slice(1 << 20); a != 900 || b != 1000 {
+		t.Errorf("before the wrap: [%d, %d), want [900, 1000)", a, b)
+	}
+	w.swept(900, 1000, 1000, 1000, time.Millisecond)
+	if a, b, _ = w.slice(1 << 20); a != 0 || b > 900 {
+		t.Errorf("after the wrap: [%d, %d), want from 0, to 900 at most", a, b)
+	}
+	w.swept(0, 900, 0, 0, time.Millisecond)
+	if !w.exhausted() || w.position() != 900 {
+		t.Errorf("a sweep back at its start: exhausted %v at page %d, want true at 900", w.exhausted(), w.position())
+	}
+	// Not capped: the sweep ends once it has deleted as many rows as were due.
+	u := &sweep{nblocks: 1000, est: est, target: time.Second, counted: func() (int64, bool) { return 600, true }}
+	u.swept(0, 60, 600, 600, time.Millisecond)
+	if !u.exhausted() {
+		t.Error("a sweep that deleted every counted row is not exhausted")
+	}
+}
+
+// loggedSizes are the rows each transaction in deleted_log deleted.
+func (f fixture) loggedSizes(t *testing.T) []int {
+	t.Helper()
+	rows, err := f.pool.Query(context.Background(), `SELECT count(*) FROM deleted_log GROUP BY txid`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sizes, err := pgx.CollectRows(rows, pgx.RowTo[int])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sizes
+}
+
+// gauge is the value of the deleter's gauge name for the test table.
+func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "table" && l.GetValue() == "public.consumer_inbox" {
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("no %s for public.consumer_inbox", name)
+	return 0
+}
