@@ -2,6 +2,8 @@ package expiry
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -91,5 +93,20 @@ func TestPassVacuums(t *testing.T) {
 	var n int64
 	if err := f.pool.QueryRow(context.Background(), `SELECT vacuum_count FROM pg_stat_user_tables WHERE relname = 'consumer_inbox'`).Scan(&n); err != nil || n != 1 {
 		t.Errorf("vacuum_count %d (%v), want 1", n, err)
+	}
+}
+
+// A VACUUM the dead tuples call for that does not run (here: the instance
+// stopped being the active one) is said in the result, for the pass's log
+// line (vacuum_not_run), and nothing is vacuumed.
+func TestPassSaysWhyNoVacuum(t *testing.T) {
+	t.Parallel()
+	f := setup(t, inboxDDL, inboxPolicy)
+	f.insert(t, "c", 5000, t0.Add(-48*time.Hour), time.Second)
+	f.insert(t, "live", 15000, t0.Add(48*time.Hour), time.Second)
+	v := vacuum.New(f.pool, vacuum.Options{DeadRatio: 0.1, Base: service.Base{Active: func() error { return errors.New("lease lost") }}})
+	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}}, Vacuum: v})
+	if res.Deleted != 5000 || res.Vacuumed || !strings.Contains(res.VacuumNotRun, "lease lost") {
+		t.Fatalf("deleted %d, vacuumed %v, not run because %q; want 5000, false, the lease lost", res.Deleted, res.Vacuumed, res.VacuumNotRun)
 	}
 }

@@ -91,11 +91,11 @@ func New(pool *pgxpool.Pool, opts Options) *Vacuumer {
 
 // Outcome is what AfterPass did.
 type Outcome struct {
-	Dead    int64         // dead tuples, as counted
-	Ran     bool          // a VACUUM ran (it may have skipped a locked table)
-	Took    time.Duration // its duration
-	Skipped string        // why none ran, when one was due
-	Err     error
+	Dead   int64         // dead tuples, as counted
+	Ran    bool          // a VACUUM ran (it may have skipped a locked table)
+	Took   time.Duration // its duration
+	NotRun string        // why none ran, when one was due
+	Err    error
 }
 
 // AfterPass is told that a pass deleted deleted rows of t, which holds live
@@ -118,11 +118,11 @@ func (v *Vacuumer) AfterPass(ctx context.Context, t *catalog.Table, deleted, liv
 		return out
 	}
 	if ok, err := v.mayVacuum(ctx, t); err != nil || !ok {
-		out.Skipped, out.Err = "this role may not vacuum the table", err
+		out.NotRun, out.Err = "this role may not vacuum the table", err
 		return out
 	}
 	if why, ok := v.opts.CheckActive(); !ok {
-		out.Skipped = why.String()
+		out.NotRun = why.String()
 		return out
 	}
 	if th := v.opts.Throttle; th != nil {
@@ -131,7 +131,7 @@ func (v *Vacuumer) AfterPass(ctx context.Context, t *catalog.Table, deleted, liv
 		cancel()
 		if err != nil {
 			reason, _ := service.Held(err)
-			out.Skipped = "throttled (" + reason + ")"
+			out.NotRun = "throttled (" + reason + ")"
 			v.opts.Logger.Debug("vacuum: throttled; the next pass tries again", "table", t.Name, "reason", reason)
 			return out
 		}
