@@ -37,7 +37,7 @@ func (a *app) daemon(ctx context.Context, args []string) error {
 		}
 		sched = s
 	}
-	ms := pass.NewMetrics(true, buildVersion())
+	ms := pass.NewMetrics(true, thisBuild().Short())
 	if a.cfg.MetricsAddr != "" {
 		stopServer, err := ms.Serve(a.cfg.MetricsAddr, a.log)
 		if err != nil {

@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"runtime"
 	"runtime/debug"
 	"strings"
 	"syscall"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
+	"github.com/inboxkeeper/inboxkeeper/internal/daemonmetrics"
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/pass"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
@@ -136,7 +136,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stdout, "Usage:\n%s\n", strings.Join(usageLines("version"), "\n"))
 			return exitOK
 		}
-		fmt.Fprintln(stdout, "inboxkeeper", versionLine())
+		fmt.Fprintln(stdout, "inboxkeeper", thisBuild())
 		return exitOK
 	}
 
@@ -218,93 +218,11 @@ func exitCode(err error, stderr io.Writer) int {
 	return exitFailure
 }
 
-// buildVersion is the short version: the build_info metric's label.
-func buildVersion() string {
+// thisBuild is what this binary knows about where it came from: the -X
+// stamps above, then the Go build info.
+func thisBuild() daemonmetrics.Build {
 	bi, _ := debug.ReadBuildInfo()
-	return describeBuild(version, revision, bi).short()
-}
-
-// versionLine is what `inboxkeeper version` prints.
-func versionLine() string {
-	bi, _ := debug.ReadBuildInfo()
-	return describeBuild(version, revision, bi).String()
-}
-
-// build is what a binary knows about where it came from.
-type build struct {
-	version   string // a release, or "devel"
-	revision  string // the VCS commit, "" when unknown
-	time      string // the commit's time (RFC 3339), "" when unknown
-	modified  bool   // built from a work tree with uncommitted changes
-	goVersion string
-	platform  string
-}
-
-// describeBuild prefers the -X stamps, then the Go build info. The Go
-// toolchain records no build time, only the commit's: that is the one
-// reproducible time a build has.
-func describeBuild(stampVersion, stampRevision string, bi *debug.BuildInfo) build {
-	b := build{version: stampVersion, revision: stampRevision, goVersion: runtime.Version(), platform: runtime.GOOS + "/" + runtime.GOARCH}
-	if bi != nil {
-		if b.version == "" && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
-			b.version = bi.Main.Version
-		}
-		if bi.GoVersion != "" {
-			b.goVersion = bi.GoVersion
-		}
-		for _, s := range bi.Settings {
-			switch s.Key {
-			case "vcs.revision":
-				if b.revision == "" {
-					b.revision = s.Value
-				}
-			case "vcs.time":
-				b.time = s.Value
-			case "vcs.modified":
-				b.modified = s.Value == "true"
-			}
-		}
-	}
-	if b.version == "" {
-		b.version = "devel"
-	}
-	return b
-}
-
-func (b build) short() string {
-	if b.version != "devel" || b.revision == "" {
-		return b.version
-	}
-	s := "devel+" + shortRevision(b.revision)
-	if b.modified {
-		s += "-dirty"
-	}
-	return s
-}
-
-func (b build) String() string {
-	var sb strings.Builder
-	sb.WriteString(b.version)
-	if b.revision == "" {
-		sb.WriteString(", revision unknown (built outside a git checkout, or with -buildvcs=false, and without -X main.revision)")
-	} else {
-		sb.WriteString(", revision " + b.revision)
-		if b.modified {
-			sb.WriteString(" (modified)")
-		}
-	}
-	if b.time != "" {
-		sb.WriteString(", committed " + b.time)
-	}
-	sb.WriteString(", " + b.goVersion + " " + b.platform)
-	return sb.String()
-}
-
-func shortRevision(r string) string {
-	if len(r) > 12 {
-		return r[:12]
-	}
-	return r
+	return daemonmetrics.DescribeBuild(version, revision, bi)
 }
 
 // app holds what the commands share; connections are opened on first use.

@@ -49,7 +49,7 @@ func (a *app) once(ctx context.Context, args []string) error {
 	}
 	var ms *pass.Metrics
 	if *metricsFile != "" || *gateway != "" {
-		ms = pass.NewMetrics(false, buildVersion())
+		ms = pass.NewMetrics(false, thisBuild().Short())
 	}
 	pool, tables, err := a.preparePrimary(ctx)
 	if err != nil || pool == nil {

@@ -2,7 +2,9 @@
 // build, whether this instance works, how passes end) and the per-table
 // facts a pass measures besides deleting (protected rows, retained range,
 // bytes per key by tier, the configured horizons), and the constructors
-// every package's Metrics struct registers its metrics with.
+// every package's Metrics struct registers its metrics with; and what a
+// build knows about where it came from (Build: the version label, and the
+// line `inboxkeeper version` prints).
 package daemonmetrics
 
 import (

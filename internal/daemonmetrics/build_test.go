@@ -1,4 +1,4 @@
-package main
+package daemonmetrics
 
 import (
 	"runtime/debug"
@@ -34,9 +34,9 @@ func TestDescribeBuild(t *testing.T) {
 		{"no build info", "", "", nil, "devel", []string{"devel, revision unknown"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			b := describeBuild(tc.stampVersion, tc.stampRevision, tc.bi)
-			if got := b.short(); got != tc.short {
-				t.Errorf("short() = %q, want %q", got, tc.short)
+			b := DescribeBuild(tc.stampVersion, tc.stampRevision, tc.bi)
+			if got := b.Short(); got != tc.short {
+				t.Errorf("Short() = %q, want %q", got, tc.short)
 			}
 			line := b.String()
 			for _, want := range tc.line {
