@@ -348,12 +348,7 @@ func entry(d *strictyaml.Decoder, re rawEntry, ctx string, line int, p *policy.P
 			c.Table = q.String() // nothing to check against: plan FILE without a policy file
 		default:
 			c.Table = q.String()
-			for i := range p.Tables {
-				if p.Tables[i].Name == q {
-					pt = &p.Tables[i]
-				}
-			}
-			if pt == nil {
+			if pt = p.Table(c.Table); pt == nil {
 				fail("table", "%s is not among the tables of the policy file %s", q, p.Source)
 			}
 		}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -27,6 +29,67 @@ type Verdict struct {
 	Result  string // OK, FAIL or SKIP
 	Subject string
 	Detail  string
+}
+
+// String is the verdict as plan --check prints it: "FAIL subject: detail".
+func (v Verdict) String() string { return fmt.Sprintf("%-4s %s: %s", v.Result, v.Subject, v.Detail) }
+
+// Deployment is what plan --check compares the records with.
+type Deployment struct {
+	Pool   *pgxpool.Pool
+	Tables map[string]*catalog.Table // the tables the records name, resolved, by name
+	Tx     dbconn.TxSettings
+	// CoveredUntil is partitions.CoveredUntil; FallingDueRate is
+	// expiry.FallingDueRate (which this package cannot import either: the
+	// deleter uses the claim path's package, which uses this one).
+	CoveredUntil    CoveredUntil
+	FallingDueRate  func(ctx context.Context, pool *pgxpool.Pool, t *catalog.Table) (float64, error)
+	VacuumDeadRatio float64 // INBOXKEEPER_VACUUM_DEAD_RATIO: the daemon's own VACUUM
+	RedisURL        string  // a Redis to judge as a volatile tier; "" for none
+}
+
+// Check judges d against the records of plans, giving report each verdict
+// as it is reached: each record's table (CheckTable; SKIP for a record that
+// names none), the vacuum of each table (CheckVacuum), then the Redis
+// (CheckRedis). It returns how many of the verdicts failed, of how many
+// were OK or FAIL.
+func Check(ctx context.Context, plans []Plan, d Deployment, report func(Verdict)) (failed, total int) {
+	judge := func(v Verdict) {
+		switch v.Result {
+		case "FAIL":
+			failed++
+			total++
+		case "OK":
+			total++
+		}
+		report(v)
+	}
+	for _, pl := range plans {
+		t := d.Tables[pl.Rule.Table]
+		if t == nil {
+			judge(Verdict{"SKIP", pl.Rule.Scope, "the record names no table, so there is no deployment to compare it with"})
+			continue
+		}
+		for _, v := range CheckTable(ctx, d.Pool, pl.Rule, t, d.Tx, d.CoveredUntil) {
+			v.Subject = pl.Rule.Scope + " (" + t.Name + ")"
+			judge(v)
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(d.Tables)) {
+		t := d.Tables[name]
+		rate, err := d.FallingDueRate(ctx, d.Pool, t)
+		if err != nil {
+			judge(Verdict{"FAIL", "vacuum (" + t.Name + ")", err.Error()})
+			continue
+		}
+		judge(CheckVacuum(ctx, d.Pool, t, rate, d.VacuumDeadRatio))
+	}
+	if d.RedisURL != "" {
+		for _, v := range CheckRedis(ctx, d.RedisURL) {
+			judge(v)
+		}
+	}
+	return failed, total
 }
 
 // CheckTable compares one table with the rule of its record: the expiry

@@ -8,7 +8,6 @@ import (
 	"os/user"
 	"strings"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/policy"
 	"github.com/inboxkeeper/inboxkeeper/internal/render"
 	"github.com/inboxkeeper/inboxkeeper/internal/settings"
 	"github.com/inboxkeeper/inboxkeeper/internal/sqlident"
@@ -109,7 +108,7 @@ func (a *app) set(ctx context.Context, args []string) error {
 		if err != nil {
 			return usagef("--table: %v", err)
 		}
-		if policyTable(p, qn) == nil {
+		if p.Table(qn.String()) == nil {
 			return usagef("--table %s: not in the policy file %s", qn, p.Source)
 		}
 		scope = qn.String()
@@ -127,16 +126,6 @@ func (a *app) set(ctx context.Context, args []string) error {
 		return err
 	}
 	render.PrintLines(a.stdout, changes, "nothing changed: every value was already so", render.DescribeChange)
-	return nil
-}
-
-// policyTable finds a table of the policy by name.
-func policyTable(p *policy.Policy, qn sqlident.QualifiedName) *policy.Table {
-	for i := range p.Tables {
-		if p.Tables[i].Name == qn {
-			return &p.Tables[i]
-		}
-	}
 	return nil
 }
 

@@ -111,45 +111,9 @@ func (a *app) checkPlans(ctx context.Context, plans []retention.Plan, p *policy.
 	if err != nil {
 		return err
 	}
-
-	failed, total := 0, 0
-	report := func(l retention.Verdict) {
-		switch l.Result {
-		case "FAIL":
-			failed++
-			total++
-		case "OK":
-			total++
-		}
-		fmt.Fprintf(a.stdout, "%-4s %s: %s\n", l.Result, l.Subject, l.Detail)
-	}
-	for _, pl := range plans {
-		subject := pl.Rule.Scope
-		t := tables[pl.Rule.Table]
-		if t == nil {
-			report(retention.Verdict{Result: "SKIP", Subject: subject, Detail: "the record names no table, so there is no deployment to compare it with"})
-			continue
-		}
-		subject += " (" + t.Name + ")"
-		for _, l := range retention.CheckTable(ctx, pool, pl.Rule, t, a.txSettings(), partitions.CoveredUntil) {
-			l.Subject = subject
-			report(l)
-		}
-	}
-	for _, name := range slices.Sorted(maps.Keys(tables)) {
-		t := tables[name]
-		rate, err := expiry.FallingDueRate(ctx, pool, t)
-		if err != nil {
-			report(retention.Verdict{Result: "FAIL", Subject: "vacuum (" + t.Name + ")", Detail: err.Error()})
-			continue
-		}
-		report(retention.CheckVacuum(ctx, pool, t, rate, a.cfg.VacuumDeadRatio))
-	}
-	if redisURL != "" {
-		for _, l := range retention.CheckRedis(ctx, redisURL) {
-			report(l)
-		}
-	}
+	failed, total := retention.Check(ctx, plans, retention.Deployment{Pool: pool, Tables: tables, Tx: a.txSettings(),
+		CoveredUntil: partitions.CoveredUntil, FallingDueRate: expiry.FallingDueRate, VacuumDeadRatio: a.cfg.VacuumDeadRatio, RedisURL: redisURL},
+		func(v retention.Verdict) { fmt.Fprintln(a.stdout, v) })
 	if failed > 0 {
 		return fmt.Errorf("plan --check: %d of %d checks failed: the deployment does not keep the promise of the retention record", failed, total)
 	}
@@ -171,12 +135,7 @@ func (a *app) recordTables(ctx context.Context, plans []retention.Plan, p *polic
 		if p == nil {
 			return nil, nil, configError{fmt.Errorf("plan %s: the record for %q names table %s, but there is no policy file (%s) to find it in", mode, pl.Rule.Scope, name, a.cfg.PolicyFile)}
 		}
-		var pt *policy.Table
-		for i := range p.Tables {
-			if p.Tables[i].Name.String() == name {
-				pt = &p.Tables[i]
-			}
-		}
+		pt := p.Table(name)
 		if pt == nil {
 			return nil, nil, configError{fmt.Errorf("plan %s: the record for %q names table %s, which is not in the policy file %s", mode, pl.Rule.Scope, name, p.Source)}
 		}

@@ -50,6 +50,17 @@ type Policy struct {
 	Retention *yaml.Node
 }
 
+// Table is the policy's table named name (schema.table, as
+// sqlident.QualifiedName's String writes it); nil when it has none.
+func (p *Policy) Table(name string) *Table {
+	for i := range p.Tables {
+		if p.Tables[i].Name.String() == name {
+			return &p.Tables[i]
+		}
+	}
+	return nil
+}
+
 // Table is one inbox table and its expiry rule.
 type Table struct {
 	Name         sqlident.QualifiedName
