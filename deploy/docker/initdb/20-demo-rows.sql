@@ -1,24 +1,12 @@
 -- Runs once, when the compose PostgreSQL initialises its data directory
 -- (docker-entrypoint-initdb.d), as the bootstrap user "app", in the database
--- "app". It stands in for the application: its inbox table, in the
--- recommended layout (inbox/schema/plain.sql; docs/guides/claim-path.md,
--- "The recommended inbox table"), a few rows
--- whose promise has ended, and the LOGIN user the daemon connects as.
--- The `grants` service (compose.yaml) makes that user a member of the
--- least-privilege role, after `migrate`.
-
-CREATE TABLE public.consumer_inbox (
-    consumer       text        NOT NULL,
-    message_id     text        NOT NULL,
-    payload_hash   bytea       NOT NULL,
-    outcome        text,
-    event_time     timestamptz NOT NULL,
-    first_seen_at  timestamptz NOT NULL,
-    remember_until timestamptz NOT NULL,
-    business_key   text,
-    PRIMARY KEY (consumer, message_id)
-);
-CREATE INDEX consumer_inbox_remember_until_idx ON public.consumer_inbox (remember_until);
+-- "app", after 10-consumer-inbox.sql: that is inbox/schema/plain.sql, the
+-- recommended inbox table as the library ships it (docs/guides/claim-path.md,
+-- "The recommended inbox table"), mounted as it is (compose.yaml). This
+-- script stands in for the application: a few rows whose promise has ended,
+-- and the LOGIN user the daemon connects as. The `grants` service
+-- (compose.yaml) makes that user a member of the least-privilege role,
+-- after `migrate`.
 
 -- 2,000 identities received over the last 2,000 hours, each remembered as
 -- the policy's retention rule says (inboxkeeper plan): event_time + 48d + 2d.
