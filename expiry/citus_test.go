@@ -70,7 +70,7 @@ func TestCitusExpiryWithHoldsAndReplays(t *testing.T) {
 	pgtest.Exec(t, f.pool, "ANALYZE public.consumer_inbox")
 	// One row per shard a batch (4 shards): the 9 tied rows are more than
 	// a window can bound, and go by key.
-	res := f.asDaemon(t).pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}, BatchSize: 1}})
+	res := f.asDaemon(t).pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: 1}})
 	if res.Deleted != 3*40+9 || res.ProtectedByHolds != 40 || res.ProtectedByReplays != 40 {
 		t.Errorf("deleted %d, held %d, replayed %d; want %d, 40, 40", res.Deleted, res.ProtectedByHolds, res.ProtectedByReplays, 3*40+9)
 	}
@@ -101,7 +101,7 @@ func TestCitusNeverSweeps(t *testing.T) {
 	t.Parallel()
 	f := citusSetup(t)
 	due := f.scatter(t, 4000)
-	res := f.passWith(t, TestSignals{Strategy: "sweep"}, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}, BatchSize: 100}})
+	res := f.passWith(t, TestSignals{Strategy: "sweep"}, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: 100}})
 	if res.Deleted != due || res.SweepBatches != 0 || res.RangeBatches == 0 {
 		t.Errorf("pass %+v: want all %d due rows deleted by expiry windows, no sweep", res, due)
 	}
@@ -122,7 +122,7 @@ func TestCitusOldestFirst(t *testing.T) {
 		f.insert(t, fmt.Sprintf("c%d", i), 40, base.Add(time.Duration(i)*time.Second), time.Minute)
 	}
 	batches := 0
-	d := newTest(f.pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}, BatchSize: 3}}, TestSignals{})
+	d := newTest(f.pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: 3}}, TestSignals{})
 	d.opts.Active = func() error {
 		if batches == 2 {
 			return fmt.Errorf("stop after two batches")
@@ -212,7 +212,7 @@ WHERE table_name = 'public.consumer_inbox'::regclass AND shardid = get_shard_id_
 
 	fallbacks := 0
 	started := time.Now()
-	res := f.passWith(t, TestSignals{OnFallback: func() { fallbacks++ }}, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0), LockTimeout: 20 * time.Second}, BatchSize: 16}})
+	res := f.passWith(t, TestSignals{OnFallback: func() { fallbacks++ }}, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0), LockTimeout: 20 * time.Second}, BatchSize: 16}})
 	if res.Deleted != 117 || res.Retries != 0 {
 		t.Errorf("deleted %d with %d retries, want 117 (all but the 3 locked) and none", res.Deleted, res.Retries)
 	}
@@ -230,7 +230,7 @@ WHERE table_name = 'public.consumer_inbox'::regclass AND shardid = get_shard_id_
 	if err := locker.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}}}); res.Deleted != 3 {
+	if res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}}}); res.Deleted != 3 {
 		t.Errorf("the next pass deleted %d, want the 3 formerly locked rows", res.Deleted)
 	}
 }
@@ -282,7 +282,7 @@ func TestCitusPermanentKeys(t *testing.T) {
 	pgtest.Exec(t, pool, `INSERT INTO public.inbox (consumer, message_id, payload_hash, first_seen_at, remember_until, business_key, payload)
 SELECT c, c || i, sha256(i::text::bytea), $1::timestamptz + i * interval '1 hour', $1::timestamptz + interval '30 days' + i * interval '1 hour', 'bk' || i, 'p'
 FROM generate_series(0, 24) i, unnest(ARRAY['payments', 'orders']) c`, base)
-	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}, BatchSize: 20}})
+	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: 20}})
 	if res.Deleted != 50 || res.PermanentKeys != 50 || res.RangeBatches == 0 {
 		t.Errorf("pass: %+v; want 50 deleted, 50 keys, some by range", res)
 	}
@@ -315,7 +315,7 @@ WHERE datname = current_database() AND pid <> pg_backend_pid() AND state = 'idle
 	}
 	var deleted int64
 	for pass := 1; ; pass++ {
-		res, err := newTest(daemon.pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0), MaxRetries: 2}, BatchSize: 100}},
+		res, err := newTest(daemon.pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0), MaxRetries: 2}, BatchSize: 100}},
 			TestSignals{BeforeCommit: cut}).RunPass(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -359,7 +359,7 @@ func TestCitusWorkerRestartMidPass(t *testing.T) {
 	t.Cleanup(restart)
 	commits := 0
 	var logs syncbuf.Buffer
-	d := newTest(f.asDaemon(t).pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0), MaxRetries: 1,
+	d := newTest(f.asDaemon(t).pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0), MaxRetries: 1,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))}, BatchSize: 5}}, TestSignals{BeforeCommit: func(string, int64) {
 		if commits++; commits == 3 {
 			if err := worker.StopServer(ctx); err != nil {

@@ -28,8 +28,6 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // t0 is the pinned "now" of most tests.
 var t0 = time.Date(2026, 6, 15, 12, 0, 0, 0, time.UTC)
 
-func pinned(t time.Time) service.Clock { return func() time.Time { return t } }
-
 // forms runs test twice: with the default batches (optimistic, falling back
 // to SKIP LOCKED for a batch that meets a locked row), and with every batch
 // in the SKIP LOCKED form. Both must keep every guarantee.
@@ -112,7 +110,7 @@ func TestBoundaryAndNull(t *testing.T) {
  ('c', 'equal', $1::timestamptz),
  ('c', 'plus',  $1::timestamptz + interval '1 second'),
  ('c', 'null',  NULL)`, t0)
-	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}}})
+	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}}})
 	if res.Deleted != 2 {
 		t.Errorf("deleted %d rows, want 2 (expiry -1s and = now)", res.Deleted)
 	}
@@ -189,7 +187,7 @@ func TestOldestFirstInBatches(t *testing.T) {
 SELECT 'c', 'm' || i, $1::timestamptz - i * interval '1 minute' FROM generate_series(1, 95) i`, t0)
 		f.insert(t, "c2", 20, t0.Add(time.Hour), time.Minute) // not expired
 
-		res := f.passWith(t, sig, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}, BatchSize: 10}})
+		res := f.passWith(t, sig, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: 10}})
 		if res.Deleted != 95 || res.Batches != 10 {
 			t.Fatalf("deleted %d in %d batches, want 95 in 10", res.Deleted, res.Batches)
 		}
@@ -215,7 +213,7 @@ func TestTiesAtTheBound(t *testing.T) {
 	f.insert(t, "early", 5, t0.Add(-3*time.Hour), time.Minute)
 	f.insert(t, "tied", 25, t0.Add(-2*time.Hour), 0)
 	f.insert(t, "late", 8, t0.Add(-time.Hour), time.Minute)
-	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}, BatchSize: 10}})
+	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: 10}})
 	// 5 early + 5 tied (by ctid: ties straddle the bound), 10 tied (ditto),
 	// the last 10 tied (by range: the row after them is later), 8 late.
 	if res.Deleted != 38 || res.Batches != 4 || res.RangeBatches != 1 {
@@ -236,7 +234,7 @@ func TestRangeOnTimestampColumn(t *testing.T) {
 	// 30 rows due (the newest exactly at the boundary), 10 not yet.
 	pgtest.Exec(t, f.pool, `INSERT INTO "Sales_OutboxData" ("MessageId", "Dispatched", "DispatchedAt", "PersistenceVersion", "Operations")
 SELECT 'm' || i, true, $1::timestamp - i * interval '1 millisecond', '1', '[]' FROM generate_series(-10, 29) i`, boundary)
-	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}, BatchSize: 7}})
+	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: 7}})
 	if res.Deleted != 30 || res.RangeBatches != 4 {
 		t.Errorf("deleted %d, %d batches by range; want 30, 4 (the fifth is short)", res.Deleted, res.RangeBatches)
 	}
@@ -256,7 +254,7 @@ func TestLockedRowsAreSkippedThenDeleted(t *testing.T) {
 		locker := pgtest.Lock(t, f.pool, "SELECT 1 FROM public.consumer_inbox WHERE message_id IN ('c-0', 'c-10') FOR UPDATE")
 
 		started := time.Now()
-		res := f.passWith(t, sig, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0), LockTimeout: 5 * time.Second}, BatchSize: 7}})
+		res := f.passWith(t, sig, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0), LockTimeout: 5 * time.Second}, BatchSize: 7}})
 		if res.Deleted != 48 || res.Retries != 0 {
 			t.Errorf("deleted %d with %d retries, want 48 and none", res.Deleted, res.Retries)
 		}
@@ -270,7 +268,7 @@ func TestLockedRowsAreSkippedThenDeleted(t *testing.T) {
 		if err := locker.Commit(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if res := f.passWith(t, sig, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}}}); res.Deleted != 2 {
+		if res := f.passWith(t, sig, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}}}); res.Deleted != 2 {
 			t.Errorf("the next pass deleted %d, want the 2 formerly locked rows", res.Deleted)
 		}
 	})
@@ -287,7 +285,7 @@ func TestLockTimeoutIsRetriedAndCounted(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg, nil)
 	retried := make(chan string, 10)
-	opts := Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0), LockTimeout: 50 * time.Millisecond}}, Metrics: m}
+	opts := Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0), LockTimeout: 50 * time.Millisecond}}, Metrics: m}
 	done := make(chan TableResult, 1)
 	go func() {
 		res, _ := newTest(f.pool, f.tables, opts, TestSignals{OnRetry: func(kind string) { retried <- kind }}).RunPass(ctx)
@@ -334,7 +332,7 @@ INSERT INTO public.other VALUES (1, '2000-01-01');`, inboxPolicy+`  - table: pub
 `)
 	f.insert(t, "c", 5, t0.Add(-time.Hour), time.Minute)
 	pgtest.Lock(t, f.pool, "LOCK TABLE public.consumer_inbox IN ACCESS EXCLUSIVE MODE")
-	res, err := New(f.pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0), LockTimeout: 10 * time.Millisecond, MaxRetries: 1}}}).RunPass(ctx)
+	res, err := New(f.pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0), LockTimeout: 10 * time.Millisecond, MaxRetries: 1}}}).RunPass(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -382,8 +380,8 @@ VALUES ($1, 'email', 'old', 'ops', $2)`, tbl.Name, t0.Add(-time.Minute))
 			t.Fatal(err)
 		}
 
-		dry := f.passWith(t, sig, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0), DryRun: true}}})
-		res := f.passWith(t, sig, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}, BatchSize: 16}})
+		dry := f.passWith(t, sig, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0), DryRun: true}}})
+		res := f.passWith(t, sig, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: 16}})
 		// payments 48; billing 10 + 2 (range hold on all scopes); shipping 2 by the
 		// all-scope range hold; email 2 by it as well.
 		wantHeld := int64(48 + 12 + 2 + 2)
@@ -409,7 +407,7 @@ VALUES ($1, 'email', 'old', 'ops', $2)`, tbl.Name, t0.Add(-time.Minute))
 		if err := holds.FinishReplay(ctx, f.pool, replay); err != nil {
 			t.Fatal(err)
 		}
-		res = f.passWith(t, sig, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}}})
+		res = f.passWith(t, sig, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}}})
 		// Payments rows go but the 2 under the all-scope range hold; the
 		// shipping rows the replay kept go; billing 10 + 2 and 2 of each other
 		// scope stay.
@@ -478,7 +476,7 @@ func TestBoundsReadAhead(t *testing.T) {
 	t.Parallel()
 	f := setup(t, inboxDDL, inboxPolicy)
 	f.insert(t, "c", 200, t0.Add(-time.Hour), time.Second)
-	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}, BatchSize: 10}})
+	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: 10}})
 	if res.Deleted != 200 || res.Err != nil {
 		t.Fatalf("pass %+v: want all 200 deleted", res)
 	}
@@ -522,7 +520,7 @@ func fenceRace(t *testing.T, f fixture, sig TestSignals) (TableResult, int64) {
 	}
 	passDone := make(chan TableResult, 1)
 	go func() {
-		res, _ := newTest(f.pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}, BatchSize: 10}}, sig).RunPass(ctx)
+		res, _ := newTest(f.pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: 10}}, sig).RunPass(ctx)
 		passDone <- res[0]
 	}()
 	select {
@@ -558,7 +556,7 @@ func TestRunTimeStopsThePass(t *testing.T) {
 	t.Parallel()
 	f := setup(t, inboxDDL, inboxPolicy)
 	f.insert(t, "c", 100, t0.Add(-time.Hour), time.Second)
-	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}, BatchSize: 10, RunTime: time.Nanosecond}})
+	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: 10, RunTime: time.Nanosecond}})
 	if res.StoppedEarly.Kind != retry.KindRunTime || res.Deleted >= 100 {
 		t.Errorf("result %+v: want the pass stopped early by RUN_TIME", res)
 	}
@@ -575,7 +573,7 @@ func TestCleanupLagAndStatus(t *testing.T) {
 	if _, err := holds.AddHold(ctx, f.pool, f.tables[0], holds.HoldSpec{Scope: &s, Reason: "r", Owner: "o"}); err != nil {
 		t.Fatal(err)
 	}
-	d := New(f.pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}}})
+	d := New(f.pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}}})
 	st, err := d.Status(ctx, f.tables[0])
 	if err != nil {
 		t.Fatal(err)
@@ -586,7 +584,7 @@ func TestCleanupLagAndStatus(t *testing.T) {
 	if !st.Oldest.Equal(t0.Add(-48*time.Hour)) || !st.Newest.Equal(t0.Add(2*time.Hour)) {
 		t.Errorf("oldest %v newest %v", st.Oldest, st.Newest)
 	}
-	if res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}}}); res.CleanupLag != 0 || res.Deleted != 3 {
+	if res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}}}); res.CleanupLag != 0 || res.Deleted != 3 {
 		t.Errorf("after a pass: %+v, want lag 0 and 3 deleted", res)
 	}
 }
@@ -611,7 +609,7 @@ CREATE INDEX ON public.consumer_inbox (remember_until);`, inboxPolicy)
 	if _, err := holds.AddHold(ctx, f.pool, f.tables[0], holds.HoldSpec{Scope: &b, Reason: "r", Owner: "o"}); err != nil {
 		t.Fatal(err)
 	}
-	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}}})
+	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}}})
 	// Kept: 1 (NULL event time, in the range hold), 3 (in range), 4 (scope b).
 	if res.Deleted != 1 || res.ProtectedByHolds != 3 {
 		t.Errorf("deleted %d held %d, want 1 and 3", res.Deleted, res.ProtectedByHolds)
@@ -630,7 +628,7 @@ func TestOptimisticFallsBackToSkipLocked(t *testing.T) {
 	f.insert(t, "c", 40, t0.Add(-24*time.Hour), time.Minute)
 
 	fallbacks := 0
-	opts := Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}, BatchSize: 10}}
+	opts := Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: 10}}
 	sig := TestSignals{OnFallback: func() { fallbacks++ }}
 	res := f.passWith(t, sig, opts)
 	if res.Deleted != 40 || res.SkipLockedBatches != 0 || fallbacks != 0 {
@@ -714,7 +712,7 @@ func (f fixture) deleterWaitingOnALock(t *testing.T, sig TestSignals, wait time.
 	sig.OptimisticWait = wait
 	done := make(chan TableResult, 1)
 	go func() {
-		res, _ := newTest(f.pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0), LockTimeout: wait}, BatchSize: 100}}, sig).RunPass(context.Background())
+		res, _ := newTest(f.pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0), LockTimeout: wait}, BatchSize: 100}}, sig).RunPass(context.Background())
 		done <- res[0]
 	}()
 	pgtest.WaitForLockWait(t, f.pool, view, query, "the deleter to wait on the locked row")
@@ -739,7 +737,7 @@ func TestRangeScanTrials(t *testing.T) {
 	t.Parallel()
 	f := setup(t, inboxDDL+deleteLogDDL, inboxPolicy)
 	f.insert(t, "c", 75, t0.Add(-24*time.Hour), time.Minute)
-	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}, BatchSize: 10}})
+	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: 10}})
 	// 7 range batches and a short one by ctid.
 	if res.Deleted != 75 || res.Batches != 8 || res.RangeBatches != 7 {
 		t.Fatalf("deleted %d in %d batches, %d by range; want 75 in 8, 7 by range", res.Deleted, res.Batches, res.RangeBatches)
@@ -796,7 +794,7 @@ func TestRetainedRangeWhenOnlyHeldRowsAreLeft(t *testing.T) {
 	if _, err := holds.AddHold(ctx, f.pool, f.tables[0], holds.HoldSpec{Scope: &s, Reason: "r", Owner: "o"}); err != nil {
 		t.Fatal(err)
 	}
-	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}}})
+	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}}})
 	if res.Deleted != 3 || res.Oldest == nil || res.Newest == nil ||
 		!res.Oldest.Equal(t0.Add(-48*time.Hour)) || !res.Newest.Equal(t0.Add(-46*time.Hour)) {
 		t.Fatalf("pass: deleted %d, oldest %v, newest %v; want 3, and the held rows' %v and %v",

@@ -43,7 +43,7 @@ FROM generate_series(0, 29) i`, t0, held)
 	if _, err := holds.AddHold(ctx, f.pool, f.tables[0], holds.HoldSpec{Scope: &held, Reason: "r", Owner: "o"}); err != nil {
 		t.Fatal(err)
 	}
-	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}}})
+	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}}})
 	if res.Deleted != 5 || res.ProtectedByHolds != 5 {
 		t.Errorf("deleted %d, held %d; want 5 and 5 (the due rows of the held consumer stay)", res.Deleted, res.ProtectedByHolds)
 	}
@@ -80,7 +80,7 @@ func TestFixtureNServiceBusTimestampIsUTC(t *testing.T) {
  ('equal', true, $1::timestamp, '1', '[]'),
  ('plus',  true, $1::timestamp + interval '1 second', '1', '[]'),
  ('pending', false, NULL, '1', '[]')`, boundary)
-	if res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}}}); res.Deleted != 2 {
+	if res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}}}); res.Deleted != 2 {
 		t.Errorf("deleted %d, want 2 (DispatchedAt + 7d <= now, in UTC)", res.Deleted)
 	}
 	var left []string
@@ -125,7 +125,7 @@ CREATE INDEX ON "Odd Schema"."weird ""name""; drop table x" ("Remember ""Until""
 	if _, err := holds.AddHold(ctx, f.pool, f.tables[0], holds.HoldSpec{Scope: &scope, From: &from, To: &to, Reason: "r", Owner: "o"}); err != nil {
 		t.Fatal(err)
 	}
-	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}}})
+	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}}})
 	if res.Deleted != 1 || res.ProtectedByHolds != 1 {
 		t.Errorf("deleted %d held %d, want 1 and 1", res.Deleted, res.ProtectedByHolds)
 	}
@@ -133,7 +133,7 @@ CREATE INDEX ON "Odd Schema"."weird ""name""; drop table x" ("Remember ""Until""
 	if err := f.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM "Odd Schema".x) + (SELECT count(*) FROM public.x) + (SELECT count(*) FROM `+tbl+`)`).Scan(&n); err != nil || n != 2 {
 		t.Errorf("tables x survive and 2 rows remain: n=%d err=%v", n, err)
 	}
-	if _, err := New(f.pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}}}).Status(ctx, f.tables[0]); err != nil {
+	if _, err := New(f.pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}}}).Status(ctx, f.tables[0]); err != nil {
 		t.Errorf("status: %v", err)
 	}
 }

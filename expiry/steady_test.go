@@ -29,7 +29,7 @@ func TestOwnTransactionsHoldTheHorizonOneBatchAtMost(t *testing.T) {
 	var mu sync.Mutex
 	var longestBatch time.Duration
 	batches := 0
-	opts := Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}, BatchSize: 500},
+	opts := Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: 500},
 		Progress: func(p Progress) {
 			mu.Lock()
 			defer mu.Unlock()
@@ -86,7 +86,7 @@ func TestPassVacuums(t *testing.T) {
 	f.insert(t, "c", 5000, t0.Add(-48*time.Hour), time.Second)
 	f.insert(t, "live", 15000, t0.Add(48*time.Hour), time.Second)
 	v := vacuum.New(f.pool, vacuum.Options{DeadRatio: 0.1})
-	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}}, Vacuum: v})
+	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}}, Vacuum: v})
 	if res.Deleted != 5000 || !res.Vacuumed || res.DeadTuples < 5000 {
 		t.Fatalf("deleted %d, vacuumed %v, dead tuples %d; want 5000, true, at least 5000", res.Deleted, res.Vacuumed, res.DeadTuples)
 	}
@@ -105,7 +105,7 @@ func TestPassSaysWhyNoVacuum(t *testing.T) {
 	f.insert(t, "c", 5000, t0.Add(-48*time.Hour), time.Second)
 	f.insert(t, "live", 15000, t0.Add(48*time.Hour), time.Second)
 	v := vacuum.New(f.pool, vacuum.Options{DeadRatio: 0.1, Base: service.Base{Active: func() error { return errors.New("lease lost") }}})
-	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}}, Vacuum: v})
+	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}}, Vacuum: v})
 	if res.Deleted != 5000 || res.Vacuumed || !strings.Contains(res.VacuumNotRun, "lease lost") {
 		t.Fatalf("deleted %d, vacuumed %v, not run because %q; want 5000, false, the lease lost", res.Deleted, res.Vacuumed, res.VacuumNotRun)
 	}

@@ -62,7 +62,7 @@ func TestSweepScatteredRows(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg, nil)
 	const size = 1000
-	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}, BatchSize: size}, Metrics: m})
+	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: size}, Metrics: m})
 	if res.Deleted != due || res.SweepBatches == 0 || res.SweepBatches != res.Batches || res.RangeBatches != 0 {
 		t.Fatalf("pass %+v: want all %d due rows deleted by sweep batches only", res, due)
 	}
@@ -112,7 +112,7 @@ func TestSweepThrottleWindow(t *testing.T) {
 	f := setup(t, inboxDDL+deleteLogDDL, inboxPolicy)
 	due := f.scatter(t, 20000)
 	gate := &windowGate{rows: 300}
-	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0), Throttle: gate}, BatchSize: 1000}})
+	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0), Throttle: gate}, BatchSize: 1000}})
 	if res.Deleted != due || res.SweepBatches == 0 || res.SweepBatches != res.Batches {
 		t.Fatalf("pass %+v: want all %d due rows deleted by sweep batches only", res, due)
 	}
@@ -135,7 +135,7 @@ func TestSweepNotChosen(t *testing.T) {
 	// 20,000 rows in expiry order, 10 of them due.
 	f.insert(t, "c", 20000, t0.Add(-10*time.Second), time.Second)
 	pgtest.Exec(t, f.pool, "VACUUM ANALYZE public.consumer_inbox")
-	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}, BatchSize: 1000}})
+	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: 1000}})
 	if res.Deleted != 11 || res.SweepBatches != 0 {
 		t.Errorf("pass %+v: want 11 deleted in expiry order", res)
 	}
@@ -167,7 +167,7 @@ func TestSweepHoldsLocksAndReplays(t *testing.T) {
   (SELECT message_id FROM public.consumer_inbox WHERE consumer = 'c0' AND remember_until <= $1 ORDER BY ctid LIMIT 1)
   OR message_id IN (SELECT message_id FROM public.consumer_inbox WHERE consumer = 'c3' AND remember_until <= $1 ORDER BY ctid DESC LIMIT 1)
 FOR UPDATE`, t0)
-		res := f.passWith(t, sig, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0), LockTimeout: 5 * time.Second}, BatchSize: 1000}})
+		res := f.passWith(t, sig, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0), LockTimeout: 5 * time.Second}, BatchSize: 1000}})
 		if want := due - held - replayed - 2; res.Deleted != want || res.SweepBatches == 0 {
 			t.Errorf("pass %+v: want %d deleted by sweep batches (%d due, %d held, %d replayed, 2 locked)", res, want, due, held, replayed)
 		}
@@ -183,7 +183,7 @@ FOR UPDATE`, t0)
 		if err := holds.FinishReplay(ctx, f.pool, replay); err != nil {
 			t.Fatal(err)
 		}
-		res = f.passWith(t, sig, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}, BatchSize: 1000}})
+		res = f.passWith(t, sig, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: 1000}})
 		if res.Deleted != replayed+2 {
 			t.Errorf("the next pass deleted %d, want the %d replayed and the 2 formerly locked rows", res.Deleted, replayed)
 		}
@@ -222,7 +222,7 @@ func TestSweepStoppedEarly(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg, nil)
 	batches := 0
-	opts := Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0), Active: func() error {
+	opts := Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0), Active: func() error {
 		if batches++; batches > 3 {
 			return errors.New("lease lost")
 		}

@@ -65,7 +65,7 @@ func TestPermanentKeyAtomicWithDeletion(t *testing.T) {
 				})
 				during = [2]int64{count("SELECT count(*) FROM public.inbox"), count(keys)}
 			}}
-			res, err := newTest(f.pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}, BatchSize: size}}, sig).RunPass(ctx)
+			res, err := newTest(f.pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: size}}, sig).RunPass(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -96,7 +96,7 @@ func TestPermanentKeyAtomicWithDeletion(t *testing.T) {
 			// A key already kept is not overwritten by a later deletion of the
 			// same key (a redelivery claimed again after expiry).
 			pgtest.Exec(t, f.pool, `INSERT INTO public.inbox (consumer, message_id, payload_hash, first_seen_at, remember_until, business_key, payload) VALUES ('payments', 'again', '\xff', $1::timestamptz, $1::timestamptz, 'bk1', NULL)`, t0.Add(-time.Hour))
-			if r := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}}}); r.Deleted != 1 || r.PermanentKeys != 0 {
+			if r := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}}}); r.Deleted != 1 || r.PermanentKeys != 0 {
 				t.Errorf("second deletion of bk1: %+v, want 1 deleted and no new key", r)
 			}
 			if n := count(keys + ` WHERE business_key = 'bk1' AND payload_hash = '\xff'`); n != 0 {

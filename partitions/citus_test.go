@@ -68,7 +68,7 @@ func TestCitusRetirementWithALongReader(t *testing.T) {
 			f := setupCitus(t, citusDDL, policyText("0"))
 			ctx := context.Background()
 			f.insertRows(t, "c", 3, time.Date(2026, 5, 10, 0, 0, 0, 0, time.UTC))
-			if _, err := f.manager(Options{Base: service.Base{Clock: pinned(t0)}}).Ensure(ctx); err != nil { // premake only
+			if _, err := f.manager(Options{Base: service.Base{Clock: service.At(t0)}}).Ensure(ctx); err != nil { // premake only
 				t.Fatal(err)
 			}
 
@@ -89,7 +89,7 @@ func TestCitusRetirementWithALongReader(t *testing.T) {
 			m.Errors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "errors"}, []string{"table", "kind"})
 			done := make(chan TableResult, 1)
 			go func() {
-				res, err := f.manager(Options{Base: service.Base{Clock: pinned(t0), LockTimeout: lockTimeout, MaxRetries: 1}, Metrics: m}).RunPass(ctx)
+				res, err := f.manager(Options{Base: service.Base{Clock: service.At(t0), LockTimeout: lockTimeout, MaxRetries: 1}, Metrics: m}).RunPass(ctx)
 				if err != nil {
 					res = []TableResult{{Err: err}}
 				}
@@ -157,7 +157,7 @@ WHERE locktype = 'relation' AND NOT granted AND database = (SELECT oid FROM pg_d
 			if err := rtx.Rollback(ctx); err != nil {
 				t.Fatal(err)
 			}
-			res = f.pass(t, Options{Base: service.Base{Clock: pinned(t0), LockTimeout: lockTimeout, MaxRetries: 1}, Metrics: m})
+			res = f.pass(t, Options{Base: service.Base{Clock: service.At(t0), LockTimeout: lockTimeout, MaxRetries: 1}, Metrics: m})
 			want := []string{"public.consumer_inbox_p202605"}
 			if !slices.Equal(res.Detached, want) || !slices.Equal(res.Dropped, want) || len(res.Blocked) != 0 {
 				t.Fatalf("after the reader ended: %+v", res)
@@ -189,7 +189,7 @@ func TestCitusPartitions(t *testing.T) {
 	}
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg, nil)
-	res := f.pass(t, Options{Base: service.Base{Clock: pinned(t0)}, Metrics: m})
+	res := f.pass(t, Options{Base: service.Base{Clock: service.At(t0)}, Metrics: m})
 	if len(res.Created) != 6 || len(res.Detached) != 0 || len(res.Blocked) != 1 || res.Blocked[0].Reason != "hold" || res.Blocked[0].Partition != "public.consumer_inbox_p202605" {
 		t.Fatalf("with a hold: %+v", res)
 	}
@@ -210,7 +210,7 @@ WHERE i.inhparent = 'public.consumer_inbox'::regclass AND d.partmethod = 'h'
 	if err := holds.ReleaseHold(ctx, f.pool, id); err != nil {
 		t.Fatal(err)
 	}
-	res = f.pass(t, Options{Base: service.Base{Clock: pinned(t0)}, Metrics: m})
+	res = f.pass(t, Options{Base: service.Base{Clock: service.At(t0)}, Metrics: m})
 	if !slices.Equal(res.Detached, []string{"public.consumer_inbox_p202605"}) || len(res.Dropped) != 0 || len(res.Waiting) != 1 {
 		t.Fatalf("after the release: %+v", res)
 	}
@@ -232,14 +232,14 @@ WHERE i.inhparent = 'public.consumer_inbox'::regclass AND d.partmethod = 'h'
 		t.Fatal(err)
 	}
 	later := t0.AddDate(0, 0, 2)
-	res = f.pass(t, Options{Base: service.Base{Clock: pinned(later)}, Metrics: m})
+	res = f.pass(t, Options{Base: service.Base{Clock: service.At(later)}, Metrics: m})
 	if len(res.Dropped) != 0 || len(res.Blocked) != 1 || !res.Blocked[0].Detached || res.Blocked[0].Reason != "hold" || !f.exists(t, "public.consumer_inbox_p202605") {
 		t.Fatalf("a hold on detached rows must keep them: %+v", res)
 	}
 	if err := holds.ReleaseHold(ctx, f.pool, id); err != nil {
 		t.Fatal(err)
 	}
-	res = f.pass(t, Options{Base: service.Base{Clock: pinned(later)}, Metrics: m})
+	res = f.pass(t, Options{Base: service.Base{Clock: service.At(later)}, Metrics: m})
 	if !slices.Equal(res.Dropped, []string{"public.consumer_inbox_p202605"}) || f.exists(t, "public.consumer_inbox_p202605") {
 		t.Fatalf("after the second release: %+v", res)
 	}
@@ -259,7 +259,7 @@ SELECT citus_add_local_table_to_metadata('public.consumer_inbox');`, policyText(
 		t.Fatalf("distributed=%v, in Citus metadata=%v; want a Citus local table", f.table.Distributed(), f.table.InCitusMetadata)
 	}
 	f.insertRows(t, "a", 3, time.Date(2026, 5, 10, 0, 0, 0, 0, time.UTC))
-	res := f.pass(t, Options{Base: service.Base{Clock: pinned(t0)}})
+	res := f.pass(t, Options{Base: service.Base{Clock: service.At(t0)}})
 	want := []string{"public.consumer_inbox_p202605"}
 	if len(res.Created) != 6 || !slices.Equal(res.Detached, want) || !slices.Equal(res.Dropped, want) || len(res.Blocked) != 0 {
 		t.Fatalf("pass: %+v", res)
@@ -282,7 +282,7 @@ func TestCitusPremakeWithALockOnAWorker(t *testing.T) {
 	worker := pgtest.Connect(t, url)
 	const lockTimeout = 300 * time.Millisecond
 	ensure := func(now time.Time) TableResult {
-		res, err := f.manager(Options{Base: service.Base{Clock: pinned(now), LockTimeout: lockTimeout, MaxRetries: 1}}).Ensure(ctx)
+		res, err := f.manager(Options{Base: service.Base{Clock: service.At(now), LockTimeout: lockTimeout, MaxRetries: 1}}).Ensure(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -32,8 +32,6 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // t0 is the pinned "now" of most tests.
 var t0 = time.Date(2026, 6, 15, 12, 0, 0, 0, time.UTC)
 
-func pinned(t time.Time) func() time.Time { return func() time.Time { return t } }
-
 // parentDDL is a partitioned inbox with no partitions yet: the columns of
 // the recommended layout (inbox.PartitionedDDL) the manager reads, and no
 // others, so that the tests' rows stay short to write.
@@ -143,7 +141,7 @@ func TestPremakeFromEmpty(t *testing.T) {
 	f := setup(t, parentDDL, policyText("0"))
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg, nil)
-	res := f.pass(t, Options{Base: service.Base{Clock: pinned(t0)}, Metrics: m})
+	res := f.pass(t, Options{Base: service.Base{Clock: service.At(t0)}, Metrics: m})
 	wantNames(t, f.names(t), premadeAtT0...)
 	if len(res.Created) != 6 {
 		t.Fatalf("created %v", res.Created)
@@ -163,12 +161,12 @@ func TestPremakeFromEmpty(t *testing.T) {
 	}
 
 	// Idempotent: the next pass creates nothing.
-	if res := f.pass(t, Options{Base: service.Base{Clock: pinned(t0)}}); len(res.Created) != 0 {
+	if res := f.pass(t, Options{Base: service.Base{Clock: service.At(t0)}}); len(res.Created) != 0 {
 		t.Fatalf("second pass created %v", res.Created)
 	}
 	// A month later, one more month is due at the far end.
 	later := t0.AddDate(0, 1, 0)
-	if res := f.pass(t, Options{Base: service.Base{Clock: pinned(later)}}); !slices.Equal(res.Created, []string{"public.consumer_inbox_p202612"}) {
+	if res := f.pass(t, Options{Base: service.Base{Clock: service.At(later)}}); !slices.Equal(res.Created, []string{"public.consumer_inbox_p202612"}) {
 		t.Fatalf("a month later created %v", res.Created)
 	}
 
@@ -182,7 +180,7 @@ func TestPremakeFromEmpty(t *testing.T) {
 func TestInsertBeyondCoverageFails(t *testing.T) {
 	t.Parallel()
 	f := setup(t, parentDDL, policyText("0"))
-	res := f.pass(t, Options{Base: service.Base{Clock: pinned(t0)}})
+	res := f.pass(t, Options{Base: service.Base{Clock: service.At(t0)}})
 	pgtest.Exec(t, f.pool, `INSERT INTO public.consumer_inbox VALUES ('c', 'inside', NULL, $1)`, res.CoveredUntil.Add(-time.Second))
 	_, err := f.pool.Exec(context.Background(), `INSERT INTO public.consumer_inbox VALUES ('c', 'beyond', NULL, $1)`, *res.CoveredUntil)
 	var pe *pgconn.PgError
@@ -198,7 +196,7 @@ CREATE TABLE public.consumer_inbox_p202606 PARTITION OF public.consumer_inbox FO
 -- made by hand, another name, half a month
 CREATE TABLE public.inbox_hand PARTITION OF public.consumer_inbox FOR VALUES FROM ('2026-08-01 00:00:00+00') TO ('2026-08-16 00:00:00+00');
 CREATE TABLE public.consumer_inbox_p202610 PARTITION OF public.consumer_inbox FOR VALUES FROM ('2026-10-01 00:00:00+00') TO ('2026-11-01 00:00:00+00');`, policyText("0"))
-	res := f.pass(t, Options{Base: service.Base{Clock: pinned(t0)}})
+	res := f.pass(t, Options{Base: service.Base{Clock: service.At(t0)}})
 	wantNames(t, f.names(t),
 		"consumer_inbox_p202606 [2026-06-01, 2026-07-01)",
 		"consumer_inbox_p202607 [2026-07-01, 2026-08-01)",
@@ -282,7 +280,7 @@ func TestHoldOnOneScopeKeepsThePartition(t *testing.T) {
 	t.Parallel()
 	f := setup(t, mayDDL, policyText("0"))
 	ctx := context.Background()
-	f.pass(t, Options{Base: service.Base{Clock: pinned(time.Date(2026, 5, 20, 0, 0, 0, 0, time.UTC))}}) // premake
+	f.pass(t, Options{Base: service.Base{Clock: service.At(time.Date(2026, 5, 20, 0, 0, 0, 0, time.UTC))}}) // premake
 	f.insertRows(t, "a", 10, time.Date(2026, 5, 10, 0, 0, 0, 0, time.UTC))
 	f.insertRows(t, "b", 10, time.Date(2026, 5, 10, 0, 0, 0, 0, time.UTC))
 	f.insertRows(t, "b", 5, time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC))
@@ -294,7 +292,7 @@ func TestHoldOnOneScopeKeepsThePartition(t *testing.T) {
 	}
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg, nil)
-	res := f.pass(t, Options{Base: service.Base{Clock: pinned(t0)}, Metrics: m})
+	res := f.pass(t, Options{Base: service.Base{Clock: service.At(t0)}, Metrics: m})
 	if len(res.Detached) != 0 || len(res.Blocked) != 1 || res.Blocked[0].Reason != "hold" || res.Blocked[0].Partition != "public.consumer_inbox_p202605" {
 		t.Fatalf("with a hold: detached %v, blocked %+v", res.Detached, res.Blocked)
 	}
@@ -312,7 +310,7 @@ func TestHoldOnOneScopeKeepsThePartition(t *testing.T) {
 	if err := holds.ReleaseHold(ctx, f.pool, id); err != nil {
 		t.Fatal(err)
 	}
-	res = f.pass(t, Options{Base: service.Base{Clock: pinned(t0)}, Metrics: m})
+	res = f.pass(t, Options{Base: service.Base{Clock: service.At(t0)}, Metrics: m})
 	if !slices.Equal(res.Detached, []string{"public.consumer_inbox_p202605"}) || !slices.Equal(res.Dropped, []string{"public.consumer_inbox_p202605"}) {
 		t.Fatalf("after release: detached %v dropped %v blocked %+v", res.Detached, res.Dropped, res.Blocked)
 	}
@@ -340,14 +338,14 @@ func TestReplayKeepsThePartition(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res := f.pass(t, Options{Base: service.Base{Clock: pinned(t0)}})
+	res := f.pass(t, Options{Base: service.Base{Clock: service.At(t0)}})
 	if len(res.Blocked) != 1 || res.Blocked[0].Reason != "replay" {
 		t.Fatalf("blocked %+v", res.Blocked)
 	}
 	if err := holds.FinishReplay(ctx, f.pool, id); err != nil {
 		t.Fatal(err)
 	}
-	if res := f.pass(t, Options{Base: service.Base{Clock: pinned(t0)}}); len(res.Dropped) != 1 {
+	if res := f.pass(t, Options{Base: service.Base{Clock: service.At(t0)}}); len(res.Dropped) != 1 {
 		t.Fatalf("after the replay: %+v", res)
 	}
 }
@@ -360,7 +358,7 @@ func TestEmptyPartitionUnderScopedHoldGoes(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.insertRows(t, "b", 3, time.Date(2026, 5, 10, 0, 0, 0, 0, time.UTC))
-	if res := f.pass(t, Options{Base: service.Base{Clock: pinned(t0)}}); len(res.Dropped) != 1 {
+	if res := f.pass(t, Options{Base: service.Base{Clock: service.At(t0)}}); len(res.Dropped) != 1 {
 		t.Fatalf("a partition with no held row must go: %+v", res)
 	}
 }
@@ -369,7 +367,7 @@ func TestDetachedRetentionWithPinnedClock(t *testing.T) {
 	t.Parallel()
 	f := setup(t, mayDDL, policyText("7d"))
 	f.insertRows(t, "a", 3, time.Date(2026, 5, 10, 0, 0, 0, 0, time.UTC))
-	res := f.pass(t, Options{Base: service.Base{Clock: pinned(t0)}})
+	res := f.pass(t, Options{Base: service.Base{Clock: service.At(t0)}})
 	if !slices.Equal(res.Detached, []string{"public.consumer_inbox_p202605"}) || len(res.Dropped) != 0 || len(res.Waiting) != 1 {
 		t.Fatalf("first pass: %+v", res)
 	}
@@ -377,10 +375,10 @@ func TestDetachedRetentionWithPinnedClock(t *testing.T) {
 	if !f.exists(t, "public.consumer_inbox_p202605") || f.count(t, "public.consumer_inbox", "true") != 0 || f.count(t, "public.consumer_inbox_p202605", "true") != 3 {
 		t.Fatal("the detached partition should exist apart from the parent, rows intact")
 	}
-	if res := f.pass(t, Options{Base: service.Base{Clock: pinned(t0.Add(7*24*time.Hour - time.Second))}}); len(res.Dropped) != 0 {
+	if res := f.pass(t, Options{Base: service.Base{Clock: service.At(t0.Add(7*24*time.Hour - time.Second))}}); len(res.Dropped) != 0 {
 		t.Fatalf("dropped before its retention: %+v", res.Dropped)
 	}
-	if res := f.pass(t, Options{Base: service.Base{Clock: pinned(t0.Add(7 * 24 * time.Hour))}}); !slices.Equal(res.Dropped, []string{"public.consumer_inbox_p202605"}) {
+	if res := f.pass(t, Options{Base: service.Base{Clock: service.At(t0.Add(7 * 24 * time.Hour))}}); !slices.Equal(res.Dropped, []string{"public.consumer_inbox_p202605"}) {
 		t.Fatalf("not dropped after its retention: %+v", res)
 	}
 	if f.exists(t, "public.consumer_inbox_p202605") {
@@ -399,11 +397,11 @@ func TestHoldAddedAfterDetachKeepsTheTable(t *testing.T) {
 	t.Parallel()
 	f := setup(t, mayDDL, policyText("1d"))
 	f.insertRows(t, "a", 3, time.Date(2026, 5, 10, 0, 0, 0, 0, time.UTC))
-	f.pass(t, Options{Base: service.Base{Clock: pinned(t0)}})
+	f.pass(t, Options{Base: service.Base{Clock: service.At(t0)}})
 	if _, err := holds.AddHold(context.Background(), f.pool, f.table, holds.HoldSpec{Reason: "incident", Owner: "test"}); err != nil {
 		t.Fatal(err)
 	}
-	res := f.pass(t, Options{Base: service.Base{Clock: pinned(t0.AddDate(0, 0, 2))}})
+	res := f.pass(t, Options{Base: service.Base{Clock: service.At(t0.AddDate(0, 0, 2))}})
 	if len(res.Dropped) != 0 || len(res.Blocked) != 1 || !res.Blocked[0].Detached || res.Blocked[0].Reason != "hold" {
 		t.Fatalf("a hold on detached rows must keep them: %+v", res)
 	}
@@ -422,12 +420,12 @@ CREATE TABLE public.consumer_inbox_p202604 PARTITION OF public.consumer_inbox FO
 	ctx := context.Background()
 	f.insertRows(t, "a", 3, time.Date(2026, 4, 10, 0, 0, 0, 0, time.UTC))
 	f.insertRows(t, "b", 3, time.Date(2026, 5, 10, 0, 0, 0, 0, time.UTC))
-	if _, err := f.manager(Options{Base: service.Base{Clock: pinned(t0)}}).Ensure(ctx); err != nil { // premake only
+	if _, err := f.manager(Options{Base: service.Base{Clock: service.At(t0)}}).Ensure(ctx); err != nil { // premake only
 		t.Fatal(err)
 	}
 
 	rtx := pgtest.Lock(t, pgtest.Connect(t, f.url), "SELECT count(*) FROM public.consumer_inbox")
-	res := f.pass(t, Options{Base: service.Base{Clock: pinned(t0), MaxRetries: 1}})
+	res := f.pass(t, Options{Base: service.Base{Clock: service.At(t0), MaxRetries: 1}})
 	if len(res.Blocked) != 2 || res.Blocked[0].Reason != "lock_timeout" || res.Blocked[0].Partition != "public.consumer_inbox_p202604" ||
 		res.Blocked[1].Reason != "lock_timeout" || !strings.Contains(res.Blocked[1].Detail, "waits for the interrupted detach of public.consumer_inbox_p202604") {
 		t.Fatalf("with a reader open: %+v", res)
@@ -442,7 +440,7 @@ CREATE TABLE public.consumer_inbox_p202604 PARTITION OF public.consumer_inbox FO
 		t.Fatal(err)
 	}
 
-	res = f.pass(t, Options{Base: service.Base{Clock: pinned(t0)}})
+	res = f.pass(t, Options{Base: service.Base{Clock: service.At(t0)}})
 	want := []string{"public.consumer_inbox_p202604", "public.consumer_inbox_p202605"}
 	if !slices.Equal(res.Detached, want) || !slices.Equal(res.Dropped, want) {
 		t.Fatalf("next pass: %+v", res)
@@ -456,7 +454,7 @@ func TestDetachRecordedBeforeDeath(t *testing.T) {
 	f := setup(t, mayDDL, policyText("0"))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	m := f.manager(Options{Base: service.Base{Clock: pinned(t0)}})
+	m := f.manager(Options{Base: service.Base{Clock: service.At(t0)}})
 	m.TestSignals.BeforeDetach = func(p Partition) {
 		// The detach happens, by someone else's hand, and this pass dies.
 		pgtest.Exec(t, f.pool, fmt.Sprintf("ALTER TABLE public.consumer_inbox DETACH PARTITION %s", p.Ident()))
@@ -466,7 +464,7 @@ func TestDetachRecordedBeforeDeath(t *testing.T) {
 	if !f.exists(t, "public.consumer_inbox_p202605") {
 		t.Fatal("the table should still exist")
 	}
-	res := f.pass(t, Options{Base: service.Base{Clock: pinned(t0)}})
+	res := f.pass(t, Options{Base: service.Base{Clock: service.At(t0)}})
 	if !slices.Equal(res.Dropped, []string{"public.consumer_inbox_p202605"}) {
 		t.Fatalf("next pass: %+v", res)
 	}
@@ -488,14 +486,14 @@ CREATE TABLE public.consumer_inbox_p2 PARTITION OF public.consumer_inbox FOR VAL
 	pgtest.Exec(t, f.pool, `INSERT INTO public.consumer_inbox (consumer, message_id, payload_hash, event_time, first_seen_at, remember_until)
 VALUES ('c', 'old', '\x00', now(), now(), '2026-06-30'), ('c', 'new', '\x00', now(), now(), '2026-07-02')`)
 	// p1 runs to 2026-07-01 and p2 to 2030: nothing to make, nothing due.
-	res := f.pass(t, Options{Base: service.Base{Clock: pinned(t0)}})
+	res := f.pass(t, Options{Base: service.Base{Clock: service.At(t0)}})
 	if len(res.Created) != 0 || len(res.Detached) != 0 {
 		t.Fatalf("before July: %+v", res)
 	}
 	if want := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC).Sub(t0); res.Coverage != want {
 		t.Fatalf("coverage %v, want %v", res.Coverage, want)
 	}
-	res = f.pass(t, Options{Base: service.Base{Clock: pinned(time.Date(2026, 7, 1, 0, 0, 0, 0, time.UTC))}})
+	res = f.pass(t, Options{Base: service.Base{Clock: service.At(time.Date(2026, 7, 1, 0, 0, 0, 0, time.UTC))}})
 	if !slices.Equal(res.Dropped, []string{"public.consumer_inbox_p1"}) {
 		t.Fatalf("on July 1st: %+v", res)
 	}
@@ -516,7 +514,7 @@ func TestTwoInstances(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			results[i], _ = f.manager(Options{Base: service.Base{Clock: pinned(t0)}}).RunPass(context.Background())
+			results[i], _ = f.manager(Options{Base: service.Base{Clock: service.At(t0)}}).RunPass(context.Background())
 		}()
 	}
 	wg.Wait()
@@ -538,7 +536,7 @@ func TestDryRunChangesNothing(t *testing.T) {
 	t.Parallel()
 	f := setup(t, mayDDL, policyText("0"))
 	f.insertRows(t, "a", 3, time.Date(2026, 5, 10, 0, 0, 0, 0, time.UTC))
-	res := f.pass(t, Options{Base: service.Base{Clock: pinned(t0), DryRun: true}})
+	res := f.pass(t, Options{Base: service.Base{Clock: service.At(t0), DryRun: true}})
 	if len(res.Created) != 6 || !slices.Equal(res.Detached, []string{"public.consumer_inbox_p202605"}) {
 		t.Fatalf("dry run: %+v", res)
 	}
@@ -591,7 +589,7 @@ func TestTimestampWithoutTimeZone(t *testing.T) {
 	f := setup(t, `
 CREATE TABLE public.consumer_inbox (consumer text, message_id text, event_time timestamp, remember_until timestamp NOT NULL) PARTITION BY RANGE (remember_until);
 CREATE INDEX ON public.consumer_inbox (consumer, message_id);`, policyText("0"))
-	f.pass(t, Options{Base: service.Base{Clock: pinned(t0)}})
+	f.pass(t, Options{Base: service.Base{Clock: service.At(t0)}})
 	var bound string
 	if err := f.pool.QueryRow(context.Background(), `SELECT pg_get_expr(relpartbound, oid) FROM pg_class WHERE relname = 'consumer_inbox_p202607'`).Scan(&bound); err != nil {
 		t.Fatal(err)
@@ -636,7 +634,7 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON inboxkeeper.partitions TO %[2]s;`, owner
 	}
 	defer pool.Close()
 	f.insertRows(t, "a", 3, time.Date(2026, 5, 10, 0, 0, 0, 0, time.UTC))
-	res, err := New(pool, []*catalog.Table{f.table}, Options{Base: service.Base{Clock: pinned(t0)}}).RunPass(ctx)
+	res, err := New(pool, []*catalog.Table{f.table}, Options{Base: service.Base{Clock: service.At(t0)}}).RunPass(ctx)
 	if err != nil || res[0].Err != nil {
 		t.Fatalf("as %s: %v %+v", daemon, err, res)
 	}
@@ -693,7 +691,7 @@ SELECT 'payments', 'm-' || i, 'payout-' || i, '\x01', '2026-04-01', '2026-05-10'
 	pgtest.Exec(t, f.pool, `UPDATE public.consumer_inbox SET payload = '{"secret": 1}'`)
 
 	// Demotion in place on a partitioned inbox: matched on (tableoid, ctid).
-	dres, err := tiering.New(f.pool, []*catalog.Table{f.table}, tiering.Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(time.Date(2026, 5, 1, 0, 0, 0, 0, time.UTC))}}}).RunPass(ctx)
+	dres, err := tiering.New(f.pool, []*catalog.Table{f.table}, tiering.Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(time.Date(2026, 5, 1, 0, 0, 0, 0, time.UTC))}}}).RunPass(ctx)
 	if err != nil || dres[0].Err != nil || dres[0].Demoted != 5 {
 		t.Fatalf("demotion of the partitioned inbox: %+v %v", dres, err)
 	}
@@ -701,14 +699,14 @@ SELECT 'payments', 'm-' || i, 'payout-' || i, '\x01', '2026-04-01', '2026-05-10'
 		t.Fatalf("%d payloads left after demotion", n)
 	}
 
-	opts := Options{Base: service.Base{Clock: pinned(t0)}, CopyKeys: tiering.CopyPermanentKeys}
+	opts := Options{Base: service.Base{Clock: service.At(t0)}, CopyKeys: tiering.CopyPermanentKeys}
 	if res := f.pass(t, opts); len(res.Detached) != 1 || len(res.Dropped) != 0 {
 		t.Fatalf("first pass: %+v", res)
 	}
 	if n := keys(); n != 0 {
 		t.Fatalf("%d keys copied before the drop", n)
 	}
-	opts.Clock = pinned(t0.Add(24 * time.Hour))
+	opts.Clock = service.At(t0.Add(24 * time.Hour))
 	if res := f.pass(t, opts); len(res.Dropped) != 1 {
 		t.Fatalf("second pass: %+v", res)
 	}
@@ -749,7 +747,7 @@ CREATE TABLE public.x (id int);`, `tables:
 	if err != nil {
 		t.Fatal(err)
 	}
-	res := f.pass(t, Options{Base: service.Base{Clock: pinned(t0)}})
+	res := f.pass(t, Options{Base: service.Base{Clock: service.At(t0)}})
 	if len(res.Created) != 2 || len(res.Blocked) != 1 || res.Blocked[0].Reason != "hold" {
 		t.Fatalf("with a hold: %+v", res)
 	}
@@ -759,7 +757,7 @@ CREATE TABLE public.x (id int);`, `tables:
 	if err := holds.ReleaseHold(context.Background(), f.pool, id); err != nil {
 		t.Fatal(err)
 	}
-	res = f.pass(t, Options{Base: service.Base{Clock: pinned(t0)}})
+	res = f.pass(t, Options{Base: service.Base{Clock: service.At(t0)}})
 	if !slices.Equal(res.Dropped, []string{`"Odd Schema"."old ""May"""`}) || !f.exists(t, "public.x") {
 		t.Fatalf("after release: %+v", res)
 	}

@@ -25,11 +25,9 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // t0 is the pinned "now" of the tests.
 var t0 = time.Date(2026, 6, 15, 12, 0, 0, 0, time.UTC)
 
-func pinned(t time.Time) service.Clock { return func() time.Time { return t } }
-
 // at are the demoter's options with now pinned at now, and the defaults.
 func at(now time.Time) Options {
-	return Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(now)}}}
+	return Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(now)}}}
 }
 
 // inboxDDL is the recommended inbox plus payload columns for in-place
@@ -127,7 +125,7 @@ func (f fixture) demote(t *testing.T, opts Options) Result {
 
 func (f fixture) expire(t *testing.T, now time.Time) expiry.TableResult {
 	t.Helper()
-	res, err := expiry.New(f.pool, []*catalog.Table{f.table}, expiry.Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(now)}}}).RunPass(context.Background())
+	res, err := expiry.New(f.pool, []*catalog.Table{f.table}, expiry.Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(now)}}}).RunPass(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,14 +166,14 @@ func TestDemotionBoundary(t *testing.T) {
 		f.insert(t, "c", 3, cut.Add(-time.Second), time.Second) // cut-1s, cut, cut+1s
 		f.insert(t, "old", 10, cut.Add(-10*24*time.Hour), time.Hour)
 
-		dry := f.demote(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0), DryRun: true}}})
+		dry := f.demote(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0), DryRun: true}}})
 		if dry.Demoted != 12 {
 			t.Errorf("dry run would demote %d, want 12", dry.Demoted)
 		}
 		if n := f.hot(t, "true"); n != 13 {
 			t.Fatalf("the dry run demoted rows: %d hot, want 13", n)
 		}
-		res := f.demote(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}, BatchSize: 4}})
+		res := f.demote(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: 4}})
 		if res.Demoted != 12 || res.Batches != 3 || res.Tier != Warm {
 			t.Errorf("demoted %d in %d batches to %s, want 12 in 3 to warm", res.Demoted, res.Batches, res.Tier)
 		}
@@ -191,11 +189,11 @@ func TestDemotionBoundary(t *testing.T) {
 			t.Errorf("%d of 13 rows kept identity, hash, outcome and timestamps", n)
 		}
 		// A second pass finds nothing more.
-		if res := f.demote(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}}}); res.Demoted != 0 {
+		if res := f.demote(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}}}); res.Demoted != 0 {
 			t.Errorf("second pass demoted %d", res.Demoted)
 		}
 		// An hour later the last row goes too.
-		if res := f.demote(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0.Add(time.Hour))}}}); res.Demoted != 1 {
+		if res := f.demote(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0.Add(time.Hour))}}}); res.Demoted != 1 {
 			t.Errorf("an hour later demoted %d, want 1", res.Demoted)
 		}
 	})
@@ -243,8 +241,8 @@ func TestHoldsAndReplays(t *testing.T) {
 		if policy == inPlacePolicy {
 			want = 20
 		}
-		dry := f.demote(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0), DryRun: true}}})
-		res := f.demote(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}, BatchSize: 7}})
+		dry := f.demote(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0), DryRun: true}}})
+		res := f.demote(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: 7}})
 		if res.Demoted != want || res.ProtectedByHolds != 10 {
 			t.Errorf("demoted %d, protected %d; want %d and 10", res.Demoted, res.ProtectedByHolds, want)
 		}
@@ -282,7 +280,7 @@ func TestFence(t *testing.T) {
 	f.insert(t, "legal", 30, t0.Add(-10*24*time.Hour), time.Minute)
 	inFlight, release := make(chan struct{}), make(chan struct{})
 	first := true
-	d := New(f.pool, []*catalog.Table{f.table}, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}, BatchSize: 10}})
+	d := New(f.pool, []*catalog.Table{f.table}, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: 10}})
 	d.TestSignals.BeforeCommit = func(string, int64) {
 		if first {
 			first = false
@@ -419,7 +417,7 @@ CREATE INDEX ON "Odd Schema"."Pay""load" ("Seen at; --");`
 			if l.name == "in place" {
 				want = 1
 			}
-			if res := f.demote(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}}}); res.Demoted != want {
+			if res := f.demote(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}}}); res.Demoted != want {
 				t.Errorf("demoted %d, want %d", res.Demoted, want)
 			}
 			if res := f.expire(t, t0); res.Deleted != 1 || res.PermanentKeys != 1 {
@@ -429,7 +427,7 @@ CREATE INDEX ON "Odd Schema"."Pay""load" ("Seen at; --");`
 			if err := f.pool.QueryRow(ctx, `SELECT "Consumer ID", "Business Key" FROM "Odd Schema"."Keys; drop table x" WHERE "Hash ""sum""" = '\x01'`).Scan(&consumer, &key); err != nil || consumer != "a'; drop table x; --" || key != "k1" {
 				t.Errorf("the key: %q %q %v", consumer, key, err)
 			}
-			st, err := New(f.pool, []*catalog.Table{f.table}, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}}}).Status(ctx, f.table)
+			st, err := New(f.pool, []*catalog.Table{f.table}, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}}}).Status(ctx, f.table)
 			if err != nil || st.Due != 0 {
 				t.Errorf("status: %+v, %v", st, err)
 			}
@@ -461,7 +459,7 @@ CREATE INDEX ON public.bodies (first_seen_at);`, pgtest.TieredPolicyHead+"      
 	if _, err := holds.AddHold(ctx, f.pool, f.table, holds.HoldSpec{Scope: &s, Reason: "r", Owner: "o"}); err != nil {
 		t.Fatal(err)
 	}
-	res := f.demote(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}}})
+	res := f.demote(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}}})
 	if res.Demoted != 6 || res.ProtectedByHolds != 5 {
 		t.Errorf("demoted %d, protected %d; want 6 (5 free and the orphan) and 5", res.Demoted, res.ProtectedByHolds)
 	}
@@ -488,7 +486,7 @@ CREATE TABLE public.inbox_payload_b PARTITION OF public.inbox_payload FOR VALUES
 		t.Fatalf("side table kind %q", f.table.Tiers.Side.Kind)
 	}
 	f.insert(t, "c", 20, t0.Add(-15*24*time.Hour), 12*time.Hour) // 2026-05-31 .. 2026-06-10, across both partitions
-	res := f.demote(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}, BatchSize: 3}})
+	res := f.demote(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: 3}})
 	want := f.count(t, "SELECT count(*) FROM public.inbox WHERE first_seen_at <= $1", t0.Add(-72*time.Hour))
 	if res.Demoted != want || want < 15 {
 		t.Errorf("demoted %d, want %d", res.Demoted, want)
@@ -508,7 +506,7 @@ func TestMetricsAndMeasure(t *testing.T) {
 		f.insert(t, "d", 50, t0.Add(-24*time.Hour), time.Minute)
 		m := NewMetrics(prometheus.NewRegistry(), nil)
 		// Before c's rows expire (an expired row is the deleter's, in place).
-		res := f.demote(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0.Add(-10*24*time.Hour - time.Hour))}}, Metrics: m})
+		res := f.demote(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0.Add(-10*24*time.Hour - time.Hour))}}, Metrics: m})
 		if got := testutil.ToFloat64(m.RowsDemoted.WithLabelValues(f.table.Name, Warm)); got != float64(res.Demoted) || got != 100 {
 			t.Errorf("rows_demoted_total{tier=warm} = %v, pass demoted %d, want 100", got, res.Demoted)
 		}
@@ -592,7 +590,7 @@ func TestInPlaceLeavesExpiredRowsToTheDeleter(t *testing.T) {
 				From: t0.Add(-50 * 24 * time.Hour), To: t0.Add(-30 * 24 * time.Hour), Owner: "test", Force: true}); err != nil {
 				t.Fatal(err)
 			}
-			if res := f.demote(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}}}); res.Demoted != layout.demoted {
+			if res := f.demote(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}}}); res.Demoted != layout.demoted {
 				t.Fatalf("demoted %d, want %d", res.Demoted, layout.demoted)
 			}
 			if res := f.expire(t, t0); res.Deleted != 3 || res.ProtectedByReplays != 3 {

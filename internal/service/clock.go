@@ -15,6 +15,9 @@ import (
 // log rate limits) reads Now, the host's clock.
 type Clock func() time.Time
 
+// At is a clock pinned at t: how tests fix "now".
+func At(t time.Time) Clock { return func() time.Time { return t } }
+
 // Now is the pinned time, or the host's.
 func (c Clock) Now() time.Time {
 	if c == nil {
