@@ -67,7 +67,7 @@ func TestCitusRetirementWithALongReader(t *testing.T) {
 			t.Parallel()
 			f := setupCitus(t, citusDDL, policyText("0"))
 			ctx := context.Background()
-			f.insertRows(t, "c", 3, time.Date(2026, 5, 10, 0, 0, 0, 0, time.UTC))
+			f.insertRows(t, "c", 3, may10)
 			if _, err := f.manager(Options{Base: service.Base{Clock: service.At(t0)}}).Ensure(ctx); err != nil { // premake only
 				t.Fatal(err)
 			}
@@ -180,13 +180,9 @@ func TestCitusPartitions(t *testing.T) {
 	t.Parallel()
 	f := setupCitus(t, citusDDL, policyText("1d"))
 	ctx := context.Background()
-	f.insertRows(t, "a", 10, time.Date(2026, 5, 10, 0, 0, 0, 0, time.UTC))
-	f.insertRows(t, "b", 10, time.Date(2026, 5, 10, 0, 0, 0, 0, time.UTC))
-	scope := "a"
-	id, err := holds.AddHold(ctx, f.pool, f.table, holds.HoldSpec{Scope: &scope, Reason: "legal", Owner: "test"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	f.insertRows(t, "a", 10, may10)
+	f.insertRows(t, "b", 10, may10)
+	id := f.legalHold(t, "a")
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg, nil)
 	res := f.pass(t, Options{Base: service.Base{Clock: service.At(t0)}, Metrics: m})
@@ -227,7 +223,7 @@ WHERE i.inhparent = 'public.consumer_inbox'::regclass AND d.partmethod = 'h'
 		}
 	}
 
-	id, err = holds.AddHold(ctx, f.pool, f.table, holds.HoldSpec{Reason: "incident", Owner: "test"})
+	id, err := holds.AddHold(ctx, f.pool, f.table, holds.HoldSpec{Reason: "incident", Owner: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,7 +254,7 @@ SELECT citus_add_local_table_to_metadata('public.consumer_inbox');`, policyText(
 	if f.table.Distributed() || !f.table.InCitusMetadata {
 		t.Fatalf("distributed=%v, in Citus metadata=%v; want a Citus local table", f.table.Distributed(), f.table.InCitusMetadata)
 	}
-	f.insertRows(t, "a", 3, time.Date(2026, 5, 10, 0, 0, 0, 0, time.UTC))
+	f.insertRows(t, "a", 3, may10)
 	res := f.pass(t, Options{Base: service.Base{Clock: service.At(t0)}})
 	want := []string{"public.consumer_inbox_p202605"}
 	if len(res.Created) != 6 || !slices.Equal(res.Detached, want) || !slices.Equal(res.Dropped, want) || len(res.Blocked) != 0 {
@@ -277,7 +273,7 @@ func TestCitusPremakeWithALockOnAWorker(t *testing.T) {
 	t.Parallel()
 	f := setupCitus(t, citusDDL, policyText("0"))
 	ctx := context.Background()
-	f.insertRows(t, "c", 1, time.Date(2026, 5, 10, 0, 0, 0, 0, time.UTC))
+	f.insertRows(t, "c", 1, may10)
 	shard, url := f.shardOf(t, "public.consumer_inbox", "c")
 	worker := pgtest.Connect(t, url)
 	const lockTimeout = 300 * time.Millisecond

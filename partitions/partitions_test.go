@@ -67,6 +67,19 @@ func (f fixture) manager(opts Options) *Manager {
 	return New(f.pool, []*catalog.Table{f.table}, opts)
 }
 
+// may10 is when the rows of May that most tests write were received.
+var may10 = time.Date(2026, 5, 10, 0, 0, 0, 0, time.UTC)
+
+// legalHold adds a hold on the rows of scope: its ID.
+func (f fixture) legalHold(t *testing.T, scope string) int64 {
+	t.Helper()
+	id, err := holds.AddHold(context.Background(), f.pool, f.table, holds.HoldSpec{Scope: &scope, Reason: "legal", Owner: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
 func (f fixture) pass(t *testing.T, opts Options) TableResult {
 	t.Helper()
 	res, err := f.manager(opts).RunPass(context.Background())
@@ -281,15 +294,11 @@ func TestHoldOnOneScopeKeepsThePartition(t *testing.T) {
 	f := setup(t, mayDDL, policyText("0"))
 	ctx := context.Background()
 	f.pass(t, Options{Base: service.Base{Clock: service.At(time.Date(2026, 5, 20, 0, 0, 0, 0, time.UTC))}}) // premake
-	f.insertRows(t, "a", 10, time.Date(2026, 5, 10, 0, 0, 0, 0, time.UTC))
-	f.insertRows(t, "b", 10, time.Date(2026, 5, 10, 0, 0, 0, 0, time.UTC))
+	f.insertRows(t, "a", 10, may10)
+	f.insertRows(t, "b", 10, may10)
 	f.insertRows(t, "b", 5, time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC))
 
-	scope := "a"
-	id, err := holds.AddHold(ctx, f.pool, f.table, holds.HoldSpec{Scope: &scope, Reason: "legal", Owner: "test"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	id := f.legalHold(t, "a")
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg, nil)
 	res := f.pass(t, Options{Base: service.Base{Clock: service.At(t0)}, Metrics: m})
@@ -332,7 +341,7 @@ func TestReplayKeepsThePartition(t *testing.T) {
 	t.Parallel()
 	f := setup(t, mayDDL, policyText("0"))
 	ctx := context.Background()
-	f.insertRows(t, "a", 3, time.Date(2026, 5, 10, 0, 0, 0, 0, time.UTC))
+	f.insertRows(t, "a", 3, may10)
 	from, to := time.Date(2026, 4, 1, 0, 0, 0, 0, time.UTC), time.Date(2026, 4, 30, 0, 0, 0, 0, time.UTC)
 	id, err := holds.StartReplay(ctx, f.pool, f.table, holds.ReplaySpec{Scope: "a", From: from, To: to, Owner: "test", Force: true})
 	if err != nil {
@@ -353,11 +362,8 @@ func TestReplayKeepsThePartition(t *testing.T) {
 func TestEmptyPartitionUnderScopedHoldGoes(t *testing.T) {
 	t.Parallel()
 	f := setup(t, mayDDL, policyText("0"))
-	scope := "a"
-	if _, err := holds.AddHold(context.Background(), f.pool, f.table, holds.HoldSpec{Scope: &scope, Reason: "legal", Owner: "test"}); err != nil {
-		t.Fatal(err)
-	}
-	f.insertRows(t, "b", 3, time.Date(2026, 5, 10, 0, 0, 0, 0, time.UTC))
+	f.legalHold(t, "a")
+	f.insertRows(t, "b", 3, may10)
 	if res := f.pass(t, Options{Base: service.Base{Clock: service.At(t0)}}); len(res.Dropped) != 1 {
 		t.Fatalf("a partition with no held row must go: %+v", res)
 	}
@@ -366,7 +372,7 @@ func TestEmptyPartitionUnderScopedHoldGoes(t *testing.T) {
 func TestDetachedRetentionWithPinnedClock(t *testing.T) {
 	t.Parallel()
 	f := setup(t, mayDDL, policyText("7d"))
-	f.insertRows(t, "a", 3, time.Date(2026, 5, 10, 0, 0, 0, 0, time.UTC))
+	f.insertRows(t, "a", 3, may10)
 	res := f.pass(t, Options{Base: service.Base{Clock: service.At(t0)}})
 	if !slices.Equal(res.Detached, []string{"public.consumer_inbox_p202605"}) || len(res.Dropped) != 0 || len(res.Waiting) != 1 {
 		t.Fatalf("first pass: %+v", res)
@@ -396,7 +402,7 @@ func TestDetachedRetentionWithPinnedClock(t *testing.T) {
 func TestHoldAddedAfterDetachKeepsTheTable(t *testing.T) {
 	t.Parallel()
 	f := setup(t, mayDDL, policyText("1d"))
-	f.insertRows(t, "a", 3, time.Date(2026, 5, 10, 0, 0, 0, 0, time.UTC))
+	f.insertRows(t, "a", 3, may10)
 	f.pass(t, Options{Base: service.Base{Clock: service.At(t0)}})
 	if _, err := holds.AddHold(context.Background(), f.pool, f.table, holds.HoldSpec{Reason: "incident", Owner: "test"}); err != nil {
 		t.Fatal(err)
@@ -419,7 +425,7 @@ func TestInterruptedDetachIsFinished(t *testing.T) {
 CREATE TABLE public.consumer_inbox_p202604 PARTITION OF public.consumer_inbox FOR VALUES FROM ('2026-04-01 00:00:00+00') TO ('2026-05-01 00:00:00+00');`, policyText("0"))
 	ctx := context.Background()
 	f.insertRows(t, "a", 3, time.Date(2026, 4, 10, 0, 0, 0, 0, time.UTC))
-	f.insertRows(t, "b", 3, time.Date(2026, 5, 10, 0, 0, 0, 0, time.UTC))
+	f.insertRows(t, "b", 3, may10)
 	if _, err := f.manager(Options{Base: service.Base{Clock: service.At(t0)}}).Ensure(ctx); err != nil { // premake only
 		t.Fatal(err)
 	}
@@ -507,7 +513,7 @@ VALUES ('c', 'old', '\x00', now(), now(), '2026-06-30'), ('c', 'new', '\x00', no
 func TestTwoInstances(t *testing.T) {
 	t.Parallel()
 	f := setup(t, mayDDL, policyText("0"))
-	f.insertRows(t, "a", 3, time.Date(2026, 5, 10, 0, 0, 0, 0, time.UTC))
+	f.insertRows(t, "a", 3, may10)
 	var wg sync.WaitGroup
 	results := make([][]TableResult, 4)
 	for i := range results {
@@ -535,7 +541,7 @@ func TestTwoInstances(t *testing.T) {
 func TestDryRunChangesNothing(t *testing.T) {
 	t.Parallel()
 	f := setup(t, mayDDL, policyText("0"))
-	f.insertRows(t, "a", 3, time.Date(2026, 5, 10, 0, 0, 0, 0, time.UTC))
+	f.insertRows(t, "a", 3, may10)
 	res := f.pass(t, Options{Base: service.Base{Clock: service.At(t0), DryRun: true}})
 	if len(res.Created) != 6 || !slices.Equal(res.Detached, []string{"public.consumer_inbox_p202605"}) {
 		t.Fatalf("dry run: %+v", res)
@@ -633,7 +639,7 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON inboxkeeper.partitions TO %[2]s;`, owner
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	f.insertRows(t, "a", 3, time.Date(2026, 5, 10, 0, 0, 0, 0, time.UTC))
+	f.insertRows(t, "a", 3, may10)
 	res, err := New(pool, []*catalog.Table{f.table}, Options{Base: service.Base{Clock: service.At(t0)}}).RunPass(ctx)
 	if err != nil || res[0].Err != nil {
 		t.Fatalf("as %s: %v %+v", daemon, err, res)
@@ -742,11 +748,7 @@ CREATE TABLE public.x (id int);`, `tables:
     expires_at: Remember Until
     partitions: {by: month, max_expiry: 10d, premake: 1, detached_retention: 0}
 `)
-	scope := "it's; drop table x"
-	id, err := holds.AddHold(context.Background(), f.pool, f.table, holds.HoldSpec{Scope: &scope, Reason: "legal", Owner: "test"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	id := f.legalHold(t, "it's; drop table x")
 	res := f.pass(t, Options{Base: service.Base{Clock: service.At(t0)}})
 	if len(res.Created) != 2 || len(res.Blocked) != 1 || res.Blocked[0].Reason != "hold" {
 		t.Fatalf("with a hold: %+v", res)
