@@ -45,24 +45,7 @@ func TestBlockersNamed(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	cfg, err := pgx.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.RuntimeParams["application_name"] = "nightly report"
-	reader, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { reader.Close(context.Background()) })
-	if _, err := reader.Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM t"); err != nil {
-		t.Fatal(err)
-	}
-	var readerPID int
-	var readerStart time.Time
-	if err := reader.QueryRow(ctx, "SELECT pg_backend_pid(), now()").Scan(&readerPID, &readerStart); err != nil {
-		t.Fatal(err)
-	}
+	_, readerPID, readerStart := pgtest.HoldHorizon(t, url, "nightly report", "SELECT count(*) FROM t")
 	prepared := pgtest.Connect(t, url)
 	if _, err := prepared.Exec(ctx, "BEGIN; INSERT INTO t VALUES (1); PREPARE TRANSACTION 'payments-2pc-17'"); err != nil {
 		t.Fatal(err)

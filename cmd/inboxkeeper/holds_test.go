@@ -452,24 +452,7 @@ func TestHorizonHolderNamed(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	f := inboxFixture(t)
-	cfg, err := pgx.ParseConfig(f.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.RuntimeParams["application_name"] = "quarterly report"
-	report, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer report.Close(ctx)
-	if _, err := report.Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM public.consumer_inbox"); err != nil {
-		t.Fatal(err)
-	}
-	var pid int
-	var since time.Time
-	if err := report.QueryRow(ctx, "SELECT pg_backend_pid(), now()").Scan(&pid, &since); err != nil {
-		t.Fatal(err)
-	}
+	report, pid, since := pgtest.HoldHorizon(t, f.url, "quarterly report", "SELECT count(*) FROM public.consumer_inbox")
 
 	r := f.run("status")
 	wantExit(t, r, 0, "xmin horizon: held by",

@@ -353,14 +353,44 @@ func migrateAndExec(t testing.TB, pool *pgxpool.Pool, url string, sql []string) 
 // worker or a standby).
 func Connect(t testing.TB, url string) *pgx.Conn {
 	t.Helper()
+	return ConnectAs(t, url, "")
+}
+
+// ConnectAs is Connect with the session's application_name (none when
+// ""): what pg_stat_activity, and so the daemon, names it by.
+func ConnectAs(t testing.TB, url, application string) *pgx.Conn {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	if application != "" {
+		cfg.RuntimeParams["application_name"] = application
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, url)
+	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		t.Fatalf("pgtest: connect: %v", err)
 	}
 	t.Cleanup(func() { conn.Close(context.Background()) })
 	return conn
+}
+
+// HoldHorizon opens a session named application (ConnectAs) that holds the
+// xmin horizon until the test ends: a repeatable-read transaction that has
+// run query. It returns the session, its pid and when its transaction began.
+func HoldHorizon(t testing.TB, url, application, query string) (conn *pgx.Conn, pid int, since time.Time) {
+	t.Helper()
+	conn = ConnectAs(t, url, application)
+	ctx := context.Background()
+	if _, err := conn.Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ; "+query); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid(), now()").Scan(&pid, &since); err != nil {
+		t.Fatal(err)
+	}
+	return conn, pid, since
 }
 
 // ExecOn runs sql on a connection of its own to url, for a server the test
