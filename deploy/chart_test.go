@@ -16,6 +16,7 @@ import (
 
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/testfile"
 )
 
 const chartSchema = "helm/inboxkeeper/values.schema.json"
@@ -181,7 +182,7 @@ func TestChartCIValuesPolicies(t *testing.T) {
 				ExistingConfigMap string `yaml:"existingConfigMap"`
 			} `yaml:"policy"`
 		}
-		if err := yaml.Unmarshal([]byte(read(t, f)), &vals); err != nil {
+		if err := yaml.Unmarshal([]byte(testfile.Read(t, f)), &vals); err != nil {
 			t.Fatalf("%s: %v", f, err)
 		}
 		switch {

@@ -43,6 +43,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/testfile"
 	"github.com/inboxkeeper/inboxkeeper/migrations"
 	"github.com/inboxkeeper/inboxkeeper/retention"
 )
@@ -69,15 +70,6 @@ const (
 	// the library's tests use (embedded as inbox.PlainDDL).
 	recommendedInbox = "../inbox/schema/plain.sql"
 )
-
-func read(t *testing.T, name string) string {
-	t.Helper()
-	b, err := os.ReadFile(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
-}
 
 // checkVariable fails unless name, an INBOXKEEPER_* variable, is one the
 // daemon accepts: an unknown one makes it exit 2 before it connects.
@@ -360,7 +352,7 @@ func lintPodSpec(t *testing.T, where string, n *yaml.Node) {
 // yamlDocuments decodes every document of a multi-document YAML file.
 func yamlDocuments(t *testing.T, name string) []*yaml.Node {
 	t.Helper()
-	dec := yaml.NewDecoder(strings.NewReader(read(t, name)))
+	dec := yaml.NewDecoder(strings.NewReader(testfile.Read(t, name)))
 	var docs []*yaml.Node
 	for {
 		var n yaml.Node
@@ -605,7 +597,7 @@ func TestKubernetesManifests(t *testing.T) {
 				}
 				n++
 				checkPolicy(t, fmt.Sprintf("ConfigMap %s key %s", name, key), []byte(body))
-				if body != read(t, policyExample) {
+				if body != testfile.Read(t, policyExample) {
 					t.Errorf("ConfigMap %s key %s differs from %s; keep the two examples equal", name, key, policyExample)
 				}
 			}
@@ -886,7 +878,7 @@ func parseUnit(t *testing.T, name string) unitFile {
 	u := unitFile{name: name, sections: map[string][][2]string{}}
 	section := ""
 	var pending string
-	for i, line := range strings.Split(read(t, name), "\n") {
+	for i, line := range strings.Split(testfile.Read(t, name), "\n") {
 		line = strings.TrimSpace(line)
 		if pending != "" {
 			line, pending = pending+" "+line, ""
@@ -1069,7 +1061,7 @@ func TestSystemdEnvExample(t *testing.T) {
 	assign := regexp.MustCompile(`^#?\s*(INBOXKEEPER_[A-Z0-9_]+)=(.*)$`)
 	mention := regexp.MustCompile(`INBOXKEEPER_[A-Z0-9_]+`)
 	values := map[string]string{}
-	for i, line := range strings.Split(read(t, envExample), "\n") {
+	for i, line := range strings.Split(testfile.Read(t, envExample), "\n") {
 		for _, name := range mention.FindAllString(line, -1) {
 			checkVariable(t, fmt.Sprintf("%s:%d", envExample, i+1), name)
 		}
@@ -1119,7 +1111,7 @@ func parseDockerfile(t *testing.T, name string) []instruction {
 	t.Helper()
 	var out []instruction
 	var cur *instruction
-	for i, line := range strings.Split(read(t, name), "\n") {
+	for i, line := range strings.Split(testfile.Read(t, name), "\n") {
 		trim := strings.TrimSpace(line)
 		if strings.HasPrefix(trim, "#") || (trim == "" && cur == nil) {
 			continue
@@ -1165,7 +1157,7 @@ func TestDockerfile(t *testing.T) {
 
 	// The build stage: the Go of go.mod, a static binary, the version.
 	build := expand(froms[0].args)
-	goMod := read(t, "../go.mod")
+	goMod := testfile.Read(t, "../go.mod")
 	goVersion := regexp.MustCompile(`(?m)^go (\d+\.\d+)`).FindStringSubmatch(goMod)
 	if goVersion == nil || !strings.Contains(build, "golang:"+goVersion[1]) {
 		t.Errorf("%s:%d: build stage %q, want golang:%s as in go.mod", dockerfile, froms[0].line, build, goVersion)
@@ -1187,7 +1179,7 @@ func TestDockerfile(t *testing.T) {
 	// The linker ignores -X for a variable that does not exist: make sure
 	// it does.
 	for _, v := range []string{"version", "revision"} {
-		if !regexp.MustCompile(`(?m)^\s*(var )?` + v + `\s+= ""`).MatchString(read(t, "../cmd/inboxkeeper/main.go")) {
+		if !regexp.MustCompile(`(?m)^\s*(var )?` + v + `\s+= ""`).MatchString(testfile.Read(t, "../cmd/inboxkeeper/main.go")) {
 			t.Errorf("%s: -X main.%s, but cmd/inboxkeeper/main.go has no package-level string variable %s", dockerfile, v, v)
 		}
 	}
@@ -1253,7 +1245,7 @@ func TestDockerfile(t *testing.T) {
 func TestDockerignoreKeepsTheSources(t *testing.T) {
 	t.Parallel()
 	var patterns []string
-	for _, line := range strings.Split(read(t, dockerignore), "\n") {
+	for _, line := range strings.Split(testfile.Read(t, dockerignore), "\n") {
 		if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "#") {
 			if strings.HasPrefix(line, "!") {
 				t.Fatalf("%s: the test's matcher does not handle exceptions (%s)", dockerignore, line)
@@ -1370,7 +1362,7 @@ func readCompose(t *testing.T) map[string]composeService {
 	var file struct {
 		Services map[string]composeService `yaml:"services"`
 	}
-	if err := yaml.Unmarshal([]byte(read(t, composeFile)), &file); err != nil {
+	if err := yaml.Unmarshal([]byte(testfile.Read(t, composeFile)), &file); err != nil {
 		t.Fatalf("%s: %v", composeFile, err)
 	}
 	return file.Services
@@ -1471,7 +1463,7 @@ func TestCompose(t *testing.T) {
 	if !mounted {
 		t.Errorf("%s: INBOXKEEPER_POLICY_FILE=%q is not mounted", composeFile, policyFile)
 	}
-	checkPolicy(t, policyExample, []byte(read(t, policyExample)))
+	checkPolicy(t, policyExample, []byte(testfile.Read(t, policyExample)))
 	if uid, _, _ := strings.Cut(daemon.User, ":"); uid == "0" || uid == "root" {
 		t.Errorf("%s: inboxkeeper runs as root", composeFile)
 	}
@@ -1495,7 +1487,7 @@ func controlSchema(t *testing.T) (tables, functions []string) {
 	}
 	files = append(files, "../migrations/migrations.go") // schema_version
 	for _, f := range files {
-		body := read(t, f)
+		body := testfile.Read(t, f)
 		for _, m := range createTable.FindAllStringSubmatch(body, -1) {
 			tables = append(tables, m[1])
 		}
@@ -1540,7 +1532,7 @@ func TestRoleScriptCoversTheControlSchema(t *testing.T) {
 		t.Fatalf("the migrations parsed oddly: tables %v, functions %v", tables, functions)
 	}
 	var grants []string
-	for _, s := range sqlStatements(read(t, roleScript)) {
+	for _, s := range sqlStatements(testfile.Read(t, roleScript)) {
 		up := strings.ToUpper(s)
 		if strings.HasPrefix(up, "GRANT ") {
 			grants = append(grants, s)
@@ -1752,12 +1744,12 @@ func (c cli) refused(args ...string) {
 func applyRoleScript(t *testing.T, owner *pgx.Conn, vars map[string]string) {
 	t.Helper()
 	ctx := context.Background()
-	sql := psqlScript(t, read(t, roleScript), vars)
+	sql := psqlScript(t, testfile.Read(t, roleScript), vars)
 	if _, err := owner.Exec(ctx, sql); err != nil {
 		t.Fatalf("%s: %v", roleScript, err)
 	}
 	// Idempotent: a second run changes nothing and fails nothing.
-	if _, err := owner.Exec(ctx, psqlScript(t, read(t, roleScript), vars)); err != nil {
+	if _, err := owner.Exec(ctx, psqlScript(t, testfile.Read(t, roleScript), vars)); err != nil {
 		t.Fatalf("%s, run a second time: %v", roleScript, err)
 	}
 }
@@ -1846,7 +1838,7 @@ func TestComposeInboxIsTheRecommendedLayout(t *testing.T) {
 // entry, field for field.
 func TestPolicyExampleIsTheRecommendedPolicy(t *testing.T) {
 	t.Parallel()
-	checkRecommendedTables(t, policyExample, checkPolicy(t, policyExample, []byte(read(t, policyExample))))
+	checkRecommendedTables(t, policyExample, checkPolicy(t, policyExample, []byte(testfile.Read(t, policyExample))))
 }
 
 // checkRecommendedTables: a policy's tables are inbox.PlainPolicy's, field
@@ -1875,7 +1867,7 @@ func checkRecommendedTables(t *testing.T, where string, got *policy.Policy) {
 func TestReadmeQuickStart(t *testing.T) {
 	t.Parallel()
 	const readme = "../README.md"
-	text := read(t, readme)
+	text := testfile.Read(t, readme)
 	i := strings.Index(text, "\n## Quick start")
 	if i < 0 {
 		t.Fatalf("%s has no Quick start section", readme)
@@ -1891,7 +1883,7 @@ func TestReadmeQuickStart(t *testing.T) {
 		}
 		return m[1]
 	}
-	if got, want := normaliseSQL(block("sql")), normaliseSQL(read(t, recommendedInbox)); got != want {
+	if got, want := normaliseSQL(block("sql")), normaliseSQL(testfile.Read(t, recommendedInbox)); got != want {
 		t.Errorf("%s's quick start table is not %s:\n got: %s\nwant: %s", readme, recommendedInbox, got, want)
 	}
 	p, err := policy.Parse([]byte(block("yaml")), readme)
@@ -1940,7 +1932,7 @@ func TestRoleScriptOnPostgreSQL(t *testing.T) {
 	ctx := context.Background()
 	bin := inboxkeeperBinary(t)
 	owner, ownerURL := ownerDatabase(t)
-	pgtest.Exec(t, owner, read(t, recommendedInbox)+inboxRows)
+	pgtest.Exec(t, owner, testfile.Read(t, recommendedInbox)+inboxRows)
 	if _, err := migrations.Migrate(ctx, owner); err != nil {
 		t.Fatal(err)
 	}
@@ -2223,7 +2215,7 @@ wait:
 // docs/operations/deploying.md mentions every file here, so that none is left unexplained.
 func TestDeployDocumentMentionsEveryFile(t *testing.T) {
 	t.Parallel()
-	doc := read(t, deployDocument)
+	doc := testfile.Read(t, deployDocument)
 	err := filepath.WalkDir(".", func(p string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
 			return err

@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/testfile"
 )
 
 const releaseScript = "release/release.sh"
@@ -81,11 +83,11 @@ func TestReleaseScript(t *testing.T) {
 			t.Errorf("the packaged Chart.yaml lacks %q:\n%s", strings.TrimSpace(want), chartYAML)
 		}
 	}
-	if rules := tarFile(t, chartTgz, "inboxkeeper/files/inboxkeeper.rules.yml"); rules != read(t, "prometheus/inboxkeeper.rules.yml") {
+	if rules := tarFile(t, chartTgz, "inboxkeeper/files/inboxkeeper.rules.yml"); rules != testfile.Read(t, "prometheus/inboxkeeper.rules.yml") {
 		t.Errorf("the packaged chart's rules are not deploy/prometheus/inboxkeeper.rules.yml (the link must be resolved)")
 	}
 
-	sums := read(t, filepath.Join(out, "SHA256SUMS"))
+	sums := testfile.Read(t, filepath.Join(out, "SHA256SUMS"))
 	n := 0
 	for _, line := range strings.Split(strings.TrimSpace(sums), "\n") {
 		sum, name, ok := strings.Cut(line, "  ")

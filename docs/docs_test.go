@@ -20,24 +20,16 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/render"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/jsondoc"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/metricsinfo"
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/testfile"
 	"github.com/inboxkeeper/inboxkeeper/retention"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
 )
-
-func read(t *testing.T, path string) string {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
-}
 
 // section is doc from heading on; the test fails when doc has no such
 // heading.
 func section(t *testing.T, doc, heading string) string {
 	t.Helper()
-	text := read(t, doc)
+	text := testfile.Read(t, doc)
 	i := strings.Index(text, heading)
 	if i < 0 {
 		t.Fatalf("%s has no section %q", doc, heading)
@@ -68,7 +60,7 @@ func uniq(ss []string) []string {
 func TestConfigurationReference(t *testing.T) {
 	t.Parallel()
 	const doc = "reference/configuration.md"
-	names := regexp.MustCompile(`\bINBOXKEEPER_[A-Z0-9_]*[A-Z0-9]\b`).FindAllString(read(t, doc), -1)
+	names := regexp.MustCompile(`\bINBOXKEEPER_[A-Z0-9_]*[A-Z0-9]\b`).FindAllString(testfile.Read(t, doc), -1)
 	compare(t, doc, "variable", config.KnownVariables(), uniq(names))
 }
 
@@ -84,7 +76,7 @@ func TestMetricsReference(t *testing.T) {
 		inCode = append(inCode, name)
 	}
 	// A histogram's series (_bucket, _sum, _count) name the histogram.
-	series := regexp.MustCompile(`\binboxkeeper_[a-z0-9_]*[a-z0-9]\b`).FindAllString(read(t, doc), -1)
+	series := regexp.MustCompile(`\binboxkeeper_[a-z0-9_]*[a-z0-9]\b`).FindAllString(testfile.Read(t, doc), -1)
 	var inDoc []string
 	for _, s := range series {
 		for _, suffix := range []string{"_bucket", "_sum", "_count"} {
@@ -108,7 +100,7 @@ func TestPolicyReference(t *testing.T) {
 		inCode = append(inCode, "retention[]."+f)
 	}
 	// The field table: rows whose first cell is a backquoted path.
-	rows := regexp.MustCompile("(?m)^\\| `((?:tables|retention)[a-z_.\\[\\]]*)` \\|").FindAllStringSubmatch(read(t, doc), -1)
+	rows := regexp.MustCompile("(?m)^\\| `((?:tables|retention)[a-z_.\\[\\]]*)` \\|").FindAllStringSubmatch(testfile.Read(t, doc), -1)
 	var inDoc []string
 	for _, r := range rows {
 		inDoc = append(inDoc, r[1])
@@ -161,8 +153,8 @@ func TestCommandsReference(t *testing.T) {
 	}
 
 	inDoc := map[string][]string{}
-	sections := regexp.MustCompile("(?m)^## `inboxkeeper ([^`]*)`").FindAllStringSubmatchIndex(read(t, doc), -1)
-	text := read(t, doc)
+	sections := regexp.MustCompile("(?m)^## `inboxkeeper ([^`]*)`").FindAllStringSubmatchIndex(testfile.Read(t, doc), -1)
+	text := testfile.Read(t, doc)
 	docFlag := regexp.MustCompile(`--([a-z][a-z-]*)`)
 	heading := regexp.MustCompile(`(?m)^## `)
 	for _, s := range sections {
@@ -215,13 +207,13 @@ func TestThrottleSignals(t *testing.T) {
 	t.Parallel()
 	kind := regexp.MustCompile("`([a-z_]+)`")
 	var inGuide []string
-	for _, row := range regexp.MustCompile("(?m)^\\| (`[a-z_]+`[^|]*)\\|").FindAllStringSubmatch(read(t, "guides/throttle.md"), -1) {
+	for _, row := range regexp.MustCompile("(?m)^\\| (`[a-z_]+`[^|]*)\\|").FindAllStringSubmatch(testfile.Read(t, "guides/throttle.md"), -1) {
 		for _, m := range kind.FindAllStringSubmatch(row[1], -1) {
 			inGuide = append(inGuide, m[1])
 		}
 	}
 	compare(t, "guides/throttle.md", "signal", uniq(throttle.Kinds()), uniq(inGuide))
-	text := read(t, "reference/metrics.md")
+	text := testfile.Read(t, "reference/metrics.md")
 	i := strings.Index(text, "The `reason` label takes the values")
 	if i < 0 {
 		t.Fatal("reference/metrics.md does not list the reason label's values")
@@ -327,7 +319,7 @@ func TestLayout(t *testing.T) {
 // the same types (the command tests check the outputs themselves against
 // the same tables).
 func TestJSONOutputsReference(t *testing.T) {
-	doc := read(t, "reference/commands.md")
+	doc := testfile.Read(t, "reference/commands.md")
 	for output, typ := range map[string]reflect.Type{
 		"status --json":             reflect.TypeFor[render.StatusJSON](),
 		"settings --json":           reflect.TypeFor[render.SettingsJSON](),

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"unicode"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/testfile"
 )
 
 // root is the repository, seen from this directory (go test runs in it).
@@ -39,7 +41,7 @@ func TestCrossReferences(t *testing.T) {
 	}
 	checked := 0
 	for _, file := range files {
-		for _, ref := range references(file, read(t, filepath.Join(root, file))) {
+		for _, ref := range references(file, testfile.Read(t, filepath.Join(root, file))) {
 			checked++
 			if problem := resolve(ref, doc); problem != "" {
 				t.Errorf("%s: %s %q: %s", file, ref.kind, ref.text, problem)

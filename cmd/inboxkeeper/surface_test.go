@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	neturl "net/url"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -18,6 +17,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/jsondoc"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/redistest"
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/testfile"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -91,7 +91,7 @@ func TestSetBoundsLowerLayers(t *testing.T) {
 	// The pass runs with it: its batches take 123 rows at most.
 	file := filepath.Join(f.dir, "once.prom")
 	wantExit(t, f.runWith(env, "once", "--metrics-file", file), 0)
-	if v := metricValue(t, readFile(t, file), `inboxkeeper_batch_size{table="public.consumer_inbox"}`); v < 100 || v > 123 {
+	if v := metricValue(t, testfile.Read(t, file), `inboxkeeper_batch_size{table="public.consumer_inbox"}`); v < 100 || v > 123 {
 		t.Errorf("the pass's batch size is %v, want between the default batch_size_min (100) and the table's batch_size_max (123)", v)
 	}
 
@@ -101,21 +101,11 @@ func TestSetBoundsLowerLayers(t *testing.T) {
 	f.wantCount("changes recorded", 1, "SELECT count(*) FROM inboxkeeper.settings_history")
 }
 
-// readFile is a file's content.
-func readFile(t *testing.T, path string) string {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
-}
-
 // documented is what the commands reference documents of a JSON output
 // ("status --json"): its fields.
 func documented(t *testing.T, output string) []jsondoc.Field {
 	t.Helper()
-	fields, err := jsondoc.Read(readFile(t, "../../docs/reference/commands.md"), output)
+	fields, err := jsondoc.Read(testfile.Read(t, "../../docs/reference/commands.md"), output)
 	if err != nil {
 		t.Fatalf("docs/reference/commands.md: %s: %v", output, err)
 	}
@@ -235,7 +225,7 @@ func TestOneVocabularyForTheBacklog(t *testing.T) {
 
 	file := filepath.Join(f.dir, "once.prom")
 	wantExit(t, f.run("once", "--metrics-file", file), 0)
-	m := readFile(t, file)
+	m := testfile.Read(t, file)
 	st := decodeOutput[render.StatusJSON](t, "status --json", f.run("status", "--json"), nil)
 	rows := st.Tables[0].Rows
 	for series, got := range map[string]float64{
@@ -310,7 +300,7 @@ REVOKE CONNECT ON DATABASE app FROM PUBLIC; GRANT CONNECT ON DATABASE app TO ik_
 
 	// run waits: one ERROR however often it tries, until the cause changes.
 	failures := func() int {
-		return strings.Count(readFile(t, c.LogFile()), `password authentication failed for user "ik_pw"`)
+		return strings.Count(testfile.Read(t, c.LogFile()), `password authentication failed for user "ik_pw"`)
 	}
 	before := failures()
 	// At info, as run logs by default (startDaemon's debug adds a line
