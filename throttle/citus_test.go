@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/inboxkeeper/inboxkeeper/expiry"
 	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
@@ -77,12 +75,8 @@ func TestCitusWorkerStandby(t *testing.T) {
 	t.Parallel()
 	pool, url := pgtest.NewCitusPool(t)
 	pgtest.Migrate(t, url)
-	cfg, err := pgx.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
 	standby := pgtest.NewStandby(t, pgtest.Citus(t).Workers[0], nil)
-	standbyURL := standby.URL(cfg.Database)
+	standbyURL := standby.URL(pgtest.ConnConfig(t, url).Database)
 	th := startThrottle(t, pool, config.Config{ReplicaURLs: []string{standbyURL}, MaxReplicaLag: time.Second, HeartbeatInterval: 100 * time.Millisecond})
 	pgtest.WaitFor(t, 30*time.Second, "the worker's standby to apply a heartbeat", func() bool { return !th.Check().Throttled })
 	pgtest.ExecOn(t, standbyURL, "SELECT pg_wal_replay_pause()")

@@ -175,11 +175,7 @@ func newCitusAudit(t *testing.T) *citusAudit {
 	t.Helper()
 	pool, url := pgtest.NewCitusPool(t)
 	f := &fixture{t: t, pool: pool, url: url, dir: t.TempDir()}
-	cfg, err := pgx.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &citusAudit{f: f, db: cfg.Database}
+	c := &citusAudit{f: f, db: pgtest.ConnConfig(t, url).Database}
 	for _, w := range pgtest.Citus(t).Workers {
 		c.addNode(t, w.Port)
 	}

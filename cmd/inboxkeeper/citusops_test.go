@@ -19,16 +19,6 @@ func citusRoles(t *testing.T, f *fixture) pgtest.Roles {
 	return pgtest.ApplyRoleScript(t, f.url, map[string]string{"table_schema": "public", "table_name": "consumer_inbox", "expiry_column": "remember_until"})
 }
 
-// citusDB is the name of the fixture's database, on every node.
-func citusDB(t *testing.T, f *fixture) string {
-	t.Helper()
-	cfg, err := pgx.ParseConfig(f.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cfg.Database
-}
-
 // A daemon frozen (SIGSTOP, a paused VM) in the middle of a batch on a
 // distributed table: the batch's row locks on the workers and the fence on
 // the coordinator go when PostgreSQL ends its transaction, after
@@ -41,7 +31,7 @@ func TestCitusFrozenDaemonLetsGo(t *testing.T) {
 	f := newCitusFixture(t)
 	wantExit(t, f.run("migrate"), 0)
 	roles := citusRoles(t, f)
-	db := citusDB(t, f)
+	db := pgtest.ConnConfig(t, f.url).Database
 	// The gate: every row the daemon deletes waits, on its worker, while
 	// that worker's public.gate has a row (a wait that is not a lock, so
 	// the batch's short lock timeout does not end it).
@@ -133,7 +123,7 @@ func TestCitusThroughPgBouncer(t *testing.T) {
 	roles := pgtest.ApplyRoleScript(t, f.url,
 		map[string]string{"table_schema": "public", "table_name": "consumer_inbox", "expiry_column": "remember_until"},
 		map[string]string{"table_schema": "public", "table_name": "part_inbox", "expiry_column": "remember_until"})
-	daemonLogin, operatorLogin := userOf(t, roles.Daemon), userOf(t, roles.Operator)
+	daemonLogin, operatorLogin := pgtest.ConnConfig(t, roles.Daemon).User, pgtest.ConnConfig(t, roles.Operator).User
 	owner := pgx.Identifier{roles.DaemonRole + "_owner"}.Sanitize()
 	// The owner of the application's tables, who may create them.
 	pgtest.Exec(t, f.pool, "CREATE ROLE "+owner+" NOLOGIN")
@@ -144,7 +134,7 @@ func TestCitusThroughPgBouncer(t *testing.T) {
 	pgtest.Exec(t, f.pool, "GRANT "+owner+" TO "+pgx.Identifier{daemonLogin}.Sanitize())
 
 	b := pgtest.NewCitusBouncer(t, daemonLogin, operatorLogin)
-	db := citusDB(t, f)
+	db := pgtest.ConnConfig(t, f.url).Database
 	daemon := []string{"INBOXKEEPER_DATABASE_URL=" + pgtest.WithUser(t, b.URL(db), daemonLogin)}
 	operator := []string{"INBOXKEEPER_DATABASE_URL=" + pgtest.WithUser(t, b.URL(db), operatorLogin)}
 
@@ -187,14 +177,4 @@ $$SELECT string_agg(DISTINCT c.relowner::regrole::text, ',') FROM pg_inherits i 
 	}
 	wantExit(t, f.runWith(append([]string{"INBOXKEEPER_DATABASE_URL=" + b.URL(db)}, "INBOXKEEPER_SESSION_DATABASE_URL="+f.url), "migrate"), 0, "up to date")
 	wantNoSessionState(t, b.URL(db))
-}
-
-// userOf is the user of a connection string.
-func userOf(t *testing.T, url string) string {
-	t.Helper()
-	cfg, err := pgx.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cfg.User
 }

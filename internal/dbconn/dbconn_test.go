@@ -95,7 +95,7 @@ func TestConnectErrorCauses(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	url := pgtest.NewDatabase(t)
-	noDB := strings.Replace(url, "/"+dbName(t, url)+"?", "/ik_no_such_db?", 1)
+	noDB := strings.Replace(url, "/"+pgtest.ConnConfig(t, url).Database+"?", "/ik_no_such_db?", 1)
 	_, _, err := Open(ctx, noDB, 2)
 	var ce *ConnectError
 	if !errors.As(err, &ce) || ce.Cause != CauseUnknownDatabase || !IsConfigError(err) || !strings.Contains(err.Error(), `database "ik_no_such_db" does not exist (SQLSTATE 3D000)`) {
@@ -120,16 +120,6 @@ func TestConnectErrorCauses(t *testing.T) {
 	if err = Classify(err); !errors.As(err, &ce) || ce.Cause != CauseUnknownDatabase || !strings.HasPrefix(err.Error(), "connect to postgres@") {
 		t.Errorf("a pool's failure classified: %v", err)
 	}
-}
-
-// dbName is the database a test URL names.
-func dbName(t *testing.T, url string) string {
-	t.Helper()
-	cc, err := pgx.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cc.Database
 }
 
 // TxSettings are local to the transaction (nothing is left on a

@@ -39,10 +39,7 @@ func CitusSpareNode(t testing.TB, coordinatorURL string, i int) *pgcluster.Clust
 	if err != nil {
 		t.Fatalf("pgtest: start a spare Citus node: %v", err)
 	}
-	cfg, err := pgx.ParseConfig(coordinatorURL)
-	if err != nil {
-		t.Fatalf("pgtest: %v", err)
-	}
+	cfg := ConnConfig(t, coordinatorURL)
 	db := pgx.Identifier{cfg.Database}.Sanitize()
 	ExecOn(t, node.URL("postgres"), "CREATE DATABASE "+db+" TEMPLATE template0")
 	t.Cleanup(func() { ExecOn(t, node.URL("postgres"), "DROP DATABASE IF EXISTS "+db+" WITH (FORCE)") })

@@ -356,14 +356,22 @@ func Connect(t testing.TB, url string) *pgx.Conn {
 	return ConnectAs(t, url, "")
 }
 
-// ConnectAs is Connect with the session's application_name (none when
-// ""): what pg_stat_activity, and so the daemon, names it by.
-func ConnectAs(t testing.TB, url, application string) *pgx.Conn {
+// ConnConfig is url parsed: what a test reads of it (its database, its
+// user) or connects with, changed.
+func ConnConfig(t testing.TB, url string) *pgx.ConnConfig {
 	t.Helper()
 	cfg, err := pgx.ParseConfig(url)
 	if err != nil {
 		t.Fatalf("pgtest: %v", err)
 	}
+	return cfg
+}
+
+// ConnectAs is Connect with the session's application_name (none when
+// ""): what pg_stat_activity, and so the daemon, names it by.
+func ConnectAs(t testing.TB, url, application string) *pgx.Conn {
+	t.Helper()
+	cfg := ConnConfig(t, url)
 	if application != "" {
 		cfg.RuntimeParams["application_name"] = application
 	}
