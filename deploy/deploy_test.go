@@ -2075,11 +2075,7 @@ VALUES ('payments', 'late', '\x00', now() - interval '60 days', now() - interval
 
 	// A consumer claims through inboxkeeper.claim with its role, and may not
 	// touch the control schema otherwise.
-	ccfg, err := pgx.ParseConfig(asUser(t, ownerURL, consumerUser, password))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cconn, err := pgx.ConnectConfig(ctx, ccfg)
+	cconn, err := pgx.Connect(ctx, asUser(t, ownerURL, consumerUser, password))
 	if err != nil {
 		t.Fatal(err)
 	}
