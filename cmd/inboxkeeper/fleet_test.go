@@ -108,14 +108,8 @@ func TestStandbyThenPromoted(t *testing.T) {
 	if err := primary.StopServer(ctx); err != nil {
 		t.Fatal(err)
 	}
-	sconn, err := pgx.Connect(ctx, standby.URL("postgres"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sconn.Close(ctx)
-	if _, err := sconn.Exec(ctx, "SELECT pg_promote()"); err != nil {
-		t.Fatal(err)
-	}
+	sconn := pgtest.Connect(t, standby.URL("postgres"))
+	pgtest.Exec(t, sconn, "SELECT pg_promote()")
 	d.waitLine(activeLogged, 30*time.Second)
 	d.waitLine(passDone, 30*time.Second)
 	var left int
