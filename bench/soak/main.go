@@ -197,7 +197,7 @@ type result struct {
 // daemonFigures are the daemon's own.
 type daemonFigures struct {
 	cpu                 float64 // of a core, steady state
-	rssFirst, rssLast   int64   // bytes, the first and last minute's peak
+	rss                 rssFigures
 	linesPerHour        float64 // steady state
 	idleXacts           float64 // a second, nothing due
 	idleLinesPerHour    float64

@@ -120,7 +120,8 @@ func (b *bench) rep(ctx context.Context, order []string, r *report) (rep, error)
 			}
 		}
 		if v, err := d.rss(); err == nil {
-			rss = append(rss, rssSample{at, v})
+			v.at = at
+			rss = append(rss, v)
 		}
 		return nil
 	}
@@ -267,7 +268,7 @@ func (b *bench) rep(ctx context.Context, order []string, r *report) (rep, error)
 		}
 		out.results[cl] = res
 	}
-	out.daemon.rssFirst, out.daemon.rssLast = rssEnds(rss, o)
+	out.daemon.rss = rssEnds(rss, o)
 	return out, nil
 }
 
@@ -575,19 +576,37 @@ func (d *daemon) cpu() time.Duration {
 	return time.Duration(utime+stime) * 10 * time.Millisecond
 }
 
-// rss is the process's resident set size now (/proc).
-func (d *daemon) rss() (int64, error) {
+// rss is the process's resident set size now, and its anonymous part
+// (/proc/PID/status: VmRSS and RssAnon). The rest of VmRSS is pages of the
+// binary mapped from its file, which grow as code runs for the first time
+// (the first VACUUM, the first horizon hold) up to the binary's text size:
+// shared, clean and reclaimable, not the daemon's allocations.
+func (d *daemon) rss() (rssSample, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", d.cmd.Process.Pid))
 	if err != nil {
-		return 0, err
+		return rssSample{}, err
 	}
+	var out rssSample
+	found := 0
 	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			return kb << 10, err
+		for _, f := range []struct {
+			prefix string
+			into   *int64
+		}{{"VmRSS:", &out.rss}, {"RssAnon:", &out.anon}} {
+			if v, ok := strings.CutPrefix(line, f.prefix); ok {
+				kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+				if err != nil {
+					return rssSample{}, err
+				}
+				*f.into = kb << 10
+				found++
+			}
 		}
 	}
-	return 0, fmt.Errorf("no VmRSS")
+	if found != 2 {
+		return rssSample{}, fmt.Errorf("no VmRSS or RssAnon")
+	}
+	return out, nil
 }
 
 // metric reads one series from the daemon's /metrics.
@@ -614,21 +633,34 @@ func (d *daemon) metric(ctx context.Context, series string) (float64, error) {
 }
 
 type rssSample struct {
-	at  time.Duration
-	rss int64
+	at        time.Duration
+	rss, anon int64 // bytes
 }
 
-// rssEnds is the daemon's peak RSS in the first minute after the warm-up,
-// and in the last minute of the writers.
-func rssEnds(s []rssSample, o options) (first, last int64) {
+// rssFigures are the daemon's peak RSS (and its anonymous part) in the
+// first minute after the warm-up, the minute half way through and the last
+// minute of the writers: a leak grows in both halves, a process settling in
+// grows in the first only.
+type rssFigures struct {
+	first, middle, last rssSample
+}
+
+func rssEnds(s []rssSample, o options) rssFigures {
 	from := 2 * o.expiry
+	mid := from + (o.duration-from)/2
+	var out rssFigures
+	peak := func(into *rssSample, x rssSample) {
+		into.rss, into.anon = max(into.rss, x.rss), max(into.anon, x.anon)
+	}
 	for _, x := range s {
 		switch {
 		case x.at >= from && x.at < from+time.Minute:
-			first = max(first, x.rss)
+			peak(&out.first, x)
+		case x.at >= mid-time.Minute/2 && x.at < mid+time.Minute/2:
+			peak(&out.middle, x)
 		case x.at >= o.duration-time.Minute && x.at <= o.duration:
-			last = max(last, x.rss)
+			peak(&out.last, x)
 		}
 	}
-	return first, last
+	return out
 }

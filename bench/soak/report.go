@@ -61,8 +61,9 @@ func printRep(w io.Writer, r *report, i int) {
 		return fmt.Sprintf("%.2f", x.xactsPerSecond)
 	})
 	d := rp.daemon
-	fmt.Fprintf(w, "daemon: CPU %.1f%% of a core; RSS %.1f MB in the first minute, %.1f MB in the last; %.0f log lines an hour\n",
-		100*d.cpu, benchdata.MB(d.rssFirst), benchdata.MB(d.rssLast), d.linesPerHour)
+	fmt.Fprintf(w, "daemon: CPU %.1f%% of a core; RSS %.1f MB in the first minute, %.1f MB half way, %.1f MB in the last (anonymous %.1f, %.1f, %.1f MB); %.0f log lines an hour\n",
+		100*d.cpu, benchdata.MB(d.rss.first.rss), benchdata.MB(d.rss.middle.rss), benchdata.MB(d.rss.last.rss),
+		benchdata.MB(d.rss.first.anon), benchdata.MB(d.rss.middle.anon), benchdata.MB(d.rss.last.anon), d.linesPerHour)
 	fmt.Fprintf(w, "daemon with nothing due, over %s: %.2f transactions a second, %.0f log lines an hour\n", o.idle, d.idleXacts, d.idleLinesPerHour)
 	if o.hold > 0 {
 		named := "NOT named"
@@ -107,6 +108,8 @@ func printGoals(w io.Writer, r *report) {
 	if o.hold > 0 {
 		v, each = of(ik(func(x *result) float64 { return x.footprintHeld }))
 		goal(fmt.Sprintf("footprint at most %.1f x while a session holds the horizon for %s", goalFootprintHeld, o.hold), v, each, v <= goalFootprintHeld)
+		fmt.Fprintf(w, "  (no cleaner can go below %.2f there: %s\n", heldFloor(o),
+			"every row alive during the hold, from an expiry before it began to its end, stays on disk until it ends)")
 		named := 0
 		for _, rp := range r.reps {
 			if rp.daemon.namedInStatus != "" && rp.daemon.metricAfterOnePass >= 1 {
@@ -131,7 +134,15 @@ func printGoals(w io.Writer, r *report) {
 	v, each = of(func(rp rep) float64 { return rp.daemon.idleXacts })
 	goal(fmt.Sprintf("at most %.0f transaction a second from the daemon when nothing is due", goalIdleXacts), v, each, v <= goalIdleXacts)
 	v, each = of(func(rp rep) float64 {
-		return float64(rp.daemon.rssLast) / float64(max(rp.daemon.rssFirst, 1))
+		return float64(rp.daemon.rss.last.rss) / float64(max(rp.daemon.rss.first.rss, 1))
 	})
 	goal(fmt.Sprintf("RSS flat: the last minute's at most %.1f x the first's", goalRSSGrowth), v, each, v <= goalRSSGrowth)
+}
+
+// heldFloor is the footprint no cleaner can go below while a session holds
+// the xmin horizon: the rows inserted from one expiry before the hold began
+// until it ends, (expiry + hold) ÷ expiry times the live rows, since none of
+// those deleted after it began can be reclaimed before it ends.
+func heldFloor(o options) float64 {
+	return (o.expiry + o.hold).Seconds() / o.expiry.Seconds()
 }
