@@ -60,7 +60,10 @@
 // holds the horizon for 60 s; insert p99 at most 1.1 and p999 at most
 // 1.25 times no cleanup's; cleanup lag at most -interval + 2 s; at most 1
 // transaction a second from the daemon when nothing is due; RSS flat (the
-// last minute's at most 1.1 times the first's). A missed goal is printed
+// last minute's at most 1.05 times the half-way minute's: a leak grows in
+// both halves of the run, while a process that has just started grows in
+// the first only, as the heap's pages are touched for the first time, so
+// the first minute's figure is printed but not judged). A missed goal is printed
 // (GOAL MISSED), not fatal; the command exits non-zero when a step fails.
 package main
 
@@ -101,7 +104,7 @@ const (
 	goalP999          = 1.25
 	goalLagSlack      = 2 * time.Second
 	goalIdleXacts     = 1.0
-	goalRSSGrowth     = 1.1
+	goalRSSGrowth     = 1.05
 )
 
 type options struct {
