@@ -42,7 +42,7 @@
 //     rollbacks (pg_stat_database, read once the writers' sessions ended)
 //     less the writer's inserts and the sampler's reads, less what is left
 //     over in the database nobody cleans (autovacuum's own);
-//   - for the daemon: its CPU, its RSS in the first and the last minute,
+//   - for the daemon: its CPU, its RSS (and its anonymous part) in the first minute, half way and the last,
 //     its log lines per hour; and, once the writers stopped and it deleted
 //     every row, its transactions a second when nothing is due, over -idle.
 //
