@@ -410,7 +410,7 @@ func (d *Deleter) checkLockPrivilege(ctx context.Context, t *catalog.Table) erro
 	}
 	var ok bool
 	if err := d.pool.QueryRow(ctx, `SELECT has_any_column_privilege($1::oid, 'UPDATE')`, t.OID).Scan(&ok); err != nil {
-		return fmt.Errorf("check the UPDATE privilege on %s: %w", t.Name, err)
+		return fmt.Errorf("could not read whether this role may lock rows of %s (its UPDATE privilege): %w", t.Name, err)
 	}
 	if !ok {
 		return fmt.Errorf("permission denied: this role has no UPDATE privilege on any column of %s, and a batch that meets "+

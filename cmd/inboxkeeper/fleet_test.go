@@ -166,6 +166,14 @@ func TestDatabaseRestartUnderDaemon(t *testing.T) {
 	if metricValue(t, m, `inboxkeeper_passes_total{outcome="failed"}`)+metricValue(t, m, `inboxkeeper_passes_total{outcome="partial"}`) < 1 {
 		t.Errorf("the outage was not counted\n%s", m)
 	}
+	// A restart is not a configuration problem: no line sends the DBA to
+	// the role's privileges or says the settings are wrong.
+	for _, line := range strings.Split(d.log(), "\n") {
+		if strings.Contains(line, "check the UPDATE privilege") ||
+			strings.Contains(line, "level=ERROR") && strings.Contains(line, "runtime settings") {
+			t.Errorf("a restart logged as a configuration problem: %s", line)
+		}
+	}
 	d.stop()
 }
 

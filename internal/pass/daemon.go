@@ -13,6 +13,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/daemonmetrics"
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/lease"
+	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 	"github.com/inboxkeeper/inboxkeeper/tiering"
 )
 
@@ -151,7 +152,13 @@ func (d *Daemon) Pass(ctx context.Context) error {
 	dm.PassesInFlight.Set(1)
 	defer dm.PassesInFlight.Set(0)
 	if err := d.tune(ctx); err != nil && ctx.Err() == nil {
-		d.Log.Error("inboxkeeper: the runtime settings cannot be applied; what was in force stays", "error", err)
+		if retry.KindOf(err) == retry.KindConnection {
+			// A restart or failover under the daemon: nothing to fix in the
+			// settings; the pass that follows says what it could not do.
+			d.Log.Warn("inboxkeeper: the runtime settings could not be read (the connection failed); what was in force stays", "error", err)
+		} else {
+			d.Log.Error("inboxkeeper: the runtime settings cannot be applied; what was in force stays", "error", err)
+		}
 	}
 	res, err := d.runner.Run(ctx)
 	if err != nil {
