@@ -97,10 +97,15 @@ func (d *Deleter) Due(ctx context.Context, t *catalog.Table, from pgtype.Timesta
 // ended on (res.resume; the start of the index before the pass), and what
 // the table holds (measure: protected rows, cleanup lag, retained range,
 // bytes per key). A pass that finds nothing due is this one transaction.
-func (d *Deleter) look(ctx context.Context, t *catalog.Table, res *TableResult) (Due, error) {
+// beside, when set, is called with the count's now and holds before it
+// counts (the sample read beside it, sampleBeside).
+func (d *Deleter) look(ctx context.Context, t *catalog.Table, res *TableResult, beside func(now time.Time, cov holds.Coverage)) (Due, error) {
 	var due Due
 	err := d.coverageTx(ctx, t, func(tx pgx.Tx, now time.Time, cov holds.Coverage) error {
 		due.now, due.cov = now, cov
+		if beside != nil {
+			beside(now, cov)
+		}
 		var err error
 		if due.Rows, due.Capped, err = countDue(ctx, tx, t, now, cov, orNegInf(res.resume)); err != nil {
 			return err

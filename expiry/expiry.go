@@ -62,6 +62,10 @@ type TestSignals struct {
 	// Strategy forces a pass's strategy where the table allows a choice:
 	// "sweep" or "expiry"; empty: chosen from the sample (planSweep).
 	Strategy string
+	// OnSample is told when a sample of the heap has been read, or has
+	// failed (a sample read beside the count and not needed is stopped):
+	// beside the count (sampleBeside) or after it.
+	OnSample func(beside bool, err error)
 }
 
 // Sizing bounds the adaptive batch size.
@@ -139,6 +143,7 @@ type Deleter struct {
 	windows    map[string]*window      // per distributed table, kept across passes
 	rates      map[string]*deleteRate  // per table, kept across passes
 	sweepFrom  map[string]int64        // per table: the page the next sweep starts at (sweepStart)
+	lastDue    map[string]int64        // per table: the rows due at the start of its last pass, -1 unknown (sampleBeside)
 }
 
 // New returns a Deleter with defaults filled in.
@@ -167,7 +172,7 @@ func New(pool *pgxpool.Pool, tables []*catalog.Table, opts Options) *Deleter {
 	}
 	return &Deleter{pool: pool, tables: tables, opts: opts, log: log, sizers: batchloop.NewSizers(opts.BatchSize, opts.Sizing),
 		scanChoice: map[string]*scanChooser{}, windows: map[string]*window{}, rates: map[string]*deleteRate{},
-		sweepFrom: map[string]int64{}}
+		sweepFrom: map[string]int64{}, lastDue: map[string]int64{}}
 }
 
 // RunPass runs one pass over every table, in policy order. A failure on one
@@ -213,20 +218,29 @@ func (d *Deleter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 		// The count at the start is what the progress line's ETA counts
 		// down from (refreshed every DueRefresh during a long pass); when
 		// nothing is due, what it measured is the pass.
-		due, err := d.look(ctx, t, &res)
+		// The heap's sample, when the pass may need it, is read beside
+		// the count (sampleBeside).
+		var sample *sampleAhead
+		due, err := d.look(ctx, t, &res, func(now time.Time, cov holds.Coverage) {
+			if d.sampleBeside(t) {
+				sample = d.readSampleAhead(ctx, t, now, cov)
+			}
+		})
+		d.counted(t, due, err)
 		if err != nil && ctx.Err() == nil {
 			d.log.Warn("expiry: could not count the due rows", "table", t.Name, "error", err)
 		}
 		if err != nil || due.Rows > 0 {
-			res.Err = d.deleteAll(ctx, t, deadline, due, &res)
-			if res.Err == nil && ctx.Err() == nil {
-				// Measuring is best effort: the deletion is done whatever it says.
-				if _, err := d.look(ctx, t, &res); err != nil {
-					log.Warn("expiry: could not measure the table after the pass; its metrics wait for the next one", "error", err)
-				} else if res.Deleted > 0 {
-					v := d.opts.Vacuum.AfterPass(ctx, t, res.Deleted, res.LiveTuples, res.DeadTuples)
-					res.DeadTuples, res.Vacuumed, res.VacuumNotRun = max(res.DeadTuples, v.Dead), v.Ran, v.NotRun
-				}
+			res.Err = d.deleteAll(ctx, t, deadline, due, sample, &res)
+		}
+		sample.drop() // nothing of the pass outlives it
+		if (err != nil || due.Rows > 0) && res.Err == nil && ctx.Err() == nil {
+			// Measuring is best effort: the deletion is done whatever it says.
+			if _, err := d.look(ctx, t, &res, nil); err != nil {
+				log.Warn("expiry: could not measure the table after the pass; its metrics wait for the next one", "error", err)
+			} else if res.Deleted > 0 {
+				v := d.opts.Vacuum.AfterPass(ctx, t, res.Deleted, res.LiveTuples, res.DeadTuples)
+				res.DeadTuples, res.Vacuumed, res.VacuumNotRun = max(res.DeadTuples, v.Dead), v.Ran, v.NotRun
 			}
 		}
 	}
@@ -289,7 +303,7 @@ type deleteRate struct {
 	total int64
 }
 
-func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time.Time, due Due, res *TableResult) error {
+func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time.Time, due Due, sample *sampleAhead, res *TableResult) error {
 	// The keyset: every batch starts at the newest expiry the previous batch
 	// deleted, so rows it passed over (held, or locked by someone else) are
 	// not scanned again in this pass.
@@ -304,7 +318,7 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 	// counts down from. A sample of the heap decides whether the pass
 	// sweeps the heap in physical order instead (startSweep).
 	estimate := due.Rows
-	sw := d.startSweep(ctx, t, due)
+	sw := d.startSweep(ctx, t, due, sample)
 	lastCount := time.Now()
 	m := d.opts.Metrics
 	var lastNewest time.Time // the newest expiry of the last batch, for its log line

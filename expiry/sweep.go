@@ -2,6 +2,7 @@ package expiry
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -342,21 +343,103 @@ func (s *sweep) swept(a, b int64, n int64, mapped float64, took time.Duration) {
 // sweeps the heap (nil: expiry order), from due, the count the pass began
 // with (look): a table that may sweep, with at least two batches due (a
 // daemon that keeps up has fewer, and reads no sample), is sampled at the
-// count's now and under its holds and replays. The sweep stops once it has
-// deleted as many rows as were counted, when the count was not capped.
-func (d *Deleter) startSweep(ctx context.Context, t *catalog.Table, due Due) *sweep {
-	if t.InCitusMetadata || t.Distributed() || d.TestSignals.Strategy == "expiry" || due.now.IsZero() {
-		return nil // no ctid through Citus
+// count's now and under its holds and replays; the sample read beside the
+// count (sampleBeside), when there is one, is that sample. The sweep stops
+// once it has deleted as many rows as were counted, when the count was
+// not capped.
+func (d *Deleter) startSweep(ctx context.Context, t *catalog.Table, due Due, beside *sampleAhead) *sweep {
+	if !d.maySweep(t) || due.now.IsZero() {
+		beside.drop()
+		return nil
 	}
 	forced := d.TestSignals.Strategy == "sweep"
 	if due.Rows < int64(2*d.sizer(t).Size()) && !due.Capped && !forced {
+		beside.drop() // not needed: no batch waits for it
 		return nil
 	}
-	sw := d.planSweep(ctx, t, due.now, due.cov)
+	sw := d.planSweep(ctx, t, due.now, due.cov, beside)
 	if sw != nil {
 		sw.counted = func() (int64, bool) { return due.Rows, !due.Capped }
 	}
 	return sw
+}
+
+// maySweep: a pass over t may sweep (no ctid through Citus).
+func (d *Deleter) maySweep(t *catalog.Table) bool {
+	return !t.InCitusMetadata && !t.Distributed() && d.TestSignals.Strategy != "expiry"
+}
+
+// sampleAhead is the heap's sample read beside the count a pass begins
+// with, on a connection of its own.
+type sampleAhead struct {
+	done    chan struct{}
+	cancel  context.CancelFunc
+	blocks  []sampledBlock // set before done closes
+	frac    float64
+	nblocks int64
+	err     error
+}
+
+// sampleBeside says whether the sample of t is read beside the count a
+// pass begins with, before the count says whether the pass needs it: on a
+// table that may sweep, when the pass before found at least two batches
+// due, or there was none. The sample, about 2,048 pages, took as long as
+// the count of 100,000 due rows and more (docs/design/expiry.md), and a
+// pass that samples waited for both before its first batch; beside the
+// count, on a second backend, it waits for the longer. A daemon that keeps
+// up reads none after its first pass; one that falls behind reads it after
+// the count for one pass, then beside it.
+func (d *Deleter) sampleBeside(t *catalog.Table) bool {
+	if !d.maySweep(t) {
+		return false
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	last, ok := d.lastDue[t.Name]
+	return !ok || last < 0 || last >= int64(2*d.sizer(t).Size())
+}
+
+// counted records the rows due at the start of t's pass, for the next
+// pass's sampleBeside.
+func (d *Deleter) counted(t *catalog.Table, due Due, err error) {
+	n := due.Rows
+	if err != nil || due.Capped {
+		n = -1
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.lastDue[t.Name] = n
+}
+
+// readSampleAhead starts reading the sample of t at now under cov, as the
+// count does, on a connection of its own.
+func (d *Deleter) readSampleAhead(ctx context.Context, t *catalog.Table, now time.Time, cov holds.Coverage) *sampleAhead {
+	sctx, cancel := context.WithCancel(ctx)
+	a := &sampleAhead{done: make(chan struct{}), cancel: cancel}
+	go func() {
+		defer close(a.done)
+		a.blocks, a.frac, a.nblocks, a.err = d.sample(sctx, t, cutoff(t, now), cov)
+		if d.TestSignals.OnSample != nil {
+			d.TestSignals.OnSample(true, a.err)
+		}
+	}()
+	return a
+}
+
+// drop stops the sample if it is still being read, and waits for it.
+func (a *sampleAhead) drop() {
+	if a != nil {
+		a.cancel()
+		<-a.done
+	}
+}
+
+// take waits for the sample and returns it; an error when it could not be
+// read.
+func (a *sampleAhead) take() ([]sampledBlock, float64, int64, error) {
+	<-a.done
+	a.cancel()
+	return a.blocks, a.frac, a.nblocks, a.err
 }
 
 // sample reads about sampleBlocks pages of t at random and what is due on
@@ -425,11 +508,24 @@ func (d *Deleter) expirySizes(t *catalog.Table) []int {
 	return sizes
 }
 
-// planSweep reads the sample and decides whether the pass sweeps, at the
-// count's now and under its holds and replays; nil: expiry order.
-func (d *Deleter) planSweep(ctx context.Context, t *catalog.Table, now time.Time, cov holds.Coverage) *sweep {
+// planSweep reads the sample (or takes the one read beside the count) and
+// decides whether the pass sweeps, at the count's now and under its holds
+// and replays; nil: expiry order.
+func (d *Deleter) planSweep(ctx context.Context, t *catalog.Table, now time.Time, cov holds.Coverage, beside *sampleAhead) *sweep {
 	c := cutoff(t, now)
-	blocks, frac, nblocks, err := d.sample(ctx, t, c, cov)
+	var blocks []sampledBlock
+	var frac float64
+	var nblocks int64
+	err := errors.New("not read beside the count")
+	if beside != nil {
+		blocks, frac, nblocks, err = beside.take()
+	}
+	if err != nil && ctx.Err() == nil {
+		blocks, frac, nblocks, err = d.sample(ctx, t, c, cov)
+		if d.TestSignals.OnSample != nil {
+			d.TestSignals.OnSample(false, err)
+		}
+	}
 	if err != nil {
 		if ctx.Err() == nil {
 			d.log.Warn("expiry: could not sample the table; this pass goes in expiry order", "table", t.Name, "error", err)

@@ -86,6 +86,64 @@ func TestSweepScatteredRows(t *testing.T) {
 	}
 }
 
+// TestSweepSampleBesideTheCount: the heap's sample is read beside the
+// count a pass begins with when the pass before found two batches due or
+// more (or there was none), is stopped when the count says it is not
+// needed, and is read after the count otherwise; a pass sweeps with either.
+func TestSweepSampleBesideTheCount(t *testing.T) {
+	t.Parallel()
+	f := setup(t, inboxDDL, inboxPolicy)
+	due := f.scatter(t, 20000)
+	var mu sync.Mutex
+	var beside, after int // samples read, or stopped, beside the count and after it
+	sig := TestSignals{OnSample: func(b bool, _ error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if b {
+			beside++
+		} else {
+			after++
+		}
+	}}
+	d := newTest(f.pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}, BatchSize: 1000}}, sig)
+	pass := func(wantBeside, wantAfter int, deleted int64, swept bool) {
+		t.Helper()
+		mu.Lock()
+		beside, after = 0, 0
+		mu.Unlock()
+		res, err := d.RunPass(context.Background())
+		if err != nil || res[0].Err != nil {
+			t.Fatalf("pass: %v %v", err, res[0].Err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if r := res[0]; r.Deleted != deleted || (r.SweepBatches > 0) != swept || (swept && r.SweepBatches != r.Batches) {
+			t.Errorf("pass %+v: want %d deleted, swept %v", r, deleted, swept)
+		}
+		if beside != wantBeside || after != wantAfter {
+			t.Errorf("samples beside the count %d, after it %d; want %d and %d", beside, after, wantBeside, wantAfter)
+		}
+	}
+	// The first pass: beside the count.
+	pass(1, 0, due, true)
+	// Nothing due: the sample read beside the count (the pass before had a
+	// backlog) is stopped, or not used.
+	pass(1, 0, 0, false)
+	// Nothing due after a pass that found nothing: no sample at all.
+	pass(0, 0, 0, false)
+	// A backlog again: the count says so, and the sample is read after it.
+	pgtest.Exec(t, f.pool, `INSERT INTO public.consumer_inbox (consumer, message_id, event_time, remember_until)
+SELECT 'c' || (i % 4), 'n-' || i, e - interval '30 days', e
+FROM generate_series(0, 20000 - 1) i, LATERAL (SELECT $1::timestamptz + ((i * 7919) % 20000 - 10000) * interval '1 second') AS x(e)`, t0)
+	pgtest.Exec(t, f.pool, "VACUUM ANALYZE public.consumer_inbox")
+	pass(0, 1, f.count(t, "remember_until <= $1", t0), true)
+	if n := f.count(t, "remember_until <= $1", t0); n != 0 {
+		t.Errorf("%d due rows left", n)
+	}
+	// And beside it in the pass after.
+	pass(1, 0, 0, false)
+}
+
 // windowGate is a throttle whose standbys' WAL window admits rows rows a
 // batch, and that records the WAL each batch told it.
 type windowGate struct {
