@@ -286,9 +286,10 @@ func (s *sweep) position() int64 {
 
 // slice is the next slice, [a, b) in page numbers, for a batch of about
 // size rows: it ends where the density map, corrected by what the slices
-// so far found (factor), predicts size rows, at the wrap-around point, or
-// after as many pages as fit in the batch target at the time a page has
-// taken. mapped is what the map alone predicts for it.
+// so far found (factor), predicts size rows, or the rows counted and not
+// yet found when fewer, at the wrap-around point, or after as many pages
+// as fit in the batch target at the time a page has taken. mapped is what
+// the map alone predicts for it.
 func (s *sweep) slice(size int) (a, b int64, mapped float64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -302,10 +303,30 @@ func (s *sweep) slice(size int) (a, b int64, mapped float64) {
 		maxPages = max(1, int64(s.target/s.perPage))
 	}
 	end = min(end, a+maxPages)
-	want := float64(size) / s.factor()
+	rows := float64(size)
+	if s.counted != nil {
+		// The last slice ends where the map puts the last counted row,
+		// not a batch further on.
+		if counted, ok := s.counted(); ok {
+			rows = min(rows, float64(counted-s.found))
+		}
+	}
+	want := rows / s.factor()
+	// Past the map's last segment with due rows a slice that has some
+	// stops: it went on to the batch target, through 2,800 to 5,300 pages
+	// of nothing due on bench/expiry's steady-state layout at -rows
+	// 1000000, a sixth of the pass's pages. A slice with nothing on the map
+	// ahead reads on: the rows counted and not yet found lie there.
+	lastSeg := int64(len(s.est.density)) - 1
+	for lastSeg >= 0 && s.est.density[lastSeg] <= 0 {
+		lastSeg--
+	}
 	b = a
 	for b < end && mapped < want {
 		seg := b / s.est.segLen
+		if mapped > 0 && seg > lastSeg {
+			break
+		}
 		segEnd := min(end, (seg+1)*s.est.segLen)
 		rate := 0.0
 		if seg < int64(len(s.est.density)) {

@@ -1,10 +1,14 @@
 package expiry
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"math/rand/v2"
+	"regexp"
 	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -142,6 +146,44 @@ FROM generate_series(0, 20000 - 1) i, LATERAL (SELECT $1::timestamptz + ((i * 79
 	}
 	// And beside it in the pass after.
 	pass(1, 0, 0, false)
+}
+
+// TestSweepEndsAtTheLastDueRow: the last slice of a sweep ends about where
+// the last due row lies, not a batch further on through pages that hold
+// nothing due.
+func TestSweepEndsAtTheLastDueRow(t *testing.T) {
+	t.Parallel()
+	f := setup(t, inboxDDL, inboxPolicy)
+	// 20,000 rows scattered about t0, half of them due, then 40,000 due
+	// from tomorrow on: the due rows lie in the first third of the heap.
+	pgtest.Exec(t, f.pool, `INSERT INTO public.consumer_inbox (consumer, message_id, event_time, remember_until)
+SELECT 'c' || (i % 4), 'm-' || i, e - interval '30 days', e
+FROM generate_series(0, 59999) i, LATERAL (SELECT CASE WHEN i < 20000
+  THEN $1::timestamptz + ((i * 7919) % 20000 - 10000) * interval '1 second'
+  ELSE $1::timestamptz + interval '1 day' + i * interval '1 second' END) AS x(e)`, t0)
+	pgtest.Exec(t, f.pool, "VACUUM ANALYZE public.consumer_inbox")
+	due := f.count(t, "remember_until <= $1", t0)
+	var lastDue, pages int64
+	err := f.pool.QueryRow(context.Background(), `SELECT (max((ctid::text::point)[0]) FILTER (WHERE remember_until <= $1))::bigint,
+       pg_relation_size('public.consumer_inbox') / current_setting('block_size')::bigint FROM public.consumer_inbox`, t0).Scan(&lastDue, &pages)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	res := f.passWith(t, TestSignals{Strategy: "sweep"}, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0), Logger: log}, BatchSize: 4000}})
+	if res.Deleted != due || res.SweepBatches != res.Batches {
+		t.Fatalf("pass %+v: want all %d due rows deleted by sweep batches only", res, due)
+	}
+	last := int64(0)
+	for _, m := range regexp.MustCompile(`expiry: slice.* to_page=(\d+)`).FindAllStringSubmatch(logs.String(), -1) {
+		n, _ := strconv.ParseInt(m[1], 10, 64)
+		last = max(last, n)
+	}
+	// The density map's segments are 64 sampled pages (here every page).
+	if last == 0 || last > lastDue+1+64 {
+		t.Errorf("the sweep read up to page %d; the last due row is on page %d of %d", last, lastDue, pages)
+	}
 }
 
 // windowGate is a throttle whose standbys' WAL window admits rows rows a
@@ -446,6 +488,24 @@ func TestSweepSlices(t *testing.T) {
 	u.swept(0, 60, 600, 600, time.Millisecond)
 	if !u.exhausted() {
 		t.Error("a sweep that deleted every counted row is not exhausted")
+	}
+	// The last slice ends where the map puts the last counted row, not a
+	// batch further on, through pages with nothing due.
+	tail := sweepEstimate{segLen: 100, density: []float64{10, 0, 0, 0, 0, 0, 0, 0, 0, 0}}
+	l := &sweep{nblocks: 1000, est: tail, target: time.Second, counted: func() (int64, bool) { return 1000, true }}
+	l.swept(0, 50, 500, 500, time.Millisecond)
+	if a, b, _ = l.slice(1000); a != 50 || b != 100 {
+		t.Errorf("the last 500 counted rows: [%d, %d), want [50, 100)", a, b)
+	}
+	// A capped count too ends there; the slice after it, with nothing on
+	// the map ahead, reads on to the end of the heap.
+	l.counted = func() (int64, bool) { return 1000, false }
+	if a, b, _ = l.slice(1000); a != 50 || b != 100 {
+		t.Errorf("a capped count: [%d, %d), want [50, 100)", a, b)
+	}
+	l.swept(50, 100, 500, 500, time.Millisecond)
+	if a, b, _ = l.slice(1000); a != 100 || b != 1000 {
+		t.Errorf("nothing on the map ahead: [%d, %d), want [100, 1000)", a, b)
 	}
 }
 
