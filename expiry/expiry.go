@@ -704,15 +704,9 @@ const scanTrials = 2
 // which visits each page once, took 40% less time. The planner's
 // statistics do not tell the two apart (the correlation was 1.0 and 0.96),
 // so the first range batches of a pass alternate the two, and the rest of
-// the pass uses the one that deleted a row in less time. The pass's first
-// range batch is no trial: it pays for the pass's first DELETE (its plan,
-// the backend's caches, the first pages), 30% to 80% more per row than the
-// batches after it on the append-ordered layout, and as the first it was
-// always an index scan's trial, which sent 3 passes of 6 there to the bitmap
-// heap scan, the slower one there (docs/design/expiry.md).
+// the pass uses the one that deleted a row in less time.
 type scanChooser struct {
 	mu     sync.Mutex
-	warm   bool             // the first range batch has been seen
 	trials [2]int           // index scan, bitmap heap scan
 	rows   [2]int64         // rows the trials deleted
 	took   [2]time.Duration // their DELETE statements' time
@@ -732,10 +726,6 @@ func (c *scanChooser) next() bool {
 func (c *scanChooser) observe(bitmap bool, n int64, took time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.warm {
-		c.warm = n > 0
-		return
-	}
 	i := 0
 	if bitmap {
 		i = 1
