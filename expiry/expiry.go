@@ -226,7 +226,7 @@ func (d *Deleter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 				sample = d.readSampleAhead(ctx, t, now, cov)
 			}
 		})
-		d.counted(t, due, err)
+		d.noteDue(t, due, err)
 		if err != nil && ctx.Err() == nil {
 			d.log.Warn("expiry: could not count the due rows", "table", t.Name, "error", err)
 		}

@@ -420,9 +420,9 @@ func (d *Deleter) sampleBeside(t *catalog.Table) bool {
 	return !ok || last < 0 || last >= int64(2*d.sizer(t).Size())
 }
 
-// counted records the rows due at the start of t's pass, for the next
+// noteDue records the rows due at the start of t's pass, for the next
 // pass's sampleBeside.
-func (d *Deleter) counted(t *catalog.Table, due Due, err error) {
+func (d *Deleter) noteDue(t *catalog.Table, due Due, err error) {
 	n := due.Rows
 	if err != nil || due.Capped {
 		n = -1
