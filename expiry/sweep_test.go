@@ -109,7 +109,7 @@ func TestSweepSampleBesideTheCount(t *testing.T) {
 			after++
 		}
 	}}
-	d := newTest(f.pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0)}, BatchSize: 1000}}, sig)
+	d := newTest(f.pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: 1000}}, sig)
 	pass := func(wantBeside, wantAfter int, deleted int64, swept bool) {
 		t.Helper()
 		mu.Lock()
@@ -171,7 +171,7 @@ FROM generate_series(0, 59999) i, LATERAL (SELECT CASE WHEN i < 20000
 	}
 	var logs bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	res := f.passWith(t, TestSignals{Strategy: "sweep"}, Options{Settings: batchloop.Settings{Base: service.Base{Clock: pinned(t0), Logger: log}, BatchSize: 4000}})
+	res := f.passWith(t, TestSignals{Strategy: "sweep"}, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0), Logger: log}, BatchSize: 4000}})
 	if res.Deleted != due || res.SweepBatches != res.Batches {
 		t.Fatalf("pass %+v: want all %d due rows deleted by sweep batches only", res, due)
 	}
