@@ -12,10 +12,15 @@ import (
 const connectTimeout = 15 * time.Second
 
 // Open connects a pool of up to maxConns to url as every command does: one
-// connection first, to see whether a pooler stands in between (Pooled), for
-// the pool's query mode depends on it (ForPooler); then the pool, pinged.
-// It reports whether the connection goes through a pooler. A url that does
-// not parse is ErrBadURL; an error never shows the password.
+// connection to see whether a pooler stands in between (Pooled), for the
+// pool's query mode depends on it (ForPooler), and the pool, pinged. The
+// two connect side by side, the pool as for a direct connection, which it
+// nearly always is: a process that connects once per pass (`once` from
+// cron) waited for one connection after the other. Behind a pooler that
+// pool is closed and another opened. The probe connects as that pool does
+// (with cancel requests), as it did before it. It reports whether the
+// connection goes through a pooler. A url that does not parse is
+// ErrBadURL; an error never shows the password.
 func Open(ctx context.Context, url string, maxConns int32, opts ...Option) (pool *pgxpool.Pool, pooled bool, err error) {
 	pc, err := Pool(url, maxConns, opts...)
 	if err != nil {
@@ -23,22 +28,44 @@ func Open(ctx context.Context, url string, maxConns int32, opts ...Option) (pool
 	}
 	connCtx, cancel := context.WithTimeout(ctx, connectTimeout)
 	defer cancel()
-	probe, err := pgx.ConnectConfig(connCtx, pc.ConnConfig.Copy())
-	if err != nil {
-		return nil, false, connectError(url, err)
+	type opened struct {
+		pool *pgxpool.Pool
+		err  error
 	}
-	pooled, err = Pooled(connCtx, probe)
-	probe.Close(context.WithoutCancel(ctx))
-	if err != nil {
-		return nil, false, connectError(url, err)
-	}
-	if pooled {
+	direct := make(chan opened, 1)
+	go func() {
+		p, err := ping(ctx, connCtx, pc.Copy())
+		direct <- opened{p, err}
+	}()
+	pooled, err = probe(ctx, connCtx, pc.ConnConfig.Copy())
+	d := <-direct
+	if err != nil || pooled {
+		if d.pool != nil {
+			d.pool.Close()
+		}
+		if err != nil {
+			return nil, false, connectError(url, err)
+		}
 		ForPooler(pc.ConnConfig)
+		if pool, err = ping(ctx, connCtx, pc); err != nil {
+			return nil, false, connectError(url, err)
+		}
+		return pool, true, nil
 	}
-	if pool, err = ping(ctx, connCtx, pc); err != nil {
-		return nil, false, connectError(url, err)
+	if d.err != nil {
+		return nil, false, connectError(url, d.err)
 	}
-	return pool, pooled, nil
+	return d.pool, false, nil
+}
+
+// probe connects once with cc and says whether a pooler stands in between.
+func probe(ctx, connCtx context.Context, cc *pgx.ConnConfig) (bool, error) {
+	conn, err := pgx.ConnectConfig(connCtx, cc)
+	if err != nil {
+		return false, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	return Pooled(connCtx, conn)
 }
 
 // OpenDirect connects a pool to url, which must not go through a
