@@ -223,3 +223,19 @@ func Now(ctx context.Context, db Querier) (time.Time, error) {
 	err := db.QueryRow(ctx, "SELECT now()").Scan(&now)
 	return now, err
 }
+
+// SendsCancelRequests reports whether a cancelled context sends conn's
+// backend a cancel request (base), as opposed to cutting the connection
+// after a delay (ForPooler, and pgx's default). A caller may then send one
+// itself (pgconn.PgConn.CancelRequest) where it would cancel a context, so
+// long as it closes the connection after the statement returns: pgx waits
+// 100 ms after its own cancel request before the connection runs anything
+// else, as the request may reach the backend late.
+func SendsCancelRequests(conn *pgx.Conn) bool {
+	build := conn.Config().BuildContextWatcherHandler
+	if build == nil {
+		return false
+	}
+	_, ok := build(conn.PgConn()).(*pgconn.CancelRequestContextWatcherHandler)
+	return ok
+}
