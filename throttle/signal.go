@@ -111,39 +111,61 @@ func (t *Throttler) collectors() []*collector {
 	return cs
 }
 
-// Start measures every signal once, so the first batch is already checked,
-// then keeps measuring in the background until Stop: awake, as for a pass,
-// until the first Idle.
+// Start measures every signal once, then keeps measuring in the background
+// until Stop: awake, as for a pass, until the first Idle. The first
+// reading runs in the background too, beside what a pass reads before its
+// first batch (the count, the sample): Check and Wait wait for it, so the
+// first batch is still checked against every signal (a `once` waited for
+// its seven round trips before it even counted).
 func (t *Throttler) Start(ctx context.Context) {
 	ctx, t.cancel = context.WithCancel(ctx)
 	cs := append(t.collectors(), &collector{interval: keepAliveEvery, run: t.keepAlive})
+	first := make(chan struct{})
 	t.mu.Lock()
-	t.cs, t.awake = cs, true
+	t.cs, t.awake, t.first = cs, true, first
 	t.mu.Unlock()
-	if len(t.cfg.ReplicaURLs) > 0 {
-		// A first heartbeat before the first reading, so a healthy standby
-		// is not reported as lagging for lack of one.
-		t.writeHeartbeat(ctx)
-	}
-	for _, c := range cs {
-		c.measure(ctx)
-	}
 	t.wg.Add(1)
-	go func() { defer t.wg.Done(); t.watchLocks(ctx) }()
-	for _, c := range cs {
+	go func() {
+		defer t.wg.Done()
+		if len(t.cfg.ReplicaURLs) > 0 {
+			// A first heartbeat before the first reading, so a healthy
+			// standby is not reported as lagging for lack of one.
+			t.writeHeartbeat(ctx)
+		}
+		for _, c := range cs {
+			c.measure(ctx)
+		}
+		close(first)
 		t.wg.Add(1)
-		go func() {
-			defer t.wg.Done()
-			if c.close != nil {
-				defer c.close()
-			}
-			t.poll(ctx, c)
-		}()
-	}
+		go func() { defer t.wg.Done(); t.watchLocks(ctx) }()
+		for _, c := range cs {
+			t.wg.Add(1)
+			go func() {
+				defer t.wg.Done()
+				if c.close != nil {
+					defer c.close()
+				}
+				t.poll(ctx, c)
+			}()
+		}
+	}()
 }
 
-// Stop ends the collectors and waits for them.
+// firstReading is closed when Start's first reading of every signal is
+// done; nil before Start (status: MeasureOnce).
+func (t *Throttler) firstReading() <-chan struct{} {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.first
+}
+
+// Stop ends the collectors and waits for them. It lets the first reading
+// finish rather than cancel it: a statement stopped by its context costs
+// a cancel request and pgx's 100 ms wait after it, more than the reading.
 func (t *Throttler) Stop() {
+	if first := t.firstReading(); first != nil {
+		<-first
+	}
 	if t.cancel != nil {
 		t.cancel()
 	}

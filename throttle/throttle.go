@@ -150,6 +150,7 @@ type Throttler struct {
 	awake    bool          // the signals are read at their working cadence (cadence.go)
 	woken    chan struct{} // closed and replaced when awake changes
 	cs       []*collector  // what Start polls
+	first    chan struct{} // closed when Start's first reading is done (firstReading)
 
 	// workers is the reading of a Citus coordinator's workers' standbys
 	// (workers.go), owned by the walsender reading; workerStandbys says
@@ -265,8 +266,12 @@ func (t *Throttler) Readings() []Reading {
 }
 
 // Check returns the verdict from the stored readings and the clock. It does
-// no I/O, so the deleter may call it as often as it likes.
+// no I/O, so the deleter may call it as often as it likes; after Start, it
+// waits for the first reading of every signal.
 func (t *Throttler) Check() State {
+	if first := t.firstReading(); first != nil {
+		<-first
+	}
 	var over []Reading
 	for _, r := range t.Readings() {
 		if r.Over {
@@ -297,6 +302,13 @@ func (t *Throttler) Check() State {
 // returns the first throttled state it saw (zero when it did not wait), logs
 // every change of state or reason, and accounts the time spent throttled.
 func (t *Throttler) Wait(ctx context.Context) (State, error) {
+	if first := t.firstReading(); first != nil {
+		select {
+		case <-first:
+		case <-ctx.Done():
+			return State{}, ctx.Err()
+		}
+	}
 	t.wake(ctx)
 	tick := time.NewTicker(100 * time.Millisecond) // the active window moves with the clock
 	defer tick.Stop()
