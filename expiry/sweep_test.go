@@ -14,10 +14,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/inboxkeeper/inboxkeeper/holds"
 	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
+	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 	"github.com/inboxkeeper/inboxkeeper/internal/service"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
@@ -544,4 +546,60 @@ func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	}
 	t.Fatalf("no %s for public.consumer_inbox", name)
 	return 0
+}
+
+// A sample read beside the count and dropped while its statement runs (a
+// pass with less than two batches due: every `once` on a table that keeps
+// up) stops at once, on the daemon's own connections (dbconn.Open): drop
+// sends the cancel request itself, where a cancelled context made pgx wait
+// 100 ms after its request. The sample's connection is closed, so the
+// request cannot reach a later statement, and the pool goes on.
+func TestDroppedSampleStopsAtOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := setup(t, inboxDDL, inboxPolicy)
+	f.insert(t, "c", 1000, t0.Add(-48*time.Hour), time.Second)
+	pool, _, err := dbconn.Open(ctx, f.pool.Config().ConnString(), 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	// The lock timeout must not end the sample's wait first.
+	d := New(pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0), LockTimeout: time.Minute}}})
+
+	// Another session holds the table: the sample waits for its lock.
+	tx, err := f.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	pgtest.Exec(t, tx, "LOCK TABLE public.consumer_inbox IN ACCESS EXCLUSIVE MODE")
+	a := d.readSampleAhead(ctx, f.tables[0], t0, holds.Coverage{})
+	var pid uint32
+	pgtest.WaitFor(t, 10*time.Second, "the sample to wait for the table's lock", func() bool {
+		return f.pool.QueryRow(ctx, `SELECT pid FROM pg_stat_activity
+WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()`).Scan(&pid) == nil
+	})
+	start := time.Now()
+	a.drop()
+	took := time.Since(start)
+	var pgErr *pgconn.PgError
+	if !errors.As(a.err, &pgErr) || pgErr.Code != "57014" {
+		t.Errorf("the dropped sample ended with %v, want a cancelled statement (57014)", a.err)
+	}
+	if took >= 100*time.Millisecond {
+		t.Errorf("drop took %s, as long as pgx's wait after its own cancel request (100 ms)", took)
+	}
+	pgtest.WaitFor(t, 10*time.Second, "the sample's connection to be closed", func() bool {
+		var n int
+		return f.pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid).Scan(&n) == nil && n == 0
+	})
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The pool goes on, and a sample not dropped is read whole.
+	b := d.readSampleAhead(ctx, f.tables[0], t0, holds.Coverage{})
+	if blocks, _, nblocks, err := b.take(); err != nil || len(blocks) == 0 || nblocks == 0 {
+		t.Errorf("a sample after the dropped one: %d blocks of %d, %v", len(blocks), nblocks, err)
+	}
 }
