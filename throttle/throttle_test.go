@@ -364,6 +364,41 @@ func TestManualPauseAcrossInstances(t *testing.T) {
 	})
 }
 
+// Start reads every signal once in the background, beside what a pass reads
+// before its first batch; Check and Wait wait for that reading, so the
+// first batch is checked against every signal: a pause made before Start
+// holds the very first admission, and Stop right after Start returns.
+func TestFirstReadingBeforeFirstCheck(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, url := pgtest.NewPool(t)
+	e := newEnv(t, url, 10, "")
+	if _, err := throttle.SetPause(ctx, e.pool, "before start", "dba", 0); err != nil {
+		t.Fatal(err)
+	}
+	th := startThrottle(t, e.pool, config.Config{})
+	if s := th.Check(); s.Kind != throttle.ManualPause {
+		t.Errorf("the first Check after Start: %+v, want the manual pause", s)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	if s, err := th.Wait(wctx); err == nil || s.Kind != throttle.ManualPause {
+		t.Errorf("the first Wait after Start: %+v, %v; want held by the manual pause until its context ends", s, err)
+	}
+	if _, err := throttle.ClearPause(ctx, e.pool); err != nil {
+		t.Fatal(err)
+	}
+	other := throttle.New(e.pool, config.Config{}, service.Base{}, nil)
+	other.Start(ctx)
+	done := make(chan struct{})
+	go func() { other.Stop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("Stop right after Start did not return")
+	}
+}
+
 func TestCustomQuery(t *testing.T) {
 	t.Parallel()
 	_, url := pgtest.NewPool(t)
