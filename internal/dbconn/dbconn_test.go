@@ -46,6 +46,18 @@ func TestOpen(t *testing.T) {
 	if err := pool.QueryRow(ctx, "SELECT current_setting('application_name')").Scan(&app); err != nil || app != "inboxkeeper once" {
 		t.Errorf("application_name %q (%v), want the command's", app, err)
 	}
+	sendsCancels := func(p *pgxpool.Pool) bool {
+		t.Helper()
+		c, err := p.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Release()
+		return SendsCancelRequests(c.Conn())
+	}
+	if !sendsCancels(pool) {
+		t.Error("a direct connection: a cancelled context sends no cancel request")
+	}
 
 	viaBouncer := pgtest.BouncerURL(t, pgtest.NewBouncer(t), url)
 	bpool, pooled, err := Open(ctx, viaBouncer, 2)
@@ -55,6 +67,9 @@ func TestOpen(t *testing.T) {
 	defer bpool.Close()
 	if !pooled || bpool.Config().ConnConfig.DefaultQueryExecMode != pgx.QueryExecModeCacheDescribe {
 		t.Errorf("through PgBouncer: pooled %v, query mode %v", pooled, bpool.Config().ConnConfig.DefaultQueryExecMode)
+	}
+	if sendsCancels(bpool) {
+		t.Error("through PgBouncer: a cancelled context sends a cancel request (PgBouncer 1.18 can crash on one)")
 	}
 	// The same query from many clients on the pooler's few server
 	// connections: a named statement left behind would fail one (42P05).

@@ -34,7 +34,9 @@ func Open(ctx context.Context, url string, maxConns int32, opts ...Option) (pool
 	}
 	direct := make(chan opened, 1)
 	go func() {
-		p, err := ping(ctx, connCtx, pc.Copy())
+		// Connected is enough: the probe's query shows the server answers
+		// (a ping would be one more round trip).
+		p, err := warm(ctx, connCtx, pc.Copy())
 		direct <- opened{p, err}
 	}()
 	pooled, err = probe(ctx, connCtx, pc.ConnConfig.Copy())
@@ -92,6 +94,21 @@ func ping(ctx, connCtx context.Context, pc *pgxpool.Config) (*pgxpool.Pool, erro
 		pool.Close()
 		return nil, err
 	}
+	return pool, nil
+}
+
+// warm opens a pool with one connection in it.
+func warm(ctx, connCtx context.Context, pc *pgxpool.Config) (*pgxpool.Pool, error) {
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, err
+	}
+	c, err := pool.Acquire(connCtx)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	c.Release()
 	return pool, nil
 }
 
