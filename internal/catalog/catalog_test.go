@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
@@ -341,5 +344,50 @@ CREATE TABLE inboxkeeper.keys_nodate (consumer text NOT NULL, bk text NOT NULL, 
 	var n int
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM pg_class WHERE relname = 'keys_public_inbox'").Scan(&n); err != nil || n != 0 {
 		t.Errorf("resolving created the key table (%d, %v)", n, err)
+	}
+}
+
+// countingQuerier counts the rows read through it.
+type countingQuerier struct {
+	catalog.Querier
+	n int
+}
+
+func (q *countingQuerier) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	q.n++
+	return q.Querier.QueryRow(ctx, sql, args...)
+}
+
+// WarnLocalTime reads the database's TimeZone only for a timestamp without
+// time zone column the policy gives no zone: for timestamptz columns it
+// costs no round trip, and warns of nothing, whatever the zone.
+func TestWarnLocalTimeReadsTheZoneOnlyWhenNeeded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := pgtest.NewPool(t)
+	var db string
+	if err := pool.QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil {
+		t.Fatal(err)
+	}
+	pgtest.Exec(t, pool, "ALTER DATABASE "+pgx.Identifier{db}.Sanitize()+" SET timezone TO 'America/New_York'")
+	pool.Reset() // new connections take the database's zone
+	pgtest.Exec(t, pool, pgtest.ShortInboxDDL+`;
+CREATE TABLE public.local_inbox (id bigint PRIMARY KEY, remember_until timestamp NOT NULL);
+CREATE INDEX ON public.local_inbox (remember_until)`)
+	for _, c := range []struct {
+		name, policy string
+		reads        int
+		warns        bool
+	}{
+		{"timestamptz", pgtest.ShortInboxPolicy, 0, false},
+		{"timestamp, no zone", "tables:\n  - table: public.local_inbox\n    key: [id]\n    expires_at: remember_until\n", 1, true},
+		{"timestamp, zone given", "tables:\n  - table: public.local_inbox\n    key: [id]\n    expires_at: remember_until\n    time_zone: America/New_York\n", 0, false},
+	} {
+		var log strings.Builder
+		q := &countingQuerier{Querier: pool}
+		catalog.WarnLocalTime(ctx, q, pgtest.Resolve(t, pool, c.policy), slog.New(slog.NewTextHandler(&log, nil)))
+		if q.n != c.reads || strings.Contains(log.String(), "is read as UTC") != c.warns {
+			t.Errorf("%s: %d reads (want %d), log %q (a warning: %v)", c.name, q.n, c.reads, log.String(), c.warns)
+		}
 	}
 }

@@ -38,6 +38,27 @@ func ResolveAll(ctx context.Context, q Querier, p *policy.Policy) ([]*Table, err
 // database's TimeZone is not UTC: an application that writes local time
 // would see rows go hours early or late.
 func WarnLocalTime(ctx context.Context, q Querier, tables []*Table, log *slog.Logger) {
+	// Only a timestamp without time zone column the policy gives no zone
+	// can be misread: without one, the TimeZone is not read (a round trip
+	// of every command's start).
+	type local struct {
+		table  string
+		column Column
+	}
+	var read []local
+	for _, t := range tables {
+		if t.Policy.TimeZone != "" {
+			continue
+		}
+		for _, c := range t.TimeColumns() {
+			if c.Zone != "" {
+				read = append(read, local{t.Name, c})
+			}
+		}
+	}
+	if len(read) == 0 {
+		return
+	}
 	var tz string
 	if err := q.QueryRow(ctx, "SELECT current_setting('TimeZone')").Scan(&tz); err != nil {
 		log.Warn("inboxkeeper: cannot read the database's TimeZone", "error", err)
@@ -46,16 +67,9 @@ func WarnLocalTime(ctx context.Context, q Querier, tables []*Table, log *slog.Lo
 	if isUTC(tz) {
 		return
 	}
-	for _, t := range tables {
-		if t.Policy.TimeZone != "" {
-			continue
-		}
-		for _, c := range t.TimeColumns() {
-			if c.Zone != "" {
-				log.Warn("inboxkeeper: a timestamp without time zone column is read as UTC, but the database's TimeZone is not UTC; if the application writes local time, set time_zone in the policy",
-					"table", t.Name, "column", c.Name, "database_time_zone", tz, "policy_time_zone", "UTC (default)")
-			}
-		}
+	for _, l := range read {
+		log.Warn("inboxkeeper: a timestamp without time zone column is read as UTC, but the database's TimeZone is not UTC; if the application writes local time, set time_zone in the policy",
+			"table", l.table, "column", l.column.Name, "database_time_zone", tz, "policy_time_zone", "UTC (default)")
 	}
 }
 
