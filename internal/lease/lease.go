@@ -136,6 +136,14 @@ func (l *Lease) Held() bool {
 	return l.holding && time.Now().Before(l.validUntil)
 }
 
+// fresh says the lease was taken or renewed less than a third of its ttl
+// ago (validUntil is that moment plus 4/5 of the ttl).
+func (l *Lease) fresh() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.holding && time.Until(l.validUntil) > l.ttl*4/5-l.ttl/3
+}
+
 // Check returns nil while the lease is held; the deleter asks before every
 // batch.
 func (l *Lease) Check() error {
@@ -146,12 +154,22 @@ func (l *Lease) Check() error {
 }
 
 // Keep renews (or tries to take) the lease every third of its ttl until ctx
-// ends.
+// ends. A lease taken less than a third of its ttl ago (Wait, just before)
+// is first renewed a third of its ttl from now: a renewal at once would be
+// a round trip (and a connection) for nothing, and a `once` that ends
+// before it would cancel it mid-statement.
 func (l *Lease) Keep(ctx context.Context) {
 	tick := time.NewTicker(l.ttl / 3)
 	defer tick.Stop()
 	var last string
-	for {
+	for fresh := l.fresh(); ; fresh = false {
+		if fresh {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
 		_, _, err := l.TryAcquire(ctx)
 		// Say it once per kind of failure: on a standby every attempt
 		// fails the same way until promotion.

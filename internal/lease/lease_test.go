@@ -117,3 +117,34 @@ func TestLease(t *testing.T) {
 		}
 	})
 }
+
+// Keep first renews a lease taken a moment ago (once's Wait) a third of its
+// ttl later, not at once: that renewal was a round trip, and often a
+// connection, for nothing. A lease not held it tries to take at once (the
+// daemon's start).
+func TestKeepAfterWait(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	a, b, db := instances(t, 3*time.Second, time.Minute)
+	if err := a.Wait(ctx, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	renewed := func() time.Time {
+		var r time.Time
+		if err := db.QueryRow(ctx, "SELECT renewed_at FROM inboxkeeper.lease").Scan(&r); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	took := renewed()
+	stop := a.Start(ctx)
+	time.Sleep(300 * time.Millisecond)
+	if r := renewed(); !r.Equal(took) {
+		t.Errorf("renewed %s after it was taken; want a third of the ttl (1 s) later", r.Sub(took))
+	}
+	pgtest.WaitFor(t, 10*time.Second, "the first renewal", func() bool { return renewed().After(took) })
+	stop() // releases it
+	stopB := b.Start(ctx)
+	defer stopB()
+	pgtest.WaitFor(t, 10*time.Second, "the lease to be taken at once (a third of this ttl is 20 s)", b.Held)
+}
