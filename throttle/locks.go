@@ -63,13 +63,9 @@ const LockPollInterval = 50 * time.Millisecond
 // some 40 ms here: too much for every LockPollInterval).
 const CitusLockPollInterval = 250 * time.Millisecond
 
-func (t *Throttler) watchLocks(ctx context.Context) {
+func (t *Throttler) watchLocks(ctx context.Context, citus bool) {
 	tick := time.NewTicker(LockPollInterval)
 	defer tick.Stop()
-	var citus bool
-	if err := t.pool.QueryRow(ctx, "SELECT to_regclass('pg_catalog.citus_lock_waits') IS NOT NULL").Scan(&citus); err != nil && ctx.Err() == nil {
-		t.Logger.Warn("throttle: could not tell whether the database is a Citus coordinator; watching its own lock waits only", "error", err)
-	}
 	var citusRead time.Time
 	for {
 		t.mu.Lock()
@@ -131,6 +127,17 @@ LEFT JOIN pg_stat_activity a ON a.pid = (w.blocking_gpid % 10000000000)::int4
 WHERE w.blocking_gpid / 10000000000 = citus_backend_gpid() / 10000000000
   AND (w.blocking_gpid % 10000000000)::int4 = ANY ($1::int4[])`
 )
+
+// citusLockWaits says whether the database is a Citus coordinator, whose
+// workers' lock waits watchLocks reads too. Start asks with the first
+// reading, so that nothing it starts after it begins with a statement.
+func (t *Throttler) citusLockWaits(ctx context.Context) bool {
+	var citus bool
+	if err := t.pool.QueryRow(ctx, "SELECT to_regclass('pg_catalog.citus_lock_waits') IS NOT NULL").Scan(&citus); err != nil && ctx.Err() == nil {
+		t.Logger.Warn("throttle: could not tell whether the database is a Citus coordinator; watching its own lock waits only", "error", err)
+	}
+	return citus
+}
 
 // checkBlocked cancels the watched batches other sessions wait on.
 func (t *Throttler) checkBlocked(ctx context.Context, pids []uint32, sql string) {

@@ -135,9 +135,23 @@ func (t *Throttler) Start(ctx context.Context) {
 		for _, c := range cs {
 			c.measure(ctx)
 		}
-		close(first)
+		citus := t.citusLockWaits(ctx)
+		defer close(first)
+		// Stopped during the first reading (a `once` with nothing due):
+		// nothing more to start, and nothing for Stop to cancel mid-query.
+		t.mu.Lock()
+		stopping := t.stopping
+		t.mu.Unlock()
+		if stopping {
+			for _, c := range cs {
+				if c.close != nil {
+					c.close()
+				}
+			}
+			return
+		}
 		t.wg.Add(1)
-		go func() { defer t.wg.Done(); t.watchLocks(ctx) }()
+		go func() { defer t.wg.Done(); t.watchLocks(ctx, citus) }()
 		for _, c := range cs {
 			t.wg.Add(1)
 			go func() {
@@ -160,10 +174,15 @@ func (t *Throttler) firstReading() <-chan struct{} {
 }
 
 // Stop ends the collectors and waits for them. It lets the first reading
-// finish rather than cancel it: a statement stopped by its context costs
-// a cancel request and pgx's 100 ms wait after it, more than the reading.
+// finish rather than cancel it, and the collectors that would start after
+// it do not: a statement stopped by its context costs a cancel request
+// and pgx's 100 ms wait after it, more than the reading.
 func (t *Throttler) Stop() {
-	if first := t.firstReading(); first != nil {
+	t.mu.Lock()
+	t.stopping = true
+	first := t.first
+	t.mu.Unlock()
+	if first != nil {
 		<-first
 	}
 	if t.cancel != nil {

@@ -151,6 +151,7 @@ type Throttler struct {
 	woken    chan struct{} // closed and replaced when awake changes
 	cs       []*collector  // what Start polls
 	first    chan struct{} // closed when Start's first reading is done (firstReading)
+	stopping bool          // Stop was called: what Start has not started yet, it does not
 
 	// workers is the reading of a Citus coordinator's workers' standbys
 	// (workers.go), owned by the walsender reading; workerStandbys says

@@ -91,7 +91,10 @@ func (a *app) once(ctx context.Context, args []string) error {
 			defer close(watched)
 			pass.WatchWaits(wctx, d.Throttle, pool, time.Minute, render.Waiting(a.log, a.cfg.RunTime))
 		}()
-		defer func() { stopWatch(); <-watched }()
+		// The throttle stops first: the watch waits for its first reading,
+		// and what the throttle would start after it must not start only
+		// to be cancelled mid-statement (pgx waits 100 ms after that).
+		defer func() { stopWatch(); d.Throttle.Stop(); <-watched }()
 	}
 	failed, total, err := d.Once(ctx)
 	if ms != nil && ctx.Err() == nil {
