@@ -13,14 +13,15 @@ const connectTimeout = 15 * time.Second
 
 // Open connects a pool of up to maxConns to url as every command does: one
 // connection to see whether a pooler stands in between (Pooled), for the
-// pool's query mode depends on it (ForPooler), and the pool, pinged. The
-// two connect side by side, the pool as for a direct connection, which it
-// nearly always is: a process that connects once per pass (`once` from
-// cron) waited for one connection after the other. Behind a pooler that
-// pool is closed and another opened. The probe connects as that pool does
-// (with cancel requests), as it did before it. It reports whether the
-// connection goes through a pooler. A url that does not parse is
-// ErrBadURL; an error never shows the password.
+// pool's query mode depends on it (ForPooler), and the pool with one
+// connection in it. The two connect side by side, the pool as for a direct
+// connection, which it nearly always is: a process that connects once per
+// pass (`once` from cron) waited for one connection after the other. Behind
+// a pooler that pool is closed and another opened, and pinged (the pooler
+// may accept a client it has no server connection for). The probe connects
+// as the direct pool does (with cancel requests), as it did before. It
+// reports whether the connection goes through a pooler. A url that does not
+// parse is ErrBadURL; an error never shows the password.
 func Open(ctx context.Context, url string, maxConns int32, opts ...Option) (pool *pgxpool.Pool, pooled bool, err error) {
 	pc, err := Pool(url, maxConns, opts...)
 	if err != nil {
