@@ -15,9 +15,10 @@ import (
 // connection to another database there). WITH (FORCE) ends the sessions
 // in it, but gives up with "being accessed by other users" when one of
 // them takes more than 5 s to exit (a loaded machine, a Citus maintenance
-// daemon) or a prepared transaction of a failed two-phase commit is left
-// in it: then the prepared transactions are rolled back, the sessions
-// waited for, and the drop tried again, until ctx ends.
+// daemon), or with "being used by prepared transactions" when a two-phase
+// commit that failed half-way left one in it (before ending any session):
+// then the sessions are waited for, or the prepared transactions rolled
+// back, and the drop tried again, until ctx ends.
 func DropDatabase(ctx context.Context, adminURL, name string) error {
 	cfg, err := pgx.ParseConfig(adminURL)
 	if err != nil {
@@ -38,8 +39,14 @@ func DropDatabase(ctx context.Context, adminURL, name string) error {
 			}
 			return nil
 		}
-		if err := rollbackPrepared(ctx, cfg, name); err != nil {
-			return fmt.Errorf("drop database %s: %w (then: %w)", name, pgErr, err)
+		if strings.Contains(pgErr.Message, "prepared transactions") {
+			// FORCE checks for prepared transactions before it ends the
+			// sessions, so none has been ended yet: roll them back and drop
+			// again, which ends the sessions.
+			if err := rollbackPrepared(ctx, cfg, name); err != nil {
+				return fmt.Errorf("drop database %s: %w (then: %w)", name, pgErr, err)
+			}
+			continue
 		}
 		if err := waitForNoSessions(ctx, admin, name); err != nil {
 			return fmt.Errorf("drop database %s: %w (%s; then: %w)", name, pgErr, pgErr.Detail, err)

@@ -36,10 +36,20 @@ func TestDropDatabaseWithAPreparedTransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	conn.Close(ctx)
+	// A session that stays (a pool nobody closed, a daemon): FORCE ends it
+	// only once the prepared transaction is gone, since the check for
+	// prepared transactions comes before the sessions are terminated.
+	idle, err := pgx.Connect(ctx, c.URL("doomed"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer idle.Close(ctx)
 	if _, err := admin.Exec(ctx, "DROP DATABASE doomed WITH (FORCE)"); err == nil {
 		t.Fatal("DROP DATABASE ... WITH (FORCE) dropped a database with a prepared transaction: the test proves nothing")
 	}
-	if err := DropDatabase(ctx, c.URL("postgres"), "doomed"); err != nil {
+	dctx, dcancel := context.WithTimeout(ctx, 20*time.Second)
+	defer dcancel()
+	if err := DropDatabase(dctx, c.URL("postgres"), "doomed"); err != nil {
 		t.Fatal(err)
 	}
 	var n int
