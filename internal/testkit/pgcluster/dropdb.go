@@ -17,8 +17,9 @@ import (
 // them takes more than 5 s to exit (a loaded machine, a Citus maintenance
 // daemon), or with "being used by prepared transactions" when a two-phase
 // commit that failed half-way left one in it (before ending any session):
-// then the sessions are waited for, or the prepared transactions rolled
-// back, and the drop tried again, until ctx ends.
+// then new connections are shut out and the sessions waited for, or the
+// prepared transactions rolled back, and the drop tried again, until ctx
+// ends.
 func DropDatabase(ctx context.Context, adminURL, name string) error {
 	cfg, err := pgx.ParseConfig(adminURL)
 	if err != nil {
@@ -30,6 +31,7 @@ func DropDatabase(ctx context.Context, adminURL, name string) error {
 	}
 	defer admin.Close(context.Background())
 	drop := "DROP DATABASE IF EXISTS " + pgx.Identifier{name}.Sanitize() + " WITH (FORCE)"
+	shut := false // new connections shut out
 	for {
 		_, err := admin.Exec(ctx, drop)
 		var pgErr *pgconn.PgError
@@ -43,9 +45,24 @@ func DropDatabase(ctx context.Context, adminURL, name string) error {
 			// FORCE checks for prepared transactions before it ends the
 			// sessions, so none has been ended yet: roll them back and drop
 			// again, which ends the sessions.
+			// ROLLBACK PREPARED runs in the database: let connections in
+			// again, should an earlier round have shut them out.
+			_, _ = admin.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{name}.Sanitize()+" ALLOW_CONNECTIONS true")
+			shut = false
 			if err := rollbackPrepared(ctx, cfg, name); err != nil {
 				return fmt.Errorf("drop database %s: %w (then: %w)", name, pgErr, err)
 			}
+			continue
+		}
+		// A CI run under load saw three sessions there for the whole minute
+		// after such a refusal: sessions that connected again once the
+		// failed DROP let go of the database (a Citus node's maintenance
+		// daemon or a shard move's subscription, we believe; not
+		// reproduced). Shut new connections out and drop again: FORCE ends
+		// those there, and none comes back.
+		if !shut {
+			_, _ = admin.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{name}.Sanitize()+" ALLOW_CONNECTIONS false")
+			shut = true
 			continue
 		}
 		if err := waitForNoSessions(ctx, admin, name); err != nil {
