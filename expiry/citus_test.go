@@ -101,7 +101,7 @@ func TestCitusNeverSweeps(t *testing.T) {
 	t.Parallel()
 	f := citusSetup(t)
 	due := f.scatter(t, 4000)
-	res := f.passWith(t, TestSignals{Strategy: "sweep"}, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: 100}})
+	res := f.passWith(t, signals{strategy: StrategySweep}, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: 100}})
 	if res.Deleted != due || res.SweepBatches != 0 || res.RangeBatches == 0 {
 		t.Errorf("pass %+v: want all %d due rows deleted by expiry windows, no sweep", res, due)
 	}
@@ -122,7 +122,7 @@ func TestCitusOldestFirst(t *testing.T) {
 		f.insert(t, fmt.Sprintf("c%d", i), 40, base.Add(time.Duration(i)*time.Second), time.Minute)
 	}
 	batches := 0
-	d := newTest(f.pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: 3}}, TestSignals{})
+	d := newTest(f.pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: 3}}, signals{})
 	d.opts.Active = func() error {
 		if batches == 2 {
 			return fmt.Errorf("stop after two batches")
@@ -175,7 +175,7 @@ func TestCitusFenceInFlightBatch(t *testing.T) {
 	// 10 rows a shard, 4 shards: a batch holds 40 rows, at most 80.
 	f.insert(t, "payments", 100, t0.Add(-2*time.Hour), time.Minute)
 	f.insert(t, "orders", 100, t0.Add(-2*time.Hour+time.Second), time.Minute)
-	res, first := fenceRace(t, f, TestSignals{})
+	res, first := fenceRace(t, f, signals{})
 	// The in-flight batch took the oldest rows of both consumers; every
 	// orders row goes, every payments row the first batch left stays.
 	paymentsGoneFirst := 100 - f.count(t, "consumer = 'payments'")
@@ -212,7 +212,7 @@ WHERE table_name = 'public.consumer_inbox'::regclass AND shardid = get_shard_id_
 
 	fallbacks := 0
 	started := time.Now()
-	res := f.passWith(t, TestSignals{OnFallback: func() { fallbacks++ }}, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0), LockTimeout: 20 * time.Second}, BatchSize: 16}})
+	res := f.passWith(t, signals{TestSignals: TestSignals{OnFallback: func() { fallbacks++ }}}, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0), LockTimeout: 20 * time.Second}, BatchSize: 16}})
 	if res.Deleted != 117 || res.Retries != 0 {
 		t.Errorf("deleted %d with %d retries, want 117 (all but the 3 locked) and none", res.Deleted, res.Retries)
 	}
@@ -247,7 +247,7 @@ func TestCitusApplicationWaitsAtMostLockTimeout(t *testing.T) {
 	const wait = 2 * time.Second // long enough to see the deleter waiting
 	// The batch's statement on the worker waits on c-20: the worker's
 	// pg_stat_activity shows it (citus_stat_activity gathers every node's).
-	done := f.deleterWaitingOnALock(t, TestSignals{}, wait, "citus_stat_activity", "DELETE%")
+	done := f.deleterWaitingOnALock(t, signals{}, wait, "citus_stat_activity", "DELETE%")
 	b, el := f.applicationWait(t, "SET LOCAL citus.propagate_set_commands = 'local'; SET LOCAL lock_timeout = '30s'", "SELECT 1 FROM public.consumer_inbox WHERE consumer = 'c' AND message_id = 'c-5' FOR UPDATE")
 	if el > wait+time.Second {
 		t.Errorf("the application session waited %s on the deleter, longer than its lock timeout %s", el, wait)
@@ -316,7 +316,7 @@ WHERE datname = current_database() AND pid <> pg_backend_pid() AND state = 'idle
 	var deleted int64
 	for pass := 1; ; pass++ {
 		res, err := newTest(daemon.pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0), MaxRetries: 2}, BatchSize: 100}},
-			TestSignals{BeforeCommit: cut}).RunPass(ctx)
+			signals{TestSignals: TestSignals{BeforeCommit: cut}}).RunPass(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -360,13 +360,13 @@ func TestCitusWorkerRestartMidPass(t *testing.T) {
 	commits := 0
 	var logs syncbuf.Buffer
 	d := newTest(f.asDaemon(t).pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0), MaxRetries: 1,
-		Logger: slog.New(slog.NewTextHandler(&logs, nil))}, BatchSize: 5}}, TestSignals{BeforeCommit: func(string, int64) {
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))}, BatchSize: 5}}, signals{TestSignals: TestSignals{BeforeCommit: func(string, int64) {
 		if commits++; commits == 3 {
 			if err := worker.StopServer(ctx); err != nil {
 				t.Errorf("stop the worker: %v", err)
 			}
 		}
-	}})
+	}}})
 	res, err := d.RunPass(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -40,7 +40,28 @@ type Options struct {
 	// Vacuum, when set, vacuums a table after a pass that left enough
 	// dead tuples in it.
 	Vacuum *vacuum.Vacuumer
+	// Strategy is how a pass over a table that allows a choice (a plain,
+	// not distributed table) orders its deletes; empty is StrategyAuto.
+	Strategy Strategy
 }
+
+// Strategy is INBOXKEEPER_EXPIRY_STRATEGY: how a pass orders its deletes.
+type Strategy string
+
+const (
+	// StrategyAuto sweeps the heap in physical order when the sample of
+	// the pass predicts it reads fewer pages (chooseSweep), else deletes
+	// in expiry order.
+	StrategyAuto Strategy = "auto"
+	// StrategySweep sweeps every pass that has a row due, whatever the
+	// sample says (a table known to be scattered; the randomized audit).
+	StrategySweep Strategy = "sweep"
+	// StrategyExpiry never sweeps: every pass deletes in expiry order.
+	StrategyExpiry Strategy = "expiry"
+)
+
+// Strategies are the values Strategy takes, for the configuration's check.
+var Strategies = []Strategy{StrategyAuto, StrategySweep, StrategyExpiry}
 
 // TestSignals are the hooks tests set on a Deleter (Deleter.TestSignals), in one
 // place; the daemon never sets them.
@@ -59,9 +80,6 @@ type TestSignals struct {
 	OnFallback func()
 	// AheadRead is told when a bound read ahead has been read (readAhead).
 	AheadRead func()
-	// Strategy forces a pass's strategy where the table allows a choice:
-	// "sweep" or "expiry"; empty: chosen from the sample (planSweep).
-	Strategy string
 	// OnSample is told when a sample of the heap has been read, or has
 	// failed (a sample read beside the count and not needed is stopped):
 	// beside the count (sampleBeside) or after it.

@@ -31,22 +31,32 @@ var t0 = time.Date(2026, 6, 15, 12, 0, 0, 0, time.UTC)
 // forms runs test twice: with the default batches (optimistic, falling back
 // to SKIP LOCKED for a batch that meets a locked row), and with every batch
 // in the SKIP LOCKED form. Both must keep every guarantee.
-func forms(t *testing.T, test func(t *testing.T, sig TestSignals)) {
+func forms(t *testing.T, test func(t *testing.T, sig signals)) {
 	t.Run("optimistic", func(t *testing.T) {
 		t.Parallel()
-		test(t, TestSignals{})
+		test(t, signals{})
 	})
 	t.Run("skip_locked", func(t *testing.T) {
 		t.Parallel()
-		test(t, TestSignals{SkipLockedOnly: true})
+		test(t, signals{TestSignals: TestSignals{SkipLockedOnly: true}})
 	})
 }
 
 // newTest is New with the test's signals.
-func newTest(pool *pgxpool.Pool, tables []*catalog.Table, opts Options, sig TestSignals) *Deleter {
+func newTest(pool *pgxpool.Pool, tables []*catalog.Table, opts Options, sig signals) *Deleter {
+	if sig.strategy != "" {
+		opts.Strategy = sig.strategy
+	}
 	d := New(pool, tables, opts)
-	d.TestSignals = sig
+	d.TestSignals = sig.TestSignals
 	return d
+}
+
+// signals are a test's hooks, and the strategy its passes are forced to
+// (Options.Strategy; empty: the options' own).
+type signals struct {
+	TestSignals
+	strategy Strategy
 }
 
 const (
@@ -86,11 +96,11 @@ func (f fixture) count(t *testing.T, where string, args ...any) int64 {
 
 func (f fixture) pass(t *testing.T, opts Options) TableResult {
 	t.Helper()
-	return f.passWith(t, TestSignals{}, opts)
+	return f.passWith(t, signals{}, opts)
 }
 
 // passWith is pass with the test's signals.
-func (f fixture) passWith(t *testing.T, sig TestSignals, opts Options) TableResult {
+func (f fixture) passWith(t *testing.T, sig signals, opts Options) TableResult {
 	t.Helper()
 	res, err := newTest(f.pool, f.tables, opts, sig).RunPass(context.Background())
 	if err != nil {
@@ -180,7 +190,7 @@ func (f fixture) checkLoggedBatches(t *testing.T, size int) int {
 // must only delete rows at least as new as the previous batch's.
 func TestOldestFirstInBatches(t *testing.T) {
 	t.Parallel()
-	forms(t, func(t *testing.T, sig TestSignals) {
+	forms(t, func(t *testing.T, sig signals) {
 		f := setup(t, inboxDDL+deleteLogDDL, inboxPolicy)
 		// Inserted newest first so that physical order disagrees with expiry order.
 		pgtest.Exec(t, f.pool, `INSERT INTO public.consumer_inbox (consumer, message_id, remember_until)
@@ -246,7 +256,7 @@ SELECT 'm' || i, true, $1::timestamp - i * interval '1 millisecond', '1', '[]' F
 
 func TestLockedRowsAreSkippedThenDeleted(t *testing.T) {
 	t.Parallel()
-	allForms(t, func(t *testing.T, sig TestSignals) {
+	allForms(t, func(t *testing.T, sig signals) {
 		ctx := context.Background()
 		f := setup(t, inboxDDL, inboxPolicy)
 		f.insert(t, "c", 50, t0.Add(-24*time.Hour), time.Minute)
@@ -288,7 +298,7 @@ func TestLockTimeoutIsRetriedAndCounted(t *testing.T) {
 	opts := Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0), LockTimeout: 50 * time.Millisecond}}, Metrics: m}
 	done := make(chan TableResult, 1)
 	go func() {
-		res, _ := newTest(f.pool, f.tables, opts, TestSignals{OnRetry: func(kind string) { retried <- kind }}).RunPass(ctx)
+		res, _ := newTest(f.pool, f.tables, opts, signals{TestSignals: TestSignals{OnRetry: func(kind string) { retried <- kind }}}).RunPass(ctx)
 		done <- res[0]
 	}()
 	select {
@@ -346,7 +356,7 @@ INSERT INTO public.other VALUES (1, '2000-01-01');`, inboxPolicy+`  - table: pub
 
 func TestHoldsAndReplays(t *testing.T) {
 	t.Parallel()
-	allForms(t, func(t *testing.T, sig TestSignals) {
+	allForms(t, func(t *testing.T, sig signals) {
 		ctx := context.Background()
 		f := setup(t, inboxDDL, inboxPolicy)
 		tbl := f.tables[0]
@@ -449,7 +459,7 @@ func TestHoldNeedsConfiguredColumns(t *testing.T) {
 // return before that batch commits, and no later batch deletes a held row.
 func TestFenceInFlightBatch(t *testing.T) {
 	t.Parallel()
-	forms(t, func(t *testing.T, sig TestSignals) {
+	forms(t, func(t *testing.T, sig signals) {
 		f := setup(t, inboxDDL, inboxPolicy)
 		f.insert(t, "payments", 30, t0.Add(-time.Hour), time.Minute)
 		res, _ := fenceRace(t, f, sig)
@@ -491,7 +501,7 @@ func TestBoundsReadAhead(t *testing.T) {
 // held open before COMMIT, adds a hold on consumer payments. It checks
 // that the hold writer queues on the fence and returns only after that
 // batch committed, and returns the pass's result and the rows of that batch.
-func fenceRace(t *testing.T, f fixture, sig TestSignals) (TableResult, int64) {
+func fenceRace(t *testing.T, f fixture, sig signals) (TableResult, int64) {
 	t.Helper()
 	ctx := context.Background()
 	inFlight := make(chan struct{})
@@ -507,7 +517,7 @@ func fenceRace(t *testing.T, f fixture, sig TestSignals) (TableResult, int64) {
 		if first {
 			first, firstRows = false, n
 			// A Citus batch is a window, and a sweep a slice: neither has a bound.
-			if !sig.SkipLockedOnly && !f.tables[0].Distributed() && sig.Strategy != "sweep" {
+			if !sig.SkipLockedOnly && !f.tables[0].Distributed() && sig.strategy != StrategySweep {
 				select {
 				case <-aheadRead:
 				case <-time.After(30 * time.Second):
@@ -629,7 +639,7 @@ func TestOptimisticFallsBackToSkipLocked(t *testing.T) {
 
 	fallbacks := 0
 	opts := Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: 10}}
-	sig := TestSignals{OnFallback: func() { fallbacks++ }}
+	sig := signals{TestSignals: TestSignals{OnFallback: func() { fallbacks++ }}}
 	res := f.passWith(t, sig, opts)
 	if res.Deleted != 40 || res.SkipLockedBatches != 0 || fallbacks != 0 {
 		t.Fatalf("no row locked: deleted %d, %d batches fell back (hook: %d); want 40 and none", res.Deleted, res.SkipLockedBatches, fallbacks)
@@ -661,15 +671,18 @@ func TestOptimisticFallsBackToSkipLocked(t *testing.T) {
 // order (the batch by ctid), and in a sweep (the slice by ctid range).
 func TestApplicationWaitsAtMostLockTimeout(t *testing.T) {
 	t.Parallel()
-	for _, form := range []struct{ strategy, statement string }{{"", "%victims%"}, {"sweep", "%d.ctid >= %"}} {
-		t.Run("strategy_"+cmp.Or(form.strategy, "expiry"), func(t *testing.T) {
+	for _, form := range []struct {
+		strategy  Strategy
+		statement string
+	}{{"", "%victims%"}, {StrategySweep, "%d.ctid >= %"}} {
+		t.Run("strategy_"+cmp.Or(string(form.strategy), "expiry"), func(t *testing.T) {
 			t.Parallel()
-			applicationWaitsAtMostLockTimeout(t, TestSignals{Strategy: form.strategy}, form.statement)
+			applicationWaitsAtMostLockTimeout(t, signals{strategy: form.strategy}, form.statement)
 		})
 	}
 }
 
-func applicationWaitsAtMostLockTimeout(t *testing.T, sig TestSignals, statement string) {
+func applicationWaitsAtMostLockTimeout(t *testing.T, sig signals, statement string) {
 	ctx := context.Background()
 	f := setup(t, inboxDDL, inboxPolicy)
 	// Inserted in expiry order: the DELETE's TID order is expiry order, so
@@ -707,7 +720,7 @@ func applicationWaitsAtMostLockTimeout(t *testing.T, sig TestSignals, statement 
 // deleterWaitingOnALock starts a pass with sig (optimistic lock wait and
 // lock timeout wait) and returns once its batch waits on a locked row, seen in
 // view running a statement LIKE query; the channel gets the pass's result.
-func (f fixture) deleterWaitingOnALock(t *testing.T, sig TestSignals, wait time.Duration, view, query string) <-chan TableResult {
+func (f fixture) deleterWaitingOnALock(t *testing.T, sig signals, wait time.Duration, view, query string) <-chan TableResult {
 	t.Helper()
 	sig.OptimisticWait = wait
 	done := make(chan TableResult, 1)

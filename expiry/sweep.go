@@ -374,7 +374,7 @@ func (d *Deleter) startSweep(ctx context.Context, t *catalog.Table, due Due, bes
 		beside.drop()
 		return nil
 	}
-	forced := d.TestSignals.Strategy == "sweep"
+	forced := d.opts.Strategy == StrategySweep
 	if due.Rows < int64(2*d.sizer(t).Size()) && !due.Capped && !forced {
 		beside.drop() // not needed: no batch waits for it
 		return nil
@@ -388,7 +388,7 @@ func (d *Deleter) startSweep(ctx context.Context, t *catalog.Table, due Due, bes
 
 // maySweep: a pass over t may sweep (no ctid through Citus).
 func (d *Deleter) maySweep(t *catalog.Table) bool {
-	return !t.InCitusMetadata && !t.Distributed() && d.TestSignals.Strategy != "expiry"
+	return !t.InCitusMetadata && !t.Distributed() && d.opts.Strategy != StrategyExpiry
 }
 
 // sampleAhead is the heap's sample read beside the count a pass begins
@@ -628,7 +628,7 @@ func (d *Deleter) planSweep(ctx context.Context, t *catalog.Table, now time.Time
 		}
 		return nil
 	}
-	forced := d.TestSignals.Strategy == "sweep"
+	forced := d.opts.Strategy == StrategySweep
 	if nblocks == 0 || (nblocks < minSweepPages && !forced) {
 		return nil // a table of a few pages reads little twice
 	}

@@ -40,20 +40,20 @@ FROM generate_series(0, $2 - 1) i, LATERAL (SELECT $1::timestamptz + ((i * 7919)
 
 // sweepForms runs test with every batch of a pass forced to sweep (the
 // table's layout aside): optimistically, and in the SKIP LOCKED form.
-func sweepForms(t *testing.T, test func(t *testing.T, sig TestSignals)) {
+func sweepForms(t *testing.T, test func(t *testing.T, sig signals)) {
 	t.Run("sweep", func(t *testing.T) {
 		t.Parallel()
-		test(t, TestSignals{Strategy: "sweep"})
+		test(t, signals{strategy: StrategySweep})
 	})
 	t.Run("sweep_skip_locked", func(t *testing.T) {
 		t.Parallel()
-		test(t, TestSignals{Strategy: "sweep", SkipLockedOnly: true})
+		test(t, signals{strategy: StrategySweep, TestSignals: TestSignals{SkipLockedOnly: true}})
 	})
 }
 
 // allForms is forms and sweepForms: the guarantees that do not depend on
 // the order of deletion hold for all four.
-func allForms(t *testing.T, test func(t *testing.T, sig TestSignals)) {
+func allForms(t *testing.T, test func(t *testing.T, sig signals)) {
 	forms(t, test)
 	sweepForms(t, test)
 }
@@ -102,7 +102,7 @@ func TestSweepSampleBesideTheCount(t *testing.T) {
 	due := f.scatter(t, 20000)
 	var mu sync.Mutex
 	var beside, after int // samples read, or stopped, beside the count and after it
-	sig := TestSignals{OnSample: func(b bool, _ error) {
+	sig := signals{TestSignals: TestSignals{OnSample: func(b bool, _ error) {
 		mu.Lock()
 		defer mu.Unlock()
 		if b {
@@ -110,7 +110,7 @@ func TestSweepSampleBesideTheCount(t *testing.T) {
 		} else {
 			after++
 		}
-	}}
+	}}}
 	d := newTest(f.pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: 1000}}, sig)
 	pass := func(wantBeside, wantAfter int, deleted int64, swept bool) {
 		t.Helper()
@@ -173,7 +173,7 @@ FROM generate_series(0, 59999) i, LATERAL (SELECT CASE WHEN i < 20000
 	}
 	var logs bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	res := f.passWith(t, TestSignals{Strategy: "sweep"}, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0), Logger: log}, BatchSize: 4000}})
+	res := f.passWith(t, signals{strategy: StrategySweep}, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0), Logger: log}, BatchSize: 4000}})
 	if res.Deleted != due || res.SweepBatches != res.Batches {
 		t.Fatalf("pass %+v: want all %d due rows deleted by sweep batches only", res, due)
 	}
@@ -243,12 +243,44 @@ func TestSweepNotChosen(t *testing.T) {
 	}
 }
 
+// TestStrategyForced: INBOXKEEPER_EXPIRY_STRATEGY overrides the sample:
+// expiry never sweeps the scattered layout, sweep sweeps a table whose few
+// due rows lie in expiry order (and deletes exactly those).
+func TestStrategyForced(t *testing.T) {
+	t.Parallel()
+	opts := func(s Strategy) Options {
+		return Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: 1000}, Strategy: s}
+	}
+	t.Run("expiry", func(t *testing.T) {
+		t.Parallel()
+		f := setup(t, inboxDDL, inboxPolicy)
+		due := f.scatter(t, 20000)
+		res := f.pass(t, opts(StrategyExpiry))
+		if res.Deleted != due || res.SweepBatches != 0 || res.RangeBatches == 0 {
+			t.Errorf("pass %+v: want all %d due rows deleted in expiry order", res, due)
+		}
+	})
+	t.Run("sweep", func(t *testing.T) {
+		t.Parallel()
+		f := setup(t, inboxDDL, inboxPolicy)
+		f.insert(t, "c", 20000, t0.Add(-10*time.Second), time.Second)
+		pgtest.Exec(t, f.pool, "VACUUM ANALYZE public.consumer_inbox")
+		res := f.pass(t, opts(StrategySweep))
+		if res.Deleted != 11 || res.SweepBatches == 0 || res.SweepBatches != res.Batches {
+			t.Errorf("pass %+v: want 11 deleted by sweep batches only", res)
+		}
+		if n := f.count(t, "remember_until <= $1", t0); n != 0 {
+			t.Errorf("%d due rows left", n)
+		}
+	})
+}
+
 // TestSweepHoldsLocksAndReplays runs the deleter's guarantees with a
 // scattered table that the pass sweeps: holds and replays keep their rows,
 // locked rows are skipped and deleted by a later pass.
 func TestSweepHoldsLocksAndReplays(t *testing.T) {
 	t.Parallel()
-	sweepForms(t, func(t *testing.T, sig TestSignals) {
+	sweepForms(t, func(t *testing.T, sig signals) {
 		ctx := context.Background()
 		f := setup(t, inboxDDL, inboxPolicy)
 		due := f.scatter(t, 20000)
@@ -299,7 +331,7 @@ FOR UPDATE`, t0)
 // waits for it, and no later slice deletes a held row.
 func TestSweepFenceInFlightBatch(t *testing.T) {
 	t.Parallel()
-	sweepForms(t, func(t *testing.T, sig TestSignals) {
+	sweepForms(t, func(t *testing.T, sig signals) {
 		f := setup(t, inboxDDL, inboxPolicy)
 		// Scattered over about 80 pages, all of consumer payments.
 		pgtest.Exec(t, f.pool, `INSERT INTO public.consumer_inbox (consumer, message_id, remember_until)
@@ -330,7 +362,7 @@ func TestSweepStoppedEarly(t *testing.T) {
 		}
 		return nil
 	}}, BatchSize: 1000}, Metrics: m}
-	d := newTest(f.pool, f.tables, opts, TestSignals{})
+	d := newTest(f.pool, f.tables, opts, signals{})
 	results, err := d.RunPass(context.Background())
 	if err != nil {
 		t.Fatal(err)

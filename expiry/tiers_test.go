@@ -22,10 +22,10 @@ func TestPermanentKeyAtomicWithDeletion(t *testing.T) {
 	// heap (sweepKeysSQL).
 	for _, v := range []struct {
 		size     int
-		Strategy string
-	}{{100, ""}, {10, ""}, {10, "sweep"}} {
+		strategy Strategy
+	}{{100, ""}, {10, ""}, {10, StrategySweep}} {
 		size := v.size
-		t.Run(fmt.Sprintf("batch_%d%s", size, v.Strategy), func(t *testing.T) {
+		t.Run(fmt.Sprintf("batch_%d%s", size, v.strategy), func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			f := setup(t, pgtest.TieredInboxDDL, pgtest.TieredInboxPolicy)
@@ -46,7 +46,7 @@ func TestPermanentKeyAtomicWithDeletion(t *testing.T) {
 			const keys = `SELECT count(*) FROM inboxkeeper.keys_public_inbox`
 			killed := false
 			during := [2]int64{-1, -1}
-			sig := TestSignals{Strategy: v.Strategy, BeforeCommit: func(_ string, n int64) {
+			sig := signals{strategy: v.strategy, TestSignals: TestSignals{BeforeCommit: func(_ string, n int64) {
 				if killed {
 					return
 				}
@@ -64,7 +64,7 @@ func TestPermanentKeyAtomicWithDeletion(t *testing.T) {
 					return !alive
 				})
 				during = [2]int64{count("SELECT count(*) FROM public.inbox"), count(keys)}
-			}}
+			}}}
 			res, err := newTest(f.pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: size}}, sig).RunPass(ctx)
 			if err != nil {
 				t.Fatal(err)
@@ -78,10 +78,10 @@ func TestPermanentKeyAtomicWithDeletion(t *testing.T) {
 			if r := res[0]; r.Err != nil || r.Retries != 1 || r.Deleted != 20 || r.PermanentKeys != 19 {
 				t.Errorf("pass after the kill: %+v, want 20 deleted and 19 keys after 1 retry", r)
 			}
-			if r, want := res[0], map[int]int{100: 0, 10: 2}[size]; v.Strategy == "" && r.RangeBatches != want {
+			if r, want := res[0], map[int]int{100: 0, 10: 2}[size]; v.strategy == "" && r.RangeBatches != want {
 				t.Errorf("%d batches by range, want %d", r.RangeBatches, want)
 			}
-			if r := res[0]; v.Strategy == "sweep" && (r.SweepBatches == 0 || r.RangeBatches != 0) {
+			if r := res[0]; v.strategy == "sweep" && (r.SweepBatches == 0 || r.RangeBatches != 0) {
 				t.Errorf("%+v: want sweep batches only", r)
 			}
 			if n := count("SELECT count(*) FROM public.inbox"); n != 0 {

@@ -53,6 +53,7 @@ type Config struct {
 	MetricsAddr      string        `envconfig:"METRICS_ADDR" default:"127.0.0.1:9610" empty:"no listener" desc:"run: host:port of the /metrics listener; empty disables it"`
 	LogFormat        string        `envconfig:"LOG_FORMAT" default:"text" desc:"log format: text or json"`
 	LogLevel         string        `envconfig:"LOG_LEVEL" default:"info" desc:"log level: debug, info, warn or error"`
+	ExpiryStrategy   string        `envconfig:"EXPIRY_STRATEGY" default:"auto" desc:"the order of a pass's deletes on a plain table: auto (a sweep in physical order when the pass's sample of the heap says its due rows are scattered, else expiry order), sweep (every pass with a row due sweeps) or expiry (never sweeps)"`
 
 	// The throttle.
 	HeartbeatInterval  time.Duration `envconfig:"HEARTBEAT_INTERVAL" default:"250ms" desc:"how often the heartbeat row is written on the primary (when REPLICA_URLS is set)"`
@@ -75,6 +76,9 @@ type Config struct {
 	// Running many.
 	LeaseTTL time.Duration `envconfig:"LEASE_TTL" default:"15s" desc:"the active instance's lease runs out this long after its last renewal; another instance then takes over"`
 }
+
+// ExpiryStrategies are the values of EXPIRY_STRATEGY (expiry.Strategies).
+var ExpiryStrategies = []string{"auto", "sweep", "expiry"}
 
 var durationType = reflect.TypeFor[time.Duration]()
 
@@ -516,6 +520,9 @@ func (c Config) problems() problems {
 	}
 	if c.ThrottleResume <= 0 || c.ThrottleResume > 1 {
 		ps.addf(n["ThrottleResume"], "%g must be greater than 0 and at most 1", c.ThrottleResume)
+	}
+	if !slices.Contains(ExpiryStrategies, c.ExpiryStrategy) {
+		ps.addf(n["ExpiryStrategy"], "%q must be auto, sweep or expiry", c.ExpiryStrategy)
 	}
 	if c.LogFormat != "text" && c.LogFormat != "json" {
 		ps.addf(n["LogFormat"], "%q must be text or json", c.LogFormat)

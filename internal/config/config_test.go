@@ -45,6 +45,7 @@ var defaults = Config{
 	MetricsAddr:      "127.0.0.1:9610",
 	LogFormat:        "text",
 	LogLevel:         "info",
+	ExpiryStrategy:   "auto",
 
 	HeartbeatInterval:  250 * time.Millisecond,
 	MaxReplicaLag:      time.Second,
@@ -102,6 +103,7 @@ func TestLoadGoodValues(t *testing.T) {
 		{"METRICS_ADDR", "[::1]:9100", func(c *Config) { c.MetricsAddr = "[::1]:9100" }},
 		{"METRICS_ADDR", "", func(c *Config) { c.MetricsAddr = "" }},
 		{"LOG_FORMAT", "json", func(c *Config) { c.LogFormat = "json" }},
+		{"EXPIRY_STRATEGY", "expiry", func(c *Config) { c.ExpiryStrategy = "expiry" }},
 		{"LOG_LEVEL", "debug", func(c *Config) { c.LogLevel = "debug" }},
 		{"LOG_LEVEL", "error", func(c *Config) { c.LogLevel = "error" }},
 		{"REPLICA_URLS", "postgres://a/db,host=b port=5433", func(c *Config) { c.ReplicaURLs = []string{"postgres://a/db", "host=b port=5433"} }},
@@ -159,6 +161,8 @@ var badValues = []struct{ name, value, want string }{
 	{"METRICS_ADDR", "9610", `"9610" must be host:port`},
 	{"METRICS_ADDR", "localhost:http", "must be host:port"},
 	{"LOG_FORMAT", "xml", `"xml" must be text or json`},
+	{"EXPIRY_STRATEGY", "physical", `"physical" must be auto, sweep or expiry`},
+	{"EXPIRY_STRATEGY", "", `"" must be auto, sweep or expiry`},
 	{"LOG_LEVEL", "verbose", `"verbose" must be debug, info, warn or error`},
 	{"LOG_LEVEL", "INFO", "must be debug"},
 	{"MAX_REPLICA_LAG_BYTES", "64 MiB", `unknown unit "MiB"`},
@@ -303,8 +307,8 @@ func TestKnownVariables(t *testing.T) {
 			t.Errorf("missing %s", name)
 		}
 	}
-	if len(got) != 35 {
-		t.Errorf("got %d names, want 35: %v", len(got), got)
+	if len(got) != 36 {
+		t.Errorf("got %d names, want 36: %v", len(got), got)
 	}
 }
 

@@ -3,9 +3,12 @@ package pass
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
+	"github.com/inboxkeeper/inboxkeeper/expiry"
+	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/daemonmetrics"
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 )
@@ -97,5 +100,16 @@ func TestLimit(t *testing.T) {
 	}
 	if until := time.Until(got); until > time.Minute || until < 50*time.Second {
 		t.Errorf("the table's stage got %s, want its own minute", until)
+	}
+}
+
+// The configuration accepts exactly the strategies the deleter knows.
+func TestExpiryStrategiesInStep(t *testing.T) {
+	var known []string
+	for _, s := range expiry.Strategies {
+		known = append(known, string(s))
+	}
+	if !slices.Equal(known, config.ExpiryStrategies) {
+		t.Errorf("INBOXKEEPER_EXPIRY_STRATEGY accepts %v, the deleter knows %v", config.ExpiryStrategies, known)
 	}
 }

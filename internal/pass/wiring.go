@@ -61,7 +61,7 @@ func (w Wiring) batch(c config.Config) batchloop.Settings {
 
 // Deleter builds the deleter of tables with the configuration c.
 func (w Wiring) Deleter(c config.Config, tables []*catalog.Table) *expiry.Deleter {
-	o := expiry.Options{Settings: w.batch(c), Progress: w.Progress}
+	o := expiry.Options{Settings: w.batch(c), Progress: w.Progress, Strategy: expiry.Strategy(c.ExpiryStrategy)}
 	var vm *vacuum.Metrics
 	if w.Metrics != nil {
 		o.Metrics, vm = w.Metrics.Expiry, w.Metrics.Vacuum
