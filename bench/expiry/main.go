@@ -28,7 +28,8 @@
 // (pg_stat_statements), the ratios to the unbounded DELETE, the daemon's
 // longest batch, and whether the goals hold; then the peak RSS of a daemon
 // run over -flat-rows expired rows of a narrow table, to show that memory
-// does not grow with the backlog. Other INBOXKEEPER_* variables in the
+// does not grow with the backlog. -baseline runs another build of the
+// daemon (main's) as one more method, in the same reps. Other INBOXKEEPER_* variables in the
 // environment reach the daemon (e.g. INBOXKEEPER_BATCH_SIZE_MAX) and are
 // listed in the report. It exits non-zero when a method does not delete
 // exactly the expired rows; a missed goal is printed (GOAL MISSED), not
@@ -94,6 +95,7 @@ type options struct {
 	gap                                   time.Duration
 	layouts                               []layout
 	keep                                  bool
+	baseline                              string // another build of the daemon, run as a method of its own
 	flags                                 string // for the report's header
 }
 
@@ -111,6 +113,7 @@ func run(args []string, stdout io.Writer) int {
 	fs.DurationVar(&o.gap, "gap", 7*24*time.Hour, "steady-state: how long before the run the last pass ran (its due rows expired since)")
 	names := fs.String("layouts", layoutNames(), "comma-separated layouts to run")
 	fs.BoolVar(&o.keep, "keep", false, "leave the cluster running and print its URL")
+	fs.StringVar(&o.baseline, "baseline", "", "another inboxkeeper binary (e.g. main's build) run as one more method, \""+baselineName+"\", in the same reps")
 	return benchdata.Main(fs, args, func() error {
 		for _, n := range strings.Split(*names, ",") {
 			i := slices.IndexFunc(layouts, func(l layout) bool { return l.name == n })
@@ -136,6 +139,7 @@ type bench struct {
 	o       options
 	dir     string // temporary: the binary and the policy files
 	bin     string
+	methods []method // methods and, with -baseline, the baseline's once
 	cluster *pgcluster.Cluster
 	pool    *pgxpool.Pool // the postgres database: copies are made from here
 }
@@ -160,7 +164,7 @@ type method struct {
 	run  func(ctx context.Context, b *bench, db string) (result, error)
 }
 
-const daemonName, unboundedName = "inboxkeeper once", "unbounded DELETE"
+const daemonName, unboundedName, baselineName = "inboxkeeper once", "unbounded DELETE", "baseline once"
 
 var methods = []method{
 	{daemonName, func(ctx context.Context, b *bench, db string) (result, error) { return b.daemon(ctx, db, "inbox") }},
@@ -209,6 +213,14 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 		return err
 	}
 	defer os.RemoveAll(b.dir)
+	b.methods = methods
+	if o.baseline != "" {
+		// The same harness and copies, another build: main's daemon
+		// against this one's, rep by rep.
+		b.methods = append(slices.Clone(methods), method{baselineName, func(ctx context.Context, b *bench, db string) (result, error) {
+			return b.daemonBin(ctx, o.baseline, db, "inbox")
+		}})
+	}
 
 	// pg_stat_statements counts the pages each method's statements read and
 	// dirty (a CALL counts the statements it runs).
@@ -292,13 +304,13 @@ func (b *bench) layout(ctx context.Context, w io.Writer, l layout, total, expire
 		return 0, err
 	}
 	b.Logf("%s: warm-up (unbounded DELETE, not measured)", l.name)
-	if _, err := methods[1].run(ctx, b, "run"); err != nil {
+	if _, err := b.methods[1].run(ctx, b, "run"); err != nil {
 		return 0, err
 	}
 	var rss int64
 	met := map[string]int{}
 	for rep := range b.o.reps {
-		order := slices.Clone(methods)
+		order := slices.Clone(b.methods)
 		if rep%2 == 1 {
 			slices.Reverse(order)
 		}
@@ -323,11 +335,11 @@ func (b *bench) layout(ctx context.Context, w io.Writer, l layout, total, expire
 		fmt.Fprintf(w, "%s, rep %d of %d (%s first):\n", l.name, rep+1, b.o.reps, order[0].name)
 		fmt.Fprintf(w, "  %-26s %7s %10s %8s %7s %10s %6s %6s %7s\n", "method", "time", "rows/s", "WAL", "CPU", "throughput", "WAL", "pages", "dirtied")
 		bestLoop, bestName := 0.0, ""
-		for _, m := range methods {
+		for _, m := range b.methods {
 			r := res[m.name]
 			rate := float64(expired) / r.wall.Seconds()
 			extra := ""
-			if m.name == daemonName {
+			if m.name == daemonName || m.name == baselineName {
 				extra = fmt.Sprintf("  peak RSS %.1f MB  %s", benchdata.MB(r.rss), batches(r, expired))
 				rss = max(rss, r.rss)
 			}
@@ -360,6 +372,11 @@ func (b *bench) layout(ctx context.Context, w io.Writer, l layout, total, expire
 		// CPU seconds are less disturbed than wall time by other load on a
 		// shared machine: they say whether a missed goal is noise. The
 		// daemon's include its own process; the others have none.
+		if base, ok := res[baselineName]; ok {
+			br := float64(expired) / base.wall.Seconds() / ur
+			fmt.Fprintf(w, "  baseline (%s): throughput ratio %.2f, ahead of the best loop %.2fx, longest batch %s; this build ÷ baseline %.2f\n",
+				b.o.baseline, br, br/bestLoop, base.longest.Round(time.Millisecond), tr/br)
+		}
 		lc := slices.MinFunc(methods[2:], func(a, b method) int { return cmp.Compare(res[a.name].cpu, res[b.name].cpu) })
 		fmt.Fprintf(w, "  CPU seconds: inboxkeeper %.2f, unbounded %.2f (ratio %.2f), least of the loops %.2f (%s, ratio %.2f)\n",
 			d.cpu.Seconds(), u.cpu.Seconds(), d.cpu.Seconds()/u.cpu.Seconds(), res[lc.name].cpu.Seconds(), lc.name,
@@ -402,7 +419,7 @@ func (b *bench) prepare(ctx context.Context, db string, l benchdata.Layout, payl
 		return 0, 0, err
 	}
 	// migrate reads no policy, but the configuration must name one.
-	if _, err := b.inboxkeeper(ctx, db, filepath.Join(b.dir, "none.yaml"), "migrate"); err != nil {
+	if _, err := b.inboxkeeper(ctx, b.bin, db, filepath.Join(b.dir, "none.yaml"), "migrate"); err != nil {
 		return 0, 0, err
 	}
 	b.Logf("filling %s with %d rows", db, n)
@@ -438,6 +455,11 @@ func (b *bench) inDB(ctx context.Context, db string, fn func(*pgx.Conn) error) e
 
 // daemon runs `inboxkeeper once` on table in db after a checkpoint.
 func (b *bench) daemon(ctx context.Context, db, table string) (result, error) {
+	return b.daemonBin(ctx, b.bin, db, table)
+}
+
+// daemonBin is daemon with the binary bin.
+func (b *bench) daemonBin(ctx context.Context, bin, db, table string) (result, error) {
 	policy := filepath.Join(b.dir, db+".yaml")
 	if err := benchdata.WritePolicy(policy, table); err != nil {
 		return result{}, err
@@ -453,7 +475,7 @@ func (b *bench) daemon(ctx context.Context, db, table string) (result, error) {
 	if err != nil {
 		return result{}, err
 	}
-	r, err := b.inboxkeeper(ctx, db, policy, "once")
+	r, err := b.inboxkeeper(ctx, bin, db, policy, "once")
 	if err != nil {
 		return r, err
 	}
@@ -536,8 +558,8 @@ func (b *bench) daemonSettings(db, policy string) []string {
 
 // inboxkeeper runs the built binary and measures wall time and peak RSS.
 // The other INBOXKEEPER_* variables of the environment reach it.
-func (b *bench) inboxkeeper(ctx context.Context, db, policy string, args ...string) (result, error) {
-	p, err := benchdata.RunBinary(ctx, b.bin, benchdata.DaemonEnv(true, b.daemonSettings(db, policy)...), args...)
+func (b *bench) inboxkeeper(ctx context.Context, bin, db, policy string, args ...string) (result, error) {
+	p, err := benchdata.RunBinary(ctx, bin, benchdata.DaemonEnv(true, b.daemonSettings(db, policy)...), args...)
 	return result{wall: p.Wall, cpu: p.CPU, rss: p.RSS, batches: benchdata.DoneBatches(p.Output), longest: longestBatch(p.Output),
 		swept: sweptBatches(p.Output)}, err
 }
