@@ -100,23 +100,11 @@ func (d *Deleter) Due(ctx context.Context, t *catalog.Table, from pgtype.Timesta
 // beside, when set, is called with the count's now and holds before it
 // counts (the sample read beside it, sampleBeside).
 func (d *Deleter) look(ctx context.Context, t *catalog.Table, res *TableResult, beside func(now time.Time, cov holds.Coverage)) (Due, error) {
-	return d.lookAt(ctx, t, res, "", beside)
-}
-
-// lookAt is look in a transaction of the isolation iso. The first look of
-// a pass whose batches may begin before its count ends (firstLook) is
-// REPEATABLE READ: its snapshot, taken by its first statement, before its
-// now and holds are read, is older than every batch of the pass, so the
-// count counts the rows due when the pass began however late it runs.
-func (d *Deleter) lookAt(ctx context.Context, t *catalog.Table, res *TableResult, iso pgx.TxIsoLevel, beside func(now time.Time, cov holds.Coverage)) (Due, error) {
 	var due Due
-	err := d.coverageTxAt(ctx, t, iso, func(tx pgx.Tx, now time.Time, cov holds.Coverage) error {
+	err := d.coverageTx(ctx, t, func(tx pgx.Tx, now time.Time, cov holds.Coverage) error {
 		due.now, due.cov = now, cov
 		if beside != nil {
 			beside(now, cov)
-		}
-		if d.TestSignals.BeforeCount != nil {
-			d.TestSignals.BeforeCount()
 		}
 		var err error
 		if due.Rows, due.Capped, err = countDue(ctx, tx, t, now, cov, orNegInf(res.resume)); err != nil {
@@ -170,105 +158,4 @@ func (d *Deleter) Refresh(ctx context.Context, keep func(table string) bool) err
 		}
 	}
 	return nil
-}
-
-// lateCount is a pass's first look (look) still counting while the pass's
-// first batches run: firstLook started them from the heap's sample, which
-// was in first. Its transaction is REPEATABLE READ (lookAt), so the count
-// is of the rows due when the pass began.
-type lateCount struct {
-	ready chan struct{} // now and cov are set
-	done  chan struct{} // due, err, res and took are set
-	now   time.Time
-	cov   holds.Coverage
-	due   Due
-	err   error
-	res   TableResult // what measure read
-	began time.Time
-	took  time.Duration
-}
-
-// counted is the count, once it is in (ok); with wait, it waits for it.
-// rows is what the sweep stops at (sweep.counted): false until the count
-// is in, and when it failed or stopped at DueCap.
-func (c *lateCount) counted(wait bool) (rows int64, ok bool) {
-	if wait {
-		<-c.done
-	}
-	select {
-	case <-c.done:
-		return c.due.Rows, c.err == nil && !c.due.Capped
-	default:
-		return 0, false
-	}
-}
-
-// rows is the count when it is in, else est.
-func (c *lateCount) rows(est int64) int64 {
-	select {
-	case <-c.done:
-		if c.err == nil {
-			return c.due.Rows
-		}
-	default:
-	}
-	return est
-}
-
-// join waits for the count and copies what its look measured into res.
-func (c *lateCount) join(res *TableResult) (Due, error) {
-	<-c.done
-	res.ProtectedByHolds, res.ProtectedByReplays = c.res.ProtectedByHolds, c.res.ProtectedByReplays
-	res.CleanupLag, res.Oldest, res.Newest = c.res.CleanupLag, c.res.Oldest, c.res.Newest
-	res.BytesPerKey, res.LiveTuples, res.DeadTuples = c.res.BytesPerKey, c.res.LiveTuples, c.res.DeadTuples
-	return c.due, c.err
-}
-
-// firstLook is the first look of a pass over t whose heap's sample is read
-// beside it (sampleBeside): the look, REPEATABLE READ, on a goroutine of
-// its own, and the sample, on another connection, from the moment the look
-// has its now and holds. Whichever ends first decides:
-//
-//   - the count (a table with little due, or nothing): as look, the count
-//     is returned and late is nil;
-//   - the sample, when it estimates at least two batches due: the pass
-//     need not wait for the count. The Due returned holds the look's now
-//     and holds and the sample's estimate; late is the count, still
-//     running beside the batches, which fills in what needs it (the
-//     progress line, rows_due, noteDue, the sweep's stop).
-//   - the sample, with less due, or failed: the count is waited for, as
-//     before.
-//
-// The count of a million due rows took 170 to 210 ms before the first
-// batch of an append-ordered pass, a tenth of it (docs/design/expiry.md,
-// "The first batch does not wait for the count").
-func (d *Deleter) firstLook(ctx context.Context, t *catalog.Table, res *TableResult) (Due, *lateCount, *sampleAhead, error) {
-	c := &lateCount{ready: make(chan struct{}), done: make(chan struct{}), began: time.Now()}
-	c.res.resume = res.resume
-	go func() {
-		defer close(c.done)
-		c.due, c.err = d.lookAt(ctx, t, &c.res, pgx.RepeatableRead, func(now time.Time, cov holds.Coverage) {
-			c.now, c.cov = now, cov
-			close(c.ready)
-		})
-		c.took = time.Since(c.began)
-	}()
-	var sample *sampleAhead
-	select {
-	case <-c.ready:
-		sample = d.readSampleAhead(ctx, t, c.now, c.cov)
-		select {
-		case <-c.done:
-		case <-sample.done:
-			est, err := sample.dueEstimate()
-			if err == nil && est >= int64(2*d.sizer(t).Size()) {
-				d.log.Debug("expiry: the sample is in before the count; the pass begins", "table", t.Name, "estimate", est,
-					"after", time.Since(c.began))
-				return Due{Rows: min(est, DueCap), Capped: est > DueCap, now: c.now, cov: c.cov}, c, sample, nil
-			}
-		}
-	case <-c.done: // it failed before its now and holds
-	}
-	due, err := c.join(res)
-	return due, nil, sample, err
 }

@@ -84,10 +84,6 @@ type TestSignals struct {
 	// failed (a sample read beside the count and not needed is stopped):
 	// beside the count (sampleBeside) or after it.
 	OnSample func(beside bool, err error)
-	// BeforeCount is called in a look's transaction, once it has its now
-	// and holds, before it counts the due rows (a test holds the count
-	// back to see the first batch begin without it: firstLook).
-	BeforeCount func()
 }
 
 // Sizing bounds the adaptive batch size.
@@ -103,9 +99,7 @@ type Progress struct {
 	BatchRows     int64
 	BatchDuration time.Duration
 	// Estimate is the exact count of the rows due (no hold or replay
-	// covering them) when the table's pass began, at most DueCap (Due.Rows);
-	// while that count is still running beside the pass's first batches
-	// (firstLook), the heap's sample's estimate of it.
+	// covering them) when the table's pass began, at most DueCap (Due.Rows).
 	Estimate int64
 }
 
@@ -243,38 +237,22 @@ func (d *Deleter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 		// down from (refreshed every DueRefresh during a long pass); when
 		// nothing is due, what it measured is the pass.
 		// The heap's sample, when the pass may need it, is read beside
-		// the count (sampleBeside), and when it is in first and says the
-		// pass has batches to do, they begin while the count goes on
-		// (firstLook: late).
+		// the count (sampleBeside).
 		var sample *sampleAhead
-		var late *lateCount
-		var due Due
-		var err error
-		if d.sampleBeside(t) {
-			due, late, sample, err = d.firstLook(ctx, t, &res)
-		} else {
-			due, err = d.look(ctx, t, &res, nil)
-		}
-		if late == nil {
-			d.noteDue(t, due, err)
-			if err != nil && ctx.Err() == nil {
-				d.log.Warn("expiry: could not count the due rows", "table", t.Name, "error", err)
+		due, err := d.look(ctx, t, &res, func(now time.Time, cov holds.Coverage) {
+			if d.sampleBeside(t) {
+				sample = d.readSampleAhead(ctx, t, now, cov)
 			}
+		})
+		d.noteDue(t, due, err)
+		if err != nil && ctx.Err() == nil {
+			d.log.Warn("expiry: could not count the due rows", "table", t.Name, "error", err)
 		}
-		ran := err != nil || due.Rows > 0 || late != nil
-		if ran {
-			res.Err = d.deleteAll(ctx, t, deadline, due, sample, late, &res)
+		if err != nil || due.Rows > 0 {
+			res.Err = d.deleteAll(ctx, t, deadline, due, sample, &res)
 		}
 		sample.drop() // nothing of the pass outlives it
-		if late != nil {
-			counted, err := late.join(&res)
-			d.noteDue(t, counted, err)
-			if err != nil && ctx.Err() == nil {
-				d.log.Warn("expiry: could not count the due rows", "table", t.Name, "error", err)
-			}
-			d.log.Debug("expiry: counted beside the pass", "table", t.Name, "due", counted.Rows, "capped", counted.Capped, "took", late.took)
-		}
-		if ran && res.Err == nil && ctx.Err() == nil {
+		if (err != nil || due.Rows > 0) && res.Err == nil && ctx.Err() == nil {
 			// Measuring is best effort: the deletion is done whatever it says.
 			if _, err := d.look(ctx, t, &res, nil); err != nil {
 				log.Warn("expiry: could not measure the table after the pass; its metrics wait for the next one", "error", err)
@@ -343,7 +321,7 @@ type deleteRate struct {
 	total int64
 }
 
-func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time.Time, due Due, sample *sampleAhead, late *lateCount, res *TableResult) error {
+func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time.Time, due Due, sample *sampleAhead, res *TableResult) error {
 	// The keyset: every batch starts at the newest expiry the previous batch
 	// deleted, so rows it passed over (held, or locked by someone else) are
 	// not scanned again in this pass.
@@ -355,16 +333,10 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 	d.scanChoice[t.Name] = &scanChooser{}
 	d.mu.Unlock()
 	// The count the pass began with (look) is what the progress line's ETA
-	// counts down from; while it is counted beside the pass (late), the
-	// sample's estimate. A sample of the heap decides whether the pass
+	// counts down from. A sample of the heap decides whether the pass
 	// sweeps the heap in physical order instead (startSweep).
-	estimate := func() int64 {
-		if late != nil {
-			return late.rows(due.Rows)
-		}
-		return due.Rows
-	}
-	sw := d.startSweep(ctx, t, due, sample, late)
+	estimate := due.Rows
+	sw := d.startSweep(ctx, t, due, sample)
 	lastCount := time.Now()
 	m := d.opts.Metrics
 	var lastNewest time.Time // the newest expiry of the last batch, for its log line
@@ -390,7 +362,7 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 			d.log.Debug("expiry: batch", "table", t.Name, "deleted", n, "newest_expiry", lastNewest)
 			if n > 0 && d.opts.Progress != nil {
 				d.opts.Progress(Progress{Table: t.Name, Deleted: res.Deleted, Batches: res.Batches, Elapsed: time.Since(start),
-					BatchRows: n, BatchDuration: took, Estimate: estimate()})
+					BatchRows: n, BatchDuration: took, Estimate: estimate})
 			}
 			if m != nil && time.Since(lastCount) >= DueRefresh {
 				// rows_due and the cleanup lag, while a long pass runs.
@@ -412,7 +384,7 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 		win := d.window(t)
 		win.setExhausted(false)
 		win.mu.Lock()
-		win.due = due.Rows // never late: Citus tables read no sample
+		win.due = estimate
 		win.mu.Unlock()
 		loop.Shards, loop.Exhausted = t.Citus.Shards, win.isExhausted
 	}
@@ -858,12 +830,7 @@ func permanentKeys(t *catalog.Table) (returning, cte, count string) {
 // readTx runs fn in a read-only transaction with the batch timeouts, so that
 // counting and measuring never queue behind a lock for long either.
 func (d *Deleter) readTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
-	return d.readTxAt(ctx, "", fn)
-}
-
-// readTxAt is readTx at the isolation level iso (empty: the session's).
-func (d *Deleter) readTxAt(ctx context.Context, iso pgx.TxIsoLevel, fn func(tx pgx.Tx) error) error {
-	return pgx.BeginTxFunc(ctx, d.pool, pgx.TxOptions{IsoLevel: iso, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+	return pgx.BeginTxFunc(ctx, d.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		if _, err := (dbconn.TxSettings{LockTimeout: d.opts.LockTimeout, StatementTimeout: d.opts.StatementTimeout, IdleInTx: d.opts.IdleTimeout}).Apply(ctx, tx); err != nil {
 			return err
 		}
@@ -874,12 +841,7 @@ func (d *Deleter) readTxAt(ctx context.Context, iso pgx.TxIsoLevel, fn func(tx p
 // coverageTx runs fn in a read-only transaction (readTx) with the
 // database's now and the holds and replays active then.
 func (d *Deleter) coverageTx(ctx context.Context, t *catalog.Table, fn func(tx pgx.Tx, now time.Time, cov holds.Coverage) error) error {
-	return d.coverageTxAt(ctx, t, "", fn)
-}
-
-// coverageTxAt is coverageTx at the isolation level iso.
-func (d *Deleter) coverageTxAt(ctx context.Context, t *catalog.Table, iso pgx.TxIsoLevel, fn func(tx pgx.Tx, now time.Time, cov holds.Coverage) error) error {
-	return d.readTxAt(ctx, iso, func(tx pgx.Tx) error {
+	return d.readTx(ctx, func(tx pgx.Tx) error {
 		now, err := d.now(ctx, tx)
 		if err != nil {
 			return err

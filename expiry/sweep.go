@@ -243,10 +243,8 @@ type sweep struct {
 	cov holds.Coverage
 	// counted says, once the count is in, how many rows were due, and
 	// whether that is all of them (it stops at DueCap); the pass stops when
-	// it has deleted as many. Not yet counted (ok false; the count may run
-	// beside the first slices, firstLook): no stop yet. With wait, it waits
-	// for the count. Nil: never (tests).
-	counted func(wait bool) (rows int64, ok bool)
+	// it has deleted as many. Nil: never (tests).
+	counted func() (rows int64, ok bool)
 	est     sweepEstimate
 
 	mu        sync.Mutex
@@ -276,29 +274,8 @@ func (s *sweep) exhausted() bool {
 	if s.counted == nil {
 		return false
 	}
-	// Where the map has no due row ahead, a slice would read on to the
-	// batch target: the count, if it is not in yet, says whether any is
-	// left, so wait for it there.
-	rows, ok := s.counted(s.found > 0 && !s.mapAhead())
+	rows, ok := s.counted()
 	return ok && s.found >= rows
-}
-
-// mapAhead says whether the density map has due rows in the pages the
-// sweep has still to read (s.mu held).
-func (s *sweep) mapAhead() bool {
-	pos := (s.start + s.done) % s.nblocks
-	ranges := [][2]int64{{pos, s.start}}
-	if pos >= s.start {
-		ranges = [][2]int64{{pos, s.nblocks}, {0, s.start}}
-	}
-	for _, r := range ranges {
-		for seg := r[0] / s.est.segLen; seg*s.est.segLen < r[1] && seg < int64(len(s.est.density)); seg++ {
-			if s.est.density[seg] > 0 {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // position is where the sweep has got to, as a page number.
@@ -331,7 +308,7 @@ func (s *sweep) slice(size int) (a, b int64, mapped float64) {
 	if s.counted != nil {
 		// The last slice ends where the map puts the last counted row,
 		// not a batch further on.
-		if counted, ok := s.counted(false); ok {
+		if counted, ok := s.counted(); ok {
 			rows = min(rows, float64(counted-s.found))
 		}
 	}
@@ -392,7 +369,7 @@ func (s *sweep) swept(a, b int64, n int64, mapped float64, took time.Duration) {
 // count (sampleBeside), when there is one, is that sample. The sweep stops
 // once it has deleted as many rows as were counted, when the count was
 // not capped.
-func (d *Deleter) startSweep(ctx context.Context, t *catalog.Table, due Due, beside *sampleAhead, late *lateCount) *sweep {
+func (d *Deleter) startSweep(ctx context.Context, t *catalog.Table, due Due, beside *sampleAhead) *sweep {
 	if !d.maySweep(t) || due.now.IsZero() {
 		beside.drop()
 		return nil
@@ -403,12 +380,8 @@ func (d *Deleter) startSweep(ctx context.Context, t *catalog.Table, due Due, bes
 		return nil
 	}
 	sw := d.planSweep(ctx, t, due.now, due.cov, beside)
-	switch {
-	case sw == nil:
-	case late != nil:
-		sw.counted = late.counted
-	default:
-		sw.counted = func(bool) (int64, bool) { return due.Rows, !due.Capped }
+	if sw != nil {
+		sw.counted = func() (int64, bool) { return due.Rows, !due.Capped }
 	}
 	return sw
 }
@@ -554,20 +527,6 @@ func (a *sampleAhead) take() ([]sampledBlock, float64, int64, error) {
 	<-a.done
 	a.cancel()
 	return a.blocks, a.frac, a.nblocks, a.err
-}
-
-// dueEstimate waits for the sample and returns the rows it estimates due
-// in the whole table: its due rows over the fraction of the heap it read.
-func (a *sampleAhead) dueEstimate() (int64, error) {
-	blocks, frac, _, err := a.take()
-	if err != nil || frac <= 0 {
-		return 0, err
-	}
-	n := 0
-	for _, b := range blocks {
-		n += len(b.due)
-	}
-	return int64(math.Round(float64(n) / frac)), nil
 }
 
 // sample reads about sampleBlocks pages of t at random and what is due on

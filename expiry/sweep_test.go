@@ -518,7 +518,7 @@ func TestSweepSlices(t *testing.T) {
 		t.Errorf("a sweep back at its start: exhausted %v at page %d, want true at 900", w.exhausted(), w.position())
 	}
 	// Not capped: the sweep ends once it has deleted as many rows as were due.
-	u := &sweep{nblocks: 1000, est: est, target: time.Second, counted: func(bool) (int64, bool) { return 600, true }}
+	u := &sweep{nblocks: 1000, est: est, target: time.Second, counted: func() (int64, bool) { return 600, true }}
 	u.swept(0, 60, 600, 600, time.Millisecond)
 	if !u.exhausted() {
 		t.Error("a sweep that deleted every counted row is not exhausted")
@@ -526,43 +526,20 @@ func TestSweepSlices(t *testing.T) {
 	// The last slice ends where the map puts the last counted row, not a
 	// batch further on, through pages with nothing due.
 	tail := sweepEstimate{segLen: 100, density: []float64{10, 0, 0, 0, 0, 0, 0, 0, 0, 0}}
-	l := &sweep{nblocks: 1000, est: tail, target: time.Second, counted: func(bool) (int64, bool) { return 1000, true }}
+	l := &sweep{nblocks: 1000, est: tail, target: time.Second, counted: func() (int64, bool) { return 1000, true }}
 	l.swept(0, 50, 500, 500, time.Millisecond)
 	if a, b, _ = l.slice(1000); a != 50 || b != 100 {
 		t.Errorf("the last 500 counted rows: [%d, %d), want [50, 100)", a, b)
 	}
 	// A capped count too ends there; the slice after it, with nothing on
 	// the map ahead, reads on to the end of the heap.
-	l.counted = func(bool) (int64, bool) { return 1000, false }
+	l.counted = func() (int64, bool) { return 1000, false }
 	if a, b, _ = l.slice(1000); a != 50 || b != 100 {
 		t.Errorf("a capped count: [%d, %d), want [50, 100)", a, b)
 	}
 	l.swept(50, 100, 500, 500, time.Millisecond)
 	if a, b, _ = l.slice(1000); a != 100 || b != 1000 {
 		t.Errorf("nothing on the map ahead: [%d, %d), want [100, 1000)", a, b)
-	}
-	// Not yet counted (the count runs beside the first slices): no stop,
-	// and no wait for it while the map has due rows ahead; past them the
-	// sweep waits for the count, which says whether any are left.
-	var waited []bool
-	count := func(in bool) func(bool) (int64, bool) {
-		return func(wait bool) (int64, bool) {
-			waited = append(waited, wait)
-			return 1000, in || wait
-		}
-	}
-	n := &sweep{nblocks: 1000, est: tail, target: time.Second, counted: count(false)}
-	n.swept(0, 50, 1000, 500, time.Millisecond)
-	if n.exhausted() || len(waited) != 1 || waited[0] {
-		t.Errorf("not yet counted, due rows on the map ahead: exhausted %v, waited %v; want false, [false]", n.exhausted(), waited)
-	}
-	if a, b, _ = n.slice(1000); a != 50 || b != 100 {
-		t.Errorf("not yet counted: [%d, %d), want [50, 100) (the map's rows)", a, b)
-	}
-	n.swept(50, 100, 0, 500, time.Millisecond)
-	waited = nil
-	if !n.exhausted() || len(waited) != 1 || !waited[0] {
-		t.Errorf("not yet counted, nothing on the map ahead: exhausted %v, waited %v; want true, [true]", n.exhausted(), waited)
 	}
 }
 
@@ -656,85 +633,5 @@ WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> pg_ba
 	b := d.readSampleAhead(ctx, f.tables[0], t0, holds.Coverage{})
 	if blocks, _, nblocks, err := b.take(); err != nil || len(blocks) == 0 || nblocks == 0 {
 		t.Errorf("a sample after the dropped one: %d blocks of %d, %v", len(blocks), nblocks, err)
-	}
-}
-
-// TestFirstBatchDoesNotWaitForTheCount: when the heap's sample, read beside
-// the count a pass begins with, is in first and estimates two batches due
-// or more, the first batch begins without the count (firstLook). Here the
-// count is held back until the first batch has committed: a pass whose
-// first batch waited for it would not get there. The count, REPEATABLE
-// READ, still counts the rows due when the pass began (rows the first
-// batch deleted among them), the sweep stops on it, and what the pass
-// reports after it is exact: every due row gone, rows_due 0, no lag, and
-// the progress line's estimate the exact count once it is in.
-func TestFirstBatchDoesNotWaitForTheCount(t *testing.T) {
-	for _, layout := range []string{"scattered", "append-ordered"} {
-		t.Run(layout, func(t *testing.T) {
-			t.Parallel()
-			f := setup(t, inboxDDL, inboxPolicy)
-			var due int64
-			if layout == "scattered" {
-				due = f.scatter(t, 20000)
-			} else {
-				f.insert(t, "c", 10000, t0.Add(-48*time.Hour), time.Second)
-				f.insert(t, "live", 10000, t0.Add(48*time.Hour), time.Second)
-				pgtest.Exec(t, f.pool, "VACUUM ANALYZE public.consumer_inbox")
-				due = 10000
-			}
-			firstBatch := make(chan struct{})
-			var once sync.Once
-			var mu sync.Mutex
-			var counts int
-			var estimates []int64
-			sig := signals{TestSignals: TestSignals{BeforeCount: func() {
-				mu.Lock()
-				counts++
-				first := counts == 1
-				mu.Unlock()
-				if !first {
-					return // the look after the pass
-				}
-				select {
-				case <-firstBatch:
-				case <-time.After(30 * time.Second):
-					t.Error("the first batch did not commit while the count was held back: it waited for the count")
-				}
-			}}}
-			reg := prometheus.NewRegistry()
-			opts := Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: 1000}, Metrics: NewMetrics(reg, nil),
-				Progress: func(p Progress) {
-					once.Do(func() { close(firstBatch) })
-					mu.Lock()
-					defer mu.Unlock()
-					estimates = append(estimates, p.Estimate)
-				}}
-			d := newTest(f.pool, f.tables, opts, sig)
-			results, err := d.RunPass(context.Background())
-			if err != nil || results[0].Err != nil {
-				t.Fatalf("pass: %v %v", err, results[0].Err)
-			}
-			res := results[0]
-			if res.Deleted != due || (layout == "scattered") != (res.SweepBatches > 0) {
-				t.Errorf("pass %+v: want %d deleted, swept %v", res, due, layout == "scattered")
-			}
-			if n := f.count(t, "remember_until <= $1", t0); n != 0 {
-				t.Errorf("%d due rows left", n)
-			}
-			if d.lastDue[f.tables[0].Name] != due {
-				t.Errorf("the count beside the pass counted %d, want the %d due when it began", d.lastDue[f.tables[0].Name], due)
-			}
-			if res.CleanupLag != 0 {
-				t.Errorf("cleanup lag %s after the pass, want 0", res.CleanupLag)
-			}
-			if v := gauge(t, reg, "inboxkeeper_rows_due"); v != 0 {
-				t.Errorf("rows_due %v after the pass, want 0", v)
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			if len(estimates) < 2 || estimates[len(estimates)-1] != due {
-				t.Errorf("progress estimates %v, want the count (%d) last", estimates, due)
-			}
-		})
 	}
 }
