@@ -341,7 +341,9 @@ func (b *bench) layout(ctx context.Context, w io.Writer, l layout, total, expire
 			extra := ""
 			if m.name == daemonName || m.name == baselineName {
 				extra = fmt.Sprintf("  peak RSS %.1f MB  %s", benchdata.MB(r.rss), batches(r, expired))
-				rss = max(rss, r.rss)
+			}
+			if m.name == daemonName {
+				rss = max(rss, r.rss) // this build's: the baseline's is not judged
 			}
 			fmt.Fprintf(w, "  %-26s %6.2fs %10.0f %5.0f MB %6.1fs %10.2f %6.2f %6.2f %7.2f%s\n", m.name, r.wall.Seconds(), rate,
 				benchdata.MB(r.wal), r.cpu.Seconds(), rate/ur, float64(r.wal)/float64(u.wal),
