@@ -126,6 +126,13 @@ func run(args []string, stdout io.Writer) int {
 			}
 			o.layouts = append(o.layouts, l)
 		}
+		if o.baseline != "" {
+			// Before the tables are filled, not a quarter of an hour into
+			// the run.
+			if st, err := os.Stat(o.baseline); err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
+				return fmt.Errorf("-baseline %q: want an executable inboxkeeper binary (go build -o PATH ./cmd/inboxkeeper in another checkout)", o.baseline)
+			}
+		}
 		return benchdata.WantFlags(fs, o.rows < 2 || o.batch < 1 || o.flatRows < 0 || o.reps < 1 || o.horizons < 2 || o.gap <= 0,
 			"-rows >= 2, -batch >= 1, -flat-rows >= 0, -reps >= 1, -horizons >= 2, -gap > 0")
 	}, func(ctx context.Context, flags string) error {

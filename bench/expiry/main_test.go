@@ -1,8 +1,11 @@
 package main
 
 import (
+	"context"
+	"io"
 	"testing"
 
+	"github.com/inboxkeeper/inboxkeeper/bench/internal/benchdata"
 	"github.com/inboxkeeper/inboxkeeper/bench/internal/benchtest"
 )
 
@@ -31,6 +34,26 @@ func TestTinyRun(t *testing.T) {
 			"append-ordered over 2 reps: ", "interleaved over 2 reps: ",
 			"peak RSS: ", " at 20000;",
 			"daemon peak RSS: ",
+		)
+	})
+	// -baseline runs another build as one more method on the same copies;
+	// here this tree's own build stands in for main's. A path that is not
+	// an executable is refused before anything is filled.
+	t.Run("baseline", func(t *testing.T) {
+		t.Parallel()
+		dir := t.TempDir()
+		if code := run([]string{"-baseline", dir}, io.Discard); code != 2 {
+			t.Errorf("-baseline naming a directory: exit %d, want 2", code)
+		}
+		bin, err := benchdata.BuildBinary(context.Background(), dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		benchtest.TinyRun(t, run, []string{"-rows", "20000", "-flat-rows", "0", "-batch", "1000", "-reps", "1",
+			"-layouts", "append-ordered", "-baseline", bin},
+			" CPUs; flags: -baseline "+bin+" -batch 1000 ",
+			"  baseline once ", "  baseline ("+bin+"): throughput ratio ", "; this build ÷ baseline ",
+			"append-ordered over 1 reps: ",
 		)
 	})
 	t.Run("scattered", func(t *testing.T) {
