@@ -44,6 +44,11 @@ func setup(t *testing.T, layout string) *pgxpool.Pool {
 	return pool
 }
 
+// countingClaimer is a Claimer with metrics of its own.
+func countingClaimer() *inbox.Claimer {
+	return &inbox.Claimer{Metrics: inbox.NewMetrics(prometheus.NewRegistry())}
+}
+
 func msg(id, payload string, event time.Time) inbox.Message {
 	return inbox.Message{Table: "public.consumer_inbox", Consumer: "payments", MessageID: id, Payload: []byte(payload), EventTime: event}
 }
@@ -110,8 +115,7 @@ func TestBoundary(t *testing.T) {
 func TestConflictIsNeverSuppressed(t *testing.T) {
 	t.Parallel()
 	pool := setup(t, "plain")
-	reg := prometheus.NewRegistry()
-	c := &inbox.Claimer{Metrics: inbox.NewMetrics(reg)}
+	c := countingClaimer()
 	claimAt(t, pool, c, t0, msg("m-1", "pay 10 EUR", t0))
 	r := claimAt(t, pool, c, t0.Add(20*day), msg("m-1", "pay 1000 EUR", t0))
 	if r.Kind != inbox.Conflict || r.Kind.Apply() || r.Age != 20*day {
@@ -131,8 +135,7 @@ func TestConflictIsNeverSuppressed(t *testing.T) {
 func TestScenarios(t *testing.T) {
 	t.Parallel()
 	pool := setup(t, "plain")
-	reg := prometheus.NewRegistry()
-	c := &inbox.Claimer{Metrics: inbox.NewMetrics(reg)}
+	c := countingClaimer()
 
 	// Restored backup: 45 days after the event the restore replays it, and
 	// the backlog holds it 3 more days: still blocked on day 48.

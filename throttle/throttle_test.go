@@ -17,6 +17,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 	"github.com/inboxkeeper/inboxkeeper/internal/service"
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgcluster"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
 )
@@ -49,6 +50,15 @@ SELECT 'c', 'm' || i, repeat('x', 200), now() - interval '1 day' + i * interval 
 	t.Cleanup(pool.Close)
 	tbl := pgtest.Resolve(t, pool, "tables:\n  - table: public.consumer_inbox\n    key: [consumer, message_id]\n    expires_at: remember_until\n")[0]
 	return env{url: url, pool: pool, table: tbl}
+}
+
+// newStandbyEnv is newEnv on a cluster of its own (with settings) that has
+// a standby streaming from it, for the tests of the replica signals.
+func newStandbyEnv(t *testing.T, rows int, settings map[string]string) (env, *pgcluster.Cluster) {
+	t.Helper()
+	primary := pgtest.NewClusterWith(t, settings)
+	standby := pgtest.NewStandby(t, primary, nil)
+	return newEnv(t, primary.URL("postgres"), rows, ""), standby
 }
 
 func (e env) left(t *testing.T) int {
@@ -97,9 +107,7 @@ func receive(t *testing.T, ch <-chan error, what string) error {
 // replay resumes.
 func TestReplicaLagStopsTheDeleter(t *testing.T) {
 	t.Parallel()
-	primary := pgtest.NewCluster(t)
-	standby := pgtest.NewStandby(t, primary, nil)
-	e := newEnv(t, primary.URL("postgres"), 20000, "")
+	e, standby := newStandbyEnv(t, 20000, nil)
 	const maxLag = time.Second
 	const beat = 100 * time.Millisecond
 	th := startThrottle(t, e.pool, config.Config{ReplicaURLs: []string{standby.URL("postgres")}, MaxReplicaLag: maxLag, HeartbeatInterval: beat})
@@ -162,9 +170,7 @@ func TestReplicaLagStopsTheDeleter(t *testing.T) {
 
 func TestStoppedStandbyFailsClosedOrOpen(t *testing.T) {
 	t.Parallel()
-	primary := pgtest.NewCluster(t)
-	standby := pgtest.NewStandby(t, primary, nil)
-	e := newEnv(t, primary.URL("postgres"), 10, "")
+	e, standby := newStandbyEnv(t, 10, nil)
 	cfg := config.Config{ReplicaURLs: []string{standby.URL("postgres")}, HeartbeatInterval: 50 * time.Millisecond}
 	closed := startThrottle(t, e.pool, cfg)
 	cfg.ReplicaFailOpen = true
@@ -422,9 +428,7 @@ func TestCustomQuery(t *testing.T) {
 // pg_stat_replication on the primary: bytes it has not replayed.
 func TestUnlistedStandbyBytesBehind(t *testing.T) {
 	t.Parallel()
-	primary := pgtest.NewCluster(t)
-	standby := pgtest.NewStandby(t, primary, nil)
-	e := newEnv(t, primary.URL("postgres"), 10, "")
+	e, standby := newStandbyEnv(t, 10, nil)
 	th := startThrottle(t, e.pool, config.Config{MaxReplicaLagBytes: 1 << 20, MaxReplicaLag: time.Hour})
 	pgtest.WaitFor(t, 30*time.Second, "the standby to appear in pg_stat_replication", func() bool {
 		for _, r := range th.Readings() {
@@ -458,9 +462,7 @@ func TestWindowHoldsBatches(t *testing.T) {
 	// the migration had just churned, identical in every fresh cluster,
 	// landed in the window when the machine's load stretched the test to
 	// 17 to 27 s (a VACUUM ANALYZE of those tables writes about 300 kB).
-	primary := pgtest.NewClusterWith(t, map[string]string{"autovacuum": "off"})
-	standby := pgtest.NewStandby(t, primary, nil)
-	e := newEnv(t, primary.URL("postgres"), 40000, "")
+	e, standby := newStandbyEnv(t, 40000, map[string]string{"autovacuum": "off"})
 
 	var mu sync.Mutex
 	var admitted []throttle.Admission
@@ -558,9 +560,7 @@ func walInsertLSN(t *testing.T, pool *pgxpool.Pool) string {
 // admitted on top of it.
 func TestPaceCountsWALNotYetWritten(t *testing.T) {
 	t.Parallel()
-	primary := pgtest.NewCluster(t)
-	pgtest.NewStandby(t, primary, nil)
-	e := newEnv(t, primary.URL("postgres"), 0, "")
+	e, _ := newStandbyEnv(t, 0, nil)
 	th := startThrottle(t, e.pool, config.Config{MaxReplicaLag: time.Hour, MaxReplicaLagBytes: 1 << 40})
 	pgtest.WaitFor(t, 60*time.Second, "the throttle to see the standby caught up", func() bool {
 		p := th.Paces()
@@ -664,8 +664,7 @@ func TestLockWatchCancelsOnlyTheWatchedTransaction(t *testing.T) {
 func TestMeasureOnceWritesNoHeartbeat(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, url := pgtest.NewPool(t)
-	pgtest.Migrate(t, url)
+	pool, url := pgtest.NewMigratedPool(t)
 	beats := func() int {
 		var n int
 		if err := pool.QueryRow(ctx, "SELECT count(*) FROM inboxkeeper.heartbeat").Scan(&n); err != nil {
@@ -689,9 +688,7 @@ func TestMeasureOnceWritesNoHeartbeat(t *testing.T) {
 // is not held back by it.
 func TestWakeAfterIdleDoesNotCountThePause(t *testing.T) {
 	t.Parallel()
-	primary := pgtest.NewCluster(t)
-	standby := pgtest.NewStandby(t, primary, nil)
-	e := newEnv(t, primary.URL("postgres"), 10, "")
+	e, standby := newStandbyEnv(t, 10, nil)
 	// The fresh heartbeat's way to the standby and back is real lag: 251 ms
 	// once with a core kept busy, when this was 200 ms, and the throttle
 	// was right to hold the batch. A second is far above that way and far

@@ -77,8 +77,7 @@ func TestResolve(t *testing.T) {
 func TestWrite(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, url := pgtest.NewPool(t)
-	pgtest.Migrate(t, url)
+	pool, _ := pgtest.NewMigratedPool(t)
 	ok := func([]settings.Setting) error { return nil }
 	ch, err := settings.Write(ctx, pool, settings.Global, map[string]*string{"batch_size": str("1000"), "max_replica_lag": str("3s")}, "night load", ok)
 	if err != nil || len(ch) != 2 {
