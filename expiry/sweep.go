@@ -39,8 +39,40 @@ import (
 // See docs/design/expiry.md, "The sweep".
 
 // sampleBlocks is about how many heap pages the sample at the start of a
-// pass reads (TABLESAMPLE SYSTEM, whole pages at random).
-const sampleBlocks = 2048
+// pass reads (TABLESAMPLE SYSTEM, whole pages at random), on a table of
+// sampleRowsPerPage rows a page or fewer. What the estimate needs is rows,
+// not pages (the due rows per segment of the heap, and the pages they lie
+// on), so on a table of narrower rows the sample reads about sampleRows
+// rows instead, and at least minSampleBlocks pages: 2,048 pages of 157
+// narrow rows were 320,000 rows sent to the daemon, 260 to 300 ms before
+// the first batch (docs/design/expiry.md).
+const (
+	sampleBlocks      = 2048
+	sampleRowsPerPage = 20
+	sampleRows        = sampleBlocks * sampleRowsPerPage
+	minSampleBlocks   = 256
+)
+
+// samplePages is how many pages the sample reads of a table whose pages
+// hold perPage rows each, as pg_class last estimated it (0: not estimated
+// yet, and the sample reads sampleBlocks pages).
+func samplePages(perPage float64) float64 {
+	if perPage <= sampleRowsPerPage {
+		return sampleBlocks
+	}
+	return max(minSampleBlocks, math.Ceil(sampleRows/perPage))
+}
+
+// segmentPages is how many of the sample's pages make one segment of the
+// density map: about 64 pages of sampleRowsPerPage rows (a page's count of
+// due rows varies; 1,280 rows predict a slice within a few percent), fewer
+// where pages hold more rows, and at least 8.
+func segmentPages(perPage float64) float64 {
+	if perPage <= sampleRowsPerPage {
+		return 64
+	}
+	return max(8, math.Ceil(64*sampleRowsPerPage/perPage))
+}
 
 // minSweepPages: a table smaller than this is deleted in expiry order,
 // whatever its layout: a few pages cost little either way.
@@ -148,9 +180,8 @@ func estimateSweep(blocks []sampledBlock, frac float64, nblocks, start int64, si
 	// The count stops at DueCap: a sweep of more rows cannot know when it
 	// has deleted them all.
 	capped := e.due > DueCap
-	// The density map: segments of about 64 sampled pages (a page's count
-	// of due rows varies; 64 of them predict a slice within a few percent).
-	e.segLen = max(1, int64(math.Ceil(64/frac)))
+	// The density map: segments of segmentPages sampled pages.
+	e.segLen = max(1, int64(math.Ceil(segmentPages(e.tuplesPerPage)/frac)))
 	segs := (nblocks + e.segLen - 1) / e.segLen
 	e.density = make([]float64, segs)
 	// Per page the sample read: the number of pages it reads varies more
@@ -529,8 +560,9 @@ func (a *sampleAhead) take() ([]sampledBlock, float64, int64, error) {
 	return a.blocks, a.frac, a.nblocks, a.err
 }
 
-// sample reads about sampleBlocks pages of t at random and what is due on
-// them at the cutoff, under cov.
+// sample reads about samplePages pages of t at random (by the rows a page
+// holds, as pg_class estimates it) and what is due on them at the cutoff,
+// under cov.
 // ahead, when not nil, is the sample read beside the count, which its
 // drop may stop.
 func (d *Deleter) sample(ctx context.Context, t *catalog.Table, cutoff time.Time, cov holds.Coverage, ahead *sampleAhead) (blocks []sampledBlock, frac float64, nblocks int64, err error) {
@@ -539,10 +571,13 @@ func (d *Deleter) sample(ctx context.Context, t *catalog.Table, cutoff time.Time
 		if !ahead.open(tx.Conn()) {
 			return errSampleDropped
 		}
-		if err := tx.QueryRow(ctx, `SELECT pg_relation_size($1::oid) / current_setting('block_size')::bigint`, t.OID).Scan(&nblocks); err != nil || nblocks == 0 {
+		var perPage float64
+		if err := tx.QueryRow(ctx, `SELECT pg_relation_size(c.oid) / current_setting('block_size')::bigint,
+       CASE WHEN c.relpages > 0 AND c.reltuples > 0 THEN c.reltuples / c.relpages ELSE 0 END
+FROM pg_class c WHERE c.oid = $1::oid`, t.OID).Scan(&nblocks, &perPage); err != nil || nblocks == 0 {
 			return err
 		}
-		frac = min(1, float64(sampleBlocks)/float64(nblocks))
+		frac = min(1, samplePages(perPage)/float64(nblocks))
 		if !ahead.open(tx.Conn()) { // a cancel request between statements is lost
 			return errSampleDropped
 		}

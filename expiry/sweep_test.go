@@ -635,3 +635,59 @@ WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> pg_ba
 		t.Errorf("a sample after the dropped one: %d blocks of %d, %v", len(blocks), nblocks, err)
 	}
 }
+
+// TestSampleReadsRowsNotPages: on a table of narrow rows the heap's sample
+// reads about sampleRows rows, not sampleBlocks pages of them, and what it
+// estimates (the due rows, the choice to sweep) holds; before the table's
+// first ANALYZE, when pg_class cannot say how many rows a page holds, it
+// reads sampleBlocks pages.
+func TestSampleReadsRowsNotPages(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := setup(t, inboxDDL, inboxPolicy)
+	const n = 150000
+	due := f.scatter(t, n) // analyzed
+	d := New(f.pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: 5000}})
+	tbl := f.tables[0]
+	read := func() (rows int64, frac float64, nblocks int64, est sweepEstimate) {
+		t.Helper()
+		blocks, frac, nblocks, err := d.sample(ctx, tbl, cutoff(tbl, t0), holds.Coverage{}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range blocks {
+			rows += b.tuples
+		}
+		return rows, frac, nblocks, estimateSweep(blocks, frac, nblocks, 0, d.expirySizes(tbl))
+	}
+	rows, frac, nblocks, est := read()
+	perPage := float64(n) / float64(nblocks)
+	if perPage <= 2*sampleRowsPerPage || float64(nblocks) <= 2*samplePages(perPage) {
+		t.Fatalf("%d pages of %.0f rows: not a table of narrow rows that the sample reads a part of", nblocks, perPage)
+	}
+	t.Logf("%d pages of %.0f rows: the sample read %d rows, %.2f of the pages; estimate %.0f due of %d", nblocks, perPage, rows, frac, est.due, due)
+	if rows < sampleRows/2 || rows > sampleRows*2 || frac >= 1 {
+		t.Errorf("the sample read %d rows (%.2f of %d pages of %.0f rows), want about %d", rows, frac, nblocks, perPage, sampleRows)
+	}
+	if est.due < float64(due)*0.9 || est.due > float64(due)*1.1 || !est.chooseSweep(nblocks, 5000) {
+		t.Errorf("estimate %+v, want about %d due and a sweep", est, due)
+	}
+	// Before an ANALYZE: every page up to sampleBlocks (all of them here).
+	pgtest.Exec(t, f.pool, "UPDATE pg_class SET reltuples = -1, relpages = 0 WHERE oid = 'public.consumer_inbox'::regclass")
+	if rows, frac, _, _ := read(); rows != n || frac != 1 {
+		t.Errorf("not analyzed: the sample read %d rows (%.2f of the pages), want all %d", rows, frac, n)
+	}
+}
+
+// TestSamplePages: the sample's pages and the density map's segments by
+// the rows a page holds.
+func TestSamplePages(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct{ perPage, pages, segment float64 }{
+		{0, 2048, 64}, {19, 2048, 64}, {20, 2048, 64}, {40, 1024, 32}, {157, 261, 9}, {400, 256, 8},
+	} {
+		if p, s := samplePages(c.perPage), segmentPages(c.perPage); p != c.pages || s != c.segment {
+			t.Errorf("%v rows a page: %v pages in segments of %v, want %v in segments of %v", c.perPage, p, s, c.pages, c.segment)
+		}
+	}
+}

@@ -96,6 +96,7 @@ type options struct {
 	layouts                               []layout
 	keep                                  bool
 	baseline                              string // another build of the daemon, run as a method of its own
+	payload                               bool   // the layouts' rows carry the ~300-byte payload column
 	flags                                 string // for the report's header
 }
 
@@ -113,6 +114,7 @@ func run(args []string, stdout io.Writer) int {
 	fs.DurationVar(&o.gap, "gap", 7*24*time.Hour, "steady-state: how long before the run the last pass ran (its due rows expired since)")
 	names := fs.String("layouts", layoutNames(), "comma-separated layouts to run")
 	fs.BoolVar(&o.keep, "keep", false, "leave the cluster running and print its URL")
+	fs.BoolVar(&o.payload, "payload", true, "the layouts' rows carry a ~300-byte payload column (about 19 rows a page); false: narrow rows (about 70 a page)")
 	fs.StringVar(&o.baseline, "baseline", "", "another inboxkeeper binary (e.g. main's build) run as one more method, \""+baselineName+"\", in the same reps")
 	return benchdata.Main(fs, args, func() error {
 		for _, n := range strings.Split(*names, ",") {
@@ -292,7 +294,7 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 // -reps times. It returns the daemon's peak RSS.
 func (b *bench) layout(ctx context.Context, w io.Writer, l layout, total, expired int64) (int64, error) {
 	tpl := "tpl_" + strings.ReplaceAll(l.name, "-", "_")
-	total, expired, err := b.prepare(ctx, tpl, l.fill, true, total, expired)
+	total, expired, err := b.prepare(ctx, tpl, l.fill, b.o.payload, total, expired)
 	if err != nil {
 		return 0, err
 	}
@@ -303,7 +305,8 @@ func (b *bench) layout(ctx context.Context, w io.Writer, l layout, total, expire
 	if err != nil {
 		return 0, err
 	}
-	fmt.Fprintf(w, "\nlayout %s: %d rows, %d expired; %.0f MB heap + %.0f MB indexes\n", l.name, total, expired, benchdata.MB(heap), benchdata.MB(idx))
+	fmt.Fprintf(w, "\nlayout %s: %d rows, %d expired; %.0f MB heap (%.0f rows a page) + %.0f MB indexes\n", l.name, total, expired,
+		benchdata.MB(heap), float64(total)/float64(max(1, heap/8192)), benchdata.MB(idx))
 	// One unmeasured run first: the first deletion after the template was
 	// filled measured up to twice the CPU of later ones, whatever the
 	// method, and the first method of rep 1 would carry that alone.
