@@ -167,3 +167,53 @@ func TestVacuumAfterPass(t *testing.T) {
 		wantVacuums(t, pool, 0, "")
 	})
 }
+
+// A backend sends its statistics at most once a second, so the deletes of
+// a pass's last batches may reach pg_stat_user_tables after the VACUUM
+// that removed their rows, and read as dead tuples again (the next pass
+// would vacuum again for nothing). AfterPass has the pool's idle
+// connections send theirs first: after its VACUUM the dead tuples are the
+// ones it left, even once every backend has sent what it held.
+func TestVacuumAfterTheLastDeletesAreCounted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, tbl := setup(t, 0)
+	dead := func() int64 {
+		t.Helper()
+		var n int64
+		if err := pool.QueryRow(ctx, `SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'consumer_inbox'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	flushAll := func() {
+		t.Helper()
+		for _, c := range pool.AcquireAllIdle(ctx) {
+			_, err := c.Exec(ctx, "SELECT pg_stat_force_next_flush()")
+			c.Release()
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// The deletes of a pass: on a connection that has just sent its
+	// statistics, so that it holds these back.
+	c, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pgtest.Exec(t, c, "SELECT pg_stat_force_next_flush()")
+	pgtest.Exec(t, c, "DELETE FROM public.consumer_inbox WHERE message_id IN (SELECT 'm' || i FROM generate_series(1, 5000) i)")
+	c.Release()
+	if n := dead(); n >= 5000 {
+		t.Fatalf("premise: the statistics show %d dead tuples at once, want the deletes held back by their backend", n)
+	}
+	v := New(pool, Options{DeadRatio: 0.1})
+	if out := v.AfterPass(ctx, tbl, 5000, 5000, 0); !out.Ran || out.Err != nil {
+		t.Fatalf("outcome %+v, want a VACUUM", out)
+	}
+	flushAll() // what every backend would have sent within ten seconds
+	if n := dead(); n != 0 {
+		t.Errorf("%d dead tuples after the VACUUM, once every backend sent its statistics: want 0", n)
+	}
+}
