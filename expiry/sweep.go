@@ -16,7 +16,6 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/holds"
 	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
-	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 )
 
@@ -425,20 +424,10 @@ func (d *Deleter) maySweep(t *catalog.Table) bool {
 // sampleAhead is the heap's sample read beside the count a pass begins
 // with, on a connection of its own.
 type sampleAhead struct {
-	done    chan struct{}
-	cancel  context.CancelFunc
+	*aside
 	blocks  []sampledBlock // set before done closes
 	frac    float64
 	nblocks int64
-	err     error
-
-	mu sync.Mutex
-	// conn is the sample's connection while its transaction is open.
-	conn *pgx.Conn
-	// dropped: the pass does not want the sample (drop); interrupted: drop
-	// sent the connection's backend a cancel request itself, so the
-	// connection is closed, never reused (see drop).
-	dropped, interrupted bool
 }
 
 // sampleBeside says whether the sample of t is read beside the count a
@@ -475,89 +464,32 @@ func (d *Deleter) noteDue(t *catalog.Table, due Due, err error) {
 // readSampleAhead starts reading the sample of t at now under cov, as the
 // count does, on a connection of its own.
 func (d *Deleter) readSampleAhead(ctx context.Context, t *catalog.Table, now time.Time, cov holds.Coverage) *sampleAhead {
-	sctx, cancel := context.WithCancel(ctx)
-	a := &sampleAhead{done: make(chan struct{}), cancel: cancel}
-	go func() {
-		defer close(a.done)
-		a.blocks, a.frac, a.nblocks, a.err = d.sample(sctx, t, cutoff(t, now), cov, a)
+	a := &sampleAhead{}
+	a.aside = startAside(ctx, func(ctx context.Context, side *aside) error {
+		var err error
+		a.blocks, a.frac, a.nblocks, err = d.sample(ctx, t, cutoff(t, now), cov, side)
 		if d.TestSignals.OnSample != nil {
-			d.TestSignals.OnSample(true, a.err)
+			d.TestSignals.OnSample(true, err)
 		}
-	}()
+		return err
+	})
 	return a
 }
 
-// errSampleDropped ends a sample the pass no longer wants.
-var errSampleDropped = errors.New("the sample was dropped")
-
-// open is called by the sample's transaction first: it records the
-// connection for drop, and says false when the sample is already dropped.
-func (a *sampleAhead) open(conn *pgx.Conn) bool {
-	if a == nil {
-		return true
-	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.conn = conn
-	return !a.dropped
-}
-
-// close is called by the sample's transaction last: a connection whose
-// backend drop sent a cancel request is closed, as that request may reach
-// the backend late and cancel whatever statement it runs next.
-func (a *sampleAhead) close(ctx context.Context) {
-	if a == nil {
-		return
-	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.interrupted {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-		_ = a.conn.Close(cctx)
-		cancel()
-	}
-	a.conn = nil
-}
-
 // drop stops the sample if it is still being read, and waits for it.
-//
-// A statement stopped by cancelling its context costs 100 ms more: pgx
-// waits that long after its cancel request before the connection may run
-// another statement (the request can reach the backend late). A pass with
-// less than two batches due (every `once` on a table that keeps up) waited
-// for it. So drop sends the cancel request itself and the connection is
-// closed instead of reused. Where pgx sends no cancel requests (behind a
-// pooler: dbconn.ForPooler), the context is cancelled as before.
 func (a *sampleAhead) drop() {
-	if a == nil {
-		return
+	if a != nil {
+		a.aside.drop()
 	}
-	a.mu.Lock()
-	a.dropped = true
-	conn := a.conn
-	direct := conn != nil && dbconn.SendsCancelRequests(conn)
-	a.interrupted = direct
-	a.mu.Unlock()
-	switch {
-	case direct:
-		// Errors are the statement's to report, and the sample's are
-		// not read: it is dropped.
-		_ = conn.PgConn().CancelRequest(context.WithoutCancel(context.Background()))
-	case conn != nil:
-		a.cancel()
-	}
-	// With no connection yet, the sample's transaction sees it dropped
-	// as it opens (open), or it has ended.
-	<-a.done
-	a.cancel()
 }
 
 // take waits for the sample and returns it; an error when it could not be
 // read.
 func (a *sampleAhead) take() ([]sampledBlock, float64, int64, error) {
-	<-a.done
-	a.cancel()
-	return a.blocks, a.frac, a.nblocks, a.err
+	if err := a.wait(); err != nil {
+		return nil, 0, 0, err
+	}
+	return a.blocks, a.frac, a.nblocks, nil
 }
 
 // sample reads about samplePages pages of t at random (by the rows a page
@@ -565,11 +497,11 @@ func (a *sampleAhead) take() ([]sampledBlock, float64, int64, error) {
 // under cov.
 // ahead, when not nil, is the sample read beside the count, which its
 // drop may stop.
-func (d *Deleter) sample(ctx context.Context, t *catalog.Table, cutoff time.Time, cov holds.Coverage, ahead *sampleAhead) (blocks []sampledBlock, frac float64, nblocks int64, err error) {
+func (d *Deleter) sample(ctx context.Context, t *catalog.Table, cutoff time.Time, cov holds.Coverage, ahead *aside) (blocks []sampledBlock, frac float64, nblocks int64, err error) {
 	err = d.readTx(ctx, func(tx pgx.Tx) error {
 		defer ahead.close(ctx)
 		if !ahead.open(tx.Conn()) {
-			return errSampleDropped
+			return errDropped
 		}
 		var perPage float64
 		if err := tx.QueryRow(ctx, `SELECT pg_relation_size(c.oid) / current_setting('block_size')::bigint,
@@ -579,7 +511,7 @@ FROM pg_class c WHERE c.oid = $1::oid`, t.OID).Scan(&nblocks, &perPage); err != 
 		}
 		frac = min(1, samplePages(perPage)/float64(nblocks))
 		if !ahead.open(tx.Conn()) { // a cancel request between statements is lost
-			return errSampleDropped
+			return errDropped
 		}
 		var args holds.Args
 		hp, rp := cov.Predicates(t, "t", &args)
