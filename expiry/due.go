@@ -27,12 +27,23 @@ type Due struct {
 
 	now time.Time      // the database's now the count was taken at
 	cov holds.Coverage // the holds and replays it left out
+	// bounded: the look counted up to its bound only (lookBound), and Rows
+	// stopped there: more are due. The exact count, up to DueCap, is read
+	// beside (exact), at the same now and under the same holds.
+	bounded bool
+	exact   *exactAhead
 }
 
 // countDue counts the rows of t due at now from the keyset bound from on
 // that cov does not cover: exactly, up to DueCap (capped: there are more).
 // status and inboxkeeper_rows_due count with it, so they say the same.
 func countDue(ctx context.Context, q catalog.Querier, t *catalog.Table, now time.Time, cov holds.Coverage, from pgtype.Timestamptz) (rows int64, capped bool, err error) {
+	return countDueUpTo(ctx, q, t, now, cov, from, DueCap)
+}
+
+// countDueUpTo is countDue up to limit rows (more: there are more); a
+// distributed table is counted whole, then capped.
+func countDueUpTo(ctx context.Context, q catalog.Querier, t *catalog.Table, now time.Time, cov holds.Coverage, from pgtype.Timestamptz, limit int64) (rows int64, more bool, err error) {
 	var args holds.Args
 	hp, rp := cov.Predicates(t, "t", &args)
 	c, f := args.Add(cutoff(t, now)), args.Add(from)
@@ -44,11 +55,11 @@ func countDue(ctx context.Context, q catalog.Querier, t *catalog.Table, now time
 		form = `SELECT count(*) FROM %[1]s t WHERE t.%[2]s <= %[3]s AND t.%[2]s >= %[4]s AND NOT %[5]s AND NOT %[6]s`
 	}
 	sql := fmt.Sprintf(form,
-		t.Ident, t.Expiry.Quoted, t.Expiry.Instant(c+"::timestamptz"), t.Expiry.Instant(f+"::timestamptz"), hp, rp, DueCap+1)
+		t.Ident, t.Expiry.Quoted, t.Expiry.Instant(c+"::timestamptz"), t.Expiry.Instant(f+"::timestamptz"), hp, rp, limit+1)
 	if err := q.QueryRow(ctx, sql, args.Values...).Scan(&rows); err != nil {
 		return 0, false, fmt.Errorf("count the due rows: %w", err)
 	}
-	return min(rows, DueCap), rows > DueCap, nil
+	return min(rows, limit), rows > limit, nil
 }
 
 // countProtected counts the expired rows of t at now that a hold of cov
@@ -99,16 +110,31 @@ func (d *Deleter) Due(ctx context.Context, t *catalog.Table, from pgtype.Timesta
 // bytes per key). A pass that finds nothing due is this one transaction.
 // beside, when set, is called with the count's now and holds before it
 // counts (the sample read beside it, sampleBeside).
-func (d *Deleter) look(ctx context.Context, t *catalog.Table, res *TableResult, beside func(now time.Time, cov holds.Coverage)) (Due, error) {
+// bound, when not 0, is how many due rows the look counts at most: past it
+// the Due is bounded, its exact count is read beside on a connection of
+// its own (exactAhead), and it is not exported (the exact count is, when
+// it is in). 0 counts up to DueCap, as status does.
+func (d *Deleter) look(ctx context.Context, t *catalog.Table, res *TableResult, bound int64, beside func(now time.Time, cov holds.Coverage)) (Due, error) {
 	var due Due
 	err := d.coverageTx(ctx, t, func(tx pgx.Tx, now time.Time, cov holds.Coverage) error {
-		due.now, due.cov = now, cov
+		due.now, due.cov, due.bounded, due.exact = now, cov, false, nil
 		if beside != nil {
 			beside(now, cov)
 		}
+		limit := int64(DueCap)
+		if bound > 0 && bound < DueCap {
+			limit = bound
+		}
 		var err error
-		if due.Rows, due.Capped, err = countDue(ctx, tx, t, now, cov, orNegInf(res.resume)); err != nil {
+		var more bool
+		if due.Rows, more, err = countDueUpTo(ctx, tx, t, now, cov, orNegInf(res.resume), limit); err != nil {
 			return err
+		}
+		if more && limit < DueCap {
+			due.bounded = true
+			due.exact = d.readExactAhead(ctx, t, now, cov, orNegInf(res.resume))
+		} else {
+			due.Capped = more
 		}
 		if err := d.measure(ctx, tx, t, now, cov, res); err != nil {
 			return err
@@ -117,10 +143,61 @@ func (d *Deleter) look(ctx context.Context, t *catalog.Table, res *TableResult, 
 		return nil
 	})
 	if err != nil {
+		due.exact.drop()
+		due.exact = nil
 		return due, err
 	}
-	d.exportDue(t, due)
+	if !due.bounded {
+		d.exportDue(t, due)
+	}
 	return due, nil
+}
+
+// exactAhead is the exact count of due rows (up to DueCap) that a bounded
+// look left for later, read beside on a connection of its own: a sweep
+// stops on it, and the progress line counts down from it.
+type exactAhead struct {
+	*aside
+	rows   int64 // set before done closes
+	capped bool
+}
+
+// readExactAhead starts counting the rows of t due at now under cov from
+// the keyset bound from on, exactly up to DueCap, on a connection of its
+// own.
+func (d *Deleter) readExactAhead(ctx context.Context, t *catalog.Table, now time.Time, cov holds.Coverage, from pgtype.Timestamptz) *exactAhead {
+	e := &exactAhead{}
+	e.aside = startAside(ctx, func(ctx context.Context, a *aside) error {
+		err := d.readTx(ctx, func(tx pgx.Tx) error {
+			defer a.close(ctx)
+			if !a.open(tx.Conn()) {
+				return errDropped
+			}
+			var err error
+			e.rows, e.capped, err = countDue(ctx, tx, t, now, cov, from)
+			return err
+		})
+		if d.TestSignals.OnExactCount != nil {
+			d.TestSignals.OnExactCount(e.rows, err)
+		}
+		return err
+	})
+	return e
+}
+
+// take waits for the exact count and returns it.
+func (e *exactAhead) take() (rows int64, capped bool, err error) {
+	if err := e.wait(); err != nil {
+		return 0, false, err
+	}
+	return e.rows, e.capped, nil
+}
+
+// drop stops the exact count if it is still being read, and waits for it.
+func (e *exactAhead) drop() {
+	if e != nil {
+		e.aside.drop()
+	}
 }
 
 func orNegInf(from pgtype.Timestamptz) pgtype.Timestamptz {

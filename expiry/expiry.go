@@ -43,6 +43,13 @@ type Options struct {
 	// Strategy is how a pass over a table that allows a choice (a plain,
 	// not distributed table) orders its deletes; empty is StrategyAuto.
 	Strategy Strategy
+	// LiveDue: the metrics are read while a pass runs (run's /metrics), so
+	// a pass exports rows_due as it begins, counted before its first
+	// batch. Without it a pass over a table the sample decides counts only
+	// up to two batches first (lookBound), and rows_due is exported when
+	// an exact count is in (a sweep's, before its first slice) and after
+	// the pass.
+	LiveDue bool
 }
 
 // Strategy is INBOXKEEPER_EXPIRY_STRATEGY: how a pass orders its deletes.
@@ -84,6 +91,11 @@ type TestSignals struct {
 	// failed (a sample read beside the count and not needed is stopped):
 	// beside the count (sampleBeside) or after it.
 	OnSample func(beside bool, err error)
+	// OnExactCount is told when the exact count read beside a look that
+	// stopped at its bound (exactAhead) has ended: rows counted, or the
+	// error (errDropped and a cancelled statement when a pass in expiry
+	// order dropped it).
+	OnExactCount func(rows int64, err error)
 }
 
 // Sizing bounds the adaptive batch size.
@@ -98,8 +110,11 @@ type Progress struct {
 	// The batch just committed.
 	BatchRows     int64
 	BatchDuration time.Duration
-	// Estimate is the exact count of the rows due (no hold or replay
-	// covering them) when the table's pass began, at most DueCap (Due.Rows).
+	// Estimate is the rows due (no hold or replay covering them) when the
+	// table's pass began: their exact count, at most DueCap (Due.Rows),
+	// except in a pass in expiry order whose first count stopped at two
+	// batches (lookBound): there the heap sample's estimate, and at least
+	// the two batches. 0: unknown.
 	Estimate int64
 }
 
@@ -233,13 +248,15 @@ func (d *Deleter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 	if d.opts.DryRun {
 		res.Err = d.dryRun(ctx, t, &res)
 	} else {
-		// The count at the start is what the progress line's ETA counts
-		// down from (refreshed every DueRefresh during a long pass); when
-		// nothing is due, what it measured is the pass.
+		// The count at the start says whether two batches are due or more
+		// (startSweep), and, when it counted them all, is what the progress
+		// line's ETA counts down from (refreshed every DueRefresh during a
+		// long pass); when nothing is due, what it measured is the pass.
 		// The heap's sample, when the pass may need it, is read beside
-		// the count (sampleBeside).
+		// the count (sampleBeside). Where the sample decides, the count
+		// stops at what the decision needs (lookBound).
 		var sample *sampleAhead
-		due, err := d.look(ctx, t, &res, func(now time.Time, cov holds.Coverage) {
+		due, err := d.look(ctx, t, &res, d.lookBound(t), func(now time.Time, cov holds.Coverage) {
 			if d.sampleBeside(t) {
 				sample = d.readSampleAhead(ctx, t, now, cov)
 			}
@@ -252,9 +269,10 @@ func (d *Deleter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 			res.Err = d.deleteAll(ctx, t, deadline, due, sample, &res)
 		}
 		sample.drop() // nothing of the pass outlives it
+		due.exact.drop()
 		if (err != nil || due.Rows > 0) && res.Err == nil && ctx.Err() == nil {
 			// Measuring is best effort: the deletion is done whatever it says.
-			if _, err := d.look(ctx, t, &res, nil); err != nil {
+			if _, err := d.look(ctx, t, &res, 0, nil); err != nil {
 				log.Warn("expiry: could not measure the table after the pass; its metrics wait for the next one", "error", err)
 			} else if res.Deleted > 0 {
 				v := d.opts.Vacuum.AfterPass(ctx, t, res.Deleted, res.LiveTuples, res.DeadTuples)
@@ -332,11 +350,12 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 	d.mu.Lock()
 	d.scanChoice[t.Name] = &scanChooser{}
 	d.mu.Unlock()
-	// The count the pass began with (look) is what the progress line's ETA
-	// counts down from. A sample of the heap decides whether the pass
-	// sweeps the heap in physical order instead (startSweep).
-	estimate := due.Rows
-	sw := d.startSweep(ctx, t, due, sample)
+	// A sample of the heap decides whether the pass sweeps the heap in
+	// physical order instead (startSweep), which also says what the
+	// progress line's ETA counts down from: the count the pass began with
+	// (look), or, where that count stopped at its bound, the exact count
+	// (a sweep) or the sample's estimate (expiry order).
+	sw, estimate := d.startSweep(ctx, t, due, sample)
 	lastCount := time.Now()
 	m := d.opts.Metrics
 	var lastNewest time.Time // the newest expiry of the last batch, for its log line

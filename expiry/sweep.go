@@ -398,27 +398,67 @@ func (s *sweep) swept(a, b int64, n int64, mapped float64, took time.Duration) {
 // count's now and under its holds and replays; the sample read beside the
 // count (sampleBeside), when there is one, is that sample. The sweep stops
 // once it has deleted as many rows as were counted, when the count was
-// not capped.
-func (d *Deleter) startSweep(ctx context.Context, t *catalog.Table, due Due, beside *sampleAhead) *sweep {
+// not capped: where the look's count stopped at its bound, the exact count
+// read beside it (exactAhead), which the sweep waits for before its first
+// slice; a pass in expiry order drops it. It returns the sweep and the
+// rows the pass expects to delete (Progress.Estimate).
+func (d *Deleter) startSweep(ctx context.Context, t *catalog.Table, due Due, beside *sampleAhead) (*sweep, int64) {
 	if !d.maySweep(t) || due.now.IsZero() {
 		beside.drop()
-		return nil
+		return nil, due.Rows
 	}
 	forced := d.opts.Strategy == StrategySweep
-	if due.Rows < int64(2*d.sizer(t).Size()) && !due.Capped && !forced {
+	if due.Rows < int64(2*d.sizer(t).Size()) && !due.Capped && !due.bounded && !forced {
 		beside.drop() // not needed: no batch waits for it
-		return nil
+		return nil, due.Rows
 	}
-	sw := d.planSweep(ctx, t, due.now, due.cov, beside)
-	if sw != nil {
-		sw.counted = func() (int64, bool) { return due.Rows, !due.Capped }
+	sw, estimated := d.planSweep(ctx, t, due.now, due.cov, beside)
+	if sw == nil {
+		if !due.bounded {
+			return nil, due.Rows
+		}
+		// Expiry order ends on a short batch, and needs no exact count.
+		due.exact.drop()
+		return nil, max(due.Rows, int64(math.Round(estimated)))
 	}
-	return sw
+	rows, capped := due.Rows, due.Capped
+	if due.bounded {
+		var err error
+		if rows, capped, err = due.exact.take(); err != nil {
+			// Without the count the sweep reads to the end of its heap, as
+			// when the count is capped.
+			if ctx.Err() == nil {
+				d.log.Warn("expiry: could not count the due rows; this sweep reads the whole heap", "table", t.Name, "error", err)
+			}
+			rows, capped = max(due.Rows, int64(math.Round(estimated))), true
+		} else {
+			d.exportDue(t, Due{Rows: rows, Capped: capped, Lag: due.Lag})
+		}
+	}
+	sw.counted = func() (int64, bool) { return rows, !capped }
+	return sw, rows
 }
 
 // maySweep: a pass over t may sweep (no ctid through Citus).
 func (d *Deleter) maySweep(t *catalog.Table) bool {
 	return !t.InCitusMetadata && !t.Distributed() && d.opts.Strategy != StrategyExpiry
+}
+
+// lookBound is how many due rows the look a pass begins with counts at
+// most (0: every one, up to DueCap). Where the heap's sample decides the
+// pass (maySweep), the count needs to say only whether two batches are due
+// or more (startSweep): past that, the sample says whether the pass
+// sweeps, a sweep stops on the exact count read beside the look
+// (exactAhead), and a pass in expiry order ends on a short batch. Counting
+// every due row before the first batch took 170 to 210 ms of a 2 s pass on
+// bench/expiry's append-ordered layout, a million index entries
+// (docs/design/expiry.md). A pass whose rows_due may be read while it runs
+// (Options.LiveDue), or that always sweeps, counts them all first.
+func (d *Deleter) lookBound(t *catalog.Table) int64 {
+	if !d.maySweep(t) || d.opts.LiveDue || d.opts.Strategy == StrategySweep {
+		return 0
+	}
+	return int64(2 * d.sizer(t).Size())
 }
 
 // sampleAhead is the heap's sample read beside the count a pass begins
@@ -450,10 +490,10 @@ func (d *Deleter) sampleBeside(t *catalog.Table) bool {
 }
 
 // noteDue records the rows due at the start of t's pass, for the next
-// pass's sampleBeside.
+// pass's sampleBeside (bounded: at least two batches; -1 says as much).
 func (d *Deleter) noteDue(t *catalog.Table, due Due, err error) {
 	n := due.Rows
-	if err != nil || due.Capped {
+	if err != nil || due.Capped || due.bounded {
 		n = -1
 	}
 	d.mu.Lock()
@@ -573,8 +613,9 @@ func (d *Deleter) expirySizes(t *catalog.Table) []int {
 
 // planSweep reads the sample (or takes the one read beside the count) and
 // decides whether the pass sweeps, at the count's now and under its holds
-// and replays; nil: expiry order.
-func (d *Deleter) planSweep(ctx context.Context, t *catalog.Table, now time.Time, cov holds.Coverage, beside *sampleAhead) *sweep {
+// and replays; nil: expiry order. due is the sample's estimate of the due
+// rows, 0 when there is none.
+func (d *Deleter) planSweep(ctx context.Context, t *catalog.Table, now time.Time, cov holds.Coverage, beside *sampleAhead) (sw *sweep, due float64) {
 	c := cutoff(t, now)
 	var blocks []sampledBlock
 	var frac float64
@@ -593,11 +634,18 @@ func (d *Deleter) planSweep(ctx context.Context, t *catalog.Table, now time.Time
 		if ctx.Err() == nil {
 			d.log.Warn("expiry: could not sample the table; this pass goes in expiry order", "table", t.Name, "error", err)
 		}
-		return nil
+		return nil, 0
+	}
+	if frac > 0 {
+		n := 0
+		for _, b := range blocks {
+			n += len(b.due)
+		}
+		due = float64(n) / frac
 	}
 	forced := d.opts.Strategy == StrategySweep
 	if nblocks == 0 || (nblocks < minSweepPages && !forced) {
-		return nil // a table of a few pages reads little twice
+		return nil, due // a table of a few pages reads little twice
 	}
 	start := d.sweepStart(t)
 	if start >= nblocks {
@@ -608,13 +656,13 @@ func (d *Deleter) planSweep(ctx context.Context, t *catalog.Table, now time.Time
 	d.log.Debug("expiry: pass plan", "table", t.Name, "sweep", choose, "due", int64(est.due), "pages", nblocks,
 		"sweep_pages", int64(est.sweepPages), "expiry_visits", int64(est.expiryVisits), "tuples_per_page", est.tuplesPerPage)
 	if !choose && !forced {
-		return nil
+		return nil, due
 	}
 	target := 200 * time.Millisecond
 	if d.opts.Sizing != nil && d.opts.Sizing.Target > 0 {
 		target = d.opts.Sizing.Target
 	}
-	return &sweep{nblocks: nblocks, start: start, cutoff: c, cov: cov, est: est, target: target}
+	return &sweep{nblocks: nblocks, start: start, cutoff: c, cov: cov, est: est, target: target}, due
 }
 
 // sweepStart is the page the next sweep of t starts at: where the last one

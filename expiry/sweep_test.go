@@ -560,9 +560,20 @@ func (f fixture) loggedSizes(t *testing.T) []int {
 // gauge is the value of the deleter's gauge name for the test table.
 func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Helper()
+	v, ok := gaugeIf(t, reg, name)
+	if !ok {
+		t.Fatalf("no %s for public.consumer_inbox", name)
+	}
+	return v
+}
+
+// gaugeIf is gauge, and false when the gauge has no value yet (from any
+// goroutine: it fails the test only when the registry cannot be read).
+func gaugeIf(t *testing.T, reg *prometheus.Registry, name string) (float64, bool) {
 	mfs, err := reg.Gather()
 	if err != nil {
-		t.Fatal(err)
+		t.Error(err)
+		return 0, false
 	}
 	for _, mf := range mfs {
 		if mf.GetName() != name {
@@ -571,13 +582,12 @@ func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 		for _, m := range mf.GetMetric() {
 			for _, l := range m.GetLabel() {
 				if l.GetName() == "table" && l.GetValue() == "public.consumer_inbox" {
-					return m.GetGauge().GetValue()
+					return m.GetGauge().GetValue(), true
 				}
 			}
 		}
 	}
-	t.Fatalf("no %s for public.consumer_inbox", name)
-	return 0
+	return 0, false
 }
 
 // A sample read beside the count and dropped while its statement runs (a
@@ -690,4 +700,156 @@ func TestSamplePages(t *testing.T) {
 			t.Errorf("%v rows a page: %v pages in segments of %v, want %v in segments of %v", c.perPage, p, s, c.pages, c.segment)
 		}
 	}
+}
+
+// boundedLook records, for TestBoundedLook, the exact counts read beside a
+// bounded look and the progress estimates of a pass.
+type boundedLook struct {
+	mu         sync.Mutex
+	exact      []int64 // rows of each exact count that ended without error
+	failed     int     // exact counts that ended with an error (dropped)
+	estimates  []int64
+	dueAtBatch []float64 // rows_due as each batch's progress was reported, -1: none yet
+}
+
+func (b *boundedLook) signals() signals {
+	return signals{TestSignals: TestSignals{OnExactCount: func(rows int64, err error) {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if err != nil {
+			b.failed++
+		} else {
+			b.exact = append(b.exact, rows)
+		}
+	}}}
+}
+
+// TestBoundedLook: where the heap's sample decides a pass, the count it
+// begins with stops at two batches; a sweep then stops on the exact count
+// read beside it, at the last due row, and a pass in expiry order drops
+// it and ends on a short batch. Either way every due row and no other is
+// deleted, holds keep theirs, and rows_due and the cleanup lag after the
+// pass are exact. A pass whose rows_due is read while it runs (LiveDue)
+// counts every due row first, and exports them before its first batch.
+func TestBoundedLook(t *testing.T) {
+	t.Parallel()
+	const size = 1000
+	opts := func(reg *prometheus.Registry, b *boundedLook, live bool) Options {
+		return Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: size},
+			Metrics: NewMetrics(reg, nil), LiveDue: live, Progress: func(p Progress) {
+				b.mu.Lock()
+				defer b.mu.Unlock()
+				b.estimates = append(b.estimates, p.Estimate)
+				v, ok := gaugeIf(t, reg, "inboxkeeper_rows_due")
+				if !ok {
+					v = -1
+				}
+				b.dueAtBatch = append(b.dueAtBatch, v)
+			}}
+	}
+	t.Run("sweep", func(t *testing.T) {
+		t.Parallel()
+		f := setup(t, inboxDDL, inboxPolicy)
+		// 20,000 rows scattered about t0, half of them due, then 40,000 due
+		// from tomorrow on: the due rows lie in the first third of the heap.
+		pgtest.Exec(t, f.pool, `INSERT INTO public.consumer_inbox (consumer, message_id, event_time, remember_until)
+SELECT 'c' || (i % 4), 'm-' || i, e - interval '30 days', e
+FROM generate_series(0, 59999) i, LATERAL (SELECT CASE WHEN i < 20000
+  THEN $1::timestamptz + ((i * 7919) % 20000 - 10000) * interval '1 second'
+  ELSE $1::timestamptz + interval '1 day' + i * interval '1 second' END) AS x(e)`, t0)
+		pgtest.Exec(t, f.pool, "VACUUM ANALYZE public.consumer_inbox")
+		due := f.count(t, "remember_until <= $1", t0)
+		var lastDue int64
+		if err := f.pool.QueryRow(context.Background(), `SELECT (max((ctid::text::point)[0]) FILTER (WHERE remember_until <= $1))::bigint
+FROM public.consumer_inbox`, t0).Scan(&lastDue); err != nil {
+			t.Fatal(err)
+		}
+		var logs bytes.Buffer
+		reg, b := prometheus.NewRegistry(), &boundedLook{}
+		o := opts(reg, b, false)
+		o.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		res := f.passWith(t, b.signals(), o)
+		if res.Deleted != due || res.SweepBatches == 0 || res.SweepBatches != res.Batches {
+			t.Fatalf("pass %+v: want all %d due rows deleted by sweep batches only", res, due)
+		}
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if !slices.Equal(b.exact, []int64{due}) || b.failed != 0 {
+			t.Errorf("exact counts beside the look %v (%d failed), want one of %d", b.exact, b.failed, due)
+		}
+		if len(b.estimates) == 0 || slices.Min(b.estimates) != due || slices.Max(b.estimates) != due {
+			t.Errorf("progress estimates %v, want the exact %d", b.estimates, due)
+		}
+		if len(b.dueAtBatch) == 0 || b.dueAtBatch[0] != float64(due) {
+			t.Errorf("rows_due at the first batch %v, want the exact count %d exported before it", b.dueAtBatch, due)
+		}
+		last := int64(0)
+		for _, m := range regexp.MustCompile(`expiry: slice.* to_page=(\d+)`).FindAllStringSubmatch(logs.String(), -1) {
+			n, _ := strconv.ParseInt(m[1], 10, 64)
+			last = max(last, n)
+		}
+		if last == 0 || last > lastDue+1+64 {
+			t.Errorf("the sweep read up to page %d; the last due row is on page %d", last, lastDue)
+		}
+		if v := gauge(t, reg, "inboxkeeper_rows_due"); v != 0 || res.CleanupLag != 0 {
+			t.Errorf("rows_due %v, cleanup lag %s after the pass; want 0 and 0", v, res.CleanupLag)
+		}
+	})
+	t.Run("expiry_order", func(t *testing.T) {
+		t.Parallel()
+		f := setup(t, inboxDDL, inboxPolicy)
+		// Expiry follows the heap: 10,000 due, 10,000 not, and a hold on
+		// consumer h, whose due rows lie among the others.
+		f.insert(t, "c", 20000, t0.Add(-20000*time.Second), 2*time.Second)
+		f.insert(t, "h", 500, t0.Add(-19000*time.Second), 2*time.Second)
+		pgtest.Exec(t, f.pool, "VACUUM ANALYZE public.consumer_inbox")
+		h := "h"
+		if _, err := holds.AddHold(context.Background(), f.pool, f.tables[0], holds.HoldSpec{Scope: &h, Reason: "legal", Owner: "legal"}); err != nil {
+			t.Fatal(err)
+		}
+		due := f.count(t, "remember_until <= $1 AND consumer = 'c'", t0)
+		held := f.count(t, "remember_until <= $1 AND consumer = 'h'", t0)
+		reg, b := prometheus.NewRegistry(), &boundedLook{}
+		res := f.passWith(t, b.signals(), opts(reg, b, false))
+		if res.Deleted != due || res.SweepBatches != 0 || res.ProtectedByHolds != held {
+			t.Fatalf("pass %+v: want the %d due rows deleted in expiry order, the %d held kept", res, due, held)
+		}
+		if n := f.count(t, "remember_until <= $1", t0); n != held {
+			t.Errorf("%d due rows left, want the %d held", n, held)
+		}
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		// The exact count was started beside the bounded look and dropped,
+		// unless it ended first.
+		if len(b.exact)+b.failed != 1 || (len(b.exact) == 1 && b.exact[0] != due) {
+			t.Errorf("exact counts beside the look %v (%d failed), want one, dropped or of %d", b.exact, b.failed, due)
+		}
+		// The sample read every page: its estimate is the count.
+		if len(b.estimates) == 0 || b.estimates[0] != due {
+			t.Errorf("progress estimates %v, want the sample's %d", b.estimates, due)
+		}
+		if v := gauge(t, reg, "inboxkeeper_rows_due"); v != 0 || res.CleanupLag != 0 {
+			t.Errorf("rows_due %v, cleanup lag %s after the pass; want 0 and 0", v, res.CleanupLag)
+		}
+	})
+	t.Run("live", func(t *testing.T) {
+		t.Parallel()
+		f := setup(t, inboxDDL, inboxPolicy)
+		f.insert(t, "c", 20000, t0.Add(-10000*time.Second), time.Second)
+		pgtest.Exec(t, f.pool, "VACUUM ANALYZE public.consumer_inbox")
+		due := f.count(t, "remember_until <= $1", t0)
+		reg, b := prometheus.NewRegistry(), &boundedLook{}
+		res := f.passWith(t, b.signals(), opts(reg, b, true))
+		if res.Deleted != due {
+			t.Fatalf("pass %+v: want %d deleted", res, due)
+		}
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if len(b.exact)+b.failed != 0 {
+			t.Errorf("exact counts beside the look %v (%d failed), want none: the look counted them all", b.exact, b.failed)
+		}
+		if len(b.dueAtBatch) == 0 || b.dueAtBatch[0] != float64(due) || b.estimates[0] != due {
+			t.Errorf("rows_due %v and estimates %v at the batches, want %d from the first", b.dueAtBatch, b.estimates, due)
+		}
+	})
 }

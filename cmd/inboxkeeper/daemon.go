@@ -39,6 +39,7 @@ func (a *app) daemon(ctx context.Context, args []string) error {
 	}
 	ms := pass.NewMetrics(true, thisBuild().Short())
 	if a.cfg.MetricsAddr != "" {
+		ms.Live = true
 		stopServer, err := ms.Serve(a.cfg.MetricsAddr, a.log)
 		if err != nil {
 			return err

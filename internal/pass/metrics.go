@@ -38,6 +38,10 @@ type Metrics struct {
 	Throttle   *throttle.Metrics // nil until the throttle is started with it
 	Horizon    *horizon.Metrics
 	Vacuum     *vacuum.Metrics
+	// Live: the metrics are served while passes run (run's /metrics), not
+	// only recorded after a pass (once), so a pass exports rows_due as it
+	// begins (expiry.Options.LiveDue).
+	Live bool
 
 	reg prometheus.Registerer // where the metrics are registered
 

@@ -64,7 +64,7 @@ func (w Wiring) Deleter(c config.Config, tables []*catalog.Table) *expiry.Delete
 	o := expiry.Options{Settings: w.batch(c), Progress: w.Progress, Strategy: expiry.Strategy(c.ExpiryStrategy)}
 	var vm *vacuum.Metrics
 	if w.Metrics != nil {
-		o.Metrics, vm = w.Metrics.Expiry, w.Metrics.Vacuum
+		o.Metrics, vm, o.LiveDue = w.Metrics.Expiry, w.Metrics.Vacuum, w.Metrics.Live
 	}
 	if !w.DryRun {
 		o.Vacuum = vacuum.New(w.Pool, vacuum.Options{Base: w.base(c, c.LockTimeout), DeadRatio: c.VacuumDeadRatio, Metrics: vm})
