@@ -103,6 +103,25 @@ func (d *Deleter) Due(ctx context.Context, t *catalog.Table, from pgtype.Timesta
 	return due, nil
 }
 
+// countDueBounded is countDueUpTo in expiry order, for a look that counts
+// up to limit rows only: past limit (more), it also returns the newest
+// expiry it reached (last) and how many of the rows it counted expire
+// before it (below), so that the exact count need only count from last on
+// (exactAhead) instead of counting the first limit rows again.
+func countDueBounded(ctx context.Context, q catalog.Querier, t *catalog.Table, now time.Time, cov holds.Coverage, from pgtype.Timestamptz, limit int64) (rows int64, more bool, last pgtype.Timestamptz, below int64, err error) {
+	var args holds.Args
+	hp, rp := cov.Predicates(t, "t", &args)
+	c, f := args.Add(cutoff(t, now)), args.Add(from)
+	sql := fmt.Sprintf(`WITH s AS (SELECT %[8]s AS e FROM %[1]s t
+  WHERE t.%[2]s <= %[3]s AND t.%[2]s >= %[4]s AND NOT %[5]s AND NOT %[6]s ORDER BY t.%[2]s LIMIT %[7]d)
+SELECT count(*), max(e), count(*) FILTER (WHERE e < (SELECT max(e) FROM s)) FROM s`,
+		t.Ident, t.Expiry.Quoted, t.Expiry.Instant(c+"::timestamptz"), t.Expiry.Instant(f+"::timestamptz"), hp, rp, limit+1, t.Expiry.AsTimestamptz("t"))
+	if err := q.QueryRow(ctx, sql, args.Values...).Scan(&rows, &last, &below); err != nil {
+		return 0, false, last, 0, fmt.Errorf("count the due rows: %w", err)
+	}
+	return min(rows, limit), rows > limit, last, below, nil
+}
+
 // look is what a pass reads of a table before it starts and after it ends,
 // in one read-only transaction: the rows due from where the pass's keyset
 // ended on (res.resume; the start of the index before the pass), and what
@@ -121,20 +140,18 @@ func (d *Deleter) look(ctx context.Context, t *catalog.Table, res *TableResult, 
 		if beside != nil {
 			beside(now, cov)
 		}
-		limit := int64(DueCap)
-		if bound > 0 && bound < DueCap {
-			limit = bound
-		}
 		var err error
-		var more bool
-		if due.Rows, more, err = countDueUpTo(ctx, tx, t, now, cov, orNegInf(res.resume), limit); err != nil {
+		if bound > 0 && bound < DueCap {
+			var last pgtype.Timestamptz
+			var below int64
+			if due.Rows, due.bounded, last, below, err = countDueBounded(ctx, tx, t, now, cov, orNegInf(res.resume), bound); err != nil {
+				return err
+			}
+			if due.bounded {
+				due.exact = d.readExactAhead(ctx, t, now, cov, last, below)
+			}
+		} else if due.Rows, due.Capped, err = countDue(ctx, tx, t, now, cov, orNegInf(res.resume)); err != nil {
 			return err
-		}
-		if more && limit < DueCap {
-			due.bounded = true
-			due.exact = d.readExactAhead(ctx, t, now, cov, orNegInf(res.resume))
-		} else {
-			due.Capped = more
 		}
 		if err := d.measure(ctx, tx, t, now, cov, res); err != nil {
 			return err
@@ -162,10 +179,11 @@ type exactAhead struct {
 	capped bool
 }
 
-// readExactAhead starts counting the rows of t due at now under cov from
-// the keyset bound from on, exactly up to DueCap, on a connection of its
-// own.
-func (d *Deleter) readExactAhead(ctx context.Context, t *catalog.Table, now time.Time, cov holds.Coverage, from pgtype.Timestamptz) *exactAhead {
+// readExactAhead starts counting the rows of t due at now under cov, on a
+// connection of its own: below rows, the ones the bounded look counted
+// before the expiry from, and those from from on, exactly, up to DueCap in
+// all.
+func (d *Deleter) readExactAhead(ctx context.Context, t *catalog.Table, now time.Time, cov holds.Coverage, from pgtype.Timestamptz, below int64) *exactAhead {
 	e := &exactAhead{}
 	e.aside = startAside(ctx, func(ctx context.Context, a *aside) error {
 		err := d.readTx(ctx, func(tx pgx.Tx) error {
@@ -173,8 +191,8 @@ func (d *Deleter) readExactAhead(ctx context.Context, t *catalog.Table, now time
 			if !a.open(tx.Conn()) {
 				return errDropped
 			}
-			var err error
-			e.rows, e.capped, err = countDue(ctx, tx, t, now, cov, from)
+			rest, capped, err := countDueUpTo(ctx, tx, t, now, cov, from, DueCap-below)
+			e.rows, e.capped = below+rest, capped
 			return err
 		})
 		if d.TestSignals.OnExactCount != nil {
