@@ -38,6 +38,20 @@ FROM generate_series(0, $2 - 1) i, LATERAL (SELECT $1::timestamptz + ((i * 7919)
 	return f.count(t, "remember_until <= $1", t0)
 }
 
+// dueInFirstThird fills the fixture's inbox with 20,000 rows scattered
+// about t0, half of them due, then 40,000 due from tomorrow on: the due
+// rows lie in the first third of the heap. It returns how many are due.
+func (f fixture) dueInFirstThird(t *testing.T) int64 {
+	t.Helper()
+	pgtest.Exec(t, f.pool, `INSERT INTO public.consumer_inbox (consumer, message_id, event_time, remember_until)
+SELECT 'c' || (i % 4), 'm-' || i, e - interval '30 days', e
+FROM generate_series(0, 59999) i, LATERAL (SELECT CASE WHEN i < 20000
+  THEN $1::timestamptz + ((i * 7919) % 20000 - 10000) * interval '1 second'
+  ELSE $1::timestamptz + interval '1 day' + i * interval '1 second' END) AS x(e)`, t0)
+	pgtest.Exec(t, f.pool, "VACUUM ANALYZE public.consumer_inbox")
+	return f.count(t, "remember_until <= $1", t0)
+}
+
 // sweepForms runs test with every batch of a pass forced to sweep (the
 // table's layout aside): optimistically, and in the SKIP LOCKED form.
 func sweepForms(t *testing.T, test func(t *testing.T, sig signals)) {
@@ -156,15 +170,7 @@ FROM generate_series(0, 20000 - 1) i, LATERAL (SELECT $1::timestamptz + ((i * 79
 func TestSweepEndsAtTheLastDueRow(t *testing.T) {
 	t.Parallel()
 	f := setup(t, inboxDDL, inboxPolicy)
-	// 20,000 rows scattered about t0, half of them due, then 40,000 due
-	// from tomorrow on: the due rows lie in the first third of the heap.
-	pgtest.Exec(t, f.pool, `INSERT INTO public.consumer_inbox (consumer, message_id, event_time, remember_until)
-SELECT 'c' || (i % 4), 'm-' || i, e - interval '30 days', e
-FROM generate_series(0, 59999) i, LATERAL (SELECT CASE WHEN i < 20000
-  THEN $1::timestamptz + ((i * 7919) % 20000 - 10000) * interval '1 second'
-  ELSE $1::timestamptz + interval '1 day' + i * interval '1 second' END) AS x(e)`, t0)
-	pgtest.Exec(t, f.pool, "VACUUM ANALYZE public.consumer_inbox")
-	due := f.count(t, "remember_until <= $1", t0)
+	due := f.dueInFirstThird(t)
 	var lastDue, pages int64
 	err := f.pool.QueryRow(context.Background(), `SELECT (max((ctid::text::point)[0]) FILTER (WHERE remember_until <= $1))::bigint,
        pg_relation_size('public.consumer_inbox') / current_setting('block_size')::bigint FROM public.consumer_inbox`, t0).Scan(&lastDue, &pages)
@@ -750,15 +756,7 @@ func TestBoundedLook(t *testing.T) {
 	t.Run("sweep", func(t *testing.T) {
 		t.Parallel()
 		f := setup(t, inboxDDL, inboxPolicy)
-		// 20,000 rows scattered about t0, half of them due, then 40,000 due
-		// from tomorrow on: the due rows lie in the first third of the heap.
-		pgtest.Exec(t, f.pool, `INSERT INTO public.consumer_inbox (consumer, message_id, event_time, remember_until)
-SELECT 'c' || (i % 4), 'm-' || i, e - interval '30 days', e
-FROM generate_series(0, 59999) i, LATERAL (SELECT CASE WHEN i < 20000
-  THEN $1::timestamptz + ((i * 7919) % 20000 - 10000) * interval '1 second'
-  ELSE $1::timestamptz + interval '1 day' + i * interval '1 second' END) AS x(e)`, t0)
-		pgtest.Exec(t, f.pool, "VACUUM ANALYZE public.consumer_inbox")
-		due := f.count(t, "remember_until <= $1", t0)
+		due := f.dueInFirstThird(t)
 		var lastDue int64
 		if err := f.pool.QueryRow(context.Background(), `SELECT (max((ctid::text::point)[0]) FILTER (WHERE remember_until <= $1))::bigint
 FROM public.consumer_inbox`, t0).Scan(&lastDue); err != nil {
