@@ -114,7 +114,7 @@ func run(args []string, stdout io.Writer) int {
 	fs.DurationVar(&o.gap, "gap", 7*24*time.Hour, "steady-state: how long before the run the last pass ran (its due rows expired since)")
 	names := fs.String("layouts", layoutNames(), "comma-separated layouts to run")
 	fs.BoolVar(&o.keep, "keep", false, "leave the cluster running and print its URL")
-	fs.BoolVar(&o.payload, "payload", true, "the layouts' rows carry a ~300-byte payload column (about 19 rows a page); false: narrow rows (about 70 a page)")
+	fs.BoolVar(&o.payload, "payload", true, "the layouts' rows carry a ~300-byte payload column (about 19 rows a page); false: narrow rows (about 66 a page)")
 	fs.StringVar(&o.baseline, "baseline", "", "another inboxkeeper binary (e.g. main's build) run as one more method, \""+baselineName+"\", in the same reps")
 	return benchdata.Main(fs, args, func() error {
 		for _, n := range strings.Split(*names, ",") {
