@@ -278,7 +278,10 @@ func concurrentClaims(t *testing.T, pool *pgxpool.Pool) {
 	// Hold the first claim open until every other one waits on it.
 	pgtest.WaitFor(t, 30*time.Second, "every other claim to wait on the identity lock", func() bool {
 		var w int
-		_ = pool.QueryRow(ctx, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted").Scan(&w)
+		// pg_locks shows every database of the shared cluster: this test's
+		// other layout, or another run of it, waits on its own locks.
+		_ = pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&w)
 		return w == n-1
 	})
 	if err := first.Commit(ctx); err != nil {
