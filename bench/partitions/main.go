@@ -24,8 +24,10 @@
 //     continuously, timing each INSERT (synchronous_commit off in its
 //     session, so that what is timed is waiting, not the disk flush);
 //   - a reader opens a transaction, runs SELECT count(*) on the parent and
-//     keeps the transaction open for -reader: it holds ACCESS SHARE on the
-//     parent and every partition, as a long report or a pg_dump would;
+//     keeps the transaction open for -reader (and until the retirement has
+//     been seen waiting for its locks for half of -reader, when it reached
+//     them late): it holds ACCESS SHARE on the parent and every partition,
+//     as a long report or a pg_dump would;
 //   - retirement starts as soon as the reader holds its locks. inboxkeeper:
 //     partitions.Manager.RunPass with lock_timeout -lock-timeout, pass after
 //     pass until the expired months are gone (or a deadline). pg_partman:
@@ -138,11 +140,15 @@ type latency struct {
 
 // underReader is one tool's run under the long reader.
 type underReader struct {
-	tool     string
-	how      string
-	held     time.Duration // how long the reader held its locks
-	baseline latency       // the writer alone, before the reader
-	during   latency       // from the reader's start until retired (or the reader's end, if later)
+	tool string
+	how  string
+	held time.Duration // how long the reader held its locks
+	// queued is how long the retirement was seen waiting for the reader's
+	// locks before the reader ended: what an insert queued behind it can
+	// wait at most.
+	queued   time.Duration
+	baseline latency // the writer alone, before the reader
+	during   latency // from the reader's start until retired (or the reader's end, if later)
 	retired  bool
 	// after is when the months were gone, measured from the reader's end
 	// (negative: before it ended).
@@ -624,25 +630,33 @@ func (b *bench) underReader(ctx context.Context, table string, retire func(conte
 	go func() { retired <- retire(rctx) }()
 
 	// The workload: the reader keeps its transaction open for -reader, and
-	// until the retirement has been seen waiting for its locks. On a loaded
-	// machine pg_partman's maintenance once reached its DROP only after the
-	// reader had ended (2.2 s of PL/pgSQL at a load average of 20), and the
-	// run measured a writer that had nothing to queue behind.
+	// until the retirement has waited for its locks for half of -reader. On
+	// a loaded machine pg_partman's maintenance once reached its DROP only
+	// after the reader had ended (2.2 s of PL/pgSQL at a load average of
+	// 20), and the run measured a writer that had nothing to queue behind;
+	// under two busy-loops it reached it just before the end of a 2 s hold,
+	// and the writer queued behind it for 12.9 ms.
 	if err := retry.Sleep(ctx, b.o.reader); err != nil {
 		return u, err
 	}
+	var blockedAt time.Time
 	select {
-	case <-blocked:
+	case blockedAt = <-blocked:
 	case <-time.After(time.Minute):
 		return u, fmt.Errorf("%s: the retirement did not wait for the reader's locks within %s of -reader", table, time.Minute)
 	case <-ctx.Done():
 		return u, ctx.Err()
 	}
+	if rest := time.Until(blockedAt.Add(b.o.reader / 2)); rest > 0 {
+		if err := retry.Sleep(ctx, rest); err != nil {
+			return u, err
+		}
+	}
 	if err := tx.Commit(ctx); err != nil {
 		return u, fmt.Errorf("reader: commit: %w", err)
 	}
 	readerEnd := time.Now()
-	u.held = readerEnd.Sub(readerStart)
+	u.held, u.queued = readerEnd.Sub(readerStart), readerEnd.Sub(blockedAt)
 
 	var r retirement
 	select {
@@ -675,10 +689,11 @@ func (b *bench) underReader(ctx context.Context, table string, retire func(conte
 	return u, nil
 }
 
-// blockedBy returns a channel closed once a session is seen waiting for a
-// lock the backend pid holds (polled every 10 ms until ctx ends).
-func (b *bench) blockedBy(ctx context.Context, pid uint32) <-chan struct{} {
-	seen := make(chan struct{})
+// blockedBy returns a channel that receives the time a session was first
+// seen waiting for a lock the backend pid holds (polled every 10 ms until
+// ctx ends).
+func (b *bench) blockedBy(ctx context.Context, pid uint32) <-chan time.Time {
+	seen := make(chan time.Time, 1)
 	go func() {
 		tick := time.NewTicker(10 * time.Millisecond)
 		defer tick.Stop()
@@ -686,7 +701,7 @@ func (b *bench) blockedBy(ctx context.Context, pid uint32) <-chan struct{} {
 			var waiting bool
 			err := b.pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid)))", int32(pid)).Scan(&waiting)
 			if err == nil && waiting {
-				close(seen)
+				seen <- time.Now()
 				return
 			}
 			select {
@@ -806,13 +821,14 @@ func (b *bench) printUnderReader(w io.Writer, r *report) {
 	}
 	for _, u := range []underReader{r.ik, r.pm} {
 		fmt.Fprintf(w, "  %s: %s; %s\n", u.tool, u.how, u.notes)
-		fmt.Fprintf(w, "  %s: the writer alone before the reader: %d inserts, longest %s, p99 %s; reader held %.1f s\n",
-			u.tool, u.baseline.inserts, ms(u.baseline.max), ms(u.baseline.p99), u.held.Seconds())
+		fmt.Fprintf(w, "  %s: the writer alone before the reader: %d inserts, longest %s, p99 %s; reader held %.1f s, the retirement seen waiting for it the last %.1f s\n",
+			u.tool, u.baseline.inserts, ms(u.baseline.max), ms(u.baseline.p99), u.held.Seconds(), u.queued.Seconds())
 	}
 	fmt.Fprintf(w, "goal: inboxkeeper's inserts never wait longer than the lock timeout: longest %s, lock_timeout %s %s\n",
 		ms(r.ik.during.max), b.o.lockTimeout, benchdata.Verdict(r.ik.during.max <= b.o.lockTimeout))
-	fmt.Fprintf(w, "longest insert wait, pg_partman / inboxkeeper: %.0fx (pg_partman's longest is %.0f%% of the reader's hold)\n",
-		float64(r.pm.during.max)/float64(max(r.ik.during.max, time.Microsecond)), 100*r.pm.during.max.Seconds()/r.pm.held.Seconds())
+	fmt.Fprintf(w, "longest insert wait, pg_partman / inboxkeeper: %.0fx (pg_partman's longest is %.0f%% of the reader's hold, %.0f%% of the time its DROP was seen waiting)\n",
+		float64(r.pm.during.max)/float64(max(r.ik.during.max, time.Microsecond)), 100*r.pm.during.max.Seconds()/r.pm.held.Seconds(),
+		100*r.pm.during.max.Seconds()/r.pm.queued.Seconds())
 }
 
 // forget measures retiring the month of forgetPart against deleting the same
