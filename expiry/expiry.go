@@ -57,8 +57,8 @@ type Strategy string
 
 const (
 	// StrategyAuto sweeps the heap in physical order when the sample of
-	// the pass predicts it reads fewer pages (chooseSweep), else deletes
-	// in expiry order.
+	// the pass predicts it costs less (chooseSweep), else deletes in
+	// expiry order.
 	StrategyAuto Strategy = "auto"
 	// StrategySweep sweeps every pass that has a row due, whatever the
 	// sample says (a table known to be scattered; the randomized audit).

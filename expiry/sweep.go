@@ -232,27 +232,21 @@ func estimateSweep(blocks []sampledBlock, frac float64, nblocks, start int64, si
 	return e
 }
 
-// clustered: where expiry order would visit fewer pages than this many
-// times the pages a sweep reads, the due rows are clustered (expiry
-// follows the heap, more or less), and the pass keeps expiry order: it
-// reads each page about once too, and its batches are exact and oldest
-// first.
-const clustered = 1.5
-
 // chooseSweep says whether a pass should sweep: when the sample predicts
-// that expiry order would read the pages with due rows many times over, so
-// that reading every page up to the last due row once costs less, and the
-// table is large enough and its pages hold few enough due rows for slices
-// of about a batch (a slice is at least a page).
+// that reading every page up to the last due row once, testing each of its
+// rows, costs less than expiry order's page visits and index walks (due
+// rows scattered, so that expiry order visits pages many times over; or
+// every row of the due pages due, where both ways read each page once but
+// a sweep walks no index), and the table is large enough and its pages
+// hold few enough due rows for slices of about a batch (a slice is at
+// least a page). Where pages hold a few due rows among many that are not,
+// in runs of the heap, expiry order costs less.
 func (e sweepEstimate) chooseSweep(nblocks int64, firstBatch int) bool {
 	if nblocks < minSweepPages || e.due < 2*float64(firstBatch) || e.sweepPages <= 0 {
 		return false
 	}
 	if e.due/e.sweepPages > float64(firstBatch)/4 {
 		return false // a page would hold more than a quarter of a batch
-	}
-	if e.expiryVisits < clustered*e.sweepPages {
-		return false
 	}
 	sweep := e.sweepPages * (costSweepPage + costSweepTuple*e.tuplesPerPage)
 	expiry := e.expiryVisits*costVisit + e.due*costIndexRow

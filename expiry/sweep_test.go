@@ -440,8 +440,22 @@ func TestEstimateSweep(t *testing.T) {
 		return d
 	})
 	e = estimateSweep(ordered, 0.2, pages, 0, sizes)
-	if e.expiryVisits > pages/2*1.1 || e.sweepPages > pages/2*1.05 || e.chooseSweep(pages, 5000) {
-		t.Errorf("ordered: %+v, want about one visit a page with due rows, a sweep of the first half, and expiry order", e)
+	if e.expiryVisits > pages/2*1.1 || e.sweepPages > pages/2*1.05 || !e.chooseSweep(pages, 5000) {
+		t.Errorf("ordered: %+v, want about one visit a page with due rows, a sweep of the first half, and a sweep: each page is read once either way, and a slice tests 20 rows where expiry order walks the index twice for each", e)
+	}
+	// Runs: three due rows of 20 on every page of ten runs of the heap, expiry
+	// rising within each run (bench/expiry -layouts steady-state -horizons 10
+	// -gap 72h): expiry order visits each of those pages about once, and a
+	// sweep would test every row of them for three due.
+	runs := sample(0.2, func(p int64) []float64 {
+		if p%1000 >= 300 {
+			return nil
+		}
+		return []float64{float64(p%1000)*3 + float64(p/1000)*1e4, float64(p%1000)*3 + 1 + float64(p/1000)*1e4, float64(p%1000)*3 + 2 + float64(p/1000)*1e4}
+	})
+	e = estimateSweep(runs, 0.2, pages, 0, sizes)
+	if e.expiryVisits > pages*0.3*1.3 || e.chooseSweep(pages, 5000) {
+		t.Errorf("runs: %+v, want about one visit a page with due rows, and expiry order", e)
 	}
 	// Steady state with large batches: 5 due rows of any expiry on each page
 	// of the older half, 4 batches in all: expiry order visits each of those
@@ -843,10 +857,17 @@ FROM generate_series(0, 19999) i, LATERAL (SELECT $1::timestamptz + (((i * 7919)
 	t.Run("expiry_order", func(t *testing.T) {
 		t.Parallel()
 		f := setup(t, inboxDDL, inboxPolicy)
-		// Expiry follows the heap: 10,000 due, 10,000 not, and a hold on
-		// consumer h, whose due rows lie among the others.
-		f.insert(t, "c", 20000, t0.Add(-20000*time.Second), 2*time.Second)
-		f.insert(t, "h", 500, t0.Add(-19000*time.Second), 2*time.Second)
+		// A third of each page due, expiry following the heap, the rest
+		// expiring tomorrow: expiry order visits each page once, where a
+		// sweep would test three rows for each due one. A hold on consumer
+		// h, whose due rows lie among the others. (Where every row of
+		// those pages is due, a sweep costs less: it reads each page once
+		// too, without the index walks; TestEstimateSweep.)
+		pgtest.Exec(t, f.pool, `INSERT INTO public.consumer_inbox (consumer, message_id, event_time, remember_until)
+SELECT CASE WHEN i % 60 = 0 THEN 'h' ELSE 'c' END, 'm-' || i, e - interval '30 days', e
+FROM generate_series(0, 29999) i,
+     LATERAL (SELECT CASE WHEN i % 3 = 0 THEN $1::timestamptz - interval '1 day' + i * interval '1 second'
+                          ELSE $1::timestamptz + interval '1 day' END) AS x(e)`, t0)
 		pgtest.Exec(t, f.pool, "VACUUM ANALYZE public.consumer_inbox")
 		h := "h"
 		if _, err := holds.AddHold(context.Background(), f.pool, f.tables[0], holds.HoldSpec{Scope: &h, Reason: "legal", Owner: "legal"}); err != nil {
