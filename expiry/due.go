@@ -175,6 +175,11 @@ func (d *Deleter) look(ctx context.Context, t *catalog.Table, res *TableResult, 
 // stops on it, and the progress line counts down from it.
 type exactAhead struct {
 	*aside
+	// snap is closed once the count's snapshot is taken: a REPEATABLE
+	// READ transaction's, with its first statement, so that it counts
+	// every row due at the look's now that no batch committed after it
+	// has deleted, however late the count itself ends.
+	snap   chan struct{}
 	rows   int64 // set before done closes
 	capped bool
 }
@@ -184,12 +189,19 @@ type exactAhead struct {
 // before the expiry from, and those from from on, exactly, up to DueCap in
 // all.
 func (d *Deleter) readExactAhead(ctx context.Context, t *catalog.Table, now time.Time, cov holds.Coverage, from pgtype.Timestamptz, below int64) *exactAhead {
-	e := &exactAhead{}
+	e := &exactAhead{snap: make(chan struct{})}
 	e.aside = startAside(ctx, func(ctx context.Context, a *aside) error {
-		err := d.readTx(ctx, func(tx pgx.Tx) error {
+		err := d.readTxWith(ctx, pgx.RepeatableRead, func(tx pgx.Tx) error {
 			defer a.close(ctx)
 			if !a.open(tx.Conn()) {
 				return errDropped
+			}
+			if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
+				return err
+			}
+			close(e.snap)
+			if d.TestSignals.BeforeExactCount != nil {
+				d.TestSignals.BeforeExactCount()
 			}
 			rest, capped, err := countDueUpTo(ctx, tx, t, now, cov, from, DueCap-below)
 			e.rows, e.capped = below+rest, capped
@@ -209,6 +221,28 @@ func (e *exactAhead) take() (rows int64, capped bool, err error) {
 		return 0, false, err
 	}
 	return e.rows, e.capped, nil
+}
+
+// snapshotted waits until the count has its snapshot, and says false when
+// it ended without one, or failed.
+func (e *exactAhead) snapshotted() bool {
+	select {
+	case <-e.snap:
+		return true
+	case <-e.done:
+		return e.err == nil
+	}
+}
+
+// ready returns the exact count without waiting: ok false while it is
+// being read, or when it failed.
+func (e *exactAhead) ready() (rows int64, capped, ok bool) {
+	select {
+	case <-e.done:
+		return e.rows, e.capped, e.err == nil
+	default:
+		return 0, false, false
+	}
 }
 
 // drop stops the exact count if it is still being read, and waits for it.

@@ -96,6 +96,9 @@ type TestSignals struct {
 	// error (errDropped and a cancelled statement when a pass in expiry
 	// order dropped it).
 	OnExactCount func(rows int64, err error)
+	// BeforeExactCount holds that count between its snapshot and its
+	// statement, to let slices commit before it counts.
+	BeforeExactCount func()
 }
 
 // Sizing bounds the adaptive batch size.
@@ -434,6 +437,9 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 	if res.ahead != nil {
 		<-res.ahead.done // nothing of the pass outlives it
 		res.ahead = nil
+	}
+	if sw != nil && sw.endCount != nil {
+		sw.endCount() // the exact count a sweep began without, read or dropped
 	}
 	res.Retries += r.Retries
 	res.StoppedEarly = r.StoppedEarly
@@ -849,7 +855,13 @@ func permanentKeys(t *catalog.Table) (returning, cte, count string) {
 // readTx runs fn in a read-only transaction with the batch timeouts, so that
 // counting and measuring never queue behind a lock for long either.
 func (d *Deleter) readTx(ctx context.Context, fn func(tx pgx.Tx) error) error {
-	return pgx.BeginTxFunc(ctx, d.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+	return d.readTxWith(ctx, "", fn)
+}
+
+// readTxWith is readTx at the isolation level iso ("": the server's
+// default).
+func (d *Deleter) readTxWith(ctx context.Context, iso pgx.TxIsoLevel, fn func(tx pgx.Tx) error) error {
+	return pgx.BeginTxFunc(ctx, d.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly, IsoLevel: iso}, func(tx pgx.Tx) error {
 		if _, err := (dbconn.TxSettings{LockTimeout: d.opts.LockTimeout, StatementTimeout: d.opts.StatementTimeout, IdleInTx: d.opts.IdleTimeout}).Apply(ctx, tx); err != nil {
 			return err
 		}

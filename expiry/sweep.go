@@ -232,6 +232,16 @@ func estimateSweep(blocks []sampledBlock, frac float64, nblocks, start int64, si
 	return e
 }
 
+// heapOrder: where expiry order would visit fewer than this many times the
+// pages a sweep reads, the due rows lie in heap order (expiry follows
+// insertion), and a sweep begins before the exact count of them is in:
+// the count walks the expiry index ahead of the slices, through pages
+// whose visibility map bits they have not yet cleared. Where they lie
+// scattered, the slices would clear the bits of pages all over the
+// count's way, and the count waits for a heap fetch at each (docs/design/
+// expiry.md, "The first batch without the count"): the sweep waits for it.
+const heapOrder = 1.5
+
 // chooseSweep says whether a pass should sweep: when the sample predicts
 // that reading every page up to the last due row once, testing each of its
 // rows, costs less than expiry order's page visits and index walks (due
@@ -269,7 +279,13 @@ type sweep struct {
 	// whether that is all of them (it stops at DueCap); the pass stops when
 	// it has deleted as many. Nil: never (tests).
 	counted func() (rows int64, ok bool)
-	est     sweepEstimate
+	// awaitCount, when set, waits for a count the sweep began without
+	// (counted says ok false until it is in): exhausted calls it once the
+	// sweep has passed the density map's last due segment, where a slice
+	// with nothing on the map ahead would read on. endCount drops it, or
+	// waits for it, when the pass ends.
+	awaitCount, endCount func()
+	est                  sweepEstimate
 
 	mu        sync.Mutex
 	done      int64 // pages swept, in sweep order from start
@@ -298,8 +314,23 @@ func (s *sweep) exhausted() bool {
 	if s.counted == nil {
 		return false
 	}
+	if s.awaitCount != nil && s.start == 0 && s.done >= (s.lastMapped()+1)*s.est.segLen {
+		s.mu.Unlock()
+		s.awaitCount()
+		s.mu.Lock()
+	}
 	rows, ok := s.counted()
 	return ok && s.found >= rows
+}
+
+// lastMapped is the density map's last segment with due rows, -1 when it
+// has none.
+func (s *sweep) lastMapped() int64 {
+	last := int64(len(s.est.density)) - 1
+	for last >= 0 && s.est.density[last] <= 0 {
+		last--
+	}
+	return last
 }
 
 // position is where the sweep has got to, as a page number.
@@ -342,10 +373,7 @@ func (s *sweep) slice(size int) (a, b int64, mapped float64) {
 	// of nothing due on bench/expiry's steady-state layout at -rows
 	// 1000000, a sixth of the pass's pages. A slice with nothing on the map
 	// ahead reads on: the rows counted and not yet found lie there.
-	lastSeg := int64(len(s.est.density)) - 1
-	for lastSeg >= 0 && s.est.density[lastSeg] <= 0 {
-		lastSeg--
-	}
+	lastSeg := s.lastMapped()
 	b = a
 	for b < end && mapped < want {
 		seg := b / s.est.segLen
@@ -416,6 +444,25 @@ func (d *Deleter) startSweep(ctx context.Context, t *catalog.Table, due Due, bes
 		return nil, max(due.Rows, int64(math.Round(estimated)))
 	}
 	rows, capped := due.Rows, due.Capped
+	if due.bounded && sw.start == 0 && sw.est.expiryVisits < heapOrder*sw.est.sweepPages && due.exact.snapshotted() {
+		// The due rows lie in heap order: the count, walking the expiry
+		// index, runs ahead of the slices, which need it only to stop.
+		// They begin once it has its snapshot, older than their commits.
+		var once sync.Once
+		sw.counted = func() (int64, bool) {
+			n, capped, ok := due.exact.ready()
+			if ok {
+				once.Do(func() { d.exportDue(t, Due{Rows: n, Capped: capped, Lag: due.Lag}) })
+			}
+			return n, ok && !capped
+		}
+		sw.awaitCount = func() { _, _, _ = due.exact.take() }
+		sw.endCount = func() {
+			due.exact.drop()
+			sw.counted()
+		}
+		return sw, max(due.Rows, int64(math.Round(estimated)))
+	}
 	if due.bounded {
 		var err error
 		if rows, capped, err = due.exact.take(); err != nil {

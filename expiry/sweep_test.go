@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"regexp"
 	"slices"
@@ -629,7 +630,34 @@ func TestDroppedSampleStopsAtOnce(t *testing.T) {
 	// The lock timeout must not end the sample's wait first.
 	d := New(pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0), LockTimeout: time.Minute}}})
 
-	// Another session holds the table: the sample waits for its lock.
+	// Three drops, each against a reference taken just before it: pgx's
+	// 100 ms would be in every one, a stall of the loaded machine in one
+	// (drop once took 114 ms against a reference of 4 ms with two other
+	// test binaries and helm running).
+	excess := time.Duration(math.MaxInt64)
+	for trial := range 3 {
+		took, ref := dropWhileWaiting(t, f, d)
+		t.Logf("trial %d: drop took %s, a cancel request by hand %s", trial+1, took, ref)
+		excess = min(excess, took-ref)
+	}
+	if excess >= 100*time.Millisecond {
+		t.Errorf("every drop took at least %s more than a cancel request by hand: drop waited as long as pgx does after its own cancel request (100 ms)", excess)
+	}
+	// The pool goes on, and a sample not dropped is read whole.
+	b := d.readSampleAhead(ctx, f.tables[0], t0, holds.Coverage{})
+	if blocks, _, nblocks, err := b.take(); err != nil || len(blocks) == 0 || nblocks == 0 {
+		t.Errorf("a sample after the dropped one: %d blocks of %d, %v", len(blocks), nblocks, err)
+	}
+}
+
+// dropWhileWaiting drops a sample read beside the count while another
+// session holds the table, so that the sample waits for its lock, and
+// returns how long drop took and how long a cancel request, a statement's
+// end and a connection's close took by hand beside it just before (a few
+// milliseconds; 155 ms with a core kept busy at a load average of 8).
+func dropWhileWaiting(t *testing.T, f fixture, d *Deleter) (took, ref time.Duration) {
+	t.Helper()
+	ctx := context.Background()
 	tx, err := f.pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -642,38 +670,28 @@ func TestDroppedSampleStopsAtOnce(t *testing.T) {
 		return f.pool.QueryRow(ctx, `SELECT pid FROM pg_stat_activity
 WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()`).Scan(&pid) == nil
 	})
-	// What a cancel request, a statement's end and a connection's close
-	// cost here and now, done by hand beside the sample: a few
-	// milliseconds, 155 ms with a core kept busy at a load average of 8.
-	// drop does that much, and not pgx's 100 ms after its own request.
-	ref := func() time.Duration {
-		c := pgtest.Connect(t, f.pool.Config().ConnString())
-		errc := make(chan error, 1)
-		go func() {
-			_, err := c.Exec(ctx, "SELECT count(*) FROM public.consumer_inbox")
-			errc <- err
-		}()
-		pgtest.WaitFor(t, 10*time.Second, "the reference statement to wait for the table's lock", func() bool {
-			var waiting bool
-			return f.pool.QueryRow(ctx, "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", c.PgConn().PID()).Scan(&waiting) == nil && waiting
-		})
-		start := time.Now()
-		_ = c.PgConn().CancelRequest(ctx)
-		<-errc
-		_ = c.Close(ctx)
-		return time.Since(start)
+	c := pgtest.Connect(t, f.pool.Config().ConnString())
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.Exec(ctx, "SELECT count(*) FROM public.consumer_inbox")
+		errc <- err
 	}()
+	pgtest.WaitFor(t, 10*time.Second, "the reference statement to wait for the table's lock", func() bool {
+		var waiting bool
+		return f.pool.QueryRow(ctx, "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", c.PgConn().PID()).Scan(&waiting) == nil && waiting
+	})
 	start := time.Now()
+	_ = c.PgConn().CancelRequest(ctx)
+	<-errc
+	_ = c.Close(ctx)
+	ref = time.Since(start)
+	start = time.Now()
 	a.drop()
-	took := time.Since(start)
+	took = time.Since(start)
 	var pgErr *pgconn.PgError
 	if !errors.As(a.err, &pgErr) || pgErr.Code != "57014" {
 		t.Errorf("the dropped sample ended with %v, want a cancelled statement (57014)", a.err)
 	}
-	if took >= ref+100*time.Millisecond {
-		t.Errorf("drop took %s, a cancel request by hand %s: drop waited as long as pgx does after its own cancel request (100 ms)", took, ref)
-	}
-	t.Logf("drop took %s, a cancel request by hand %s", took, ref)
 	pgtest.WaitFor(t, 10*time.Second, "the sample's connection to be closed", func() bool {
 		var n int
 		return f.pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid).Scan(&n) == nil && n == 0
@@ -681,11 +699,7 @@ WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> pg_ba
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	// The pool goes on, and a sample not dropped is read whole.
-	b := d.readSampleAhead(ctx, f.tables[0], t0, holds.Coverage{})
-	if blocks, _, nblocks, err := b.take(); err != nil || len(blocks) == 0 || nblocks == 0 {
-		t.Errorf("a sample after the dropped one: %d blocks of %d, %v", len(blocks), nblocks, err)
-	}
+	return took, ref
 }
 
 // TestSampleReadsRowsNotPages: on a table of narrow rows the heap's sample
@@ -824,6 +838,73 @@ FROM public.consumer_inbox`, t0).Scan(&lastDue); err != nil {
 		}
 		if last == 0 || last > lastDue+1+64 {
 			t.Errorf("the sweep read up to page %d; the last due row is on page %d", last, lastDue)
+		}
+		if v := gauge(t, reg, "inboxkeeper_rows_due"); v != 0 || res.CleanupLag != 0 {
+			t.Errorf("rows_due %v, cleanup lag %s after the pass; want 0 and 0", v, res.CleanupLag)
+		}
+	})
+	t.Run("heap_order", func(t *testing.T) {
+		t.Parallel()
+		f := setup(t, inboxDDL, inboxPolicy)
+		// Expiry follows insertion: the first 20,000 rows due, oldest
+		// first, the other 40,000 due tomorrow. The sweep begins before the
+		// exact count is in; the count is held back here until a slice has
+		// committed, and must still count every due row (its snapshot is
+		// older than the slices), or the sweep would stop short of them.
+		pgtest.Exec(t, f.pool, `INSERT INTO public.consumer_inbox (consumer, message_id, event_time, remember_until)
+SELECT 'c' || (i % 4), 'm-' || i, e - interval '30 days', e
+FROM generate_series(0, 59999) i, LATERAL (SELECT CASE WHEN i < 20000 THEN $1::timestamptz + (i - 20000) * interval '1 second'
+  ELSE $1::timestamptz + interval '1 day' + i * interval '1 second' END) AS x(e)`, t0)
+		pgtest.Exec(t, f.pool, "VACUUM ANALYZE public.consumer_inbox")
+		due := f.count(t, "remember_until <= $1", t0)
+		var lastDue int64
+		if err := f.pool.QueryRow(context.Background(), `SELECT (max((ctid::text::point)[0]) FILTER (WHERE remember_until <= $1))::bigint
+FROM public.consumer_inbox`, t0).Scan(&lastDue); err != nil {
+			t.Fatal(err)
+		}
+		var logs bytes.Buffer
+		reg, b := prometheus.NewRegistry(), &boundedLook{}
+		o := opts(reg, b, false)
+		o.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		committed := make(chan struct{})
+		var once sync.Once
+		progress := o.Progress
+		o.Progress = func(p Progress) {
+			progress(p)
+			once.Do(func() { close(committed) })
+		}
+		sig := b.signals()
+		leftAtCount := int64(-1)
+		sig.BeforeExactCount = func() {
+			select {
+			case <-committed:
+				leftAtCount = f.count(t, "remember_until <= $1", t0)
+			case <-time.After(30 * time.Second):
+				t.Error("no slice committed within 30 s of the exact count's snapshot")
+			}
+		}
+		res := f.passWith(t, sig, o)
+		if res.Deleted != due || res.SweepBatches == 0 || res.SweepBatches != res.Batches {
+			t.Fatalf("pass %+v: want all %d due rows deleted by sweep batches only", res, due)
+		}
+		if leftAtCount < 0 || leftAtCount >= due {
+			t.Errorf("%d due rows left when the exact count began, want fewer than %d: a slice committed before it", leftAtCount, due)
+		}
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if !slices.Equal(b.exact, []int64{due}) || b.failed != 0 {
+			t.Errorf("exact counts beside the look %v (%d failed), want one of %d", b.exact, b.failed, due)
+		}
+		last := int64(0)
+		for _, m := range regexp.MustCompile(`expiry: slice.* to_page=(\d+)`).FindAllStringSubmatch(logs.String(), -1) {
+			n, _ := strconv.ParseInt(m[1], 10, 64)
+			last = max(last, n)
+		}
+		if last == 0 || last > lastDue+1+64 {
+			t.Errorf("the sweep read up to page %d; the last due row is on page %d", last, lastDue)
+		}
+		if n := f.count(t, "remember_until <= $1", t0); n != 0 {
+			t.Errorf("%d due rows left", n)
 		}
 		if v := gauge(t, reg, "inboxkeeper_rows_due"); v != 0 || res.CleanupLag != 0 {
 			t.Errorf("rows_due %v, cleanup lag %s after the pass; want 0 and 0", v, res.CleanupLag)
