@@ -53,7 +53,7 @@ type Config struct {
 	MetricsAddr      string        `envconfig:"METRICS_ADDR" default:"127.0.0.1:9610" empty:"no listener" desc:"run: host:port of the /metrics listener; empty disables it"`
 	LogFormat        string        `envconfig:"LOG_FORMAT" default:"text" desc:"log format: text or json"`
 	LogLevel         string        `envconfig:"LOG_LEVEL" default:"info" desc:"log level: debug, info, warn or error"`
-	ExpiryStrategy   string        `envconfig:"EXPIRY_STRATEGY" default:"auto" desc:"the order of a pass's deletes on a plain table: auto (a sweep in physical order when the pass's sample of the heap says its due rows are scattered, else expiry order), sweep (every pass with a row due sweeps) or expiry (never sweeps)"`
+	ExpiryStrategy   string        `envconfig:"EXPIRY_STRATEGY" default:"auto" desc:"the order of a pass's deletes on a plain table: auto (a sweep in physical order when the pass's sample of the heap says it costs less than expiry order, else expiry order), sweep (every pass with a row due sweeps) or expiry (never sweeps)"`
 
 	// The throttle.
 	HeartbeatInterval  time.Duration `envconfig:"HEARTBEAT_INTERVAL" default:"250ms" desc:"how often the heartbeat row is written on the primary (when REPLICA_URLS is set)"`
