@@ -115,9 +115,10 @@ type Progress struct {
 	BatchDuration time.Duration
 	// Estimate is the rows due (no hold or replay covering them) when the
 	// table's pass began: their exact count, at most DueCap (Due.Rows),
-	// except in a pass in expiry order whose first count stopped at two
-	// batches (lookBound): there the heap sample's estimate, and at least
-	// the two batches. 0: unknown.
+	// except where the pass's first count stopped at two batches
+	// (lookBound): there the heap sample's estimate, and at least the two
+	// batches, in expiry order throughout and in a sweep until the exact
+	// count read beside it is in. 0: unknown.
 	Estimate int64
 }
 
@@ -356,8 +357,8 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 	// A sample of the heap decides whether the pass sweeps the heap in
 	// physical order instead (startSweep), which also says what the
 	// progress line's ETA counts down from: the count the pass began with
-	// (look), or, where that count stopped at its bound, the exact count
-	// (a sweep) or the sample's estimate (expiry order).
+	// (look), or, where that count stopped at its bound, the sample's
+	// estimate, until a sweep's exact count is in.
 	sw, estimate := d.startSweep(ctx, t, due, sample)
 	lastCount := time.Now()
 	m := d.opts.Metrics
@@ -382,6 +383,12 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 			// Logged once the metrics count the batch, so that what the log
 			// says has happened, /metrics says too.
 			d.log.Debug("expiry: batch", "table", t.Name, "deleted", n, "newest_expiry", lastNewest)
+			if sw != nil && sw.counted != nil {
+				// A sweep's count, once in (it may come in beside the slices).
+				if rows, ok := sw.counted(); ok {
+					estimate = rows
+				}
+			}
 			if n > 0 && d.opts.Progress != nil {
 				d.opts.Progress(Progress{Table: t.Name, Deleted: res.Deleted, Batches: res.Batches, Elapsed: time.Since(start),
 					BatchRows: n, BatchDuration: took, Estimate: estimate})

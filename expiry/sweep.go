@@ -232,16 +232,6 @@ func estimateSweep(blocks []sampledBlock, frac float64, nblocks, start int64, si
 	return e
 }
 
-// heapOrder: where expiry order would visit fewer than this many times the
-// pages a sweep reads, the due rows lie in heap order (expiry follows
-// insertion), and a sweep begins before the exact count of them is in:
-// the count walks the expiry index ahead of the slices, through pages
-// whose visibility map bits they have not yet cleared. Where they lie
-// scattered, the slices would clear the bits of pages all over the
-// count's way, and the count waits for a heap fetch at each (docs/design/
-// expiry.md, "The first batch without the count"): the sweep waits for it.
-const heapOrder = 1.5
-
 // chooseSweep says whether a pass should sweep: when the sample predicts
 // that reading every page up to the last due row once, testing each of its
 // rows, costs less than expiry order's page visits and index walks (due
@@ -421,9 +411,12 @@ func (s *sweep) swept(a, b int64, n int64, mapped float64, took time.Duration) {
 // count (sampleBeside), when there is one, is that sample. The sweep stops
 // once it has deleted as many rows as were counted, when the count was
 // not capped: where the look's count stopped at its bound, the exact count
-// read beside it (exactAhead), which the sweep waits for before its first
-// slice; a pass in expiry order drops it. It returns the sweep and the
-// rows the pass expects to delete (Progress.Estimate).
+// read beside it (exactAhead), which goes on beside the slices (a sweep
+// that starts at page 0) or which the sweep waits for before its first
+// slice (one that starts where the last stopped); a pass in expiry order
+// drops it. It returns the sweep and the rows the pass expects to delete
+// (Progress.Estimate): the exact count when the sweep waited for it, else
+// the sample's estimate.
 func (d *Deleter) startSweep(ctx context.Context, t *catalog.Table, due Due, beside *sampleAhead) (*sweep, int64) {
 	if !d.maySweep(t) || due.now.IsZero() {
 		beside.drop()
@@ -444,10 +437,12 @@ func (d *Deleter) startSweep(ctx context.Context, t *catalog.Table, due Due, bes
 		return nil, max(due.Rows, int64(math.Round(estimated)))
 	}
 	rows, capped := due.Rows, due.Capped
-	if due.bounded && sw.start == 0 && sw.est.expiryVisits < heapOrder*sw.est.sweepPages && due.exact.snapshotted() {
-		// The due rows lie in heap order: the count, walking the expiry
-		// index, runs ahead of the slices, which need it only to stop.
-		// They begin once it has its snapshot, older than their commits.
+	if due.bounded && sw.start == 0 && due.exact.snapshotted() {
+		// The slices need the count only to stop, at the end of the map:
+		// they begin once it has its snapshot, older than their commits,
+		// and it goes on beside them (docs/design/expiry.md, "The sweep
+		// beside its count"). A sweep that starts half way, where the
+		// last one stopped, waits for it: its map wraps around.
 		var once sync.Once
 		sw.counted = func() (int64, bool) {
 			n, capped, ok := due.exact.ready()
