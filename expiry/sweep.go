@@ -451,7 +451,13 @@ func (d *Deleter) startSweep(ctx context.Context, t *catalog.Table, due Due, bes
 			}
 			return n, ok && !capped
 		}
-		sw.awaitCount = func() { _, _, _ = due.exact.take() }
+		var warn sync.Once
+		sw.awaitCount = func() {
+			if _, _, err := due.exact.take(); err != nil && ctx.Err() == nil {
+				// As when the sweep waits for it before its first slice.
+				warn.Do(func() { d.warnUncounted(t, err) })
+			}
+		}
 		sw.endCount = func() {
 			due.exact.drop()
 			sw.counted()
@@ -464,7 +470,7 @@ func (d *Deleter) startSweep(ctx context.Context, t *catalog.Table, due Due, bes
 			// Without the count the sweep reads to the end of its heap, as
 			// when the count is capped.
 			if ctx.Err() == nil {
-				d.log.Warn("expiry: could not count the due rows; this sweep reads the whole heap", "table", t.Name, "error", err)
+				d.warnUncounted(t, err)
 			}
 			rows, capped = max(due.Rows, int64(math.Round(estimated))), true
 		} else {
@@ -473,6 +479,12 @@ func (d *Deleter) startSweep(ctx context.Context, t *catalog.Table, due Due, bes
 	}
 	sw.counted = func() (int64, bool) { return rows, !capped }
 	return sw, rows
+}
+
+// warnUncounted says that the exact count a sweep stops on failed: the
+// sweep reads on to the end of the heap, as when the count is capped.
+func (d *Deleter) warnUncounted(t *catalog.Table, err error) {
+	d.log.Warn("expiry: could not count the due rows; this sweep reads the whole heap", "table", t.Name, "error", err)
 }
 
 // maySweep: a pass over t may sweep (no ctid through Citus).

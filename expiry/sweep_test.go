@@ -807,11 +807,7 @@ func TestBoundedLook(t *testing.T) {
 		t.Parallel()
 		f := setup(t, inboxDDL, inboxPolicy)
 		due := f.dueInFirstThird(t)
-		var lastDue int64
-		if err := f.pool.QueryRow(context.Background(), `SELECT (max((ctid::text::point)[0]) FILTER (WHERE remember_until <= $1))::bigint
-FROM public.consumer_inbox`, t0).Scan(&lastDue); err != nil {
-			t.Fatal(err)
-		}
+		lastDue := f.lastDuePage(t)
 		var logs bytes.Buffer
 		reg, b := prometheus.NewRegistry(), &boundedLook{}
 		o := opts(reg, b, false)
@@ -845,14 +841,7 @@ FROM public.consumer_inbox`, t0).Scan(&lastDue); err != nil {
 				break
 			}
 		}
-		last := int64(0)
-		for _, m := range regexp.MustCompile(`expiry: slice.* to_page=(\d+)`).FindAllStringSubmatch(logs.String(), -1) {
-			n, _ := strconv.ParseInt(m[1], 10, 64)
-			last = max(last, n)
-		}
-		if last == 0 || last > lastDue+1+64 {
-			t.Errorf("the sweep read up to page %d; the last due row is on page %d", last, lastDue)
-		}
+		checkSweptTo(t, logs.String(), lastDue)
 		if v := gauge(t, reg, "inboxkeeper_rows_due"); v != 0 || res.CleanupLag != 0 {
 			t.Errorf("rows_due %v, cleanup lag %s after the pass; want 0 and 0", v, res.CleanupLag)
 		}
@@ -871,11 +860,7 @@ FROM generate_series(0, 59999) i, LATERAL (SELECT CASE WHEN i < 20000 THEN $1::t
   ELSE $1::timestamptz + interval '1 day' + i * interval '1 second' END) AS x(e)`, t0)
 		pgtest.Exec(t, f.pool, "VACUUM ANALYZE public.consumer_inbox")
 		due := f.count(t, "remember_until <= $1", t0)
-		var lastDue int64
-		if err := f.pool.QueryRow(context.Background(), `SELECT (max((ctid::text::point)[0]) FILTER (WHERE remember_until <= $1))::bigint
-FROM public.consumer_inbox`, t0).Scan(&lastDue); err != nil {
-			t.Fatal(err)
-		}
+		lastDue := f.lastDuePage(t)
 		var logs bytes.Buffer
 		reg, b := prometheus.NewRegistry(), &boundedLook{}
 		o := opts(reg, b, false)
@@ -909,14 +894,7 @@ FROM public.consumer_inbox`, t0).Scan(&lastDue); err != nil {
 		if !slices.Equal(b.exact, []int64{due}) || b.failed != 0 {
 			t.Errorf("exact counts beside the look %v (%d failed), want one of %d", b.exact, b.failed, due)
 		}
-		last := int64(0)
-		for _, m := range regexp.MustCompile(`expiry: slice.* to_page=(\d+)`).FindAllStringSubmatch(logs.String(), -1) {
-			n, _ := strconv.ParseInt(m[1], 10, 64)
-			last = max(last, n)
-		}
-		if last == 0 || last > lastDue+1+64 {
-			t.Errorf("the sweep read up to page %d; the last due row is on page %d", last, lastDue)
-		}
+		checkSweptTo(t, logs.String(), lastDue)
 		if n := f.count(t, "remember_until <= $1", t0); n != 0 {
 			t.Errorf("%d due rows left", n)
 		}
@@ -1013,4 +991,29 @@ FROM generate_series(0, 29999) i,
 			t.Errorf("rows_due %v and estimates %v at the batches, want %d from the first", b.dueAtBatch, b.estimates, due)
 		}
 	})
+}
+
+// lastDuePage is the heap page of the last row due at t0.
+func (f fixture) lastDuePage(t *testing.T) int64 {
+	t.Helper()
+	var page int64
+	if err := f.pool.QueryRow(context.Background(), `SELECT (max((ctid::text::point)[0]) FILTER (WHERE remember_until <= $1))::bigint
+FROM public.consumer_inbox`, t0).Scan(&page); err != nil {
+		t.Fatal(err)
+	}
+	return page
+}
+
+// checkSweptTo fails t unless the sweep's debug log shows slices, and
+// none that read more than a segment past the last due page.
+func checkSweptTo(t *testing.T, logs string, lastDue int64) {
+	t.Helper()
+	last := int64(0)
+	for _, m := range regexp.MustCompile(`expiry: slice.* to_page=(\d+)`).FindAllStringSubmatch(logs, -1) {
+		n, _ := strconv.ParseInt(m[1], 10, 64)
+		last = max(last, n)
+	}
+	if last == 0 || last > lastDue+1+64 {
+		t.Errorf("the sweep read up to page %d; the last due row is on page %d", last, lastDue)
+	}
 }
