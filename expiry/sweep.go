@@ -734,6 +734,19 @@ func (d *Deleter) setSweepStart(t *catalog.Table, page int64) {
 // LOCKED when it meets a row another session holds.
 func (d *Deleter) sweepBatch(ctx context.Context, t *catalog.Table, s *sweep, size int, res *TableResult) (int64, time.Time, float64, error) {
 	a, b, predicted := s.slice(size)
+	if s.awaitCount != nil && s.start == 0 && b > s.lastMapped()*s.est.segLen {
+		// The slice reaches the map's last segment with due rows: the last
+		// slice is sized by the rows counted and not yet found, as when
+		// the sweep waited for its count before the first slice, and none
+		// is taken once they are all found.
+		if _, ok := s.counted(); !ok {
+			s.awaitCount()
+			if s.exhausted() {
+				return 0, s.cutoff, 0, nil
+			}
+			a, b, predicted = s.slice(size)
+		}
+	}
 	skipLocked := d.TestSignals.SkipLockedOnly
 	n, wal, took, err := d.sweepTx(ctx, t, s, a, b, res, skipLocked)
 	if !skipLocked && retry.KindOf(err) == retry.KindLockTimeout {

@@ -905,12 +905,16 @@ FROM generate_series(0, 59999) i, LATERAL (SELECT CASE WHEN i < 20000 THEN $1::t
 	t.Run("ties", func(t *testing.T) {
 		t.Parallel()
 		f := setup(t, inboxDDL, inboxPolicy)
-		// Scattered over the heap, in groups of 300 rows of one expiry, a
-		// minute apart: the look's bound (2,000 rows) falls inside a group,
-		// whose rows the exact count counts from its expiry on.
+		// Scattered over the first half of the heap, in groups of 300 rows
+		// of one expiry, a minute apart: the look's bound (2,000 rows)
+		// falls inside a group, whose rows the exact count counts from its
+		// expiry on. The second half, due tomorrow, makes the sweep wait
+		// for that count past the due rows (one that reaches the heap's
+		// end needs none, and drops it).
 		pgtest.Exec(t, f.pool, `INSERT INTO public.consumer_inbox (consumer, message_id, event_time, remember_until)
 SELECT 'c' || (i % 4), 'm-' || i, e - interval '30 days', e
-FROM generate_series(0, 19999) i, LATERAL (SELECT $1::timestamptz + (((i * 7919) % 20000) / 300 - 33) * interval '1 minute') AS x(e)`, t0)
+FROM generate_series(0, 39999) i, LATERAL (SELECT CASE WHEN i < 20000 THEN $1::timestamptz + (((i * 7919) % 20000) / 300 - 33) * interval '1 minute'
+  ELSE $1::timestamptz + interval '1 day' END) AS x(e)`, t0)
 		pgtest.Exec(t, f.pool, "VACUUM ANALYZE public.consumer_inbox")
 		due := f.count(t, "remember_until <= $1", t0)
 		reg, b := prometheus.NewRegistry(), &boundedLook{}
