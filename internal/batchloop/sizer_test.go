@@ -55,3 +55,44 @@ func TestSizerPerRow(t *testing.T) {
 		t.Errorf("per row after a 1000 B/row batch: %v, want 650 (0.7 x 500 + 0.3 x 1000)", got)
 	}
 }
+
+// TestSizerGrowsFastWhileFarBelowTarget: batches that take a quarter of the
+// target or less double the size, and Grown says so; a batch nearer the
+// target grows 1.2x at most; a batch of at least half the size counts by
+// the time the full size would have taken.
+func TestSizerGrowsFastWhileFarBelowTarget(t *testing.T) {
+	s := NewSizer(5000, 100, 50000, 200*time.Millisecond)
+	if s.Grown() != 6000 {
+		t.Errorf("Grown before any batch: %d, want 6000 (1.2x)", s.Grown())
+	}
+	s.Observe(5000, 50*time.Millisecond) // a quarter of the target: double
+	if s.Size() != 10000 || s.Grown() != 20000 {
+		t.Errorf("after a batch at a quarter of the target: size %d, Grown %d; want 10000, 20000", s.Size(), s.Grown())
+	}
+	// 6,000 of 10,000 rows in 30 ms: 50 ms at the full size, still a quarter.
+	s.Observe(6000, 30*time.Millisecond)
+	if s.Size() != 20000 {
+		t.Errorf("after 6,000 of 10,000 rows in 30 ms: %d, want 20000", s.Size())
+	}
+	// 9,000 of 20,000 rows: less than half the size says nothing.
+	s.Observe(9000, time.Millisecond)
+	if s.Size() != 20000 || s.Grown() != 40000 {
+		t.Errorf("after a batch under half the size: size %d, Grown %d; want 20000, 40000", s.Size(), s.Grown())
+	}
+	// Just over a quarter of the target: 1.2x, and Grown says 1.2x next.
+	s.Observe(20000, 51*time.Millisecond)
+	if s.Size() != 24000 || s.Grown() != 28800 {
+		t.Errorf("after a batch just over a quarter of the target: size %d, Grown %d; want 24000, 28800", s.Size(), s.Grown())
+	}
+	s.Observe(24000, 10*time.Millisecond)
+	s.Pressure()
+	if s.Size() != 24000 || s.Grown() != 28800 {
+		t.Errorf("after doubling, then pressure: size %d, Grown %d; want 24000, 28800", s.Size(), s.Grown())
+	}
+	for range 10 {
+		s.Observe(s.Size(), time.Millisecond)
+	}
+	if s.Size() != 50000 || s.Grown() != 50000 {
+		t.Errorf("after many fast batches: size %d, Grown %d; want the ceiling 50000", s.Size(), s.Grown())
+	}
+}
