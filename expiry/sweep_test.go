@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -786,7 +787,9 @@ func (b *boundedLook) signals() signals {
 // it and ends on a short batch. Either way every due row and no other is
 // deleted, holds keep theirs, and rows_due and the cleanup lag after the
 // pass are exact. A pass whose rows_due is read while it runs (LiveDue)
-// counts every due row first, and exports them before its first batch.
+// counts every due row first, and exports them before its first batch. A
+// sweep whose exact count fails beside it says so once and reads on to the
+// heap's end (count_fails).
 func TestBoundedLook(t *testing.T) {
 	t.Parallel()
 	const size = 1000
@@ -900,6 +903,85 @@ FROM generate_series(0, 59999) i, LATERAL (SELECT CASE WHEN i < 20000 THEN $1::t
 		}
 		if v := gauge(t, reg, "inboxkeeper_rows_due"); v != 0 || res.CleanupLag != 0 {
 			t.Errorf("rows_due %v, cleanup lag %s after the pass; want 0 and 0", v, res.CleanupLag)
+		}
+	})
+	t.Run("count_fails", func(t *testing.T) {
+		t.Parallel()
+		f := setup(t, inboxDDL, inboxPolicy)
+		// heap_order's layout; the exact count's connection is ended once
+		// a slice has committed, before it counts. The sweep, which began
+		// beside it, says so once and reads on to the heap's end, as one
+		// that waits for a count that fails does: every due row goes, and
+		// nothing else.
+		pgtest.Exec(t, f.pool, `INSERT INTO public.consumer_inbox (consumer, message_id, event_time, remember_until)
+SELECT 'c' || (i % 4), 'm-' || i, e - interval '30 days', e
+FROM generate_series(0, 59999) i, LATERAL (SELECT CASE WHEN i < 20000 THEN $1::timestamptz + (i - 20000) * interval '1 second'
+  ELSE $1::timestamptz + interval '1 day' + i * interval '1 second' END) AS x(e)`, t0)
+		pgtest.Exec(t, f.pool, "VACUUM ANALYZE public.consumer_inbox")
+		due := f.count(t, "remember_until <= $1", t0)
+		total := f.count(t, "true")
+		var pages int64
+		if err := f.pool.QueryRow(context.Background(), "SELECT pg_relation_size('public.consumer_inbox') / current_setting('block_size')::bigint").Scan(&pages); err != nil {
+			t.Fatal(err)
+		}
+		var logs bytes.Buffer
+		reg, b := prometheus.NewRegistry(), &boundedLook{}
+		o := opts(reg, b, false)
+		o.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		committed := make(chan struct{})
+		var once sync.Once
+		progress := o.Progress
+		o.Progress = func(p Progress) {
+			progress(p)
+			once.Do(func() { close(committed) })
+		}
+		sig := b.signals()
+		ended := false
+		sig.BeforeExactCount = func() {
+			select {
+			case <-committed:
+			case <-time.After(30 * time.Second):
+				t.Error("no slice committed within 30 s of the exact count's snapshot")
+				return
+			}
+			// The count's transaction has run only its snapshot's SELECT 1.
+			var n int
+			if err := f.pool.QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 10000))
+FROM pg_stat_activity WHERE datname = current_database() AND state = 'idle in transaction' AND query = 'SELECT 1'`).Scan(&n); err != nil {
+				t.Error(err)
+			}
+			ended = n == 1
+		}
+		res := f.passWith(t, sig, o)
+		if !ended {
+			t.Fatal("the exact count's connection was not found and ended")
+		}
+		// Slices that found nothing count as sweep batches, not as batches.
+		if res.Deleted != due || res.SweepBatches < res.Batches || res.Batches == 0 || res.RangeBatches+res.BitmapBatches != 0 {
+			t.Fatalf("pass %+v: want all %d due rows deleted by sweep batches only", res, due)
+		}
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if len(b.exact) != 0 || b.failed != 1 {
+			t.Errorf("exact counts beside the look %v (%d failed), want the one failed", b.exact, b.failed)
+		}
+		out := logs.String()
+		if n := strings.Count(out, "could not count the due rows; this sweep reads the whole heap"); n != 1 {
+			t.Errorf("the warning logged %d times, want once:\n%s", n, out)
+		}
+		last := int64(0)
+		for _, m := range regexp.MustCompile(`expiry: slice.* to_page=(\d+)`).FindAllStringSubmatch(out, -1) {
+			n, _ := strconv.ParseInt(m[1], 10, 64)
+			last = max(last, n)
+		}
+		if last != pages {
+			t.Errorf("the sweep read up to page %d, want the heap's end, page %d", last, pages)
+		}
+		if n := f.count(t, "remember_until <= $1", t0); n != 0 {
+			t.Errorf("%d due rows left", n)
+		}
+		if n := f.count(t, "true"); n != total-due {
+			t.Errorf("%d rows left, want the %d not due", n, total-due)
 		}
 	})
 	t.Run("ties", func(t *testing.T) {
