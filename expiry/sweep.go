@@ -645,12 +645,8 @@ FROM %[6]s t TABLESAMPLE SYSTEM (%[7]s)`, t.Expiry.AsTimestamptz("t"), t.Expiry.
 }
 
 // expirySizes are the batch sizes a pass in expiry order would take from
-// the size the next batch has: growing by 1.2x a batch up to the ceiling,
-// as the sizer lets them when batches take more than a quarter of the
-// target (it doubles them below that). Batches in expiry order over
-// scattered rows, the case the estimate is for, visit a page per row and
-// take that long; where they are faster the pass goes in expiry order
-// anyway, as the rows are clustered.
+// the size the next batch has: growing by at most 1.2x a batch up to the
+// ceiling, as the sizer lets them when batches are fast.
 func (d *Deleter) expirySizes(t *catalog.Table) []int {
 	s := d.sizer(t).Size()
 	sizes := []int{s}

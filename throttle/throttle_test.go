@@ -319,8 +319,7 @@ CREATE TRIGGER slowish BEFORE DELETE ON public.consumer_inbox FOR EACH ROW EXECU
 	// Judge the settled batches by the median of the second half (the last
 	// batch, short, left out). Not the last few one by one: on a loaded
 	// machine one batch stalled at 4x the target, the size shrank to match,
-	// and growing back at most 1.2x a batch near the target took the rest
-	// of the table
+	// and growing back at most 1.2x a batch took the rest of the table
 	// (the last five took 11 to 20 ms, the median of the half 45 ms).
 	settled := slices.Clone(durations[len(durations)/2 : len(durations)-1])
 	slices.Sort(settled)

@@ -5,18 +5,15 @@ import (
 	"time"
 )
 
-// Sizer adapts a batch size toward a target batch duration: it doubles
-// after a batch that took at most a quarter of the target, grows by at most
-// 1.2x after one that took more, shrinks in proportion to how far a batch
-// overran (at most halving), halves on pressure, and stays within [Min,
-// Max].
+// Sizer adapts a batch size toward a target batch duration: it grows by at
+// most 1.2x a step, shrinks in proportion to how far a batch overran (at
+// most halving), halves on pressure, and stays within [Min, Max].
 type Sizer struct {
 	mu       sync.Mutex
 	size     int
 	min, max int
 	target   time.Duration
 	perRow   float64 // WAL bytes a deleted row costs, averaged; 0 until measured
-	fast     bool    // the last step doubled the size
 }
 
 // NewSizer starts at start (clamped into [min, max]).
@@ -26,18 +23,8 @@ func NewSizer(start, min, max int, target time.Duration) *Sizer {
 	return s
 }
 
-// How a batch size grows. After a batch that took at most 1/fastShare of
-// the target it doubles: the next batch, if time grows with rows, takes at
-// most half the target. A pass of short batches (a scattered sweep's first
-// slices took 5 to 9 ms of a 200 ms target) otherwise paid a transaction's
-// round trips for each of the dozen steps from 5,000 to 50,000 rows
-// (docs/design/expiry.md, "Fewer, larger slices at the start"). Nearer the
-// target it grows by at most maxGrowth, so that it settles there.
-const (
-	maxGrowth  = 1.2
-	fastGrowth = 2.0
-	fastShare  = 4
-)
+// maxGrowth is the most a batch size grows in one step.
+const maxGrowth = 1.2
 
 func (s *Sizer) clamp(n int) int { return max(s.min, min(s.max, n)) }
 
@@ -48,12 +35,8 @@ func (s *Sizer) Size() int {
 	return s.size
 }
 
-// Observe records a batch of n rows that took d. Any batch that overran
-// says to shrink. Only a batch of at least half the size says anything
-// about growing (the last one of a pass may hold a few rows), judged by the
-// time it would have taken at the full size: a sweep's slice holds about as
-// many rows as its pages were predicted to hold, fewer about half the time,
-// and the throttle may admit fewer rows than the size.
+// Observe records a batch of n rows that took d. Only a full batch says
+// anything about growing; any batch that overran says to shrink.
 func (s *Sizer) Observe(n int, d time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -61,35 +44,18 @@ func (s *Sizer) Observe(n int, d time.Duration) {
 		return
 	}
 	ratio := float64(s.target) / float64(d)
-	if ratio <= 1 {
-		s.fast = false
-		s.size = s.clamp(int(float64(s.size) * max(0.5, ratio)))
+	if ratio > 1 && n < s.size {
 		return
 	}
-	if n <= 0 || 2*n < s.size {
-		return
-	}
-	if n < s.size {
-		ratio *= float64(n) / float64(s.size)
-	}
-	s.fast = ratio >= fastShare
-	growth := min(maxGrowth, max(1, ratio))
-	if s.fast {
-		growth = fastGrowth
-	}
-	s.size = s.clamp(int(float64(s.size) * growth))
+	ratio = max(0.5, min(maxGrowth, ratio))
+	s.size = s.clamp(int(float64(s.size) * ratio))
 }
 
-// Grown is the size the next batch has if the batch in flight grows it as
-// the last one did: doubled after a step that doubled, else 1.2x. (The
-// bound read ahead is read for this size, and used only when the next
-// batch has exactly it.)
+// Grown is the largest size the next batch can have: the size grown by the
+// most one full batch grows it.
 func (s *Sizer) Grown() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.fast {
-		return s.clamp(int(float64(s.size) * fastGrowth))
-	}
 	return s.clamp(int(float64(s.size) * maxGrowth))
 }
 
@@ -98,7 +64,6 @@ func (s *Sizer) Grown() int {
 func (s *Sizer) Pressure() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.fast = false
 	s.size = s.clamp(s.size / 2)
 }
 
