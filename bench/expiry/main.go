@@ -29,7 +29,10 @@
 // longest batch, and whether the goals hold; then the peak RSS of a daemon
 // run over -flat-rows expired rows of a narrow table, to show that memory
 // does not grow with the backlog. -baseline runs another build of the
-// daemon (main's) as one more method, in the same reps. Other INBOXKEEPER_* variables in the
+// daemon (main's) as one more method, in the same reps. `inboxkeeper once`
+// is timed from exec to exit; the statements alone, on a connection opened
+// before them (as pg_cron runs a job), or with -from-exec through psql from
+// exec to exit (as cron runs a script). Other INBOXKEEPER_* variables in the
 // environment reach the daemon (e.g. INBOXKEEPER_BATCH_SIZE_MAX) and are
 // listed in the report. It exits non-zero when a method does not delete
 // exactly the expired rows; a missed goal is printed (GOAL MISSED), not
@@ -44,6 +47,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -97,6 +101,7 @@ type options struct {
 	keep                                  bool
 	baseline                              string // another build of the daemon, run as a method of its own
 	payload                               bool   // the layouts' rows carry the ~300-byte payload column
+	fromExec                              bool   // time the statements through psql, from exec to exit
 	flags                                 string // for the report's header
 }
 
@@ -115,6 +120,7 @@ func run(args []string, stdout io.Writer) int {
 	names := fs.String("layouts", layoutNames(), "comma-separated layouts to run")
 	fs.BoolVar(&o.keep, "keep", false, "leave the cluster running and print its URL")
 	fs.BoolVar(&o.payload, "payload", true, "the layouts' rows carry a ~300-byte payload column (about 19 rows a page); false: narrow rows (about 66 a page)")
+	fs.BoolVar(&o.fromExec, "from-exec", false, "time the unbounded DELETE and the loops from exec to exit, each through psql on a connection of its own, as cron runs them (inboxkeeper once is always timed so); default: each statement alone, on a connection opened before it")
 	fs.StringVar(&o.baseline, "baseline", "", "another inboxkeeper binary (e.g. main's build) run as one more method, \""+baselineName+"\", in the same reps")
 	return benchdata.Main(fs, args, func() error {
 		for _, n := range strings.Split(*names, ",") {
@@ -255,6 +261,11 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 		fmt.Fprintf(w, "daemon settings from the environment: %s\n", strings.Join(extra, " "))
 	}
 	fmt.Fprintf(w, "pages: shared buffers read or hit per deleted row, and dirtied per deleted row (pg_stat_statements)\n")
+	if o.fromExec {
+		fmt.Fprintf(w, "timing: every method from exec to exit; the unbounded DELETE and the loops through %s, each on a connection of its own (-from-exec)\n", b.psql())
+	} else {
+		fmt.Fprintf(w, "timing: inboxkeeper once from exec to exit; the unbounded DELETE and the loops as statements alone, on a connection opened before them\n")
+	}
 	var rss1M int64
 	for _, l := range o.layouts {
 		rss, err := b.layout(ctx, w, l, total, expired)
@@ -518,8 +529,11 @@ FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid WHERE d.datname =
 }
 
 // statement runs sql in db after a checkpoint, on a connection opened
-// before it.
+// before it, or with -from-exec through psql.
 func (b *bench) statement(ctx context.Context, db, sql string) (result, error) {
+	if b.o.fromExec {
+		return b.statementExec(ctx, db, sql)
+	}
 	var r result
 	err := b.inDB(ctx, db, func(conn *pgx.Conn) error {
 		lsn, err := benchdata.Checkpoint(ctx, conn)
@@ -549,6 +563,44 @@ func (b *bench) statement(ctx context.Context, db, sql string) (result, error) {
 		r.pages, r.dirtied, err = b.pages(ctx, db)
 		return err
 	})
+	return r, err
+}
+
+// psql is the cluster's psql.
+func (b *bench) psql() string { return filepath.Join(b.cluster.BinDir, "psql") }
+
+// statementExec runs sql in db after a checkpoint, through psql, timed from
+// exec to exit as the daemon's once is: what cron pays for the statement,
+// with psql's start and its connection.
+func (b *bench) statementExec(ctx context.Context, db, sql string) (result, error) {
+	var r result
+	lsn, err := benchdata.Checkpoint(ctx, b.pool)
+	if err != nil {
+		return r, err
+	}
+	if err := b.resetPages(ctx); err != nil {
+		return r, err
+	}
+	cpu, err := b.serverCPU()
+	if err != nil {
+		return r, err
+	}
+	cmd := exec.CommandContext(ctx, b.psql(), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", b.cluster.URL(db), "-c", sql)
+	start := time.Now()
+	out, err := cmd.CombinedOutput()
+	r.wall = time.Since(start)
+	if err != nil {
+		return r, fmt.Errorf("psql -c %q: %w: %s", sql, err, out)
+	}
+	cpu2, err := b.serverCPU()
+	if err != nil {
+		return r, err
+	}
+	r.cpu = cpu2 - cpu + cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+	if r.wal, err = benchdata.WALSince(ctx, b.pool, lsn); err != nil {
+		return r, err
+	}
+	r.pages, r.dirtied, err = b.pages(ctx, db)
 	return r, err
 }
 
