@@ -677,10 +677,6 @@ func batches(r result, rows int64) string {
 	return fmt.Sprintf("%d batches, avg %d rows%s", r.batches, rows/int64(r.batches), how)
 }
 
-// serverCPU is the CPU time the cluster has used so far: the postmaster and
-// its live children, plus, in the postmaster's cutime and cstime, every child
-// that has exited, such as the daemon's backends. It reads Linux's /proc
-// and assumes 100 clock ticks a second.
 // awaitBackendsGone waits, for at most 5 s, until no backend of db is left
 // among the processes: a client that exits does not wait for its backend,
 // whose CPU time reaches the postmaster's (serverCPU) only once it has been
@@ -713,6 +709,10 @@ func (b *bench) backendOf(db string) bool {
 	return false
 }
 
+// serverCPU is the CPU time the cluster has used so far: the postmaster and
+// its live children, plus, in the postmaster's cutime and cstime, every child
+// that has exited, such as the daemon's backends. It reads Linux's /proc
+// and assumes 100 clock ticks a second.
 func (b *bench) serverCPU() (time.Duration, error) {
 	pid, err := os.ReadFile(filepath.Join(b.cluster.DataDir, "postmaster.pid"))
 	if err != nil {
