@@ -857,24 +857,14 @@ func TestBoundedLook(t *testing.T) {
 		// exact count is in; the count is held back here until a slice has
 		// committed, and must still count every due row (its snapshot is
 		// older than the slices), or the sweep would stop short of them.
-		pgtest.Exec(t, f.pool, `INSERT INTO public.consumer_inbox (consumer, message_id, event_time, remember_until)
-SELECT 'c' || (i % 4), 'm-' || i, e - interval '30 days', e
-FROM generate_series(0, 59999) i, LATERAL (SELECT CASE WHEN i < 20000 THEN $1::timestamptz + (i - 20000) * interval '1 second'
-  ELSE $1::timestamptz + interval '1 day' + i * interval '1 second' END) AS x(e)`, t0)
-		pgtest.Exec(t, f.pool, "VACUUM ANALYZE public.consumer_inbox")
+		f.fillHeapOrder(t)
 		due := f.count(t, "remember_until <= $1", t0)
 		lastDue := f.lastDuePage(t)
 		var logs bytes.Buffer
 		reg, b := prometheus.NewRegistry(), &boundedLook{}
 		o := opts(reg, b, false)
 		o.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-		committed := make(chan struct{})
-		var once sync.Once
-		progress := o.Progress
-		o.Progress = func(p Progress) {
-			progress(p)
-			once.Do(func() { close(committed) })
-		}
+		committed := afterFirstSlice(&o)
 		sig := b.signals()
 		leftAtCount := int64(-1)
 		sig.BeforeExactCount = func() {
@@ -913,11 +903,7 @@ FROM generate_series(0, 59999) i, LATERAL (SELECT CASE WHEN i < 20000 THEN $1::t
 		// beside it, says so once and reads on to the heap's end, as one
 		// that waits for a count that fails does: every due row goes, and
 		// nothing else.
-		pgtest.Exec(t, f.pool, `INSERT INTO public.consumer_inbox (consumer, message_id, event_time, remember_until)
-SELECT 'c' || (i % 4), 'm-' || i, e - interval '30 days', e
-FROM generate_series(0, 59999) i, LATERAL (SELECT CASE WHEN i < 20000 THEN $1::timestamptz + (i - 20000) * interval '1 second'
-  ELSE $1::timestamptz + interval '1 day' + i * interval '1 second' END) AS x(e)`, t0)
-		pgtest.Exec(t, f.pool, "VACUUM ANALYZE public.consumer_inbox")
+		f.fillHeapOrder(t)
 		due := f.count(t, "remember_until <= $1", t0)
 		total := f.count(t, "true")
 		var pages int64
@@ -928,13 +914,7 @@ FROM generate_series(0, 59999) i, LATERAL (SELECT CASE WHEN i < 20000 THEN $1::t
 		reg, b := prometheus.NewRegistry(), &boundedLook{}
 		o := opts(reg, b, false)
 		o.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-		committed := make(chan struct{})
-		var once sync.Once
-		progress := o.Progress
-		o.Progress = func(p Progress) {
-			progress(p)
-			once.Do(func() { close(committed) })
-		}
+		committed := afterFirstSlice(&o)
 		sig := b.signals()
 		ended := false
 		sig.BeforeExactCount = func() {
@@ -969,12 +949,7 @@ FROM pg_stat_activity WHERE datname = current_database() AND state = 'idle in tr
 		if n := strings.Count(out, "could not count the due rows; this sweep reads the whole heap"); n != 1 {
 			t.Errorf("the warning logged %d times, want once:\n%s", n, out)
 		}
-		last := int64(0)
-		for _, m := range regexp.MustCompile(`expiry: slice.* to_page=(\d+)`).FindAllStringSubmatch(out, -1) {
-			n, _ := strconv.ParseInt(m[1], 10, 64)
-			last = max(last, n)
-		}
-		if last != pages {
+		if last := lastSweptPage(out); last != pages {
 			t.Errorf("the sweep read up to page %d, want the heap's end, page %d", last, pages)
 		}
 		if n := f.count(t, "remember_until <= $1", t0); n != 0 {
@@ -1094,12 +1069,45 @@ FROM public.consumer_inbox`, t0).Scan(&page); err != nil {
 // none that read more than a segment past the last due page.
 func checkSweptTo(t *testing.T, logs string, lastDue int64) {
 	t.Helper()
+	if last := lastSweptPage(logs); last == 0 || last > lastDue+1+64 {
+		t.Errorf("the sweep read up to page %d; the last due row is on page %d", last, lastDue)
+	}
+}
+
+// lastSweptPage is the page the sweep's debug log says its slices read up
+// to (the largest to_page), 0 when it shows none.
+func lastSweptPage(logs string) int64 {
 	last := int64(0)
 	for _, m := range regexp.MustCompile(`expiry: slice.* to_page=(\d+)`).FindAllStringSubmatch(logs, -1) {
 		n, _ := strconv.ParseInt(m[1], 10, 64)
 		last = max(last, n)
 	}
-	if last == 0 || last > lastDue+1+64 {
-		t.Errorf("the sweep read up to page %d; the last due row is on page %d", last, lastDue)
+	return last
+}
+
+// fillHeapOrder fills the fixture's inbox with 60,000 rows whose expiry
+// follows insertion: the first 20,000 due at t0, oldest first, the others
+// due from tomorrow on.
+func (f fixture) fillHeapOrder(t *testing.T) {
+	t.Helper()
+	pgtest.Exec(t, f.pool, `INSERT INTO public.consumer_inbox (consumer, message_id, event_time, remember_until)
+SELECT 'c' || (i % 4), 'm-' || i, e - interval '30 days', e
+FROM generate_series(0, 59999) i, LATERAL (SELECT CASE WHEN i < 20000 THEN $1::timestamptz + (i - 20000) * interval '1 second'
+  ELSE $1::timestamptz + interval '1 day' + i * interval '1 second' END) AS x(e)`, t0)
+	pgtest.Exec(t, f.pool, "VACUUM ANALYZE public.consumer_inbox")
+}
+
+// afterFirstSlice wraps o's progress report: the channel it returns closes
+// once the pass has reported its first committed batch.
+func afterFirstSlice(o *Options) <-chan struct{} {
+	committed := make(chan struct{})
+	var once sync.Once
+	progress := o.Progress
+	o.Progress = func(p Progress) {
+		if progress != nil {
+			progress(p)
+		}
+		once.Do(func() { close(committed) })
 	}
+	return committed
 }
