@@ -269,7 +269,8 @@ type sweep struct {
 	// whether that is all of them (it stops at DueCap); the pass stops when
 	// it has deleted as many. Nil: never (tests).
 	counted func() (rows int64, ok bool)
-	// awaitCount, when set, waits for a count the sweep began without
+	// awaitCount, when set (only for a sweep from page 0, whose map does
+	// not wrap around), waits for a count the sweep began without
 	// (counted says ok false until it is in): exhausted calls it once the
 	// sweep has passed the density map's last due segment, where a slice
 	// with nothing on the map ahead would read on. endCount drops it, or
@@ -304,7 +305,7 @@ func (s *sweep) exhausted() bool {
 	if s.counted == nil {
 		return false
 	}
-	if s.awaitCount != nil && s.start == 0 && s.done >= (s.lastMapped()+1)*s.est.segLen {
+	if s.awaitCount != nil && s.done >= (s.lastMapped()+1)*s.est.segLen {
 		s.mu.Unlock()
 		s.awaitCount()
 		s.mu.Lock()
@@ -734,7 +735,7 @@ func (d *Deleter) setSweepStart(t *catalog.Table, page int64) {
 // LOCKED when it meets a row another session holds.
 func (d *Deleter) sweepBatch(ctx context.Context, t *catalog.Table, s *sweep, size int, res *TableResult) (int64, time.Time, float64, error) {
 	a, b, predicted := s.slice(size)
-	if s.awaitCount != nil && s.start == 0 && b > s.lastMapped()*s.est.segLen {
+	if s.awaitCount != nil && b > s.lastMapped()*s.est.segLen {
 		// The slice reaches the map's last segment with due rows: the last
 		// slice is sized by the rows counted and not yet found, as when
 		// the sweep waited for its count before the first slice, and none
