@@ -623,7 +623,7 @@ func TestDroppedSampleStopsAtOnce(t *testing.T) {
 	ctx := context.Background()
 	f := setup(t, inboxDDL, inboxPolicy)
 	f.insert(t, "c", 1000, t0.Add(-48*time.Hour), time.Second)
-	pool, _, err := dbconn.Open(ctx, f.pool.Config().ConnString(), 4)
+	pool, _, err := dbconn.Open(ctx, f.pool.Config().ConnString(), 4, 1)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -34,11 +34,15 @@ func TestOpen(t *testing.T) {
 	ctx := context.Background()
 	url := pgtest.NewDatabase(t)
 
-	pool, pooled, err := Open(ctx, url, 2, AppName("once"))
+	pool, pooled, err := Open(ctx, url, 3, 2, AppName("once"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pool.Close()
+	// Both warm connections open before Open returns, idle in the pool.
+	if st := pool.Stat(); st.TotalConns() != 2 || st.IdleConns() != 2 {
+		t.Errorf("a direct pool asked for 2 warm connections: %d open, %d idle", st.TotalConns(), st.IdleConns())
+	}
 	if pooled || pool.Config().ConnConfig.DefaultQueryExecMode != pgx.QueryExecModeCacheStatement {
 		t.Errorf("a direct connection: pooled %v, query mode %v", pooled, pool.Config().ConnConfig.DefaultQueryExecMode)
 	}
@@ -60,7 +64,7 @@ func TestOpen(t *testing.T) {
 	}
 
 	viaBouncer := pgtest.BouncerURL(t, pgtest.NewBouncer(t), url)
-	bpool, pooled, err := Open(ctx, viaBouncer, 2)
+	bpool, pooled, err := Open(ctx, viaBouncer, 2, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +92,7 @@ func TestBadURL(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	bad := "postgres://inboxkeeper:s3cret@db:notaport/app"
-	_, _, err := Open(ctx, bad, 2)
+	_, _, err := Open(ctx, bad, 2, 1)
 	if !errors.Is(err, ErrBadURL) || strings.Contains(err.Error(), "s3cret") {
 		t.Errorf("Open(unparseable): %v, want ErrBadURL without the password", err)
 	}
@@ -111,7 +115,7 @@ func TestConnectErrorCauses(t *testing.T) {
 	ctx := context.Background()
 	url := pgtest.NewDatabase(t)
 	noDB := strings.Replace(url, "/"+pgtest.ConnConfig(t, url).Database+"?", "/ik_no_such_db?", 1)
-	_, _, err := Open(ctx, noDB, 2)
+	_, _, err := Open(ctx, noDB, 2, 2)
 	var ce *ConnectError
 	if !errors.As(err, &ce) || ce.Cause != CauseUnknownDatabase || !IsConfigError(err) || !strings.Contains(err.Error(), `database "ik_no_such_db" does not exist (SQLSTATE 3D000)`) {
 		t.Errorf("Open(no such database): %v", err)
