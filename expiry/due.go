@@ -3,6 +3,7 @@ package expiry
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -179,9 +180,17 @@ type exactAhead struct {
 	// READ transaction's, with its first statement, so that it counts
 	// every row due at the look's now that no batch committed after it
 	// has deleted, however late the count itself ends.
-	snap   chan struct{}
-	rows   int64 // set before done closes
-	capped bool
+	snap chan struct{}
+	// hold keeps the count from starting, once it has its snapshot, until
+	// the pass has read the heap's sample (release): side by side on two
+	// cores, with the daemon taking the sample's rows, each took half as
+	// long again as alone, and the first slice waits for the sample while
+	// no slice needs the count before the end of the density map
+	// (docs/design/expiry.md, "The count after the sample").
+	hold     chan struct{}
+	holdOnce sync.Once
+	rows     int64 // set before done closes
+	capped   bool
 }
 
 // readExactAhead starts counting the rows of t due at now under cov, on a
@@ -189,7 +198,7 @@ type exactAhead struct {
 // before the expiry from, and those from from on, exactly, up to DueCap in
 // all.
 func (d *Deleter) readExactAhead(ctx context.Context, t *catalog.Table, now time.Time, cov holds.Coverage, from pgtype.Timestamptz, below int64) *exactAhead {
-	e := &exactAhead{snap: make(chan struct{})}
+	e := &exactAhead{snap: make(chan struct{}), hold: make(chan struct{})}
 	e.aside = startAside(ctx, func(ctx context.Context, a *aside) error {
 		err := d.readTxWith(ctx, pgx.RepeatableRead, func(tx pgx.Tx) error {
 			defer a.close(ctx)
@@ -200,6 +209,11 @@ func (d *Deleter) readExactAhead(ctx context.Context, t *catalog.Table, now time
 				return err
 			}
 			close(e.snap)
+			select {
+			case <-e.hold:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
 			if d.TestSignals.BeforeExactCount != nil {
 				d.TestSignals.BeforeExactCount()
 			}
@@ -215,8 +229,16 @@ func (d *Deleter) readExactAhead(ctx context.Context, t *catalog.Table, now time
 	return e
 }
 
-// take waits for the exact count and returns it.
+// release lets the count start (hold).
+func (e *exactAhead) release() {
+	if e != nil {
+		e.holdOnce.Do(func() { close(e.hold) })
+	}
+}
+
+// take releases the exact count, waits for it and returns it.
 func (e *exactAhead) take() (rows int64, capped bool, err error) {
+	e.release()
 	if err := e.wait(); err != nil {
 		return 0, false, err
 	}

@@ -429,6 +429,7 @@ func (d *Deleter) startSweep(ctx context.Context, t *catalog.Table, due Due, bes
 		return nil, due.Rows
 	}
 	sw, estimated := d.planSweep(ctx, t, due.now, due.cov, beside)
+	due.exact.release() // the sample is read
 	if sw == nil {
 		if !due.bounded {
 			return nil, due.Rows

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -815,9 +816,27 @@ func TestBoundedLook(t *testing.T) {
 		reg, b := prometheus.NewRegistry(), &boundedLook{}
 		o := opts(reg, b, false)
 		o.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-		res := f.passWith(t, b.signals(), o)
+		// The exact count's statement waits until the sample is read
+		// (exactAhead.hold): the sample, once read, gives a count that
+		// would start anyway a second to do so.
+		sig := b.signals()
+		counting := make(chan struct{})
+		var samples, early atomic.Int32
+		sig.OnSample = func(bool, error) {
+			samples.Add(1)
+			select {
+			case <-counting:
+				early.Add(1)
+			case <-time.After(time.Second):
+			}
+		}
+		sig.BeforeExactCount = func() { close(counting) }
+		res := f.passWith(t, sig, o)
 		if res.Deleted != due || res.SweepBatches == 0 || res.SweepBatches != res.Batches {
 			t.Fatalf("pass %+v: want all %d due rows deleted by sweep batches only", res, due)
+		}
+		if samples.Load() != 1 || early.Load() != 0 {
+			t.Errorf("%d samples read, %d with the exact count started before it ended; want one, none", samples.Load(), early.Load())
 		}
 		b.mu.Lock()
 		defer b.mu.Unlock()
