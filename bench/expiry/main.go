@@ -256,6 +256,7 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 
 	total, expired := int64(o.rows), int64(o.rows/2)
 	benchdata.Header(w, "bench/expiry", o.flags)
+	benchdata.SharedMemory(w, c.DataDir)
 	fmt.Fprintf(w, "rows: %d generated in each copy; daemon batch size %d; %d reps\n", total, o.batch, o.reps)
 	if extra := benchdata.PassedThrough(b.daemonSettings("", "")...); len(extra) > 0 {
 		fmt.Fprintf(w, "daemon settings from the environment: %s\n", strings.Join(extra, " "))

@@ -23,6 +23,7 @@ func TestTinyRun(t *testing.T) {
 			"-layouts", "append-ordered,interleaved"},
 			"bench/expiry on ", " CPUs; flags: -baseline  -batch 1000 -flat-rows 20000 -from-exec false -gap 168h0m0s -horizons 100 -keep false -layouts append-ordered,interleaved -payload true -reps 2 -rows 20000",
 			"timing: inboxkeeper once from exec to exit; the unbounded DELETE and the loops as statements alone",
+			"shared memory: ", " kB pages (vm.nr_hugepages ", // the postmaster's, read from its smaps
 			"rows: 20000 generated in each copy; daemon batch size 1000; 2 reps",
 			"layout append-ordered: 20000 rows, 10000 expired; ", "layout interleaved: 20000 rows, 10000 expired; ",
 			"(inboxkeeper once first)", "(loop 50000 SKIP LOCKED first)",

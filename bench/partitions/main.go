@@ -176,11 +176,12 @@ type report struct {
 
 type bench struct {
 	benchdata.Progress
-	o     options
-	url   string
-	pool  *pgxpool.Pool
-	month time.Time // first instant of the expired month
-	now   time.Time
+	o       options
+	url     string
+	dataDir string // the cluster's, for the report (benchdata.SharedMemory)
+	pool    *pgxpool.Pool
+	month   time.Time // first instant of the expired month
+	now     time.Time
 }
 
 func benchmark(ctx context.Context, o options, w io.Writer) (*report, error) {
@@ -197,7 +198,7 @@ func benchmark(ctx context.Context, o options, w io.Writer) (*report, error) {
 		return nil, err
 	}
 	defer end()
-	b.url = c.URL("postgres")
+	b.url, b.dataDir = c.URL("postgres"), c.DataDir
 	cfg, err := pgxpool.ParseConfig(b.url)
 	if err != nil {
 		return nil, err
@@ -482,6 +483,7 @@ func (b *bench) header(ctx context.Context, w io.Writer, r *report) error {
 		def = ", one of them DEFAULT (pg_partman 4.x always makes one)"
 	}
 	benchdata.Header(w, "bench/partitions", b.o.flags)
+	benchdata.SharedMemory(w, b.dataDir)
 	fmt.Fprintf(w, "rows: %d in the expired month %s (now is %s), %.1f MB with indexes, in each of 4 tables\n",
 		b.o.rows, b.month.Format("2006-01"), b.now.Format("2006-01-02"), benchdata.MB(size))
 	fmt.Fprintf(w, "partitions: %s %d (no DEFAULT); %s %d%s; pg_partman %s\n", ikTable, ikParts, pmTable, pmParts, def, r.partman)

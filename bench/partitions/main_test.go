@@ -77,6 +77,7 @@ func TestTinyRun(t *testing.T) {
 
 	benchtest.Contains(t, report,
 		"bench/partitions on ", " CPUs; flags: -keep false -lock-timeout 100ms -reader 2s -rows 20000",
+		"shared memory: ", " kB pages (vm.nr_hugepages ",
 		"rows: 20000 in the expired month ",
 		"pg_partman 4.",
 		"  inboxkeeper ", "  pg_partman ",

@@ -253,6 +253,7 @@ func benchmark(ctx context.Context, o options, w io.Writer) (*report, error) {
 
 	r := &report{o: o, passed: benchdata.PassedThrough(daemonSet("", "", "0s")...)}
 	benchdata.Header(w, "bench/soak", o.flags)
+	benchdata.SharedMemory(w, c.DataDir)
 	if len(r.passed) > 0 {
 		fmt.Fprintf(w, "daemon environment passed through: %s\n", strings.Join(r.passed, " "))
 	}

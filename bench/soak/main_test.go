@@ -30,6 +30,7 @@ func TestTinyRun(t *testing.T) {
 		return 0
 	}, nil,
 		"bench/soak on ", "flags: -duration 16s -expiry 2s -hold 4s -hold-at 8s -idle 4s -interval 1s",
+		"shared memory: ", " kB pages (vm.nr_hugepages ",
 		"rows: ", "| peak footprint ÷ live rows packed (before the hold) |", "| peak footprint from the hold (4s) on |",
 		"| peak dead tuples |", "| cleanup lag p99 / max |", "| insert p50 / p99 / p999, ms |", "| insert p99 ÷ no cleanup |",
 		"| the cleaner's transactions a second |", "daemon: CPU ", "daemon with nothing due, over 4s: ",

@@ -144,6 +144,7 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 		return err
 	}
 	benchdata.Header(w, "bench/tiering", o.flags)
+	benchdata.SharedMemory(w, c.DataDir)
 	fmt.Fprintf(w, "rows: %d per table, all due for demotion and deletion; batch size %d; wide %.0f MB, side %.0f MB + side_payload %.0f MB (indexes included)\n",
 		n, o.batch, benchdata.MB(sizes[0]), benchdata.MB(sizes[1]), benchdata.MB(sizes[2]))
 
