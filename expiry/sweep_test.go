@@ -817,8 +817,8 @@ func TestBoundedLook(t *testing.T) {
 		o := opts(reg, b, false)
 		o.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 		// The exact count's statement waits until the sample is read
-		// (exactAhead.hold): the sample, once read, gives a count that
-		// would start anyway a second to do so.
+		// (exactAhead.hold): once read, the sample waits up to a second
+		// for a count that would have started before it ended.
 		sig := b.signals()
 		counting := make(chan struct{})
 		var samples, early atomic.Int32

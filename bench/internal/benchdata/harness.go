@@ -131,19 +131,19 @@ func SharedMemoryPages(dataDir string) string {
 	if b, err := os.ReadFile("/proc/sys/vm/nr_hugepages"); err == nil {
 		nr = strings.TrimSpace(string(b))
 	}
+	unknown := "unknown (vm.nr_hugepages " + nr + ")"
 	pid, err := os.ReadFile(filepath.Join(dataDir, "postmaster.pid"))
 	if err != nil {
-		return "unknown (vm.nr_hugepages " + nr + ")"
+		return unknown
 	}
 	first, _, _ := strings.Cut(string(pid), "\n")
 	smaps, err := os.ReadFile("/proc/" + strings.TrimSpace(first) + "/smaps")
 	if err != nil {
-		return "unknown (vm.nr_hugepages " + nr + ")"
+		return unknown
 	}
 	// The shared memory segment is the postmaster's largest mapping.
-	var largest int64
+	var largest, size int64
 	var page string
-	size := int64(0)
 	for _, line := range strings.Split(string(smaps), "\n") {
 		f := strings.Fields(line)
 		switch {
@@ -154,7 +154,7 @@ func SharedMemoryPages(dataDir string) string {
 		}
 	}
 	if page == "" {
-		return "unknown (vm.nr_hugepages " + nr + ")"
+		return unknown
 	}
 	return fmt.Sprintf("%d MB on %s pages (vm.nr_hugepages %s)", largest/1024, page, nr)
 }
