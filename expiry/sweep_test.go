@@ -737,8 +737,14 @@ func TestSampleReadsRowsNotPages(t *testing.T) {
 	if rows < sampleRows/2 || rows > sampleRows*2 || frac >= 1 {
 		t.Errorf("the sample read %d rows (%.2f of %d pages of %.0f rows), want about %d", rows, frac, nblocks, perPage, sampleRows)
 	}
-	if est.due < float64(due)*0.9 || est.due > float64(due)*1.1 || !est.chooseSweep(nblocks, 5000) {
-		t.Errorf("estimate %+v, want about %d due and a sweep", est, due)
+	// TABLESAMPLE SYSTEM takes each page with probability frac, so the
+	// number of pages it reads, and the estimate (rows seen / frac),
+	// varies by sqrt((1-frac) / (frac*nblocks)) relative to the truth:
+	// 4.9% for 300 pages of 1,103, where a 10% bound failed once in CI
+	// (66,940 for 75,001). Four of those, or 10%, whichever is more.
+	tol := max(0.1, 4*math.Sqrt((1-frac)/(frac*float64(nblocks))))
+	if math.Abs(est.due-float64(due)) > tol*float64(due) || !est.chooseSweep(nblocks, 5000) {
+		t.Errorf("estimate %+v, want %d due within %.0f%% and a sweep", est, due, 100*tol)
 	}
 	// Before an ANALYZE: every page up to sampleBlocks (all of them here).
 	pgtest.Exec(t, f.pool, "UPDATE pg_class SET reltuples = -1, relpages = 0 WHERE oid = 'public.consumer_inbox'::regclass")
