@@ -540,16 +540,19 @@ func Citus(t testing.TB) *pgcluster.Citus {
 func NewCitusDatabase(t testing.TB) string {
 	t.Helper()
 	c := Citus(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
 	name := fmt.Sprintf("c_%d_%d_%s", os.Getpid(), seq.Add(1), sanitize(t.Name()))
 	if len(name) > 60 {
 		name = name[:60]
 	}
 	// Parallel node registrations fail on Citus ("failure on connection
-	// marked as essential"): one database at a time.
+	// marked as essential"): one database at a time. The minute bounds
+	// this test's creation, not its wait behind the others': started
+	// before the lock, it ran out in a fresh-clone CI run where a test
+	// waited its turn behind the package's other Citus tests.
 	citusCreate.Lock()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	url, err := c.CreateDatabase(ctx, name)
+	cancel()
 	citusCreate.Unlock()
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
