@@ -3,11 +3,14 @@ package dbconn
 import (
 	"context"
 	"errors"
+	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
@@ -34,14 +37,23 @@ func TestOpen(t *testing.T) {
 	ctx := context.Background()
 	url := pgtest.NewDatabase(t)
 
-	pool, pooled, err := Open(ctx, url, 3, 2, AppName("once"))
+	var dials atomic.Int32
+	countDials := func(c *pgconn.Config) {
+		dial := c.DialFunc
+		c.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			dials.Add(1)
+			return dial(ctx, network, addr)
+		}
+	}
+	pool, pooled, err := Open(ctx, url, 3, 2, AppName("once"), countDials)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	// Both warm connections open before Open returns, idle in the pool.
-	if st := pool.Stat(); st.TotalConns() != 2 || st.IdleConns() != 2 {
-		t.Errorf("a direct pool asked for 2 warm connections: %d open, %d idle", st.TotalConns(), st.IdleConns())
+	// Both warm connections open before Open returns, idle in the pool,
+	// and the probe for a pooler ran on one of them: no third connection.
+	if st := pool.Stat(); st.TotalConns() != 2 || st.IdleConns() != 2 || dials.Load() != 2 {
+		t.Errorf("a direct pool asked for 2 warm connections: %d open, %d idle, %d dialled", st.TotalConns(), st.IdleConns(), dials.Load())
 	}
 	if pooled || pool.Config().ConnConfig.DefaultQueryExecMode != pgx.QueryExecModeCacheStatement {
 		t.Errorf("a direct connection: pooled %v, query mode %v", pooled, pool.Config().ConnConfig.DefaultQueryExecMode)

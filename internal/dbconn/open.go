@@ -12,21 +12,22 @@ import (
 // connectTimeout bounds connecting and the first ping.
 const connectTimeout = 15 * time.Second
 
-// Open connects a pool of up to maxConns to url as every command does: one
-// connection to see whether a pooler stands in between (Pooled), for the
-// pool's query mode depends on it (ForPooler), and the pool with warm
-// connections in it (at least one). They connect side by side, the pool as
-// for a direct connection, which it nearly always is: a process that
-// connects once per pass (`once` from cron) waited for one connection after
-// the other. A pass uses a second connection within its first 50 ms (the
-// throttle's readings, the heap's sample beside the first count), and
-// opening a connection took 20 ms on an idle server and twice that beside
-// the pass's own work (docs/design/expiry.md): the commands that run passes
-// ask for two. Behind a pooler that pool is closed and another opened, and
-// pinged (the pooler may accept a client it has no server connection for).
-// The probe connects as the direct pool does (with cancel requests), as it
-// did before. It reports whether the connection goes through a pooler. A
-// url that does not parse is ErrBadURL; an error never shows the password.
+// Open connects a pool of up to maxConns to url as every command does,
+// with warm connections in it (at least one), connecting side by side, as
+// for a direct connection, which it nearly always is. The first of them to
+// open tells whether a pooler stands in between (Pooled), for the pool's
+// query mode depends on it (ForPooler): a probe of its own cost every
+// command one more connection and its backend. A process that connects
+// once per pass (`once` from cron) waited for one connection after the
+// other, and a pass uses more than one within its first 50 ms (the
+// throttle's readings, the heap's sample beside the first count): opening
+// a connection took 20 ms on an idle server and twice that beside the
+// pass's own work (docs/design/expiry.md), so the commands that run passes
+// ask for as many as a pass starts with. Behind a pooler that pool is
+// closed and another opened, and pinged (the pooler may accept a client it
+// has no server connection for). It reports whether the connection goes
+// through a pooler. A url that does not parse is ErrBadURL; an error never
+// shows the password.
 func Open(ctx context.Context, url string, maxConns, warm int32, opts ...Option) (pool *pgxpool.Pool, pooled bool, err error) {
 	pc, err := Pool(url, maxConns, opts...)
 	if err != nil {
@@ -34,46 +35,21 @@ func Open(ctx context.Context, url string, maxConns, warm int32, opts ...Option)
 	}
 	connCtx, cancel := context.WithTimeout(ctx, connectTimeout)
 	defer cancel()
-	type opened struct {
-		pool *pgxpool.Pool
-		err  error
-	}
-	direct := make(chan opened, 1)
-	go func() {
-		// Connected is enough: the probe's query shows the server answers
-		// (a ping would be one more round trip).
-		p, err := warmPool(ctx, connCtx, pc.Copy(), min(max(warm, 1), maxConns))
-		direct <- opened{p, err}
-	}()
-	pooled, err = probe(ctx, connCtx, pc.ConnConfig.Copy())
-	d := <-direct
-	if err != nil || pooled {
-		if d.pool != nil {
-			d.pool.Close()
-		}
-		if err != nil {
-			return nil, false, connectError(url, err)
-		}
-		ForPooler(pc.ConnConfig)
-		if pool, err = ping(ctx, connCtx, pc); err != nil {
-			return nil, false, connectError(url, err)
-		}
-		return pool, true, nil
-	}
-	if d.err != nil {
-		return nil, false, connectError(url, d.err)
-	}
-	return d.pool, false, nil
-}
-
-// probe connects once with cc and says whether a pooler stands in between.
-func probe(ctx, connCtx context.Context, cc *pgx.ConnConfig) (bool, error) {
-	conn, err := pgx.ConnectConfig(connCtx, cc)
+	// Connected is enough: the probe's query shows the server answers (a
+	// ping would be one more round trip).
+	pool, pooled, err = warmPool(ctx, connCtx, pc.Copy(), min(max(warm, 1), maxConns))
 	if err != nil {
-		return false, err
+		return nil, false, connectError(url, err)
 	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	return Pooled(connCtx, conn)
+	if !pooled {
+		return pool, false, nil
+	}
+	pool.Close()
+	ForPooler(pc.ConnConfig)
+	if pool, err = ping(ctx, connCtx, pc); err != nil {
+		return nil, false, connectError(url, err)
+	}
+	return pool, true, nil
 }
 
 // OpenDirect connects a pool to url, which must not go through a
@@ -103,11 +79,12 @@ func ping(ctx, connCtx context.Context, pc *pgxpool.Config) (*pgxpool.Pool, erro
 	return pool, nil
 }
 
-// warmPool opens a pool with n connections in it, connecting side by side.
-func warmPool(ctx, connCtx context.Context, pc *pgxpool.Config, n int32) (*pgxpool.Pool, error) {
+// warmPool opens a pool with n connections in it, connecting side by side,
+// and says whether the first of them to open goes through a pooler.
+func warmPool(ctx, connCtx context.Context, pc *pgxpool.Config, n int32) (*pgxpool.Pool, bool, error) {
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	conns := make(chan *pgxpool.Conn, n)
 	errs := make(chan error, n)
@@ -124,9 +101,14 @@ func warmPool(ctx, connCtx context.Context, pc *pgxpool.Config, n int32) (*pgxpo
 	}
 	var first error
 	var held []*pgxpool.Conn
+	pooled := false
 	for range n {
 		select {
 		case c := <-conns:
+			if len(held) == 0 && first == nil {
+				// While the others connect.
+				pooled, first = Pooled(connCtx, c.Conn())
+			}
 			held = append(held, c)
 		case err := <-errs:
 			first = cmp.Or(first, err)
@@ -137,9 +119,9 @@ func warmPool(ctx, connCtx context.Context, pc *pgxpool.Config, n int32) (*pgxpo
 	}
 	if first != nil {
 		pool.Close()
-		return nil, first
+		return nil, false, first
 	}
-	return pool, nil
+	return pool, pooled, nil
 }
 
 // Dial opens one connection of its own to url: a session (the migration
