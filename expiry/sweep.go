@@ -775,14 +775,12 @@ func (d *Deleter) sweepTx(ctx context.Context, t *catalog.Table, s *sweep, a, b 
 		lockTimeout = min(d.opts.LockTimeout, d.optimisticLockTimeout())
 	}
 	tx, err := batchloop.Begin(ctx, d.pool, t.Name, batchloop.TxOptions{
-		LockTimeout: lockTimeout, StatementTimeout: d.opts.StatementTimeout, IdleInTx: d.opts.IdleTimeout, Throttle: d.opts.Throttle, Clock: d.opts.Clock})
+		LockTimeout: lockTimeout, StatementTimeout: d.opts.StatementTimeout, IdleInTx: d.opts.IdleTimeout, Throttle: d.opts.Throttle, Clock: d.opts.Clock,
+		Settings: sweepSettingsSQL})
 	if err != nil {
 		return 0, 0, 0, err
 	}
 	defer tx.Close(ctx, &err)
-	if _, err := tx.Exec(ctx, sweepSettingsSQL); err != nil {
-		return 0, 0, 0, err
-	}
 	// The count's cutoff, or this batch's if the clock went back since.
 	c := s.cutoff
 	if now := cutoff(t, tx.Now); now.Before(c) {

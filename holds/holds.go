@@ -493,16 +493,14 @@ func (c Coverage) Same(o Coverage) bool {
 // batch transaction, after taking the fence in shared mode.
 func Active(ctx context.Context, q Querier, table string, now time.Time) (Coverage, error) {
 	var c Coverage
-	rows, err := q.Query(ctx, `SELECT `+holdColumns+` FROM inboxkeeper.holds
-WHERE table_name = $1 AND released_at IS NULL AND (expires_at IS NULL OR expires_at > $2) ORDER BY id`, table, now)
+	rows, err := q.Query(ctx, activeHoldsSQL, table, now)
 	if err != nil {
 		return c, fmt.Errorf("read holds: %w", err)
 	}
 	if c.Holds, err = scanHolds(rows); err != nil {
 		return c, fmt.Errorf("read holds: %w", err)
 	}
-	rows, err = q.Query(ctx, `SELECT `+replayColumns+` FROM inboxkeeper.replays
-WHERE table_name = $1 AND finished_at IS NULL ORDER BY id`, table)
+	rows, err = q.Query(ctx, activeReplaysSQL, table)
 	if err != nil {
 		return c, fmt.Errorf("read replays: %w", err)
 	}
@@ -511,6 +509,32 @@ WHERE table_name = $1 AND finished_at IS NULL ORDER BY id`, table)
 	}
 	return c, nil
 }
+
+// QueueActive queues on b what Active reads, at coalesce(pinned, now()),
+// the transaction's now, into c: a batch transaction reads them in the same
+// round trip as its fence, each in a statement of its own after it
+// (batchloop.Begin).
+func QueueActive(b *pgx.Batch, table string, pinned *time.Time, c *Coverage) {
+	b.Queue(strings.Replace(activeHoldsSQL, "$2", "coalesce($2::timestamptz, now())", 1), table, pinned).Query(func(rows pgx.Rows) (err error) {
+		if c.Holds, err = scanHolds(rows); err != nil {
+			return fmt.Errorf("read holds: %w", err)
+		}
+		return nil
+	})
+	b.Queue(activeReplaysSQL, table).Query(func(rows pgx.Rows) (err error) {
+		if c.Replays, err = scanReplays(rows); err != nil {
+			return fmt.Errorf("read replays: %w", err)
+		}
+		return nil
+	})
+}
+
+const (
+	activeHoldsSQL = `SELECT ` + holdColumns + ` FROM inboxkeeper.holds
+WHERE table_name = $1 AND released_at IS NULL AND (expires_at IS NULL OR expires_at > $2) ORDER BY id`
+	activeReplaysSQL = `SELECT ` + replayColumns + ` FROM inboxkeeper.replays
+WHERE table_name = $1 AND finished_at IS NULL ORDER BY id`
+)
 
 // Args collects query parameters and hands out their placeholders.
 type Args struct{ Values []any }

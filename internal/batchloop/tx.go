@@ -29,6 +29,10 @@ type TxOptions struct {
 	// Citus: the table is distributed; the timeouts reach the workers too
 	// (dbconn.TxSettings.Citus).
 	Citus bool
+	// Settings, when set, is a statement without parameters the batch runs
+	// after the fence and the holds, in the same round trip (its own
+	// set_config(..., true) settings).
+	Settings string
 }
 
 // Tx is one batch transaction, ready for its statement: timeouts set, the
@@ -41,6 +45,7 @@ type Tx struct {
 	Coverage holds.Coverage
 
 	pool      *pgxpool.Pool
+	conn      *pgxpool.Conn // released by Commit or Close
 	measure   bool
 	walStart  string
 	workerWAL map[string]float64 // each worker's WAL position at Begin, when measured (workerPacer)
@@ -54,7 +59,13 @@ type Tx struct {
 // writes its WAL there, and measures it there.
 type workerPacer interface{ PacesWorkers() bool }
 
-// Begin opens a batch transaction on table.
+// Begin opens a batch transaction on table: BEGIN, then its settings, the
+// fence, its now, the holds and replays and o.Settings in one more round
+// trip (a pipeline: the server runs them one after the other, each holds
+// and replays read in a statement of its own after the fence, as before).
+// A sweep's slice took nine round trips with its statement and COMMIT, four
+// now (docs/design/expiry.md, "Round trips of a batch"). Citus sends its
+// settings apart (dbconn.TxSettings.Citus).
 func Begin(ctx context.Context, pool *pgxpool.Pool, table string, o TxOptions) (_ *Tx, err error) {
 	var workers map[string]float64
 	if wp, ok := o.Throttle.(workerPacer); ok && o.Citus && wp.PacesWorkers() {
@@ -63,46 +74,82 @@ func Begin(ctx context.Context, pool *pgxpool.Pool, table string, o TxOptions) (
 			return nil, fmt.Errorf("read the workers' WAL positions: %w", err)
 		}
 	}
-	ptx, err := pool.Begin(ctx)
+	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return nil, err
 	}
-	t := &Tx{Tx: ptx, pool: pool, measure: o.Throttle != nil, workerWAL: workers}
+	ptx, err := conn.Begin(ctx)
+	if err != nil {
+		conn.Release()
+		return nil, err
+	}
+	t := &Tx{Tx: ptx, pool: pool, conn: conn, measure: o.Throttle != nil, workerWAL: workers}
 	defer func() {
 		if err != nil {
 			t.Close(ctx, &err)
 		}
 	}()
-	b, err := dbconn.TxSettings{LockTimeout: o.LockTimeout, StatementTimeout: o.StatementTimeout, IdleInTx: o.IdleInTx, CustomPlans: true, Citus: o.Citus}.Apply(ctx, ptx)
-	if err != nil {
+	settings := dbconn.TxSettings{LockTimeout: o.LockTimeout, StatementTimeout: o.StatementTimeout, IdleInTx: o.IdleInTx, CustomPlans: true, Citus: o.Citus}
+	pinned := o.Clock.Pinned()
+	var b dbconn.Backend
+	batch := &pgx.Batch{}
+	if o.Citus {
+		if b, err = settings.Apply(ctx, ptx); err != nil {
+			return nil, err
+		}
+	} else if err := settings.Queue(batch, &b); err != nil {
+		return nil, err
+	}
+	batch.Queue(fenceSQL, pinned, holds.FenceKey).QueryRow(func(row pgx.Row) error {
+		return row.Scan(&t.Now, new(string), &t.walStart)
+	})
+	holds.QueueActive(batch, table, pinned, &t.Coverage)
+	if o.Settings != "" {
+		batch.Queue(o.Settings)
+	}
+	if err := ptx.SendBatch(ctx, batch).Close(); err != nil {
 		return nil, err
 	}
 	if o.Throttle != nil {
+		// The backend's locks are watched from here on: the fence is a
+		// shared lock that nothing the watch looks for queues behind, and
+		// the batch's row locks come with its statement.
 		t.done, t.blocked = o.Throttle.Watch(b.PID, b.XactStart)
-	}
-	if err := ptx.QueryRow(ctx, "SELECT coalesce($1::timestamptz, now()), pg_advisory_xact_lock_shared($2)::text, pg_current_wal_insert_lsn()::text",
-		o.Clock.Pinned(), holds.FenceKey).Scan(&t.Now, new(string), &t.walStart); err != nil {
-		return nil, err
-	}
-	if t.Coverage, err = holds.Active(ctx, ptx, table, t.Now); err != nil {
-		return nil, err
 	}
 	return t, nil
 }
 
+// fenceSQL reads the batch's now (coalesce($1, now()): a pinned clock or
+// the database's), takes the hold fence in shared mode and reads the WAL
+// position.
+const fenceSQL = "SELECT coalesce($1::timestamptz, now()), pg_advisory_xact_lock_shared($2)::text, pg_current_wal_insert_lsn()::text"
+
 // Commit commits the batch and, with a throttle, returns the WAL written
-// since Begin (other sessions' writes meanwhile included): the throttle caps
-// batches in bytes for a slow standby. Without one the round trip is saved.
+// since Begin (other sessions' writes meanwhile included), read in the same
+// round trip as the COMMIT: the throttle caps batches in bytes for a slow
+// standby.
 func (t *Tx) Commit(ctx context.Context) (wal float64, err error) {
-	if err := t.Tx.Commit(ctx); err != nil {
+	batch := &pgx.Batch{}
+	batch.Queue("commit")
+	if t.measure {
+		batch.Queue("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::pg_lsn)::float8", t.walStart)
+	}
+	br := t.Tx.SendBatch(ctx, batch)
+	tag, err := br.Exec()
+	if err == nil && tag.String() != "COMMIT" {
+		err = pgx.ErrTxCommitRollback // the transaction had failed
+	}
+	if err == nil && t.measure {
+		if br.QueryRow().Scan(&wal) != nil {
+			wal = 0 // committed all the same
+		}
+	}
+	_ = br.Close() // after a COMMIT, what failed was the WAL reading
+	if err != nil {
 		return 0, err
 	}
 	t.committed = true
-	if t.measure {
-		if err := t.pool.QueryRow(ctx, "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::pg_lsn)::float8", t.walStart).Scan(&wal); err != nil {
-			wal = 0
-		}
-	}
+	t.release()
 	if t.workerWAL != nil {
 		// And what the workers wrote: the bulk of a distributed batch's.
 		if end, err := WorkerWAL(ctx, t.pool); err == nil {
@@ -114,6 +161,14 @@ func (t *Tx) Commit(ctx context.Context) (wal float64, err error) {
 		}
 	}
 	return wal, nil
+}
+
+// release hands the connection back to the pool, once.
+func (t *Tx) release() {
+	if t.conn != nil {
+		t.conn.Release()
+		t.conn = nil
+	}
 }
 
 // WorkerWAL is every Citus worker's WAL insert position, in bytes, by
@@ -151,4 +206,5 @@ func (t *Tx) Close(ctx context.Context, errp *error) {
 	if !t.committed {
 		_ = t.Tx.Rollback(context.WithoutCancel(ctx))
 	}
+	t.release()
 }

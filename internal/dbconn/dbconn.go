@@ -163,28 +163,11 @@ type Backend struct {
 
 // Apply sets them in tx, in one round trip, and returns its backend.
 func (s TxSettings) Apply(ctx context.Context, tx Querier) (b Backend, err error) {
-	idle := s.IdleInTx
-	if idle <= 0 {
-		idle = DefaultIdleTimeout
-	}
-	sets := []string{"set_config('idle_in_transaction_session_timeout', $1, true)"}
-	args := []any{retry.Millis(idle)}
-	for _, kv := range []struct {
-		name string
-		d    time.Duration
-	}{{"lock_timeout", s.LockTimeout}, {"statement_timeout", s.StatementTimeout}} {
-		if kv.d > 0 {
-			args = append(args, retry.Millis(kv.d))
-			sets = append(sets, fmt.Sprintf("set_config('%s', $%d, true)", kv.name, len(args)))
-		}
-	}
-	if s.CustomPlans {
-		sets = append(sets, "set_config('plan_cache_mode', 'force_custom_plan', true)")
-	}
-	sql := "SELECT pg_backend_pid(), now(), concat_ws(',', " + strings.Join(sets, ", ") + ")"
+	sql, args := s.query()
 	if err = tx.QueryRow(ctx, sql, args...).Scan(&b.PID, &b.XactStart, nil); err != nil || !s.Citus {
 		return b, err
 	}
+	idle := s.idle()
 	// SET takes no parameters; the values are our own durations.
 	local := []string{"SET LOCAL citus.propagate_set_commands TO 'local'",
 		fmt.Sprintf("SET LOCAL idle_in_transaction_session_timeout TO '%s'", retry.Millis(idle))}
@@ -208,6 +191,44 @@ func (s TxSettings) Apply(ctx context.Context, tx Querier) (b Backend, err error
 		return b, fmt.Errorf("set the timeouts for the Citus workers: %w", err)
 	}
 	return b, nil
+}
+
+// Queue queues on b what Apply sends, its backend read into into, for a
+// transaction that sends its first statements in one round trip. Citus
+// needs statements Apply sends after it: an error.
+func (s TxSettings) Queue(b *pgx.Batch, into *Backend) error {
+	if s.Citus {
+		return fmt.Errorf("dbconn: the settings for Citus workers cannot be queued")
+	}
+	sql, args := s.query()
+	b.Queue(sql, args...).QueryRow(func(row pgx.Row) error { return row.Scan(&into.PID, &into.XactStart, nil) })
+	return nil
+}
+
+func (s TxSettings) idle() time.Duration {
+	if s.IdleInTx <= 0 {
+		return DefaultIdleTimeout
+	}
+	return s.IdleInTx
+}
+
+// query is the statement that sets them and reads the backend.
+func (s TxSettings) query() (string, []any) {
+	sets := []string{"set_config('idle_in_transaction_session_timeout', $1, true)"}
+	args := []any{retry.Millis(s.idle())}
+	for _, kv := range []struct {
+		name string
+		d    time.Duration
+	}{{"lock_timeout", s.LockTimeout}, {"statement_timeout", s.StatementTimeout}} {
+		if kv.d > 0 {
+			args = append(args, retry.Millis(kv.d))
+			sets = append(sets, fmt.Sprintf("set_config('%s', $%d, true)", kv.name, len(args)))
+		}
+	}
+	if s.CustomPlans {
+		sets = append(sets, "set_config('plan_cache_mode', 'force_custom_plan', true)")
+	}
+	return "SELECT pg_backend_pid(), now(), concat_ws(',', " + strings.Join(sets, ", ") + ")", args
 }
 
 // InRecovery reports whether the database is a standby.
