@@ -46,6 +46,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -99,10 +100,11 @@ type options struct {
 	gap                                   time.Duration
 	layouts                               []layout
 	keep                                  bool
-	baseline                              string // another build of the daemon, run as a method of its own
-	payload                               bool   // the layouts' rows carry the ~300-byte payload column
-	fromExec                              bool   // time the statements through psql, from exec to exit
-	flags                                 string // for the report's header
+	baseline                              string        // another build of the daemon, run as a method of its own
+	payload                               bool          // the layouts' rows carry the ~300-byte payload column
+	fromExec                              bool          // time the statements through psql, from exec to exit
+	relay                                 time.Duration // every method through a TCP relay holding bytes this long each way; negative: none
+	flags                                 string        // for the report's header
 }
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout)) }
@@ -121,6 +123,7 @@ func run(args []string, stdout io.Writer) int {
 	fs.BoolVar(&o.keep, "keep", false, "leave the cluster running and print its URL")
 	fs.BoolVar(&o.payload, "payload", true, "the layouts' rows carry a ~300-byte payload column (about 19 rows a page); false: narrow rows (about 66 a page)")
 	fs.BoolVar(&o.fromExec, "from-exec", false, "time the unbounded DELETE and the loops from exec to exit, each through psql on a connection of its own, as cron runs them (inboxkeeper once is always timed so); default: each statement alone, on a connection opened before it")
+	fs.DurationVar(&o.relay, "relay", -1, "every method's connections (the daemon's, psql's, the statements') through a local TCP relay that holds what it forwards this long each way, as a network would (0: the hop alone); the report gives the round trip measured through it. Negative: none")
 	fs.StringVar(&o.baseline, "baseline", "", "another inboxkeeper binary (e.g. main's build) run as one more method, \""+baselineName+"\", in the same reps")
 	return benchdata.Main(fs, args, func() error {
 		for _, n := range strings.Split(*names, ",") {
@@ -156,7 +159,8 @@ type bench struct {
 	bin     string
 	methods []method // methods and, with -baseline, the baseline's once
 	cluster *pgcluster.Cluster
-	pool    *pgxpool.Pool // the postgres database: copies are made from here
+	pool    *pgxpool.Pool    // the postgres database: copies are made from here
+	relay   *benchdata.Relay // -relay: the methods connect through it
 }
 
 // result is one measured deletion.
@@ -262,6 +266,29 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 		fmt.Fprintf(w, "daemon settings from the environment: %s\n", strings.Join(extra, " "))
 	}
 	fmt.Fprintf(w, "pages: shared buffers read or hit per deleted row, and dirtied per deleted row (pg_stat_statements)\n")
+	if o.relay >= 0 {
+		server, err := url.Parse(c.URL("postgres"))
+		if err != nil {
+			return err
+		}
+		if b.relay, err = benchdata.StartRelay(server.Host, o.relay); err != nil {
+			return err
+		}
+		defer b.relay.Close()
+		if b.methodURL("postgres") == c.URL("postgres") {
+			return fmt.Errorf("relay: the cluster's URL %s does not name %s", c.URL("postgres"), server.Host)
+		}
+		rt, err := benchdata.RoundTrip(ctx, b.methodURL("postgres"), 200)
+		if err != nil {
+			return fmt.Errorf("relay: %w", err)
+		}
+		direct, err := benchdata.RoundTrip(ctx, c.URL("postgres"), 200)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "relay: every method connects through a TCP relay holding what it forwards %s each way: a SELECT 1 round trip %s through it, %s direct (medians of 200)\n",
+			o.relay, rt.Round(time.Microsecond), direct.Round(time.Microsecond))
+	}
 	if o.fromExec {
 		fmt.Fprintf(w, "timing: every method from exec to exit; the unbounded DELETE and the loops through %s, each on a connection of its own (-from-exec)\n", b.psql())
 	} else {
@@ -468,8 +495,26 @@ func (b *bench) copyDB(ctx context.Context, tpl, db string) error {
 	return err
 }
 
+// methodURL is the URL the methods connect to db with: through the relay
+// with -relay.
+func (b *bench) methodURL(db string) string {
+	if b.relay == nil {
+		return b.cluster.URL(db)
+	}
+	return b.relay.URL(b.cluster.URL(db))
+}
+
 func (b *bench) inDB(ctx context.Context, db string, fn func(*pgx.Conn) error) error {
-	conn, err := pgx.Connect(ctx, b.cluster.URL(db))
+	return b.connectTo(ctx, b.cluster.URL(db), fn)
+}
+
+// inMethodDB is inDB on the methods' URL (methodURL).
+func (b *bench) inMethodDB(ctx context.Context, db string, fn func(*pgx.Conn) error) error {
+	return b.connectTo(ctx, b.methodURL(db), fn)
+}
+
+func (b *bench) connectTo(ctx context.Context, u string, fn func(*pgx.Conn) error) error {
+	conn, err := pgx.Connect(ctx, u)
 	if err != nil {
 		return err
 	}
@@ -537,7 +582,7 @@ func (b *bench) statement(ctx context.Context, db, sql string) (result, error) {
 		return b.statementExec(ctx, db, sql)
 	}
 	var r result
-	err := b.inDB(ctx, db, func(conn *pgx.Conn) error {
+	err := b.inMethodDB(ctx, db, func(conn *pgx.Conn) error {
 		lsn, err := benchdata.Checkpoint(ctx, conn)
 		if err != nil {
 			return err
@@ -587,7 +632,7 @@ func (b *bench) statementExec(ctx context.Context, db, sql string) (result, erro
 	if err != nil {
 		return r, err
 	}
-	cmd := exec.CommandContext(ctx, b.psql(), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", b.cluster.URL(db), "-c", sql)
+	cmd := exec.CommandContext(ctx, b.psql(), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", b.methodURL(db), "-c", sql)
 	start := time.Now()
 	out, err := cmd.CombinedOutput()
 	r.wall = time.Since(start)
@@ -620,7 +665,7 @@ func (b *bench) daemonSettings(db, policy string) []string {
 	// No VACUUM after the pass (#24 added it, at a tenth of the table
 	// dead): the unbounded DELETE and the loops leave their dead tuples to
 	// autovacuum too, and a VACUUM of half the heap is not deleting.
-	return append(benchdata.DaemonSettings(b.cluster.URL(db), policy, b.o.batch), "INBOXKEEPER_VACUUM_DEAD_RATIO=0")
+	return append(benchdata.DaemonSettings(b.methodURL(db), policy, b.o.batch), "INBOXKEEPER_VACUUM_DEAD_RATIO=0")
 }
 
 // inboxkeeper runs the built binary and measures wall time and peak RSS.
