@@ -40,8 +40,8 @@ func (g *watchGate) Watch(pid uint32, _ time.Time) (func(), func() bool) {
 // its settings, the fence, its now, the holds and replays and the caller's
 // settings together; the COMMIT with the WAL reading. It took seven, and
 // eight with a sweep's settings: a few milliseconds a slice on a short pass
-// (docs/design/expiry.md, "Round trips of a batch"). What it reads is what
-// it read before.
+// (docs/design/expiry.md, "Round trips of a batch, and the connections a
+// process opens"). What it reads is what it read before.
 func TestBatchRoundTrips(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

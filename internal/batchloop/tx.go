@@ -64,8 +64,9 @@ type workerPacer interface{ PacesWorkers() bool }
 // trip (a pipeline: the server runs them one after the other, each holds
 // and replays read in a statement of its own after the fence, as before).
 // A sweep's slice took nine round trips with its statement and COMMIT, four
-// now (docs/design/expiry.md, "Round trips of a batch"). Citus sends its
-// settings apart (dbconn.TxSettings.Citus).
+// now (docs/design/expiry.md, "Round trips of a batch, and the connections
+// a process opens"). Citus sends its settings apart
+// (dbconn.TxSettings.Citus).
 func Begin(ctx context.Context, pool *pgxpool.Pool, table string, o TxOptions) (_ *Tx, err error) {
 	var workers map[string]float64
 	if wp, ok := o.Throttle.(workerPacer); ok && o.Citus && wp.PacesWorkers() {
