@@ -186,7 +186,8 @@ type exactAhead struct {
 	// cores, with the daemon taking the sample's rows, each took half as
 	// long again as alone, and the first slice waits for the sample while
 	// no slice needs the count before the end of the density map
-	// (docs/design/expiry.md, "The count after the sample").
+	// (docs/design/expiry.md, "The count after the sample, a second
+	// connection ahead, and page faults").
 	hold     chan struct{}
 	holdOnce sync.Once
 	rows     int64 // set before done closes

@@ -99,9 +99,9 @@ func TestBatchRoundTrips(t *testing.T) {
 	}
 	// Its settings were the transaction's own: none is left on the
 	// connection.
-	var sync string
-	if err := pool.QueryRow(ctx, "SELECT current_setting('enable_seqscan')").Scan(&sync); err != nil || sync != "on" {
-		t.Errorf("enable_seqscan %q after the batch (%v), want on", sync, err)
+	var seqscan string
+	if err := pool.QueryRow(ctx, "SELECT current_setting('enable_seqscan')").Scan(&seqscan); err != nil || seqscan != "on" {
+		t.Errorf("enable_seqscan %q after the batch (%v), want on", seqscan, err)
 	}
 	// A transaction that failed does not commit: its COMMIT is a ROLLBACK.
 	ptx, err := batchloop.Begin(ctx, pool, f.tables[0].Name, batchloop.TxOptions{Clock: service.At(t0)})

@@ -493,7 +493,7 @@ func (c Coverage) Same(o Coverage) bool {
 // batch transaction, after taking the fence in shared mode.
 func Active(ctx context.Context, q Querier, table string, now time.Time) (Coverage, error) {
 	var c Coverage
-	rows, err := q.Query(ctx, activeHoldsSQL, table, now)
+	rows, err := q.Query(ctx, activeHoldsSQL("$2"), table, now)
 	if err != nil {
 		return c, fmt.Errorf("read holds: %w", err)
 	}
@@ -515,7 +515,7 @@ func Active(ctx context.Context, q Querier, table string, now time.Time) (Covera
 // round trip as its fence, each in a statement of its own after it
 // (batchloop.Begin).
 func QueueActive(b *pgx.Batch, table string, pinned *time.Time, c *Coverage) {
-	b.Queue(strings.Replace(activeHoldsSQL, "$2", "coalesce($2::timestamptz, now())", 1), table, pinned).Query(func(rows pgx.Rows) (err error) {
+	b.Queue(activeHoldsSQL("coalesce($2::timestamptz, now())"), table, pinned).Query(func(rows pgx.Rows) (err error) {
 		if c.Holds, err = scanHolds(rows); err != nil {
 			return fmt.Errorf("read holds: %w", err)
 		}
@@ -529,12 +529,14 @@ func QueueActive(b *pgx.Batch, table string, pinned *time.Time, c *Coverage) {
 	})
 }
 
-const (
-	activeHoldsSQL = `SELECT ` + holdColumns + ` FROM inboxkeeper.holds
-WHERE table_name = $1 AND released_at IS NULL AND (expires_at IS NULL OR expires_at > $2) ORDER BY id`
-	activeReplaysSQL = `SELECT ` + replayColumns + ` FROM inboxkeeper.replays
+// activeHoldsSQL reads the holds of table $1 active at the instant at.
+func activeHoldsSQL(at string) string {
+	return `SELECT ` + holdColumns + ` FROM inboxkeeper.holds
+WHERE table_name = $1 AND released_at IS NULL AND (expires_at IS NULL OR expires_at > ` + at + `) ORDER BY id`
+}
+
+const activeReplaysSQL = `SELECT ` + replayColumns + ` FROM inboxkeeper.replays
 WHERE table_name = $1 AND finished_at IS NULL ORDER BY id`
-)
 
 // Args collects query parameters and hands out their placeholders.
 type Args struct{ Values []any }
