@@ -174,7 +174,7 @@ type windowResult struct {
 func (d *Deleter) windowTx(ctx context.Context, t *catalog.Table, lower pgtype.Timestamptz, rows int64, win *window, limit time.Duration, res *TableResult) (r windowResult, err error) {
 	lockTimeout := min(d.opts.LockTimeout, d.optimisticLockTimeout())
 	tx, err := batchloop.Begin(ctx, d.pool, t.Name, batchloop.TxOptions{
-		LockTimeout: lockTimeout, StatementTimeout: d.opts.StatementTimeout, IdleInTx: d.opts.IdleTimeout, Throttle: d.opts.Throttle, Clock: d.opts.Clock,
+		LockTimeout: lockTimeout, StatementTimeout: d.opts.StatementTimeout, IdleInTx: d.opts.IdleTimeout, Throttle: d.opts.Throttle, Clock: d.opts.Clock, Watch: d.opts.Watch,
 		Citus: true})
 	if err != nil {
 		return r, err

@@ -364,7 +364,7 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 	m := d.opts.Metrics
 	var lastNewest time.Time // the newest expiry of the last batch, for its log line
 	loop := batchloop.Loop{
-		What: "delete", Sizer: d.sizer(t), Throttle: d.opts.Throttle, Active: d.opts.Active, Deadline: deadline,
+		What: "delete", Sizer: d.sizer(t), Throttle: d.opts.Throttle, Active: d.opts.LoopActive(), Deadline: deadline,
 		MaxRetries: d.opts.MaxRetries, BatchPause: d.opts.BatchPause, Log: d.log.With("table", t.Name), OnRetry: d.TestSignals.OnRetry,
 		BeforeBatch: func(size int) {
 			if m != nil {
@@ -661,7 +661,7 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 		return 0, time.Time{}, 0, err
 	}
 	tx, err := batchloop.Begin(ctx, d.pool, t.Name, batchloop.TxOptions{
-		LockTimeout: lockTimeout, StatementTimeout: d.opts.StatementTimeout, IdleInTx: d.opts.IdleTimeout, Throttle: d.opts.Throttle, Clock: d.opts.Clock})
+		LockTimeout: lockTimeout, StatementTimeout: d.opts.StatementTimeout, IdleInTx: d.opts.IdleTimeout, Throttle: d.opts.Throttle, Clock: d.opts.Clock, Watch: d.opts.Watch})
 	if err != nil {
 		return 0, time.Time{}, 0, err
 	}

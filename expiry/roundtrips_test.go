@@ -2,16 +2,20 @@ package expiry
 
 import (
 	"context"
+	"errors"
 	"net"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxkeeper/inboxkeeper/holds"
 	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
+	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 	"github.com/inboxkeeper/inboxkeeper/internal/service"
+	"github.com/inboxkeeper/inboxkeeper/internal/settings"
 )
 
 // sends counts the writes to a connection: pgx writes what it sends before
@@ -36,12 +40,23 @@ func (g *watchGate) Watch(pid uint32, _ time.Time) (func(), func() bool) {
 	return func() {}, func() bool { return false }
 }
 
-// A batch transaction costs three round trips besides its statement: BEGIN;
-// its settings, the fence, its now, the holds and replays and the caller's
-// settings together; the COMMIT with the WAL reading. It took seven, and
-// eight with a sweep's settings: a few milliseconds a slice on a short pass
-// (docs/design/expiry.md, "Round trips of a batch, and the connections a
-// process opens"). What it reads is what it read before.
+// orderWatch is a settings watch that reads enable_seqscan where the watch
+// is read.
+type orderWatch struct{ seqscan string }
+
+func (w *orderWatch) QueueCheck(b *pgx.Batch, _ *error) {
+	b.Queue("SELECT current_setting('enable_seqscan')").QueryRow(func(row pgx.Row) error { return row.Scan(&w.seqscan) })
+}
+
+// A batch transaction costs two round trips besides its statement: BEGIN,
+// its settings, the fence, its now, the holds and replays, the caller's
+// settings and the settings watch together; the COMMIT with the WAL
+// reading. It took eight with the watch's read before it, and nine with a
+// sweep's settings: a few milliseconds a slice on a short pass, more on a
+// network (docs/design/expiry.md, "Round trips of a batch, and the
+// connections a process opens"). What it reads is what it read before,
+// and a change of the runtime settings stops the batch before its
+// statement, as the watch read before the batch did.
 func TestBatchRoundTrips(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -69,11 +84,16 @@ func TestBatchRoundTrips(t *testing.T) {
 	}
 	defer pool.Close()
 	gate := &watchGate{}
+	version, err := settings.Version(ctx, f.pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	watch := settings.NewWatch(f.pool, version)
 	batch := func(consumer string) (tx *batchloop.Tx, trips int32, wal float64) {
 		t.Helper()
 		before := writes.Load()
 		tx, err := batchloop.Begin(ctx, pool, f.tables[0].Name, batchloop.TxOptions{LockTimeout: 50 * time.Millisecond, Throttle: gate,
-			Clock: service.At(t0), Settings: sweepSettingsSQL})
+			Clock: service.At(t0), Settings: sweepSettingsSQL, Watch: watch})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -88,8 +108,8 @@ func TestBatchRoundTrips(t *testing.T) {
 	}
 	batch("none") // the statements prepared: a pass prepares them once
 	tx, trips, wal := batch("free")
-	if trips != 4 {
-		t.Errorf("a batch of one DELETE took %d round trips, want 4", trips)
+	if trips != 3 {
+		t.Errorf("a batch of one DELETE took %d round trips, want 3", trips)
 	}
 	if !tx.Now.Equal(t0) || len(tx.Coverage.Holds) != 1 || *tx.Coverage.Holds[0].Scope != held || wal <= 0 || len(gate.watched) != 2 || gate.watched[1] == 0 {
 		t.Errorf("now %v, holds %+v, WAL %v, watched %v; want the pinned now, the hold, the DELETE's WAL, the backend watched", tx.Now, tx.Coverage.Holds, wal, gate.watched)
@@ -120,6 +140,30 @@ func TestBatchRoundTrips(t *testing.T) {
 	ptx.Close(ctx, &err)
 	if n := f.count(t, "consumer = 'held'"); n != 5 {
 		t.Errorf("%d held rows left after a failed transaction, want 5", n)
+	}
+	// The watch is read before the caller's settings, which are for its
+	// statement alone: under a sweep's, a seq scan costs 1e10 and is
+	// compiled by JIT (30 to 300 ms a batch).
+	order := &orderWatch{}
+	otx, err := batchloop.Begin(ctx, pool, f.tables[0].Name, batchloop.TxOptions{Clock: service.At(t0), Settings: sweepSettingsSQL, Watch: order})
+	if err != nil {
+		t.Fatal(err)
+	}
+	otx.Close(ctx, &err)
+	if order.seqscan != "on" {
+		t.Errorf("the watch read enable_seqscan %q, want on: it ran after the caller's settings", order.seqscan)
+	}
+	// The runtime settings change: the next batch stops before its
+	// statement, and its transaction is not left open.
+	if _, err := settings.Write(ctx, f.pool, settings.Global, map[string]*string{"batch_size": new("1000")}, "test", func([]settings.Setting) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := batchloop.Begin(ctx, pool, f.tables[0].Name, batchloop.TxOptions{Clock: service.At(t0), Watch: watch}); !errors.Is(err, retry.ErrSettingsChanged) || !watch.Changed() {
+		t.Errorf("Begin after a settings change: %v (changed %v), want %v", err, watch.Changed(), retry.ErrSettingsChanged)
+	}
+	var open int
+	if err := f.pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND state LIKE 'idle in transaction%'").Scan(&open); err != nil || open != 0 {
+		t.Errorf("%d transactions left open (%v), want none", open, err)
 	}
 	if st := pool.Stat(); st.AcquiredConns() != 0 {
 		t.Errorf("%d connections still taken after the batches", st.AcquiredConns())

@@ -80,9 +80,11 @@ const minSweepPages = 64
 // sweepSettingsSQL: a sweep batch reads its slice with a TID Range Scan and
 // nothing else (the planner might otherwise walk the whole due range of the
 // expiry index for every slice), and, like every batch, commits without
-// waiting for the disk (batchSettingsSQL).
+// waiting for the disk (batchSettingsSQL). Without JIT: a plan the
+// settings force onto a disabled node costs 1e10, past jit_above_cost, and
+// compiling it took 30 to 300 ms (docs/development.md).
 const sweepSettingsSQL = `SELECT set_config('synchronous_commit', 'off', true), set_config('enable_seqscan', 'off', true),
-       set_config('enable_indexscan', 'off', true), set_config('enable_bitmapscan', 'off', true)`
+       set_config('enable_indexscan', 'off', true), set_config('enable_bitmapscan', 'off', true), set_config('jit', 'off', true)`
 
 // The statements of a sweep batch: %[1]s is the table, %[2]s the slice
 // (a ctid range), %[3]s the due predicate (cutoff, holds and replays).
@@ -775,7 +777,7 @@ func (d *Deleter) sweepTx(ctx context.Context, t *catalog.Table, s *sweep, a, b 
 		lockTimeout = min(d.opts.LockTimeout, d.optimisticLockTimeout())
 	}
 	tx, err := batchloop.Begin(ctx, d.pool, t.Name, batchloop.TxOptions{
-		LockTimeout: lockTimeout, StatementTimeout: d.opts.StatementTimeout, IdleInTx: d.opts.IdleTimeout, Throttle: d.opts.Throttle, Clock: d.opts.Clock,
+		LockTimeout: lockTimeout, StatementTimeout: d.opts.StatementTimeout, IdleInTx: d.opts.IdleTimeout, Throttle: d.opts.Throttle, Clock: d.opts.Clock, Watch: d.opts.Watch,
 		Settings: sweepSettingsSQL})
 	if err != nil {
 		return 0, 0, 0, err

@@ -165,7 +165,7 @@ func (d *Demoter) sizer(t *catalog.Table) *batchloop.Sizer { return d.sizers.For
 func (d *Demoter) demoteAll(ctx context.Context, t *catalog.Table, deadline time.Time, res *Result) error {
 	var lastNewest time.Time // the newest anchor of the last batch, for its log line
 	loop := batchloop.Loop{
-		What: "demotion", Sizer: d.sizer(t), Throttle: d.opts.Throttle, Active: d.opts.Active, Deadline: deadline,
+		What: "demotion", Sizer: d.sizer(t), Throttle: d.opts.Throttle, Active: d.opts.LoopActive(), Deadline: deadline,
 		MaxRetries: d.opts.MaxRetries, BatchPause: d.opts.BatchPause, Log: d.log.With("table", t.Name),
 		AfterBatch: func(n int64, _ time.Duration) {
 			if m := d.opts.Metrics; m != nil && n > 0 {
@@ -212,7 +212,7 @@ func (d *Demoter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 	// The fence, as in the deleter: taken before the holds are read, so a
 	// hold whose writer we waited for is in this batch's snapshot.
 	tx, err := batchloop.Begin(ctx, d.pool, t.Name, batchloop.TxOptions{
-		LockTimeout: lockTimeout, StatementTimeout: d.opts.StatementTimeout, IdleInTx: d.opts.IdleTimeout, Throttle: d.opts.Throttle, Clock: d.opts.Clock,
+		LockTimeout: lockTimeout, StatementTimeout: d.opts.StatementTimeout, IdleInTx: d.opts.IdleTimeout, Throttle: d.opts.Throttle, Clock: d.opts.Clock, Watch: d.opts.Watch,
 		Citus: t.Distributed()})
 	if err != nil {
 		return 0, time.Time{}, 0, err

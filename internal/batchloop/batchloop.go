@@ -99,6 +99,12 @@ func (l *Loop) Run(ctx context.Context, batch Batch) (res Result, err error) {
 			l.BeforeBatch(size)
 		}
 		n, newest, size, err := l.withRetry(ctx, batch, res.Resume, size, &res)
+		if errors.Is(err, retry.ErrSettingsChanged) {
+			// Read in the batch's transaction (TxOptions.Watch), which
+			// rolled back before its statement.
+			res.StoppedEarly = retry.Inactive(err)
+			return res, nil
+		}
 		if err != nil {
 			return res, err
 		}
@@ -159,6 +165,9 @@ func (l *Loop) withRetry(ctx context.Context, batch Batch, lower pgtype.Timestam
 		attempts int
 	)
 	policy := retry.Policy{MaxRetries: l.MaxRetries, Base: 100 * time.Millisecond,
+		Retry: func(err error, kind retry.Kind) bool {
+			return kind.Transient() && !errors.Is(err, retry.ErrSettingsChanged)
+		},
 		OnRetry: func(kind retry.Kind, attempt int, wait time.Duration, err error) {
 			res.Retries++
 			if l.OnRetry != nil {
@@ -194,8 +203,8 @@ func (l *Loop) withRetry(ctx context.Context, batch Batch, lower pgtype.Timestam
 			}
 			return nil
 		}
-		if ctx.Err() != nil {
-			return err
+		if ctx.Err() != nil || errors.Is(err, retry.ErrSettingsChanged) {
+			return err // not a failure: the pass stops (Run)
 		}
 		kind = retry.KindOf(err)
 		if l.OnError != nil {

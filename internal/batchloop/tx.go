@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxkeeper/inboxkeeper/holds"
@@ -33,6 +34,10 @@ type TxOptions struct {
 	// after the fence and the holds, in the same round trip (its own
 	// set_config(..., true) settings).
 	Settings string
+	// Watch, when set, is the runtime settings watch, read in the same
+	// round trip: when the settings changed, Begin rolls back and returns
+	// its error (retry.ErrSettingsChanged), before the batch's statement.
+	Watch service.TxWatch
 }
 
 // Tx is one batch transaction, ready for its statement: timeouts set, the
@@ -59,13 +64,14 @@ type Tx struct {
 // writes its WAL there, and measures it there.
 type workerPacer interface{ PacesWorkers() bool }
 
-// Begin opens a batch transaction on table: BEGIN, then its settings, the
-// fence, its now, the holds and replays and o.Settings in one more round
-// trip (a pipeline: the server runs them one after the other, each holds
-// and replays read in a statement of its own after the fence, as before).
-// A sweep's slice took nine round trips with its statement and COMMIT, four
-// now (docs/design/expiry.md, "Round trips of a batch, and the connections
-// a process opens"). Citus sends its settings apart
+// Begin opens a batch transaction on table in one round trip: BEGIN, its
+// settings, the fence, its now, the holds and replays, the settings watch
+// (o.Watch) and o.Settings as a pipeline, which the server runs one
+// statement after the other, the holds and replays read in statements of
+// their own after the fence. A sweep's slice took nine round trips with
+// its statement and COMMIT (and the watch's read before it), then four,
+// now three (docs/design/expiry.md, "Round trips of a batch, and the
+// connections a process opens"). Citus sends BEGIN and its settings apart
 // (dbconn.TxSettings.Citus).
 func Begin(ctx context.Context, pool *pgxpool.Pool, table string, o TxOptions) (_ *Tx, err error) {
 	var workers map[string]float64
@@ -79,11 +85,7 @@ func Begin(ctx context.Context, pool *pgxpool.Pool, table string, o TxOptions) (
 	if err != nil {
 		return nil, err
 	}
-	ptx, err := conn.Begin(ctx)
-	if err != nil {
-		conn.Release()
-		return nil, err
-	}
+	ptx := &pipeTx{c: conn.Conn()}
 	t := &Tx{Tx: ptx, pool: pool, conn: conn, measure: o.Throttle != nil, workerWAL: workers}
 	defer func() {
 		if err != nil {
@@ -95,21 +97,43 @@ func Begin(ctx context.Context, pool *pgxpool.Pool, table string, o TxOptions) (
 	var b dbconn.Backend
 	batch := &pgx.Batch{}
 	if o.Citus {
+		if _, err = ptx.c.Exec(ctx, "begin"); err != nil {
+			return nil, err
+		}
 		if b, err = settings.Apply(ctx, ptx); err != nil {
 			return nil, err
 		}
-	} else if err := settings.Queue(batch, &b); err != nil {
-		return nil, err
+	} else {
+		// BEGIN first in the pipeline: the statements after it run in its
+		// transaction (a pipeline is one implicit transaction only until an
+		// explicit BEGIN).
+		batch.Queue("begin")
+		if err := settings.Queue(batch, &b); err != nil {
+			return nil, err
+		}
 	}
 	batch.Queue(fenceSQL, pinned, holds.FenceKey).QueryRow(func(row pgx.Row) error {
 		return row.Scan(&t.Now, new(string), &t.walStart)
 	})
 	holds.QueueActive(batch, table, pinned, &t.Coverage)
+	var stop error
+	if o.Watch != nil {
+		o.Watch.QueueCheck(batch, &stop)
+	}
 	if o.Settings != "" {
+		// Last: the caller's settings are for its statement alone (a
+		// sweep's take every scan but the TID range scan from the planner,
+		// and the watch's max(id) read after them cost 1e10, past
+		// jit_above_cost: 30 to 300 ms of JIT compilation each batch).
 		batch.Queue(o.Settings)
 	}
-	if err := ptx.SendBatch(ctx, batch).Close(); err != nil {
+	if err := ptx.c.SendBatch(ctx, batch).Close(); err != nil {
 		return nil, err
+	}
+	if stop != nil {
+		// The runtime settings changed: the pass stops before this
+		// batch's statement, as it did when the watch was read before it.
+		return nil, stop
 	}
 	if o.Throttle != nil {
 		// The backend's locks are watched from here on: the fence is a
@@ -163,6 +187,50 @@ func (t *Tx) Commit(ctx context.Context) (wal float64, err error) {
 	}
 	return wal, nil
 }
+
+// pipeTx is a transaction whose BEGIN went out in the pipeline that set
+// it up (pgx's own Tx sends its BEGIN in a round trip of its own). Nested
+// transactions and large objects are not used by batches.
+type pipeTx struct{ c *pgx.Conn }
+
+var errNested = errors.New("batchloop: a batch transaction does not nest")
+
+func (p *pipeTx) Begin(context.Context) (pgx.Tx, error) { return nil, errNested }
+func (p *pipeTx) Commit(ctx context.Context) error {
+	tag, err := p.c.Exec(ctx, "commit")
+	if err == nil && tag.String() != "COMMIT" {
+		err = pgx.ErrTxCommitRollback
+	}
+	return err
+}
+
+// Rollback ends the transaction; outside one (its BEGIN never ran) the
+// server only warns. A connection left in a transaction is not reused:
+// the pool closes it when it is released.
+func (p *pipeTx) Rollback(ctx context.Context) error {
+	_, err := p.c.Exec(ctx, "rollback")
+	return err
+}
+func (p *pipeTx) CopyFrom(ctx context.Context, table pgx.Identifier, cols []string, src pgx.CopyFromSource) (int64, error) {
+	return p.c.CopyFrom(ctx, table, cols, src)
+}
+func (p *pipeTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	return p.c.SendBatch(ctx, b)
+}
+func (p *pipeTx) LargeObjects() pgx.LargeObjects { return pgx.LargeObjects{} }
+func (p *pipeTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	return p.c.Prepare(ctx, name, sql)
+}
+func (p *pipeTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	return p.c.Exec(ctx, sql, args...)
+}
+func (p *pipeTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	return p.c.Query(ctx, sql, args...)
+}
+func (p *pipeTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return p.c.QueryRow(ctx, sql, args...)
+}
+func (p *pipeTx) Conn() *pgx.Conn { return p.c }
 
 // release hands the connection back to the pool, once.
 func (t *Tx) release() {

@@ -14,13 +14,14 @@ import (
 // Driver runs passes over the tables in force: the one pass of `once` and
 // the demo (Once), and every pass of `run` (Daemon). It builds the stages
 // with the runtime settings in force, and builds them again when those
-// change (a settings watch, asked with the lease before every batch and
-// DDL statement, stops a pass as soon as they do); the deleters and
+// change (a settings watch, asked with the lease before every DDL
+// statement and read in every batch's transaction, stops a pass as soon
+// as they do); the deleters and
 // demoters it built keep what they learnt of each table (the batch size)
 // from pass to pass while the settings stay.
 type Driver struct {
-	// Wiring builds the services; its Active is set from Lease and the
-	// settings watch.
+	// Wiring builds the services; its Active, BatchActive and Watch are
+	// set from Lease and the settings watch.
 	Wiring
 	// Env is the environment's configuration, which the runtime settings
 	// apply to.
@@ -149,7 +150,7 @@ func (d *Driver) build(tn settings.Tuning) {
 		d.Throttle.SetLimits(tn.Global.Limits())
 	}
 	w := d.Wiring
-	w.Active = both(d.Lease, d.watch.Check)
+	w.Active, w.BatchActive, w.Watch = both(d.Lease, d.watch.Check), d.Lease, d.watch
 	var stages []Stage
 	stages, d.deleters = w.Stages(d.tables, tn)
 	d.runner = Runner{Stages: stages, RunTime: tn.Global.RunTime, AfterStage: d.AfterStage}

@@ -30,11 +30,16 @@ type Wiring struct {
 	Log      *slog.Logger
 	Throttle *throttle.Throttler // nil: never waits
 	// Active is asked before every batch and DDL statement: the lease, and
-	// the settings watch (nil: always active).
-	Active   func() error
-	DryRun   bool
-	Metrics  *Metrics              // nil: none
-	Progress func(expiry.Progress) // nil: none
+	// the settings watch (nil: always active). Where Watch is set, a batch
+	// loop asks BatchActive (the lease alone) before every batch instead,
+	// and reads Watch in the batch's transaction
+	// (service.Base.LoopActive).
+	Active      func() error
+	BatchActive func() error
+	Watch       service.TxWatch
+	DryRun      bool
+	Metrics     *Metrics              // nil: none
+	Progress    func(expiry.Progress) // nil: none
 }
 
 // ReadOnly is the wiring of status and dry runs on pool: no throttle, no
@@ -45,7 +50,7 @@ func ReadOnly(pool *pgxpool.Pool, log *slog.Logger) Wiring {
 
 // base is the service base of a service configured by c.
 func (w Wiring) base(c config.Config, lockTimeout time.Duration) service.Base {
-	b := service.Base{Logger: w.Log, Active: w.Active, DryRun: w.DryRun,
+	b := service.Base{Logger: w.Log, Active: w.Active, BatchActive: w.BatchActive, Watch: w.Watch, DryRun: w.DryRun,
 		LockTimeout: lockTimeout, StatementTimeout: c.StatementTimeout, IdleTimeout: c.IdleTimeout}
 	if w.Throttle != nil { // a nil *Throttler in the interface would not be nil
 		b.Throttle = w.Throttle

@@ -14,6 +14,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 )
@@ -32,6 +34,13 @@ type Base struct {
 	// error stops the table's pass (this instance lost the lease, or the
 	// runtime settings changed).
 	Active func() error
+	// Watch, when set, is the runtime settings watch that Active asks
+	// after the lease, and BatchActive is Active without it (the lease
+	// alone): a batch loop asks BatchActive before every batch, and its
+	// transaction reads Watch in the round trip that opens it
+	// (LoopActive). The DDL of partitions asks Active.
+	Watch       TxWatch
+	BatchActive func() error
 	// DryRun counts or lists what a pass would change, and changes nothing.
 	DryRun bool
 	// The timeouts of every transaction the service opens, and how often a
@@ -76,6 +85,24 @@ func (b Base) CheckActive() (retry.Early, bool) {
 		return retry.Inactive(err), false
 	}
 	return retry.Early{}, true
+}
+
+// TxWatch is the runtime settings watch as a batch transaction reads it
+// (settings.Watch): its statement queued on b, in the pipeline that opens
+// the transaction; *stop is set to its error when the settings changed.
+type TxWatch interface {
+	QueueCheck(b *pgx.Batch, stop *error)
+}
+
+// LoopActive is what a batch loop asks before every batch: Active, or,
+// where its batch transactions read the settings watch in the round trip
+// that opens them (Watch, batchloop.TxOptions.Watch), BatchActive: a round
+// trip fewer a batch.
+func (b Base) LoopActive() func() error {
+	if b.Watch == nil {
+		return b.Active
+	}
+	return b.BatchActive
 }
 
 // Or is v, or def when v is zero or negative: an unset option takes its

@@ -84,9 +84,11 @@ func Load(ctx context.Context, q Querier) ([]Setting, error) {
 // instance compares it before each batch.
 func Version(ctx context.Context, q Querier) (int64, error) {
 	var v int64
-	err := q.QueryRow(ctx, `SELECT coalesce(max(id), 0) FROM inboxkeeper.settings_history`).Scan(&v)
+	err := q.QueryRow(ctx, versionSQL).Scan(&v)
 	return v, err
 }
+
+const versionSQL = `SELECT coalesce(max(id), 0) FROM inboxkeeper.settings_history`
 
 // History lists the changes, newest first; limit 0 means all.
 func History(ctx context.Context, q Querier, limit int) ([]Change, error) {

@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
@@ -192,6 +194,29 @@ func (w *Watch) Check() error {
 		return retry.ErrSettingsChanged
 	}
 	return nil
+}
+
+// QueueCheck queues the version's read on b, for a batch transaction that
+// reads it in the round trip that opens it (service.TxWatch): *stop is set
+// to retry.ErrSettingsChanged once the version moved. A failed read changes
+// nothing here: it fails the batch, as a failed statement of its
+// transaction does.
+func (w *Watch) QueueCheck(b *pgx.Batch, stop *error) {
+	if w.changed.Load() {
+		*stop = retry.ErrSettingsChanged
+		return
+	}
+	b.Queue(versionSQL).QueryRow(func(row pgx.Row) error {
+		var v int64
+		if err := row.Scan(&v); err != nil {
+			return err
+		}
+		if v != w.version.Load() {
+			w.changed.Store(true)
+			*stop = retry.ErrSettingsChanged
+		}
+		return nil
+	})
 }
 
 // Changed reports whether a check saw the version move.
