@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -675,9 +676,6 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 	}
 	scans := d.scans(t)
 	bitmap := b.ok && scans.next()
-	if _, err := tx.Exec(ctx, batchSettingsSQL, bitmap); err != nil {
-		return 0, time.Time{}, 0, err
-	}
 	form, alias, lockClause := ctidSQL, "t", ""
 	switch {
 	case skipLocked:
@@ -713,14 +711,19 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 		ahead = d.readAhead(ctx, t, b.instant)
 		res.ahead = ahead
 	}
-	began := time.Now()
+	// The batch's settings and its DELETE in one round trip.
+	batch := &pgx.Batch{}
+	batch.Queue(batchSettingsSQL, bitmap)
 	if form == rangeSQL {
-		tag, err := tx.Exec(ctx, sql, args.Values...)
-		if err != nil {
-			return 0, time.Time{}, 0, err
-		}
-		n, newestTS = tag.RowsAffected(), b.instant
-	} else if err := tx.QueryRow(ctx, sql, args.Values...).Scan(&n, &newestTS, &keys); err != nil {
+		batch.Queue(sql, args.Values...).Exec(func(tag pgconn.CommandTag) error {
+			n, newestTS = tag.RowsAffected(), b.instant
+			return nil
+		})
+	} else {
+		batch.Queue(sql, args.Values...).QueryRow(func(row pgx.Row) error { return row.Scan(&n, &newestTS, &keys) })
+	}
+	began := time.Now()
+	if err := tx.SendBatch(ctx, batch).Close(); err != nil {
 		return 0, time.Time{}, 0, err
 	}
 	took := time.Since(began)

@@ -143,7 +143,7 @@ func TestBatchRoundTrips(t *testing.T) {
 	}
 	// The watch is read before the caller's settings, which are for its
 	// statement alone: under a sweep's, a seq scan costs 1e10 and is
-	// compiled by JIT (30 to 300 ms a batch).
+	// compiled by JIT (25 to 300 ms a batch).
 	order := &orderWatch{}
 	otx, err := batchloop.Begin(ctx, pool, f.tables[0].Name, batchloop.TxOptions{Clock: service.At(t0), Settings: sweepSettingsSQL, Watch: order})
 	if err != nil {

@@ -82,7 +82,7 @@ const minSweepPages = 64
 // expiry index for every slice), and, like every batch, commits without
 // waiting for the disk (batchSettingsSQL). Without JIT: a plan the
 // settings force onto a disabled node costs 1e10, past jit_above_cost, and
-// compiling it took 30 to 300 ms (docs/development.md).
+// compiling it took 25 to 300 ms (docs/development.md).
 const sweepSettingsSQL = `SELECT set_config('synchronous_commit', 'off', true), set_config('enable_seqscan', 'off', true),
        set_config('enable_indexscan', 'off', true), set_config('enable_bitmapscan', 'off', true), set_config('jit', 'off', true)`
 

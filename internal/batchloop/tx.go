@@ -124,7 +124,7 @@ func Begin(ctx context.Context, pool *pgxpool.Pool, table string, o TxOptions) (
 		// Last: the caller's settings are for its statement alone (a
 		// sweep's take every scan but the TID range scan from the planner,
 		// and the watch's max(id) read after them cost 1e10, past
-		// jit_above_cost: 30 to 300 ms of JIT compilation each batch).
+		// jit_above_cost: 25 to 300 ms of JIT compilation each batch).
 		batch.Queue(o.Settings)
 	}
 	if err := ptx.c.SendBatch(ctx, batch).Close(); err != nil {
