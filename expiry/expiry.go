@@ -51,6 +51,10 @@ type Options struct {
 	// an exact count is in (a sweep's, before its first slice) and after
 	// the pass.
 	LiveDue bool
+	// Prefetch: a sweep reads the pages of its next slices into shared
+	// buffers on a connection of its own while a slice deletes
+	// (INBOXKEEPER_SWEEP_PREFETCH; prefetch.go).
+	Prefetch bool
 }
 
 // Strategy is INBOXKEEPER_EXPIRY_STRATEGY: how a pass orders its deletes.
@@ -100,6 +104,9 @@ type TestSignals struct {
 	// BeforeExactCount holds that count between its snapshot and its
 	// statement, to let slices commit before it counts.
 	BeforeExactCount func()
+	// OnPrefetch is told of every chunk of pages a sweep's prefetcher read
+	// ([from, to)), or failed to read (prefetch.go).
+	OnPrefetch func(from, to int64, err error)
 }
 
 // Sizing bounds the adaptive batch size.
@@ -131,11 +138,12 @@ type TableResult struct {
 	ProtectedByReplays int64 // expired rows kept because only a replay covers them
 	Batches            int
 	Retries            int
-	SkipLockedBatches  int // batches that met a locked row and ran again with SKIP LOCKED (on Citus: narrowed)
-	RangeBatches       int // batches that deleted by expiry range (the others by ctid)
-	BitmapBatches      int // range batches read with a bitmap heap scan (scanChooser)
-	BoundsAhead        int // range batches whose bound was read ahead, while the batch before ran (readAhead)
-	SweepBatches       int // batches that deleted a slice of the heap (sweep.go): the pass swept
+	SkipLockedBatches  int   // batches that met a locked row and ran again with SKIP LOCKED (on Citus: narrowed)
+	RangeBatches       int   // batches that deleted by expiry range (the others by ctid)
+	BitmapBatches      int   // range batches read with a bitmap heap scan (scanChooser)
+	BoundsAhead        int   // range batches whose bound was read ahead, while the batch before ran (readAhead)
+	SweepBatches       int   // batches that deleted a slice of the heap (sweep.go): the pass swept
+	PrefetchedPages    int64 // heap pages a sweep read ahead of its slices (prefetch.go)
 	Duration           time.Duration
 	LongestBatch       time.Duration // the longest committed batch, as the sizer timed it
 	CleanupLag         time.Duration
@@ -317,7 +325,7 @@ func (d *Deleter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 		}
 	}
 	logf("expiry: table done", append(attrs, "protected_by_holds", res.ProtectedByHolds,
-		"protected_by_replays", res.ProtectedByReplays, "batches", res.Batches, "skip_locked_batches", res.SkipLockedBatches, "range_batches", res.RangeBatches, "bitmap_batches", res.BitmapBatches, "bounds_ahead", res.BoundsAhead, "sweep_batches", res.SweepBatches, "longest_batch", res.LongestBatch, "dry_run", d.opts.DryRun,
+		"protected_by_replays", res.ProtectedByReplays, "batches", res.Batches, "skip_locked_batches", res.SkipLockedBatches, "range_batches", res.RangeBatches, "bitmap_batches", res.BitmapBatches, "bounds_ahead", res.BoundsAhead, "sweep_batches", res.SweepBatches, "prefetched_pages", res.PrefetchedPages, "longest_batch", res.LongestBatch, "dry_run", d.opts.DryRun,
 		"duration", res.Duration.Round(time.Millisecond), "stopped_early", res.StoppedEarly)...)
 	return res
 }
@@ -448,6 +456,9 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 	}
 	if sw != nil && sw.endCount != nil {
 		sw.endCount() // the exact count a sweep began without, read or dropped
+	}
+	if sw != nil {
+		res.PrefetchedPages += sw.prefetch.stop()
 	}
 	res.Retries += r.Retries
 	res.StoppedEarly = r.StoppedEarly

@@ -279,6 +279,9 @@ type sweep struct {
 	// waits for it, when the pass ends.
 	awaitCount, endCount func()
 	est                  sweepEstimate
+	// prefetch reads the next slices' pages while one deletes (nil:
+	// Options.Prefetch is off, or no slice has begun yet).
+	prefetch *prefetcher
 
 	mu        sync.Mutex
 	done      int64 // pages swept, in sweep order from start
@@ -750,6 +753,13 @@ func (d *Deleter) sweepBatch(ctx context.Context, t *catalog.Table, s *sweep, si
 			}
 			a, b, predicted = s.slice(size)
 		}
+	}
+	if d.opts.Prefetch {
+		if s.prefetch == nil {
+			s.prefetch = startPrefetch(ctx, d.pool, t, min(d.opts.LockTimeout, d.optimisticLockTimeout()), d.opts.StatementTimeout,
+				d.log.Debug, d.TestSignals.OnPrefetch)
+		}
+		s.prefetch.want(s.prefetchWindow(a, b))
 	}
 	skipLocked := d.TestSignals.SkipLockedOnly
 	n, wal, took, err := d.sweepTx(ctx, t, s, a, b, res, skipLocked)

@@ -46,6 +46,7 @@ var defaults = Config{
 	LogFormat:        "text",
 	LogLevel:         "info",
 	ExpiryStrategy:   "auto",
+	SweepPrefetch:    true,
 
 	HeartbeatInterval:  250 * time.Millisecond,
 	MaxReplicaLag:      time.Second,
@@ -104,6 +105,7 @@ func TestLoadGoodValues(t *testing.T) {
 		{"METRICS_ADDR", "", func(c *Config) { c.MetricsAddr = "" }},
 		{"LOG_FORMAT", "json", func(c *Config) { c.LogFormat = "json" }},
 		{"EXPIRY_STRATEGY", "expiry", func(c *Config) { c.ExpiryStrategy = "expiry" }},
+		{"SWEEP_PREFETCH", "false", func(c *Config) { c.SweepPrefetch = false }},
 		{"LOG_LEVEL", "debug", func(c *Config) { c.LogLevel = "debug" }},
 		{"LOG_LEVEL", "error", func(c *Config) { c.LogLevel = "error" }},
 		{"REPLICA_URLS", "postgres://a/db,host=b port=5433", func(c *Config) { c.ReplicaURLs = []string{"postgres://a/db", "host=b port=5433"} }},
@@ -169,6 +171,7 @@ var badValues = []struct{ name, value, want string }{
 	{"MAX_REPLICA_LAG_BYTES", "lots", "is not a size"},
 	{"MAX_REPLICA_LAG_BYTES", "0", "must be greater than 0"},
 	{"REPLICA_FAIL_OPEN", "maybe", "maybe"},
+	{"SWEEP_PREFETCH", "yes please", "yes please"},
 	{"ACTIVE_HOURS", "22-06", "HH:MM"},
 	{"ACTIVE_HOURS", "06:00-06:00", "empty window"},
 	{"ACTIVE_TZ", "Mars/Olympus", "not a time zone"},
@@ -307,8 +310,8 @@ func TestKnownVariables(t *testing.T) {
 			t.Errorf("missing %s", name)
 		}
 	}
-	if len(got) != 36 {
-		t.Errorf("got %d names, want 36: %v", len(got), got)
+	if len(got) != 37 {
+		t.Errorf("got %d names, want 37: %v", len(got), got)
 	}
 }
 

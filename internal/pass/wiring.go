@@ -66,7 +66,7 @@ func (w Wiring) batch(c config.Config) batchloop.Settings {
 
 // Deleter builds the deleter of tables with the configuration c.
 func (w Wiring) Deleter(c config.Config, tables []*catalog.Table) *expiry.Deleter {
-	o := expiry.Options{Settings: w.batch(c), Progress: w.Progress, Strategy: expiry.Strategy(c.ExpiryStrategy)}
+	o := expiry.Options{Settings: w.batch(c), Progress: w.Progress, Strategy: expiry.Strategy(c.ExpiryStrategy), Prefetch: c.SweepPrefetch}
 	var vm *vacuum.Metrics
 	if w.Metrics != nil {
 		o.Metrics, vm, o.LiveDue = w.Metrics.Expiry, w.Metrics.Vacuum, w.Metrics.Live
