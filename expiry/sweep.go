@@ -158,6 +158,15 @@ const (
 	costIndexRow   = 1.6
 )
 
+// prefetchedSweep scales a sweep's estimate when the prefetcher reads its
+// pages ahead (Options.Prefetch): the weights above are server CPU, and
+// the prefetcher moves the reading of each page from the OS cache into
+// shared buffers off the deleting backend, onto a second one. With it the
+// chooser weighs the pass's wall time, at more server CPU; without it,
+// server CPU as before (docs/design/expiry.md, "The chooser with the
+// prefetcher").
+const prefetchedSweep = 0.625
+
 // estimateSweep reads the sample: blocks are the pages it read (frac of the
 // heap's nblocks pages, at random); start is the page a sweep would start
 // at; sizes are the batch sizes a pass in expiry order would take, in order
@@ -243,16 +252,27 @@ func estimateSweep(blocks []sampledBlock, frac float64, nblocks, start int64, si
 // hold few enough due rows for slices of about a batch (a slice is at
 // least a page). Where pages hold a few due rows among many that are not,
 // in runs of the heap, expiry order costs less.
-func (e sweepEstimate) chooseSweep(nblocks int64, firstBatch int) bool {
+//
+// With prefetch (the prefetcher on), the sweep's side is weighed at
+// prefetchedSweep of its CPU.
+func (e sweepEstimate) chooseSweep(nblocks int64, firstBatch int, prefetch bool) bool {
 	if nblocks < minSweepPages || e.due < 2*float64(firstBatch) || e.sweepPages <= 0 {
 		return false
 	}
 	if e.due/e.sweepPages > float64(firstBatch)/4 {
 		return false // a page would hold more than a quarter of a batch
 	}
-	sweep := e.sweepPages * (costSweepPage + costSweepTuple*e.tuplesPerPage)
-	expiry := e.expiryVisits*costVisit + e.due*costIndexRow
+	sweep, expiry := e.costs(prefetch)
 	return sweep < expiry
+}
+
+// costs are the two ways' estimates, in the weights' units.
+func (e sweepEstimate) costs(prefetch bool) (sweep, expiry float64) {
+	sweep = e.sweepPages * (costSweepPage + costSweepTuple*e.tuplesPerPage)
+	if prefetch {
+		sweep *= prefetchedSweep
+	}
+	return sweep, e.expiryVisits*costVisit + e.due*costIndexRow
 }
 
 // sweep is the state of one sweep pass over a table.
@@ -707,9 +727,11 @@ func (d *Deleter) planSweep(ctx context.Context, t *catalog.Table, now time.Time
 		start = 0
 	}
 	est := estimateSweep(blocks, frac, nblocks, start, d.expirySizes(t))
-	choose := est.chooseSweep(nblocks, d.sizer(t).Size())
+	choose := est.chooseSweep(nblocks, d.sizer(t).Size(), d.opts.Prefetch)
+	sweepCost, expiryCost := est.costs(d.opts.Prefetch)
 	d.log.Debug("expiry: pass plan", "table", t.Name, "sweep", choose, "due", int64(est.due), "pages", nblocks,
-		"sweep_pages", int64(est.sweepPages), "expiry_visits", int64(est.expiryVisits), "tuples_per_page", est.tuplesPerPage)
+		"sweep_pages", int64(est.sweepPages), "expiry_visits", int64(est.expiryVisits), "tuples_per_page", est.tuplesPerPage,
+		"sweep_cost", int64(sweepCost), "expiry_cost", int64(expiryCost), "prefetch", d.opts.Prefetch)
 	if !choose && !forced {
 		return nil, due
 	}

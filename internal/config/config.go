@@ -54,7 +54,7 @@ type Config struct {
 	LogFormat        string        `envconfig:"LOG_FORMAT" default:"text" desc:"log format: text or json"`
 	LogLevel         string        `envconfig:"LOG_LEVEL" default:"info" desc:"log level: debug, info, warn or error"`
 	ExpiryStrategy   string        `envconfig:"EXPIRY_STRATEGY" default:"auto" desc:"the order of a pass's deletes on a plain table: auto (a sweep in physical order when the pass's sample of the heap says it costs less than expiry order, else expiry order), sweep (every pass with a row due sweeps) or expiry (never sweeps)"`
-	SweepPrefetch    bool          `envconfig:"SWEEP_PREFETCH" default:"true" desc:"a sweep reads the pages of its next slices into shared buffers on a second connection while a slice deletes; false: the slices read their own pages"`
+	SweepPrefetch    bool          `envconfig:"SWEEP_PREFETCH" default:"true" desc:"a sweep reads the pages of its next slices into shared buffers on a second connection while a slice deletes, and the chooser weighs a sweep's time rather than its server CPU; false: the slices read their own pages, and the chooser weighs CPU"`
 
 	// The throttle.
 	HeartbeatInterval  time.Duration `envconfig:"HEARTBEAT_INTERVAL" default:"250ms" desc:"how often the heartbeat row is written on the primary (when REPLICA_URLS is set)"`
