@@ -87,20 +87,23 @@ func (d *Deleter) distributedBatch(ctx context.Context, t *catalog.Table, lower 
 	var full time.Duration  // the width of the window that first met the lock
 	steps, narrowed := 0, false
 	for {
-		r, err := d.windowTx(ctx, t, lower, rows, win, limit, res)
+		r, err := d.windowTx(ctx, t, lower, max(1, rows-n), win, limit, res)
 		if err == nil {
-			if limit == 0 {
-				return r.n, r.upper, r.wal, nil
-			}
-			if r.exhausted {
+			if limit == 0 || r.exhausted {
 				return n + r.n, r.upper, wal + r.wal, nil
 			}
 			// A narrowed window committed: go on from its end (the locked
-			// row lies beyond it), widening again.
+			// row lies beyond it), widening again; once as wide as the
+			// window that met the lock, the next is sized by counting
+			// again, for what is left of the batch. Left at that width, a
+			// batch short of its rows crossed an hour with no due row in
+			// 239 ms windows (TestCitusNarrowedWindowsDoNotCrawlAGap).
 			n, wal, lower = n+r.n, wal+r.wal, pgtype.Timestamptz{Time: r.upper, Valid: true}
-			limit = min(limit*2, full)
 			if n >= rows {
 				return n, r.upper, wal, nil
+			}
+			if limit *= 2; limit >= full {
+				limit = 0
 			}
 			continue
 		}

@@ -235,6 +235,32 @@ WHERE table_name = 'public.consumer_inbox'::regclass AND shardid = get_shard_id_
 	}
 }
 
+// A batch whose window met a locked row near the end of a dense run of
+// expiries, with an hour of none after it, leaves the narrowed windows once
+// they are as wide as the one that met the lock: it does not cross the
+// hour in windows of that width (seen in CI under a shard rebalance: 239
+// ms windows through an hour, 26 s of empty transactions).
+func TestCitusNarrowedWindowsDoNotCrawlAGap(t *testing.T) {
+	t.Parallel()
+	f := citusSetup(t)
+	// 300 rows 10 ms apart: the windows settle at about 0.64 s (64 due
+	// rows, 16 a shard), and the fifth batch's holds the last 44, among
+	// them the locked one; then an hour without, then 30 more.
+	f.insert(t, "c", 300, t0.Add(-2*time.Hour), 10*time.Millisecond)
+	f.insert(t, "d", 30, t0.Add(-time.Hour), time.Second)
+	pgtest.Lock(t, f.pool, "SELECT 1 FROM public.consumer_inbox WHERE consumer = 'c' AND message_id = 'c-295' FOR UPDATE")
+	fallbacks := 0
+	res := f.passWith(t, signals{TestSignals: TestSignals{OnFallback: func() { fallbacks++ }}}, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: 16}})
+	t.Logf("%+v", res)
+	if res.Err != nil || res.Deleted != 329 || fallbacks != 1 {
+		t.Errorf("deleted %d (%v), stepped over %d locked rows; want 329 (all but the locked one), one", res.Deleted, res.Err, fallbacks)
+	}
+	// Over the hour in 0.64 s windows: some 5,600 of them.
+	if res.RangeBatches > 200 {
+		t.Errorf("%d windows committed: the batch crossed the empty hour in narrowed windows", res.RangeBatches)
+	}
+}
+
 // An application session that wants a row a batch on a distributed table
 // has deleted, while that batch waits on a row locked on a worker, waits at
 // most about the batch's lock wait: the lock timeout reaches the workers.
