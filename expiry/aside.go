@@ -24,8 +24,10 @@ type aside struct {
 	conn *pgx.Conn
 	// dropped: the pass does not want the read (drop); interrupted: drop
 	// sent the connection's backend a cancel request itself, so the
-	// connection is closed, never reused (see drop).
-	dropped, interrupted bool
+	// connection is closed, never reused (see drop); idle: the read waits
+	// in the daemon between two statements (pause), and its backend runs
+	// nothing that a cancel request could stop.
+	dropped, interrupted, idle bool
 }
 
 // errDropped ends a read the pass no longer wants.
@@ -51,8 +53,18 @@ func (a *aside) open(conn *pgx.Conn) bool {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.conn = conn
+	a.conn, a.idle = conn, false
 	return !a.dropped
+}
+
+// pause is called by the read before it waits in the daemon, between two
+// statements, for something that drop's wake ends (exactAhead's hold):
+// a drop then sends no cancel request, and the read, woken, sees itself
+// dropped at its next open.
+func (a *aside) pause() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.idle = true
 }
 
 // close is called by the read's transaction last: a connection whose
@@ -72,7 +84,8 @@ func (a *aside) close(ctx context.Context) {
 	a.conn = nil
 }
 
-// drop stops the read if it is still running, and waits for it.
+// drop stops the read if it is still running, and waits for it. wake,
+// when not nil, ends what a paused read waits for.
 //
 // A statement stopped by cancelling its context costs 100 ms more: pgx
 // waits that long after its cancel request before the connection may run
@@ -81,14 +94,22 @@ func (a *aside) close(ctx context.Context) {
 // for it. So drop sends the cancel request itself and the connection is
 // closed instead of reused. Where pgx sends no cancel requests (behind a
 // pooler: dbconn.ForPooler), the context is cancelled as before.
-func (a *aside) drop() {
+//
+// A read paused between statements (pause) is neither: its backend runs
+// nothing, and a cancel request, itself a connection to the server (a
+// process the postmaster starts), cost 20 to 30 ms before the first batch
+// of every pass that sampled the heap and went in expiry order, which
+// dropped the exact count waiting there (docs/design/expiry.md, "What is
+// left: short passes of once"). It is woken instead, and ends at its next
+// open with its connection whole.
+func (a *aside) drop(wake func()) {
 	if a == nil {
 		return
 	}
 	a.mu.Lock()
 	a.dropped = true
-	conn := a.conn
-	direct := conn != nil && dbconn.SendsCancelRequests(conn)
+	conn, idle := a.conn, a.idle
+	direct := conn != nil && !idle && dbconn.SendsCancelRequests(conn)
 	a.interrupted = direct
 	a.mu.Unlock()
 	switch {
@@ -96,8 +117,11 @@ func (a *aside) drop() {
 		// Errors are the statement's to report, and a dropped read's
 		// are not read.
 		_ = conn.PgConn().CancelRequest(context.WithoutCancel(context.Background()))
-	case conn != nil:
+	case conn != nil && !idle:
 		a.cancel()
+	}
+	if wake != nil {
+		wake()
 	}
 	// With no connection yet, the read's transaction sees it dropped as it
 	// opens (open), or it has ended.

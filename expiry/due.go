@@ -209,11 +209,15 @@ func (d *Deleter) readExactAhead(ctx context.Context, t *catalog.Table, now time
 			if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
 				return err
 			}
+			a.pause()
 			close(e.snap)
 			select {
 			case <-e.hold:
 			case <-ctx.Done():
 				return ctx.Err()
+			}
+			if !a.open(tx.Conn()) {
+				return errDropped // dropped while it waited
 			}
 			if d.TestSignals.BeforeExactCount != nil {
 				d.TestSignals.BeforeExactCount()
@@ -268,10 +272,11 @@ func (e *exactAhead) ready() (rows int64, capped, ok bool) {
 	}
 }
 
-// drop stops the exact count if it is still being read, and waits for it.
+// drop stops the exact count if it is still being read, and waits for it:
+// one still held (release) never starts.
 func (e *exactAhead) drop() {
 	if e != nil {
-		e.aside.drop()
+		e.aside.drop(e.release)
 	}
 }
 

@@ -454,7 +454,6 @@ func (d *Deleter) startSweep(ctx context.Context, t *catalog.Table, due Due, bes
 		return nil, due.Rows
 	}
 	sw, estimated := d.planSweep(ctx, t, due.now, due.cov, beside)
-	due.exact.release() // the sample is read
 	if sw == nil {
 		if !due.bounded {
 			return nil, due.Rows
@@ -463,6 +462,7 @@ func (d *Deleter) startSweep(ctx context.Context, t *catalog.Table, due Due, bes
 		due.exact.drop()
 		return nil, max(due.Rows, int64(math.Round(estimated)))
 	}
+	due.exact.release() // the sample is read
 	rows, capped := due.Rows, due.Capped
 	if due.bounded && sw.start == 0 && due.exact.snapshotted() {
 		// The slices need the count only to stop, at the end of the map:
@@ -594,7 +594,7 @@ func (d *Deleter) readSampleAhead(ctx context.Context, t *catalog.Table, now tim
 // drop stops the sample if it is still being read, and waits for it.
 func (a *sampleAhead) drop() {
 	if a != nil {
-		a.aside.drop()
+		a.aside.drop(nil)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math"
 	"math/rand/v2"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/inboxkeeper/inboxkeeper/holds"
@@ -644,13 +646,7 @@ func gaugeIf(t *testing.T, reg *prometheus.Registry, name string) (float64, bool
 func TestDroppedSampleStopsAtOnce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	f := setup(t, inboxDDL, inboxPolicy)
-	f.insert(t, "c", 1000, t0.Add(-48*time.Hour), time.Second)
-	pool, _, err := dbconn.Open(ctx, f.pool.Config().ConnString(), 4, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	f, pool := directFixture(t)
 	// The lock timeout must not end the sample's wait first.
 	d := New(pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0), LockTimeout: time.Minute}}})
 
@@ -672,6 +668,77 @@ func TestDroppedSampleStopsAtOnce(t *testing.T) {
 	if blocks, _, nblocks, err := b.take(); err != nil || len(blocks) == 0 || nblocks == 0 {
 		t.Errorf("a sample after the dropped one: %d blocks of %d, %v", len(blocks), nblocks, err)
 	}
+}
+
+// An exact count read beside a bounded look waits, once it has its
+// snapshot, until the pass has read the heap's sample. A pass that then
+// goes in expiry order drops it while it waits there: drop sends no cancel
+// request (itself a connection to the server, 20 to 30 ms before the first
+// batch here), the count never starts, and its connection goes back to the
+// pool whole, where a cancelled statement's is closed.
+func TestHeldCountDroppedWithoutCancel(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f, pool := directFixture(t)
+	var started atomic.Bool
+	var ended atomic.Int32
+	var endErr atomic.Value
+	d := New(pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}}})
+	d.TestSignals.BeforeExactCount = func() { started.Store(true) }
+	d.TestSignals.OnExactCount = func(_ int64, err error) {
+		ended.Add(1)
+		endErr.Store(fmt.Sprint(err))
+	}
+	e := d.readExactAhead(ctx, f.tables[0], t0, holds.Coverage{}, batchloop.NegInf, 0)
+	if !e.snapshotted() {
+		t.Fatalf("the exact count ended before it had its snapshot: %v", e.err)
+	}
+	var pid uint32
+	pgtest.WaitFor(t, 10*time.Second, "the held count's backend to be idle in its transaction", func() bool {
+		return f.pool.QueryRow(ctx, `SELECT pid FROM pg_stat_activity
+WHERE datname = current_database() AND state = 'idle in transaction' AND query = 'SELECT 1'`).Scan(&pid) == nil
+	})
+	dropped := make(chan struct{})
+	go func() {
+		defer close(dropped)
+		e.drop()
+	}()
+	select {
+	case <-dropped:
+	case <-time.After(10 * time.Second):
+		// Released, the count runs and the drop ends: the pool can close.
+		e.release()
+		<-dropped
+		t.Fatal("drop did not return within 10 s: the held count was never woken")
+	}
+	if started.Load() || ended.Load() != 1 || !errors.Is(e.err, errDropped) {
+		t.Errorf("count started %v, ended %d times (%v), err %v: want never started, ended once, dropped", started.Load(), ended.Load(), endErr.Load(), e.err)
+	}
+	var state string
+	if err := f.pool.QueryRow(ctx, "SELECT state FROM pg_stat_activity WHERE pid = $1", pid).Scan(&state); err != nil || state != "idle" {
+		t.Errorf("the held count's backend %d after the drop: state %q, %v; want its connection back in the pool, idle (not closed after a cancel request)", pid, state, err)
+	}
+	// The pool goes on with it: a statement on every connection it holds.
+	for range 4 {
+		if _, err := pool.Exec(ctx, "SELECT 1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// directFixture is a table of 1,000 rows due and a pool that opens
+// connections as the daemon does (dbconn.Open), whose drops send their
+// own cancel requests.
+func directFixture(t *testing.T) (fixture, *pgxpool.Pool) {
+	t.Helper()
+	f := setup(t, inboxDDL, inboxPolicy)
+	f.insert(t, "c", 1000, t0.Add(-48*time.Hour), time.Second)
+	pool, _, err := dbconn.Open(context.Background(), f.pool.Config().ConnString(), 4, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return f, pool
 }
 
 // dropWhileWaiting drops a sample read beside the count while another
