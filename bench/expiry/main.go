@@ -29,7 +29,9 @@
 // longest batch, and whether the goals hold; then the peak RSS of a daemon
 // run over -flat-rows expired rows of a narrow table, to show that memory
 // does not grow with the backlog. -baseline runs another build of the
-// daemon (main's) as one more method, in the same reps. `inboxkeeper once`
+// daemon (main's) as one more method, in the same reps; -run-pass adds a
+// pass of `inboxkeeper run`, started and warmed before it and timed by the
+// daemon's own log, as a sidecar runs it (runpass.go). `inboxkeeper once`
 // is timed from exec to exit; the statements alone, on a connection opened
 // before them (as pg_cron runs a job), or with -from-exec through psql from
 // exec to exit (as cron runs a script). Other INBOXKEEPER_* variables in the
@@ -103,6 +105,7 @@ type options struct {
 	baseline                              string        // another build of the daemon, run as a method of its own
 	payload                               bool          // the layouts' rows carry the ~300-byte payload column
 	fromExec                              bool          // time the statements through psql, from exec to exit
+	runPass                               bool          // one more method: a pass of inboxkeeper run, timed by the daemon
 	relay                                 time.Duration // every method through a TCP relay holding bytes this long each way; negative: none
 	flags                                 string        // for the report's header
 }
@@ -124,6 +127,7 @@ func run(args []string, stdout io.Writer) int {
 	fs.BoolVar(&o.payload, "payload", true, "the layouts' rows carry a ~300-byte payload column (about 19 rows a page); false: narrow rows (about 66 a page)")
 	fs.BoolVar(&o.fromExec, "from-exec", false, "time the unbounded DELETE and the loops from exec to exit, each through psql on a connection of its own, as cron runs them (inboxkeeper once is always timed so); default: each statement alone, on a connection opened before it")
 	fs.DurationVar(&o.relay, "relay", -1, "every method's connections (the daemon's, psql's, the statements') through a local TCP relay that holds what it forwards this long each way, as a network would (0: the hop alone); the report gives the round trip measured through it. Negative: none")
+	fs.BoolVar(&o.runPass, "run-pass", false, "one more method, \""+runPassName+"\": a pass of the daemon (inboxkeeper run) started before it and warmed by a pass over an empty table, timed from the pass's start to its end by the daemon's log, as a sidecar runs it")
 	fs.StringVar(&o.baseline, "baseline", "", "another inboxkeeper binary (e.g. main's build) run as one more method, \""+baselineName+"\", in the same reps")
 	return benchdata.Main(fs, args, func() error {
 		for _, n := range strings.Split(*names, ",") {
@@ -157,7 +161,7 @@ type bench struct {
 	o       options
 	dir     string // temporary: the binary and the policy files
 	bin     string
-	methods []method // methods and, with -baseline, the baseline's once
+	methods []method // methods and, with -baseline, the baseline's once, with -run-pass a pass of run
 	cluster *pgcluster.Cluster
 	pool    *pgxpool.Pool    // the postgres database: copies are made from here
 	relay   *benchdata.Relay // -relay: the methods connect through it
@@ -240,6 +244,11 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 			return b.daemonBin(ctx, o.baseline, db, "inbox")
 		}})
 	}
+	if o.runPass {
+		b.methods = append(slices.Clone(b.methods), method{runPassName, func(ctx context.Context, b *bench, db string) (result, error) {
+			return b.runPass(ctx, db)
+		}})
+	}
 
 	// pg_stat_statements counts the pages each method's statements read and
 	// dirty (a CALL counts the statements it runs).
@@ -293,6 +302,9 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 		fmt.Fprintf(w, "timing: every method from exec to exit; the unbounded DELETE and the loops through %s, each on a connection of its own (-from-exec)\n", b.psql())
 	} else {
 		fmt.Fprintf(w, "timing: inboxkeeper once from exec to exit; the unbounded DELETE and the loops as statements alone, on a connection opened before them\n")
+	}
+	if o.runPass {
+		fmt.Fprintf(w, "timing: %s from the pass's start to its end, by the daemon's log (INTERVAL %s, a pass over an empty table before it)\n", runPassName, runPassInterval)
 	}
 	var rss1M int64
 	for _, l := range o.layouts {
@@ -388,7 +400,7 @@ func (b *bench) layout(ctx context.Context, w io.Writer, l layout, total, expire
 			r := res[m.name]
 			rate := float64(expired) / r.wall.Seconds()
 			extra := ""
-			if m.name == daemonName || m.name == baselineName {
+			if m.name == daemonName || m.name == baselineName || m.name == runPassName {
 				extra = fmt.Sprintf("  peak RSS %.1f MB  %s", benchdata.MB(r.rss), batches(r, expired))
 			}
 			if m.name == daemonName {
@@ -428,6 +440,20 @@ func (b *bench) layout(ctx context.Context, w io.Writer, l layout, total, expire
 			fmt.Fprintf(w, "  baseline (%s): throughput ratio %.2f, ahead of the best loop %.2fx, longest batch %s; this build ÷ baseline %.2f\n",
 				b.o.baseline, br, br/bestLoop, base.longest.Round(time.Millisecond), tr/br)
 		}
+		if p, ok := res[runPassName]; ok {
+			pr := float64(expired) / p.wall.Seconds() / ur
+			if pr >= l.goal {
+				met["run pass throughput"]++
+			}
+			if pr > bestLoop {
+				met["run pass ahead"]++
+			}
+			if p.longest <= 2*target {
+				met["run pass batch"]++
+			}
+			fmt.Fprintf(w, "  %s: throughput ratio %.2f (goal >= %.2f), ahead of the best loop %.2fx, longest batch %s; once ÷ run pass %.2f\n",
+				runPassName, pr, l.goal, pr/bestLoop, p.longest.Round(time.Millisecond), tr/pr)
+		}
 		lc := slices.MinFunc(methods[2:], func(a, b method) int { return cmp.Compare(res[a.name].cpu, res[b.name].cpu) })
 		fmt.Fprintf(w, "  CPU seconds: inboxkeeper %.2f, unbounded %.2f (ratio %.2f), least of the loops %.2f (%s, ratio %.2f)\n",
 			d.cpu.Seconds(), u.cpu.Seconds(), d.cpu.Seconds()/u.cpu.Seconds(), res[lc.name].cpu.Seconds(), lc.name,
@@ -435,6 +461,10 @@ func (b *bench) layout(ctx context.Context, w io.Writer, l layout, total, expire
 	}
 	fmt.Fprintf(w, "%s over %d reps: throughput goal met %d, ahead of the best loop %d, WAL goal met %d, batch goal met %d\n",
 		l.name, b.o.reps, met["throughput"], met["ahead"], met["wal"], met["batch"])
+	if b.o.runPass {
+		fmt.Fprintf(w, "%s over %d reps, %s: throughput goal met %d, ahead of the best loop %d, batch goal met %d\n",
+			l.name, b.o.reps, runPassName, met["run pass throughput"], met["run pass ahead"], met["run pass batch"])
+	}
 	if b.o.keep {
 		return rss, nil
 	}
@@ -533,14 +563,7 @@ func (b *bench) daemonBin(ctx context.Context, bin, db, table string) (result, e
 	if err := benchdata.WritePolicy(policy, table); err != nil {
 		return result{}, err
 	}
-	lsn, err := benchdata.Checkpoint(ctx, b.pool)
-	if err != nil {
-		return result{}, err
-	}
-	if err := b.resetPages(ctx); err != nil {
-		return result{}, err
-	}
-	cpu, err := b.serverCPU()
+	lsn, cpu, err := b.before(ctx)
 	if err != nil {
 		return result{}, err
 	}
@@ -559,6 +582,20 @@ func (b *bench) daemonBin(ctx context.Context, bin, db, table string) (result, e
 	}
 	r.pages, r.dirtied, err = b.pages(ctx, db)
 	return r, err
+}
+
+// before is what a measurement through b.pool starts from: a checkpoint's
+// WAL position, pg_stat_statements emptied, and the server's CPU time so
+// far.
+func (b *bench) before(ctx context.Context) (lsn string, cpu time.Duration, err error) {
+	if lsn, err = benchdata.Checkpoint(ctx, b.pool); err != nil {
+		return "", 0, err
+	}
+	if err := b.resetPages(ctx); err != nil {
+		return "", 0, err
+	}
+	cpu, err = b.serverCPU()
+	return lsn, cpu, err
 }
 
 // resetPages empties pg_stat_statements before a measurement.
@@ -621,14 +658,7 @@ func (b *bench) psql() string { return filepath.Join(b.cluster.BinDir, "psql") }
 // with psql's start and its connection.
 func (b *bench) statementExec(ctx context.Context, db, sql string) (result, error) {
 	var r result
-	lsn, err := benchdata.Checkpoint(ctx, b.pool)
-	if err != nil {
-		return r, err
-	}
-	if err := b.resetPages(ctx); err != nil {
-		return r, err
-	}
-	cpu, err := b.serverCPU()
+	lsn, cpu, err := b.before(ctx)
 	if err != nil {
 		return r, err
 	}
