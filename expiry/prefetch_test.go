@@ -118,7 +118,29 @@ func TestSweepPrefetch(t *testing.T) {
 			var mu sync.Mutex
 			log := slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 			var pl prefetchLog
-			res := f.passWith(t, signals{strategy: StrategySweep, TestSignals: TestSignals{OnPrefetch: pl.read}},
+			// The prefetcher is best effort and its own goroutine: on a
+			// loaded machine a pass this small could end before it reads
+			// its first chunk. The first slice holds its commit until the
+			// prefetcher has read a chunk of the window that slice asked
+			// for, or failed (at most 30 s), so that the check below
+			// tests what it reads, not who wins a race.
+			first := make(chan struct{})
+			var firstOnce, commitOnce sync.Once
+			sig := TestSignals{OnPrefetch: func(from, to int64, err error) {
+				pl.read(from, to, err)
+				firstOnce.Do(func() { close(first) })
+			}}
+			if on {
+				sig.BeforeCommit = func(string, int64) {
+					commitOnce.Do(func() {
+						select {
+						case <-first:
+						case <-time.After(30 * time.Second):
+						}
+					})
+				}
+			}
+			res := f.passWith(t, signals{strategy: StrategySweep, TestSignals: sig},
 				Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0), Logger: log}, BatchSize: 500}, Prefetch: on})
 			if res.Deleted != due || res.SweepBatches != res.Batches || res.SweepBatches < 5 {
 				t.Fatalf("pass %+v: want all %d due rows deleted by 5 sweep batches or more", res, due)
