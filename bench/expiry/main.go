@@ -799,13 +799,9 @@ func (b *bench) serverCPU() (time.Duration, error) {
 	var ticks int64
 	for _, path := range stats {
 		data, err := os.ReadFile(path)
-		i := strings.LastIndexByte(string(data), ')')
-		if err != nil || i < 0 {
+		f := benchdata.StatFields(data)
+		if err != nil || f == nil {
 			continue // gone meanwhile
-		}
-		f := strings.Fields(string(data[i+1:])) // f[0] is field 3 of proc(5)
-		if len(f) < 15 {
-			continue
 		}
 		n := func(i int) int64 { v, _ := strconv.ParseInt(f[i], 10, 64); return v }
 		switch {

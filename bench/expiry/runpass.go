@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -77,7 +76,7 @@ func (b *bench) runPass(ctx context.Context, db string) (r result, err error) {
 	if err != nil {
 		return r, err
 	}
-	own, err := processCPU(d.cmd.Process.Pid)
+	own, err := benchdata.ProcessCPU(d.cmd.Process.Pid)
 	if err != nil {
 		return r, err
 	}
@@ -111,7 +110,7 @@ func (b *bench) runPass(ctx context.Context, db string) (r result, err error) {
 	if err != nil {
 		return r, err
 	}
-	own2, err := processCPU(d.cmd.Process.Pid)
+	own2, err := benchdata.ProcessCPU(d.cmd.Process.Pid)
 	if err != nil {
 		return r, err
 	}
@@ -231,22 +230,6 @@ func (d *runningDaemon) stop() (int64, error) {
 		rss = int64(ru.Maxrss) * 1024 // KiB on Linux
 	}
 	return rss, err
-}
-
-// processCPU is the user and system time of process pid so far.
-func processCPU(pid int) (time.Duration, error) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	i := strings.LastIndexByte(string(data), ')')
-	if err != nil || i < 0 {
-		return 0, fmt.Errorf("CPU time of process %d: %v", pid, err)
-	}
-	f := strings.Fields(string(data[i+1:])) // f[0] is field 3 of proc(5)
-	if len(f) < 13 {
-		return 0, fmt.Errorf("CPU time of process %d: short /proc/%d/stat", pid, pid)
-	}
-	utime, _ := strconv.ParseInt(f[11], 10, 64)
-	stime, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(utime+stime) * 10 * time.Millisecond, nil
 }
 
 func number(v any) float64 {

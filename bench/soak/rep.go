@@ -567,18 +567,8 @@ func (d *daemon) kill() {
 // cpu is the process's user and system time so far (/proc; clock ticks of
 // 10 ms, Linux's USER_HZ).
 func (d *daemon) cpu() time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", d.cmd.Process.Pid))
-	if err != nil {
-		return 0
-	}
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
-	if len(f) < 13 {
-		return 0
-	}
-	utime, _ := strconv.ParseInt(f[11], 10, 64)
-	stime, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(utime+stime) * 10 * time.Millisecond
+	c, _ := benchdata.ProcessCPU(d.cmd.Process.Pid)
+	return c
 }
 
 // rss is the process's resident set size now, and its anonymous part

@@ -296,3 +296,34 @@ func Measure(ctx context.Context, db DB, fn func() error) (time.Duration, int64,
 	wal, err := WALSince(ctx, db, lsn)
 	return wall, wal, err
 }
+
+// StatFields are the fields of a /proc/PID/stat line after the command's
+// name, which may hold spaces: [0] is field 3 of proc(5) (the state), [1]
+// the parent's pid, [11] to [14] utime, stime, cutime and cstime in clock
+// ticks. Nil when the line is not one.
+func StatFields(data []byte) []string {
+	i := strings.LastIndexByte(string(data), ')')
+	if i < 0 {
+		return nil
+	}
+	if f := strings.Fields(string(data[i+1:])); len(f) >= 15 {
+		return f
+	}
+	return nil
+}
+
+// ProcessCPU is the user and system time of process pid so far (Linux's
+// /proc, in clock ticks of 10 ms: USER_HZ).
+func ProcessCPU(pid int) (time.Duration, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, fmt.Errorf("CPU time of process %d: %w", pid, err)
+	}
+	f := StatFields(data)
+	if f == nil {
+		return 0, fmt.Errorf("CPU time of process %d: /proc/%d/stat is not a stat line", pid, pid)
+	}
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(utime+stime) * 10 * time.Millisecond, nil
+}
