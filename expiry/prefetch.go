@@ -51,13 +51,16 @@ type prefetcher struct {
 	wake chan struct{}
 	done chan struct{}
 
-	mu      sync.Mutex
-	lo      int64 // the window's start: the end of the slice being deleted
-	next    int64 // the next page to read
-	limit   int64 // read up to here: the window's end
-	lead    int64 // the most pages read ahead of lo (from shared_buffers; 0 until read)
-	read    int64 // pages read so far
-	stopped bool
+	mu    sync.Mutex
+	lo    int64 // the window's start: the end of the slice being deleted
+	next  int64 // the next page to read
+	limit int64 // read up to here: the window's end
+	lead  int64 // the most pages read ahead of lo (from shared_buffers; 0 until read)
+	read  int64 // pages read so far
+	// [readFrom, readTo): the pages of the last run of chunks read one
+	// after the other (ready).
+	readFrom, readTo int64
+	stopped          bool
 }
 
 // startPrefetch starts a prefetcher of t's pages; want gives it pages to
@@ -87,6 +90,16 @@ func (p *prefetcher) want(from, to int64) {
 	case p.wake <- struct{}{}:
 	default:
 	}
+}
+
+// ready is how many of the pages [a, b) the prefetcher has read.
+func (p *prefetcher) ready(a, b int64) int64 {
+	if p == nil {
+		return 0
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return max(0, min(b, p.readTo)-max(a, p.readFrom))
 }
 
 // stop ends the prefetching and waits for the chunk in flight, if any. It
@@ -174,6 +187,10 @@ SELECT count(*) FROM %s WHERE ctid >= '%s'::tid AND ctid < '%s'::tid`, p.timeout
 		}
 		p.mu.Lock()
 		p.read += to - from
+		if from != p.readTo {
+			p.readFrom = from
+		}
+		p.readTo = to
 		p.mu.Unlock()
 		if p.onRead != nil {
 			p.onRead(from, to, nil)

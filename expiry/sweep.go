@@ -307,8 +307,12 @@ type sweep struct {
 	done      int64 // pages swept, in sweep order from start
 	found     int64 // rows the slices deleted
 	predicted float64
-	perPage   time.Duration
-	target    time.Duration
+	// perPage is what a page of the slices so far took (an average that
+	// halves the weight of the older ones at each slice); hot and cold
+	// what a page the prefetcher had read took, and one it had not
+	// (pageCosts). 0: not measured yet.
+	perPage, hot, cold time.Duration
+	target             time.Duration
 }
 
 // factor corrects the density map by what the slices so far found, against
@@ -372,7 +376,7 @@ func (s *sweep) slice(size int) (a, b int64, mapped float64) {
 	}
 	maxPages := int64(size) // before the first slice: as if a page held at least one due row
 	if s.perPage > 0 {
-		maxPages = max(1, int64(s.target/s.perPage))
+		maxPages = s.fit(s.prefetch.ready(a, s.nblocks))
 	}
 	end = min(end, a+maxPages)
 	rows := float64(size)
@@ -412,21 +416,75 @@ func (s *sweep) slice(size int) (a, b int64, mapped float64) {
 	return a, max(b, a+1), mapped
 }
 
+// fit is how many pages from the slice's start fit in the batch target,
+// when the prefetcher has read ready of them: those at what a page read
+// ahead took, the others at what a page not read ahead took. A slice sized
+// by the pages read ahead alone took 230 to 250 ms where the prefetcher
+// had fallen behind by a third of it (the target 200 ms), and, once, 416
+// ms; a page not read ahead took about 2.7 times one that was, on
+// bench/expiry's steady state (docs/design/expiry.md, "Slices the
+// prefetcher has not read").
+func (s *sweep) fit(ready int64) int64 {
+	hot, cold := s.pageCosts()
+	if ready > 0 && time.Duration(ready)*hot >= s.target {
+		return max(1, int64(s.target/hot))
+	}
+	if ready <= 0 {
+		return max(1, int64(s.target/cold))
+	}
+	return ready + int64((s.target-time.Duration(ready)*hot)/cold)
+}
+
+// pageCosts is what a page read ahead and one not read ahead take, as
+// measured so far: where one of them is not measured yet, what a page of
+// the slices took (perPage); a page not read ahead never counts as
+// cheaper than one read ahead.
+func (s *sweep) pageCosts() (hot, cold time.Duration) {
+	hot, cold = s.hot, s.cold
+	if hot == 0 {
+		hot = s.perPage
+	}
+	if cold == 0 {
+		cold = s.perPage
+	}
+	return hot, max(hot, cold)
+}
+
 // swept records a committed slice: the pages it covered, the rows it
-// deleted against the rows the map predicted, and how long its statement
-// took.
-func (s *sweep) swept(a, b int64, n int64, mapped float64, took time.Duration) {
+// deleted against the rows the map predicted, how long its statement
+// took, and how many of its pages the prefetcher had read before it
+// began.
+func (s *sweep) swept(a, b int64, n int64, mapped float64, took time.Duration, ready int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.done += b - a
 	s.found += n
 	s.predicted += mapped
-	per := took / time.Duration(b-a)
-	if s.perPage == 0 {
-		s.perPage = per
-	} else {
-		s.perPage = (s.perPage + per) / 2
+	pages := b - a
+	s.perPage = average(s.perPage, took/time.Duration(pages))
+	switch cold := pages - ready; {
+	case cold*10 <= pages:
+		// Read ahead (nine pages in ten or more): what a page read ahead
+		// takes.
+		s.hot = average(s.hot, took/time.Duration(pages))
+	case cold*4 >= pages:
+		// A quarter or more not read ahead: what those took, past what the
+		// others would have at what a page read ahead takes.
+		hot, _ := s.pageCosts()
+		if s.hot == 0 {
+			hot = 0 // nothing read ahead measured yet: the slice's pages alike
+		}
+		rest := took - time.Duration(pages-cold)*hot
+		s.cold = average(s.cold, max(rest/time.Duration(cold), hot))
 	}
+}
+
+// average halves the weight of what was measured before (0: nothing).
+func average(before, now time.Duration) time.Duration {
+	if before == 0 {
+		return now
+	}
+	return (before + now) / 2
 }
 
 // startSweep decides, before the first batch, whether the pass over t
@@ -783,6 +841,7 @@ func (d *Deleter) sweepBatch(ctx context.Context, t *catalog.Table, s *sweep, si
 		}
 		s.prefetch.want(s.prefetchWindow(a, b))
 	}
+	ready := s.prefetch.ready(a, b)
 	skipLocked := d.TestSignals.SkipLockedOnly
 	n, wal, took, err := d.sweepTx(ctx, t, s, a, b, res, skipLocked)
 	if !skipLocked && retry.KindOf(err) == retry.KindLockTimeout {
@@ -796,9 +855,9 @@ func (d *Deleter) sweepBatch(ctx context.Context, t *catalog.Table, s *sweep, si
 	if err != nil {
 		return 0, time.Time{}, 0, err
 	}
-	s.swept(a, b, n, predicted, took)
+	s.swept(a, b, n, predicted, took, ready)
 	res.SweepBatches++
-	d.log.Debug("expiry: slice", "table", t.Name, "from_page", a, "to_page", b, "predicted", int64(predicted*s.factor()), "deleted", n, "took", took)
+	d.log.Debug("expiry: slice", "table", t.Name, "from_page", a, "to_page", b, "predicted", int64(predicted*s.factor()), "deleted", n, "took", took, "prefetched", ready)
 	return n, s.cutoff, wal, nil
 }
 

@@ -536,7 +536,7 @@ func TestSweepSlices(t *testing.T) {
 	}
 	// The slice found twice the rows the map predicted: the next is half
 	// as long.
-	s.swept(a, b, 1000, mapped, 10*time.Millisecond)
+	s.swept(a, b, 1000, mapped, 10*time.Millisecond, 0)
 	if a, b, _ = s.slice(500); a != 50 || b < 75 || b > 76 {
 		t.Errorf("after finding twice the rows: [%d, %d), want [50, 75)", a, b)
 	}
@@ -556,17 +556,17 @@ func TestSweepSlices(t *testing.T) {
 	if a, b, _ = w.slice(1 << 20); a != 900 || b != 1000 {
 		t.Errorf("before the wrap: [%d, %d), want [900, 1000)", a, b)
 	}
-	w.swept(900, 1000, 1000, 1000, time.Millisecond)
+	w.swept(900, 1000, 1000, 1000, time.Millisecond, 0)
 	if a, b, _ = w.slice(1 << 20); a != 0 || b > 900 {
 		t.Errorf("after the wrap: [%d, %d), want from 0, to 900 at most", a, b)
 	}
-	w.swept(0, 900, 0, 0, time.Millisecond)
+	w.swept(0, 900, 0, 0, time.Millisecond, 0)
 	if !w.exhausted() || w.position() != 900 {
 		t.Errorf("a sweep back at its start: exhausted %v at page %d, want true at 900", w.exhausted(), w.position())
 	}
 	// Not capped: the sweep ends once it has deleted as many rows as were due.
 	u := &sweep{nblocks: 1000, est: est, target: time.Second, counted: func() (int64, bool) { return 600, true }}
-	u.swept(0, 60, 600, 600, time.Millisecond)
+	u.swept(0, 60, 600, 600, time.Millisecond, 0)
 	if !u.exhausted() {
 		t.Error("a sweep that deleted every counted row is not exhausted")
 	}
@@ -574,7 +574,7 @@ func TestSweepSlices(t *testing.T) {
 	// batch further on, through pages with nothing due.
 	tail := sweepEstimate{segLen: 100, density: []float64{10, 0, 0, 0, 0, 0, 0, 0, 0, 0}}
 	l := &sweep{nblocks: 1000, est: tail, target: time.Second, counted: func() (int64, bool) { return 1000, true }}
-	l.swept(0, 50, 500, 500, time.Millisecond)
+	l.swept(0, 50, 500, 500, time.Millisecond, 0)
 	if a, b, _ = l.slice(1000); a != 50 || b != 100 {
 		t.Errorf("the last 500 counted rows: [%d, %d), want [50, 100)", a, b)
 	}
@@ -584,9 +584,60 @@ func TestSweepSlices(t *testing.T) {
 	if a, b, _ = l.slice(1000); a != 50 || b != 100 {
 		t.Errorf("a capped count: [%d, %d), want [50, 100)", a, b)
 	}
-	l.swept(50, 100, 500, 500, time.Millisecond)
+	l.swept(50, 100, 500, 500, time.Millisecond, 0)
 	if a, b, _ = l.slice(1000); a != 100 || b != 1000 {
 		t.Errorf("nothing on the map ahead: [%d, %d), want [100, 1000)", a, b)
+	}
+}
+
+// A slice is sized by what its pages cost: those the prefetcher has read
+// at what a page read ahead took, the others at what one not read ahead
+// took, so that a slice the prefetcher has fallen behind on stays within
+// the batch target.
+func TestSweepSlicesPrefetched(t *testing.T) {
+	t.Parallel()
+	s := &sweep{nblocks: 100_000, est: sweepEstimate{segLen: 1000, density: []float64{1}}, target: 100 * time.Millisecond}
+	// The first slice: nothing read ahead, 100 µs a page.
+	s.swept(0, 100, 100, 100, 10*time.Millisecond, 0)
+	if hot, cold := s.pageCosts(); hot != 100*time.Microsecond || cold != 100*time.Microsecond {
+		t.Errorf("after a slice not read ahead: %v and %v a page, want 100µs and 100µs", hot, cold)
+	}
+	// A slice read ahead: 40 µs a page.
+	s.swept(100, 300, 200, 200, 8*time.Millisecond, 200)
+	if hot, cold := s.pageCosts(); hot != 40*time.Microsecond || cold != 100*time.Microsecond {
+		t.Errorf("after a slice read ahead: %v and %v a page, want 40µs and 100µs", hot, cold)
+	}
+	for _, c := range []struct{ ready, want int64 }{
+		{0, 1000},       // nothing read ahead: 100 ms at 100 µs
+		{1000, 1600},    // 40 ms read ahead, 60 ms more at 100 µs
+		{5000, 2500},    // the target at 40 µs a page
+		{2500, 2500},    // exactly
+		{100_000, 2500}, // read far ahead: still the target
+	} {
+		if got := s.fit(c.ready); got != c.want {
+			t.Errorf("%d pages read ahead: a slice of %d pages, want %d", c.ready, got, c.want)
+		}
+	}
+	// Half of a slice read ahead: 22 ms, of which 2 ms for the 50 pages
+	// read ahead (40 µs a page) and 20 ms for the other 50, 400 µs a page
+	// not read ahead, averaged with the 100 µs before.
+	s.swept(300, 400, 100, 100, 22*time.Millisecond, 50)
+	if hot, cold := s.pageCosts(); hot != 40*time.Microsecond || cold != 250*time.Microsecond {
+		t.Errorf("after a slice half read ahead: %v and %v a page, want 40µs and 250µs", hot, cold)
+	}
+	// What the prefetcher has read of a slice: the last run of pages it
+	// read one chunk after the other.
+	p := &prefetcher{readFrom: 100, readTo: 300}
+	for _, c := range []struct{ a, b, want int64 }{{0, 200, 100}, {150, 1000, 150}, {300, 400, 0}, {0, 50, 0}} {
+		if got := p.ready(c.a, c.b); got != c.want {
+			t.Errorf("pages [100, 300) read: %d of [%d, %d), want %d", got, c.a, c.b, c.want)
+		}
+	}
+	if got := (*prefetcher)(nil).ready(0, 100); got != 0 {
+		t.Errorf("no prefetcher: %d pages read, want 0", got)
+	}
+	if got := s.fit(1000); got != 1240 {
+		t.Errorf("1,000 pages read ahead: a slice of %d pages, want 1,240 (40 ms, then 60 ms at 250 µs)", got)
 	}
 }
 
