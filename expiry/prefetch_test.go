@@ -148,6 +148,30 @@ func TestSweepPrefetch(t *testing.T) {
 			if n := f.count(t, "remember_until <= $1", t0); n != 0 {
 				t.Errorf("%d due rows left", n)
 			}
+			// Each slice's debug line says how many of its pages were read
+			// ahead before it began (what sizes the next slices): none of
+			// the first slice's, nor any without Prefetch; with it, some of
+			// the second's, as its commit waited for the chunk that starts
+			// where the second slice starts.
+			mu.Lock()
+			lines := regexp.MustCompile(`expiry: slice.* from_page=(\d+) to_page=(\d+).* prefetched_pages=(\d+)`).FindAllStringSubmatch(logs.String(), -1)
+			mu.Unlock()
+			if len(lines) != res.SweepBatches {
+				t.Fatalf("%d slice lines with prefetched_pages=, want one for each of the %d slices", len(lines), res.SweepBatches)
+			}
+			var readySum int64
+			for i, l := range lines {
+				from, _ := strconv.ParseInt(l[1], 10, 64)
+				to, _ := strconv.ParseInt(l[2], 10, 64)
+				ready, _ := strconv.ParseInt(l[3], 10, 64)
+				readySum += ready
+				if ready > to-from || ((i == 0 || !on) && ready != 0) || (i == 1 && on && ready == 0) {
+					t.Errorf("slice %d [%d, %d): %d pages read ahead, want none for the first slice or without Prefetch, some for the second with it, at most the slice's", i, from, to, ready)
+				}
+			}
+			if readySum > res.PrefetchedPages {
+				t.Errorf("slices found %d pages read ahead, the prefetcher read %d", readySum, res.PrefetchedPages)
+			}
 			pl.mu.Lock()
 			defer pl.mu.Unlock()
 			if !on {

@@ -857,7 +857,7 @@ func (d *Deleter) sweepBatch(ctx context.Context, t *catalog.Table, s *sweep, si
 	}
 	s.swept(a, b, n, predicted, took, ready)
 	res.SweepBatches++
-	d.log.Debug("expiry: slice", "table", t.Name, "from_page", a, "to_page", b, "predicted", int64(predicted*s.factor()), "deleted", n, "took", took, "prefetched", ready)
+	d.log.Debug("expiry: slice", "table", t.Name, "from_page", a, "to_page", b, "predicted", int64(predicted*s.factor()), "deleted", n, "took", took, "prefetched_pages", ready)
 	return n, s.cutoff, wal, nil
 }
 
