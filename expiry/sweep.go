@@ -313,6 +313,11 @@ type sweep struct {
 	// (pageCosts). 0: not measured yet.
 	perPage, hot, cold time.Duration
 	target             time.Duration
+	// left is the rows counted and not yet found that sized the slice
+	// last taken (0: a batch sized it), and shortLast how many slices so
+	// sized came back short in a row: each wants twice the rows of the one
+	// before (slice).
+	left, shortLast int64
 }
 
 // factor corrects the density map by what the slices so far found, against
@@ -380,11 +385,19 @@ func (s *sweep) slice(size int) (a, b int64, mapped float64) {
 	}
 	end = min(end, a+maxPages)
 	rows := float64(size)
+	s.left = 0
 	if s.counted != nil {
 		// The last slice ends where the map puts the last counted row,
-		// not a batch further on.
-		if counted, ok := s.counted(); ok {
-			rows = min(rows, float64(counted-s.found))
+		// not a batch further on. Where the map put more rows than the
+		// heap holds (at the edge of the due rows, where their density
+		// falls within a segment), it comes back short, and the rows left
+		// lie further on: each slice after one that came back short wants
+		// twice as many rows, rather than the few still left, which the
+		// map again placed too early (a tail of 6 to 11 slices of a few
+		// rows each, docs/design/expiry.md, "The last slices").
+		if counted, ok := s.counted(); ok && float64(counted-s.found) < rows {
+			s.left = counted - s.found
+			rows = min(rows, float64(s.left)*math.Exp2(float64(min(s.shortLast, 20))))
 		}
 	}
 	want := rows / s.factor()
@@ -460,6 +473,11 @@ func (s *sweep) swept(a, b int64, n int64, mapped float64, took time.Duration, r
 	s.done += b - a
 	s.found += n
 	s.predicted += mapped
+	if s.left > 0 && n < s.left {
+		s.shortLast++
+	} else {
+		s.shortLast = 0
+	}
 	pages := b - a
 	s.perPage = average(s.perPage, took/time.Duration(pages))
 	switch cold := pages - ready; {

@@ -590,6 +590,44 @@ func TestSweepSlices(t *testing.T) {
 	}
 }
 
+// The last slices: where the map put the rows left earlier than they lie,
+// the slice after one that came back short wants twice the rows left (and
+// never more than a batch), so that a pass ends in a slice or two rather
+// than in a tail of slices of a few rows each.
+func TestSweepLastSlices(t *testing.T) {
+	t.Parallel()
+	est := sweepEstimate{segLen: 100, density: []float64{10, 10, 10, 10, 10, 10, 10, 10, 10, 10}}
+	s := &sweep{nblocks: 1000, est: est, target: time.Second, counted: func() (int64, bool) { return 1100, true }}
+	a, b, mapped := s.slice(1000)
+	s.swept(a, b, 1000, mapped, time.Millisecond, 0)
+	// 100 rows left, which the map puts on the next 10 pages.
+	a, b, mapped = s.slice(1000)
+	if a != 100 || b != 110 {
+		t.Fatalf("the last 100 rows: [%d, %d), want [100, 110)", a, b)
+	}
+	// They held half of them: the next slice wants 100 rows, not the 50
+	// left (11 pages at the corrected density, not 6).
+	s.swept(a, b, 50, mapped, time.Millisecond, 0)
+	a, b, mapped = s.slice(1000)
+	if a != 110 || b != 121 {
+		t.Fatalf("after a short last slice: [%d, %d), want [110, 121)", a, b)
+	}
+	// Short again: four times the 45 left.
+	s.swept(a, b, 5, mapped, time.Millisecond, 0)
+	if a, b, _ = s.slice(1000); a != 121 || b < 140 || b > 142 {
+		t.Fatalf("after two short last slices: [%d, %d), want [121, 140 to 142)", a, b)
+	}
+	// Never more than a batch: the same sweep at a batch of 60 rows.
+	if a, b, _ = s.slice(60); a != 121 || b < 127 || b > 128 {
+		t.Errorf("a batch of 60 rows: [%d, %d), want [121, 127 or 128)", a, b)
+	}
+	// The slice that finds them all ends the pass.
+	s.swept(121, 141, 45, 45, time.Millisecond, 0)
+	if !s.exhausted() {
+		t.Error("a sweep that found every row counted is not exhausted")
+	}
+}
+
 // A slice is sized by what its pages cost: those the prefetcher has read
 // at what a page read ahead took, the others at what one not read ahead
 // took, so that a slice the prefetcher has fallen behind on stays within
