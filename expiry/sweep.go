@@ -315,8 +315,8 @@ type sweep struct {
 	target             time.Duration
 	// left is the rows counted and not yet found that sized the slice
 	// last taken (0: a batch sized it), and shortLast how many slices so
-	// sized came back short in a row: each wants twice the rows of the one
-	// before (slice).
+	// sized came back short in a row: the next wants the rows left times
+	// two to that power (slice).
 	left, shortLast int64
 }
 
@@ -391,10 +391,11 @@ func (s *sweep) slice(size int) (a, b int64, mapped float64) {
 		// not a batch further on. Where the map put more rows than the
 		// heap holds (at the edge of the due rows, where their density
 		// falls within a segment), it comes back short, and the rows left
-		// lie further on: each slice after one that came back short wants
-		// twice as many rows, rather than the few still left, which the
-		// map again placed too early (a tail of 6 to 11 slices of a few
-		// rows each, docs/design/expiry.md, "The last slices").
+		// lie further on: a slice after one that came back short wants
+		// twice the rows left (four times after two, and so on, never
+		// more than a batch), rather than the few still left, which the
+		// map would place too early again (a tail of 6 to 11 slices of a
+		// few rows each, docs/design/expiry.md, "The last slices").
 		if counted, ok := s.counted(); ok && float64(counted-s.found) < rows {
 			s.left = counted - s.found
 			rows = min(rows, float64(s.left)*math.Exp2(float64(min(s.shortLast, 20))))
