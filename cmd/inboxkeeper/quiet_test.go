@@ -25,8 +25,13 @@ import (
 // of the test's own (autovacuum off: its visits are transactions of the
 // database too), read once the daemon's sessions have ended: a session
 // writes its counts when it ends, before it leaves pg_stat_activity. Two
-// runs that differ only in how many passes they make cancel the start and
-// the stop out.
+// runs that differ only in how many passes they make (by 20) cancel most of
+// the start and the stop out, but not all: the start varies by up to five
+// transactions from run to run (the first pass's sample, read or dropped
+// before it began; the lease tried once or twice as the daemon starts;
+// which pooled connection first prepares which statement: 45 to 49 for the
+// same four passes, in six runs), so the allowance is eight, where a pass
+// that made one transaction more would add twenty.
 func TestIdleDaemonIsQuiet(t *testing.T) {
 	t.Parallel()
 	f := newIdleFixture(t, "INBOXKEEPER_INTERVAL=1s", "INBOXKEEPER_LEASE_TTL=1h")
@@ -46,22 +51,23 @@ func TestIdleDaemonIsQuiet(t *testing.T) {
 		return passes, xacts
 	}
 	shortPasses, short := run(4)
-	longPasses, long := run(14)
+	longPasses, long := run(24)
 	passes := longPasses - shortPasses
 	t.Logf("%d transactions for %d passes, %d for %d: %.2f a pass with nothing due", short, shortPasses, long, longPasses,
 		float64(long-short)/float64(passes))
-	if passes < 10 {
-		t.Fatalf("the runs differ by %d passes, want at least 10", passes)
+	if passes < 20 {
+		t.Fatalf("the runs differ by %d passes, want at least 20", passes)
 	}
-	// warmUp: pgx prepares a statement the first time a pooled connection
-	// runs it, a transaction of its own in pg_stat_database, and the pool
-	// hands its connections out in turn: the longer run's later passes may
-	// still prepare a few of the look's statements on a connection that
-	// had not run them yet. Once all have, a pass is 2 (seen: 1.9 to 2.1
-	// over 20 to 30 passes).
-	const warmUp = 4
-	if long-short > int64(2*passes+warmUp) {
-		t.Errorf("%d more transactions for %d more passes: more than 2 a pass with nothing due (and %d to prepare statements)", long-short, passes, warmUp)
+	// startNoise: the start's transactions vary from run to run (above),
+	// and pgx prepares a statement the first time a pooled connection runs
+	// it, a transaction of its own in pg_stat_database: the longer run's
+	// later passes may still prepare a few of the look's statements on a
+	// connection that had not run them yet. Once all have, a pass is 2
+	// (seen: 1.7 to 2.5 a pass over 10 passes, the start's noise included;
+	// 25 for 10 passes failed the allowance of 4 this test had then).
+	const startNoise = 8
+	if long-short > int64(2*passes+startNoise) {
+		t.Errorf("%d more transactions for %d more passes: more than 2 a pass with nothing due (and %d for the start's variation)", long-short, passes, startNoise)
 	}
 }
 
