@@ -26,12 +26,13 @@ import (
 // database too), read once the daemon's sessions have ended: a session
 // writes its counts when it ends, before it leaves pg_stat_activity. Two
 // runs that differ only in how many passes they make (by 20) cancel most of
-// the start and the stop out, but not all: the start varies by up to five
+// the start and the stop out, but not all: the start varied by up to five
 // transactions from run to run (the first pass's sample, read or dropped
-// before it began; the lease tried once or twice as the daemon starts;
-// which pooled connection first prepares which statement: 45 to 49 for the
-// same four passes, in six runs), so the allowance is eight, where a pass
-// that made one transaction more would add twenty.
+// before it began; which pooled connection first prepares which statement;
+// the lease taken by both the keeper and the first pass, before they
+// shared the first attempt, lease.Acquire: 45 to 49 for the same four
+// passes in six runs, 47 in three after), so the allowance is eight, where
+// a pass that made one transaction more would add twenty.
 func TestIdleDaemonIsQuiet(t *testing.T) {
 	t.Parallel()
 	f := newIdleFixture(t, "INBOXKEEPER_INTERVAL=1s", "INBOXKEEPER_LEASE_TTL=1h")

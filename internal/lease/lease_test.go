@@ -3,8 +3,12 @@ package lease
 import (
 	"context"
 	"errors"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 )
@@ -147,4 +151,48 @@ func TestKeepAfterWait(t *testing.T) {
 	stopB := b.Start(ctx)
 	defer stopB()
 	pgtest.WaitFor(t, 10*time.Second, "the lease to be taken at once (a third of this ttl is 20 s)", b.Held)
+}
+
+// As the daemon starts, its keeper and its first pass both try to take the
+// lease: the second takes what the first found (Acquire) rather than
+// asking the database again; TryAcquire always asks.
+func TestAcquireAfterAnAttempt(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := pgtest.NewMigratedPool(t)
+	db := &countingDB{DB: pool}
+	a, b := New(db, time.Minute, nil), New(db, time.Minute, nil)
+	stop := a.Start(ctx) // the keeper tries at once
+	defer stop()
+	pgtest.WaitFor(t, 10*time.Second, "the keeper to take the lease", a.Held)
+	if held, _, err := a.Acquire(ctx); err != nil || !held {
+		t.Fatalf("Acquire after the keeper took the lease: held %v, %v", held, err)
+	}
+	if n := db.attempts.Load(); n != 1 {
+		t.Errorf("%d statements took the lease, want 1 (the keeper's)", n)
+	}
+	if held, _, err := a.TryAcquire(ctx); err != nil || !held || db.attempts.Load() != 2 {
+		t.Errorf("TryAcquire: held %v, %v, %d statements in all; want it held and 2", held, err, db.attempts.Load())
+	}
+	// Another instance: what its attempt found (a holds it) stands for a
+	// second, without a statement.
+	if held, h, err := b.TryAcquire(ctx); err != nil || held || h.Name != a.Name() {
+		t.Fatalf("b.TryAcquire: held %v by %q, %v; want held by %q", held, h.Name, err, a.Name())
+	}
+	if held, h, err := b.Acquire(ctx); err != nil || held || h.Name != a.Name() || db.attempts.Load() != 3 {
+		t.Errorf("b.Acquire right after: held %v by %q, %v, %d statements; want held by %q and 3", held, h.Name, err, db.attempts.Load(), a.Name())
+	}
+}
+
+// countingDB counts the attempts to take or renew the lease.
+type countingDB struct {
+	DB
+	attempts atomic.Int64
+}
+
+func (c *countingDB) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if strings.Contains(sql, "INSERT INTO inboxkeeper.lease") {
+		c.attempts.Add(1)
+	}
+	return c.DB.QueryRow(ctx, sql, args...)
 }

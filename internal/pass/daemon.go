@@ -140,8 +140,10 @@ func (d *Daemon) Pass(ctx context.Context) error {
 	dm.InRecovery.Set(0)
 	if !d.lease.Held() {
 		// Try now rather than wait for the keeper's next tick: a promoted
-		// standby or a restarted database should not wait a ttl.
-		if held, h, _ := d.lease.TryAcquire(ctx); !held {
+		// standby or a restarted database should not wait a ttl. As the
+		// daemon starts the keeper is trying too: Acquire takes what its
+		// attempt found, rather than a second statement.
+		if held, h, _ := d.lease.Acquire(ctx); !held {
 			d.inactive()
 			d.say("another instance is active; waiting", "holder", h.Name)
 			return nil
