@@ -76,8 +76,8 @@ func (l *Lease) TryAcquire(ctx context.Context) (bool, Holder, error) {
 // Acquire is TryAcquire, unless an attempt ended less than a second ago:
 // then what that one found stands. As the daemon starts, its keeper (Keep)
 // and its first pass both try to take the lease at once; one statement
-// does for both (the second ran in about half the starts, measured by
-// cmd/inboxkeeper's TestIdleDaemonIsQuiet).
+// does for both (both ran in some starts, seen in the statement log while
+// tracing the variation of cmd/inboxkeeper's TestIdleDaemonIsQuiet).
 func (l *Lease) Acquire(ctx context.Context) (bool, Holder, error) {
 	l.attempt.Lock()
 	defer l.attempt.Unlock()
