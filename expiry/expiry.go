@@ -606,17 +606,28 @@ const (
 	// boundSQL reads the expiries at positions size and size+1 (%[7]s is
 	// size-1) of the due, uncovered rows from the keyset on, in the
 	// column's own type and (%[8]s) as a timestamptz: an index-only scan
-	// of the expiry index.
+	// of the expiry index. Where fewer than size rows are due (the last
+	// batch), it reads the newest of them instead: a scan of the index
+	// backwards from the cutoff, which runs only then (the InitPlan of NOT
+	// EXISTS is a one-time filter).
 	// %[9]s is >=, or > for a bound read ahead (readAhead): the rows at
 	// the keyset itself are the batch in flight's.
-	boundSQL = `SELECT %[2]s::text, %[8]s FROM %[1]s t
-WHERE %[2]s <= %[3]s AND %[2]s %[9]s %[4]s AND NOT %[5]s AND NOT %[6]s
-ORDER BY %[2]s OFFSET %[7]s LIMIT 2`
+	boundSQL = `WITH b AS (
+  SELECT %[2]s::text AS e, %[8]s AS i FROM %[1]s t
+  WHERE %[2]s <= %[3]s AND %[2]s %[9]s %[4]s AND NOT %[5]s AND NOT %[6]s
+  ORDER BY %[2]s OFFSET %[7]s LIMIT 2
+)
+SELECT e, i FROM b
+UNION ALL
+(SELECT %[2]s::text, %[8]s FROM %[1]s t
+ WHERE %[2]s <= %[3]s AND %[2]s %[9]s %[4]s AND NOT %[5]s AND NOT %[6]s AND NOT EXISTS (SELECT FROM b)
+ ORDER BY %[2]s DESC LIMIT 1)`
 
 	// rangeSQL deletes the due, uncovered rows from the keyset up to the
-	// bound %[7]s (exactly size rows when the bound was read), in one scan
-	// of the expiry index, and nothing more: the count is the command
-	// tag's, and the newest expiry deleted is the bound.
+	// bound %[7]s (exactly size rows when the bound was read, or the fewer
+	// left for the last batch), in one scan of the expiry index, and
+	// nothing more: the count is the command tag's, and the newest expiry
+	// deleted is the bound.
 	rangeSQL = `
 DELETE FROM %[1]s d
 WHERE %[2]s <= %[3]s AND %[2]s >= %[4]s AND %[2]s <= %[7]s AND NOT %[5]s AND NOT %[6]s`
@@ -819,10 +830,12 @@ type batchBound struct {
 
 // readBound reads the expiry of the size-th due, uncovered row from lower on,
 // when a batch can end there: the row after it has a later expiry (or there
-// is none), so the range up to the bound holds exactly size rows. It is not
-// ok when fewer than size rows are due (the last batch) or when rows of the
-// same expiry straddle the bound (a range would take them all, however
-// many): those batches go by ctid with LIMIT.
+// is none), so the range up to the bound holds exactly size rows. Where
+// fewer than size rows are due (the last batch), the bound is the newest
+// of them: the range holds them all, fewer than size. It is not ok when
+// no row is due, or when rows of the same expiry straddle the bound (a
+// range would take them all, however many): such a batch goes by ctid with
+// LIMIT.
 func (d *Deleter) readBound(ctx context.Context, tx pgx.Tx, t *catalog.Table, cov holds.Coverage, cutoff time.Time, lower pgtype.Timestamptz, size int, ahead bool) (batchBound, error) {
 	var args holds.Args
 	hp, rp := cov.Predicates(t, "t", &args)

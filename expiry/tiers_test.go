@@ -17,15 +17,21 @@ import (
 // forms that write keys are checked.
 func TestPermanentKeyAtomicWithDeletion(t *testing.T) {
 	t.Parallel()
-	// 100: one batch by ctid (fewer rows than the size); 10: two batches
-	// by expiry range, the form with the keys CTE; sweep: a slice of the
-	// heap (sweepKeysSQL).
+	// 100: one batch by expiry range (fewer rows than the size, up to the
+	// newest), the form with the keys CTE; 10: two of them; skip_locked:
+	// one batch by ctid, the fallback's form (ctidSQL); sweep: a slice of
+	// the heap (sweepKeysSQL).
 	for _, v := range []struct {
-		size     int
-		strategy Strategy
-	}{{100, ""}, {10, ""}, {10, StrategySweep}} {
+		size       int
+		strategy   Strategy
+		skipLocked bool
+	}{{100, "", false}, {10, "", false}, {100, "", true}, {10, StrategySweep, false}} {
 		size := v.size
-		t.Run(fmt.Sprintf("batch_%d%s", size, v.strategy), func(t *testing.T) {
+		name := fmt.Sprintf("batch_%d%s", size, v.strategy)
+		if v.skipLocked {
+			name += "_skip_locked"
+		}
+		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			f := setup(t, pgtest.TieredInboxDDL, pgtest.TieredInboxPolicy)
@@ -46,7 +52,7 @@ func TestPermanentKeyAtomicWithDeletion(t *testing.T) {
 			const keys = `SELECT count(*) FROM inboxkeeper.keys_public_inbox`
 			killed := false
 			during := [2]int64{-1, -1}
-			sig := signals{strategy: v.strategy, TestSignals: TestSignals{BeforeCommit: func(_ string, n int64) {
+			sig := signals{strategy: v.strategy, TestSignals: TestSignals{SkipLockedOnly: v.skipLocked, BeforeCommit: func(_ string, n int64) {
 				if killed {
 					return
 				}
@@ -78,8 +84,11 @@ func TestPermanentKeyAtomicWithDeletion(t *testing.T) {
 			if r := res[0]; r.Err != nil || r.Retries != 1 || r.Deleted != 20 || r.PermanentKeys != 19 {
 				t.Errorf("pass after the kill: %+v, want 20 deleted and 19 keys after 1 retry", r)
 			}
-			if r, want := res[0], map[int]int{100: 0, 10: 2}[size]; v.strategy == "" && r.RangeBatches != want {
+			if r, want := res[0], map[int]int{100: 1, 10: 2}[size]; v.strategy == "" && !v.skipLocked && r.RangeBatches != want {
 				t.Errorf("%d batches by range, want %d", r.RangeBatches, want)
+			}
+			if r := res[0]; v.skipLocked && r.RangeBatches != 0 {
+				t.Errorf("%d batches by range, want every one by ctid", r.RangeBatches)
 			}
 			if r := res[0]; v.strategy == "sweep" && (r.SweepBatches == 0 || r.RangeBatches != 0) {
 				t.Errorf("%+v: want sweep batches only", r)
