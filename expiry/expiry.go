@@ -167,6 +167,13 @@ type TableResult struct {
 	// keyset is where the running pass has got to, for the counts taken
 	// during it.
 	keyset pgtype.Timestamptz
+	// fewDue is the pass's first look when it counted, exactly, fewer rows
+	// due than the first batch wants: that batch's bound is the newest due
+	// row, read without walking the rows before it (takeBound).
+	fewDue *Due
+	// boundsFromCount counts the batches whose bound fewDue let them read
+	// so (at most the first).
+	boundsFromCount int
 }
 
 // DueRefresh is how often a long pass counts the due rows again.
@@ -277,6 +284,10 @@ func (d *Deleter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 		d.noteDue(t, due, err)
 		if err != nil && ctx.Err() == nil {
 			d.log.Warn("expiry: could not count the due rows", "table", t.Name, "error", err)
+		}
+		if err == nil && !due.Capped && !due.bounded {
+			f := due
+			res.fewDue = &f // takeBound: the first batch's bound, where the count is below its size
 		}
 		if err != nil || due.Rows > 0 {
 			res.Err = d.deleteAll(ctx, t, deadline, due, sample, &res)
@@ -580,6 +591,14 @@ func awaitAhead(ctx context.Context, res *TableResult) error {
 // for, and the holds and replays read under the fence are the ones it left
 // out), else read now. awaitAhead has waited for it.
 func (d *Deleter) takeBound(ctx context.Context, tx *batchloop.Tx, t *catalog.Table, cutoff time.Time, lower pgtype.Timestamptz, size int, res *TableResult) (batchBound, error) {
+	if f := res.fewDue; f != nil {
+		// The first batch's only: the look counted from the keyset's start.
+		res.fewDue = nil
+		if lower == batchloop.NegInf && f.Rows < int64(size) && f.cov.Same(tx.Coverage) {
+			res.boundsFromCount++
+			return d.readNewest(ctx, tx.Tx, t, tx.Coverage, cutoff, lower)
+		}
+	}
 	if a := res.ahead; a != nil {
 		res.ahead = nil
 		if a.committed && a.err == nil && a.size == size && a.lower.Valid && lower.Valid && a.lower.Time.Equal(lower.Time) &&
@@ -614,14 +633,23 @@ const (
 	// the keyset itself are the batch in flight's.
 	boundSQL = `WITH b AS (
   SELECT %[2]s::text AS e, %[8]s AS i FROM %[1]s t
-  WHERE %[2]s <= %[3]s AND %[2]s %[9]s %[4]s AND NOT %[5]s AND NOT %[6]s
+  WHERE ` + dueFromSQL + `
   ORDER BY %[2]s OFFSET %[7]s LIMIT 2
 )
 SELECT e, i FROM b
 UNION ALL
 (SELECT %[2]s::text, %[8]s FROM %[1]s t
- WHERE %[2]s <= %[3]s AND %[2]s %[9]s %[4]s AND NOT %[5]s AND NOT %[6]s AND NOT EXISTS (SELECT FROM b)
+ WHERE ` + dueFromSQL + ` AND NOT EXISTS (SELECT FROM b)
  ORDER BY %[2]s DESC LIMIT 1)`
+
+	// newestSQL is boundSQL's second branch alone: the bound of a first
+	// batch that the pass's look counted fewer rows for (readNewest).
+	newestSQL = `SELECT %[2]s::text, %[8]s FROM %[1]s t
+WHERE ` + dueFromSQL + `
+ORDER BY %[2]s DESC LIMIT 1`
+
+	// dueFromSQL: due at the cutoff, from the keyset on, not covered.
+	dueFromSQL = `%[2]s <= %[3]s AND %[2]s %[9]s %[4]s AND NOT %[5]s AND NOT %[6]s`
 
 	// rangeSQL deletes the due, uncovered rows from the keyset up to the
 	// bound %[7]s (exactly size rows when the bound was read, or the fewer
@@ -836,6 +864,8 @@ type batchBound struct {
 // no row is due, or when rows of the same expiry straddle the bound (a
 // range would take them all, however many): such a batch goes by ctid with
 // LIMIT.
+//
+// With size 0 it reads the newest due row only (readNewest).
 func (d *Deleter) readBound(ctx context.Context, tx pgx.Tx, t *catalog.Table, cov holds.Coverage, cutoff time.Time, lower pgtype.Timestamptz, size int, ahead bool) (batchBound, error) {
 	var args holds.Args
 	hp, rp := cov.Predicates(t, "t", &args)
@@ -843,9 +873,13 @@ func (d *Deleter) readBound(ctx context.Context, tx pgx.Tx, t *catalog.Table, co
 	if ahead {
 		from = ">"
 	}
-	sql := fmt.Sprintf(boundSQL, t.Ident, "t."+t.Expiry.Quoted,
+	form, offset := newestSQL, ""
+	if size > 0 {
+		form, offset = boundSQL, args.Add(size-1)
+	}
+	sql := fmt.Sprintf(form, t.Ident, "t."+t.Expiry.Quoted,
 		t.Expiry.Instant(args.Add(cutoff)+"::timestamptz"), t.Expiry.Instant(args.Add(lower)+"::timestamptz"),
-		hp, rp, args.Add(size-1), t.Expiry.AsTimestamptz("t"), from)
+		hp, rp, offset, t.Expiry.AsTimestamptz("t"), from)
 	rows, err := tx.Query(ctx, sql, args.Values...)
 	if err != nil {
 		return batchBound{}, err
@@ -858,6 +892,15 @@ func (d *Deleter) readBound(ctx context.Context, tx pgx.Tx, t *catalog.Table, co
 		return batchBound{}, err
 	}
 	return got[0], nil
+}
+
+// readNewest reads the newest due, uncovered row from lower on as the
+// bound: the first batch's, where the look counted fewer rows due than it
+// wants, so that there is no size-th row to walk to. Rows that fell due
+// since the look are in the range too (a batch can exceed its size by
+// those, as by rows inserted already expired); the holds are the batch's.
+func (d *Deleter) readNewest(ctx context.Context, tx pgx.Tx, t *catalog.Table, cov holds.Coverage, cutoff time.Time, lower pgtype.Timestamptz) (batchBound, error) {
+	return d.readBound(ctx, tx, t, cov, cutoff, lower, 0, false)
 }
 
 func (d *Deleter) optimisticLockTimeout() time.Duration {

@@ -747,6 +747,45 @@ func (f fixture) applicationWait(t *testing.T, setup, sql string) (pgx.Tx, time.
 	return tx, time.Since(started)
 }
 
+// TestFirstBatchBoundFromTheCount: where the pass's look counted fewer rows
+// due than the first batch wants, that batch deletes them all by range up
+// to the newest, without walking the index to a size-th row that is not
+// there; where it counted more, every bound is walked to as before.
+func TestFirstBatchBoundFromTheCount(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		size                       int
+		strategy                   Strategy
+		batches, ranges, fromCount int
+	}{
+		{50, "", 1, 1, 1},
+		// 10, 10, 10 by range (the third ends exactly at the last due row),
+		// then a batch that finds nothing. With the sample to choose, the
+		// look counts up to two batches only; in expiry order it counts
+		// them all, 30, more than the first batch wants.
+		{10, "", 3, 3, 0},
+		{10, StrategyExpiry, 3, 3, 0},
+	} {
+		t.Run(fmt.Sprintf("batch_%d_%s", c.size, cmp.Or(string(c.strategy), "auto")), func(t *testing.T) {
+			t.Parallel()
+			f := setup(t, inboxDDL+deleteLogDDL, inboxPolicy)
+			f.insert(t, "c", 30, t0.Add(-24*time.Hour), time.Minute)
+			f.insert(t, "later", 5, t0.Add(time.Hour), time.Minute) // not due
+			res := f.pass(t, Options{Strategy: c.strategy, Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: c.size}})
+			if res.Deleted != 30 || res.Batches != c.batches || res.RangeBatches != c.ranges || res.boundsFromCount != c.fromCount {
+				t.Errorf("deleted %d in %d batches, %d by range, %d bounded from the count; want 30 in %d, %d, %d",
+					res.Deleted, res.Batches, res.RangeBatches, res.boundsFromCount, c.batches, c.ranges, c.fromCount)
+			}
+			if f.count(t, "true") != 5 {
+				t.Error("rows that had not expired were deleted")
+			}
+			if batches := f.checkLoggedBatches(t, c.size); batches != c.batches {
+				t.Errorf("%d transactions deleted rows, want %d", batches, c.batches)
+			}
+		})
+	}
+}
+
 // TestRangeScanTrials: a pass's first range batches alternate the index
 // scan and the bitmap heap scan, two of each, and then keep one; both
 // delete exactly their range, oldest first.
