@@ -590,27 +590,40 @@ func awaitAhead(ctx context.Context, res *TableResult) error {
 // before committed and ended at lower, the size is the one it was read
 // for, and the holds and replays read under the fence are the ones it left
 // out), else read now. awaitAhead has waited for it.
-func (d *Deleter) takeBound(ctx context.Context, tx *batchloop.Tx, t *catalog.Table, cutoff time.Time, lower pgtype.Timestamptz, size int, res *TableResult) (batchBound, error) {
+func (d *Deleter) takeBound(ctx context.Context, tx *batchloop.Tx, t *catalog.Table, batchCutoff time.Time, lower pgtype.Timestamptz, size int, res *TableResult) (batchBound, error) {
 	if f := res.fewDue; f != nil {
 		// The first batch's only: the look counted from the keyset's start.
+		// Its bound is the newest row due at the look's cutoff, so that the
+		// range holds the rows counted and no row that fell due since; a
+		// batch that begins long after the look (the throttle held it)
+		// reads its bound as any other, and the pass goes on through the
+		// rows that fell due meanwhile.
 		res.fewDue = nil
-		if lower == batchloop.NegInf && f.Rows < int64(size) && f.cov.Same(tx.Coverage) {
+		if lower == batchloop.NegInf && f.Rows < int64(size) && f.cov.Same(tx.Coverage) && tx.Now.Sub(f.now) < fewDueFor {
 			res.boundsFromCount++
-			return d.readNewest(ctx, tx.Tx, t, tx.Coverage, cutoff, lower)
+			c := cutoff(t, f.now)
+			if batchCutoff.Before(c) {
+				c = batchCutoff
+			}
+			return d.readNewest(ctx, tx.Tx, t, tx.Coverage, c, lower)
 		}
 	}
 	if a := res.ahead; a != nil {
 		res.ahead = nil
 		if a.committed && a.err == nil && a.size == size && a.lower.Valid && lower.Valid && a.lower.Time.Equal(lower.Time) &&
-			a.lower.InfinityModifier == lower.InfinityModifier && !a.b.instant.Time.After(cutoff) && a.cov.Same(tx.Coverage) {
+			a.lower.InfinityModifier == lower.InfinityModifier && !a.b.instant.Time.After(batchCutoff) && a.cov.Same(tx.Coverage) {
 			if a.b.ok {
 				res.BoundsAhead++
 			}
 			return a.b, nil
 		}
 	}
-	return d.readBound(ctx, tx.Tx, t, tx.Coverage, cutoff, lower, size, false)
+	return d.readBound(ctx, tx.Tx, t, tx.Coverage, batchCutoff, lower, size, false)
 }
+
+// fewDueFor is how soon after the pass's look its first batch must begin
+// for the look's count to give that batch its bound (takeBound).
+const fewDueFor = time.Second
 
 // optimisticLockTimeout is how long an optimistic batch waits for a lock
 // before it falls back to SKIP LOCKED: the longest the deleter waits on an
@@ -894,11 +907,11 @@ func (d *Deleter) readBound(ctx context.Context, tx pgx.Tx, t *catalog.Table, co
 	return got[0], nil
 }
 
-// readNewest reads the newest due, uncovered row from lower on as the
-// bound: the first batch's, where the look counted fewer rows due than it
-// wants, so that there is no size-th row to walk to. Rows that fell due
-// since the look are in the range too (a batch can exceed its size by
-// those, as by rows inserted already expired); the holds are the batch's.
+// readNewest reads the newest row due at cutoff, uncovered, from lower on
+// as the bound: the first batch's, where the look counted fewer rows due
+// at cutoff than it wants, so that there is no size-th row to walk to.
+// Rows inserted since, already expired, are in the range too, as in any
+// batch's; the holds are the batch's.
 func (d *Deleter) readNewest(ctx context.Context, tx pgx.Tx, t *catalog.Table, cov holds.Coverage, cutoff time.Time, lower pgtype.Timestamptz) (batchBound, error) {
 	return d.readBound(ctx, tx, t, cov, cutoff, lower, 0, false)
 }

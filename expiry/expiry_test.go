@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -781,6 +782,38 @@ func TestFirstBatchBoundFromTheCount(t *testing.T) {
 			}
 			if batches := f.checkLoggedBatches(t, c.size); batches != c.batches {
 				t.Errorf("%d transactions deleted rows, want %d", batches, c.batches)
+			}
+		})
+	}
+}
+
+// TestFirstBatchLongAfterTheLook: the bound a first batch takes from the
+// pass's look is the newest row due at the look's cutoff, so that its range
+// holds the rows counted and none that fell due since (those are the next
+// pass's); a first batch that begins a second or more after the look (the
+// throttle held it) reads its bound as any other batch, at its own cutoff,
+// and the pass goes on through the rows that fell due meanwhile.
+func TestFirstBatchLongAfterTheLook(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		gap                time.Duration
+		deleted, fromCount int64
+	}{{500 * time.Millisecond, 30, 1}, {2 * time.Second, 35, 0}} {
+		t.Run(c.gap.String(), func(t *testing.T) {
+			t.Parallel()
+			f := setup(t, inboxDDL+deleteLogDDL, inboxPolicy)
+			f.insert(t, "c", 30, t0.Add(-24*time.Hour), time.Minute)
+			f.insert(t, "soon", 5, t0.Add(c.gap/2), 0) // due after the look, before the batch
+			var calls atomic.Int32
+			clock := service.Clock(func() time.Time {
+				if calls.Add(1) == 1 {
+					return t0 // the look's now
+				}
+				return t0.Add(c.gap)
+			})
+			res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: clock}, BatchSize: 50}})
+			if res.Deleted != c.deleted || res.Batches != 1 || int64(res.boundsFromCount) != c.fromCount {
+				t.Errorf("deleted %d in %d batches, %d bounded from the count; want %d in 1, %d", res.Deleted, res.Batches, res.boundsFromCount, c.deleted, c.fromCount)
 			}
 		})
 	}
