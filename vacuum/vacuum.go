@@ -56,7 +56,7 @@ type Metrics struct {
 func NewMetrics(reg prometheus.Registerer, facts *daemonmetrics.Facts) *Metrics {
 	return &Metrics{
 		Vacuums: daemonmetrics.CounterVec(reg, "inboxkeeper_vacuums_total",
-			"VACUUM (SKIP_LOCKED, TRUNCATE false) statements the daemon ran on a table after a pass that left INBOXKEEPER_VACUUM_DEAD_RATIO of its tuples dead.", "table"),
+			"VACUUMs of a table the daemon ran (VACUUM (SKIP_LOCKED, TRUNCATE false)) after a pass that left INBOXKEEPER_VACUUM_DEAD_RATIO of its tuples dead; one that found the table locked and passed it over does not count.", "table"),
 		DeadTuples: facts.Gauge(reg, "inboxkeeper_dead_tuples",
 			"Dead tuples of the table after the daemon's last pass that deleted rows: pg_stat_user_tables.n_dead_tup, or the rows the daemon deleted since its last VACUUM of it when more.", "table"),
 	}
@@ -141,6 +141,7 @@ func (v *Vacuumer) AfterPass(ctx context.Context, t *catalog.Table, deleted, liv
 		}
 	}
 	v.flushStats(ctx)
+	before, countErr := v.vacuumCount(ctx, t)
 	began := time.Now()
 	// SKIP_LOCKED: never in a lock queue. TRUNCATE false: never ACCESS
 	// EXCLUSIVE. Outside a transaction block, as VACUUM must be: pgx sends
@@ -152,6 +153,15 @@ func (v *Vacuumer) AfterPass(ctx context.Context, t *catalog.Table, deleted, liv
 		v.opts.Logger.Warn("vacuum: failed; autovacuum remains, and the next pass tries again", "table", t.Name, "error", err, "kind", retry.KindOf(err))
 		return out
 	}
+	// A table another session holds a conflicting lock on (autovacuum, a
+	// VACUUM or ANALYZE of someone else's, DDL) is passed over with only a
+	// WARNING: the statement succeeds, and nothing was vacuumed. The table's
+	// count of manual VACUUMs says which.
+	if after, err := v.vacuumCount(ctx, t); countErr == nil && err == nil && after == before {
+		out.NotRun = "another session held a lock on the table (VACUUM SKIP_LOCKED passed it over)"
+		v.opts.Logger.Debug("vacuum: the table was locked; the next pass tries again", "table", t.Name)
+		return out
+	}
 	out.Ran = true
 	v.mu.Lock()
 	v.since[t.Name] = 0
@@ -161,6 +171,14 @@ func (v *Vacuumer) AfterPass(ctx context.Context, t *catalog.Table, deleted, liv
 	}
 	v.opts.Logger.Debug("vacuum: done", "table", t.Name, "dead_tuples", dead, "live_tuples", live, "took", out.Took.Round(time.Millisecond))
 	return out
+}
+
+// vacuumCount is how many manual VACUUMs t has had, by its statistics
+// (PostgreSQL 15 writes a VACUUM's as it ends).
+func (v *Vacuumer) vacuumCount(ctx context.Context, t *catalog.Table) (int64, error) {
+	var n int64
+	err := v.pool.QueryRow(ctx, `SELECT pg_stat_get_vacuum_count($1::oid)`, t.OID).Scan(&n)
+	return n, err
 }
 
 // flushStats has every idle connection of the pool send the statistics

@@ -90,17 +90,19 @@ func TestVacuumAfterPass(t *testing.T) {
 	})
 
 	// A session that holds a lock VACUUM needs: it skips the table at once
-	// instead of queueing, and returns.
+	// instead of queueing, and returns, saying it did not run; the rows
+	// deleted still count, and the next pass vacuums.
 	t.Run("never in a lock queue", func(t *testing.T) {
 		t.Parallel()
 		pool, tbl := setup(t, 5000)
 		tx := pgtest.Lock(t, pool, "LOCK TABLE public.consumer_inbox IN SHARE UPDATE EXCLUSIVE MODE")
+		v := New(pool, Options{DeadRatio: 0.1})
 		done := make(chan Outcome, 1)
-		go func() { done <- New(pool, Options{DeadRatio: 0.1}).AfterPass(ctx, tbl, 5000, 5000, 0) }()
+		go func() { done <- v.AfterPass(ctx, tbl, 5000, 5000, 0) }()
 		select {
 		case out := <-done:
-			if out.Err != nil {
-				t.Fatalf("outcome %+v", out)
+			if out.Err != nil || out.Ran || out.NotRun == "" {
+				t.Fatalf("outcome %+v, want no VACUUM, and why", out)
 			}
 		case <-time.After(30 * time.Second):
 			t.Fatal("the VACUUM waited for the lock for 30 s")
@@ -109,6 +111,10 @@ func TestVacuumAfterPass(t *testing.T) {
 		if err := tx.Rollback(ctx); err != nil {
 			t.Fatal(err)
 		}
+		if out := v.AfterPass(ctx, tbl, 0, 5000, 0); !out.Ran || out.Dead != 5000 {
+			t.Fatalf("the next pass: %+v, want a VACUUM of the 5000 dead tuples", out)
+		}
+		wantVacuums(t, pool, 1, " after the lock was released")
 	})
 
 	// The empty pages at the end stay: cutting them off takes ACCESS
