@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -141,7 +142,7 @@ func (v *Vacuumer) AfterPass(ctx context.Context, t *catalog.Table, deleted, liv
 		}
 	}
 	v.flushStats(ctx)
-	before, countErr := v.vacuumCount(ctx, t)
+	before := v.vacuumCount(ctx, t)
 	began := time.Now()
 	// SKIP_LOCKED: never in a lock queue. TRUNCATE false: never ACCESS
 	// EXCLUSIVE. Outside a transaction block, as VACUUM must be: pgx sends
@@ -157,7 +158,7 @@ func (v *Vacuumer) AfterPass(ctx context.Context, t *catalog.Table, deleted, liv
 	// VACUUM or ANALYZE of someone else's, DDL) is passed over with only a
 	// WARNING: the statement succeeds, and nothing was vacuumed. The table's
 	// count of manual VACUUMs says which.
-	if after, err := v.vacuumCount(ctx, t); countErr == nil && err == nil && after == before {
+	if after := v.vacuumCount(ctx, t); before.Valid && after.Valid && after.Int64 == before.Int64 {
 		out.NotRun = "another session held a lock on the table (VACUUM SKIP_LOCKED passed it over)"
 		v.opts.Logger.Debug("vacuum: the table was locked; the next pass tries again", "table", t.Name)
 		return out
@@ -173,12 +174,17 @@ func (v *Vacuumer) AfterPass(ctx context.Context, t *catalog.Table, deleted, liv
 	return out
 }
 
-// vacuumCount is how many manual VACUUMs t has had, by its statistics
-// (PostgreSQL 15 writes a VACUUM's as it ends).
-func (v *Vacuumer) vacuumCount(ctx context.Context, t *catalog.Table) (int64, error) {
-	var n int64
-	err := v.pool.QueryRow(ctx, `SELECT pg_stat_get_vacuum_count($1::oid)`, t.OID).Scan(&n)
-	return n, err
+// vacuumCount is how many manual VACUUMs t has had, by its statistics:
+// not valid before PostgreSQL 15, whose statistics collector may not have
+// been told of a VACUUM that just ended (15 writes it as the VACUUM ends),
+// nor when it could not be read.
+func (v *Vacuumer) vacuumCount(ctx context.Context, t *catalog.Table) pgtype.Int8 {
+	var n pgtype.Int8
+	if err := v.pool.QueryRow(ctx, `SELECT CASE WHEN current_setting('server_version_num')::int >= 150000
+  THEN pg_stat_get_vacuum_count($1::oid) END`, t.OID).Scan(&n); err != nil {
+		return pgtype.Int8{}
+	}
+	return n
 }
 
 // flushStats has every idle connection of the pool send the statistics
