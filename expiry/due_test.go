@@ -1,0 +1,85 @@
+package expiry
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/inboxkeeper/inboxkeeper/holds"
+	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
+)
+
+// TestCountDueBounded: the bounded count of a pass's look says how many
+// due rows lie before the newest expiry it reached (below), so that the
+// exact count beside it, counting from that expiry on, counts every due row
+// once: ties at the bound are not below it, and on a local-time column the
+// wall clocks of the hour a clock skips (which PostgreSQL reads as
+// instants out of the column's order) fall on one side or the other.
+// Under the bound it counts every due row and reads no more.
+func TestCountDueBounded(t *testing.T) {
+	t.Parallel()
+	f := setup(t, `
+CREATE TABLE public.local_inbox (
+    consumer       text      NOT NULL,
+    message_id     text      NOT NULL,
+    remember_until timestamp NOT NULL,
+    PRIMARY KEY (consumer, message_id)
+);
+CREATE INDEX ON public.local_inbox (remember_until);`, `tables:
+  - table: public.local_inbox
+    key: [consumer, message_id]
+    expires_at: remember_until
+    time_zone: Europe/Berlin
+`)
+	// Berlin's clocks went from 02:00 to 03:00 on 2026-03-29: 02:30 there is
+	// read as 01:30 UTC, the instant of 03:30, and 02:45 as 01:45 UTC, after
+	// 03:30's.
+	pgtest.Exec(t, f.pool, `INSERT INTO public.local_inbox VALUES
+ ('c', 'a', '2026-03-29 00:30'), ('c', 'b', '2026-03-29 01:00'), ('c', 'c', '2026-03-29 01:00'),
+ ('c', 'gap', '2026-03-29 02:30'), ('c', 'gap2', '2026-03-29 02:45'), ('c', 'd', '2026-03-29 03:30'),
+ ('c', 'e', '2026-03-29 03:30'), ('c', 'f', '2026-03-29 04:00'), ('c', 'late', '2026-03-29 09:00')`)
+	now := time.Date(2026, 3, 29, 5, 0, 0, 0, time.UTC) // 07:00 in Berlin: all but "late" due
+	const due = 8
+	tbl := f.tables[0]
+	for _, c := range []struct {
+		limit, rows, below int64
+		more               bool
+		last               time.Time
+	}{
+		// The first five end on "gap2", the newest (01:45 UTC): the rows
+		// before 03:45 Berlin are below it, "gap2" among them.
+		{limit: 4, rows: 4, more: true, below: 7, last: time.Date(2026, 3, 29, 1, 45, 0, 0, time.UTC)},
+		{limit: 6, rows: 6, more: true, below: 7, last: time.Date(2026, 3, 29, 1, 45, 0, 0, time.UTC)},
+		// The first four end on "gap" (01:30 UTC, 03:30 Berlin): the wall
+		// clocks before 03:30 are below it, "gap2" among them though it is
+		// read as a later instant.
+		{limit: 3, rows: 3, more: true, below: 5, last: time.Date(2026, 3, 29, 1, 30, 0, 0, time.UTC)},
+		// The first three: "a" and the tie at 01:00 Berlin.
+		{limit: 2, rows: 2, more: true, below: 1, last: time.Date(2026, 3, 29, 0, 0, 0, 0, time.UTC)},
+		// Every due row, and no more.
+		{limit: due, rows: due},
+		{limit: 100, rows: due},
+	} {
+		rows, more, last, below, err := countDueBounded(context.Background(), f.pool, tbl, now, holds.Coverage{}, batchloop.NegInf, c.limit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rows != c.rows || more != c.more || below != c.below {
+			t.Errorf("limit %d: %d rows (more %v), %d below the last, want %d (more %v), %d below", c.limit, rows, more, below, c.rows, c.more, c.below)
+		}
+		if c.more && (!last.Valid || !last.Time.Equal(c.last)) {
+			t.Errorf("limit %d: last %v, want %v", c.limit, last, c.last)
+		}
+		// The exact count beside the look: below, and from the last on.
+		if c.more {
+			rest, _, err := countDueUpTo(context.Background(), f.pool, tbl, now, holds.Coverage{}, last, DueCap)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if below+rest != due {
+				t.Errorf("limit %d: %d below and %d from the last on, want %d due rows in all", c.limit, below, rest, due)
+			}
+		}
+	}
+}
