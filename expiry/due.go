@@ -124,12 +124,14 @@ func countDueBounded(ctx context.Context, q catalog.Querier, t *catalog.Table, n
 	// (countDueUpTo: the column at or after Instant(last)), so that the two
 	// part the due rows exactly: the rows before it in the walk, ties at
 	// last left out, and on a local-time column any in the hour a clock
-	// skips whose wall clock lies before Instant(last).
+	// skips whose wall clock lies before Instant(last). Those may be more
+	// than limit, even past DueCap: up to DueCap and one is counted, and
+	// the exact count says capped past DueCap.
 	sql := fmt.Sprintf(`SELECT m.n, m.last, CASE WHEN m.n > %[4]d THEN
   (SELECT count(*) FROM (SELECT 1 FROM %[1]s t WHERE %[2]s AND t.%[5]s < %[6]s LIMIT %[7]d) b) ELSE 0 END
 FROM (SELECT count(*) AS n, max(e) AS last FROM
   (SELECT %[3]s AS e FROM %[1]s t WHERE %[2]s ORDER BY t.%[5]s LIMIT %[8]d) s) m`,
-		t.Ident, due, t.Expiry.AsTimestamptz("t"), limit, t.Expiry.Quoted, t.Expiry.Instant("m.last"), DueCap, limit+1)
+		t.Ident, due, t.Expiry.AsTimestamptz("t"), limit, t.Expiry.Quoted, t.Expiry.Instant("m.last"), DueCap+1, limit+1)
 	if err := q.QueryRow(ctx, sql, args.Values...).Scan(&rows, &last, &below); err != nil {
 		return 0, false, last, 0, fmt.Errorf("count the due rows: %w", err)
 	}
@@ -234,6 +236,10 @@ func (d *Deleter) readExactAhead(ctx context.Context, t *catalog.Table, now time
 			}
 			if d.TestSignals.BeforeExactCount != nil {
 				d.TestSignals.BeforeExactCount()
+			}
+			if below > DueCap {
+				e.rows, e.capped = DueCap, true
+				return nil
 			}
 			rest, capped, err := countDueUpTo(ctx, tx, t, now, cov, from, DueCap-below)
 			e.rows, e.capped = below+rest, capped
