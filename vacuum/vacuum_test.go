@@ -3,6 +3,7 @@ package vacuum
 import (
 	"context"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -90,19 +91,25 @@ func TestVacuumAfterPass(t *testing.T) {
 	})
 
 	// A session that holds a lock VACUUM needs: it skips the table at once
-	// instead of queueing, and returns, saying it did not run; the rows
-	// deleted still count, and the next pass vacuums.
+	// instead of queueing, tries again after each of passedOverWaits, and
+	// returns, saying it did not run; the rows deleted still count, and
+	// the next pass vacuums.
 	t.Run("never in a lock queue", func(t *testing.T) {
 		t.Parallel()
 		pool, tbl := setup(t, 5000)
 		tx := pgtest.Lock(t, pool, "LOCK TABLE public.consumer_inbox IN SHARE UPDATE EXCLUSIVE MODE")
 		v := New(pool, Options{DeadRatio: 0.1})
+		var attempts atomic.Int32
+		v.passedOver = func(int) { attempts.Add(1) }
 		done := make(chan Outcome, 1)
 		go func() { done <- v.AfterPass(ctx, tbl, 5000, 5000, 0) }()
 		select {
 		case out := <-done:
 			if out.Err != nil || out.Ran || out.NotRun == "" {
 				t.Fatalf("outcome %+v, want no VACUUM, and why", out)
+			}
+			if n := attempts.Load(); n != int32(len(passedOverWaits)) {
+				t.Errorf("tried again %d times, want %d", n, len(passedOverWaits))
 			}
 		case <-time.After(30 * time.Second):
 			t.Fatal("the VACUUM waited for the lock for 30 s")
@@ -115,6 +122,56 @@ func TestVacuumAfterPass(t *testing.T) {
 			t.Fatalf("the next pass: %+v, want a VACUUM of the 5000 dead tuples", out)
 		}
 		wantVacuums(t, pool, 1, " after the lock was released")
+	})
+
+	// A lock that another session (autovacuum) releases soon after: the
+	// VACUUM it passed over runs within the pass.
+	t.Run("tried again within the pass", func(t *testing.T) {
+		t.Parallel()
+		pool, tbl := setup(t, 5000)
+		tx := pgtest.Lock(t, pool, "LOCK TABLE public.consumer_inbox IN SHARE UPDATE EXCLUSIVE MODE")
+		v := New(pool, Options{DeadRatio: 0.1})
+		var attempts atomic.Int32
+		v.passedOver = func(int) {
+			if attempts.Add(1) == 1 {
+				if err := tx.Rollback(ctx); err != nil {
+					t.Error(err)
+				}
+			}
+		}
+		if out := v.AfterPass(ctx, tbl, 5000, 5000, 0); !out.Ran || out.NotRun != "" || out.Err != nil {
+			t.Fatalf("outcome %+v, want a VACUUM once the lock was released", out)
+		}
+		if n := attempts.Load(); n != 1 {
+			t.Errorf("passed over %d times, want 1", n)
+		}
+		wantVacuums(t, pool, 1, " after the lock was released")
+	})
+
+	// Where track_counts is off a VACUUM counts nothing in the table's
+	// statistics: the one that ran is reported as run (the count cannot
+	// tell), and pg_class says it ran (relallvisible).
+	t.Run("track_counts off", func(t *testing.T) {
+		t.Parallel()
+		pool, tbl := setup(t, 5000)
+		cfg := pool.Config().Copy()
+		cfg.ConnConfig.RuntimeParams["track_counts"] = "off"
+		off, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer off.Close()
+		if out := New(off, Options{DeadRatio: 0.1}).AfterPass(ctx, tbl, 5000, 5000, 0); !out.Ran || out.NotRun != "" || out.Err != nil {
+			t.Errorf("outcome %+v, want a VACUUM that ran", out)
+		}
+		var visible int64
+		if err := pool.QueryRow(ctx, `SELECT relallvisible FROM pg_class WHERE oid = 'public.consumer_inbox'::regclass`).Scan(&visible); err != nil {
+			t.Fatal(err)
+		}
+		if visible == 0 {
+			t.Error("relallvisible 0: no VACUUM ran")
+		}
+		wantVacuums(t, pool, 0, " (track_counts off: the VACUUM counted nothing)")
 	})
 
 	// The empty pages at the end stay: cutting them off takes ACCESS
