@@ -152,6 +152,7 @@ type TableResult struct {
 	LiveTuples         int64       // pg_stat_user_tables.n_live_tup after the pass
 	DeadTuples         int64       // dead tuples after the pass: n_dead_tup, or the rows deleted since the last VACUUM (vacuum.Vacuumer) when more
 	Vacuumed           bool        // the pass ended with a VACUUM of the table (vacuum.Vacuumer)
+	VacuumsPassedOver  int         // VACUUMs another session's lock passed over (each tried again within the pass)
 	VacuumNotRun       string      // why no VACUUM ran when the dead tuples called for one
 	PermanentKeys      int64       // permanent keys written with the deleted rows (tiers.permanent_key)
 	StoppedEarly       retry.Early // set when RUN_TIME, the lease, the throttle, a lock wait or shutdown ended the pass early
@@ -300,7 +301,7 @@ func (d *Deleter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 				log.Warn("expiry: could not measure the table after the pass; its metrics wait for the next one", "error", err)
 			} else if res.Deleted > 0 {
 				v := d.opts.Vacuum.AfterPass(ctx, t, res.Deleted, res.LiveTuples, res.DeadTuples)
-				res.DeadTuples, res.Vacuumed, res.VacuumNotRun = max(res.DeadTuples, v.Dead), v.Ran, v.NotRun
+				res.DeadTuples, res.Vacuumed, res.VacuumNotRun, res.VacuumsPassedOver = max(res.DeadTuples, v.Dead), v.Ran, v.NotRun, v.PassedOver
 			}
 		}
 	}
@@ -333,6 +334,9 @@ func (d *Deleter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 		attrs = append(attrs, "dead_tuples", res.DeadTuples, "vacuumed", res.Vacuumed)
 		if res.VacuumNotRun != "" {
 			attrs = append(attrs, "vacuum_not_run", res.VacuumNotRun)
+		}
+		if res.VacuumsPassedOver > 0 {
+			attrs = append(attrs, "vacuums_passed_over", res.VacuumsPassedOver)
 		}
 	}
 	logf("expiry: table done", append(attrs, "protected_by_holds", res.ProtectedByHolds,

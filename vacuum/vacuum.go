@@ -104,10 +104,13 @@ type Outcome struct {
 	// succeeded, which it does when it passes over a locked table too. A
 	// VACUUM of another session's that ends between the two reads counts
 	// as this one: the dead tuples the next pass reads say what is left.
-	Ran    bool
-	Took   time.Duration // its duration
-	NotRun string        // why none ran, when one was due
-	Err    error
+	Ran bool
+	// PassedOver: the VACUUMs another session's lock passed over before
+	// the one that ran, or all of them when none did.
+	PassedOver int
+	Took       time.Duration // its duration
+	NotRun     string        // why none ran, when one was due
+	Err        error
 }
 
 // AfterPass is told that a pass deleted deleted rows of t, which holds live
@@ -160,6 +163,7 @@ func (v *Vacuumer) AfterPass(ctx context.Context, t *catalog.Table, deleted, liv
 		if ran {
 			break
 		}
+		out.PassedOver++
 		if attempt == len(passedOverWaits) {
 			out.NotRun = "another session held a lock on the table (VACUUM SKIP_LOCKED passed it over)"
 			v.opts.Logger.Debug("vacuum: the table was locked; the next pass tries again", "table", t.Name, "attempts", attempt+1)

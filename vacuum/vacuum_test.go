@@ -108,8 +108,8 @@ func TestVacuumAfterPass(t *testing.T) {
 			if out.Err != nil || out.Ran || out.NotRun == "" {
 				t.Fatalf("outcome %+v, want no VACUUM, and why", out)
 			}
-			if n := attempts.Load(); n != int32(len(passedOverWaits)) {
-				t.Errorf("tried again %d times, want %d", n, len(passedOverWaits))
+			if n := attempts.Load(); n != int32(len(passedOverWaits)) || out.PassedOver != len(passedOverWaits)+1 {
+				t.Errorf("tried again %d times, %d passed over, want %d and %d", n, out.PassedOver, len(passedOverWaits), len(passedOverWaits)+1)
 			}
 		case <-time.After(30 * time.Second):
 			t.Fatal("the VACUUM waited for the lock for 30 s")
@@ -139,8 +139,8 @@ func TestVacuumAfterPass(t *testing.T) {
 				}
 			}
 		}
-		if out := v.AfterPass(ctx, tbl, 5000, 5000, 0); !out.Ran || out.NotRun != "" || out.Err != nil {
-			t.Fatalf("outcome %+v, want a VACUUM once the lock was released", out)
+		if out := v.AfterPass(ctx, tbl, 5000, 5000, 0); !out.Ran || out.NotRun != "" || out.Err != nil || out.PassedOver != 1 {
+			t.Fatalf("outcome %+v, want a VACUUM once the lock was released, one passed over", out)
 		}
 		if n := attempts.Load(); n != 1 {
 			t.Errorf("passed over %d times, want 1", n)

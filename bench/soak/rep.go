@@ -179,8 +179,9 @@ func (b *bench) rep(ctx context.Context, order []string, r *report) (rep, error)
 		reads1[cl] = tables[cl].reads
 	}
 	out.daemon.cpu = (d.cpu() - cpu0).Seconds() / steady.Seconds()
-	out.daemon.linesPerHour = float64(d.lines(start, start.Add(steady), "")) / steady.Hours()
+	out.daemon.linesPerHour = float64(d.lines(start, start.Add(steady))) / steady.Hours()
 	out.daemon.vacuums = d.lines(start, start.Add(steady), "vacuumed=true")
+	out.daemon.vacuumsLate = d.lines(start, start.Add(steady), "vacuumed=true", "vacuums_passed_over=")
 	out.daemon.vacuumsPassedOver = d.lines(start, start.Add(steady), "VACUUM SKIP_LOCKED passed it over")
 	out.daemon.vacuumsNotRun = d.lines(start, start.Add(steady), "vacuum_not_run=") - out.daemon.vacuumsPassedOver
 
@@ -235,7 +236,7 @@ func (b *bench) rep(ctx context.Context, order []string, r *report) (rep, error)
 		return out, ctx.Err()
 	case <-time.After(o.idle):
 	}
-	out.daemon.idleLinesPerHour = float64(d.lines(idleStart, time.Now(), "")) / time.Since(idleStart).Hours()
+	out.daemon.idleLinesPerHour = float64(d.lines(idleStart, time.Now())) / time.Since(idleStart).Hours()
 	if err := d.stop(); err != nil {
 		return out, err
 	}
@@ -529,13 +530,16 @@ func (d *daemon) text() string {
 	return s.String()
 }
 
-// lines counts the lines logged in [from, to) that hold has ("": all).
-func (d *daemon) lines(from, to time.Time, has string) int {
+// lines counts the lines logged in [from, to) that hold every one of has.
+func (d *daemon) lines(from, to time.Time, has ...string) int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	n := 0
 	for _, l := range d.log {
-		if !l.at.Before(from) && l.at.Before(to) && strings.Contains(l.text, has) {
+		if l.at.Before(from) || !l.at.Before(to) {
+			continue
+		}
+		if !slices.ContainsFunc(has, func(s string) bool { return !strings.Contains(l.text, s) }) {
 			n++
 		}
 	}
