@@ -153,6 +153,7 @@ type TableResult struct {
 	DeadTuples         int64       // dead tuples after the pass: n_dead_tup, or the rows deleted since the last VACUUM (vacuum.Vacuumer) when more
 	Vacuumed           bool        // the pass ended with a VACUUM of the table (vacuum.Vacuumer)
 	VacuumsPassedOver  int         // VACUUMs another session's lock passed over (each tried again within the pass)
+	VacuumsHeldBack    int         // VACUUMs that left the deleted rows to an older snapshot (tried again once)
 	VacuumNotRun       string      // why no VACUUM ran when the dead tuples called for one
 	PermanentKeys      int64       // permanent keys written with the deleted rows (tiers.permanent_key)
 	StoppedEarly       retry.Early // set when RUN_TIME, the lease, the throttle, a lock wait or shutdown ended the pass early
@@ -301,7 +302,8 @@ func (d *Deleter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 				log.Warn("expiry: could not measure the table after the pass; its metrics wait for the next one", "error", err)
 			} else if res.Deleted > 0 {
 				v := d.opts.Vacuum.AfterPass(ctx, t, res.Deleted, res.LiveTuples, res.DeadTuples)
-				res.DeadTuples, res.Vacuumed, res.VacuumNotRun, res.VacuumsPassedOver = max(res.DeadTuples, v.Dead), v.Ran, v.NotRun, v.PassedOver
+				res.DeadTuples, res.Vacuumed, res.VacuumNotRun = max(res.DeadTuples, v.Dead), v.Ran, v.NotRun
+				res.VacuumsPassedOver, res.VacuumsHeldBack = v.PassedOver, v.HeldBack
 			}
 		}
 	}
@@ -337,6 +339,9 @@ func (d *Deleter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 		}
 		if res.VacuumsPassedOver > 0 {
 			attrs = append(attrs, "vacuums_passed_over", res.VacuumsPassedOver)
+		}
+		if res.VacuumsHeldBack > 0 {
+			attrs = append(attrs, "vacuums_held_back", res.VacuumsHeldBack)
 		}
 	}
 	logf("expiry: table done", append(attrs, "protected_by_holds", res.ProtectedByHolds,

@@ -2,6 +2,7 @@ package vacuum
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -100,7 +101,7 @@ func TestVacuumAfterPass(t *testing.T) {
 		tx := pgtest.Lock(t, pool, "LOCK TABLE public.consumer_inbox IN SHARE UPDATE EXCLUSIVE MODE")
 		v := New(pool, Options{DeadRatio: 0.1})
 		var attempts atomic.Int32
-		v.passedOver = func(int) { attempts.Add(1) }
+		v.retrying = func(Outcome) { attempts.Add(1) }
 		done := make(chan Outcome, 1)
 		go func() { done <- v.AfterPass(ctx, tbl, 5000, 5000, 0) }()
 		select {
@@ -132,7 +133,7 @@ func TestVacuumAfterPass(t *testing.T) {
 		tx := pgtest.Lock(t, pool, "LOCK TABLE public.consumer_inbox IN SHARE UPDATE EXCLUSIVE MODE")
 		v := New(pool, Options{DeadRatio: 0.1})
 		var attempts atomic.Int32
-		v.passedOver = func(int) {
+		v.retrying = func(Outcome) {
 			if attempts.Add(1) == 1 {
 				if err := tx.Rollback(ctx); err != nil {
 					t.Error(err)
@@ -146,6 +147,52 @@ func TestVacuumAfterPass(t *testing.T) {
 			t.Errorf("passed over %d times, want 1", n)
 		}
 		wantVacuums(t, pool, 1, " after the lock was released")
+	})
+
+	// A snapshot older than the deletes (an insert that began just before
+	// the pass's last commit) keeps them from the VACUUM: it runs, leaves
+	// them dead, and is tried once more after heldBackWait, which finds
+	// them removable once the snapshot is gone. One held longer gets no
+	// third VACUUM.
+	t.Run("held back by an older snapshot", func(t *testing.T) {
+		t.Parallel()
+		for _, release := range []bool{true, false} {
+			pool, tbl := setup(t, 0)
+			holder, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := holder.Exec(ctx, "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; SELECT 1"); err != nil {
+				t.Fatal(err)
+			}
+			pgtest.Exec(t, pool, `DELETE FROM public.consumer_inbox WHERE message_id IN (SELECT 'm' || i FROM generate_series(1, 5000) i)`)
+			v := New(pool, Options{DeadRatio: 0.1})
+			var retries atomic.Int32
+			v.retrying = func(o Outcome) {
+				retries.Add(1)
+				if o.HeldBack == 1 && release {
+					if err := holder.Rollback(ctx); err != nil {
+						t.Error(err)
+					}
+				}
+			}
+			out := v.AfterPass(ctx, tbl, 5000, 5000, 0)
+			if !out.Ran || out.HeldBack != 1 || out.PassedOver != 0 || out.Err != nil || retries.Load() != 1 {
+				t.Errorf("released %v: outcome %+v after %d retries, want a VACUUM held back once, then run", release, out, retries.Load())
+			}
+			var left int64
+			if err := pool.QueryRow(ctx, `SELECT pg_stat_get_dead_tuples('public.consumer_inbox'::regclass)`).Scan(&left); err != nil {
+				t.Fatal(err)
+			}
+			if release && left != 0 {
+				t.Errorf("%d dead tuples left once the snapshot was gone, want 0", left)
+			}
+			if !release && left < 5000 {
+				t.Errorf("%d dead tuples left under the snapshot, want the 5000 deleted", left)
+			}
+			wantVacuums(t, pool, 2, fmt.Sprintf(" (snapshot released: %v)", release))
+			_ = holder.Rollback(ctx)
+		}
 	})
 
 	// Where track_counts is off a VACUUM counts nothing in the table's

@@ -203,16 +203,17 @@ type daemonFigures struct {
 	rss          rssFigures
 	linesPerHour float64 // steady state
 	// The passes of the steady state that ran a VACUUM (and of those, the
-	// ones that ran it after another session's lock had passed it over),
-	// found it passed over to the end, or ran none for another reason
-	// though the dead tuples called for one.
-	vacuums, vacuumsLate, vacuumsPassedOver, vacuumsNotRun int
-	idleXacts                                              float64 // a second, nothing due
-	idleLinesPerHour                                       float64
-	namedInStatus                                          string // the line of status that named the holder, "" when none
-	holdPID                                                int
-	metricInHold                                           float64 // inboxkeeper_xmin_horizon_age_seconds{kind="backend"} when it first read 1 s or more in the hold (or at its end)
-	metricInHoldAt                                         time.Duration
+	// ones that ran it after another session's lock had passed it over, and
+	// those whose VACUUM an older snapshot held back), found it passed over
+	// to the end, or ran none for another reason though the dead tuples
+	// called for one.
+	vacuums, vacuumsLate, vacuumsHeldBack, vacuumsPassedOver, vacuumsNotRun int
+	idleXacts                                                               float64 // a second, nothing due
+	idleLinesPerHour                                                        float64
+	namedInStatus                                                           string // the line of status that named the holder, "" when none
+	holdPID                                                                 int
+	metricInHold                                                            float64 // inboxkeeper_xmin_horizon_age_seconds{kind="backend"} when it first read 1 s or more in the hold (or at its end)
+	metricInHoldAt                                                          time.Duration
 }
 
 type bench struct {

@@ -182,6 +182,7 @@ func (b *bench) rep(ctx context.Context, order []string, r *report) (rep, error)
 	out.daemon.linesPerHour = float64(d.lines(start, start.Add(steady))) / steady.Hours()
 	out.daemon.vacuums = d.lines(start, start.Add(steady), "vacuumed=true")
 	out.daemon.vacuumsLate = d.lines(start, start.Add(steady), "vacuumed=true", "vacuums_passed_over=")
+	out.daemon.vacuumsHeldBack = d.lines(start, start.Add(steady), "vacuums_held_back=")
 	out.daemon.vacuumsPassedOver = d.lines(start, start.Add(steady), "VACUUM SKIP_LOCKED passed it over")
 	out.daemon.vacuumsNotRun = d.lines(start, start.Add(steady), "vacuum_not_run=") - out.daemon.vacuumsPassedOver
 

@@ -65,8 +65,8 @@ func printRep(w io.Writer, r *report, i int) {
 	fmt.Fprintf(w, "daemon: CPU %.1f%% of a core; RSS %.1f MB in the first minute, %.1f MB half way, %.1f MB in the last (anonymous %.1f, %.1f, %.1f MB); %.0f log lines an hour\n",
 		100*d.cpu, benchdata.MB(d.rss.first.rss), benchdata.MB(d.rss.middle.rss), benchdata.MB(d.rss.last.rss),
 		benchdata.MB(d.rss.first.anon), benchdata.MB(d.rss.middle.anon), benchdata.MB(d.rss.last.anon), d.linesPerHour)
-	fmt.Fprintf(w, "daemon's VACUUMs (INBOXKEEPER_VACUUM_DEAD_RATIO): %d ran (%d once another session's lock let it), %d passed over to the end, %d not run for another reason\n",
-		d.vacuums, d.vacuumsLate, d.vacuumsPassedOver, d.vacuumsNotRun)
+	fmt.Fprintf(w, "daemon's VACUUMs (INBOXKEEPER_VACUUM_DEAD_RATIO): %d ran (%d once another session's lock let it, %d again after an older snapshot held the first back), %d passed over to the end, %d not run for another reason\n",
+		d.vacuums, d.vacuumsLate, d.vacuumsHeldBack, d.vacuumsPassedOver, d.vacuumsNotRun)
 	fmt.Fprintf(w, "daemon with nothing due, over %s: %.2f transactions a second, %.0f log lines an hour\n", o.idle, d.idleXacts, d.idleLinesPerHour)
 	if o.hold > 0 {
 		named := "NOT named"
