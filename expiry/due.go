@@ -107,8 +107,8 @@ func (d *Deleter) Due(ctx context.Context, t *catalog.Table, from pgtype.Timesta
 // countDueBounded is countDueUpTo in expiry order, for a look that counts
 // up to limit rows only: past limit (more), it also returns the newest
 // expiry it reached (last) and how many due rows lie before it in the
-// expiry index (below, the ones it counted that expire before it), so that the exact count need only count from last on
-// (exactAhead) instead of counting the first limit rows again.
+// expiry index (below), so that the exact count need only count from last
+// on (exactAhead) instead of counting the first limit rows again.
 // One statement, so one snapshot; below is walked for only when there are
 // more. Counted over a materialized CTE (count(*) FILTER (WHERE e < (SELECT
 // max(e) FROM s))), every count read its rows twice and, past work_mem,

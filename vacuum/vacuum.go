@@ -12,7 +12,9 @@
 // lock (it skips the table when another session holds a conflicting one;
 // it is tried again for 1.5 s, then by the next pass) and never takes
 // ACCESS EXCLUSIVE to cut empty pages off the end (the writer would queue
-// behind it, and the table grows back). The throttle is asked first: VACUUM writes WAL too.
+// behind it, and the table grows back). One that an older snapshot kept
+// from the pass's deleted rows is run once more. The throttle is asked
+// first: VACUUM writes WAL too.
 //
 // Autovacuum stays the backstop; Advise says which of a table's autovacuum
 // settings cannot keep up with a deletion rate, and what to set.
@@ -100,7 +102,7 @@ func New(pool *pgxpool.Pool, opts Options) *Vacuumer {
 type Outcome struct {
 	Dead int64 // dead tuples, as counted
 	// Ran: a VACUUM ran. Judged by the table's count of manual VACUUMs
-	// where it can be read (vacuumCount); elsewhere the statement
+	// where it can be read (stats); elsewhere the statement
 	// succeeded, which it does when it passes over a locked table too. A
 	// VACUUM of another session's that ends between the two reads counts
 	// as this one: the dead tuples the next pass reads say what is left.
