@@ -196,21 +196,20 @@ func (v *Vacuumer) AfterPass(ctx context.Context, t *catalog.Table, deleted, liv
 		if v.retrying != nil {
 			v.retrying(out)
 		}
-		select {
-		case <-ctx.Done():
-			out.Ran = out.HeldBack > 0
-			if !out.Ran {
-				out.NotRun = "stopped"
-			}
-			return out
-		case <-time.After(wait):
-		}
-		if why, ok := v.opts.CheckActive(); !ok {
-			out.Ran = out.HeldBack > 0
-			if !out.Ran {
+		// Stopped while it waits: a VACUUM held back has run all the same.
+		stop := func(why retry.Early) Outcome {
+			if out.Ran = out.HeldBack > 0; !out.Ran {
 				out.NotRun = why.String()
 			}
 			return out
+		}
+		select {
+		case <-ctx.Done():
+			return stop(retry.AtShutdown)
+		case <-time.After(wait):
+		}
+		if why, ok := v.opts.CheckActive(); !ok {
+			return stop(why)
 		}
 	}
 	v.mu.Lock()
