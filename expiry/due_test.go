@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/inboxkeeper/inboxkeeper/holds"
 	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
@@ -81,5 +83,48 @@ CREATE INDEX ON public.local_inbox (remember_until);`, `tables:
 				t.Errorf("limit %d: %d below and %d from the last on, want %d due rows in all", c.limit, below, rest, due)
 			}
 		}
+	}
+}
+
+// TestMeasureReadsTheStatistics: the look's live and dead tuples are the
+// ones pg_stat_user_tables shows (read by the functions the view reads
+// them with, without planning the view), each in its place.
+func TestMeasureReadsTheStatistics(t *testing.T) {
+	t.Parallel()
+	f := setup(t, inboxDDL+`
+ALTER TABLE public.consumer_inbox SET (autovacuum_enabled = off);`, inboxPolicy)
+	ctx := context.Background()
+	conn, err := f.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One backend inserts and deletes, then flushes its statistics before
+	// it answers (PostgreSQL 15), so that every session reads them.
+	for _, sql := range []string{
+		`INSERT INTO public.consumer_inbox (consumer, message_id, remember_until) SELECT 'c', i::text, now() FROM generate_series(1, 300) i`,
+		`DELETE FROM public.consumer_inbox WHERE message_id::int <= 100`,
+		`SELECT pg_stat_force_next_flush()`,
+	} {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conn.Release()
+	var live, dead int64
+	if err := f.pool.QueryRow(ctx, `SELECT n_live_tup, n_dead_tup FROM pg_stat_user_tables WHERE relid = 'public.consumer_inbox'::regclass`).Scan(&live, &dead); err != nil {
+		t.Fatal(err)
+	}
+	if live != 200 || dead != 100 {
+		t.Fatalf("pg_stat_user_tables says %d live and %d dead tuples, want 200 and 100: the statistics were not flushed", live, dead)
+	}
+	d := New(f.pool, f.tables, Options{})
+	var res TableResult
+	if err := d.readTx(ctx, func(tx pgx.Tx) error {
+		return d.measure(ctx, tx, f.tables[0], time.Now(), holds.Coverage{}, &res)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if res.LiveTuples != live || res.DeadTuples != dead {
+		t.Errorf("measured %d live and %d dead tuples, want %d and %d (pg_stat_user_tables)", res.LiveTuples, res.DeadTuples, live, dead)
 	}
 }

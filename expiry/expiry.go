@@ -149,7 +149,7 @@ type TableResult struct {
 	CleanupLag         time.Duration
 	Oldest, Newest     *time.Time  // retained expiries after the pass
 	BytesPerKey        float64     // table size with indexes and TOAST per estimated row; 0 when unknown
-	LiveTuples         int64       // pg_stat_user_tables.n_live_tup after the pass
+	LiveTuples         int64       // n_live_tup after the pass (pg_stat_get_live_tuples)
 	DeadTuples         int64       // dead tuples after the pass: n_dead_tup, or the rows deleted since the last VACUUM (vacuum.Vacuumer) when more
 	Vacuumed           bool        // the pass ended with a VACUUM of the table (vacuum.Vacuumer)
 	VacuumsPassedOver  int         // VACUUMs another session's lock passed over (each tried again within the pass)
@@ -1039,10 +1039,13 @@ func (d *Deleter) measure(ctx context.Context, tx pgx.Tx, t *catalog.Table, now 
 		return nil
 	}
 	// reltuples is the planner's estimate (-1 before the first ANALYZE).
-	// The tuple counts are the statistics', for the VACUUM after the pass.
+	// The tuple counts are the statistics', for the VACUUM after the pass,
+	// read by the functions pg_stat_user_tables reads them with: the view
+	// joins pg_index and pg_namespace and aggregates, and planning it in a
+	// new backend took 5 to 20 ms of every look (docs/design/expiry.md).
 	err = tx.QueryRow(ctx, `SELECT CASE WHEN c.reltuples > 0 THEN pg_total_relation_size(c.oid) / c.reltuples ELSE 0 END,
-       coalesce(s.n_live_tup, 0), coalesce(s.n_dead_tup, 0)
-FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid WHERE c.oid = $1`, t.OID).Scan(&res.BytesPerKey, &res.LiveTuples, &res.DeadTuples)
+       pg_stat_get_live_tuples(c.oid), pg_stat_get_dead_tuples(c.oid)
+FROM pg_class c WHERE c.oid = $1`, t.OID).Scan(&res.BytesPerKey, &res.LiveTuples, &res.DeadTuples)
 	if err != nil {
 		return fmt.Errorf("measure bytes per key: %w", err)
 	}
