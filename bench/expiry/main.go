@@ -33,8 +33,9 @@
 // pass of `inboxkeeper run`, started and warmed before it and timed by the
 // daemon's own log, as a sidecar runs it (runpass.go). `inboxkeeper once`
 // is timed from exec to exit; the statements alone, on a connection opened
-// before them (as pg_cron runs a job), or with -from-exec through psql from
-// exec to exit (as cron runs a script). Other INBOXKEEPER_* variables in the
+// before them (pg_cron opens one for each run of a job, or starts a
+// background worker: left out, in the statements' favour), or with
+// -from-exec through psql from exec to exit (as cron runs a script). Other INBOXKEEPER_* variables in the
 // environment reach the daemon (e.g. INBOXKEEPER_BATCH_SIZE_MAX) and are
 // listed in the report. It exits non-zero when a method does not delete
 // exactly the expired rows; a missed goal is printed (GOAL MISSED), not
