@@ -35,6 +35,7 @@ func TestTinyRun(t *testing.T) {
 			"longest batch ",
 			" batches, avg ", " rows, swept", // every row of a due page is due: a sweep costs less
 			"  CPU seconds: inboxkeeper ",
+			"  CPU steal: ", "% of the machine's CPU time during the rep",
 			"append-ordered over 2 reps: ", "interleaved over 2 reps: ",
 			"peak RSS: ", " at 20000;",
 			"daemon peak RSS: ",

@@ -327,3 +327,50 @@ func ProcessCPU(pid int) (time.Duration, error) {
 	stime, _ := strconv.ParseInt(f[12], 10, 64)
 	return time.Duration(utime+stime) * 10 * time.Millisecond, nil
 }
+
+// MachineCPU is the machine's CPU time so far, in clock ticks of USER_HZ,
+// from the first line of Linux's /proc/stat: all of it, and the time the
+// hypervisor ran other guests while this one had work to run (steal).
+type MachineCPU struct{ total, steal int64 }
+
+// ReadMachineCPU reads it; false where there is no /proc/stat to read.
+func ReadMachineCPU() (MachineCPU, bool) {
+	data, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return MachineCPU{}, false
+	}
+	line, _, _ := strings.Cut(string(data), "\n")
+	return parseMachineCPU(line)
+}
+
+// parseMachineCPU reads /proc/stat's first line.
+func parseMachineCPU(line string) (MachineCPU, bool) {
+	f := strings.Fields(line)
+	// cpu user nice system idle iowait irq softirq steal [guest guest_nice]:
+	// guest time is counted in user time too.
+	if len(f) < 9 || f[0] != "cpu" {
+		return MachineCPU{}, false
+	}
+	var m MachineCPU
+	for i, s := range f[1:9] {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return MachineCPU{}, false
+		}
+		m.total += n
+		if i == 7 {
+			m.steal = n
+		}
+	}
+	return m, true
+}
+
+// StealSince is the share of the machine's CPU time since before that went
+// to other guests: on a shared VM, the neighbours' load, which slows every
+// method of a rep alike and shows in no figure of ours.
+func (m MachineCPU) StealSince(before MachineCPU) float64 {
+	if m.total <= before.total {
+		return 0
+	}
+	return float64(m.steal-before.steal) / float64(m.total-before.total)
+}
