@@ -26,7 +26,8 @@
 // each method's wall time, rows/s, WAL, CPU seconds (server and daemon) and
 // the shared buffers its statements read and dirtied per deleted row
 // (pg_stat_statements), the ratios to the unbounded DELETE, the daemon's
-// longest batch, and whether the goals hold; then the peak RSS of a daemon
+// longest batch, whether the goals hold, and the CPU time the hypervisor
+// gave other guests during the rep (steal); then the peak RSS of a daemon
 // run over -flat-rows expired rows of a narrow table, to show that memory
 // does not grow with the backlog. -baseline runs another build of the
 // daemon (main's) as one more method, in the same reps; -run-pass adds a
@@ -35,11 +36,11 @@
 // is timed from exec to exit; the statements alone, on a connection opened
 // before them (pg_cron opens one for each run of a job, or starts a
 // background worker: left out, in the statements' favour), or with
-// -from-exec through psql from exec to exit (as cron runs a script). Other INBOXKEEPER_* variables in the
-// environment reach the daemon (e.g. INBOXKEEPER_BATCH_SIZE_MAX) and are
-// listed in the report. It exits non-zero when a method does not delete
-// exactly the expired rows; a missed goal is printed (GOAL MISSED), not
-// fatal.
+// -from-exec through psql from exec to exit (as cron runs a script). Other
+// INBOXKEEPER_* variables in the environment reach the daemon (e.g.
+// INBOXKEEPER_BATCH_SIZE_MAX) and are listed in the report. It exits
+// non-zero when a method does not delete exactly the expired rows; a missed
+// goal is printed (GOAL MISSED), not fatal.
 package main
 
 import (
