@@ -181,6 +181,10 @@ type rep struct {
 	order   []string
 	results map[string]*result
 	daemon  daemonFigures
+	// steal is the share of the machine's CPU time the hypervisor gave
+	// other guests during the rep; valid where /proc/stat was read.
+	steal      float64
+	stealValid bool
 }
 
 // result is what one cleaner's table went through.

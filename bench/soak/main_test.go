@@ -33,7 +33,7 @@ func TestTinyRun(t *testing.T) {
 		"shared memory: ", " kB pages (vm.nr_hugepages ",
 		"rows: ", "| peak footprint ÷ live rows packed (before the hold) |", "| peak footprint from the hold (4s) on |",
 		"| peak dead tuples |", "| cleanup lag p99 / max |", "| insert p50 / p99 / p999, ms |", "| insert p99 ÷ no cleanup |",
-		"| the cleaner's transactions a second |", "daemon: CPU ", "daemon's VACUUMs (INBOXKEEPER_VACUUM_DEAD_RATIO): ", "daemon with nothing due, over 4s: ",
+		"| the cleaner's transactions a second |", "daemon: CPU ", "daemon's VACUUMs (INBOXKEEPER_VACUUM_DEAD_RATIO): ", "daemon with nothing due, over 4s: ", "CPU steal: ",
 		"goal: footprint at most 1.5 x the live rows packed: ", "goal: insert p99 at most 1.10 x no cleanup's: ",
 		"goal: at most 1 transaction a second from the daemon when nothing is due: ",
 		"(no cleaner can go below 3.00 there: ")

@@ -68,6 +68,9 @@ func printRep(w io.Writer, r *report, i int) {
 	fmt.Fprintf(w, "daemon's VACUUMs (INBOXKEEPER_VACUUM_DEAD_RATIO): %d ran (%d once another session's lock let it, %d again after an older snapshot held the first back), %d passed over to the end, %d not run for another reason\n",
 		d.vacuums, d.vacuumsLate, d.vacuumsHeldBack, d.vacuumsPassedOver, d.vacuumsNotRun)
 	fmt.Fprintf(w, "daemon with nothing due, over %s: %.2f transactions a second, %.0f log lines an hour\n", o.idle, d.idleXacts, d.idleLinesPerHour)
+	if rp.stealValid {
+		fmt.Fprintf(w, "CPU steal: %.1f%% of the machine's CPU time during the rep (/proc/stat: the hypervisor running other guests)\n", 100*rp.steal)
+	}
 	if o.hold > 0 {
 		named := "NOT named"
 		if d.namedInStatus != "" {

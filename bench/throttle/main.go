@@ -136,6 +136,10 @@ type phase struct {
 	peak    peaks
 	catchUp time.Duration // from the end of the deletion until the standby caught up
 	log     daemonLog     // the daemon's phases only
+	// steal: the share of the machine's CPU time the hypervisor gave
+	// other guests from the deletion's start until the standby caught up
+	// (-1: /proc/stat not read).
+	steal float64
 }
 
 func benchmark(ctx context.Context, o options, w io.Writer) error {
@@ -280,8 +284,14 @@ INSERT INTO bench_heartbeat VALUES (true, clock_timestamp())`); err != nil {
 
 	fmt.Fprintln(w, "details (WAL of the whole cluster; replay_lag and bytes behind from pg_stat_replication; catch-up from the end of the deletion):")
 	detail := func(name string, p phase) {
-		fmt.Fprintf(w, "  %-12s WAL %4.0f MB, peak replay_lag %5.2f s, peak %4.0f MB behind, catch-up %5.1f s\n",
+		fmt.Fprintf(w, "  %-12s WAL %4.0f MB, peak replay_lag %5.2f s, peak %4.0f MB behind, catch-up %5.1f s",
 			name, benchdata.MB(p.wal), p.peak.replayLag, benchdata.MB(p.peak.bytes), p.catchUp.Seconds())
+		if p.steal >= 0 {
+			// Other guests' load on the host, which the standby's replay
+			// and the daemon share with them.
+			fmt.Fprintf(w, ", CPU steal %.1f%%", 100*p.steal)
+		}
+		fmt.Fprintln(w)
 		l := p.log
 		if l.batches == 0 {
 			return
@@ -335,6 +345,7 @@ func (b *bench) measure(ctx context.Context, name string, deletion func() (time.
 	b.Logf("%s", name)
 	b.lag.take()
 	b.gov.take()
+	machine0, machineOK := benchdata.ReadMachineCPU()
 	if p.wall, p.log, err = deletion(); err != nil {
 		return p, err
 	}
@@ -347,6 +358,10 @@ func (b *bench) measure(ctx context.Context, name string, deletion func() (time.
 		return p, err
 	}
 	p.catchUp = time.Since(ended)
+	p.steal = -1
+	if machine1, ok := benchdata.ReadMachineCPU(); ok && machineOK {
+		p.steal = machine1.StealSince(machine0)
+	}
 	p.peak = b.lag.take()
 	held, gap := b.gov.take()
 	b.Logf("peak lag %.2f s, caught up after %.1f s; the governor held replay for %.1f s, longest between two polls %v",

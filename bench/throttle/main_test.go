@@ -22,6 +22,6 @@ func TestTinyRun(t *testing.T) {
 		"goal 1: throttled peak lag <= 1.5 x 1s = 1.50 s: peak ",
 		"goal 2: throttled time <= 1.3 x its WAL / apply cap (",
 		"throughput throttled/unthrottled: ",
-		"throttled:", "unthrottled:",
+		"throttled:", "unthrottled:", ", CPU steal ",
 	)
 }
