@@ -1041,8 +1041,9 @@ func (d *Deleter) measure(ctx context.Context, tx pgx.Tx, t *catalog.Table, now 
 	// reltuples is the planner's estimate (-1 before the first ANALYZE).
 	// The tuple counts are the statistics', for the VACUUM after the pass,
 	// read by the functions pg_stat_user_tables reads them with: the view
-	// joins pg_index and pg_namespace and aggregates, and planning it in a
-	// new backend took 5 to 20 ms of every look (docs/design/expiry.md).
+	// joins pg_index and pg_namespace and aggregates, and parsing and
+	// planning it took 5 to 20 ms of a new backend's first look, which is
+	// every look of `once` (docs/design/expiry.md).
 	err = tx.QueryRow(ctx, `SELECT CASE WHEN c.reltuples > 0 THEN pg_total_relation_size(c.oid) / c.reltuples ELSE 0 END,
        pg_stat_get_live_tuples(c.oid), pg_stat_get_dead_tuples(c.oid)
 FROM pg_class c WHERE c.oid = $1`, t.OID).Scan(&res.BytesPerKey, &res.LiveTuples, &res.DeadTuples)
