@@ -382,7 +382,7 @@ func (b *bench) layout(ctx context.Context, w io.Writer, l layout, total, expire
 			slices.Reverse(order)
 		}
 		res := map[string]result{}
-		cpuBefore, cpuOK := benchdata.ReadMachineCPU()
+		steal := benchdata.Steal()
 		for _, m := range order {
 			db := "run"
 			if err := b.copyDB(ctx, tpl, db); err != nil {
@@ -465,11 +465,9 @@ func (b *bench) layout(ctx context.Context, w io.Writer, l layout, total, expire
 		fmt.Fprintf(w, "  CPU seconds: inboxkeeper %.2f, unbounded %.2f (ratio %.2f), least of the loops %.2f (%s, ratio %.2f)\n",
 			d.cpu.Seconds(), u.cpu.Seconds(), d.cpu.Seconds()/u.cpu.Seconds(), res[lc.name].cpu.Seconds(), lc.name,
 			d.cpu.Seconds()/res[lc.name].cpu.Seconds())
-		if cpuAfter, ok := benchdata.ReadMachineCPU(); ok && cpuOK {
-			// Other guests' load on the host: it slows every method of the
-			// rep, and a rep whose figures all drop says so here.
-			fmt.Fprintf(w, "  CPU steal: %.1f%% of the machine's CPU time during the rep (/proc/stat: the hypervisor running other guests)\n",
-				100*cpuAfter.StealSince(cpuBefore))
+		if share, ok := steal(); ok {
+			// A rep whose figures all drop says why here.
+			fmt.Fprintf(w, "  CPU steal: %.1f%% of the machine's CPU time during the rep (/proc/stat: the hypervisor running other guests)\n", 100*share)
 		}
 	}
 	fmt.Fprintf(w, "%s over %d reps: throughput goal met %d, ahead of the best loop %d, WAL goal met %d, batch goal met %d\n",

@@ -63,7 +63,7 @@ func (t *table) sample(ctx context.Context, at time.Duration) error {
 func (b *bench) rep(ctx context.Context, order []string, r *report) (rep, error) {
 	o := b.o
 	out := rep{order: order, results: map[string]*result{}}
-	machine0, machineOK := benchdata.ReadMachineCPU()
+	steal := benchdata.Steal()
 	if err := b.setup(ctx, order); err != nil {
 		return out, err
 	}
@@ -275,9 +275,7 @@ func (b *bench) rep(ctx context.Context, order []string, r *report) (rep, error)
 		out.results[cl] = res
 	}
 	out.daemon.rss = rssEnds(rss, o)
-	if machine1, ok := benchdata.ReadMachineCPU(); ok && machineOK {
-		out.steal, out.stealValid = machine1.StealSince(machine0), true
-	}
+	out.steal, out.stealValid = steal()
 	return out, nil
 }
 

@@ -138,8 +138,9 @@ type phase struct {
 	log     daemonLog     // the daemon's phases only
 	// steal: the share of the machine's CPU time the hypervisor gave
 	// other guests from the deletion's start until the standby caught up
-	// (-1: /proc/stat not read).
-	steal float64
+	// (valid where /proc/stat was read).
+	steal      float64
+	stealValid bool
 }
 
 func benchmark(ctx context.Context, o options, w io.Writer) error {
@@ -286,7 +287,7 @@ INSERT INTO bench_heartbeat VALUES (true, clock_timestamp())`); err != nil {
 	detail := func(name string, p phase) {
 		fmt.Fprintf(w, "  %-12s WAL %4.0f MB, peak replay_lag %5.2f s, peak %4.0f MB behind, catch-up %5.1f s",
 			name, benchdata.MB(p.wal), p.peak.replayLag, benchdata.MB(p.peak.bytes), p.catchUp.Seconds())
-		if p.steal >= 0 {
+		if p.stealValid {
 			// Other guests' load on the host, which the standby's replay
 			// and the daemon share with them.
 			fmt.Fprintf(w, ", CPU steal %.1f%%", 100*p.steal)
@@ -345,7 +346,7 @@ func (b *bench) measure(ctx context.Context, name string, deletion func() (time.
 	b.Logf("%s", name)
 	b.lag.take()
 	b.gov.take()
-	machine0, machineOK := benchdata.ReadMachineCPU()
+	steal := benchdata.Steal()
 	if p.wall, p.log, err = deletion(); err != nil {
 		return p, err
 	}
@@ -358,10 +359,7 @@ func (b *bench) measure(ctx context.Context, name string, deletion func() (time.
 		return p, err
 	}
 	p.catchUp = time.Since(ended)
-	p.steal = -1
-	if machine1, ok := benchdata.ReadMachineCPU(); ok && machineOK {
-		p.steal = machine1.StealSince(machine0)
-	}
+	p.steal, p.stealValid = steal()
 	p.peak = b.lag.take()
 	held, gap := b.gov.take()
 	b.Logf("peak lag %.2f s, caught up after %.1f s; the governor held replay for %.1f s, longest between two polls %v",

@@ -328,34 +328,50 @@ func ProcessCPU(pid int) (time.Duration, error) {
 	return time.Duration(utime+stime) * 10 * time.Millisecond, nil
 }
 
-// MachineCPU is the machine's CPU time so far, in clock ticks of USER_HZ,
-// from the first line of Linux's /proc/stat: all of it, and the time the
-// hypervisor ran other guests while this one had work to run (steal).
-type MachineCPU struct{ total, steal int64 }
+// Steal starts measuring the share of the machine's CPU time that the
+// hypervisor gives other guests (steal, from Linux's /proc/stat): on a
+// shared VM the neighbours' load, which slows every method of a run alike
+// and shows in no figure of ours. The function it returns says the share
+// since the start, and false where /proc/stat could not be read.
+func Steal() func() (float64, bool) {
+	before, ok := readMachineCPU()
+	return func() (float64, bool) {
+		after, ok2 := readMachineCPU()
+		if !ok || !ok2 {
+			return 0, false
+		}
+		return after.stealSince(before), true
+	}
+}
 
-// ReadMachineCPU reads it; false where there is no /proc/stat to read.
-func ReadMachineCPU() (MachineCPU, bool) {
+// machineCPU is the machine's CPU time so far, in clock ticks of USER_HZ,
+// from the first line of /proc/stat: all of it, and the time the
+// hypervisor ran other guests while this one had work to run (steal).
+type machineCPU struct{ total, steal int64 }
+
+// readMachineCPU reads it; false where there is no /proc/stat to read.
+func readMachineCPU() (machineCPU, bool) {
 	data, err := os.ReadFile("/proc/stat")
 	if err != nil {
-		return MachineCPU{}, false
+		return machineCPU{}, false
 	}
 	line, _, _ := strings.Cut(string(data), "\n")
 	return parseMachineCPU(line)
 }
 
 // parseMachineCPU reads /proc/stat's first line.
-func parseMachineCPU(line string) (MachineCPU, bool) {
+func parseMachineCPU(line string) (machineCPU, bool) {
 	f := strings.Fields(line)
 	// cpu user nice system idle iowait irq softirq steal [guest guest_nice]:
 	// guest time is counted in user time too.
 	if len(f) < 9 || f[0] != "cpu" {
-		return MachineCPU{}, false
+		return machineCPU{}, false
 	}
-	var m MachineCPU
+	var m machineCPU
 	for i, s := range f[1:9] {
 		n, err := strconv.ParseInt(s, 10, 64)
 		if err != nil {
-			return MachineCPU{}, false
+			return machineCPU{}, false
 		}
 		m.total += n
 		if i == 7 {
@@ -365,10 +381,9 @@ func parseMachineCPU(line string) (MachineCPU, bool) {
 	return m, true
 }
 
-// StealSince is the share of the machine's CPU time since before that went
-// to other guests: on a shared VM, the neighbours' load, which slows every
-// method of a rep alike and shows in no figure of ours.
-func (m MachineCPU) StealSince(before MachineCPU) float64 {
+// stealSince is the share of the machine's CPU time since before that
+// went to other guests.
+func (m machineCPU) stealSince(before machineCPU) float64 {
 	if m.total <= before.total {
 		return 0
 	}
