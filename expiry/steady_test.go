@@ -131,9 +131,11 @@ func TestPassVacuums(t *testing.T) {
 	if res.Deleted != 5000 || !res.Vacuumed || res.DeadTuples < 5000 {
 		t.Fatalf("deleted %d, vacuumed %v, dead tuples %d; want 5000, true, at least 5000", res.Deleted, res.Vacuumed, res.DeadTuples)
 	}
+	// One VACUUM, and one more where an older snapshot (another session's,
+	// on a busy cluster) kept the deleted rows from the first.
 	var n int64
-	if err := f.pool.QueryRow(context.Background(), `SELECT vacuum_count FROM pg_stat_user_tables WHERE relname = 'consumer_inbox'`).Scan(&n); err != nil || n != 1 {
-		t.Errorf("vacuum_count %d (%v), want 1", n, err)
+	if err := f.pool.QueryRow(context.Background(), `SELECT vacuum_count FROM pg_stat_user_tables WHERE relname = 'consumer_inbox'`).Scan(&n); err != nil || n != 1+int64(res.VacuumsHeldBack) {
+		t.Errorf("vacuum_count %d (%v), want 1 and one for each held back (%d)", n, err, res.VacuumsHeldBack)
 	}
 }
 
