@@ -30,6 +30,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -37,6 +38,7 @@ import (
 
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/daemonmetrics"
+	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 	"github.com/inboxkeeper/inboxkeeper/internal/service"
 )
@@ -86,7 +88,8 @@ type Vacuumer struct {
 	allowed map[string]bool  // whether this role may vacuum the table, once asked
 	noFlush atomic.Bool      // the server has no pg_stat_force_next_flush (before PostgreSQL 15)
 
-	retrying func(Outcome) // tests: called before the wait to try a VACUUM again, with the outcome so far
+	retrying    func(Outcome) // tests: called before the wait to try a VACUUM again, with the outcome so far
+	afterVacuum func()        // tests: called after a VACUUM statement succeeded, before its outcome is read
 }
 
 // New returns a Vacuumer on pool; nil when opts.DeadRatio is 0.
@@ -101,11 +104,9 @@ func New(pool *pgxpool.Pool, opts Options) *Vacuumer {
 // Outcome is what AfterPass did.
 type Outcome struct {
 	Dead int64 // dead tuples, as counted
-	// Ran: a VACUUM ran. Judged by the table's count of manual VACUUMs
-	// where it can be read (stats); elsewhere the statement
-	// succeeded, which it does when it passes over a locked table too. A
-	// VACUUM of another session's that ends between the two reads counts
-	// as this one: the dead tuples the next pass reads say what is left.
+	// Ran: a VACUUM ran. Judged by the WARNING of one that passed over
+	// the table, and without it by the table's count of manual VACUUMs
+	// (vacuum).
 	Ran bool
 	// PassedOver: the VACUUMs another session's lock passed over before
 	// the one that ran, or all of them when none did.
@@ -245,24 +246,57 @@ func heldBack(left pgtype.Int8, dead int64) bool {
 }
 
 // vacuum runs one VACUUM of t and says whether it ran, and the dead tuples
-// it left: one that another session's lock passed over succeeds with only
-// a WARNING, and the table's count of manual VACUUMs says which (stats;
-// where it cannot be read, a VACUUM that succeeded counts as run, and left
-// is not valid).
+// it left. One that another session's lock passed over succeeds all the
+// same, with only a WARNING (passedOver), which says so on a connection
+// built by dbconn (the daemon's are; dbconn.WatchNotices) where the role's
+// client_min_messages lets it through, on any server. Without it, the
+// table's count of manual VACUUMs says (stats, PostgreSQL 15 and later):
+// unchanged, it was passed over; a VACUUM of another session's that ends
+// between the two reads is taken for this one there. Where neither can be
+// read, a VACUUM that succeeded counts as run, and left is not valid.
 func (v *Vacuumer) vacuum(ctx context.Context, t *catalog.Table) (ran bool, left pgtype.Int8, took time.Duration, err error) {
-	before, _ := v.stats(ctx, t)
+	c, err := v.pool.Acquire(ctx)
+	if err != nil {
+		return false, left, 0, err
+	}
+	defer c.Release()
+	before, _ := v.stats(ctx, c, t)
 	began := time.Now()
 	// SKIP_LOCKED: never in a lock queue. TRUNCATE false: never ACCESS
 	// EXCLUSIVE. Outside a transaction block, as VACUUM must be: pgx sends
 	// a statement without arguments in the simple protocol.
-	if _, err := v.pool.Exec(ctx, "VACUUM (SKIP_LOCKED, TRUNCATE false) "+t.Ident); err != nil {
-		return false, left, time.Since(began), err
-	}
+	w := dbconn.WatchNotices(c.Conn().PgConn())
+	_, err = c.Exec(ctx, "VACUUM (SKIP_LOCKED, TRUNCATE false) "+t.Ident)
+	notices := w.Stop()
 	took = time.Since(began)
+	if err != nil {
+		return false, left, took, err
+	}
+	if v.afterVacuum != nil {
+		v.afterVacuum()
+	}
+	after, left := v.stats(ctx, c, t)
+	if n := passedOver(notices); n != nil {
+		v.opts.Logger.Debug("vacuum: passed over", "table", t.Name, "warning", n.Message, "sqlstate", n.Code)
+		return false, left, took, nil
+	}
 	// A table another session holds a conflicting lock on (autovacuum, a
 	// VACUUM or ANALYZE of someone else's, DDL) is passed over.
-	after, left := v.stats(ctx, t)
 	return !(before.Valid && after.Valid && after.Int64 == before.Int64), left, took, nil
+}
+
+// passedOver is the WARNING among a VACUUM's notices that says it skipped
+// the table: 55P03 (lock_not_available), another session holds a lock on
+// it; 42P01 (undefined_table), it was dropped meanwhile. nil: none did.
+// (A role that may not vacuum the table gets one too, with no code of its
+// own; mayVacuum keeps the daemon from trying.)
+func passedOver(notices []*pgconn.Notice) *pgconn.Notice {
+	for _, n := range notices {
+		if n.Severity == "WARNING" && (n.Code == "55P03" || n.Code == "42P01") {
+			return n
+		}
+	}
+	return nil
 }
 
 // stats are how many manual VACUUMs t has had and its dead tuples, by its
@@ -271,8 +305,10 @@ func (v *Vacuumer) vacuum(ctx context.Context, t *catalog.Table) (ran bool, left
 // been told of a VACUUM that just ended (15 writes it as the VACUUM ends),
 // nor where track_counts is off (a VACUUM then counts nothing), nor when
 // they could not be read.
-func (v *Vacuumer) stats(ctx context.Context, t *catalog.Table) (vacuums, dead pgtype.Int8) {
-	if err := v.pool.QueryRow(ctx, `SELECT CASE WHEN ok THEN pg_stat_get_vacuum_count($1::oid) END, CASE WHEN ok THEN pg_stat_get_dead_tuples($1::oid) END
+func (v *Vacuumer) stats(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, t *catalog.Table) (vacuums, dead pgtype.Int8) {
+	if err := q.QueryRow(ctx, `SELECT CASE WHEN ok THEN pg_stat_get_vacuum_count($1::oid) END, CASE WHEN ok THEN pg_stat_get_dead_tuples($1::oid) END
 FROM (SELECT current_setting('server_version_num')::int >= 150000 AND current_setting('track_counts')::bool AS ok) c`, t.OID).Scan(&vacuums, &dead); err != nil {
 		return pgtype.Int8{}, pgtype.Int8{}
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/service"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 )
@@ -21,11 +22,18 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // of which the first deleted are deleted.
 func setup(t *testing.T, deleted int) (*pgxpool.Pool, *catalog.Table) {
 	t.Helper()
-	pool, _ := pgtest.NewMigratedPool(t, pgtest.ShortInboxDDL+`
+	pool, tbl, _ := setupURL(t, deleted)
+	return pool, tbl
+}
+
+// setupURL is setup, and the database's URL.
+func setupURL(t *testing.T, deleted int) (*pgxpool.Pool, *catalog.Table, string) {
+	t.Helper()
+	pool, url := pgtest.NewMigratedPool(t, pgtest.ShortInboxDDL+`
 ALTER TABLE public.consumer_inbox SET (autovacuum_enabled = off);
 INSERT INTO public.consumer_inbox SELECT 'c', 'm' || i, now(), now() - interval '1 day' + i * interval '1 second' FROM generate_series(1, 10000) i;`)
 	pgtest.Exec(t, pool, `DELETE FROM public.consumer_inbox WHERE message_id IN (SELECT 'm' || i FROM generate_series(1, $1) i)`, deleted)
-	return pool, pgtest.Resolve(t, pool, pgtest.ShortInboxPolicy)[0]
+	return pool, pgtest.Resolve(t, pool, pgtest.ShortInboxPolicy)[0], url
 }
 
 // wantVacuums fails the test unless the table has had want manual VACUUMs
@@ -147,6 +155,41 @@ func TestVacuumAfterPass(t *testing.T) {
 			t.Errorf("passed over %d times, want 1", n)
 		}
 		wantVacuums(t, pool, 1, " after the lock was released")
+	})
+
+	// The VACUUM passed over by a lock, and another session's VACUUM
+	// ending before the table's count of VACUUMs is read again: the count
+	// went up by one, as if this one had run. On the daemon's connections
+	// (dbconn) the WARNING of the one passed over says it did not, and it
+	// is tried again. (The count alone took the other's for this one.)
+	t.Run("another session's VACUUM ends meanwhile", func(t *testing.T) {
+		t.Parallel()
+		_, tbl, url := setupURL(t, 5000)
+		cfg, err := dbconn.Pool(url, 4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		tx := pgtest.Lock(t, pool, "LOCK TABLE public.consumer_inbox IN SHARE UPDATE EXCLUSIVE MODE")
+		v := New(pool, Options{DeadRatio: 0.1})
+		var statements atomic.Int32
+		v.afterVacuum = func() {
+			if statements.Add(1) == 1 {
+				if err := tx.Rollback(ctx); err != nil {
+					t.Error(err)
+				}
+				pgtest.Exec(t, pool, "VACUUM public.consumer_inbox")
+			}
+		}
+		out := v.AfterPass(ctx, tbl, 5000, 5000, 0)
+		if !out.Ran || out.PassedOver != 1 || out.Err != nil || statements.Load() != 2 {
+			t.Fatalf("outcome %+v after %d VACUUM statements, want one passed over, then one run", out, statements.Load())
+		}
+		wantVacuums(t, pool, 2, " (the other session's and the daemon's second)")
 	})
 
 	// A snapshot older than the deletes (an insert that began just before

@@ -35,11 +35,13 @@ func AppName(command string) Option {
 // base makes a cancelled context send a cancel request to the server. pgx's
 // default only closes the socket, and a backend busy in a statement notices
 // that late, keeping its row locks meanwhile: a stopped or backing-off
-// daemon must release its locks at once.
+// daemon must release its locks at once. It also routes the connection's
+// notices to WatchNotices.
 func base(c *pgconn.Config, opts []Option) {
 	c.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.CancelRequestContextWatcherHandler{Conn: pc, DeadlineDelay: 5 * time.Second}
 	}
+	c.OnNotice = onNotice // kept for a connection being watched (WatchNotices)
 	for _, o := range opts {
 		o(c)
 	}

@@ -257,3 +257,36 @@ func TestDatabaseFacts(t *testing.T) {
 		t.Errorf("now() moved within a transaction: %s then %s (%v)", first, again, err)
 	}
 }
+
+// A connection built here keeps the notices of a statement run while it is
+// watched, in order, and drops those sent before or after.
+func TestWatchNotices(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	conn, err := Dial(ctx, pgtest.NewDatabase(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	warn := func(msg string) {
+		t.Helper()
+		if _, err := conn.Exec(ctx, `DO $$ BEGIN RAISE WARNING '`+msg+`' USING ERRCODE = '55P03'; RAISE NOTICE 'and a notice'; END $$`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	warn("before")
+	w := WatchNotices(conn.PgConn())
+	warn("during")
+	got := w.Stop()
+	warn("after")
+	if len(got) != 2 || got[0].Severity != "WARNING" || got[0].Code != "55P03" || got[0].Message != "during" || got[1].Severity != "NOTICE" {
+		var s []string
+		for _, n := range got {
+			s = append(s, n.Severity+" "+n.Code+" "+n.Message)
+		}
+		t.Fatalf("kept %q, want the WARNING 55P03 \"during\" and its NOTICE", s)
+	}
+	if _, ok := watched.Load(conn.PgConn()); ok {
+		t.Error("the connection is still watched after Stop")
+	}
+}
