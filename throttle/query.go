@@ -22,10 +22,7 @@ func init() {
 // measureQuery runs the custom throttle query; an error throttles (fail
 // closed), and says why.
 func (t *Throttler) measureQuery(ctx context.Context) {
-	var v *float64
-	qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	err := t.pool.QueryRow(qctx, t.cfg.ThrottleQuery).Scan(&v)
+	v, err := readQuery(ctx, t.pool, t.cfg.ThrottleQuery)
 	if ctx.Err() != nil {
 		return
 	}
@@ -39,15 +36,38 @@ func (t *Throttler) measureQuery(ctx context.Context) {
 	t.set(r)
 }
 
-// CheckQuery runs the custom throttle query once, as the daemon starts: a
-// query that does not parse, fails or does not return a number is a
-// configuration mistake to report at once, not a pause for ever. No row
-// passes: it pauses (fail closed) but may be what the query means.
-func CheckQuery(ctx context.Context, db Querier, query string) error {
+// Beginner starts transactions: a pool or a connection.
+type Beginner interface {
+	BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error)
+}
+
+// readQuery runs the custom throttle query within 5 s in a READ ONLY
+// transaction that it rolls back: the query is a reading, and whatever it
+// would write (a DELETE ... RETURNING, a function that inserts) fails
+// instead, and is never kept, in the daemon, in `status` and in a dry run
+// alike. pgx.ErrNoRows: it returned no row.
+func readQuery(ctx context.Context, db Beginner, query string) (v *float64, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	var v *float64
-	if err := db.QueryRow(ctx, query).Scan(&v); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+	tx, err := db.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		_ = tx.Rollback(rctx)
+	}()
+	err = tx.QueryRow(ctx, query).Scan(&v)
+	return v, err
+}
+
+// CheckQuery runs the custom throttle query once, as the daemon starts: a
+// query that does not parse, fails, writes or does not return a number is
+// a configuration mistake to report at once, not a pause for ever. No row
+// passes: it pauses (fail closed) but may be what the query means.
+func CheckQuery(ctx context.Context, db Beginner, query string) error {
+	if _, err := readQuery(ctx, db, query); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("INBOXKEEPER_THROTTLE_QUERY: %w", err)
 	}
 	return nil

@@ -49,7 +49,9 @@ func TestThrottleQueryCheckedAtStart(t *testing.T) {
 	f := inboxFixture(t)
 	// once --dry-run refuses it too: a dry run checks what the run checks
 	// (issue 25).
-	for _, q := range []string{"SELEC 1", "SELECT nope FROM pg_class", "SELECT 'busy'::text"} {
+	// A query that writes fails too (it runs READ ONLY, rolled back), and
+	// deletes nothing: not even in a dry run, which writes nothing.
+	for _, q := range []string{"SELEC 1", "SELECT nope FROM pg_class", "SELECT 'busy'::text", "DELETE FROM public.consumer_inbox RETURNING 0"} {
 		for _, args := range [][]string{{"once"}, {"once", "--dry-run"}, {"run"}} {
 			r := f.runWith([]string{"INBOXKEEPER_THROTTLE_QUERY=" + q, "INBOXKEEPER_METRICS_ADDR="}, args...)
 			wantExit(t, r, 2, "INBOXKEEPER_THROTTLE_QUERY")
