@@ -4,7 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"net/url"
 	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -46,6 +50,17 @@ func (a *app) once(ctx context.Context, args []string) error {
 	}
 	if *pushInstance != "" && *gateway == "" {
 		return usagef("once: --push-instance names the instance at a Pushgateway; give --pushgateway too")
+	}
+	// Checked before the pass: found only when exporting, a bad value
+	// failed a pass that had already deleted rows.
+	if *dryRun && (*metricsFile != "" || *gateway != "") {
+		return usagef("once: --dry-run writes nothing, and exports no metrics: they would replace the real pass's (its last success, its passes) where they are read; leave out --metrics-file and --pushgateway")
+	}
+	if err := checkGateway(*gateway); err != nil {
+		return err
+	}
+	if err := checkMetricsFile(*metricsFile); err != nil {
+		return err
 	}
 	var ms *pass.Metrics
 	if *metricsFile != "" || *gateway != "" {
@@ -128,6 +143,49 @@ func (a *app) driver(pool *pgxpool.Pool, tables []*catalog.Table, dryRun bool, m
 // wiring is what the services of a pass share.
 func (a *app) wiring(pool *pgxpool.Pool, dryRun bool, ms *pass.Metrics, progress func(expiry.Progress)) pass.Wiring {
 	return pass.Wiring{Pool: pool, DDLPool: a.ddl, Log: a.log, DryRun: dryRun, Metrics: ms, Progress: progress}
+}
+
+// checkGateway refuses a --pushgateway that is not an http(s) URL with a
+// host ("host:9091" is http://host:9091, as the push client reads it).
+func checkGateway(gateway string) error {
+	if gateway == "" {
+		return nil
+	}
+	raw := gateway
+	if !strings.Contains(raw, "://") {
+		raw = "http://" + raw
+	}
+	u, err := url.Parse(raw)
+	if err == nil && (u.Scheme != "http" && u.Scheme != "https" || u.Hostname() == "") {
+		err = errors.New("want http://host:port")
+	}
+	if err != nil {
+		return usagef("once: --pushgateway %q: %v", gateway, err)
+	}
+	return nil
+}
+
+// checkMetricsFile refuses a --metrics-file whose directory does not exist
+// or cannot take the temporary file it is written through.
+func checkMetricsFile(path string) error {
+	if path == "" {
+		return nil
+	}
+	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+		return usagef("once: --metrics-file %s is a directory; name a file in it", path)
+	}
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, ".inboxkeeper-check-*")
+	if err != nil {
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err
+		}
+		return usagef("once: --metrics-file %s: cannot write in %s: %v", path, dir, err)
+	}
+	_ = f.Close()
+	_ = os.Remove(f.Name())
+	return nil
 }
 
 // instanceName names this process's series at a Pushgateway.

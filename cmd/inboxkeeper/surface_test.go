@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	neturl "net/url"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -453,5 +454,33 @@ func TestOnceSaysWhileItWaits(t *testing.T) {
 	}
 	if n := f.rows(); n != allRows-expiredRows {
 		t.Errorf("%d rows left after the pass, want %d", n, allRows-expiredRows)
+	}
+}
+
+// once's export flags are checked before the pass: a value it cannot use
+// is a usage error (exit 2) naming the flag, with nothing deleted, where it
+// was found only after the pass had deleted rows. A dry run exports
+// nothing: its metrics would replace the real pass's.
+func TestOnceExportFlagsCheckedFirst(t *testing.T) {
+	t.Parallel()
+	f := inboxFixture(t)
+	before := f.rows()
+	for _, args := range [][]string{
+		{"--pushgateway", "not a url"},
+		{"--pushgateway", "ftp://gateway:9091"},
+		{"--pushgateway", "http://:9091"},
+		{"--metrics-file", filepath.Join(f.dir, "missing", "once.prom")},
+		{"--metrics-file", f.dir},
+		{"--dry-run", "--metrics-file", filepath.Join(f.dir, "once.prom")},
+		{"--dry-run", "--pushgateway", "http://localhost:9091"},
+	} {
+		flag := args[0]
+		wantExit(t, f.run(append([]string{"once"}, args...)...), 2, flag)
+	}
+	if n := f.rows(); n != before {
+		t.Errorf("%d rows left of %d: a refused flag deleted rows", n, before)
+	}
+	if _, err := os.Stat(filepath.Join(f.dir, "once.prom")); err == nil {
+		t.Error("a dry run wrote the metrics file")
 	}
 }
