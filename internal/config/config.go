@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/url"
 	"os"
@@ -147,6 +148,9 @@ func ParseByteSize(s string) (int64, error) {
 	mult := map[string]int64{"": 1, "B": 1, "kB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}[strings.TrimSpace(t[i:])]
 	if mult == 0 {
 		return 0, fmt.Errorf("%q: unknown unit %q (use B, kB, MB, GB or TB)", s, strings.TrimSpace(t[i:]))
+	}
+	if n > math.MaxInt64/mult {
+		return 0, fmt.Errorf("%q is too large (at most 8388607TB)", s)
 	}
 	return n * mult, nil
 }
@@ -581,11 +585,18 @@ func (c *Config) BoundBatchSizes(rank func(env string) int) []Bound {
 	return moved
 }
 
+// maxMillis is the longest timeout PostgreSQL takes: its timeout settings
+// are an int of milliseconds (about 24.8 days).
+const maxMillis = math.MaxInt32 * time.Millisecond
+
 // CheckMillis accepts a duration PostgreSQL takes in milliseconds (a
-// timeout setting): a whole number of milliseconds, at least 1ms.
+// timeout setting): a whole number of milliseconds, from 1ms to maxMillis.
 func CheckMillis(d time.Duration) error {
 	if d < time.Millisecond {
 		return fmt.Errorf("%s must be at least 1ms (PostgreSQL reads 0 as no timeout at all)", humantime.Format(d))
+	}
+	if d > maxMillis {
+		return fmt.Errorf("%s is more than PostgreSQL takes for a timeout (%s, 2147483647ms)", humantime.Format(d), humantime.Format(maxMillis.Truncate(time.Second)))
 	}
 	if d%time.Millisecond != 0 {
 		return fmt.Errorf("%s must be a whole number of milliseconds (PostgreSQL would round it)", humantime.Format(d))

@@ -158,6 +158,10 @@ var badValues = []struct{ name, value, want string }{
 	{"STATEMENT_TIMEOUT", "1500us", "must be a whole number of milliseconds"},
 	{"FENCE_TIMEOUT", "0s", "must be at least 1ms"},
 	{"IDLE_IN_TRANSACTION_TIMEOUT", "10.5ms", "must be a whole number of milliseconds"},
+	// PostgreSQL's timeouts are an int of milliseconds: 30d fails every
+	// pass's SET, with an error that does not name the variable.
+	{"LOCK_TIMEOUT", "30d", "30d is more than PostgreSQL takes for a timeout"},
+	{"FENCE_TIMEOUT", "2147483648ms", "more than PostgreSQL takes"},
 	{"SESSION_DATABASE_URL", "postgres://u:p/x@h/db", "is not a connection string"},
 	{"STATEMENT_TIMEOUT", "soon", `"soon" is not a duration`},
 	{"METRICS_ADDR", "9610", `"9610" must be host:port`},
@@ -170,6 +174,10 @@ var badValues = []struct{ name, value, want string }{
 	{"MAX_REPLICA_LAG_BYTES", "64 MiB", `unknown unit "MiB"`},
 	{"MAX_REPLICA_LAG_BYTES", "lots", "is not a size"},
 	{"MAX_REPLICA_LAG_BYTES", "0", "must be greater than 0"},
+	// Past int64 the product wrapped round: a negative size switched the
+	// slot-lag throttle off.
+	{"MAX_SLOT_LAG_BYTES", "99999999TB", `"99999999TB" is too large`},
+	{"MAX_REPLICA_LAG_BYTES", "9223372036854775807kB", "is too large"},
 	{"REPLICA_FAIL_OPEN", "maybe", "maybe"},
 	{"SWEEP_PREFETCH", "yes please", "yes please"},
 	{"ACTIVE_HOURS", "22-06", "HH:MM"},
