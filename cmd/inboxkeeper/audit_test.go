@@ -212,7 +212,7 @@ func auditOperator(t *testing.T, f *fixture, r *rand.Rand, vars []string, more f
 				args = append(args, "--from", from, "--to", to)
 			}
 			if !scoped && !ranged || r.IntN(2) == 0 {
-				args = append(args, "--for", fmt.Sprintf("%dms", 500+r.IntN(3000)))
+				args = append(args, "--for", fmt.Sprintf("%dms", 1000+r.IntN(2500))) // hold add takes 1s at least
 			}
 			id := f.addIDWith(vars, args...)
 			returned("hold", id)

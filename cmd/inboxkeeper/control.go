@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/user"
 	"strings"
+	"time"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/render"
 	"github.com/inboxkeeper/inboxkeeper/internal/settings"
@@ -29,7 +30,7 @@ func whoami() string {
 func (a *app) pause(ctx context.Context, args []string) error {
 	fs := a.newFlags("pause")
 	reason := fs.String("reason", "", "why cleanup must wait (required)")
-	forDur := durationFlag{zero: true}
+	forDur := durationFlag{zero: true, min: time.Second}
 	fs.Var(&forDur, "for", "end the pause by itself after this long (like 30m, 2h, 1d); 0 or none: until resume")
 	if err := a.parseOnlyFlags(fs, args); err != nil {
 		return err

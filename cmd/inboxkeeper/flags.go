@@ -173,6 +173,9 @@ func parseTime(s string) (time.Time, error) {
 type durationFlag struct {
 	d    time.Duration
 	zero bool
+	// min, when set, is the shortest duration other than 0 it takes: a hold
+	// or a pause of 999us would end before anything saw it.
+	min time.Duration
 }
 
 func (f *durationFlag) String() string {
@@ -192,12 +195,14 @@ func (f *durationFlag) Set(s string) error {
 		return errors.New("must not be negative")
 	case d == 0 && !f.zero:
 		return errors.New("must be longer than 0")
+	case d != 0 && d < f.min:
+		return fmt.Errorf("must be at least %s: it would end before any pass saw it", humantime.Format(f.min))
 	}
 	f.d = d
 	return nil
 }
 
-// stringFlag records whether it was given, so --scope "" differs from no --scope.
+// stringFlag records whether it was given, so --scope "" (refused) differs from no --scope.
 type stringFlag struct{ v *string }
 
 func (f *stringFlag) String() string {

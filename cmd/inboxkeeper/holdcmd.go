@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -117,7 +118,7 @@ func (a *app) holdAdd(ctx context.Context, fs *flag.FlagSet, args []string) erro
 	owner := fs.String("owner", "", "who is responsible for the hold (required)")
 	var scope stringFlag
 	var from, to, expires timeFlag
-	var lasts durationFlag
+	lasts := durationFlag{min: time.Second}
 	fs.Var(&scope, "scope", "only rows whose scope column has this value")
 	fs.Var(&from, "from", "only rows whose event time is at or after this (RFC 3339, or a date: 00:00 UTC)")
 	fs.Var(&to, "to", "only rows whose event time is before this (RFC 3339, or a date: 00:00 UTC)")
@@ -138,6 +139,11 @@ func (a *app) holdAdd(ctx context.Context, fs *flag.FlagSet, args []string) erro
 	}
 	if expires.t != nil && lasts.d != 0 {
 		return usagef("hold add: give --expires or --for, not both")
+	}
+	if scope.v != nil && *scope.v == "" {
+		// Most often a shell variable that was not set: a hold that
+		// matches no row, where one for every scope was meant.
+		return usagef("hold add: --scope is empty; give the scope value, or leave --scope out to hold every scope")
 	}
 	return a.startRecord(ctx, *table, func(pool *pgxpool.Pool, t *catalog.Table) (int64, error) {
 		return holds.AddHold(ctx, pool, t, holds.HoldSpec{Scope: scope.v, From: from.t, To: to.t, Reason: *reason, Owner: *owner,

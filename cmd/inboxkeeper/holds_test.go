@@ -98,7 +98,8 @@ func TestHold(t *testing.T) {
 	f.wantCount("rows", allRows-expiredRows, "SELECT count(*) FROM public.consumer_inbox")
 }
 
-// Mistakes on the hold and replay command lines exit 2 and write nothing.
+// Mistakes on the hold, replay and pause command lines exit 2 and write
+// nothing.
 func TestHoldAndReplayUsageErrors(t *testing.T) {
 	t.Parallel()
 	f := inboxFixture(t)
@@ -128,6 +129,9 @@ func TestHoldAndReplayUsageErrors(t *testing.T) {
 		{"hold with --expires and --for", "", with(hold, "--reason", "r", "--owner", "o", "--expires", "2099-01-01", "--for", "90d"), "not both"},
 		{"hold for no time", "", with(hold, "--reason", "r", "--owner", "o", "--for", "0"), "longer than 0"},
 		{"hold for a negative time", "", with(hold, "--reason", "r", "--owner", "o", "--for", "-1h"), "must not be negative"},
+		{"hold for less than a second", "", with(hold, "--reason", "r", "--owner", "o", "--for", "999us"), "must be at least 1s"},
+		{"hold on an empty scope", "", with(hold, "--reason", "r", "--owner", "o", "--scope", ""), "--scope is empty"},
+		{"pause for less than a second", "", []string{"pause", "--reason", "r", "--for", "999ms"}, "must be at least 1s"},
 		{"hold for a malformed time", "", with(hold, "--reason", "r", "--owner", "o", "--for", "3 months"), "not a duration (like 500ms, 30s, 36h, 90d or 1d12h)"},
 		{"hold with --from only", "", with(hold, "--reason", "r", "--owner", "o", "--from", "2026-01-01T00:00:00Z"), "--to"},
 		{"hold with --from after --to", "", with(hold, "--reason", "r", "--owner", "o",
@@ -168,6 +172,7 @@ func TestHoldAndReplayUsageErrors(t *testing.T) {
 		// Runs after the parallel subtests.
 		f.wantCount("holds", 0, "SELECT count(*) FROM inboxkeeper.holds")
 		f.wantCount("replays", 0, "SELECT count(*) FROM inboxkeeper.replays")
+		f.wantCount("pauses", 0, "SELECT count(*) FROM inboxkeeper.pause")
 	})
 }
 
