@@ -2,6 +2,7 @@ package inbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -87,4 +88,45 @@ FROM inboxkeeper.retention_rules ORDER BY schema_name, table_name, scope`)
 		ir.Margin = secs(margin)
 		return ir, err
 	})
+}
+
+// LoadRule reads the rule installed for one table (schema and name as
+// InstallRule was given them) and consumer scope, as a retention.Rule
+// (Table and Retention left empty); nil when none is installed.
+func LoadRule(ctx context.Context, db Querier, schema, table, scope string) (*retention.Rule, error) {
+	rows, err := db.Query(ctx, `SELECT (extract(epoch FROM post_receipt) * 1e6)::int8, (extract(epoch FROM replay) * 1e6)::int8, deadline,
+       (extract(epoch FROM margin) * 1e6)::int8, extend_on_duplicate,
+       (extract(epoch FROM extend_by) * 1e6)::int8, (extract(epoch FROM extension_cap) * 1e6)::int8
+FROM inboxkeeper.retention_rules WHERE schema_name = $1 AND table_name = $2 AND scope = $3`, schema, table, scope)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
+		return nil, nil // no control schema yet (inboxkeeper migrate): nothing is installed
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read the installed retention rule of %s.%s scope %q: %w", schema, table, scope, err)
+	}
+	rules, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (retention.Rule, error) {
+		r := retention.Rule{Scope: scope}
+		var post, replay, by, cap *int64
+		var margin int64
+		if err := row.Scan(&post, &replay, &r.Deadline, &margin, &r.Extension.OnDuplicate, &by, &cap); err != nil {
+			return r, err
+		}
+		micros := func(p *int64) time.Duration {
+			if p == nil {
+				return 0
+			}
+			return time.Duration(*p) * time.Microsecond
+		}
+		r.PostReceipt, r.Replay, r.Margin = micros(post), micros(replay), micros(&margin)
+		r.Extension.By, r.Extension.Cap = micros(by), micros(cap)
+		return r, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read the installed retention rule of %s.%s scope %q: %w", schema, table, scope, err)
+	}
+	if len(rules) == 0 {
+		return nil, nil
+	}
+	return &rules[0], nil
 }

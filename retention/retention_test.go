@@ -473,3 +473,41 @@ func TestPlanReportsAll(t *testing.T) {
 		t.Errorf("got\n%s", msg)
 	}
 }
+
+// The installed rule is compared term by term, the extension on duplicates
+// too, at the microsecond the control schema keeps.
+func TestCheckInstalled(t *testing.T) {
+	day := 24 * time.Hour
+	deadline := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
+	policy := Rule{Scope: "payments", PostReceipt: 30 * day, Replay: 48 * day, Deadline: &deadline, Margin: 2 * day,
+		Extension: Extension{OnDuplicate: true, By: 7 * day, Cap: 90 * day}}
+	later := deadline.Add(time.Second)
+	for _, c := range []struct {
+		name   string
+		change func(r *Rule)
+		want   string
+	}{
+		{"the same", func(*Rule) {}, "OK"},
+		{"the same at the microsecond", func(r *Rule) { r.Margin += 400 * time.Nanosecond }, "OK"},
+		{"another margin", func(r *Rule) { r.Margin = 5 * day }, "FAIL"},
+		{"no replay scenario", func(r *Rule) { r.Replay = 0 }, "FAIL"},
+		{"another deadline", func(r *Rule) { r.Deadline = &later }, "FAIL"},
+		{"no deadline", func(r *Rule) { r.Deadline = nil }, "FAIL"},
+		{"no extension", func(r *Rule) { r.Extension.OnDuplicate = false }, "FAIL"},
+		{"another extension cap", func(r *Rule) { r.Extension.Cap = 60 * day }, "FAIL"},
+	} {
+		installed := policy
+		c.change(&installed)
+		installed.Margin = installed.Margin.Truncate(time.Microsecond)
+		if v := CheckInstalled(policy, &installed); v.Result != c.want {
+			t.Errorf("%s: %s, want %s", c.name, v, c.want)
+		}
+	}
+	if v := CheckInstalled(policy, nil); v.Result != "SKIP" {
+		t.Errorf("none installed: %s, want SKIP", v)
+	}
+	v := CheckInstalled(policy, &Rule{Scope: "payments", PostReceipt: 30 * day, Margin: 2 * day})
+	if want := "installed rule: remember_until = first_seen + 30d + 2d, where the policy says remember_until = max(first_seen + 30d, event_time + 48d, 2026-03-01T00:00:00Z) + 2d (a duplicate extends it to now + 7d, at most first_seen + 90d)"; !strings.HasPrefix(v.Detail, want) {
+		t.Errorf("detail %q, want it to begin %q", v.Detail, want)
+	}
+}

@@ -46,6 +46,10 @@ type Deployment struct {
 	FallingDueRate  func(ctx context.Context, pool *pgxpool.Pool, t *catalog.Table) (float64, error)
 	VacuumDeadRatio float64 // INBOXKEEPER_VACUUM_DEAD_RATIO: the daemon's own VACUUM
 	RedisURL        string  // a Redis to judge as a volatile tier; "" for none
+	// Installed reads the rule plan --apply installed for a record's table
+	// and scope (inbox.LoadRule, which this package cannot import: inbox
+	// uses this one); nil when none is. Nil: not checked.
+	Installed func(ctx context.Context, table, scope string) (*Rule, error)
 }
 
 // Check judges d against the records of plans, giving report each verdict
@@ -72,6 +76,16 @@ func Check(ctx context.Context, plans []Plan, d Deployment, report func(Verdict)
 		}
 		for _, v := range CheckTable(ctx, d.Pool, pl.Rule, t, d.Tx, d.CoveredUntil) {
 			v.Subject = pl.Rule.Scope + " (" + t.Name + ")"
+			judge(v)
+		}
+		if d.Installed != nil {
+			v := Verdict{Result: "FAIL", Subject: pl.Rule.Scope + " (" + t.Name + ")"}
+			if installed, err := d.Installed(ctx, pl.Rule.Table, pl.Rule.Scope); err != nil {
+				v.Detail = err.Error()
+			} else {
+				v = CheckInstalled(pl.Rule, installed)
+				v.Subject = pl.Rule.Scope + " (" + t.Name + ")"
+			}
 			judge(v)
 		}
 	}
@@ -110,6 +124,37 @@ func CheckTable(ctx context.Context, pool *pgxpool.Pool, r Rule, t *catalog.Tabl
 	}
 	out = append(out, checkRows(ctx, pool, r, t, s))
 	return append(out, checkCoverage(ctx, pool, r, t, coveredUntil)...)
+}
+
+// CheckInstalled compares the rule the policy computes for a record with
+// the one plan --apply installed (nil: none), which is what the claim path
+// writes remember_until by and replay start judges by: one installed
+// before the policy changed keeps writing the old expiries until plan
+// --apply runs again. Its verdict names no subject.
+func CheckInstalled(r Rule, installed *Rule) Verdict {
+	if installed == nil {
+		return Verdict{"SKIP", "", "installed rule: none for this scope; the claim path and replay start read the rule plan --apply installs"}
+	}
+	us := func(d time.Duration) time.Duration { return d.Truncate(time.Microsecond) }
+	same := us(r.PostReceipt) == installed.PostReceipt && us(r.Replay) == installed.Replay && us(r.Margin) == installed.Margin &&
+		(r.Deadline == nil) == (installed.Deadline == nil) && (r.Deadline == nil || r.Deadline.Truncate(time.Microsecond).Equal(*installed.Deadline)) &&
+		r.Extension.OnDuplicate == installed.Extension.OnDuplicate &&
+		(!r.Extension.OnDuplicate || us(r.Extension.By) == installed.Extension.By && us(r.Extension.Cap) == installed.Extension.Cap)
+	if same {
+		return Verdict{"OK", "", "installed rule: " + describeInstalled(*installed) + ", as the policy says"}
+	}
+	return Verdict{"FAIL", "", fmt.Sprintf("installed rule: %s, where the policy says %s; the claim path writes and replay start judges by the installed one until plan --apply installs the policy's",
+		describeInstalled(*installed), describeInstalled(r))}
+}
+
+// describeInstalled is a rule as CheckInstalled compares it: its
+// remember_until and its extension on duplicates.
+func describeInstalled(r Rule) string {
+	s := r.String()
+	if r.Extension.OnDuplicate {
+		s += fmt.Sprintf(" (a duplicate extends it to now + %s, at most first_seen + %s)", days(r.Extension.By), days(r.Extension.Cap))
+	}
+	return s
 }
 
 // checkCoverage compares how far ahead the rule writes expiries with the

@@ -112,7 +112,14 @@ func (a *app) checkPlans(ctx context.Context, plans []retention.Plan, p *policy.
 		return err
 	}
 	failed, total := retention.Check(ctx, plans, retention.Deployment{Pool: pool, Tables: tables, Tx: a.txSettings(),
-		CoveredUntil: partitions.CoveredUntil, FallingDueRate: expiry.FallingDueRate, VacuumDeadRatio: a.cfg.VacuumDeadRatio, RedisURL: redisURL},
+		CoveredUntil: partitions.CoveredUntil, FallingDueRate: expiry.FallingDueRate, VacuumDeadRatio: a.cfg.VacuumDeadRatio, RedisURL: redisURL,
+		Installed: func(ctx context.Context, table, scope string) (*retention.Rule, error) {
+			qn, err := sqlident.ParseQualifiedName(table)
+			if err != nil {
+				return nil, err
+			}
+			return inbox.LoadRule(ctx, pool, qn.Schema, qn.Name, scope)
+		}},
 		func(v retention.Verdict) { fmt.Fprintln(a.stdout, v) })
 	if failed > 0 {
 		return fmt.Errorf("plan --check: %d of %d checks failed: the deployment does not keep the promise of the retention record", failed, total)

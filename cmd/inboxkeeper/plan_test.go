@@ -333,6 +333,34 @@ CREATE TABLE public.consumer_inbox_now PARTITION OF public.consumer_inbox FOR VA
 		"OK   payments (public.consumer_inbox): partition coverage: the partitions reach ")
 }
 
+// plan --check compares the rule plan --apply installed for the claim path
+// with the policy's: a margin changed in the policy but not applied leaves
+// the claim path writing the old expiries (and replay start judging by
+// them), and is a FAIL that says so until plan --apply. Before the first
+// apply there is nothing to compare (SKIP).
+func TestPlanCheckInstalledRule(t *testing.T) {
+	t.Parallel()
+	db, url := pgtest.NewPool(t)
+	payments := planEntries[:strings.Index(planEntries, "  - scope: masstransit")]
+	e := newPlanEnv(t, inbox.PlainPolicy+payments)
+	e.cfg.DatabaseURL = url
+	pgtest.Exec(t, db, planDDL)
+	const subject = "payments (public.consumer_inbox): installed rule: "
+	wantExit(t, e.run("--check"), 0, "SKIP "+subject+"none for this scope")
+	pgtest.Migrate(t, url)
+	wantExit(t, e.run("--check"), 0, "SKIP "+subject+"none for this scope")
+	wantExit(t, e.run("--apply"), 0)
+	wantExit(t, e.run("--check"), 0, "OK   "+subject+"remember_until = max(first_seen + 30d, event_time + 48d, 2026-03-01T00:00:00Z) + 2d, as the policy says")
+
+	e.write("inboxkeeper.yaml", inbox.PlainPolicy+strings.Replace(payments, "margin: 2d", "margin: 5d", 1))
+	r := e.run("--check")
+	wantExit(t, r, 1, "FAIL "+subject+"remember_until = max(first_seen + 30d, event_time + 48d, 2026-03-01T00:00:00Z) + 2d, "+
+		"where the policy says remember_until = max(first_seen + 30d, event_time + 48d, 2026-03-01T00:00:00Z) + 5d; "+
+		"the claim path writes and replay start judges by the installed one until plan --apply installs the policy's")
+	wantExit(t, e.run("--apply"), 0)
+	wantExit(t, e.run("--check"), 0, "OK   "+subject+"remember_until = max(first_seen + 30d, event_time + 48d, 2026-03-01T00:00:00Z) + 5d, as the policy says")
+}
+
 // plan --check judges whether the space of a table's deleted rows is kept
 // reclaimed at the rate its rows fall due: 2,000 live rows that all fall
 // due within the minute are 33 a second, which autovacuum, coming at most
