@@ -31,7 +31,7 @@ func (a *app) daemon(ctx context.Context, args []string) error {
 	}
 	var sched cron.Schedule
 	if a.cfg.Schedule != "" {
-		s, err := cron.ParseStandard(a.cfg.Schedule)
+		s, err := config.ParseSchedule(a.cfg.Schedule)
 		if err != nil {
 			return configError{fmt.Errorf("INBOXKEEPER_SCHEDULE: %v", err)}
 		}

@@ -465,7 +465,7 @@ func (c Config) problems() problems {
 		}
 	}
 	if c.Schedule != "" {
-		if err := checkSchedule(c.Schedule); err != nil {
+		if _, err := ParseSchedule(c.Schedule); err != nil {
 			ps.addf(n["Schedule"], "%q is not a valid cron schedule: %v", c.Schedule, err)
 		}
 	}
@@ -604,16 +604,29 @@ func CheckMillis(d time.Duration) error {
 	return nil
 }
 
-// checkSchedule recovers because cron v3.0.1 panics on a TZ= prefix that is
-// not followed by a space (e.g. "TZ=UTC").
-func checkSchedule(s string) (err error) {
+// ParseSchedule parses INBOXKEEPER_SCHEDULE: a standard cron spec (five
+// fields, or a descriptor such as @hourly), where "@every" takes a duration
+// in the one grammar every duration of the daemon's has (humantime.Parse:
+// "@every 1d" too, which cron's own time.ParseDuration refuses). It
+// recovers because cron v3.0.1 panics on a TZ= prefix that is not followed
+// by a space (e.g. "TZ=UTC").
+func ParseSchedule(s string) (sched cron.Schedule, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = errors.New("malformed TZ= or CRON_TZ= prefix")
+			sched, err = nil, errors.New("malformed TZ= or CRON_TZ= prefix")
 		}
 	}()
-	_, err = cron.ParseStandard(s)
-	return err
+	if rest, ok := strings.CutPrefix(strings.TrimSpace(s), "@every "); ok {
+		d, err := humantime.Parse(strings.TrimSpace(rest))
+		if err != nil {
+			return nil, err
+		}
+		if d <= 0 {
+			return nil, fmt.Errorf("@every %s must be longer than 0", humantime.Format(d))
+		}
+		return cron.Every(d), nil
+	}
+	return cron.ParseStandard(s)
 }
 
 // WriteEnvHelp prints an aligned table of every variable with the value in

@@ -92,6 +92,8 @@ func TestLoadGoodValues(t *testing.T) {
 		{"INTERVAL", "1h30m", func(c *Config) { c.Interval = 90 * time.Minute }},
 		{"SCHEDULE", "*/5 * * * *", func(c *Config) { c.Schedule = "*/5 * * * *" }},
 		{"SCHEDULE", "@every 10m", func(c *Config) { c.Schedule = "@every 10m" }},
+		// Every duration takes d, @every's too (cron's own parser does not).
+		{"SCHEDULE", "@every 1d", func(c *Config) { c.Schedule = "@every 1d" }},
 		{"SCHEDULE", "CRON_TZ=UTC 0 3 * * *", func(c *Config) { c.Schedule = "CRON_TZ=UTC 0 3 * * *" }},
 		{"RUN_TIME", "10m", func(c *Config) { c.RunTime = 10 * time.Minute }},
 		// The one duration grammar: days too, as the policy file and --help write them.
@@ -150,6 +152,8 @@ var badValues = []struct{ name, value, want string }{
 	{"SCHEDULE", "every day", `"every day" is not a valid cron schedule`},
 	{"SCHEDULE", "* * * * * *", "is not a valid cron schedule"},
 	{"SCHEDULE", "TZ=UTC", "malformed TZ="},
+	{"SCHEDULE", "@every 0s", "@every 0s must be longer than 0"},
+	{"SCHEDULE", "@every fortnight", `"fortnight" is not a duration`},
 	{"RUN_TIME", "-5m", "must not be negative"},
 	{"LOCK_TIMEOUT", "0", "0s must be at least 1ms"},
 	// PostgreSQL reads milliseconds: 999us would round to 0, "no timeout".
@@ -506,6 +510,26 @@ func TestLimitsAreTheDatabaseWideTunables(t *testing.T) {
 		}
 		if changed := !reflect.DeepEqual(defaults.Limits(), c.Limits()); changed != tu.DatabaseWide {
 			t.Errorf("%s: changes the throttle's Limits: %v, but DatabaseWide is %v", tu.Key, changed, tu.DatabaseWide)
+		}
+	}
+}
+
+// "@every 1d" fires a day apart, as "@every 24h" does.
+func TestParseSchedule(t *testing.T) {
+	at := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
+	for spec, want := range map[string]time.Time{
+		"@every 1d":    at.Add(24 * time.Hour),
+		"@every 1d12h": at.Add(36 * time.Hour),
+		"@every 90s":   at.Add(90 * time.Second),
+		"0 3 * * *":    time.Date(2026, 12, 4, 3, 0, 0, 0, time.UTC),
+	} {
+		s, err := ParseSchedule(spec)
+		if err != nil {
+			t.Errorf("%q: %v", spec, err)
+			continue
+		}
+		if got := s.Next(at); !got.Equal(want) {
+			t.Errorf("%q: next after %s is %s, want %s", spec, at, got, want)
 		}
 	}
 }

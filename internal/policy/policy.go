@@ -146,13 +146,15 @@ type rawTable struct {
 // rawTuning is a table's tuning block: the keys `inboxkeeper set --table`
 // takes (settings.TableKeys: not the database-wide throttle ones), as the
 // environment writes their values. A test keeps the two lists equal.
+// A key given an empty value ("") is set, and checked as an empty
+// environment variable is (an error), not read as absent.
 type rawTuning struct {
-	BatchSize    string `yaml:"batch_size"`
-	BatchSizeMin string `yaml:"batch_size_min"`
-	BatchSizeMax string `yaml:"batch_size_max"`
-	BatchTarget  string `yaml:"batch_target"`
-	BatchPause   string `yaml:"batch_pause"`
-	RunTime      string `yaml:"run_time"`
+	BatchSize    *string `yaml:"batch_size"`
+	BatchSizeMin *string `yaml:"batch_size_min"`
+	BatchSizeMax *string `yaml:"batch_size_max"`
+	BatchTarget  *string `yaml:"batch_target"`
+	BatchPause   *string `yaml:"batch_pause"`
+	RunTime      *string `yaml:"run_time"`
 }
 
 // values returns the keys that are set.
@@ -164,8 +166,8 @@ func (r *rawTuning) values() map[string]string {
 	v := reflect.ValueOf(*r)
 	for i := range v.NumField() {
 		key, _, _ := strings.Cut(v.Type().Field(i).Tag.Get("yaml"), ",")
-		if s := v.Field(i).String(); s != "" {
-			out[key] = s
+		if p := v.Field(i); !p.IsNil() {
+			out[key] = p.Elem().String()
 		}
 	}
 	return out

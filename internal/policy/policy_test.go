@@ -243,6 +243,7 @@ func TestParseReportsAll(t *testing.T) {
       batch_size_min: 500
       batch_size_max: 100
       run_time: 1d12h
+      batch_pause: ""
 `), "p.yaml")
 	want := `p.yaml:3: tables[0] (a.b): key: required: list the columns that identify a row
 p.yaml:4: tables[0] (a.b): unknown field "foo" (known: table, key, scope, event_time, first_seen, expires_at, expires_after, partitions, tiers, time_zone, tuning)
@@ -251,7 +252,8 @@ p.yaml:5: tables[0] (a.b): expires_after.column: required
 p.yaml:6: tables[0] (a.b): partitions.by: "week" is not supported; use month
 p.yaml:8: tables[0] (a.b): tuning.batch_size: "lots" is not an integer
 p.yaml:9: tables[0] (a.b): tuning.batch_target: "soon" is not a duration (like 500ms, 30s, 36h, 90d or 1d12h)
-p.yaml:11: tables[0] (a.b): tuning.batch_size_max: 100 must be at least batch_size_min (500)`
+p.yaml:11: tables[0] (a.b): tuning.batch_size_max: 100 must be at least batch_size_min (500)
+p.yaml:13: tables[0] (a.b): tuning.batch_pause: "" is not a duration (like 500ms, 30s, 36h, 90d or 1d12h)`
 	if err == nil || err.Error() != want {
 		t.Errorf("got\n%v\nwant\n%s", err, want)
 	}
