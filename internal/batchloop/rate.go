@@ -30,9 +30,19 @@ func (r *Rate) Add(at time.Time, n int64) float64 {
 	return v
 }
 
-// PerSecond is the rate of change over the samples kept (falling or
-// rising), and whether there are two to compare.
+// PerSecond is the rate of change over the samples kept, falling or
+// rising alike, and whether there are two to compare.
 func (r *Rate) PerSecond() (float64, bool) {
+	v, ok := r.Slope()
+	if v < 0 {
+		v = -v
+	}
+	return v, ok
+}
+
+// Slope is the change per second over the samples kept, negative where the
+// count fell, and whether there are two to compare.
+func (r *Rate) Slope() (float64, bool) {
 	s := r.samples
 	if len(s) < 2 {
 		return 0, false
@@ -42,9 +52,5 @@ func (r *Rate) PerSecond() (float64, bool) {
 	if dt <= 0 {
 		return 0, false
 	}
-	d := float64(last.n - first.n)
-	if d < 0 {
-		d = -d
-	}
-	return d / dt, true
+	return float64(last.n-first.n) / dt, true
 }

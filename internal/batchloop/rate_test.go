@@ -42,3 +42,21 @@ func TestRateNeedsTwoSamples(t *testing.T) {
 		t.Error("a rate from one sample")
 	}
 }
+
+// Slope keeps the sign that PerSecond drops: a count that rose by 10 a
+// second is +10, one that fell by as much -10, and PerSecond says 10 for
+// both.
+func TestRateSlope(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	for _, step := range []int64{10, -10} {
+		var r Rate
+		r.Add(t0, 1000)
+		r.Add(t0.Add(10*time.Second), 1000+10*step)
+		if s, ok := r.Slope(); !ok || s != float64(step) {
+			t.Errorf("slope %v (%v), want %d", s, ok, step)
+		}
+		if v, _ := r.PerSecond(); v != 10 {
+			t.Errorf("per second %v, want 10", v)
+		}
+	}
+}

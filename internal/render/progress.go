@@ -86,6 +86,15 @@ func (r Rates) Add(table string, at time.Time, n int64) float64 {
 	return r[table].Add(at, n)
 }
 
+// slope is the change per second over the samples kept (negative where
+// the count fell), and whether there are two to compare.
+func (r Rates) slope(table string) (float64, bool) {
+	if r[table] == nil {
+		return 0, false
+	}
+	return r[table].Slope()
+}
+
 // rate is the rate of change over the samples kept (falling or rising),
 // and whether there are two to compare.
 func (r Rates) rate(table string) (float64, bool) {

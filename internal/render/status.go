@@ -58,12 +58,8 @@ func StatusTables(w io.Writer, r pass.Status, tables []*catalog.Table, rates Rat
 			if st.Table == t.Name {
 				writeStatus(w, st)
 				writeVacuum(w, r, st)
-				if rate, ok := rates.rate(st.Table); ok {
-					eta := "none: nothing goes"
-					if rate > 0 {
-						eta = humantime.Duration(time.Duration(float64(st.Due) / rate * float64(time.Second)))
-					}
-					fmt.Fprintf(w, "  rate (last minute):       %.0f rows/s, ETA %s\n", rate, eta)
+				if rise, ok := rates.slope(st.Table); ok {
+					fmt.Fprintf(w, "  due rows (last minute):   %s\n", backlogTrend(-rise, st.Due))
 				}
 			}
 		}
@@ -346,4 +342,23 @@ func horizonJSON(r horizon.Reading) HorizonJSON {
 		out.Blockers = append(out.Blockers, j)
 	}
 	return out
+}
+
+// backlogTrend says how the due count moved over the last minute (fall:
+// rows a second, negative where it rose), and when it would reach 0 at
+// that pace. It is the net fall (rows deleted less
+// rows falling due), not the deletion rate: a daemon that keeps up deletes
+// as fast as rows fall due, and the count stays where it is.
+func backlogTrend(fall float64, due int64) string {
+	switch {
+	case fall >= 0.5:
+		return fmt.Sprintf("falling by %.0f/s, gone in about %s at that pace", fall,
+			humantime.Duration(time.Duration(float64(due)/fall*float64(time.Second))))
+	case due == 0:
+		return "none due"
+	case fall > -0.5:
+		return "not falling: rows fall due as fast as they go, or nothing deletes them"
+	default:
+		return fmt.Sprintf("rising by %.0f/s: rows fall due faster than they go", -fall)
+	}
 }
