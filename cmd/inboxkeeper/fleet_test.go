@@ -271,3 +271,24 @@ func TestStatusWatch(t *testing.T) {
 		t.Errorf("status --watch after SIGTERM: %v", err)
 	}
 }
+
+// status --watch takes its interval after it or after "=", and its
+// mistakes are named as such: --watch=3s is not "an invalid boolean", and
+// --json after an interval is not "an unexpected argument".
+func TestStatusWatchUsage(t *testing.T) {
+	t.Parallel()
+	f := inboxFixture(t)
+	for args, want := range map[string]string{
+		"--watch=3s --json":  "--watch and --json do not go together",
+		"--watch 1s --json":  "--watch and --json do not go together",
+		"--json --watch 1s":  "--watch and --json do not go together",
+		"--watch=abc":        `status --watch "abc": want an interval such as 2s or 1m (at least 100ms)`,
+		"--watch 5ms":        `status --watch "5ms": want an interval such as 2s or 1m (at least 100ms)`,
+		"--watch=1s 2s":      `status --watch takes one interval, not "1s 2s"`,
+		"2s":                 `status: unexpected argument "2s"`,
+		"--watch=false --no": "flag provided but not defined: -no",
+	} {
+		wantExit(t, f.run(append([]string{"status"}, strings.Fields(args)...)...), 2, want)
+	}
+	wantExit(t, f.run("status", "--watch=false"), 0, "  due (deletable now):")
+}

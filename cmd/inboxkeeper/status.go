@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"time"
 
@@ -19,23 +20,26 @@ import (
 func (a *app) status(ctx context.Context, args []string) error {
 	fs := a.newFlags("status")
 	asJSON := fs.Bool("json", false, "print the status as one JSON object, for scripts")
-	watch := fs.Bool("watch", false, "redraw the status every INTERVAL (default 2s) until interrupted, with the rate and an ETA per table: "+
-		"status --watch [INTERVAL]; on a terminal in place like top, otherwise as plain lines")
-	if err := a.parseFlags(fs, args); err != nil {
+	watch := fs.Bool("watch", false, "redraw the status every INTERVAL (default 2s) until interrupted, with how each table's due count moves: "+
+		"status --watch [INTERVAL] or --watch=INTERVAL; on a terminal in place like top, otherwise as plain lines")
+	args, err := a.parseInterleaved(fs, splitWatch(args))
+	if err != nil {
 		return err
 	}
 	every := 2 * time.Second
 	switch {
-	case *watch && fs.NArg() == 1:
-		d, err := humantime.Parse(fs.Arg(0))
-		if err != nil || d < 100*time.Millisecond {
-			return usagef("status --watch %q: want an interval such as 2s or 1m (at least 100ms)", fs.Arg(0))
-		}
-		every = d
-	case fs.NArg() > 0:
-		return usagef("status: unexpected argument %q", fs.Arg(0))
 	case *watch && *asJSON:
 		return usagef("status: --watch and --json do not go together")
+	case *watch && len(args) == 1:
+		d, err := humantime.Parse(args[0])
+		if err != nil || d < 100*time.Millisecond {
+			return usagef("status --watch %q: want an interval such as 2s or 1m (at least 100ms)", args[0])
+		}
+		every = d
+	case *watch && len(args) > 1:
+		return usagef("status --watch takes one interval, not %q", strings.Join(args, " "))
+	case len(args) > 0:
+		return usagef("status: unexpected argument %q", args[0])
 	}
 	pool, tables, err := a.prepare(ctx)
 	if err != nil {
@@ -86,4 +90,19 @@ func (a *app) statusOnce(ctx context.Context, pool *pgxpool.Pool, tables []*cata
 	}
 	render.Status(w, st, tables, rates, th)
 	return nil
+}
+
+// splitWatch writes --watch=INTERVAL as --watch INTERVAL, the form status
+// reads (a bool flag takes no value but true or false).
+func splitWatch(args []string) []string {
+	out := make([]string, 0, len(args)+1)
+	for _, a := range args {
+		name, value, ok := strings.Cut(a, "=")
+		if _, isBool := strconv.ParseBool(value); ok && isBool != nil && (name == "--watch" || name == "-watch") {
+			out = append(out, name, value)
+			continue
+		}
+		out = append(out, a)
+	}
+	return out
 }
