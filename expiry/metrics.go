@@ -25,7 +25,7 @@ type Metrics struct {
 func NewMetrics(reg prometheus.Registerer, facts *daemonmetrics.Facts) *Metrics {
 	m := &Metrics{
 		RowsDeleted:   daemonmetrics.CounterVec(reg, "inboxkeeper_rows_deleted_total", "Expired inbox rows deleted.", "table"),
-		Batches:       daemonmetrics.CounterVec(reg, "inboxkeeper_batches_total", "Delete batches committed.", "table"),
+		Batches:       daemonmetrics.CounterVec(reg, "inboxkeeper_batches_total", "Delete batches committed that deleted at least one row.", "table"),
 		BatchDuration: daemonmetrics.HistogramVec(reg, "inboxkeeper_batch_duration_seconds", "Wall time of one delete batch transaction, from BEGIN to COMMIT.", []float64{.005, .01, .025, .05, .1, .2, .5, 1, 2.5, 5, 10, 30}, "table"),
 		LastSuccess:   daemonmetrics.GaugeVec(reg, "inboxkeeper_last_success_timestamp_seconds", "Unix time at which a pass last finished this table without error and without stopping early.", "table"),
 		CleanupLag:    facts.Gauge(reg, "inboxkeeper_cleanup_lag_seconds", "Database now minus the oldest expiry still present among rows no hold or replay protects (0 when none is due).", "table"),
