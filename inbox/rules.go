@@ -118,6 +118,10 @@ FROM inboxkeeper.retention_rules WHERE schema_name = $1 AND table_name = $2 AND 
 			}
 			return time.Duration(*p) * time.Microsecond
 		}
+		if r.Deadline != nil {
+			d := r.Deadline.UTC() // pgx reads timestamptz in the local zone; the policy's is UTC
+			r.Deadline = &d
+		}
 		r.PostReceipt, r.Replay, r.Margin = micros(post), micros(replay), micros(&margin)
 		r.Extension.By, r.Extension.Cap = micros(by), micros(cap)
 		return r, nil

@@ -41,11 +41,12 @@ type Beginner interface {
 	BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error)
 }
 
-// readQuery runs the custom throttle query within 5 s in a READ ONLY
-// transaction that it rolls back: the query is a reading, and whatever it
-// would write (a DELETE ... RETURNING, a function that inserts) fails
-// instead, and is never kept, in the daemon, in `status` and in a dry run
-// alike. pgx.ErrNoRows: it returned no row.
+// readQuery runs the custom throttle query, one statement, within 5 s in a
+// READ ONLY transaction that it rolls back: the query is a reading, and
+// whatever it would write (a DELETE ... RETURNING, a function that inserts,
+// nextval, SELECT ... FOR UPDATE, a temporary table) fails instead, and is
+// never kept, in the daemon, in `status` and in a dry run alike.
+// pgx.ErrNoRows: it returned no row.
 func readQuery(ctx context.Context, db Beginner, query string) (v *float64, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -58,7 +59,10 @@ func readQuery(ctx context.Context, db Beginner, query string) (v *float64, err 
 		defer cancel()
 		_ = tx.Rollback(rctx)
 	}()
-	err = tx.QueryRow(ctx, query).Scan(&v)
+	// The extended protocol takes one statement: a "COMMIT; DELETE ..."
+	// sent in the simple protocol (default_query_exec_mode=simple_protocol)
+	// would end the READ ONLY transaction and write.
+	err = tx.QueryRow(ctx, query, pgx.QueryExecModeExec).Scan(&v)
 	return v, err
 }
 

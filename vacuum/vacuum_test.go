@@ -186,10 +186,12 @@ func TestVacuumAfterPass(t *testing.T) {
 			}
 		}
 		out := v.AfterPass(ctx, tbl, 5000, 5000, 0)
-		if !out.Ran || out.PassedOver != 1 || out.Err != nil || statements.Load() != 2 {
+		// One more for a VACUUM an older snapshot held back (an ANALYZE of
+		// autovacuum's, on a loaded machine), as in TestPassVacuums.
+		if held := int32(out.HeldBack); !out.Ran || out.PassedOver != 1 || out.Err != nil || statements.Load() != 2+held {
 			t.Fatalf("outcome %+v after %d VACUUM statements, want one passed over, then one run", out, statements.Load())
 		}
-		wantVacuums(t, pool, 2, " (the other session's and the daemon's second)")
+		wantVacuums(t, pool, 2+int64(out.HeldBack), " (the other session's and the daemon's second)")
 	})
 
 	// A snapshot older than the deletes (an insert that began just before

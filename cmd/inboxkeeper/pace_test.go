@@ -2,6 +2,7 @@ package main
 
 import (
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -57,6 +58,15 @@ func TestThrottleQueryCheckedAtStart(t *testing.T) {
 			wantExit(t, r, 2, "INBOXKEEPER_THROTTLE_QUERY")
 		}
 	}
+	// Nor a second statement that ends the READ ONLY transaction, where the
+	// connection string asks for the simple protocol (which takes several).
+	sep := "?"
+	if strings.Contains(f.url, "?") {
+		sep = "&"
+	}
+	simple := "INBOXKEEPER_DATABASE_URL=" + f.url + sep + "default_query_exec_mode=simple_protocol"
+	wantExit(t, f.runWith([]string{simple, "INBOXKEEPER_THROTTLE_QUERY=COMMIT; DELETE FROM public.consumer_inbox RETURNING 0"}, "once", "--dry-run"), 2,
+		"INBOXKEEPER_THROTTLE_QUERY")
 	wantExit(t, f.runWith([]string{"INBOXKEEPER_THROTTLE_QUERY=SELECT 0"}, "once", "--dry-run"), 0)
 	if n := f.rows(); n != 42 {
 		t.Errorf("%d rows left, want all 42: nothing may be deleted", n)

@@ -71,7 +71,7 @@ func (a *app) status(ctx context.Context, args []string) error {
 }
 
 // statusOnce measures and writes the status once; with rates (--watch) it
-// adds each table's rate over the last minute and an ETA.
+// adds how each table's due count moved over the last minute.
 func (a *app) statusOnce(ctx context.Context, pool *pgxpool.Pool, tables []*catalog.Table, asJSON bool, w io.Writer, rates render.Rates) error {
 	st, err := pass.ReadStatus(ctx, a.wiring(pool, false, nil, nil), a.cfg, tables)
 	if err != nil {

@@ -616,7 +616,17 @@ func ParseSchedule(s string) (sched cron.Schedule, err error) {
 			sched, err = nil, errors.New("malformed TZ= or CRON_TZ= prefix")
 		}
 	}()
-	if rest, ok := strings.CutPrefix(strings.TrimSpace(s), "@every "); ok {
+	spec := strings.TrimSpace(s)
+	if tz, rest, ok := strings.Cut(spec, " "); ok && (strings.HasPrefix(tz, "TZ=") || strings.HasPrefix(tz, "CRON_TZ=")) &&
+		strings.HasPrefix(strings.TrimSpace(rest), "@every ") {
+		// An interval is the same in every zone; the zone must still load.
+		_, name, _ := strings.Cut(tz, "=")
+		if _, err := time.LoadLocation(name); err != nil {
+			return nil, fmt.Errorf("provided bad location %s: %v", name, err)
+		}
+		spec = strings.TrimSpace(rest)
+	}
+	if rest, ok := strings.CutPrefix(spec, "@every "); ok {
 		d, err := humantime.Parse(strings.TrimSpace(rest))
 		if err != nil {
 			return nil, err

@@ -153,6 +153,7 @@ var badValues = []struct{ name, value, want string }{
 	{"SCHEDULE", "* * * * * *", "is not a valid cron schedule"},
 	{"SCHEDULE", "TZ=UTC", "malformed TZ="},
 	{"SCHEDULE", "@every 0s", "@every 0s must be longer than 0"},
+	{"SCHEDULE", "TZ=Mars/Olympus @every 1d", "bad location Mars/Olympus"},
 	{"SCHEDULE", "@every fortnight", `"fortnight" is not a duration`},
 	{"RUN_TIME", "-5m", "must not be negative"},
 	{"LOCK_TIMEOUT", "0", "0s must be at least 1ms"},
@@ -518,10 +519,11 @@ func TestLimitsAreTheDatabaseWideTunables(t *testing.T) {
 func TestParseSchedule(t *testing.T) {
 	at := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
 	for spec, want := range map[string]time.Time{
-		"@every 1d":    at.Add(24 * time.Hour),
-		"@every 1d12h": at.Add(36 * time.Hour),
-		"@every 90s":   at.Add(90 * time.Second),
-		"0 3 * * *":    time.Date(2026, 12, 4, 3, 0, 0, 0, time.UTC),
+		"@every 1d":                       at.Add(24 * time.Hour),
+		"@every 1d12h":                    at.Add(36 * time.Hour),
+		"@every 90s":                      at.Add(90 * time.Second),
+		"CRON_TZ=Europe/Berlin @every 1d": at.Add(24 * time.Hour),
+		"0 3 * * *":                       time.Date(2026, 12, 4, 3, 0, 0, 0, time.UTC),
 	} {
 		s, err := ParseSchedule(spec)
 		if err != nil {

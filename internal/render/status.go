@@ -18,8 +18,8 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/vacuum"
 )
 
-// Status prints status: every table (with its rate and an ETA over rates,
-// for status --watch), the database's role and the active instance, and
+// Status prints status: every table (with how its due count moves over
+// rates, for status --watch), the database's role and the active instance, and
 // the throttle's verdict from th's fresh measurement.
 func Status(w io.Writer, r pass.Status, tables []*catalog.Table, rates Rates, th *throttle.Throttler) {
 	StatusTables(w, r, tables, rates)
@@ -351,11 +351,11 @@ func horizonJSON(r horizon.Reading) HorizonJSON {
 // as fast as rows fall due, and the count stays where it is.
 func backlogTrend(fall float64, due int64) string {
 	switch {
+	case due == 0:
+		return "none due"
 	case fall >= 0.5:
 		return fmt.Sprintf("falling by %.0f/s, gone in about %s at that pace", fall,
 			humantime.Duration(time.Duration(float64(due)/fall*float64(time.Second))))
-	case due == 0:
-		return "none due"
 	case fall > -0.5:
 		return "not falling: rows fall due as fast as they go, or nothing deletes them"
 	default:

@@ -12,6 +12,7 @@ func TestBacklogTrend(t *testing.T) {
 	}{
 		{100, 3000, "falling by 100/s, gone in about 30s at that pace"},
 		{0, 0, "none due"},
+		{30, 0, "none due"}, // fell to 0 within the minute
 		{0.2, 40, "not falling: rows fall due as fast as they go, or nothing deletes them"},
 		{-25, 4000, "rising by 25/s: rows fall due faster than they go"},
 	} {
