@@ -90,6 +90,8 @@ type TestSignals struct {
 	OptimisticWait time.Duration
 	// OnFallback is told when a batch falls back to SKIP LOCKED.
 	OnFallback func()
+	// OnDueRefresh is told after each count of refreshDue.
+	OnDueRefresh func()
 	// AheadRead is told when a bound read ahead has been read (readAhead).
 	AheadRead func()
 	// OnSample is told when a sample of the heap has been read, or has
@@ -199,6 +201,8 @@ type Deleter struct {
 	rates      map[string]*deleteRate  // per table, kept across passes
 	sweepFrom  map[string]int64        // per table: the page the next sweep starts at (sweepStart)
 	lastDue    map[string]int64        // per table: the rows due at the start of its last pass, -1 unknown (sampleBeside)
+
+	dueRefresh time.Duration // tests: DueRefresh
 }
 
 // New returns a Deleter with defaults filled in.
@@ -227,7 +231,7 @@ func New(pool *pgxpool.Pool, tables []*catalog.Table, opts Options) *Deleter {
 	}
 	return &Deleter{pool: pool, tables: tables, opts: opts, log: log, sizers: batchloop.NewSizers(opts.BatchSize, opts.Sizing),
 		scanChoice: map[string]*scanChooser{}, windows: map[string]*window{}, rates: map[string]*deleteRate{},
-		sweepFrom: map[string]int64{}, lastDue: map[string]int64{}}
+		sweepFrom: map[string]int64{}, lastDue: map[string]int64{}, dueRefresh: DueRefresh}
 }
 
 // RunPass runs one pass over every table, in policy order. A failure on one
@@ -389,8 +393,9 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 	// (look), or, where that count stopped at its bound, the sample's
 	// estimate, until a sweep's exact count is in.
 	sw, estimate := d.startSweep(ctx, t, due, sample)
-	lastCount := time.Now()
 	m := d.opts.Metrics
+	setKeyset, stopRefresh := d.refreshDue(ctx, t, m != nil)
+	defer stopRefresh()
 	var lastNewest time.Time // the newest expiry of the last batch, for its log line
 	loop := batchloop.Loop{
 		What: "delete", Sizer: d.sizer(t), Throttle: d.opts.Throttle, Active: d.opts.LoopActive(), Deadline: deadline,
@@ -421,13 +426,6 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 			if n > 0 && d.opts.Progress != nil {
 				d.opts.Progress(Progress{Table: t.Name, Deleted: res.Deleted, Batches: res.Batches, Elapsed: time.Since(start),
 					BatchRows: n, BatchDuration: took, Estimate: estimate})
-			}
-			if m != nil && time.Since(lastCount) >= DueRefresh {
-				// rows_due and the cleanup lag, while a long pass runs.
-				lastCount = time.Now()
-				if _, err := d.Due(ctx, t, res.keyset); err != nil && ctx.Err() == nil {
-					d.log.Warn("expiry: could not count the due rows", "table", t.Name, "error", err)
-				}
 			}
 		},
 		OnError: func(kind string) {
@@ -467,9 +465,11 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 		if n > 0 {
 			res.Batches++
 			res.keyset = pgtype.Timestamptz{Time: newest, Valid: true}
+			setKeyset(res.keyset)
 		}
 		return n, newest, wal, err
 	})
+	stopRefresh()
 	if res.ahead != nil {
 		<-res.ahead.done // nothing of the pass outlives it
 		res.ahead = nil
@@ -493,6 +493,53 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 		d.setSweepStart(t, next)
 	}
 	return err
+}
+
+// refreshDue counts t's due rows again every DueRefresh while its pass
+// runs, when on (the metrics are served): rows_due and the cleanup lag
+// keep up during a long pass, and during one the throttle holds back before
+// or between its batches, which no batch's end would refresh. It counts
+// from the keyset the batches have reached (setKeyset). stop ends it, and
+// waits for a count in flight; it may be called again.
+func (d *Deleter) refreshDue(ctx context.Context, t *catalog.Table, on bool) (setKeyset func(pgtype.Timestamptz), stop func()) {
+	if !on {
+		return func(pgtype.Timestamptz) {}, func() {}
+	}
+	var mu sync.Mutex
+	var from pgtype.Timestamptz
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(d.dueRefresh)
+		defer tick.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			mu.Lock()
+			f := from
+			mu.Unlock()
+			if _, err := d.Due(ctx, t, f); err != nil && ctx.Err() == nil {
+				d.log.Warn("expiry: could not count the due rows", "table", t.Name, "error", err)
+			}
+			if d.TestSignals.OnDueRefresh != nil {
+				d.TestSignals.OnDueRefresh()
+			}
+		}
+	}()
+	var once sync.Once
+	return func(k pgtype.Timestamptz) {
+			mu.Lock()
+			from = k
+			mu.Unlock()
+		}, func() {
+			once.Do(func() { close(quit) })
+			<-done
+		}
 }
 
 // checkLockPrivilege fails the table's pass, before any batch, when the
@@ -1012,13 +1059,17 @@ func (d *Deleter) measure(ctx context.Context, tx pgx.Tx, t *catalog.Table, now 
 		return err
 	}
 	// Rows the pass skipped because another session held them locked lie
-	// before res.resume: the next pass deletes them, and counts them.
-	lag, err := cleanupLag(ctx, tx, t, now, cov, res.resume)
+	// before res.resume: the next pass deletes them, and counts them. Before
+	// the pass (the look it begins with) there is no resume yet: every row
+	// counts. (Passed as it was, NULL, it matched no row, and the look
+	// exported a lag of 0 at the start of every pass.)
+	from := orNegInf(res.resume)
+	lag, err := cleanupLag(ctx, tx, t, now, cov, from)
 	if err != nil {
 		return err
 	}
 	res.CleanupLag = lag
-	if res.Oldest, res.Newest, err = retainedRange(ctx, tx, t, res.resume); err != nil {
+	if res.Oldest, res.Newest, err = retainedRange(ctx, tx, t, from); err != nil {
 		return err
 	}
 	if oldestCovered.Valid {

@@ -599,6 +599,13 @@ func TestCleanupLagAndStatus(t *testing.T) {
 	if !st.Oldest.Equal(t0.Add(-48*time.Hour)) || !st.Newest.Equal(t0.Add(2*time.Hour)) {
 		t.Errorf("oldest %v newest %v", st.Oldest, st.Newest)
 	}
+	// The look a pass begins with says the same (it exports the lag: a
+	// pass held back by the throttle shows it until its first batch).
+	var begin TableResult
+	if due, err := d.look(ctx, f.tables[0], &begin, 0, nil); err != nil || due.Lag != 24*time.Hour || due.Rows != 3 ||
+		begin.Oldest == nil || !begin.Oldest.Equal(t0.Add(-48*time.Hour)) {
+		t.Errorf("the pass's first look: %+v, oldest %v (%v), want 3 due, lag 24h, oldest 48h ago", due, begin.Oldest, err)
+	}
 	if res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}}}); res.CleanupLag != 0 || res.Deleted != 3 {
 		t.Errorf("after a pass: %+v, want lag 0 and 3 deleted", res)
 	}
@@ -888,5 +895,73 @@ func TestRetainedRangeWhenOnlyHeldRowsAreLeft(t *testing.T) {
 		!res.Oldest.Equal(t0.Add(-48*time.Hour)) || !res.Newest.Equal(t0.Add(-46*time.Hour)) {
 		t.Fatalf("pass: deleted %d, oldest %v, newest %v; want 3, and the held rows' %v and %v",
 			res.Deleted, res.Oldest, res.Newest, t0.Add(-48*time.Hour), t0.Add(-46*time.Hour))
+	}
+}
+
+// heldGate is a throttle that holds every batch back until open is closed.
+type heldGate struct{ open chan struct{} }
+
+func (g heldGate) Admit(ctx context.Context, s service.Sizer) (int, error) {
+	select {
+	case <-g.open:
+		return s.Size(), nil
+	case <-ctx.Done():
+		return 0, &service.HeldError{Reason: "test", Err: ctx.Err()}
+	}
+}
+func (heldGate) Watch(uint32, time.Time) (func(), func() bool) {
+	return func() {}, func() bool { return false }
+}
+func (heldGate) Wrote(float64) {}
+
+// While the throttle holds a pass back before its first batch, rows_due
+// and the cleanup lag keep up: rows that fall due meanwhile show, as they
+// would between passes. (They were refreshed only at a batch's end, so a
+// pass held back for hours froze them at its start.)
+func TestDueRefreshedWhileHeldBack(t *testing.T) {
+	t.Parallel()
+	f := setup(t, inboxDDL, inboxPolicy)
+	f.insert(t, "c", 3, t0.Add(-time.Hour), time.Second)
+	reg := prometheus.NewRegistry()
+	gate := heldGate{open: make(chan struct{})}
+	d := New(f.pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0), Throttle: gate}}, Metrics: NewMetrics(reg, nil)})
+	d.dueRefresh = 20 * time.Millisecond
+	refreshed := make(chan struct{}, 100)
+	d.TestSignals.OnDueRefresh = func() { refreshed <- struct{}{} }
+	done := make(chan []TableResult, 1)
+	go func() {
+		res, err := d.RunPass(context.Background())
+		if err != nil {
+			t.Error(err)
+		}
+		done <- res
+	}()
+	wait := func() {
+		t.Helper()
+		select {
+		case <-refreshed:
+		case <-time.After(30 * time.Second):
+			t.Fatal("no count of the due rows within 30 s while the pass was held back")
+		}
+	}
+	wait()
+	if due, lag := gauge(t, reg, "inboxkeeper_rows_due"), gauge(t, reg, "inboxkeeper_cleanup_lag_seconds"); due != 3 || lag != 3600 {
+		t.Errorf("held back: rows_due %v, lag %vs, want 3 and 3600", due, lag)
+	}
+	f.insert(t, "c2", 2, t0.Add(-2*time.Hour), time.Second)
+	for range 2 { // one count may have begun before the insert
+		wait()
+	}
+	if due, lag := gauge(t, reg, "inboxkeeper_rows_due"), gauge(t, reg, "inboxkeeper_cleanup_lag_seconds"); due != 5 || lag != 7200 {
+		t.Errorf("rows fell due while held back: rows_due %v, lag %vs, want 5 and 7200", due, lag)
+	}
+	close(gate.open)
+	select {
+	case res := <-done:
+		if res[0].Err != nil || res[0].Deleted == 0 {
+			t.Errorf("the pass once let go: %+v", res[0])
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the pass did not end within 30 s of the throttle letting go")
 	}
 }
