@@ -178,6 +178,9 @@ type TableResult struct {
 	// boundsFromCount counts the batches whose bound fewDue let them read
 	// so (at most the first).
 	boundsFromCount int
+	// errorsCounted counts the failed attempts the batch loop counted in
+	// inboxkeeper_errors_total.
+	errorsCounted int
 }
 
 // DueRefresh is how often a long pass counts the due rows again.
@@ -312,6 +315,12 @@ func (d *Deleter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 		}
 	}
 	res.Duration = time.Since(start)
+	if res.Err != nil && res.errorsCounted == 0 && ctx.Err() == nil && d.opts.Metrics != nil {
+		// Failed before any batch (the look, the privilege check: the
+		// database went away between passes): counted too, as the batches'
+		// failures are.
+		d.opts.Metrics.Errors.WithLabelValues(t.Name, string(retry.KindOf(res.Err))).Inc()
+	}
 	if res.Err != nil {
 		if why := batchloop.LogEnd(ctx, log, "expiry", res.Err, "deleted", res.Deleted, "batches", res.Batches); why.Stopped() {
 			res.StoppedEarly = why
@@ -429,6 +438,7 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 			}
 		},
 		OnError: func(kind string) {
+			res.errorsCounted++
 			if m != nil {
 				m.Errors.WithLabelValues(t.Name, kind).Inc()
 			}
@@ -553,6 +563,9 @@ func (d *Deleter) checkLockPrivilege(ctx context.Context, t *catalog.Table) erro
 	}
 	var ok bool
 	if err := d.pool.QueryRow(ctx, `SELECT has_any_column_privilege($1::oid, 'UPDATE')`, t.OID).Scan(&ok); err != nil {
+		if retry.KindOf(err) == retry.KindConnection {
+			return fmt.Errorf("reach the database: %w", err)
+		}
 		return fmt.Errorf("could not read whether this role may lock rows of %s (its UPDATE privilege): %w", t.Name, err)
 	}
 	if !ok {

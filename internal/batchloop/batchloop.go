@@ -251,7 +251,8 @@ func (l *Loop) committedPart(n int64, newest time.Time, wal float64, took time.D
 // their counts so far), and returns retry.AtShutdown when ctx ended it: a
 // signal, not a failure, whose batch in flight rolled back. A lock wait
 // (a session queued behind the batch, which was cancelled) is the design
-// and logs a warning; anything else is an error.
+// and logs a warning, and so does a lost connection (retry.KindConnection:
+// the next pass tries again); anything else is an error.
 func LogEnd(ctx context.Context, log *slog.Logger, what string, err error, attrs ...any) retry.Early {
 	switch {
 	case ctx.Err() != nil:
@@ -259,6 +260,11 @@ func LogEnd(ctx context.Context, log *slog.Logger, what string, err error, attrs
 		return retry.AtShutdown
 	case errors.Is(err, retry.ErrLockWait):
 		log.Warn(what+": table stopped early: a session queued behind the batch, which was cancelled and rolled back", append([]any{"error", err}, attrs...)...)
+	case retry.KindOf(err) == retry.KindConnection:
+		// A restart, a failover, a frozen process's session ended by the
+		// server: nothing to fix here, and the next pass tries again (the
+		// daemon then says "database unreachable" once, while it lasts).
+		log.Warn(what+": table failed: the connection to the database was lost or refused; the next pass tries again", append([]any{"error", err}, attrs...)...)
 	default:
 		log.Error(what+": table failed", append([]any{"error", err}, attrs...)...)
 	}

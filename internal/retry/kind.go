@@ -57,19 +57,25 @@ var ErrLockWait = errors.New("a session waited on a lock this transaction held; 
 
 // SQLSTATEs the project tells apart.
 const (
-	SQLStateLockTimeout       = "55P03" // lock_not_available: lock_timeout ran out
-	SQLStateDeadlock          = "40P01"
-	SQLStateQueryCanceled     = "57014" // statement_timeout, or a cancel request
-	SQLStateSerialization     = "40001"
-	SQLStateAdminShutdown     = "57P01"
-	SQLStateCrashShutdown     = "57P02"
-	SQLStateCannotConnectNow  = "57P03"
-	SQLStatePreparedStmtTaken = "42P05" // duplicate_prepared_statement: a pooler shared a server connection
-	SQLStateDuplicateTable    = "42P07"
-	SQLStateInvalidDefinition = "42P17" // invalid_object_definition: a partition range that overlaps another
-	SQLStateUniqueViolation   = "23505"
-	SQLStateInsufficientPriv  = "42501"
-	SQLStateInvalidSchemaName = "3F000"
+	SQLStateLockTimeout      = "55P03" // lock_not_available: lock_timeout ran out
+	SQLStateDeadlock         = "40P01"
+	SQLStateQueryCanceled    = "57014" // statement_timeout, or a cancel request
+	SQLStateSerialization    = "40001"
+	SQLStateAdminShutdown    = "57P01"
+	SQLStateCrashShutdown    = "57P02"
+	SQLStateCannotConnectNow = "57P03"
+	// The server ended the session for sitting idle: in a transaction
+	// (idle_in_transaction_session_timeout: a frozen process, whose batch
+	// rolled back) or outside one (idle_session_timeout). The connection is
+	// gone, as in a restart.
+	SQLStateIdleInTxTimeout    = "25P03"
+	SQLStateIdleSessionTimeout = "57P05"
+	SQLStatePreparedStmtTaken  = "42P05" // duplicate_prepared_statement: a pooler shared a server connection
+	SQLStateDuplicateTable     = "42P07"
+	SQLStateInvalidDefinition  = "42P17" // invalid_object_definition: a partition range that overlaps another
+	SQLStateUniqueViolation    = "23505"
+	SQLStateInsufficientPriv   = "42501"
+	SQLStateInvalidSchemaName  = "3F000"
 )
 
 // Code is the SQLSTATE of err, or "" when it is not a server's error.
@@ -98,6 +104,7 @@ func KindOf(err error) Kind {
 		case pgErr.Code == SQLStateSerialization:
 			return KindSerialization
 		case pgErr.Code == SQLStateAdminShutdown, pgErr.Code == SQLStateCrashShutdown, pgErr.Code == SQLStateCannotConnectNow,
+			pgErr.Code == SQLStateIdleInTxTimeout, pgErr.Code == SQLStateIdleSessionTimeout,
 			strings.HasPrefix(pgErr.Code, "08"): // connection exceptions
 			return KindConnection
 		}

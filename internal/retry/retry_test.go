@@ -22,6 +22,7 @@ func TestKind(t *testing.T) {
 		pgErr(SQLStateSerialization):                       KindSerialization,
 		pgErr(SQLStateAdminShutdown):                       KindConnection,
 		pgErr("08006"):                                     KindConnection,
+		pgErr(SQLStateIdleInTxTimeout):                     KindConnection, // a frozen process's batch
 		pgErr("23505"):                                     KindOther,
 		fmt.Errorf("x: %w", ErrLockWait):                   KindLockWait,
 		errors.New("plain"):                                KindOther,
