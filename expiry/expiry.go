@@ -272,6 +272,7 @@ func (d *Deleter) BatchSize(table *catalog.Table) int { return d.sizer(table).Si
 
 func (d *Deleter) runTable(ctx context.Context, t *catalog.Table, deadline time.Time) TableResult {
 	start := time.Now()
+	d.markRate(t)
 	res := TableResult{Table: t.Name}
 	log := d.log.With("table", t.Name)
 	if d.opts.DryRun {
@@ -365,18 +366,35 @@ func (d *Deleter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 
 // rate counts a pass's deleted rows into the table's running total and
 // returns the rows deleted per second over the last minute, across passes
-// (batchloop.Rate), once there are two passes to compare.
+// (batchloop.Rate; each pass is sampled at its start too, markRate, so a
+// first pass has a rate, its own).
 func (d *Deleter) rate(t *catalog.Table, deleted int64) (float64, bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	r := d.rateOf(t)
+	r.total += deleted
+	r.Add(time.Now(), r.total)
+	return r.PerSecond()
+}
+
+// markRate samples t's running total as a pass begins: the rate then
+// counts a long pass's rows over its own duration, not from the end of the
+// pass before it.
+func (d *Deleter) markRate(t *catalog.Table) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	r := d.rateOf(t)
+	r.Add(time.Now(), r.total)
+}
+
+// rateOf is t's running total and rate; d.mu is held.
+func (d *Deleter) rateOf(t *catalog.Table) *deleteRate {
 	r := d.rates[t.Name]
 	if r == nil {
 		r = &deleteRate{}
 		d.rates[t.Name] = r
 	}
-	r.total += deleted
-	r.Add(time.Now(), r.total)
-	return r.PerSecond()
+	return r
 }
 
 // deleteRate is a table's running total of deleted rows and its rate.

@@ -19,10 +19,15 @@ type rateSample struct {
 }
 
 // Add records the count n at at and returns the rate of change, in units
-// per second, over the last RateWindow (0 until there are two samples).
+// per second, over the last RateWindow (0 until there are two samples). It
+// keeps the last sample from before the window too, so that a rate spans
+// the whole window however far apart the samples are: a pass of 70 s,
+// sampled at its start and its end, is its rows over its 70 s (with only
+// the samples inside the window, it had none to compare, or one taken a
+// moment before by a pass that had just stopped, and said 14,526 rows/s).
 func (r *Rate) Add(at time.Time, n int64) float64 {
 	s := append(r.samples, rateSample{at, n})
-	for len(s) > 1 && at.Sub(s[0].at) > RateWindow {
+	for len(s) > 2 && at.Sub(s[1].at) >= RateWindow {
 		s = s[1:]
 	}
 	r.samples = s

@@ -60,3 +60,16 @@ func TestRateSlope(t *testing.T) {
 		}
 	}
 }
+
+// A pass longer than the window, sampled at its start and its end, is its
+// rows over its own duration: the sample before the window is kept.
+func TestRateOverALongPass(t *testing.T) {
+	var r Rate
+	t0 := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	r.Add(t0, 1000)                                         // the pass before ends
+	r.Add(t0.Add(500*time.Millisecond), 1000)               // this pass starts
+	got := r.Add(t0.Add(70500*time.Millisecond), 1000+8757) // and ends 70 s later
+	if math.Abs(got-8757.0/70) > 1 {
+		t.Errorf("rate %.0f rows/s, want %.0f (8,757 rows over 70 s)", got, 8757.0/70)
+	}
+}
