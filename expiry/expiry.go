@@ -15,6 +15,7 @@ import (
 	"math"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -128,7 +129,9 @@ type Progress struct {
 	// except where the pass's first count stopped at two batches
 	// (lookBound): there the heap sample's estimate, and at least the two
 	// batches, in expiry order throughout and in a sweep until the exact
-	// count read beside it is in. 0: unknown.
+	// count read beside it is in. In expiry order, with the metrics on, the
+	// count every DueRefresh replaces it: the rows deleted as it began plus
+	// those it found due. 0: unknown.
 	Estimate int64
 }
 
@@ -421,7 +424,8 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 	// estimate, until a sweep's exact count is in.
 	sw, estimate := d.startSweep(ctx, t, due, sample)
 	m := d.opts.Metrics
-	setKeyset, stopRefresh := d.refreshDue(ctx, t, m != nil)
+	var deletedSoFar atomic.Int64 // res.Deleted, for refreshDue
+	setKeyset, recounted, stopRefresh := d.refreshDue(ctx, t, m != nil, &deletedSoFar)
 	defer stopRefresh()
 	var lastNewest time.Time // the newest expiry of the last batch, for its log line
 	loop := batchloop.Loop{
@@ -449,6 +453,12 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 				if rows, ok := sw.counted(); ok {
 					estimate = rows
 				}
+			} else if rows, ok := recounted(); ok && sw == nil {
+				// In expiry order each batch deletes what is due at its own
+				// now: a pass held back for minutes deletes what fell due
+				// meanwhile, which the last recount saw (and at least what
+				// it has deleted: a count may end as a batch commits).
+				estimate = max(rows, res.Deleted)
 			}
 			if n > 0 && d.opts.Progress != nil {
 				d.opts.Progress(Progress{Table: t.Name, Deleted: res.Deleted, Batches: res.Batches, Elapsed: time.Since(start),
@@ -481,6 +491,7 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 			n, newest, wal, err := d.sweepBatch(ctx, t, sw, size, res)
 			lastNewest = newest
 			res.Deleted += n
+			deletedSoFar.Store(res.Deleted)
 			if n > 0 {
 				res.Batches++
 			}
@@ -490,6 +501,7 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 		// n of a failed batch is what part of it committed (batchloop.Batch).
 		lastNewest = newest
 		res.Deleted += n
+		deletedSoFar.Store(res.Deleted)
 		if n > 0 {
 			res.Batches++
 			res.keyset = pgtype.Timestamptz{Time: newest, Valid: true}
@@ -527,14 +539,18 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 // runs, when on (the metrics are served): rows_due and the cleanup lag
 // keep up during a long pass, and during one the throttle holds back before
 // or between its batches, which no batch's end would refresh. It counts
-// from the keyset the batches have reached (setKeyset). stop ends it, and
+// from the keyset the batches have reached (setKeyset). recounted is the
+// rows the pass may delete in all by the last count: deleted (the pass's
+// rows so far) as it began, plus the rows it found due. stop ends it, and
 // waits for a count in flight; it may be called again.
-func (d *Deleter) refreshDue(ctx context.Context, t *catalog.Table, on bool) (setKeyset func(pgtype.Timestamptz), stop func()) {
+func (d *Deleter) refreshDue(ctx context.Context, t *catalog.Table, on bool, deleted *atomic.Int64) (setKeyset func(pgtype.Timestamptz), recounted func() (int64, bool), stop func()) {
 	if !on {
-		return func(pgtype.Timestamptz) {}, func() {}
+		return func(pgtype.Timestamptz) {}, func() (int64, bool) { return 0, false }, func() {}
 	}
 	var mu sync.Mutex
 	var from pgtype.Timestamptz
+	var total int64
+	counted := false
 	quit, done := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
@@ -551,8 +567,17 @@ func (d *Deleter) refreshDue(ctx context.Context, t *catalog.Table, on bool) (se
 			mu.Lock()
 			f := from
 			mu.Unlock()
-			if _, err := d.Due(ctx, t, f); err != nil && ctx.Err() == nil {
+			before := deleted.Load()
+			due, err := d.Due(ctx, t, f)
+			if err != nil && ctx.Err() == nil {
 				d.log.Warn("expiry: could not count the due rows", "table", t.Name, "error", err)
+			}
+			// A batch that committed during the count may or may not be in
+			// it: such a count says nothing certain of the total.
+			if err == nil && !due.Capped && deleted.Load() == before {
+				mu.Lock()
+				total, counted = before+due.Rows, true
+				mu.Unlock()
 			}
 			if d.TestSignals.OnDueRefresh != nil {
 				d.TestSignals.OnDueRefresh()
@@ -564,6 +589,10 @@ func (d *Deleter) refreshDue(ctx context.Context, t *catalog.Table, on bool) (se
 			mu.Lock()
 			from = k
 			mu.Unlock()
+		}, func() (int64, bool) {
+			mu.Lock()
+			defer mu.Unlock()
+			return total, counted
 		}, func() {
 			once.Do(func() { close(quit) })
 			<-done

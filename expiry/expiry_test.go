@@ -924,7 +924,9 @@ func TestDueRefreshedWhileHeldBack(t *testing.T) {
 	f.insert(t, "c", 3, t0.Add(-time.Hour), time.Second)
 	reg := prometheus.NewRegistry()
 	gate := heldGate{open: make(chan struct{})}
-	d := New(f.pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0), Throttle: gate}}, Metrics: NewMetrics(reg, nil)})
+	estimates := make(chan int64, 100)
+	d := New(f.pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0), Throttle: gate}}, Metrics: NewMetrics(reg, nil),
+		Progress: func(p Progress) { estimates <- p.Estimate }})
 	d.dueRefresh = 20 * time.Millisecond
 	refreshed := make(chan struct{}, 100)
 	d.TestSignals.OnDueRefresh = func() { refreshed <- struct{}{} }
@@ -961,8 +963,16 @@ func TestDueRefreshedWhileHeldBack(t *testing.T) {
 	close(gate.open)
 	select {
 	case res := <-done:
-		if res[0].Err != nil || res[0].Deleted == 0 {
-			t.Errorf("the pass once let go: %+v", res[0])
+		if res[0].Err != nil || res[0].Deleted != 5 {
+			t.Errorf("the pass once let go: %+v, want the 5 due rows deleted", res[0])
+		}
+		// The progress line counts down from the last count, not from the
+		// 3 the pass began with.
+		if len(estimates) == 0 {
+			t.Fatal("no progress line")
+		}
+		if e := <-estimates; e != 5 {
+			t.Errorf("the first batch's progress estimated %d rows, want the 5 the last count saw", e)
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("the pass did not end within 30 s of the throttle letting go")
