@@ -179,3 +179,22 @@ func TestRunTimeCoversTheWholePass(t *testing.T) {
 	}
 	f.wantCount("rows, nothing deleted", 25, "SELECT count(*) FROM public.inbox")
 }
+
+// A partitioned inbox with tiers is demoted by the pass too: its payload
+// went only with its month (the pass gave it no demotion step, and said
+// nothing), while status counted its rows due for demotion.
+func TestPartitionedInboxDemoted(t *testing.T) {
+	t.Parallel()
+	ddl := strings.Replace(pgtest.TieredInboxDDL, "    PRIMARY KEY (consumer, message_id)\n);", "    PRIMARY KEY (consumer, message_id, remember_until)\n) PARTITION BY RANGE (remember_until);", 1) + `
+CREATE TABLE public.inbox_all PARTITION OF public.inbox FOR VALUES FROM ('2000-01-01') TO ('2100-01-01');
+INSERT INTO public.inbox
+SELECT 'c', 'm-' || i, '\x01', now() - interval '5 days', now() - interval '5 days', now() + interval '20 days', 'bk-' || i, 'secret'
+FROM generate_series(1, 50) i;`
+	policy := pgtest.TieredInboxPolicy + "    partitions: {by: month, max_expiry: 30d, premake: 1}\n"
+	f := newFixture(t, ddl, policy, true)
+	wantExit(t, f.run("once", "--dry-run"), 0, "public.inbox: would demote 50 to warm")
+	f.wantCount("payloads after the dry run", 50, "SELECT count(*) FROM public.inbox WHERE payload IS NOT NULL")
+	wantExit(t, f.run("once"), 0, "public.inbox: demoted 50 to warm")
+	f.wantCount("payloads after the pass", 0, "SELECT count(*) FROM public.inbox WHERE payload IS NOT NULL")
+	f.wantCount("rows after the pass", 50, "SELECT count(*) FROM public.inbox")
+}

@@ -110,13 +110,15 @@ func (w Wiring) Stages(tables []*catalog.Table, tn settings.Tuning) ([]Stage, []
 	var deletes []Stage
 	var deleters []*expiry.Deleter
 	for _, t := range tables {
-		if t.Partitioned() {
-			continue
-		}
 		c := tn.For(t.Name)
 		one := []*catalog.Table{t}
 		if t.Tiers != nil {
+			// A partitioned inbox is demoted too (in place, on (tableoid,
+			// ctid)), before its months are retired whole.
 			out = append(out, limit(Tiering(w.Demoter(c, one)), c.RunTime, tn.Global.RunTime))
+		}
+		if t.Partitioned() {
+			continue // it loses whole partitions (the partitions stage), not rows
 		}
 		d := w.Deleter(c, one)
 		deleters = append(deleters, d)
