@@ -66,7 +66,8 @@ type Blocked struct {
 // Detached is a partition detached by the daemon and not yet dropped.
 type Detached struct {
 	Schema, Name string
-	Lower, Upper time.Time
+	Lower        *time.Time // nil: FROM (MINVALUE)
+	Upper        time.Time
 	DetachedAt   *time.Time // nil while the detach is not finished
 	DropAt       *time.Time
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxkeeper/inboxkeeper/holds"
@@ -302,7 +303,8 @@ func replayIDs(c holds.Coverage) string {
 func (m *Manager) dropDetached(ctx context.Context, t *catalog.Table, now time.Time, res *TableResult) error {
 	type rec struct {
 		schema, name  string
-		lower, upper  time.Time
+		lower         pgtype.Timestamptz // -infinity: a partition FROM (MINVALUE) (lowerOr)
+		upper         time.Time
 		started       time.Time
 		detachedAt    *time.Time
 		exists, child bool
@@ -361,7 +363,11 @@ WHERE partition_schema = $1 AND partition_name = $2 AND detach_started = $3`, ap
 			r.detachedAt = &now
 		}
 		dropAt := r.detachedAt.Add(keep)
-		w := Detached{Schema: r.schema, Name: r.name, Lower: r.lower, Upper: r.upper, DetachedAt: r.detachedAt, DropAt: &dropAt}
+		var lower *time.Time
+		if r.lower.Valid && r.lower.InfinityModifier == pgtype.Finite {
+			lower = &r.lower.Time
+		}
+		w := Detached{Schema: r.schema, Name: r.name, Lower: lower, Upper: r.upper, DetachedAt: r.detachedAt, DropAt: &dropAt}
 		if dropAt.After(now) {
 			res.Waiting = append(res.Waiting, w)
 			continue

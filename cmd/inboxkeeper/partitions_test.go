@@ -108,3 +108,25 @@ func TestPartitionsMetricsInTheDaemon(t *testing.T) {
 	}
 	d.stop()
 }
+
+// A partition made by hand FROM (MINVALUE) is retired like any other, and
+// the passes after it still work: its -infinity lower bound, recorded when
+// it was detached, failed every later pass's read of the detached
+// partitions ("cannot scan -Infinity into *time.Time"), so none was
+// dropped again.
+func TestPartitionFromMinvalueRetired(t *testing.T) {
+	t.Parallel()
+	ddl := pgtest.ShortPartitionedDDL + `
+DO $$
+DECLARE m timestamptz := date_trunc('month', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC';
+BEGIN
+  EXECUTE format('CREATE TABLE public.before_all PARTITION OF public.consumer_inbox FOR VALUES FROM (MINVALUE) TO (%L)', m - interval '1 month');
+  EXECUTE format('CREATE TABLE public.this_month PARTITION OF public.consumer_inbox FOR VALUES FROM (%L) TO (%L)', m, m + interval '1 month');
+END $$;
+INSERT INTO public.consumer_inbox SELECT 'billing', 'old-' || i, NULL, date_trunc('month', now()) - interval '45 days' FROM generate_series(1, 3) i;`
+	f := newFixture(t, ddl, partitionedPolicy, true)
+	wantExit(t, f.run("once"), 0)
+	f.wantCount("the MINVALUE partition", 0, "SELECT count(*) FROM pg_class WHERE relname = 'before_all'")
+	wantExit(t, f.run("once"), 0)
+	wantExit(t, f.run("status"), 0)
+}
