@@ -261,6 +261,7 @@ func Parse(data []byte, source string) (*Policy, error) {
 		p.Retention = r
 	}
 	firsts := map[sqlident.QualifiedName]string{}
+	keyTables := map[sqlident.QualifiedName]string{}
 	for i := range raw.Tables {
 		n := &raw.Tables[i]
 		var rt rawTable
@@ -277,6 +278,18 @@ func Parse(data []byte, source string) (*Policy, error) {
 			continue
 		}
 		firsts[t.Name] = fmt.Sprintf("tables[%d] on line %d", i, n.Line)
+		if pk := t.permanentKey(); pk != nil {
+			// One key table for two inboxes: each would take the other's
+			// keys for its own, and skip a business operation it never did.
+			// Default names can meet too ("keys_" + schema + "_" + table:
+			// public.x_y and public_x.y).
+			if first, dup := keyTables[pk.Table]; dup {
+				d.Errorf(n.Line, ctx, "tiers.permanent_key.table", "%s is already the permanent key table of %s; two inboxes sharing one would take each other's keys for their own: give this one a table of its own",
+					pk.Table, first)
+				continue
+			}
+			keyTables[pk.Table] = t.Name.String()
+		}
 		p.Tables = append(p.Tables, t)
 	}
 	if err := d.Err(); err != nil {

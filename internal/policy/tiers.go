@@ -212,3 +212,11 @@ func otherTable(name string, t Table, field, instead string, fail func(field, fo
 	}
 	return q, false
 }
+
+// permanentKey is t's permanent key, nil when it keeps none.
+func (t Table) permanentKey() *PermanentKey {
+	if t.Tiers == nil {
+		return nil
+	}
+	return t.Tiers.PermanentKey
+}

@@ -145,3 +145,30 @@ func TestParseTiersErrors(t *testing.T) {
 		})
 	}
 }
+
+// Two inboxes may not share a permanent key table: named so, or by their
+// default names, which meet for public.x_y and public_x.y.
+func TestPermanentKeyTableShared(t *testing.T) {
+	entry := func(table, keyTable string) string {
+		s := "  - table: " + table + "\n    key: [consumer, message_id]\n    expires_at: remember_until\n" +
+			"    tiers:\n      hot_for: 1d\n      anchor: a\n      payload_columns: [payload]\n      permanent_key: {columns: [business_key]"
+		if keyTable != "" {
+			s += ", table: " + keyTable
+		}
+		return s + "}\n"
+	}
+	for name, c := range map[string]struct{ policy, want string }{
+		"default names": {"tables:\n" + entry("public.x_y", "") + entry("public_x.y", ""),
+			"p.yaml:17: tables[1] (public_x.y): tiers.permanent_key.table: inboxkeeper.keys_public_x_y is already the permanent key table of public.x_y"},
+		"named": {"tables:\n" + entry("public.a", "audit.keys") + entry("public.b", "audit.keys"),
+			"p.yaml:17: tables[1] (public.b): tiers.permanent_key.table: audit.keys is already the permanent key table of public.a"},
+	} {
+		_, err := Parse([]byte(c.policy), "p.yaml")
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want %q", name, err, c.want)
+		}
+	}
+	if _, err := Parse([]byte("tables:\n"+entry("public.a", "")+entry("public.b", "")), "p.yaml"); err != nil {
+		t.Errorf("two tables, each its own key table: %v", err)
+	}
+}
