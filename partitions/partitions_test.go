@@ -416,19 +416,47 @@ func TestHoldAddedAfterDetachKeepsTheTable(t *testing.T) {
 	}
 }
 
+// twoDueMonths is a table whose April (a's 3 rows) and May (b's 3 rows)
+// are both due for retirement at t0, premade, with no retention after the
+// detach.
+func twoDueMonths(t *testing.T) fixture {
+	t.Helper()
+	f := setup(t, mayDDL+`
+CREATE TABLE public.consumer_inbox_p202604 PARTITION OF public.consumer_inbox FOR VALUES FROM ('2026-04-01 00:00:00+00') TO ('2026-05-01 00:00:00+00');`, policyText("0"))
+	f.insertRows(t, "a", 3, time.Date(2026, 4, 10, 0, 0, 0, 0, time.UTC))
+	f.insertRows(t, "b", 3, may10)
+	if _, err := f.manager(Options{Base: service.Base{Clock: service.At(t0)}}).Ensure(context.Background()); err != nil { // premake only
+		t.Fatal(err)
+	}
+	return f
+}
+
+// While one detach stays pending, a due partition that a hold covers says
+// "hold", not that it waits for the detach: status, the metric and an
+// alert on reason="hold" must see the hold.
+func TestHeldPartitionBehindAPendingDetach(t *testing.T) {
+	t.Parallel()
+	f := twoDueMonths(t)
+	ctx := context.Background()
+	b := "b"
+	if _, err := holds.AddHold(ctx, f.pool, f.table, holds.HoldSpec{Scope: &b, Reason: "incident", Owner: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	rtx := pgtest.Lock(t, pgtest.Connect(t, f.url), "SELECT count(*) FROM public.consumer_inbox")
+	defer func() { _ = rtx.Rollback(ctx) }()
+	res := f.pass(t, Options{Base: service.Base{Clock: service.At(t0), MaxRetries: 1}})
+	if len(res.Blocked) != 2 || res.Blocked[0].Reason != "lock_timeout" || res.Blocked[1].Partition != "public.consumer_inbox_p202605" || res.Blocked[1].Reason != "hold" {
+		t.Fatalf("a held partition behind a pending detach: %+v", res.Blocked)
+	}
+}
+
 // A reader that began before the detach keeps DETACH CONCURRENTLY waiting
 // in its second phase; the lock timeout ends the wait with the detach
 // pending, and the next pass finishes it with FINALIZE.
 func TestInterruptedDetachIsFinished(t *testing.T) {
 	t.Parallel()
-	f := setup(t, mayDDL+`
-CREATE TABLE public.consumer_inbox_p202604 PARTITION OF public.consumer_inbox FOR VALUES FROM ('2026-04-01 00:00:00+00') TO ('2026-05-01 00:00:00+00');`, policyText("0"))
+	f := twoDueMonths(t)
 	ctx := context.Background()
-	f.insertRows(t, "a", 3, time.Date(2026, 4, 10, 0, 0, 0, 0, time.UTC))
-	f.insertRows(t, "b", 3, may10)
-	if _, err := f.manager(Options{Base: service.Base{Clock: service.At(t0)}}).Ensure(ctx); err != nil { // premake only
-		t.Fatal(err)
-	}
 
 	rtx := pgtest.Lock(t, pgtest.Connect(t, f.url), "SELECT count(*) FROM public.consumer_inbox")
 	res := f.pass(t, Options{Base: service.Base{Clock: service.At(t0), MaxRetries: 1}})

@@ -48,8 +48,17 @@ func (m *Manager) retire(ctx context.Context, t *catalog.Table, now time.Time, r
 			continue
 		}
 		if stuck != "" {
-			res.Blocked = append(res.Blocked, Blocked{Partition: p.String(), Reason: "lock_timeout",
-				Detail: "waits for the interrupted detach of " + stuck + " to finish (PostgreSQL allows one per table)"})
+			// A hold or replay that covers it is the reason it stays, and
+			// what status, the metric and an alert on reason="hold" must
+			// say; the detach in the way comes second.
+			reason, detail, err := m.covered(ctx, t, p.Ident(), now)
+			if err != nil {
+				return err
+			}
+			if reason == "" {
+				reason, detail = "lock_timeout", "waits for the interrupted detach of "+stuck+" to finish (PostgreSQL allows one per table)"
+			}
+			res.Blocked = append(res.Blocked, Blocked{Partition: p.String(), Reason: reason, Detail: detail})
 			continue
 		}
 		pending, err := m.retireOne(ctx, t, p, now, res)
