@@ -571,10 +571,17 @@ func TestDryRunChangesNothing(t *testing.T) {
 	f := setup(t, mayDDL, policyText("0"))
 	f.insertRows(t, "a", 3, may10)
 	res := f.pass(t, Options{Base: service.Base{Clock: service.At(t0), DryRun: true}})
-	if len(res.Created) != 6 || !slices.Equal(res.Detached, []string{"public.consumer_inbox_p202605"}) {
+	// With no retention after the detach, the pass drops what it detaches:
+	// the dry run says so (it listed nothing to drop).
+	if len(res.Created) != 6 || !slices.Equal(res.Detached, []string{"public.consumer_inbox_p202605"}) ||
+		!slices.Equal(res.Dropped, []string{"public.consumer_inbox_p202605"}) {
 		t.Fatalf("dry run: %+v", res)
 	}
 	wantNames(t, f.names(t), "consumer_inbox_p202605 [2026-05-01, 2026-06-01)")
+	res = f.pass(t, Options{Base: service.Base{Clock: service.At(t0)}})
+	if !slices.Equal(res.Detached, []string{"public.consumer_inbox_p202605"}) || !slices.Equal(res.Dropped, []string{"public.consumer_inbox_p202605"}) {
+		t.Fatalf("the pass the dry run described: %+v", res)
+	}
 }
 
 func TestCatalogRefusals(t *testing.T) {

@@ -338,6 +338,12 @@ ORDER BY r.upper_bound`, t.Name)
 		return fmt.Errorf("read detached partitions: %w", err)
 	}
 	keep := t.Policy.Partitions.DetachedRetention
+	if m.DryRun && keep <= 0 {
+		// With no retention, the pass drops what it detaches (it passed
+		// the holds check already, as the detach would): a dry run lists
+		// those too, which are not yet recorded as detached.
+		res.Dropped = append(res.Dropped, res.Detached...)
+	}
 	for _, r := range recs {
 		p := Partition{Schema: r.schema, Name: r.name}
 		key := []any{r.schema, r.name, r.started}
