@@ -31,6 +31,7 @@ import (
 	"os"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -216,7 +217,7 @@ func TuningKeys() []string {
 
 type rawPartitions struct {
 	By                string    `yaml:"by"`
-	Premake           *int      `yaml:"premake"`
+	Premake           *string   `yaml:"premake"` // read as text: yaml reads 1.5 into an int as 1
 	MaxExpiry         *Duration `yaml:"max_expiry"`
 	DetachedRetention *Duration `yaml:"detached_retention"`
 }
@@ -378,6 +379,9 @@ func table(d *strictyaml.Decoder, rt rawTable, ctx string, line int) (Table, boo
 	return t, d.Count() == before
 }
 
+// maxMaxExpiry bounds partitions.max_expiry: 3660 days.
+const maxMaxExpiry = 3660 * 24 * time.Hour
+
 // partitions checks the partitions section. Defaults: premake 3 months,
 // detached partitions kept 7 days; max_expiry has no default, because
 // guessing it short would make inserts fail.
@@ -391,12 +395,21 @@ func partitions(rp *rawPartitions, fail func(field, format string, args ...any))
 		fail("partitions.by", "%q is not supported; use month", rp.By)
 	}
 	if rp.Premake != nil {
-		p.Premake = *rp.Premake
-		if p.Premake < 1 || p.Premake > 120 {
-			fail("partitions.premake", "must be between 1 and 120 months, not %d", p.Premake)
+		n, err := strconv.Atoi(strings.TrimSpace(*rp.Premake))
+		switch {
+		case err != nil:
+			fail("partitions.premake", "%q is not a whole number of months", *rp.Premake)
+		case n < 1 || n > 120:
+			fail("partitions.premake", "must be between 1 and 120 months, not %d", n)
+		default:
+			p.Premake = n
 		}
 	}
 	p.MaxExpiry = RequiredPositive(rp.MaxExpiry, "partitions.max_expiry", "required: the longest expiry - now a new row may carry (e.g. 60d)", fail)
+	if p.MaxExpiry > maxMaxExpiry {
+		// Every month of it is a partition kept ready: 100000d was 3,287.
+		fail("partitions.max_expiry", "%s is more than %s (ten years): every month of it is a partition made ahead", Duration(p.MaxExpiry), Duration(maxMaxExpiry))
+	}
 	if rp.DetachedRetention != nil {
 		p.DetachedRetention = time.Duration(*rp.DetachedRetention)
 		if p.DetachedRetention < 0 {

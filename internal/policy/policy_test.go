@@ -280,3 +280,29 @@ func TestDuration(t *testing.T) {
 		t.Errorf("after: 1w: %v", err)
 	}
 }
+
+// The partitions block's numbers: premake a whole number of months from 1
+// to 120 (1.5 was read as 1), max_expiry at most ten years (100000d planned
+// 3,287 partitions).
+func TestPartitionsBounds(t *testing.T) {
+	t.Parallel()
+	for block, want := range map[string]string{
+		"premake: 1.5":        `partitions.premake: "1.5" is not a whole number of months`,
+		"premake: 0":          "partitions.premake: must be between 1 and 120 months, not 0",
+		"premake: 121":        "partitions.premake: must be between 1 and 120 months, not 121",
+		"max_expiry: 100000d": "partitions.max_expiry: 100000d is more than 3660d (ten years)",
+	} {
+		mx := "max_expiry: 30d, "
+		if strings.HasPrefix(block, "max_expiry") {
+			mx = ""
+		}
+		_, err := Parse([]byte("tables:\n  - table: a.b\n    key: [id]\n    expires_at: e\n    partitions: {by: month, "+mx+block+"}\n"), "p.yaml")
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want %q", block, err, want)
+		}
+	}
+	p, err := Parse([]byte("tables:\n  - table: a.b\n    key: [id]\n    expires_at: e\n    partitions: {by: month, max_expiry: 3660d, premake: 120}\n"), "p.yaml")
+	if err != nil || p.Tables[0].Partitions.Premake != 120 || p.Tables[0].Partitions.MaxExpiry != 3660*24*time.Hour {
+		t.Errorf("the bounds themselves: %v", err)
+	}
+}
