@@ -297,7 +297,7 @@ CREATE TABLE inboxkeeper.keys_nodate (consumer text NOT NULL, bk text NOT NULL, 
 		}},
 		{"side table missing", "      anchor: seen\n      payload_table: public.nope\n", []string{"tiers.payload_table", "no such table", `name "nope"`}, nil},
 		{"side table without a key column", "      anchor: seen\n      payload_table: public.side_nokey\n", []string{"tiers.payload_table", `public.side_nokey has no key column "message_id"`}, nil},
-		{"side table key of another type", "      anchor: seen\n      payload_table: public.side_type\n", []string{"tiers.payload_table", `column "message_id" (key[1]) is integer`}, nil},
+		{"side table key of another type", "      anchor: seen\n      payload_table: public.side_type\n", []string{"tiers.payload_table", `column "message_id" (key[1]) is integer there and text in `}, nil},
 		{"side table without an anchor index", "      anchor: seen\n      payload_table: public.side_noindex\n", []string{"tiers.payload_table", "public.side_noindex", `leads with column "seen"`, `CREATE INDEX CONCURRENTLY ON "public"."side_noindex" ("seen")`}, nil},
 		{"side table without the anchor", "      anchor: naive\n      payload_table: public.side\n", []string{"tiers.payload_table", `has no anchor column "naive"`}, nil},
 		{"permanent key, new table", "      anchor: seen\n      payload_columns: [payload, headers]\n      permanent_key: {columns: [bk], hash: h}\n", nil, func(t *testing.T, tr *catalog.Tiers) {

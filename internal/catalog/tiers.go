@@ -269,7 +269,7 @@ WHERE n.nspname = $1 AND c.relname = $2`, name.Schema, name.Name).Scan(&s.OID, &
 			return nil, nil
 		}
 		if typ != c.Type {
-			return nil, invalid(pt, field, "%s: column %q (%s) is %s in %s; it must have the table's type", s.Name, c.Name, what, typ, t.Name)
+			return nil, invalid(pt, field, "%s: column %q (%s) is %s there and %s in %s; it must have the table's type", s.Name, c.Name, what, typ, c.Type, t.Name)
 		}
 		return &Column{Name: c.Name, Type: typ, Quoted: c.Quoted, Zone: c.Zone}, nil
 	}
