@@ -98,7 +98,7 @@ func splitWatch(args []string) []string {
 	out := make([]string, 0, len(args)+1)
 	for _, a := range args {
 		name, value, ok := strings.Cut(a, "=")
-		if _, isBool := strconv.ParseBool(value); ok && isBool != nil && (name == "--watch" || name == "-watch") {
+		if _, notBool := strconv.ParseBool(value); ok && notBool != nil && (name == "--watch" || name == "-watch") {
 			out = append(out, name, value)
 			continue
 		}

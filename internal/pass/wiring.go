@@ -114,7 +114,8 @@ func (w Wiring) Stages(tables []*catalog.Table, tn settings.Tuning) ([]Stage, []
 		one := []*catalog.Table{t}
 		if t.Tiers != nil {
 			// A partitioned inbox is demoted too (in place, on (tableoid,
-			// ctid)), before its months are retired whole.
+			// ctid)), after the partitions stage has retired its due
+			// months whole (their permanent keys copied out as they go).
 			out = append(out, limit(Tiering(w.Demoter(c, one)), c.RunTime, tn.Global.RunTime))
 		}
 		if t.Partitioned() {
