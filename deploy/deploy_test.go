@@ -42,6 +42,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/inbox"
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
+	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/syncbuf"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/testfile"
@@ -2043,6 +2044,34 @@ func TestRoleScriptOnPostgreSQL(t *testing.T) {
 	daemon.refused("plan", "--apply")
 	operator.ok("replay", "finish", replayID)
 
+	// The operator reads everything a person needs, and may not delete:
+	// it is not a member of the daemon's role (before, it was, and could
+	// delete any inbox row by hand).
+	for _, args := range [][]string{{"status"}, {"settings"}, {"hold", "list", "--all"}, {"replay", "list", "--all"}, {"plan", "--check"}} {
+		operator.ok(args...)
+	}
+	operator.refused("once")
+	oconn := connect(t, asUser(t, ownerURL, operatorUser, password))
+	for _, sql := range []string{
+		"DELETE FROM public.consumer_inbox WHERE remember_until <= now()",
+		"UPDATE public.consumer_inbox SET remember_until = now() WHERE false",
+		"TRUNCATE public.consumer_inbox",
+		"DELETE FROM inboxkeeper.holds",
+		"DELETE FROM inboxkeeper.replays",
+		"UPDATE inboxkeeper.partitions SET dropped_at = now()",
+		"DELETE FROM inboxkeeper.lease",
+	} {
+		expectSQLState(t, oconn, "42501", sql)
+	}
+
+	// The consumer claims, and may run no command of the daemon's or the
+	// operator's.
+	consumer := base.with("INBOXKEEPER_DATABASE_URL=" + asUser(t, ownerURL, consumerUser, password))
+	for _, args := range [][]string{{"once"}, {"status"}, {"hold", "add", "--table", "public.consumer_inbox", "--reason", "x", "--owner", "x"},
+		{"hold", "release", holdID}, {"pause", "--reason", "x"}, {"plan", "--apply"}, {"set", "batch_size=10", "--reason", "x"}} {
+		consumer.refused(args...)
+	}
+
 	dconn := connect(t, daemonURL)
 	for _, sql := range []string{
 		"TRUNCATE public.consumer_inbox",
@@ -2053,6 +2082,7 @@ func TestRoleScriptOnPostgreSQL(t *testing.T) {
 		"UPDATE inboxkeeper.holds SET released_at = now()",
 		"DELETE FROM inboxkeeper.retention_rules",
 		"DELETE FROM inboxkeeper.schema_version",
+		"UPDATE inboxkeeper.fence SET id = true",
 		"CREATE TABLE inboxkeeper.x (i int)",
 		"CREATE FUNCTION inboxkeeper.x() RETURNS int LANGUAGE sql AS 'SELECT 1'",
 	} {
@@ -2065,6 +2095,13 @@ func TestRoleScriptOnPostgreSQL(t *testing.T) {
 		"CREATE INDEX ON public.consumer_inbox (outcome)",
 	} {
 		expectSQLState(t, dconn, "42501", sql) // must be owner
+	}
+	// The hold writers' mode of the fence, which would stall a hold add.
+	if err := pgx.BeginFunc(ctx, dconn, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, "LOCK TABLE inboxkeeper.fence IN SHARE MODE")
+		return err
+	}); retry.Code(err) != "42501" {
+		t.Errorf("LOCK TABLE inboxkeeper.fence IN SHARE MODE as the daemon: %v, want SQLSTATE 42501", err)
 	}
 	// The throttle's statistics of other roles' sessions.
 	var stats bool

@@ -1083,7 +1083,7 @@ func (d *Deleter) coverageTx(ctx context.Context, t *catalog.Table, fn func(tx p
 		if err != nil {
 			return err
 		}
-		cov, err := holds.Active(ctx, tx, t.Name, now)
+		cov, err := holds.Active(ctx, tx, t, now)
 		if err != nil {
 			return err
 		}

@@ -92,7 +92,7 @@ func (d *Deleter) status(ctx context.Context, tx pgx.Tx, t *catalog.Table, st *T
 		return err
 	}
 	st.Now = now
-	cov, err := holds.Active(ctx, tx, t.Name, now)
+	cov, err := holds.ActiveAll(ctx, tx, t.Name, now)
 	if err != nil {
 		return err
 	}

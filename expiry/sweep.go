@@ -899,7 +899,7 @@ func (d *Deleter) sweepTx(ctx context.Context, t *catalog.Table, s *sweep, a, b 
 		c = now
 	}
 	var args holds.Args
-	hp, rp := union(tx.Coverage, s.cov).Predicates(t, "d", &args)
+	hp, rp := tx.Coverage.Union(s.cov).Predicates(t, "d", &args)
 	slice := fmt.Sprintf("d.ctid >= %s::tid AND d.ctid < %s::tid", args.Add(tid(a)), args.Add(tid(b)))
 	due := fmt.Sprintf("d.%s <= %s AND NOT %s AND NOT %s", t.Expiry.Quoted, t.Expiry.Instant(args.Add(c)+"::timestamptz"), hp, rp)
 	keysReturning, keysCTE, keysCount := permanentKeys(t)
@@ -930,22 +930,6 @@ func (d *Deleter) sweepTx(ctx context.Context, t *catalog.Table, s *sweep, a, b 
 
 // tid is the first tuple position of page p, as text for a tid parameter.
 func tid(p int64) string { return fmt.Sprintf("(%d,0)", p) }
-
-// union is every hold and replay of a and b, each once.
-func union(a, b holds.Coverage) holds.Coverage {
-	u := holds.Coverage{Holds: slices.Clone(a.Holds), Replays: slices.Clone(a.Replays)}
-	for _, h := range b.Holds {
-		if !slices.ContainsFunc(u.Holds, func(x holds.Hold) bool { return x.ID == h.ID }) {
-			u.Holds = append(u.Holds, h)
-		}
-	}
-	for _, r := range b.Replays {
-		if !slices.ContainsFunc(u.Replays, func(x holds.Replay) bool { return x.ID == r.ID }) {
-			u.Replays = append(u.Replays, r)
-		}
-	}
-	return u
-}
 
 // sweepResume is where the measurements after a sweep pass start in the
 // expiry index: a sweep that finished deleted every counted row it could,

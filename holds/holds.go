@@ -2,11 +2,19 @@
 // markers in the control schema, and turns the active ones into the SQL
 // predicate the deleter uses to leave covered rows alone.
 //
-// The fence: a cleanup batch takes FenceKey in shared mode before it reads
-// the active holds, and adding a hold or starting a replay takes it in
-// exclusive mode before committing. So a batch that was in flight when the
-// hold was written commits before the hold's command returns, and every
-// batch that commits later took its snapshot after the hold committed.
+// The fence: a cleanup batch locks the table inboxkeeper.fence in ROW
+// EXCLUSIVE mode before it reads the active holds, and adding a hold or
+// starting a replay locks it in SHARE mode, which conflicts, before
+// committing. So a batch that was in flight when the hold was written
+// commits before the hold's command returns, and every batch that commits
+// later took its snapshot after the hold committed. A table lock, unlike an
+// advisory lock, is bounded by the table's grants: a role that was granted
+// nothing on inboxkeeper.fence cannot take it, and so cannot stall either
+// side.
+//
+// Holds, replay markers and their ends are written with a durable commit
+// (dbconn.Durable): whatever synchronous_commit the session inherits, a
+// hold that `hold add` reported survives a crash.
 //
 // Daemon internals: the command line and the daemon use it; its API may change
 // between releases. Holds are added with `inboxkeeper hold add`.
@@ -27,11 +35,37 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
+	"github.com/inboxkeeper/inboxkeeper/internal/sqlident"
 )
 
-// FenceKey is the advisory lock (single bigint form) shared by cleanup
-// batches and taken exclusively by hold and replay writers.
-const FenceKey int64 = 0x1b0c_6b33_0000_0002
+// FenceTable is the relation the hold fence locks. No row is ever written
+// to it.
+const FenceTable = "inboxkeeper.fence"
+
+// BatchFenceSQL takes the fence for a cleanup step (a delete or demotion
+// batch, a partition's detach or drop): ROW EXCLUSIVE, which needs INSERT on
+// inboxkeeper.fence, does not conflict with itself, and conflicts with the
+// writers' SHARE.
+const BatchFenceSQL = "LOCK TABLE inboxkeeper.fence IN ROW EXCLUSIVE MODE"
+
+// writerFenceSQL takes the fence for a hold or replay writer: SHARE, which
+// needs UPDATE on inboxkeeper.fence.
+const writerFenceSQL = "LOCK TABLE inboxkeeper.fence IN SHARE MODE"
+
+// ErrFenceBlocked is a cleanup step that could not take the fence within
+// its lock_timeout: a hold or replay is being written, or a session holds a
+// conflicting lock on inboxkeeper.fence. The step takes nothing and is
+// tried again.
+var ErrFenceBlocked = fmt.Errorf("%w (inboxkeeper.fence)", retry.ErrFence)
+
+// FenceBlocked wraps err, a lock timeout on the fence, naming who holds it.
+func FenceBlocked(ctx context.Context, db Beginner, err error) error {
+	who, rerr := FenceHolders(ctx, db)
+	if rerr != nil {
+		who = "(could not read them: " + rerr.Error() + ")"
+	}
+	return fmt.Errorf("%w by %s; a hold or replay writer holds it for a moment, anything longer is a session to end: %w", ErrFenceBlocked, who, err)
+}
 
 // Querier is satisfied by *pgx.Conn, *pgxpool.Pool and pgx.Tx.
 type Querier interface {
@@ -182,17 +216,17 @@ func normaliseScope(ctx context.Context, tx pgx.Tx, t *catalog.Table, v string) 
 	return out, nil
 }
 
-// writeFenced runs write in a transaction, then takes the fence: it waits
-// for every cleanup batch in flight to finish and keeps new ones out until
-// the transaction commits. The wait is bounded by o.Timeout; past it the
-// transaction rolls back and the error names the sessions holding the
+// writeFenced runs write in a durable transaction, then takes the fence: it
+// waits for every cleanup batch in flight to finish and keeps new ones out
+// until the transaction commits. The wait is bounded by o.Timeout; past it
+// the transaction rolls back and the error names the sessions holding the
 // fence.
 func writeFenced(ctx context.Context, db Beginner, o FenceOptions, write func(tx pgx.Tx) error) error {
 	timeout := o.Timeout
 	if timeout <= 0 {
 		timeout = DefaultFenceTimeout
 	}
-	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+	err := dbconn.Durable(ctx, db, func(tx pgx.Tx) error {
 		if _, err := (dbconn.TxSettings{IdleInTx: o.IdleTimeout}).Apply(ctx, tx); err != nil {
 			return err
 		}
@@ -200,14 +234,17 @@ func writeFenced(ctx context.Context, db Beginner, o FenceOptions, write func(tx
 			return err
 		}
 		// The timeout covers the fence alone: set just before it.
-		_, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true), pg_advisory_xact_lock($2)", retry.Millis(timeout), FenceKey)
+		if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)", retry.Millis(timeout)); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, writerFenceSQL)
 		return err
 	})
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != retry.SQLStateLockTimeout {
 		return err
 	}
-	who, rerr := fenceHolders(ctx, db)
+	who, rerr := FenceHolders(ctx, db)
 	if rerr != nil {
 		who = "(could not read them: " + rerr.Error() + ")"
 	}
@@ -215,27 +252,29 @@ func writeFenced(ctx context.Context, db Beginner, o FenceOptions, write func(tx
 		ErrFenceTimeout, timeout, who)
 }
 
-// fenceHolders describes the sessions that hold the fence lock.
-func fenceHolders(ctx context.Context, db Beginner) (string, error) {
+// FenceHolders describes the other sessions that hold a lock on the fence
+// table, and in which mode.
+func FenceHolders(ctx context.Context, db Beginner) (string, error) {
 	var out []string
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, `
-SELECT l.pid, coalesce(a.application_name, ''), coalesce(a.state, ''), a.xact_start, a.state_change
+SELECT l.pid, l.mode, coalesce(a.application_name, ''), coalesce(a.usename::text, ''), coalesce(a.state, ''), a.xact_start, a.state_change
 FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
-WHERE l.locktype = 'advisory' AND l.granted AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-  AND l.classid = ($1::bigint >> 32)::oid AND l.objid = ($1::bigint & 4294967295)::oid AND l.objsubid = 1
-ORDER BY a.xact_start NULLS LAST, l.pid`, FenceKey)
+WHERE l.locktype = 'relation' AND l.granted AND l.pid <> pg_backend_pid()
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND l.relation = to_regclass($1)
+ORDER BY a.xact_start NULLS LAST, l.pid`, FenceTable)
 		if err != nil {
 			return err
 		}
 		out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
 			var pid int32
-			var app, state string
+			var mode, app, user, state string
 			var xact, change pgtype.Timestamptz
-			if err := r.Scan(&pid, &app, &state, &xact, &change); err != nil {
+			if err := r.Scan(&pid, &mode, &app, &user, &state, &xact, &change); err != nil {
 				return "", err
 			}
-			s := fmt.Sprintf("pid %d (application_name %q, state %q", pid, app, state)
+			s := fmt.Sprintf("pid %d (%s, role %q, application_name %q, state %q", pid, mode, user, app, state)
 			if xact.Valid {
 				s += ", in a transaction since " + xact.Time.UTC().Format(time.RFC3339)
 			}
@@ -320,16 +359,22 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id`,
 
 // ReleaseHold ends a hold. Loosening needs no fence: a batch that still sees
 // the hold merely keeps rows one pass longer.
-func ReleaseHold(ctx context.Context, db Querier, id int64) error {
+func ReleaseHold(ctx context.Context, db Beginner, id int64) error {
 	return endRecord(ctx, db, "UPDATE inboxkeeper.holds SET released_at = now() WHERE id = $1 AND released_at IS NULL",
 		id, "hold", "release", "released")
 }
 
 // endRecord runs update, which ends record id (what: hold or replay) unless
 // it has ended already; verb and done say how it ends, for the errors.
-// Ending one that does not exist, or not any more, is ErrNotFound.
-func endRecord(ctx context.Context, db Querier, update string, id int64, what, verb, done string) error {
-	tag, err := db.Exec(ctx, update, id)
+// Ending one that does not exist, or not any more, is ErrNotFound. The
+// commit is durable: an end that was reported must not come back in a
+// crash, any more than a hold may be lost in one.
+func endRecord(ctx context.Context, db Beginner, update string, id int64, what, verb, done string) error {
+	var tag pgconn.CommandTag
+	err := dbconn.Durable(ctx, db, func(tx pgx.Tx) (err error) {
+		tag, err = tx.Exec(ctx, update, id)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("%s %s %d: %w", verb, what, id, err)
 	}
@@ -424,7 +469,7 @@ WHERE schema_name = $1 AND table_name = $2 AND scope = $3 AND replay IS NOT NULL
 }
 
 // FinishReplay ends a replay marker.
-func FinishReplay(ctx context.Context, db Querier, id int64) error {
+func FinishReplay(ctx context.Context, db Beginner, id int64) error {
 	return endRecord(ctx, db, "UPDATE inboxkeeper.replays SET finished_at = now() WHERE id = $1 AND finished_at IS NULL",
 		id, "replay", "finish", "finished")
 }
@@ -476,36 +521,132 @@ WHERE $1 OR finished_at IS NULL ORDER BY id`, all)
 type Coverage struct {
 	Holds   []Hold
 	Replays []Replay
+	// scale is set when the table has more than InlineMax active records
+	// of a kind: the predicates then read the records in the statement
+	// that applies them, and a coverage read for a batch (QueueActive)
+	// carries only the first InlineMax of each kind.
+	scale *scale
 }
 
+// scale is where a coverage at scale was read: the table and the instant
+// (nil: the statement's now()).
+type scale struct {
+	table string
+	at    *time.Time
+	// truncated: Holds and Replays hold only the first InlineMax.
+	truncated bool
+}
+
+// InlineMax is the most records of a kind a statement carries as array
+// parameters. Beyond it a statement reads them from the control tables,
+// with an index look-up per row: 100,000 holds sent with every batch as
+// arrays cost 50 to 100 ms a statement to send, decode and plan.
+const InlineMax = 100
+
+// AtScale reports whether the predicates read the records from the control
+// tables; Holds and Replays may then be the first InlineMax of them.
+func (c Coverage) AtScale() bool { return c.scale != nil }
+
 // Empty reports whether nothing protects any row.
-func (c Coverage) Empty() bool { return len(c.Holds) == 0 && len(c.Replays) == 0 }
+func (c Coverage) Empty() bool { return len(c.Holds) == 0 && len(c.Replays) == 0 && c.scale == nil }
 
 // Same reports whether c and o hold the same holds and replays (by id: a
 // record's range never changes; one that was released, finished or expired
-// is no longer read).
+// is no longer read). Coverages at scale are never the same: what they
+// hold is not all known here.
 func (c Coverage) Same(o Coverage) bool {
-	return slices.EqualFunc(c.Holds, o.Holds, func(a, b Hold) bool { return a.ID == b.ID }) &&
+	return c.scale == nil && o.scale == nil &&
+		slices.EqualFunc(c.Holds, o.Holds, func(a, b Hold) bool { return a.ID == b.ID }) &&
 		slices.EqualFunc(c.Replays, o.Replays, func(a, b Replay) bool { return a.ID == b.ID })
 }
 
-// Active reads the coverage of table at now. The deleter calls it inside its
-// batch transaction, after taking the fence in shared mode.
-func Active(ctx context.Context, q Querier, table string, now time.Time) (Coverage, error) {
+// Union is every hold and replay of c and o, each once: what protected a
+// row at either instant. At scale it reads the records active at the
+// earlier of the two.
+func (c Coverage) Union(o Coverage) Coverage {
+	u := Coverage{Holds: slices.Clone(c.Holds), Replays: slices.Clone(c.Replays)}
+	seen := make(map[int64]bool, len(c.Holds))
+	for _, h := range c.Holds {
+		seen[h.ID] = true
+	}
+	for _, h := range o.Holds {
+		if !seen[h.ID] {
+			seen[h.ID] = true
+			u.Holds = append(u.Holds, h)
+		}
+	}
+	clear(seen)
+	for _, r := range c.Replays {
+		seen[r.ID] = true
+	}
+	for _, r := range o.Replays {
+		if !seen[r.ID] {
+			seen[r.ID] = true
+			u.Replays = append(u.Replays, r)
+		}
+	}
+	switch {
+	case c.scale == nil:
+		u.scale = o.scale
+	case o.scale == nil:
+		u.scale = c.scale
+	default:
+		sc := *c.scale
+		sc.truncated = sc.truncated || o.scale.truncated
+		if o.scale.at != nil && (sc.at == nil || o.scale.at.Before(*sc.at)) {
+			sc.at = o.scale.at
+		}
+		u.scale = &sc
+	}
+	return u
+}
+
+// Active reads the coverage of t at now: at most InlineMax + 1 records of
+// a kind, for a table with more is at scale (AtScale), and its statements
+// read them. A table Citus manages gets every record: a statement Citus
+// sends to the workers cannot read the coordinator's control tables, so its
+// records always travel as parameters.
+func Active(ctx context.Context, q Querier, t *catalog.Table, now time.Time) (Coverage, error) {
+	if t.InCitusMetadata {
+		return readActive(ctx, q, t.Name, now, 0)
+	}
+	return readActive(ctx, q, t.Name, now, InlineMax+1)
+}
+
+// ActiveAll is Active with every record in Holds and Replays, for status.
+func ActiveAll(ctx context.Context, q Querier, table string, now time.Time) (Coverage, error) {
+	return readActive(ctx, q, table, now, 0)
+}
+
+// CountBlocking counts the holds on table that block demotion at now.
+func CountBlocking(ctx context.Context, q Querier, table string, now time.Time) (int, error) {
+	var n int
+	err := q.QueryRow(ctx, `SELECT count(*) FROM inboxkeeper.holds h WHERE h.table_name = $1 AND `+activeHold("h", "$2")+
+		` AND h.blocks <> `+sqlident.QuoteLiteral(BlocksDelete), table, now).Scan(&n)
+	return n, err
+}
+
+func readActive(ctx context.Context, q Querier, table string, now time.Time, limit int) (Coverage, error) {
 	var c Coverage
-	rows, err := q.Query(ctx, activeHoldsSQL("$2"), table, now)
+	rows, err := q.Query(ctx, activeHoldsSQL("$2", limit), table, now)
 	if err != nil {
 		return c, fmt.Errorf("read holds: %w", err)
 	}
 	if c.Holds, err = scanHolds(rows); err != nil {
 		return c, fmt.Errorf("read holds: %w", err)
 	}
-	rows, err = q.Query(ctx, activeReplaysSQL, table)
+	rows, err = q.Query(ctx, activeReplaysSQL(limit), table)
 	if err != nil {
 		return c, fmt.Errorf("read replays: %w", err)
 	}
 	if c.Replays, err = scanReplays(rows); err != nil {
 		return c, fmt.Errorf("read replays: %w", err)
+	}
+	if len(c.Holds) > InlineMax || len(c.Replays) > InlineMax {
+		c.scale = &scale{table: table, at: &now, truncated: limit > 0}
+		if limit > 0 {
+			c.Holds, c.Replays = c.Holds[:min(len(c.Holds), InlineMax)], c.Replays[:min(len(c.Replays), InlineMax)]
+		}
 	}
 	return c, nil
 }
@@ -513,30 +654,69 @@ func Active(ctx context.Context, q Querier, table string, now time.Time) (Covera
 // QueueActive queues on b what Active reads, at coalesce(pinned, now()),
 // the transaction's now, into c: a batch transaction reads them in the same
 // round trip as its fence, each in a statement of its own after it
-// (batchloop.Begin).
-func QueueActive(b *pgx.Batch, table string, pinned *time.Time, c *Coverage) {
-	b.Queue(activeHoldsSQL("coalesce($2::timestamptz, now())"), table, pinned).Query(func(rows pgx.Rows) (err error) {
+// (batchloop.Begin). It reads at most InlineMax + 1 records of a kind: a
+// table with more is at scale, and its batches read them in their
+// statements; all reads every record (a table Citus manages: Active).
+func QueueActive(b *pgx.Batch, table string, all bool, pinned *time.Time, c *Coverage) {
+	limit := InlineMax + 1
+	if all {
+		limit = 0
+	}
+	atScale := func() {
+		c.scale = &scale{table: table, at: pinned, truncated: !all}
+	}
+	b.Queue(activeHoldsSQL("coalesce($2::timestamptz, now())", limit), table, pinned).Query(func(rows pgx.Rows) (err error) {
 		if c.Holds, err = scanHolds(rows); err != nil {
 			return fmt.Errorf("read holds: %w", err)
 		}
+		if len(c.Holds) > InlineMax {
+			if !all {
+				c.Holds = c.Holds[:InlineMax]
+			}
+			atScale()
+		}
 		return nil
 	})
-	b.Queue(activeReplaysSQL, table).Query(func(rows pgx.Rows) (err error) {
+	b.Queue(activeReplaysSQL(limit), table).Query(func(rows pgx.Rows) (err error) {
 		if c.Replays, err = scanReplays(rows); err != nil {
 			return fmt.Errorf("read replays: %w", err)
+		}
+		if len(c.Replays) > InlineMax {
+			if !all {
+				c.Replays = c.Replays[:InlineMax]
+			}
+			atScale()
 		}
 		return nil
 	})
 }
 
-// activeHoldsSQL reads the holds of table $1 active at the instant at.
-func activeHoldsSQL(at string) string {
+// activeHoldsSQL reads the holds of table $1 active at the instant at, at
+// most limit of them (0: all).
+func activeHoldsSQL(at string, limit int) string {
 	return `SELECT ` + holdColumns + ` FROM inboxkeeper.holds
-WHERE table_name = $1 AND released_at IS NULL AND (expires_at IS NULL OR expires_at > ` + at + `) ORDER BY id`
+WHERE table_name = $1 AND ` + activeHold("holds", at) + ` ORDER BY id` + limitSQL(limit)
 }
 
-const activeReplaysSQL = `SELECT ` + replayColumns + ` FROM inboxkeeper.replays
-WHERE table_name = $1 AND finished_at IS NULL ORDER BY id`
+func activeReplaysSQL(limit int) string {
+	return `SELECT ` + replayColumns + ` FROM inboxkeeper.replays
+WHERE table_name = $1 AND ` + activeReplay("replays") + ` ORDER BY id` + limitSQL(limit)
+}
+
+func limitSQL(n int) string {
+	if n <= 0 {
+		return ""
+	}
+	return fmt.Sprintf(" LIMIT %d", n)
+}
+
+// activeHold is true when the hold h (an alias) is active at the instant at.
+func activeHold(h, at string) string {
+	return h + ".released_at IS NULL AND (" + h + ".expires_at IS NULL OR " + h + ".expires_at > " + at + ")"
+}
+
+// activeReplay is true when the replay r (an alias) is active.
+func activeReplay(r string) string { return r + ".finished_at IS NULL" }
 
 // Args collects query parameters and hands out their placeholders.
 type Args struct{ Values []any }
@@ -552,16 +732,28 @@ func (a *Args) Add(v any) string {
 // They never yield NULL. A row whose event time is NULL counts as inside
 // every range (its age is unknown, so a ranged hold keeps it); a row whose
 // scope is NULL belongs to no scope.
+//
+// However many records there are, each expression carries at most four
+// parameters, arrays of the records' scopes and ranges: a statement's
+// parameters are limited to 65,535, and thousands of OR'ed predicates took
+// minutes to plan and compile. A scope is looked up in a hashed subplan, a
+// range in a multirange built once per statement.
 func (c Coverage) Predicates(t *catalog.Table, alias string, args *Args) (hold, replay string) {
-	var hs, rs []string
-	for _, h := range c.Holds {
-		hs = append(hs, coverOne(t, alias, args, h.Scope, h.From, h.To))
+	if c.inTables(t) {
+		at := c.scale.at
+		return c.scale.predicate(t, alias, args, "holds", activeHold("h", "coalesce("+args.Add(at)+"::timestamptz, now())")),
+			c.scale.predicate(t, alias, args, "replays", activeReplay("h"))
 	}
+	hs := make([]cover, 0, len(c.Holds))
+	for _, h := range c.Holds {
+		hs = append(hs, cover{h.Scope, h.From, h.To})
+	}
+	rs := make([]cover, 0, len(c.Replays))
 	for _, r := range c.Replays {
 		scope, from, to := r.Scope, r.From, r.To
-		rs = append(rs, coverOne(t, alias, args, &scope, &from, &to))
+		rs = append(rs, cover{&scope, &from, &to})
 	}
-	return orAll(hs), orAll(rs)
+	return covering(t, alias, args, hs), covering(t, alias, args, rs)
 }
 
 // DemotionPredicate returns an SQL expression, over the row alias, that is
@@ -569,18 +761,34 @@ func (c Coverage) Predicates(t *catalog.Table, alias string, args *Args) (hold, 
 // row; "false" when none does. Replay markers and BlocksDelete holds never
 // block demotion: a replay needs the identity, not the payload.
 func (c Coverage) DemotionPredicate(t *catalog.Table, alias string, args *Args) string {
-	var hs []string
+	if c.inTables(t) {
+		return c.scale.predicate(t, alias, args, "holds",
+			activeHold("h", "coalesce("+args.Add(c.scale.at)+"::timestamptz, now())")+" AND h.blocks <> "+sqlident.QuoteLiteral(BlocksDelete))
+	}
+	var hs []cover
 	for _, h := range c.Holds {
 		if h.Blocks == BlocksDelete {
 			continue
 		}
-		hs = append(hs, coverOne(t, alias, args, h.Scope, h.From, h.To))
+		hs = append(hs, cover{h.Scope, h.From, h.To})
 	}
-	return orAll(hs)
+	return covering(t, alias, args, hs)
 }
 
-// BlocksDemotion reports whether any hold blocks demotion.
+// inTables says whether the predicates over t read the records from the
+// control tables: at scale, unless t is one Citus manages and every record
+// was read (Active), for a statement Citus sends to the workers cannot read
+// the coordinator's tables.
+func (c Coverage) inTables(t *catalog.Table) bool {
+	return c.scale != nil && (c.scale.truncated || !t.InCitusMetadata)
+}
+
+// BlocksDemotion reports whether any hold blocks demotion: at scale, it
+// may (the predicate then reads which).
 func (c Coverage) BlocksDemotion() bool {
+	if c.scale != nil {
+		return true
+	}
 	for _, h := range c.Holds {
 		if h.Blocks != BlocksDelete {
 			return true
@@ -589,20 +797,148 @@ func (c Coverage) BlocksDemotion() bool {
 	return false
 }
 
-func coverOne(t *catalog.Table, alias string, args *Args, scope *string, from, to *time.Time) string {
-	parts := []string{}
-	if scope != nil && t.Scope != nil {
-		parts = append(parts, fmt.Sprintf("coalesce(%s.%s::text = %s, false)", alias, t.Scope.Quoted, args.Add(*scope)))
+// predicate is true when a record of the control table kind (holds or
+// replays) for which active (over the alias h) holds covers the row: the
+// records are read in the statement, not sent with it. A record with a
+// scope is found through the index on (table_name, scope_value), one look-up
+// per row; the records without one are read once per statement (InitPlans):
+// whether one covers the whole table, whether one has a range, and their
+// ranges as one multirange where the event-time column is a timestamp. As
+// everywhere, a record's scope counts only where the table has a scope
+// column, its range only where it has an event-time column.
+func (sc *scale) predicate(t *catalog.Table, alias string, args *Args, kind, active string) string {
+	tbl := args.Add(sc.table)
+	from := "inboxkeeper." + kind + " h WHERE h.table_name = " + tbl + " AND " + active
+	scopeless := " AND h.scope_value IS NULL"
+	if t.Scope == nil {
+		scopeless = "" // no scope column: every record counts as scope-less
 	}
-	if from != nil && to != nil && t.EventTime != nil {
+	if t.EventTime == nil {
+		// No event time: a range takes no part.
+		parts := []string{"(SELECT EXISTS (SELECT 1 FROM " + from + scopeless + "))"}
+		if t.Scope != nil {
+			parts = append(parts, fmt.Sprintf("EXISTS (SELECT 1 FROM %s AND h.scope_value = %s.%s::text)", from, alias, t.Scope.Quoted))
+		}
+		return orAll(parts)
+	}
+	col := alias + "." + t.EventTime.Quoted
+	parts := []string{
+		// A scope-less record without a range covers every row.
+		"(SELECT EXISTS (SELECT 1 FROM " + from + scopeless + " AND h.event_from IS NULL))",
+		// A row whose event time is NULL is inside every range.
+		"(" + col + " IS NULL AND (SELECT EXISTS (SELECT 1 FROM " + from + scopeless + ")))",
+	}
+	if rng := rangeType(t); rng != "" {
+		lo := t.EventTime.Instant("h.event_from")
+		// coalesce: range_agg of no records is NULL.
+		parts = append(parts, fmt.Sprintf("coalesce(%s <@ (SELECT range_agg(%s(%s, greatest(%s, %s), '[)')) FROM %s%s AND h.event_from IS NOT NULL), false)",
+			col, rng, lo, lo, t.EventTime.InstantAbove("h.event_to"), from, scopeless))
+	} else {
+		parts = append(parts, fmt.Sprintf("EXISTS (SELECT 1 FROM %s%s AND h.event_from IS NOT NULL AND %s)", from, scopeless, inRange(t, col, "h.event_from", "h.event_to")))
+	}
+	if t.Scope != nil {
+		parts = append(parts, fmt.Sprintf("EXISTS (SELECT 1 FROM %s AND h.scope_value = %s.%s::text AND (h.event_from IS NULL OR %s IS NULL OR %s))",
+			from, alias, t.Scope.Quoted, col, inRange(t, col, "h.event_from", "h.event_to")))
+	}
+	return orAll(parts)
+}
+
+// rangeType is the range type of the table's event-time column, "" for a
+// column no range type of PostgreSQL's own holds.
+func rangeType(t *catalog.Table) string {
+	switch {
+	case t.EventTime.IsTimestamptz():
+		return "tstzrange"
+	case t.EventTime.Zone != "":
+		return "tsrange"
+	}
+	return ""
+}
+
+// cover is what one hold or replay covers: a scope value, an event-time
+// range [from, to), both, or (neither) the whole table.
+type cover struct {
+	scope    *string
+	from, to *time.Time
+}
+
+// covering is the predicate over alias that is true when one of cs covers
+// the row. A record's scope counts only where the table has a scope column,
+// its range only where it has an event-time column, as the writers check.
+func covering(t *catalog.Table, alias string, args *Args, cs []cover) string {
+	var scopes []string        // scope only
+	var from, to []time.Time   // range only
+	var bScopes []string       // scope and range
+	var bFrom, bTo []time.Time // scope and range
+	seen := map[string]bool{}
+	for _, c := range cs {
+		scoped := c.scope != nil && t.Scope != nil
+		ranged := c.from != nil && c.to != nil && t.EventTime != nil
+		switch {
+		case !scoped && !ranged:
+			return "true" // the whole table
+		case scoped && !ranged:
+			if !seen[*c.scope] {
+				seen[*c.scope] = true
+				scopes = append(scopes, *c.scope)
+			}
+		case ranged && !scoped:
+			from, to = append(from, *c.from), append(to, *c.to)
+		default:
+			bScopes, bFrom, bTo = append(bScopes, *c.scope), append(bFrom, *c.from), append(bTo, *c.to)
+		}
+	}
+	var parts []string
+	if len(scopes) > 0 {
+		parts = append(parts, inScopes(t, alias, args.Add(scopes)))
+	}
+	if len(from) > 0 {
+		parts = append(parts, inRanges(t, alias, args.Add(from), args.Add(to)))
+	}
+	if len(bScopes) > 0 {
+		s, f, u := args.Add(bScopes), args.Add(bFrom), args.Add(bTo)
 		col := alias + "." + t.EventTime.Quoted
-		parts = append(parts, fmt.Sprintf("(%s IS NULL OR (%s >= %s AND %s < %s))",
-			col, col, t.EventTime.Instant(args.Add(*from)+"::timestamptz"), col, t.EventTime.InstantAbove(args.Add(*to)+"::timestamptz")))
+		parts = append(parts, fmt.Sprintf("(%s AND (%s IS NULL OR EXISTS (SELECT 1 FROM unnest(%s::text[], %s::timestamptz[], %s::timestamptz[]) r(s, f, u) WHERE r.s = %s.%s::text AND %s)))",
+			inScopes(t, alias, s), col, s, f, u, alias, t.Scope.Quoted, inRange(t, col, "r.f", "r.u")))
 	}
-	if len(parts) == 0 {
-		return "true"
+	return orAll(parts)
+}
+
+// inScopes is true when the row's scope is one of the array parameter p: a
+// hashed subplan, looked up in constant time per row.
+func inScopes(t *catalog.Table, alias, p string) string {
+	// Not coalesce(...): Citus refuses a subquery inside COALESCE in a
+	// statement it sends to the workers. The array holds no NULL, so IN
+	// is true or false for a scope that is not NULL.
+	col := alias + "." + t.Scope.Quoted
+	return fmt.Sprintf("(%s IS NOT NULL AND %s::text IN (SELECT unnest(%s::text[])))", col, col, p)
+}
+
+// inRange is true when the event time col lies in [from, to), compared on
+// the column's own terms (catalog.Column.Instant), which never leaves out a
+// row of the range.
+func inRange(t *catalog.Table, col, from, to string) string {
+	return fmt.Sprintf("%s >= %s AND %s < %s", col, t.EventTime.Instant(from), col, t.EventTime.InstantAbove(to))
+}
+
+// inRanges is true when the row's event time lies in one of the ranges
+// [from[i], to[i]) of the array parameters, or is NULL. For a timestamp
+// column the ranges become one multirange, built once per statement, in
+// which a row is found by a binary search; another column type compares
+// with each range.
+func inRanges(t *catalog.Table, alias, from, to string) string {
+	col := alias + "." + t.EventTime.Quoted
+	rng := rangeType(t)
+	if rng == "" {
+		return fmt.Sprintf("(%s IS NULL OR EXISTS (SELECT 1 FROM unnest(%s::timestamptz[], %s::timestamptz[]) r(f, u) WHERE %s))",
+			col, from, to, inRange(t, col, "r.f", "r.u"))
 	}
-	return "(" + strings.Join(parts, " AND ") + ")"
+	// greatest: a range whose bounds cross in a repeated hour of a local
+	// clock covers nothing either way, and a range type refuses it.
+	lo := t.EventTime.Instant("r.f")
+	// The arrays are not empty, so the multirange is not NULL.
+	return fmt.Sprintf("(%s IS NULL OR %s <@ (SELECT range_agg(%s(%s, greatest(%s, %s), '[)')) FROM unnest(%s::timestamptz[], %s::timestamptz[]) r(f, u)))",
+		col, col, rng, lo, lo, t.EventTime.InstantAbove("r.u"), from, to)
 }
 
 func orAll(ps []string) string {

@@ -149,7 +149,7 @@ CREATE INDEX ON public.uuid_inbox (remember_until);`)
 
 func active(t *testing.T, b bundle, now time.Time) Coverage {
 	t.Helper()
-	cov, err := Active(context.Background(), b.pool, b.table.Name, now)
+	cov, err := Active(context.Background(), b.pool, b.table, now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,13 +203,14 @@ VALUES ('public', 'consumer_inbox', 'shipping', interval '30 days', interval '1 
 }
 
 // A hold writer waits for the batches in flight (they hold the fence in
-// shared mode) and, past its timeout, writes nothing and names them.
+// ROW EXCLUSIVE mode) and, past its timeout, writes nothing and names them.
 func TestFence(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	b := setup(t)
 	batch := pgtest.Begin(t, pgtest.Connect(t, b.url))
-	pgtest.Exec(t, batch, "SELECT set_config('application_name', 'a batch in flight', true), pg_advisory_xact_lock_shared($1)", FenceKey)
+	pgtest.Exec(t, batch, "SELECT set_config('application_name', 'a batch in flight', true)")
+	pgtest.Exec(t, batch, BatchFenceSQL)
 	_, err := AddHold(ctx, b.pool, b.table, HoldSpec{Reason: "r", Owner: "o", Fence: FenceOptions{Timeout: 100 * time.Millisecond}})
 	if !errors.Is(err, ErrFenceTimeout) || !strings.Contains(err.Error(), `application_name "a batch in flight"`) {
 		t.Errorf("a hold writer behind a batch: %v, want ErrFenceTimeout naming the batch's session", err)

@@ -23,7 +23,8 @@ type Partition struct {
 	OID           uint32
 	Schema, Name  string
 	Lower, Upper  *time.Time
-	DetachPending bool // a DETACH ... CONCURRENTLY was interrupted
+	Bound         string // pg_get_expr(relpartbound), in UTC
+	DetachPending bool   // a DETACH ... CONCURRENTLY was interrupted
 }
 
 // Ident is the partition's name quoted for SQL text.
@@ -66,11 +67,10 @@ WHERE i.inhparent = $1`, t.OID)
 		defer rows.Close()
 		for rows.Next() {
 			var p Partition
-			var bound string
-			if err := rows.Scan(&p.OID, &p.Schema, &p.Name, &bound, &p.DetachPending); err != nil {
+			if err := rows.Scan(&p.OID, &p.Schema, &p.Name, &p.Bound, &p.DetachPending); err != nil {
 				return err
 			}
-			if p.Lower, p.Upper, err = parseBound(bound); err != nil {
+			if p.Lower, p.Upper, err = parseBound(p.Bound); err != nil {
 				return fmt.Errorf("partition %s of %s: %w", p, t.Name, err)
 			}
 			out = append(out, p)

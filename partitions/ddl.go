@@ -145,6 +145,38 @@ func (e errGone) Error() string {
 	return e.err.Error()
 }
 
+// privilegeError says which role lacks what, for a step that failed for
+// want of a privilege (42501): a failure of the pass, never a partition
+// that waits, for waiting changes nothing until a grant does.
+func (m *Manager) privilegeError(ctx context.Context, t *catalog.Table, step string, err error) error {
+	if errors.Is(err, errPrivilegeSaid) {
+		return err
+	}
+	var me, owner string
+	if qerr := m.pool.QueryRow(ctx, `SELECT current_user::text, pg_get_userbyid(relowner)::text FROM pg_class WHERE oid = $1`, t.OID).Scan(&me, &owner); qerr != nil {
+		return fmt.Errorf("%s: %w", step, err)
+	}
+	return fmt.Errorf("%w: %s: role %s may not: %w. Partitions are created, detached and dropped by the owner of %s (%s): make %s a member of %s, and grant it INSERT on %s (docs/operations/least-privilege.md)",
+		errPrivilegeSaid, step, me, err, t.Name, owner, me, owner, "inboxkeeper.fence")
+}
+
+// errPrivilegeSaid marks an error privilegeError has already explained.
+var errPrivilegeSaid = errors.New("partitions")
+
+// mayDDL is what a dry run checks instead of running the DDL: that this
+// role may take the fence and act as the owner of t.
+func (m *Manager) mayDDL(ctx context.Context, t *catalog.Table, step string) error {
+	var owner, fence bool
+	if err := m.pool.QueryRow(ctx, `SELECT pg_has_role(current_user, relowner, 'USAGE'), has_table_privilege('inboxkeeper.fence', 'INSERT')
+FROM pg_class WHERE oid = $1`, t.OID).Scan(&owner, &fence); err != nil {
+		return err
+	}
+	if owner && fence {
+		return nil
+	}
+	return m.privilegeError(ctx, t, step, fmt.Errorf("%w: a dry run; the pass would fail (member of the owner: %v, INSERT on inboxkeeper.fence: %v)", retry.ErrPrivilege, owner, fence))
+}
+
 // blockedReason is why a partition waits, for status and metrics, after a
 // failed step: lock_timeout (a busy table) or error.
 func blockedReason(err error) string {

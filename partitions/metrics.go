@@ -26,7 +26,11 @@ type Metrics struct {
 
 // BlockedReasons are the values of the reason label of
 // inboxkeeper_partitions_blocked.
-var BlockedReasons = []string{"hold", "replay", "lock_timeout", "error"}
+var BlockedReasons = []string{"hold", "replay", "lock_timeout", "error", ReasonUntrusted}
+
+// ReasonUntrusted is a record of inboxkeeper.partitions that the relation
+// it names does not bear out (trust.go): never acted on.
+const ReasonUntrusted = "untrusted_record"
 
 // States are the values of the state label of inboxkeeper_partitions.
 var States = []string{"attached", "detach_pending", "detached"}
@@ -37,7 +41,7 @@ func NewMetrics(reg prometheus.Registerer, facts *daemonmetrics.Facts) *Metrics 
 	m := &Metrics{
 		Coverage:  facts.Gauge(reg, "inboxkeeper_partition_coverage_seconds", "How far ahead of now the partitions reach without a gap: a row whose expiry column lies beyond now + this fails its insert (+Inf with a MAXVALUE partition).", "table"),
 		MaxExpiry: facts.Gauge(reg, "inboxkeeper_partition_max_expiry_seconds", "partitions.max_expiry from the policy: the furthest ahead of now a new row's expiry column may be; coverage below it means inserts can fail.", "table"),
-		Blocked:   facts.Gauge(reg, "inboxkeeper_partitions_blocked", "Partitions due for retirement that wait, by reason: hold, replay, lock_timeout (DDL gave up after its retries this pass), error.", "table", "reason"),
+		Blocked:   facts.Gauge(reg, "inboxkeeper_partitions_blocked", "Partitions due for retirement that wait, by reason: hold, replay, lock_timeout (DDL gave up after its retries this pass), error, untrusted_record (a record of inboxkeeper.partitions that the relation it names does not bear out: never acted on).", "table", "reason"),
 		Count:     facts.Gauge(reg, "inboxkeeper_partitions", "Partitions by state: attached, detach_pending (an interrupted DETACH CONCURRENTLY; never on a Citus table, whose plain DETACH commits or not at all), detached (waiting out detached_retention).", "table", "state"),
 		Created:   daemonmetrics.CounterVec(reg, "inboxkeeper_partitions_created_total", "Partitions created ahead of time.", "table"),
 		Detached:  daemonmetrics.CounterVec(reg, "inboxkeeper_partitions_detached_total", "Expired partitions detached (DETACH CONCURRENTLY, FINALIZE of an interrupted one, or a plain DETACH on a Citus table).", "table"),

@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -100,12 +101,17 @@ type Manager struct {
 	tables   []*catalog.Table
 	copyKeys func(ctx context.Context, tx pgx.Tx, t *catalog.Table, source string) (int64, error)
 	metrics  *Metrics
+	managed  map[uint32]bool // every table of the policy (trust.go)
+
+	mu      sync.Mutex
+	refused map[string]bool // the untrusted records already logged
 }
 
 // New returns a Manager for the partitioned tables among tables (others
 // are ignored).
 func New(pool *pgxpool.Pool, tables []*catalog.Table, opts Options) *Manager {
-	m := &Manager{Base: opts.WithDefaults(DefaultLockTimeout), pool: pool, copyKeys: opts.CopyKeys, metrics: opts.Metrics}
+	m := &Manager{Base: opts.WithDefaults(DefaultLockTimeout), pool: pool, copyKeys: opts.CopyKeys, metrics: opts.Metrics,
+		managed: managedOIDs(tables), refused: map[string]bool{}}
 	for _, t := range tables {
 		if t.Partitioned() {
 			m.tables = append(m.tables, t)

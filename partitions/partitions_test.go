@@ -63,6 +63,23 @@ func setup(t *testing.T, ddl, pol string) fixture {
 	return fixture{pool: pool, url: url, table: pgtest.Resolve(t, pool, pol)[0]}
 }
 
+// poolAs is a pool on the fixture's database as role, closed at the end of
+// the test.
+func (f fixture) poolAs(t *testing.T, role string) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(f.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.User = role
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
 func (f fixture) manager(opts Options) *Manager {
 	return New(f.pool, []*catalog.Table{f.table}, opts)
 }
@@ -660,20 +677,12 @@ ALTER TABLE public.consumer_inbox_p202605 OWNER TO %[1]s;
 GRANT USAGE, CREATE ON SCHEMA public TO %[1]s;
 GRANT USAGE ON SCHEMA inboxkeeper TO %[2]s;
 GRANT SELECT ON inboxkeeper.holds, inboxkeeper.replays TO %[2]s;
-GRANT SELECT, INSERT, UPDATE, DELETE ON inboxkeeper.partitions TO %[2]s;`, owner, daemon))
+GRANT SELECT, INSERT, UPDATE, DELETE ON inboxkeeper.partitions TO %[2]s;
+GRANT INSERT ON inboxkeeper.fence TO %[2]s;`, owner, daemon))
 	t.Cleanup(func() {
 		pgtest.Exec(t, f.pool, fmt.Sprintf("DROP TABLE public.consumer_inbox; DROP OWNED BY %[1]s, %[2]s; DROP ROLE %[2]s; DROP ROLE %[1]s", owner, daemon))
 	})
-	cfg, err := pgxpool.ParseConfig(f.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.User = daemon
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := f.poolAs(t, daemon)
 	f.insertRows(t, "a", 3, may10)
 	res, err := New(pool, []*catalog.Table{f.table}, Options{Base: service.Base{Clock: service.At(t0)}}).RunPass(ctx)
 	if err != nil || res[0].Err != nil {

@@ -78,6 +78,9 @@ func (m *Manager) retire(ctx context.Context, t *catalog.Table, now time.Time, r
 // connection, shutdown).
 func (m *Manager) retireOne(ctx context.Context, t *catalog.Table, p Partition, now time.Time, res *TableResult) (pending bool, err error) {
 	if m.DryRun {
+		if err := m.mayDDL(ctx, t, "detach "+p.String()); err != nil {
+			return false, err
+		}
 		reason, detail, err := m.covered(ctx, t, p.Ident(), now)
 		if err != nil {
 			return false, err
@@ -121,6 +124,9 @@ func (m *Manager) retireOne(ctx context.Context, t *catalog.Table, p Partition, 
 	if errors.As(err, &stop) || ctx.Err() != nil {
 		return false, err
 	}
+	if retry.KindOf(err) == retry.KindPrivilege {
+		return false, m.privilegeError(ctx, t, "detach "+p.String(), err)
+	}
 	reason = blockedReason(err)
 	m.Logger.Warn("partitions: partition stays attached this pass", "table", t.Name, "partition", p.String(), "reason", reason, "error", err)
 	res.Blocked = append(res.Blocked, Blocked{Partition: p.String(), Reason: reason, Detail: err.Error()})
@@ -158,23 +164,40 @@ func (m *Manager) detachOnce(ctx context.Context, t *catalog.Table, p Partition,
 			}
 			return m.recordDetached(ctx, c, t, p, now, due(t, p, now))
 		}
-		if _, err := c.Exec(ctx, "SELECT pg_advisory_lock_shared($1)", holds.FenceKey); err != nil {
+		if t.InCitusMetadata {
+			// One transaction: the fence, the check, the DETACH and its
+			// record.
+			return pgx.BeginFunc(ctx, c, func(tx pgx.Tx) (err error) {
+				if err := m.toWorkers(ctx, tx, t); err != nil {
+					return err
+				}
+				if reason, detail, err = m.fencedCheck(ctx, tx, t, p.Ident(), now); err != nil || reason != "" {
+					return err
+				}
+				if m.TestSignals.BeforeDetach != nil {
+					m.TestSignals.BeforeDetach(p)
+				}
+				return m.detachInCitus(ctx, tx, t, p, now)
+			})
+		}
+		// DETACH ... CONCURRENTLY cannot run in a transaction block, and the
+		// fence is a transaction's lock: a transaction on another
+		// connection holds it, after checking the holds under it, until
+		// the detach has ended. A hold writer waits for it meanwhile.
+		fence, err := m.pool.Begin(ctx)
+		if err != nil {
 			return err
 		}
-		defer c.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock_shared($1)", holds.FenceKey)
-		var err error
-		if reason, detail, err = m.coveredOn(ctx, c, t, p.Ident(), now); err != nil || reason != "" {
+		defer fence.Rollback(context.WithoutCancel(ctx))
+		if reason, detail, err = m.fencedCheck(ctx, fence, t, p.Ident(), now); err != nil || reason != "" {
 			return err
 		}
-		if _, err := c.Exec(ctx, `INSERT INTO inboxkeeper.partitions (table_name, partition_schema, partition_name, lower_bound, upper_bound, detach_started)
-VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING`, t.Name, p.Schema, p.Name, lowerOr(p), p.Upper, now); err != nil {
+		if _, err := c.Exec(ctx, `INSERT INTO inboxkeeper.partitions (table_name, partition_schema, partition_name, lower_bound, upper_bound, detach_started, relid, bound)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING`, t.Name, p.Schema, p.Name, lowerOr(p), p.Upper, now, p.OID, p.Bound); err != nil {
 			return fmt.Errorf("record the detach: %w", err)
 		}
 		if m.TestSignals.BeforeDetach != nil {
 			m.TestSignals.BeforeDetach(p)
-		}
-		if t.InCitusMetadata {
-			return m.detachInCitus(ctx, c, t, p, now)
 		}
 		if _, err := c.Exec(ctx, fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s CONCURRENTLY", t.Ident, p.Ident())); err != nil {
 			return err
@@ -185,26 +208,25 @@ VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING`, t.Name, p.Schema, p.Nam
 }
 
 // detachInCitus detaches p from a parent Citus manages (distributed, or a
-// Citus local table) with a plain DETACH: Citus refuses CONCURRENTLY on
-// them. A plain DETACH takes ACCESS EXCLUSIVE on the parent and the
+// Citus local table) with a plain DETACH, in tx: Citus refuses CONCURRENTLY
+// on them. A plain DETACH takes ACCESS EXCLUSIVE on the parent and the
 // partition, on the coordinator and on the workers' shards of them, so each
 // of those waits must be bounded: the session's lock_timeout covers the
 // coordinator only, and an application query routed to a shard holds its
 // lock on the worker, where a DETACH waiting for it would queue every later
-// insert into that shard behind it. The statement therefore runs in a
-// transaction that sends the lock timeout to the workers too (toWorkers).
-// It commits at once (no rows move) or not at all, so it never leaves a
-// pending detach; the record of its end commits with it.
-func (m *Manager) detachInCitus(ctx context.Context, c *pgxpool.Conn, t *catalog.Table, p Partition, now time.Time) error {
-	return pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
-		if err := m.toWorkers(ctx, tx, t); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s", t.Ident, p.Ident())); err != nil {
-			return err
-		}
-		return m.recordDetached(ctx, tx, t, p, now, true)
-	})
+// insert into that shard behind it. tx therefore carries the lock timeout
+// to the workers (toWorkers) before it gets here. It commits at once (no
+// rows move) or not at all, so it never leaves a pending detach; the record
+// of its end commits with it.
+func (m *Manager) detachInCitus(ctx context.Context, tx pgx.Tx, t *catalog.Table, p Partition, now time.Time) error {
+	if _, err := tx.Exec(ctx, `INSERT INTO inboxkeeper.partitions (table_name, partition_schema, partition_name, lower_bound, upper_bound, detach_started, relid, bound)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING`, t.Name, p.Schema, p.Name, lowerOr(p), p.Upper, now, p.OID, p.Bound); err != nil {
+		return fmt.Errorf("record the detach: %w", err)
+	}
+	if _, err := tx.Exec(ctx, fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s", t.Ident, p.Ident())); err != nil {
+		return err
+	}
+	return m.recordDetached(ctx, tx, t, p, now, true)
 }
 
 // lowerOr is p's lower bound, or -infinity for MINVALUE.
@@ -237,8 +259,8 @@ WITH upd AS (
   UPDATE inboxkeeper.partitions SET detached_at = $4
   WHERE partition_schema = $1 AND partition_name = $2 AND table_name = $3 AND detached_at IS NULL AND dropped_at IS NULL
   RETURNING 1)
-INSERT INTO inboxkeeper.partitions (table_name, partition_schema, partition_name, lower_bound, upper_bound, detach_started, detached_at)
-SELECT $3, $1, $2, $5, $6, $4, $4 WHERE NOT EXISTS (SELECT 1 FROM upd)`, p.Schema, p.Name, t.Name, now, lowerOr(p), p.Upper)
+INSERT INTO inboxkeeper.partitions (table_name, partition_schema, partition_name, lower_bound, upper_bound, detach_started, detached_at, relid, bound)
+SELECT $3, $1, $2, $5, $6, $4, $4, $7, $8 WHERE NOT EXISTS (SELECT 1 FROM upd)`, p.Schema, p.Name, t.Name, now, lowerOr(p), p.Upper, p.OID, p.Bound)
 	if err != nil {
 		return fmt.Errorf("record the detach: %w", err)
 	}
@@ -264,11 +286,31 @@ func (m *Manager) coveredOn(ctx context.Context, c *pgxpool.Conn, t *catalog.Tab
 	return reason, detail, err
 }
 
-func coveredIn(ctx context.Context, tx pgx.Tx, t *catalog.Table, source string, now time.Time, s dbconn.TxSettings) (reason, detail string, err error) {
+// fencedCheck takes the hold fence in tx, within the DDL lock timeout, and
+// then says whether an active hold or replay covers a row of source: no
+// hold can commit after the check until tx ends.
+func (m *Manager) fencedCheck(ctx context.Context, tx pgx.Tx, t *catalog.Table, source string, now time.Time) (reason, detail string, err error) {
+	s := m.txSettings()
+	s.LockTimeout = m.LockTimeout
 	if _, err := s.Apply(ctx, tx); err != nil {
 		return "", "", err
 	}
-	cov, err := holds.Active(ctx, tx, t.Name, now)
+	if _, err := tx.Exec(ctx, holds.BatchFenceSQL); err != nil {
+		if retry.Code(err) == retry.SQLStateLockTimeout {
+			return "", "", holds.FenceBlocked(ctx, m.pool, err)
+		}
+		return "", "", err
+	}
+	return coveredIn(ctx, tx, t, source, now, dbconn.TxSettings{})
+}
+
+func coveredIn(ctx context.Context, tx pgx.Tx, t *catalog.Table, source string, now time.Time, s dbconn.TxSettings) (reason, detail string, err error) {
+	if s != (dbconn.TxSettings{}) {
+		if _, err := s.Apply(ctx, tx); err != nil {
+			return "", "", err
+		}
+	}
+	cov, err := holds.Active(ctx, tx, t, now)
 	if err != nil || cov.Empty() {
 		return "", "", err
 	}
@@ -290,19 +332,31 @@ func coveredIn(ctx context.Context, tx pgx.Tx, t *catalog.Table, source string, 
 }
 
 func holdIDs(c holds.Coverage) string {
-	s := "covered by an active hold (ids"
+	ids := make([]int64, 0, len(c.Holds))
 	for _, h := range c.Holds {
-		s += fmt.Sprintf(" %d", h.ID)
+		ids = append(ids, h.ID)
 	}
-	return s + ")"
+	return "covered by an active hold (" + someIDs(ids) + ")"
 }
 
 func replayIDs(c holds.Coverage) string {
-	s := "covered by an active replay (ids"
+	ids := make([]int64, 0, len(c.Replays))
 	for _, r := range c.Replays {
-		s += fmt.Sprintf(" %d", r.ID)
+		ids = append(ids, r.ID)
 	}
-	return s + ")"
+	return "covered by an active replay (" + someIDs(ids) + ")"
+}
+
+// someIDs lists the first ten ids, and how many more there are.
+func someIDs(ids []int64) string {
+	s := "ids"
+	for i, id := range ids {
+		if i == 10 {
+			return s + fmt.Sprintf(" and %d more", len(ids)-10)
+		}
+		s += fmt.Sprintf(" %d", id)
+	}
+	return s
 }
 
 // dropDetached settles the control schema's records: a detach that a dead
@@ -316,10 +370,11 @@ func (m *Manager) dropDetached(ctx context.Context, t *catalog.Table, now time.T
 		upper         time.Time
 		started       time.Time
 		detachedAt    *time.Time
+		relid         *uint32
 		exists, child bool
 	}
 	rows, err := m.pool.Query(ctx, `
-SELECT r.partition_schema, r.partition_name, r.lower_bound, r.upper_bound, r.detach_started, r.detached_at,
+SELECT r.partition_schema, r.partition_name, r.lower_bound, r.upper_bound, r.detach_started, r.detached_at, r.relid,
        c.oid IS NOT NULL, EXISTS (SELECT 1 FROM pg_inherits i WHERE i.inhrelid = c.oid)
 FROM inboxkeeper.partitions r
 LEFT JOIN pg_namespace n ON n.nspname = r.partition_schema
@@ -331,7 +386,7 @@ ORDER BY r.upper_bound`, t.Name)
 	}
 	recs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (rec, error) {
 		var x rec
-		err := r.Scan(&x.schema, &x.name, &x.lower, &x.upper, &x.started, &x.detachedAt, &x.exists, &x.child)
+		err := r.Scan(&x.schema, &x.name, &x.lower, &x.upper, &x.started, &x.detachedAt, &x.relid, &x.exists, &x.child)
 		return x, err
 	})
 	if err != nil {
@@ -387,11 +442,19 @@ WHERE partition_schema = $1 AND partition_name = $2 AND detach_started = $3`, ap
 			res.Waiting = append(res.Waiting, w)
 			continue
 		}
-		dropped, reason, detail, err := m.drop(ctx, t, p, key, now)
+		rec := record{schema: r.schema, name: r.name, relid: r.relid}
+		dropped, reason, detail, err := m.drop(ctx, t, rec, key, now)
+		if reason == ReasonUntrusted {
+			m.untrusted(t, rec, detail, res)
+			continue
+		}
 		if err != nil {
 			var stop retry.StopError
 			if errors.As(err, &stop) || ctx.Err() != nil {
 				return err
+			}
+			if retry.KindOf(err) == retry.KindPrivilege {
+				return m.privilegeError(ctx, t, "drop "+p.String(), err)
 			}
 			reason, detail = blockedReason(err), err.Error()
 		}
@@ -408,10 +471,23 @@ WHERE partition_schema = $1 AND partition_name = $2 AND detach_started = $3`, ap
 }
 
 // drop drops one detached partition in a transaction that first checks
-// holds (under the fence) and copies the permanent keys out.
-func (m *Manager) drop(ctx context.Context, t *catalog.Table, p Partition, key []any, now time.Time) (dropped bool, reason, detail string, err error) {
+// that the relation bears its record out (vouch) and the holds (under the
+// fence), and copies the permanent keys out.
+func (m *Manager) drop(ctx context.Context, t *catalog.Table, rec record, key []any, now time.Time) (dropped bool, reason, detail string, err error) {
+	p := Partition{Schema: rec.schema, Name: rec.name}
 	if m.DryRun {
-		reason, detail, err = m.covered(ctx, t, p.Ident(), now)
+		if err := m.mayDDL(ctx, t, "drop "+p.String()); err != nil {
+			return false, "", "", err
+		}
+		err = pgx.BeginTxFunc(ctx, m.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+			why, err := m.vouch(ctx, tx, t, rec, now)
+			if err != nil || why != "" {
+				reason, detail = ReasonUntrusted, why
+				return err
+			}
+			reason, detail, err = coveredIn(ctx, tx, t, p.Ident(), now, m.txSettings())
+			return err
+		})
 		return reason == "" && err == nil, reason, detail, err
 	}
 	var copied int64
@@ -424,11 +500,12 @@ func (m *Manager) drop(ctx context.Context, t *catalog.Table, p Partition, key [
 WHERE partition_schema = $1 AND partition_name = $2 AND detach_started = $3 AND dropped_at IS NULL FOR UPDATE)`, key...).Scan(&mine); err != nil || !mine {
 			return err
 		}
-		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock_shared($1)", holds.FenceKey); err != nil {
+		why, err := m.vouch(ctx, tx, t, rec, now)
+		if err != nil || why != "" {
+			reason, detail = ReasonUntrusted, why
 			return err
 		}
-		var err error
-		if reason, detail, err = coveredIn(ctx, tx, t, p.Ident(), now, m.txSettings()); err != nil || reason != "" {
+		if reason, detail, err = m.fencedCheck(ctx, tx, t, p.Ident(), now); err != nil || reason != "" {
 			return err
 		}
 		// Copying keys reads the whole partition: no statement

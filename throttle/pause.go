@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 )
 
 // A manual pause: `inboxkeeper pause`, stored in the control schema, so
@@ -54,7 +56,11 @@ func (p Pause) String() string {
 
 // SetPause pauses every instance, replacing any earlier pause. A zero for
 // means until `inboxkeeper resume`.
-func SetPause(ctx context.Context, db Querier, reason, by string, forDur time.Duration) (Pause, error) {
+//
+// by names who asked (the host's user and name); the record says which
+// database role wrote it too. The commit is durable (dbconn.Durable): a
+// pause that was reported holds after a crash.
+func SetPause(ctx context.Context, db TxStarter, reason, by string, forDur time.Duration) (Pause, error) {
 	if reason == "" {
 		return Pause{}, errors.New("a pause needs a reason")
 	}
@@ -64,19 +70,28 @@ func SetPause(ctx context.Context, db Querier, reason, by string, forDur time.Du
 		micros = &m
 	}
 	var p Pause
-	err := db.QueryRow(ctx, `INSERT INTO inboxkeeper.pause (reason, paused_by, paused_at, until)
-VALUES ($1, $2, now(), now() + $3::int8 * interval '1 microsecond')
+	err := dbconn.Durable(ctx, db, func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, `INSERT INTO inboxkeeper.pause (reason, paused_by, paused_at, until)
+VALUES ($1, 'role ' || current_user || ' (' || $2 || ')', now(), now() + $3::int8 * interval '1 microsecond')
 ON CONFLICT (id) DO UPDATE SET reason = excluded.reason, paused_by = excluded.paused_by,
   paused_at = excluded.paused_at, until = excluded.until
 RETURNING reason, paused_by, paused_at, until`, reason, by, micros).Scan(&p.Reason, &p.PausedBy, &p.PausedAt, &p.Until)
+	})
 	return p, err
 }
 
+// TxStarter starts a transaction: *pgxpool.Pool, *pgx.Conn.
+type TxStarter interface {
+	Begin(context.Context) (pgx.Tx, error)
+}
+
 // ClearPause resumes every instance; it reports whether a pause was active.
-func ClearPause(ctx context.Context, db Querier) (bool, error) {
+func ClearPause(ctx context.Context, db TxStarter) (bool, error) {
 	var n int
-	err := db.QueryRow(ctx, `WITH d AS (DELETE FROM inboxkeeper.pause RETURNING until)
+	err := dbconn.Durable(ctx, db, func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, `WITH d AS (DELETE FROM inboxkeeper.pause RETURNING until)
 SELECT count(*) FROM d WHERE until IS NULL OR until > now()`).Scan(&n)
+	})
 	return n > 0, err
 }
 

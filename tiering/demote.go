@@ -377,7 +377,7 @@ func (d *Demoter) coverage(ctx context.Context, tx pgx.Tx, t *catalog.Table) (ti
 	if err != nil {
 		return now, holds.Coverage{}, err
 	}
-	cov, err := holds.Active(ctx, tx, t.Name, now)
+	cov, err := holds.Active(ctx, tx, t, now)
 	return now, cov, err
 }
 

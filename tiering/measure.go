@@ -229,10 +229,8 @@ func (d *Demoter) Status(ctx context.Context, t *catalog.Table) (Status, error) 
 		if st.Now, cov, err = d.coverage(ctx, tx, t); err != nil {
 			return err
 		}
-		for _, h := range cov.Holds {
-			if h.Blocks != holds.BlocksDelete {
-				st.Blocking++
-			}
+		if st.Blocking, err = holds.CountBlocking(ctx, tx, t.Name, st.Now); err != nil {
+			return err
 		}
 		var args holds.Args
 		cond, _ := due(t, "t", &args, cov, st.Now, batchloop.NegInf)

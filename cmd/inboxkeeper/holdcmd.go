@@ -80,7 +80,7 @@ type records[T any] struct {
 	list                        func(context.Context, holds.Querier, bool) ([]T, error)
 	describe                    func(T) string
 	ended                       string // "released": what end says of the record
-	finish                      func(context.Context, holds.Querier, int64) error
+	finish                      func(context.Context, holds.Beginner, int64) error
 }
 
 func runRecords[T any](ctx context.Context, a *app, args []string, r records[T]) error {
@@ -232,7 +232,7 @@ func listRecords[T any](ctx context.Context, a *app, fs *flag.FlagSet, args []st
 // endRecord runs `hold release ID` or `replay finish ID`: end ends the
 // record, and "<what> ID <ended>" says so.
 func (a *app) endRecord(ctx context.Context, fs *flag.FlagSet, args []string, what, ended string,
-	end func(context.Context, holds.Querier, int64) error) error {
+	end func(context.Context, holds.Beginner, int64) error) error {
 	if err := a.parseFlags(fs, args); err != nil {
 		return err
 	}

@@ -328,7 +328,10 @@ func holdFence(t *testing.T, url string) (pid int32, release func()) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := tx.QueryRow(ctx, "SELECT pg_backend_pid() FROM (SELECT pg_advisory_xact_lock_shared($1)) l", holds.FenceKey).Scan(&pid); err != nil {
+	if _, err := tx.Exec(ctx, holds.BatchFenceSQL); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
 		t.Fatal(err)
 	}
 	var once sync.Once
@@ -352,7 +355,7 @@ func TestFenceTimeout(t *testing.T) {
 	start := time.Now()
 	r := f.runWith(vars, "hold", "add", "--table", "public.consumer_inbox", "--reason", "r", "--owner", "o")
 	wantExit(t, r, 1, "timed out waiting for the cleanup batches in flight", "after 300ms", "nothing was written",
-		fmt.Sprintf(`pid %d (application_name "inboxkeeper run", state "idle in transaction", in a transaction since `, pid))
+		fmt.Sprintf(`pid %d (RowExclusiveLock, role "postgres", application_name "inboxkeeper run", state "idle in transaction", in a transaction since `, pid))
 	if took := time.Since(start); took > 20*time.Second {
 		t.Errorf("hold add took %s with a 300ms fence timeout", took)
 	}

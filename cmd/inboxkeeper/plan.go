@@ -17,6 +17,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/expiry"
 	"github.com/inboxkeeper/inboxkeeper/inbox"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
 	"github.com/inboxkeeper/inboxkeeper/internal/sqlident"
 	"github.com/inboxkeeper/inboxkeeper/partitions"
@@ -175,7 +176,8 @@ func (a *app) applyPlans(ctx context.Context, plans []retention.Plan, p *policy.
 		}
 	}
 	var lines []string
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+	// Durable: a rule decides the expiry every claim writes from now on.
+	err = dbconn.Durable(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := a.txSettings().Apply(ctx, tx); err != nil {
 			return err
 		}

@@ -447,7 +447,7 @@ func TestOnceSaysWhileItWaits(t *testing.T) {
 	wantExit(t, f.run("pause", "--reason", "maintenance", "--for", "1h"), 0, "(until ")
 	d := startDaemon(t, f.dir, f.env(), "once")
 	d.waitLine(regexp.MustCompile(`msg="inboxkeeper: waiting: every instance is paused; no batch starts until the pause ends, or inboxkeeper resume" `+
-		`until=\S+ left=(59m\d+s|1h) paused_by=\S+ reason=maintenance`), 30*time.Second)
+		`until=\S+ left=(59m\d+s|1h) paused_by="role \S+ \(\S+\)" reason=maintenance`), 30*time.Second)
 	wantExit(t, f.run("resume"), 0, "resumed")
 	if code, _ := d.exit(60 * time.Second); code != 0 {
 		t.Errorf("once exited %d after the pause ended\n%s", code, d.log())

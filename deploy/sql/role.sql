@@ -5,9 +5,11 @@
 --   inboxkeeper           the daemon: run, once, status, plan --check, hold list,
 --                         replay list. Deletes expired rows; reads holds and
 --                         replays but cannot add or release them.
---   inboxkeeper_operator  everything the daemon may, plus hold add/release,
---                         replay start/finish, pause/resume and plan --apply.
---                         For people and runbooks, not for the daemon.
+--   inboxkeeper_operator  hold add/release, replay start/finish, pause/resume,
+--                         set and plan --apply, and every read-only command
+--                         (status, settings, the lists, plan --check). It may
+--                         not delete or change an inbox row. For people and
+--                         runbooks, not for the daemon.
 --   inboxkeeper_consumer  the claim path: inboxkeeper.claim in the consumer's
 --                         own transaction.
 --
@@ -104,6 +106,13 @@ GRANT SELECT ON TABLE inboxkeeper.schema_version TO :"role";
 GRANT SELECT ON TABLE inboxkeeper.holds TO :"role";
 GRANT SELECT ON TABLE inboxkeeper.replays TO :"role";
 
+-- The hold fence: every cleanup step (a delete or demotion batch, a
+-- partition's detach or drop) locks inboxkeeper.fence in ROW EXCLUSIVE mode,
+-- which PostgreSQL allows a role with INSERT on it. No row is written. A role
+-- granted nothing on it cannot lock it, so cannot stall the cleanup or the
+-- hold writers.
+GRANT INSERT ON TABLE inboxkeeper.fence TO :"role";
+
 -- Throttle, manual pause: every instance reads the pause (pause/resume, which
 -- write it, are the operator's).
 GRANT SELECT ON TABLE inboxkeeper.pause TO :"role";
@@ -144,16 +153,33 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE inboxkeeper.partitions TO :"role";
 GRANT pg_read_all_stats TO :"role";
 
 ------------------------------------------------------------------------------
--- The operator: the daemon's privileges, plus the commands that change what the
--- daemon may delete. Keep these out of the daemon's credentials, so that a
--- leaked sidecar secret cannot release a legal hold.
+-- The operator: the commands that change what the daemon may delete, and the
+-- read-only ones. Keep these out of the daemon's credentials, so that a leaked
+-- sidecar secret cannot release a legal hold; and the operator is not a member
+-- of the daemon's role, so that it cannot delete inbox rows either.
 ------------------------------------------------------------------------------
 
-GRANT :"role" TO :"operator_role";
+-- An earlier version of this script made the operator a member of the
+-- daemon's role (and so able to delete inbox rows): undone. (A WARNING when
+-- there is no such membership.)
+REVOKE :"role" FROM :"operator_role";
+
+-- Every command: find the control schema, check its version, and show what
+-- it holds (status, settings, hold list, replay list, plan --check).
+GRANT USAGE ON SCHEMA inboxkeeper TO :"operator_role";
+GRANT SELECT ON TABLE inboxkeeper.schema_version, inboxkeeper.holds, inboxkeeper.replays,
+    inboxkeeper.pause, inboxkeeper.settings, inboxkeeper.settings_history, inboxkeeper.lease,
+    inboxkeeper.partitions, inboxkeeper.heartbeat, inboxkeeper.retention_rules TO :"operator_role";
+-- status shows the throttle's signals, which read other roles' sessions.
+GRANT pg_read_all_stats TO :"operator_role";
 
 -- hold add (INSERT), hold release (UPDATE released_at). Holds are never deleted:
 -- they stay for audit.
 GRANT INSERT, UPDATE ON TABLE inboxkeeper.holds TO :"operator_role";
+
+-- hold add and replay start wait for the cleanup steps in flight by locking
+-- inboxkeeper.fence in SHARE mode, which needs UPDATE on it.
+GRANT UPDATE ON TABLE inboxkeeper.fence TO :"operator_role";
 
 -- replay start (INSERT), replay finish (UPDATE finished_at).
 GRANT INSERT, UPDATE ON TABLE inboxkeeper.replays TO :"operator_role";
@@ -193,6 +219,11 @@ GRANT EXECUTE ON FUNCTION
 -- once, run, status: reach the table.
 GRANT USAGE ON SCHEMA :"table_schema" TO :"role";
 
+-- The operator: status, plan --check and replay start count and read the
+-- table's rows (never their payload); it may not delete or change them.
+GRANT USAGE ON SCHEMA :"table_schema" TO :"operator_role";
+GRANT SELECT ON TABLE :"table_schema".:"table_name" TO :"operator_role";
+
 -- once, run: SELECT to find the expired rows (and, for status, plan --check
 -- and the metrics, to count and measure them), DELETE to delete them.
 GRANT SELECT, DELETE ON TABLE :"table_schema".:"table_name" TO :"role";
@@ -223,12 +254,14 @@ GRANT UPDATE (:"expiry_column") ON TABLE :"table_schema".:"table_name" TO :"role
 GRANT UPDATE (:"payload_column") ON TABLE :"table_schema".:"table_name" TO :"role";
 \endif
 \if :{?payload_table}
-GRANT USAGE ON SCHEMA :"payload_schema" TO :"role";
+GRANT USAGE ON SCHEMA :"payload_schema" TO :"role", :"operator_role";
+GRANT SELECT ON TABLE :"payload_schema".:"payload_table" TO :"operator_role";
 GRANT SELECT, DELETE ON TABLE :"payload_schema".:"payload_table" TO :"role";
 GRANT UPDATE (:"anchor_column") ON TABLE :"payload_schema".:"payload_table" TO :"role";
 \endif
 \if :{?keys_table}
-GRANT USAGE ON SCHEMA :"keys_schema" TO :"role";
+GRANT USAGE ON SCHEMA :"keys_schema" TO :"role", :"operator_role";
+GRANT SELECT ON TABLE :"keys_schema".:"keys_table" TO :"operator_role";
 GRANT SELECT, INSERT ON TABLE :"keys_schema".:"keys_table" TO :"role";
 \endif
 

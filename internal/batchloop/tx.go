@@ -112,10 +112,15 @@ func Begin(ctx context.Context, pool *pgxpool.Pool, table string, o TxOptions) (
 			return nil, err
 		}
 	}
-	batch.Queue(fenceSQL, pinned, holds.FenceKey).QueryRow(func(row pgx.Row) error {
-		return row.Scan(&t.Now, new(string), &t.walStart)
+	fenced := false
+	batch.Queue(holds.BatchFenceSQL).Exec(func(pgconn.CommandTag) error {
+		fenced = true
+		return nil
 	})
-	holds.QueueActive(batch, table, pinned, &t.Coverage)
+	batch.Queue(fenceSQL, pinned).QueryRow(func(row pgx.Row) error {
+		return row.Scan(&t.Now, &t.walStart)
+	})
+	holds.QueueActive(batch, table, o.Citus, pinned, &t.Coverage)
 	var stop error
 	if o.Watch != nil {
 		o.Watch.QueueCheck(batch, &stop)
@@ -128,6 +133,11 @@ func Begin(ctx context.Context, pool *pgxpool.Pool, table string, o TxOptions) (
 		batch.Queue(o.Settings)
 	}
 	if err := ptx.c.SendBatch(ctx, batch).Close(); err != nil {
+		if !fenced && retry.Code(err) == retry.SQLStateLockTimeout {
+			// Named as the fence, with whoever holds it, not as a bare
+			// lock timeout.
+			return nil, holds.FenceBlocked(ctx, pool, err)
+		}
 		return nil, err
 	}
 	if stop != nil {
@@ -145,9 +155,9 @@ func Begin(ctx context.Context, pool *pgxpool.Pool, table string, o TxOptions) (
 }
 
 // fenceSQL reads the batch's now (coalesce($1, now()): a pinned clock or
-// the database's), takes the hold fence in shared mode and reads the WAL
-// position.
-const fenceSQL = "SELECT coalesce($1::timestamptz, now()), pg_advisory_xact_lock_shared($2)::text, pg_current_wal_insert_lsn()::text"
+// the database's) and the WAL position, after the hold fence
+// (holds.BatchFenceSQL) is taken.
+const fenceSQL = "SELECT coalesce($1::timestamptz, now()), pg_current_wal_insert_lsn()::text"
 
 // Commit commits the batch and, with a throttle, returns the WAL written
 // since Begin (other sessions' writes meanwhile included), read in the same

@@ -490,6 +490,9 @@ func (c Config) problems() problems {
 	if c.LeaseTTL < 3*time.Second {
 		ps.addf(n["LeaseTTL"], "%s must be at least 3s", humantime.Format(c.LeaseTTL))
 	}
+	if c.LeaseTTL > MaxLeaseTTL {
+		ps.addf(n["LeaseTTL"], "%s must be at most %s: a lease that runs out further ahead is not honoured by the other instances", humantime.Format(c.LeaseTTL), humantime.Format(MaxLeaseTTL))
+	}
 	if c.BatchTarget <= 0 {
 		ps.addf(n["BatchTarget"], "%s must be greater than 0", humantime.Format(c.BatchTarget))
 	}
@@ -976,3 +979,7 @@ func parseClock(s string) (int, error) {
 	}
 	return t.Hour()*60 + t.Minute(), nil
 }
+
+// MaxLeaseTTL is the longest INBOXKEEPER_LEASE_TTL: the other instances
+// do not honour a lease that runs out further ahead (lease.MaxTTL).
+const MaxLeaseTTL = time.Hour

@@ -230,8 +230,52 @@ func (s TxSettings) query() (string, []any) {
 	if s.CustomPlans {
 		sets = append(sets, "set_config('plan_cache_mode', 'force_custom_plan', true)")
 	}
+	// JIT compiles a statement's expressions while planning it, and does
+	// not look at cancellation meanwhile: a statement carrying thousands of
+	// hold predicates spent minutes there, past statement_timeout and
+	// pg_terminate_backend. Nothing the daemon runs is long enough for JIT
+	// to pay for itself.
+	sets = append(sets, "set_config('jit', 'off', true)")
 	return "SELECT pg_backend_pid(), now(), concat_ws(',', " + strings.Join(sets, ", ") + ")", args
 }
+
+// Durable runs fn in a transaction whose COMMIT returns only once the
+// commit is flushed to disk: a hold, a replay marker, a pause or a setting
+// must survive a crash from the moment its command says it was written,
+// whatever synchronous_commit the server, the database or the role set
+// (off loses up to 3 x wal_writer_delay of commits in a crash). A stronger
+// setting already in force (on, remote_write, remote_apply) stays.
+func Durable(ctx context.Context, db interface {
+	Begin(context.Context) (pgx.Tx, error)
+}, fn func(pgx.Tx) error) error {
+	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if err := MakeDurable(ctx, tx); err != nil {
+			return err
+		}
+		return fn(tx)
+	})
+}
+
+// MakeDurable makes the transaction tx's COMMIT durable, as Durable does,
+// for a caller that opened the transaction itself.
+func MakeDurable(ctx context.Context, tx Querier) error {
+	var s string
+	if err := tx.QueryRow(ctx, durableSQL).Scan(&s); err != nil {
+		return fmt.Errorf("make the commit durable (synchronous_commit): %w", err)
+	}
+	return nil
+}
+
+// durableSQL raises synchronous_commit to on for the transaction when it is
+// off or local (local waits for the local flush but not for a synchronous
+// standby: a failover would lose the write).
+const durableSQL = DurableCTE
+
+// DurableCTE is durableSQL for a single statement in a transaction of its
+// own, as a CTE it reads from (WITH s AS (DurableCTE) ... FROM ..., s): the
+// setting is the transaction's when it commits.
+const DurableCTE = `SELECT CASE WHEN current_setting('synchronous_commit') IN ('off', 'local')
+  THEN set_config('synchronous_commit', 'on', true) ELSE current_setting('synchronous_commit') END`
 
 // InRecovery reports whether the database is a standby.
 func InRecovery(ctx context.Context, db Querier) (bool, error) {

@@ -18,6 +18,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/inboxkeeper/inboxkeeper/internal/config"
+	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/humantime"
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 )
@@ -53,6 +55,10 @@ type Holder struct {
 
 // New returns a lease handle for this process. Holder names are
 // hostname/pid plus a start time, so a restarted process is a new holder.
+// MaxTTL is the longest INBOXKEEPER_LEASE_TTL: a lease row that runs out
+// further ahead than that is not honoured.
+const MaxTTL = config.MaxLeaseTTL
+
 func New(db DB, ttl time.Duration, log *slog.Logger) *Lease {
 	host, _ := os.Hostname()
 	if log == nil {
@@ -114,13 +120,23 @@ var errReleased = errors.New("released meanwhile")
 func (l *Lease) tryAcquire(ctx context.Context) (bool, Holder, error) {
 	start := time.Now()
 	var got string
+	var beyond *time.Time
+	// A lease that runs out further ahead than MaxTTL from now was not
+	// written by an instance renewing it: a row is data to check, not an
+	// order to wait for ever. It is taken over, and said so.
 	err := l.db.QueryRow(ctx, `
+WITH old AS (SELECT holder, expires_at FROM inboxkeeper.lease)
 INSERT INTO inboxkeeper.lease AS l (holder, acquired_at, renewed_at, expires_at)
 VALUES ($1, now(), now(), now() + $2 * interval '1 millisecond')
 ON CONFLICT (id) DO UPDATE SET holder = excluded.holder, renewed_at = now(), expires_at = excluded.expires_at,
     acquired_at = CASE WHEN l.holder = excluded.holder THEN l.acquired_at ELSE now() END
-WHERE l.holder = excluded.holder OR l.expires_at < now()
-RETURNING holder`, l.holder, l.ttl.Milliseconds()).Scan(&got)
+WHERE l.holder = excluded.holder OR l.expires_at < now() OR l.expires_at > now() + $3 * interval '1 millisecond'
+RETURNING holder, (SELECT o.expires_at FROM old o WHERE o.holder <> $1 AND o.expires_at > now() + $3 * interval '1 millisecond')`,
+		l.holder, l.ttl.Milliseconds(), max(l.ttl, MaxTTL).Milliseconds()).Scan(&got, &beyond)
+	if err == nil && beyond != nil {
+		l.log.Warn("lease: took over a lease that ran out further ahead than the longest INBOXKEEPER_LEASE_TTL allows; no instance renewing it writes that, so it is not honoured",
+			"holder", l.holder, "expires_at", beyond.UTC().Format(time.RFC3339), "max_lease_ttl", MaxTTL)
+	}
 	if err == nil {
 		l.mu.Lock()
 		was := l.holding
@@ -293,7 +309,9 @@ var errHeldNow = errors.New("lease: held by another instance")
 // to run out.
 func (l *Lease) Release(ctx context.Context) {
 	var n int
-	if err := l.db.QueryRow(ctx, "WITH d AS (DELETE FROM inboxkeeper.lease WHERE holder = $1 RETURNING 1) SELECT count(*) FROM d", l.holder).Scan(&n); err != nil {
+	// Durable (dbconn.DurableCTE): a release that comes back after a crash
+	// makes the next instance wait for the lease to run out.
+	if err := l.db.QueryRow(ctx, "WITH s AS ("+dbconn.DurableCTE+"), d AS (DELETE FROM inboxkeeper.lease WHERE holder = $1 RETURNING 1) SELECT count(*) FROM d, s", l.holder).Scan(&n); err != nil {
 		// The next instance waits for the lease to run out instead.
 		l.log.Warn("lease: could not release", "error", err, "runs_out_within", l.ttl)
 	}

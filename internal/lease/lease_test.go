@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 )
@@ -59,6 +60,33 @@ func TestLease(t *testing.T) {
 		}
 		if held, _, _ := b.TryAcquire(ctx); !held {
 			t.Error("the second instance could not take the released lease")
+		}
+	})
+
+	// A lease row that runs out further ahead than any instance renewing
+	// it writes (a forged row, or one written by hand) is not honoured:
+	// before, a lease written to run out in ten years made once wait for
+	// ever, and run never delete.
+	t.Run("TooFarAheadIsTakenOver", func(t *testing.T) {
+		t.Parallel()
+		a, _, pool := instances(t, time.Minute, time.Minute)
+		q := pool.(interface {
+			Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+		})
+		if _, err := q.Exec(ctx, `INSERT INTO inboxkeeper.lease (holder, acquired_at, renewed_at, expires_at)
+VALUES ('forged', now(), now(), now() + interval '10 years')`); err != nil {
+			t.Fatal(err)
+		}
+		if held, _, err := a.TryAcquire(ctx); err != nil || !held {
+			t.Errorf("a lease that runs out in ten years: held %v, %v; want it taken over", held, err)
+		}
+		// One that runs out within MaxTTL is honoured.
+		if _, err := q.Exec(ctx, `UPDATE inboxkeeper.lease SET holder = 'other', expires_at = now() + $1 * interval '1 second'`,
+			(MaxTTL - time.Minute).Seconds()); err != nil {
+			t.Fatal(err)
+		}
+		if held, h, err := a.TryAcquire(ctx); err != nil || held || h.Name != "other" {
+			t.Errorf("a lease that runs out within %s: held %v by %q, %v; want it honoured", MaxTTL, held, h.Name, err)
 		}
 	})
 

@@ -22,7 +22,15 @@ const (
 	KindStatementTimeout Kind = "statement_timeout" // our statement_timeout, or a cancel (57014)
 	KindSerialization    Kind = "serialization"     // 40001
 	KindConnection       Kind = "connection"        // the connection broke, or the server is going away
-	KindOther            Kind = "other"
+	// KindPrivilege: the role lacks a privilege or an ownership (42501).
+	// Trying again changes nothing until a grant does: a failure, never
+	// a wait.
+	KindPrivilege Kind = "privilege"
+	// KindFence: the hold fence was held against the step past its lock
+	// timeout (a hold or replay being written, or a session holding a
+	// conflicting lock on inboxkeeper.fence).
+	KindFence Kind = "fence"
+	KindOther Kind = "other"
 )
 
 // KindLockWait is a session that queued behind a lock the daemon held: the
@@ -49,7 +57,15 @@ const (
 
 // ErrorKinds are the kinds of failed attempts, as label values.
 var ErrorKinds = []string{string(KindLockTimeout), string(KindDeadlock), string(KindStatementTimeout), string(KindSerialization),
-	string(KindConnection), string(KindLockWait), string(KindOther)}
+	string(KindConnection), string(KindLockWait), string(KindPrivilege), string(KindFence), string(KindOther)}
+
+// ErrPrivilege marks a failure for want of a privilege that the code
+// found itself (a dry run's check), as a 42501 from the server is.
+var ErrPrivilege = errors.New("insufficient privilege")
+
+// ErrFence marks a step that could not take the hold fence in time
+// (holds.ErrFenceBlocked wraps it).
+var ErrFence = errors.New("the hold fence is held against the cleanup")
 
 // ErrLockWait marks a transaction or statement cancelled because another
 // session queued behind a lock it held (the throttle's lock-wait watch).
@@ -92,9 +108,17 @@ func KindOf(err error) Kind {
 	if errors.Is(err, ErrLockWait) {
 		return KindLockWait
 	}
+	if errors.Is(err, ErrFence) {
+		return KindFence
+	}
+	if errors.Is(err, ErrPrivilege) {
+		return KindPrivilege
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch {
+		case pgErr.Code == SQLStateInsufficientPriv:
+			return KindPrivilege
 		case pgErr.Code == SQLStateLockTimeout:
 			return KindLockTimeout
 		case pgErr.Code == SQLStateDeadlock:
@@ -131,7 +155,7 @@ func KindOf(err error) Kind {
 // comes first, and the caller decides when to come back.
 func (k Kind) Transient() bool {
 	switch k {
-	case KindLockTimeout, KindDeadlock, KindStatementTimeout, KindSerialization, KindConnection:
+	case KindLockTimeout, KindDeadlock, KindStatementTimeout, KindSerialization, KindConnection, KindFence:
 		return true
 	}
 	return false

@@ -23,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
+	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 )
 
 // Where a value comes from.
@@ -142,7 +143,9 @@ func Write(ctx context.Context, db Beginner, table string, values map[string]*st
 	values = canonical
 	slices.Sort(keys)
 	var changes []Change
-	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+	// Durable: a setting that was reported changed stays changed after a
+	// crash.
+	err := dbconn.Durable(ctx, db, func(tx pgx.Tx) error {
 		// One writer at a time: the check sees what the others wrote.
 		if _, err := tx.Exec(ctx, "LOCK TABLE inboxkeeper.settings IN SHARE ROW EXCLUSIVE MODE"); err != nil {
 			return err

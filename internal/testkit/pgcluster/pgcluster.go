@@ -241,6 +241,14 @@ func (c *Cluster) StopServer(ctx context.Context) error {
 	return err
 }
 
+// Crash stops the server the way a power cut would ("immediate": no
+// checkpoint, no flush of what is still in the WAL buffers); StartServer
+// then runs crash recovery.
+func (c *Cluster) Crash(ctx context.Context) error {
+	_, err := c.run(ctx, "pg_ctl", "-D", c.DataDir, "-m", "immediate", "-w", "-t", "60", "stop")
+	return err
+}
+
 // Destroy stops the server if it runs and removes every file of the cluster.
 func (c *Cluster) Destroy() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -340,6 +340,15 @@ func NewMigratedPool(t testing.TB, sql ...string) (*pgxpool.Pool, string) {
 	return pool, url
 }
 
+// MigratedPoolOn is NewMigratedPool on a database of a cluster of the
+// test's own (NewClusterWith).
+func MigratedPoolOn(t testing.TB, url string, sql ...string) *pgxpool.Pool {
+	t.Helper()
+	pool := poolOn(t, url)
+	migrateAndExec(t, pool, url, sql)
+	return pool
+}
+
 func migrateAndExec(t testing.TB, pool *pgxpool.Pool, url string, sql []string) {
 	t.Helper()
 	Migrate(t, url)
@@ -470,14 +479,14 @@ WHERE datname = current_database() AND wait_event_type = 'Lock' AND query ILIKE 
 
 // QueueOnFence runs write, a hold or replay marker being written while a
 // batch of the test's is held open, in the background; it waits until write
-// queues on the fence (the exclusive advisory lock that waits for batches in
-// flight) and fails the test if write got past it. Write's error comes on
+// queues on the fence (the SHARE lock on inboxkeeper.fence that waits for
+// the batches in flight) and fails the test if write got past it. Write's error comes on
 // the channel it returns once the batch has ended.
 func QueueOnFence(t testing.TB, db Querier, write func() error) <-chan error {
 	t.Helper()
 	done := make(chan error, 1)
 	go func() { done <- write() }()
-	WaitForLockWait(t, db, "pg_stat_activity", "%pg_advisory_xact_lock(%", "the hold writer to queue on the fence")
+	WaitForLockWait(t, db, "pg_stat_activity", "%LOCK TABLE inboxkeeper.fence IN SHARE MODE%", "the hold writer to queue on the fence")
 	select {
 	case err := <-done:
 		t.Fatalf("the hold writer returned while a batch was in flight: %v", err)
