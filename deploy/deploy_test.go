@@ -2029,7 +2029,13 @@ func TestRoleScriptOnPostgreSQL(t *testing.T) {
 	if n := count(t, owner, "remember_until > now()"); n != 30 {
 		t.Errorf("after once, %d of the 30 promised rows are left", n)
 	}
-	daemon.ok("status")
+	// What a leaked secret of each could do, as status says it.
+	if out := daemon.ok("status", "--json"); !strings.Contains(out, `"role_powers": []`) {
+		t.Errorf("status --json as the daemon's login lists powers it must not have:\n%s", out)
+	}
+	if out := operator.ok("status"); !strings.Contains(out, "this role may also: release holds") || !strings.Contains(out, "add holds") {
+		t.Errorf("status as the operator does not say it may write holds:\n%s", out)
+	}
 	daemon.ok("hold", "list")
 	daemon.ok("replay", "list")
 	daemon.ok("plan", "--check")

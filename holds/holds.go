@@ -56,7 +56,7 @@ const writerFenceSQL = "LOCK TABLE inboxkeeper.fence IN SHARE MODE"
 // its lock_timeout: a hold or replay is being written, or a session holds a
 // conflicting lock on inboxkeeper.fence. The step takes nothing and is
 // tried again.
-var ErrFenceBlocked = fmt.Errorf("%w (inboxkeeper.fence)", retry.ErrFence)
+var ErrFenceBlocked = retry.ErrFence
 
 // FenceBlocked wraps err, a lock timeout on the fence, naming who holds it.
 func FenceBlocked(ctx context.Context, db Beginner, err error) error {
@@ -292,6 +292,47 @@ ORDER BY a.xact_start NULLS LAST, l.pid`, FenceTable)
 		return "none any more (retry)", nil
 	}
 	return strings.Join(out, "; "), nil
+}
+
+// FenceBlockers describes the sessions that hold a lock on the fence in a
+// mode that keeps the cleanup out (anything stronger than ROW EXCLUSIVE),
+// or "" when none does: a hold or replay writer for a moment, anything
+// longer a session to look at.
+func FenceBlockers(ctx context.Context, db Querier) (string, error) {
+	rows, err := db.Query(ctx, `
+SELECT format('pid %s (%s, role %L, application_name %L, since %s)', l.pid, l.mode, coalesce(a.usename::text, ''),
+       coalesce(a.application_name, ''), to_char(a.xact_start AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'))
+FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'relation' AND l.granted AND l.relation = to_regclass($1)
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND l.mode NOT IN ('AccessShareLock', 'RowShareLock', 'RowExclusiveLock')
+ORDER BY a.xact_start NULLS LAST, l.pid`, FenceTable)
+	if err != nil {
+		return "", fmt.Errorf("read who holds the fence: %w", err)
+	}
+	who, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	return strings.Join(who, "; "), err
+}
+
+// Powers lists what the connected role may do that the daemon's role must
+// not: write holds, replay markers, retention rules or settings, or own the
+// control schema. Run as the daemon's login, anything listed is what a leaked
+// secret could do (deploy/sql/role.sql gives none of it).
+func Powers(ctx context.Context, db Querier) ([]string, error) {
+	rows, err := db.Query(ctx, `
+SELECT what FROM (VALUES
+  ('own the control schema inboxkeeper', pg_has_role((SELECT nspowner FROM pg_namespace WHERE nspname = 'inboxkeeper'), 'USAGE')),
+  ('release holds (UPDATE on inboxkeeper.holds)', has_table_privilege('inboxkeeper.holds', 'UPDATE')),
+  ('add holds (INSERT on inboxkeeper.holds)', has_table_privilege('inboxkeeper.holds', 'INSERT')),
+  ('finish replays (UPDATE on inboxkeeper.replays)', has_table_privilege('inboxkeeper.replays', 'UPDATE')),
+  ('change retention rules (UPDATE on inboxkeeper.retention_rules)', has_table_privilege('inboxkeeper.retention_rules', 'UPDATE')),
+  ('change runtime settings (INSERT on inboxkeeper.settings)', has_table_privilege('inboxkeeper.settings', 'INSERT')),
+  ('stall the cleanup (UPDATE on inboxkeeper.fence, the hold writers'' lock)', has_table_privilege('inboxkeeper.fence', 'UPDATE'))
+) p(what, may) WHERE may`)
+	if err != nil {
+		return nil, fmt.Errorf("read what this role may do: %w", err)
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
 // AddHold writes a hold and returns its id once no cleanup transaction can

@@ -15,6 +15,7 @@ import (
 
 	"github.com/inboxkeeper/inboxkeeper/holds"
 	"github.com/inboxkeeper/inboxkeeper/internal/render"
+	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 )
 
@@ -502,4 +503,71 @@ func TestHorizonHolderNamed(t *testing.T) {
 		t.Errorf("the pass deleted nothing:\n%s", d.log())
 	}
 	d.stop()
+}
+
+// A session holding the fence in the hold writers' mode keeps the batches
+// out: once fails naming the fence and who holds it (a bare "lock timeout"
+// before), status names it too, and nothing is deleted. A role granted
+// nothing on inboxkeeper.fence cannot take it at all: with the advisory
+// lock the fence was, any role that could connect stalled every hold add
+// (a shared lock) or every batch (an exclusive one).
+func TestBlockedFenceIsNamed(t *testing.T) {
+	t.Parallel()
+	f := inboxFixture(t)
+	ctx := context.Background()
+	before := f.rows()
+	conn, err := pgx.Connect(ctx, f.url+"&application_name=a%20stuck%20writer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "LOCK TABLE inboxkeeper.fence IN SHARE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	r := f.runWith([]string{"INBOXKEEPER_LOCK_TIMEOUT=100ms"}, "once")
+	wantExit(t, r, 1, "the hold fence (inboxkeeper.fence) is held against the cleanup", `application_name "a stuck writer"`)
+	if n := f.rows(); n != before {
+		t.Errorf("%d rows deleted past a held fence", before-n)
+	}
+	r = f.run("status")
+	wantExit(t, r, 0, "hold fence: held against the cleanup by pid", "ShareLock", `application_name 'a stuck writer'`)
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r = f.run("status")
+	wantExit(t, r, 0)
+	if strings.Contains(r.stdout, "hold fence:") {
+		t.Errorf("status names a fence holder after it let go:\n%s", r.stdout)
+	}
+
+	// A role with nothing but CONNECT.
+	var db string
+	if err := f.pool.QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil {
+		t.Fatal(err)
+	}
+	nobody := "nobody_" + db
+	pgtest.Exec(t, f.pool, fmt.Sprintf("CREATE ROLE %s LOGIN; GRANT USAGE ON SCHEMA inboxkeeper TO %[1]s", nobody))
+	t.Cleanup(func() { pgtest.Exec(t, f.pool, fmt.Sprintf("DROP OWNED BY %[1]s; DROP ROLE %[1]s", nobody)) })
+	cfg := pgtest.ConnConfig(t, f.url)
+	cfg.User = nobody
+	other, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close(ctx)
+	for _, mode := range []string{"ACCESS SHARE", "ROW EXCLUSIVE", "SHARE", "ACCESS EXCLUSIVE"} {
+		err := pgx.BeginFunc(ctx, other, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, "LOCK TABLE inboxkeeper.fence IN "+mode+" MODE")
+			return err
+		})
+		if retry.Code(err) != retry.SQLStateInsufficientPriv {
+			t.Errorf("LOCK TABLE inboxkeeper.fence IN %s MODE by a role granted nothing: %v, want permission denied", mode, err)
+		}
+	}
+	r = f.runWith([]string{"INBOXKEEPER_FENCE_TIMEOUT=5s"}, "hold", "add", "--table", "public.consumer_inbox", "--reason", "r", "--owner", "o")
+	wantExit(t, r, 0)
 }

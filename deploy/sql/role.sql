@@ -18,8 +18,13 @@
 -- the role that owns the database objects, the one that runs this script too;
 -- the daemon runs as a LOGIN member of the limited role.
 --
--- Run it with psql, as that owner (or a superuser), AFTER `inboxkeeper migrate`,
--- and again after every migrate that adds a table:
+-- Run it with psql AFTER `inboxkeeper migrate`, and again after every migrate
+-- that adds a table, as a superuser, or as a role that owns the tables and the
+-- control schema and has CREATEROLE (it creates roles and grants on those
+-- objects; a plain owner fails at the first CREATE ROLE). Never make the
+-- daemon's login a member of the role that ran migrate: that role owns the
+-- control schema, and could release any hold (docs/operations/least-privilege.md,
+-- "The trust boundary"):
 --
 --   psql "$OWNER_URL" -v ON_ERROR_STOP=1 \
 --     -v table_schema=public -v table_name=consumer_inbox -v expiry_column=remember_until \

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/inboxkeeper/inboxkeeper/expiry"
+	"github.com/inboxkeeper/inboxkeeper/holds"
 	"github.com/inboxkeeper/inboxkeeper/horizon"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
@@ -37,6 +38,11 @@ type Status struct {
 	// autovacuum).
 	Vacuum          map[string]*vacuum.State
 	VacuumDeadRatio float64
+	// Fence names the sessions holding the hold fence against the cleanup
+	// ("": none). Powers is what the connected role may do that the
+	// daemon's role must not (holds.Powers).
+	Fence  string
+	Powers []string
 }
 
 // ReadStatus reads the status of tables on pool, with env's settings.
@@ -58,6 +64,12 @@ func ReadStatus(ctx context.Context, w Wiring, env config.Config, tables []*cata
 		return st, err
 	}
 	if st.Horizon, err = horizon.Read(ctx, w.Pool); err != nil {
+		return st, err
+	}
+	if st.Fence, err = holds.FenceBlockers(ctx, w.Pool); err != nil {
+		return st, err
+	}
+	if st.Powers, err = holds.Powers(ctx, w.Pool); err != nil {
 		return st, err
 	}
 	st.Scopes, err = settings.Values(ctx, w.Pool, env, tables)

@@ -39,6 +39,11 @@ type StatusJSON struct {
 	Settings       []ScopeJSON  `json:"settings"`
 	Throttle       ThrottleJSON `json:"throttle"`
 	XminHorizon    HorizonJSON  `json:"xmin_horizon"`
+	// HoldFence names who holds the hold fence against the cleanup ("":
+	// nobody); RolePowers is what the connected role may do that the
+	// daemon's must not.
+	HoldFence  string   `json:"hold_fence"`
+	RolePowers []string `json:"role_powers"`
 }
 
 // HorizonJSON is who holds the database's xmin horizon.
@@ -384,6 +389,7 @@ func StatusOf(st pass.Status, tables []*catalog.Table, th *throttle.Throttler) S
 	}
 	out.Throttle = throttleJSON(th)
 	out.XminHorizon = horizonJSON(st.Horizon)
+	out.HoldFence, out.RolePowers = st.Fence, List(st.Powers)
 	return out
 }
 

@@ -31,8 +31,15 @@ func Status(w io.Writer, r pass.Status, tables []*catalog.Table, rates Rates, th
 	default:
 		fmt.Fprintln(w, "active instance: none holds the lease")
 	}
+	if r.Fence != "" {
+		fmt.Fprintf(w, "hold fence: held against the cleanup by %s; batches wait at most their lock timeout, then fail (errors_total{kind=\"fence\"})\n", r.Fence)
+	}
 	writeThrottle(w, th)
 	writeHorizon(w, r.Horizon)
+	if len(r.Powers) > 0 {
+		fmt.Fprintf(w, "this role may also: %s. Fine for an operator; the daemon's own login must not (deploy/sql/role.sql, docs/operations/least-privilege.md)\n",
+			strings.Join(r.Powers, "; "))
+	}
 }
 
 // StatusTables prints the per-table part of status. Each table is named

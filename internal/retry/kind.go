@@ -65,7 +65,7 @@ var ErrPrivilege = errors.New("insufficient privilege")
 
 // ErrFence marks a step that could not take the hold fence in time
 // (holds.ErrFenceBlocked wraps it).
-var ErrFence = errors.New("the hold fence is held against the cleanup")
+var ErrFence = errors.New("the hold fence (inboxkeeper.fence) is held against the cleanup")
 
 // ErrLockWait marks a transaction or statement cancelled because another
 // session queued behind a lock it held (the throttle's lock-wait watch).

@@ -250,7 +250,11 @@ func Resolve(base config.Config, tuning map[string]string, stored []Setting, tab
 		vals[i] = Value{Key: t.Key, Value: c.Get(t.Env), Source: src}
 	}
 	set := func(key, value, source string) error {
-		t, _ := config.TunableByKey(key)
+		t, ok := config.TunableByKey(key)
+		if !ok {
+			// A row written by hand: refused, named, never applied.
+			return fmt.Errorf("%w: %s: unknown key %q in inboxkeeper.settings (known: %s)", ErrInvalid, source, key, strings.Join(Keys(), ", "))
+		}
 		next, err := c.Set(t.Env, value)
 		if err != nil {
 			return fmt.Errorf("%w: %s: %v", ErrInvalid, source, config.InKeys(err.Error()))

@@ -70,6 +70,12 @@ func TestResolve(t *testing.T) {
 	if !errors.Is(err, settings.ErrInvalid) || !strings.Contains(err.Error(), "batch_size") || !strings.Contains(err.Error(), "between batch_size_min (500)") {
 		t.Errorf("an impossible combination: %v", err)
 	}
+	// A row written into inboxkeeper.settings by hand with a key no
+	// version knows is refused by its name (it was ": unknown variable").
+	_, _, err = settings.Resolve(base, nil, []settings.Setting{{Table: settings.Global, Key: "batch_sise", Value: "10"}}, "public.a")
+	if !errors.Is(err, settings.ErrInvalid) || !strings.Contains(err.Error(), `unknown key "batch_sise" in inboxkeeper.settings`) {
+		t.Errorf("an unknown key in the settings table: %v", err)
+	}
 }
 
 // Write stores and audits a change in one transaction, or nothing when the

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -27,6 +28,12 @@ func ParseQualifiedName(s string) (QualifiedName, error) {
 		if err != nil {
 			return QualifiedName{}, fmt.Errorf("table name %q: %w", s, err)
 		}
+		if len(part) > MaxIdentBytes {
+			// PostgreSQL would cut it to its first 63 bytes, silently, and
+			// name another table than the one meant.
+			return QualifiedName{}, fmt.Errorf("table name %q: %s is %d bytes long; PostgreSQL names are at most %d bytes (it would read it as %s)",
+				s, QuoteIfNeeded(part), len(part), MaxIdentBytes, QuoteIfNeeded(truncate(part)))
+		}
 		parts = append(parts, part)
 		rest = strings.TrimSpace(r)
 		if rest == "" {
@@ -44,6 +51,22 @@ func ParseQualifiedName(s string) (QualifiedName, error) {
 		return QualifiedName{parts[0], parts[1]}, nil
 	}
 	return QualifiedName{}, fmt.Errorf("table name %q: want schema.name, got %d parts", s, len(parts))
+}
+
+// MaxIdentBytes is the longest name PostgreSQL keeps (NAMEDATALEN - 1).
+const MaxIdentBytes = 63
+
+// truncate cuts an identifier as PostgreSQL does: to 63 bytes, at a
+// character boundary.
+func truncate(s string) string {
+	if len(s) <= MaxIdentBytes {
+		return s
+	}
+	n := MaxIdentBytes
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
 
 func parseIdent(s string) (ident, rest string, err error) {

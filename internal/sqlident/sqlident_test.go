@@ -41,6 +41,18 @@ func TestQualifiedName(t *testing.T) {
 			t.Errorf("ParseQualifiedName(%q) = %#v, want error", bad, q)
 		}
 	}
+	// Longer than PostgreSQL keeps: it would name the table cut to 63
+	// bytes, another than the one meant. 63 bytes are fine.
+	long := "public." + strings.Repeat("t", 63)
+	if _, err := ParseQualifiedName(long); err != nil {
+		t.Errorf("a 63-byte name: %v", err)
+	}
+	if _, err := ParseQualifiedName(long + "x"); err == nil || !strings.Contains(err.Error(), "64 bytes long; PostgreSQL names are at most 63 bytes") {
+		t.Errorf("a 64-byte name: %v", err)
+	}
+	if _, err := ParseQualifiedName(`public."` + strings.Repeat("é", 32) + `"`); err == nil || !strings.Contains(err.Error(), "read it as") {
+		t.Errorf("a 64-byte name of two-byte characters: %v", err)
+	}
 }
 
 func FuzzQualifiedNameRoundTrip(f *testing.F) {
@@ -57,7 +69,7 @@ func FuzzQualifiedNameRoundTrip(f *testing.F) {
 				t.Errorf("%#v printed as %s parsed back as %#v, %v", q, q, r, err)
 			}
 		}
-		if schema == "" || name == "" || strings.ContainsRune(schema+name, 0) {
+		if schema == "" || name == "" || strings.ContainsRune(schema+name, 0) || len(schema) > MaxIdentBytes || len(name) > MaxIdentBytes {
 			return
 		}
 		q := QualifiedName{schema, name}
