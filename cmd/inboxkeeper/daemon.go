@@ -15,6 +15,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/lease"
+	"github.com/inboxkeeper/inboxkeeper/internal/outage"
 	"github.com/inboxkeeper/inboxkeeper/internal/pass"
 	"github.com/inboxkeeper/inboxkeeper/internal/render"
 	"github.com/inboxkeeper/inboxkeeper/tiering"
@@ -54,7 +55,11 @@ func (a *app) daemon(ctx context.Context, args []string) error {
 	if err := a.sessionForPartitions(ctx, tables); err != nil {
 		return err
 	}
-	th, err := a.startThrottle(ctx, pool, ms.ThrottleMetrics())
+	// One log of the database's outages for the passes, the lease and the
+	// throttle: while the database does not answer, that is said once, not
+	// by each of them at every attempt.
+	outages := outage.New(nil)
+	th, err := a.startThrottle(ctx, pool, ms.ThrottleMetrics(), outages)
 	if err != nil {
 		return err
 	}
@@ -65,13 +70,14 @@ func (a *app) daemon(ctx context.Context, args []string) error {
 		a.log.Error("inboxkeeper: " + err.Error() + "; batches wait until it connects (fail closed)")
 	}
 	ls := lease.New(pool, a.cfg.LeaseTTL, a.log)
+	ls.Outages = outages
 	defer ls.Start(ctx)()
 
 	a.log.Info("inboxkeeper: running", "tables", len(tables), "interval", a.cfg.Interval, "schedule", a.cfg.Schedule,
 		"database", config.RedactURL(a.cfg.DatabaseURL), "instance", ls.Name())
 	w := a.wiring(pool, false, ms, render.Progress(a.stderr, a.log))
 	w.Throttle = th
-	d := pass.NewDaemon(&pass.Driver{Env: a.cfg, Wiring: w}, ls)
+	d := pass.NewDaemon(&pass.Driver{Env: a.cfg, Wiring: w}, ls, outages)
 	d.Use(tables)
 	loaded := policyDigest(a.cfg.PolicyFile)
 	// reload re-reads the policy file: on SIGHUP, and before a pass when its

@@ -18,6 +18,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/humantime"
 	"github.com/inboxkeeper/inboxkeeper/internal/lease"
+	"github.com/inboxkeeper/inboxkeeper/internal/outage"
 	"github.com/inboxkeeper/inboxkeeper/internal/pass"
 	"github.com/inboxkeeper/inboxkeeper/internal/render"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
@@ -94,7 +95,7 @@ func (a *app) once(ctx context.Context, args []string) error {
 		}
 		defer ls.Start(ctx)()
 		d.Lease = ls.Check
-		if d.Throttle, err = a.startThrottle(ctx, pool, ms.ThrottleMetrics()); err != nil {
+		if d.Throttle, err = a.startThrottle(ctx, pool, ms.ThrottleMetrics(), nil); err != nil {
 			return err
 		}
 		defer d.Throttle.Stop()
@@ -231,12 +232,14 @@ func (a *app) checkThrottleQuery(ctx context.Context, pool *pgxpool.Pool) error 
 }
 
 // startThrottle starts the throttle's collectors, after checking its query;
-// the caller stops them.
-func (a *app) startThrottle(ctx context.Context, pool *pgxpool.Pool, m *throttle.Metrics) (*throttle.Throttler, error) {
+// the caller stops them. Its failures that are only the database not
+// answering are part of outages' outage of it, when set (run).
+func (a *app) startThrottle(ctx context.Context, pool *pgxpool.Pool, m *throttle.Metrics, outages *outage.Log) (*throttle.Throttler, error) {
 	if err := a.checkThrottleQuery(ctx, pool); err != nil {
 		return nil, err
 	}
 	t := pass.NewThrottle(ctx, pool, a.cfg, a.log, m)
+	t.ShareOutages(outages)
 	t.Start(ctx)
 	return t, nil
 }
