@@ -66,7 +66,8 @@ func (a *app) daemon(ctx context.Context, args []string) error {
 	defer th.Stop()
 	// A standby's password can change while the daemon runs: say it once
 	// here, plainly; the throttle holds for that standby until it connects.
-	for _, err := range a.checkReplicas(ctx) {
+	errs, _ := a.checkReplicas(ctx) // one that does not answer is said by the throttle
+	for _, err := range errs {
 		a.log.Error("inboxkeeper: " + err.Error() + "; batches wait until it connects (fail closed)")
 	}
 	ls := lease.New(pool, a.cfg.LeaseTTL, a.log)
