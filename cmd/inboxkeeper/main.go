@@ -93,7 +93,7 @@ Usage:
   inboxkeeper replay list [--all]
   inboxkeeper plan [FILE] [--json] [--apply]   the retention record of each consumer scope (Markdown or JSON)
   inboxkeeper plan [FILE] --check [--redis-url URL]   compare the records with the deployment; exit 1 if a promise is not kept
-  inboxkeeper set [--table T] KEY=VALUE ... --reason TEXT   change a tunable for every instance, at once and across restarts
+  inboxkeeper set [--table T] KEY=VALUE ... --reason TEXT   change a tunable for every instance, within seconds and across restarts
   inboxkeeper set [--table T] --unset KEY ... --reason TEXT   back to the policy's tuning, the environment or the default
   inboxkeeper settings [--json] [--history]   every tunable in force, globally and per table, and where it comes from
   inboxkeeper pause --reason TEXT [--for DURATION]   pause every instance (until resume, or for DURATION)

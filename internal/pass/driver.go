@@ -118,9 +118,13 @@ func (e SettingsError) Unwrap() error { return e.Err }
 // looked at; without stages yet, the environment's configuration is used.
 func (d *Driver) tune(ctx context.Context) error {
 	if d.watch != nil && !d.watch.Changed() {
-		// One cheap read between passes: the settings are read whole only
-		// when their version moved.
-		if v, err := settings.Version(ctx, d.Pool); err == nil && v == d.watch.Version() {
+		// One cheap read between passes (the daemon's first of a pass: it
+		// tells an outage): the settings are read whole only when their
+		// version moved, and the stages built again only when they were
+		// built settings.RestartAtMostEvery ago or more; a change before
+		// waits for a pass after that (the batch sizes learnt go with the
+		// stages).
+		if v, err := settings.Version(ctx, d.Pool); err == nil && (v == d.watch.Version() || !d.watch.Settled()) {
 			return nil
 		}
 	}
@@ -145,7 +149,7 @@ func (d *Driver) tune(ctx context.Context) error {
 
 // build builds the stages for tn, with a settings watch of its version.
 func (d *Driver) build(tn settings.Tuning) {
-	d.watch = settings.NewWatch(d.Pool, tn.Version)
+	d.watch = settings.NewWatch(d.Pool, tn.Version).Settling(settings.RestartAtMostEvery)
 	if d.Throttle != nil {
 		d.Throttle.SetLimits(tn.Global.Limits())
 	}
