@@ -18,6 +18,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/outage"
 	"github.com/inboxkeeper/inboxkeeper/internal/pass"
 	"github.com/inboxkeeper/inboxkeeper/internal/render"
+	"github.com/inboxkeeper/inboxkeeper/internal/sighup"
 	"github.com/inboxkeeper/inboxkeeper/tiering"
 )
 
@@ -97,6 +98,9 @@ func (a *app) daemon(ctx context.Context, args []string) error {
 		d.Use(tables)
 		a.log.Info("inboxkeeper: policy reloaded", "trigger", why, "file", a.cfg.PolicyFile, "tables", len(tables))
 	}
+	// A burst of SIGHUP (a reload sent by two tools, a loop) reloads once
+	// and says so once.
+	hups := sighup.Bursts(ctx, hupQuiet, hupMost)
 	for {
 		if policyDigest(a.cfg.PolicyFile) != loaded {
 			reload("file changed")
@@ -124,7 +128,7 @@ func (a *app) daemon(ctx context.Context, args []string) error {
 			refresh.Stop()
 			a.log.Info("inboxkeeper: stopped", "reason", "signal", "during_pass", false)
 			return nil
-		case <-sighup:
+		case <-hups:
 			reload("SIGHUP")
 			goto wait
 		case <-refresh.C:
@@ -140,9 +144,12 @@ func (a *app) daemon(ctx context.Context, args []string) error {
 // it waits for its next pass.
 const dueRefreshBetweenPasses = 15 * time.Second
 
-// sighup delivers SIGHUP, which never ends the process: run reloads its
-// policy on it, and the other commands ignore it (main sets it up).
-var sighup = make(chan os.Signal, 1)
+// A burst of SIGHUP is one reload: hupQuiet after the last of them, or
+// hupMost after the first of a burst that goes on.
+const (
+	hupQuiet = 250 * time.Millisecond
+	hupMost  = 2 * time.Second
+)
 
 // policyDigest fingerprints the policy file's content; "" when unreadable
 // (a reload then says why).

@@ -25,6 +25,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/pass"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
 	"github.com/inboxkeeper/inboxkeeper/internal/render"
+	_ "github.com/inboxkeeper/inboxkeeper/internal/sighup" // SIGHUP never ends a command
 	"github.com/inboxkeeper/inboxkeeper/migrations"
 	"github.com/inboxkeeper/inboxkeeper/retention"
 	"github.com/inboxkeeper/inboxkeeper/tiering"
@@ -48,9 +49,10 @@ var (
 )
 
 func main() {
+	// SIGHUP is caught from the process's first moments, before main
+	// (internal/sighup): run reloads on it, the other commands ignore it.
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	signal.Notify(sighup, syscall.SIGHUP)
 	// A reader that goes away (inboxkeeper demo | head -40) makes a write to
 	// stdout fail with EPIPE instead of killing the process with SIGPIPE
 	// before it cleans up: the command then ends as on SIGTERM (the demo
