@@ -77,7 +77,16 @@ func (f *failLog) ok(signal string) {
 }
 
 func (f *failLog) ended(signal string) {
+	f.endedSaying(signal, "throttle: reading works again")
+}
+
+// standbyRead records a successful reading of a listed standby.
+func (f *failLog) standbyRead(name string) {
+	f.endedSaying("standby "+name, "throttle: a listed standby can be read again")
+}
+
+func (f *failLog) endedSaying(signal, msg string) {
 	if e, ok := f.episodes.Ended(signal); ok && e.Said {
-		f.log.Info("throttle: reading works again", "signal", signal, "failed_for", e.Lasted, "failures", e.Failures)
+		f.log.Info(msg, "signal", signal, "failed_for", e.Lasted, "failures", e.Failures)
 	}
 }

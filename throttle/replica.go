@@ -189,7 +189,7 @@ func (t *Throttler) measureReplica(ctx context.Context, r *replica) {
 		t.set(u)
 		return
 	}
-	t.fails.ended("standby " + r.name)
+	t.fails.standbyRead(r.name)
 	lag := unknown
 	if !applied.IsZero() {
 		lag = t.beatLag(now, applied)

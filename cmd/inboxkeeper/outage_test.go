@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgcluster"
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 )
 
 var (
@@ -19,6 +20,8 @@ var (
 	// runs the daemon at DEBUG to see each pass end, and counts what an
 	// operator would read.
 	loggedLine = regexp.MustCompile(`level=(INFO|WARN|ERROR) `)
+	// passWentThrough is the (debug) line of a pass that went as planned.
+	passWentThrough = regexp.MustCompile(`msg="inboxkeeper: pass done" outcome=ok`)
 )
 
 // An outage of the database is a few lines, however long it lasts: one
@@ -102,6 +105,8 @@ func outageLines(t *testing.T, d *daemon, c *pgcluster.Cluster, addr string, pas
 		t.Fatal(err)
 	}
 	waitUntil(t, 30*time.Second, "a pass that went through", func() bool { return count("ok") > ok })
+	// Its line comes after what the daemon said as it began.
+	d.waitLine(passWentThrough, 30*time.Second)
 	var lines []string
 	for _, l := range d.linesSince(from) {
 		if loggedLine.MatchString(l) {
@@ -138,4 +143,69 @@ func (d *daemon) linesSince(mark int) []string {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return append([]string(nil), d.lines[mark:]...)
+}
+
+// A listed standby that goes away is a few lines too, however many passes
+// it holds back: the collector says once that it cannot be read, the
+// throttle once that it pauses; when it is back, once each that it works
+// again and that the throttle resumes. Passes that RUN_TIME ends while the
+// throttle holds them say nothing more at INFO. On e58e20f each such pass
+// wrote two lines ("expiry: table done" stopped early, "pass done"
+// partial): 15 lines for this test's 6 passes.
+func TestStandbyOutageIsAFewLines(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c, dir, pol := clusterFixture(t)
+	s := pgtest.NewStandby(t, c, nil)
+	env := cliEnv("INBOXKEEPER_DATABASE_URL="+c.URL("postgres"), "INBOXKEEPER_POLICY_FILE="+pol, "INBOXKEEPER_REPLICA_URLS="+s.URL("postgres"),
+		"INBOXKEEPER_METRICS_ADDR=127.0.0.1:0", "INBOXKEEPER_INTERVAL=1s", "INBOXKEEPER_RUN_TIME=1s")
+	d := startDaemon(t, dir, env, "run")
+	addr := metricsAddr(t, d)
+	d.waitLine(passDone, 30*time.Second)
+	conn, err := pgx.Connect(ctx, c.URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	due := func() int {
+		var n int
+		if err := conn.QueryRow(ctx, "SELECT count(*) FROM public.consumer_inbox WHERE remember_until <= now()").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	pgtest.WaitFor(t, 30*time.Second, "the first passes to delete what was due", func() bool { return due() == 0 })
+	partial := func() float64 {
+		return metricValue(t, httpGet(t, "http://"+addr+"/metrics"), `inboxkeeper_passes_total{outcome="partial"}`)
+	}
+	before := partial()
+	from := d.mark()
+	if err := s.StopServer(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `INSERT INTO public.consumer_inbox SELECT 'late', 'l-' || i, now(), now() - interval '1 minute' FROM generate_series(1, 100) i`); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 60*time.Second, "6 passes held back", func() bool { return partial()-before >= 6 })
+	if err := s.StartServer(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 60*time.Second, "the rows deleted once the standby is back", func() bool { return due() == 0 })
+	var lines []string
+	for _, l := range d.linesSince(from) {
+		if loggedLine.MatchString(l) {
+			lines = append(lines, l)
+		}
+	}
+	all := strings.Join(lines, "\n")
+	t.Logf("%d lines for 6 passes held back:\n%s", len(lines), all)
+	if len(lines) > 6 {
+		t.Errorf("a standby gone for 6 passes wrote %d lines, want at most 6", len(lines))
+	}
+	for _, msg := range []string{"throttle: a listed standby cannot be read", "throttle: pausing", "throttle: a listed standby can be read again", "throttle: resuming"} {
+		if n := strings.Count(all, `msg="`+msg); n != 1 {
+			t.Errorf("%q said %d times, want once", msg, n)
+		}
+	}
+	d.stop()
 }

@@ -55,6 +55,7 @@ func NewDaemon(d *Driver, ls *lease.Lease, outages *outage.Log) *Daemon {
 	}
 	dm := &Daemon{Driver: d, lease: ls, metrics: d.Metrics, horizon: horizon.NewWatch(d.Pool, d.Metrics.Horizon, d.Log), outages: outages}
 	outages.SayDatabase(dm.sayDown, dm.sayUp)
+	d.outages = outages
 	d.Metrics.MeasureAtScrape(dm.measureFacts)
 	return dm
 }
@@ -71,7 +72,7 @@ func (d *Daemon) measureFacts(ctx context.Context) {
 	d.mu.Unlock()
 	d.measureSlow(ctx, tables)
 	if _, err := d.horizon.Update(ctx, false); err != nil && ctx.Err() == nil {
-		d.Log.Warn("inboxkeeper: read the xmin horizon for metrics", "error", err)
+		d.warn("inboxkeeper: read the xmin horizon for metrics", err)
 	}
 }
 
@@ -184,13 +185,16 @@ func (d *Daemon) Pass(ctx context.Context) error {
 		// xmin horizon: who, and for how long, after every pass that
 		// deleted some (and at every scrape).
 		if _, err := d.horizon.Update(ctx, true); err != nil && ctx.Err() == nil {
-			d.Log.Warn("inboxkeeper: read the xmin horizon", "error", err)
+			d.warn("inboxkeeper: read the xmin horizon", err)
 		}
 	}
 	// A pass that went as planned is said at info by its tables' lines,
 	// when they did something; its own line is for debugging then.
+	// So is one the throttle held back from start to end: the throttle
+	// says once that it pauses and once that it resumes, however many
+	// passes it holds.
 	logf := d.Log.Debug
-	if outcome != daemonmetrics.PassOK {
+	if outcome != daemonmetrics.PassOK && !heldBack(res) {
 		logf = d.Log.Info
 	}
 	logf("inboxkeeper: pass done", "outcome", outcome, "tables", total, "failed", failed,
@@ -270,9 +274,27 @@ func (d *Daemon) Refresh(ctx context.Context) {
 	inForce := func(table string) bool { return d.inForce[table] }
 	for _, del := range d.deleters {
 		if err := del.Refresh(ctx, inForce); err != nil && ctx.Err() == nil {
-			d.Log.Warn("inboxkeeper: could not count the due rows between passes", "error", err)
+			d.warn("inboxkeeper: could not count the due rows between passes", err)
 		}
 	}
+}
+
+// heldBack reports a pass the throttle held back from start to end: no
+// table failed, every one that stopped early did while throttled, and
+// nothing was deleted or demoted.
+func heldBack(res Result) bool {
+	held := false
+	for _, t := range res.Tables {
+		switch {
+		case t.Err != nil:
+			return false
+		case t.StoppedEarly.Kind == retry.KindThrottled:
+			held = true
+		case t.StoppedEarly.Stopped():
+			return false
+		}
+	}
+	return held && !deleted(res)
 }
 
 // deleted reports whether a pass deleted rows, or demoted payloads in
