@@ -168,7 +168,7 @@ func (l *Log) DatabaseFailed(err error) bool {
 	l.mu.Lock()
 	start := l.start
 	l.mu.Unlock()
-	if start == nil || !connectionFailure(err) {
+	if start == nil || !ConnectionFailed(err) {
 		return false
 	}
 	cause := Cause(err)
@@ -193,10 +193,10 @@ func (l *Log) DatabaseAnswers() {
 	}
 }
 
-// connectionFailure reports whether err is a connection that failed or was
+// ConnectionFailed reports whether err is a connection that failed or was
 // lost: the database not answering (or refusing, for a reason of the
 // configuration's), not a statement it refused.
-func connectionFailure(err error) bool {
+func ConnectionFailed(err error) bool {
 	var ce *dbconn.ConnectError
 	return errors.As(dbconn.Classify(err), &ce) || retry.KindOf(err) == retry.KindConnection
 }

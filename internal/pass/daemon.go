@@ -162,7 +162,7 @@ func (d *Daemon) Pass(ctx context.Context) error {
 	// connection there is an outage, and the pass is skipped rather than
 	// failed table by table (five lines a pass where it was not).
 	if err := twice(ctx, func() error { return d.tune(ctx) }); err != nil && ctx.Err() == nil {
-		if retry.KindOf(err) == retry.KindConnection {
+		if outage.ConnectionFailed(err) {
 			outcome = daemonmetrics.PassFailed
 			d.unreachable(err)
 			return nil
