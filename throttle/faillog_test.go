@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/outage"
@@ -101,13 +100,7 @@ func TestFailLogSaysAnOutageOnce(t *testing.T) {
 func TestDatabaseDownLogsSparingly(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	c := pgtest.NewCluster(t)
-	pgtest.Migrate(t, c.URL("postgres"))
-	pool, err := pgxpool.New(ctx, c.URL("postgres"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	c, pool := pgtest.NewMigratedCluster(t)
 	run := func(shared *outage.Log) *countHandler {
 		h := &countHandler{}
 		th := New(pool, config.Config{}, service.Base{Logger: slog.New(h)}, nil)

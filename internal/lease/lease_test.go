@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/syncbuf"
@@ -209,13 +208,7 @@ func (c *countingDB) QueryRow(ctx context.Context, sql string, args ...any) pgx.
 func TestKeeperSaysAnOutageOnce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	c := pgtest.NewCluster(t)
-	pgtest.Migrate(t, c.URL("postgres"))
-	pool, err := pgxpool.New(ctx, c.URL("postgres"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	c, pool := pgtest.NewMigratedCluster(t)
 	var out syncbuf.Buffer
 	l := New(pool, 3*time.Second, slog.New(slog.NewTextHandler(&out, nil)))
 	stop := l.Start(ctx)
