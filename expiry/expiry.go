@@ -341,8 +341,12 @@ func (d *Deleter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 	// A pass that deleted nothing says so only at debug: in the steady
 	// state most passes of a daemon on a short INTERVAL find little or
 	// nothing, and their lines would be most of the log.
+	// Nor does one the throttle held back from its start to its end (a
+	// standby gone, a throttle query failing, at every RUN_TIME): the
+	// throttle says once that it pauses, and once that it resumes.
 	logf := log.Debug
-	if res.Deleted > 0 || d.opts.DryRun || res.StoppedEarly.Stopped() {
+	held := res.StoppedEarly.Kind == retry.KindThrottled && res.Deleted == 0
+	if (res.Deleted > 0 || d.opts.DryRun || res.StoppedEarly.Stopped()) && !held {
 		logf = log.Info
 	}
 	attrs := []any{verb, res.Deleted}

@@ -3,79 +3,90 @@ package throttle
 import (
 	"log/slog"
 	"sync"
-	"time"
 
+	"github.com/inboxkeeper/inboxkeeper/internal/outage"
 	"github.com/inboxkeeper/inboxkeeper/internal/service"
 )
 
-// failLogEvery is how often a signal that keeps failing for the same cause
-// is logged again: a database that is down fails every collector 20 times
-// a second.
-const failLogEvery = 30 * time.Second
-
-// failLog logs a failing signal once when it starts failing (or fails for a
-// new cause), then at most once per failLogEvery per cause with a count of
-// the failures in between, and once when it works again.
+// failLog logs a failing signal (a reading of the primary, a standby that
+// cannot be read, the heartbeat's write) once when it starts failing, once
+// more for each new cause while it fails (outage.Cause: the classes, not
+// the error's text), and once when it works again, with how long it failed
+// and how often. A database that is down fails every collector 20 times a
+// second: the failures between are only counted, however long it lasts.
 type failLog struct {
 	log *slog.Logger
-	now service.Clock
 
-	mu      sync.Mutex
-	signals map[string]*failing // by signal
-}
-
-type failing struct {
-	failures int                  // since the signal started failing
-	causes   map[string]*causeLog // by error text
-}
-
-type causeLog struct {
-	logged  time.Time
-	repeats int // failures not logged since
+	mu       sync.Mutex
+	episodes *outage.Log
+	// shared, when set, is the daemon's log of lasting failures: a reading
+	// of the primary that fails because the database does not answer is
+	// its outage, said once for the daemon (Throttler.ShareOutages).
+	shared *outage.Log
 }
 
 func newFailLog(log *slog.Logger, now service.Clock) *failLog {
-	return &failLog{log: log, now: now, signals: map[string]*failing{}}
+	return &failLog{log: log, episodes: outage.New(now.Now)}
 }
 
-// failed records a failed reading of signal.
+// ShareOutages makes the throttle's failures that are the database not
+// answering part of l's account of its outages (outage.Log.DatabaseFailed),
+// and its successful readings of the primary the end of one. Call it
+// before Start.
+func (t *Throttler) ShareOutages(l *outage.Log) {
+	t.fails.mu.Lock()
+	defer t.fails.mu.Unlock()
+	t.fails.shared = l
+}
+
+// failed records a failed reading of signal on the primary.
 func (f *failLog) failed(signal string, err error) {
-	now := f.now.Now()
-	cause := err.Error()
 	f.mu.Lock()
-	s := f.signals[signal]
-	if s == nil {
-		s = &failing{causes: map[string]*causeLog{}}
-		f.signals[signal] = s
-	}
-	s.failures++
-	c := s.causes[cause]
-	if c == nil {
-		c = &causeLog{}
-		s.causes[cause] = c
-	}
-	if !c.logged.IsZero() && now.Sub(c.logged) < failLogEvery {
-		c.repeats++
-		f.mu.Unlock()
-		return
-	}
-	repeats := c.repeats
-	c.logged, c.repeats = now, 0
+	shared := f.shared
 	f.mu.Unlock()
-	if repeats == 0 {
-		f.log.Warn("throttle: reading failed", "signal", signal, "error", err)
+	if shared.DatabaseFailed(err) {
 		return
 	}
-	f.log.Warn("throttle: reading still failing", "signal", signal, "error", err, "repeats", repeats, "since_last_log", failLogEvery)
+	f.said(signal, err, "throttle: reading failed")
 }
 
-// ok records a successful reading of signal.
+// standbyFailed records a failed reading of a listed standby: a database of
+// its own, whose failures the primary's outage does not cover.
+func (f *failLog) standbyFailed(name string, err error, failOpen bool) {
+	msg := "throttle: a listed standby cannot be read; every batch waits until it can (fail closed)"
+	if failOpen {
+		msg = "throttle: a listed standby cannot be read; batches go on without it (INBOXKEEPER_REPLICA_FAIL_OPEN)"
+	}
+	f.said("standby "+name, err, msg)
+}
+
+func (f *failLog) said(signal string, err error, msg string) {
+	cause := outage.Cause(err)
+	if f.episodes.Failed(signal, cause) {
+		f.log.Warn(msg, "signal", signal, "cause", cause, "error", err)
+	}
+}
+
+// ok records a successful reading of signal on the primary.
 func (f *failLog) ok(signal string) {
 	f.mu.Lock()
-	s := f.signals[signal]
-	delete(f.signals, signal)
+	shared := f.shared
 	f.mu.Unlock()
-	if s != nil {
-		f.log.Info("throttle: reading works again", "signal", signal, "failures", s.failures)
+	shared.DatabaseAnswers()
+	f.ended(signal)
+}
+
+func (f *failLog) ended(signal string) {
+	f.endedSaying(signal, "throttle: reading works again")
+}
+
+// standbyRead records a successful reading of a listed standby.
+func (f *failLog) standbyRead(name string) {
+	f.endedSaying("standby "+name, "throttle: a listed standby can be read again")
+}
+
+func (f *failLog) endedSaying(signal, msg string) {
+	if e, ok := f.episodes.Ended(signal); ok && e.Said {
+		f.log.Info(msg, "signal", signal, "failed_for", e.Lasted, "failures", e.Failures)
 	}
 }

@@ -1,20 +1,10 @@
 package throttle
 
 import (
-	"context"
-	"errors"
-	"log/slog"
 	"math"
 	"strings"
-	"sync"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/inboxkeeper/inboxkeeper/internal/config"
-	"github.com/inboxkeeper/inboxkeeper/internal/service"
-	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 )
 
 // sim is a fake standby that applies WAL at a fixed rate, read every 50 ms
@@ -306,138 +296,6 @@ func TestPacerSlowerThanOneBatch(t *testing.T) {
 	}
 	if s.peak > float64(100*(10<<10)+busyBytes) {
 		t.Errorf("peak queue %.0f, want at most one minimum batch and the slack", s.peak)
-	}
-}
-
-// countHandler counts log records by message.
-type countHandler struct {
-	mu    sync.Mutex
-	msgs  []string
-	lines []string // with signal and error
-	reps  []int64
-}
-
-func (h *countHandler) Enabled(context.Context, slog.Level) bool { return true }
-func (h *countHandler) Handle(_ context.Context, r slog.Record) error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	var n int64
-	line := r.Message
-	r.Attrs(func(a slog.Attr) bool {
-		if a.Key == "repeats" {
-			n = a.Value.Int64()
-		}
-		if a.Key == "error" || a.Key == "signal" {
-			line += " " + a.Key + "=" + a.Value.String()
-		}
-		return true
-	})
-	h.msgs = append(h.msgs, r.Message)
-	h.lines = append(h.lines, line)
-	h.reps = append(h.reps, n)
-	return nil
-}
-func (h *countHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
-func (h *countHandler) WithGroup(string) slog.Handler      { return h }
-
-// TestFailLogRateLimit: a signal failing 20 times a second logs once when
-// it starts failing, then once per 30 s with a repeat count, at once for a
-// new cause, and once when it works again.
-func TestFailLogRateLimit(t *testing.T) {
-	h := &countHandler{}
-	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	f := newFailLog(slog.New(h), func() time.Time { return now })
-	down := errors.New("connection refused")
-	for range 20 * 65 { // 65 s
-		f.failed(readStatReplication, down)
-		f.failed(readSlots, down) // another signal: its own line
-		now = now.Add(50 * time.Millisecond)
-	}
-	f.failed(readStatReplication, errors.New("too many connections"))
-	f.ok(readStatReplication)
-	f.ok(readStatReplication) // already working: nothing
-	want := []string{
-		"throttle: reading failed", "throttle: reading failed", // both signals at 0 s
-		"throttle: reading still failing", "throttle: reading still failing", // 30 s
-		"throttle: reading still failing", "throttle: reading still failing", // 60 s
-		"throttle: reading failed", // a new cause
-		"throttle: reading works again",
-	}
-	if strings.Join(h.msgs, "|") != strings.Join(want, "|") {
-		t.Fatalf("log lines:\n%s\nwant:\n%s", strings.Join(h.msgs, "\n"), strings.Join(want, "\n"))
-	}
-	if h.reps[2] != 599 || h.reps[4] != 599 {
-		t.Errorf("repeat counts %v, want 599 failures between two lines (30 s at 20 a second, minus the logged one)", h.reps)
-	}
-}
-
-// TestDatabaseDownLogsSparingly stops the database under the collectors:
-// each failing reading logs once, then once per 30 s with a repeat count,
-// and the failed pg_stat_replication read throttles (fail closed).
-func TestDatabaseDownLogsSparingly(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	c := pgtest.NewCluster(t)
-	pgtest.Migrate(t, c.URL("postgres"))
-	pool, err := pgxpool.New(ctx, c.URL("postgres"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	h := &countHandler{}
-	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	var mu sync.Mutex
-	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	th := New(pool, config.Config{}, service.Base{Clock: clock, Logger: slog.New(h)}, nil)
-	th.MeasureOnce(ctx)
-	if s := th.Check(); s.Throttled {
-		t.Fatalf("throttled with the database up: %s", s.Reason)
-	}
-	if err := c.StopServer(ctx); err != nil {
-		t.Fatal(err)
-	}
-	for range 40 { // 2 s of readings at 50 ms
-		th.MeasureOnce(ctx)
-		mu.Lock()
-		now = now.Add(50 * time.Millisecond)
-		mu.Unlock()
-	}
-	count := func(msg string) (n int, repeats []int64) {
-		h.mu.Lock()
-		defer h.mu.Unlock()
-		for i, m := range h.msgs {
-			if m == msg {
-				n++
-				repeats = append(repeats, h.reps[i])
-			}
-		}
-		return n, repeats
-	}
-	// Two signals read the primary here: pg_stat_replication and the pause.
-	// A shutdown can fail a reading for a second cause (the connection
-	// terminated, then refused): at most two lines each.
-	if n, _ := count("throttle: reading failed"); n < 2 || n > 4 {
-		t.Errorf("%d 'reading failed' lines in 2 s of failures, want 2 to 4 (one per signal and cause):\n%s", n, strings.Join(h.lines, "\n"))
-	}
-	if s := th.Check(); s.Kind != ReplicaUnreachable || !strings.Contains(s.Reason, readStatReplication) {
-		t.Errorf("a failed pg_stat_replication read must throttle: %+v", s)
-	}
-	mu.Lock()
-	now = now.Add(30 * time.Second)
-	mu.Unlock()
-	th.MeasureOnce(ctx)
-	if n, reps := count("throttle: reading still failing"); n != 2 || min(reps[0], reps[1]) < 37 {
-		t.Errorf("after 30 s: %d 'still failing' lines with repeats %v, want 2 with the failures between\n%s", n, reps, strings.Join(h.lines, "\n"))
-	}
-	if err := c.StartServer(ctx); err != nil {
-		t.Fatal(err)
-	}
-	th.MeasureOnce(ctx)
-	if n, _ := count("throttle: reading works again"); n != 2 {
-		t.Errorf("%d 'works again' lines, want 2", n)
-	}
-	if s := th.Check(); s.Throttled {
-		t.Errorf("still throttled once the database is back: %s", s.Reason)
 	}
 }
 

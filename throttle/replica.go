@@ -179,6 +179,7 @@ func (t *Throttler) measureReplica(ctx context.Context, r *replica) {
 	threshold := limit.Seconds()
 	if err != nil {
 		r.closeConn()
+		t.fails.standbyFailed(r.name, err, t.cfg.ReplicaFailOpen)
 		// Unknown lag is not zero lag: fail closed unless told otherwise.
 		u := Reading{Kind: ReplicaUnreachable, Subject: r.name, Value: 1, Threshold: 0, Detail: err.Error()}
 		if t.cfg.ReplicaFailOpen {
@@ -188,6 +189,7 @@ func (t *Throttler) measureReplica(ctx context.Context, r *replica) {
 		t.set(u)
 		return
 	}
+	t.fails.standbyRead(r.name)
 	lag := unknown
 	if !applied.IsZero() {
 		lag = t.beatLag(now, applied)

@@ -143,7 +143,8 @@ type Throttler struct {
 	watched  map[uint32]*watch
 	lockWait time.Time // last detected lock wait
 	pacer    *pacer
-	held     bool // the last admission waited
+	held     bool      // the last admission waited
+	paused   time.Time // when the verdict went from resuming to pausing
 	lastBeat time.Time
 	beats    []time.Time // the heartbeats written lately, in the primary's clock (replica.go)
 	fails    *failLog
@@ -451,6 +452,7 @@ func Backlog(kind string) bool {
 // transition records a new verdict: a log line when the state or reason
 // kind changes, the throttled gauges, and the seconds spent throttled.
 func (t *Throttler) transition(s State) {
+	var pausedFor time.Duration
 	t.mu.Lock()
 	prev := t.state
 	now := time.Now()
@@ -459,6 +461,12 @@ func (t *Throttler) transition(s State) {
 	}
 	s.Since = now
 	t.state = s
+	switch {
+	case s.Throttled && !prev.Throttled:
+		t.paused = now
+	case !s.Throttled && prev.Throttled:
+		pausedFor = now.Sub(t.paused).Round(time.Millisecond)
+	}
 	t.mu.Unlock()
 	if t.metrics != nil {
 		for _, k := range Kinds() {
@@ -473,7 +481,7 @@ func (t *Throttler) transition(s State) {
 	case s.Throttled && (!prev.Throttled || prev.Kind != s.Kind):
 		t.Logger.Warn("throttle: pausing", "kind", s.Kind, "reason", s.Reason)
 	case !s.Throttled && prev.Throttled:
-		t.Logger.Info("throttle: resuming", "was", prev.Kind)
+		t.Logger.Info("throttle: resuming", "was", prev.Kind, "paused_for", pausedFor)
 	}
 }
 

@@ -15,8 +15,10 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/lease"
+	"github.com/inboxkeeper/inboxkeeper/internal/outage"
 	"github.com/inboxkeeper/inboxkeeper/internal/pass"
 	"github.com/inboxkeeper/inboxkeeper/internal/render"
+	"github.com/inboxkeeper/inboxkeeper/internal/sighup"
 	"github.com/inboxkeeper/inboxkeeper/tiering"
 )
 
@@ -54,24 +56,30 @@ func (a *app) daemon(ctx context.Context, args []string) error {
 	if err := a.sessionForPartitions(ctx, tables); err != nil {
 		return err
 	}
-	th, err := a.startThrottle(ctx, pool, ms.ThrottleMetrics())
+	// One log of the database's outages for the passes, the lease and the
+	// throttle: while the database does not answer, that is said once, not
+	// by each of them at every attempt.
+	outages := outage.New(nil)
+	th, err := a.startThrottle(ctx, pool, ms.ThrottleMetrics(), outages)
 	if err != nil {
 		return err
 	}
 	defer th.Stop()
 	// A standby's password can change while the daemon runs: say it once
 	// here, plainly; the throttle holds for that standby until it connects.
-	for _, err := range a.checkReplicas(ctx) {
+	errs, _ := a.checkReplicas(ctx) // one that does not answer is said by the throttle
+	for _, err := range errs {
 		a.log.Error("inboxkeeper: " + err.Error() + "; batches wait until it connects (fail closed)")
 	}
 	ls := lease.New(pool, a.cfg.LeaseTTL, a.log)
+	ls.Outages = outages
 	defer ls.Start(ctx)()
 
 	a.log.Info("inboxkeeper: running", "tables", len(tables), "interval", a.cfg.Interval, "schedule", a.cfg.Schedule,
 		"database", config.RedactURL(a.cfg.DatabaseURL), "instance", ls.Name())
 	w := a.wiring(pool, false, ms, render.Progress(a.stderr, a.log))
 	w.Throttle = th
-	d := pass.NewDaemon(&pass.Driver{Env: a.cfg, Wiring: w}, ls)
+	d := pass.NewDaemon(&pass.Driver{Env: a.cfg, Wiring: w}, ls, outages)
 	d.Use(tables)
 	loaded := policyDigest(a.cfg.PolicyFile)
 	// reload re-reads the policy file: on SIGHUP, and before a pass when its
@@ -90,6 +98,9 @@ func (a *app) daemon(ctx context.Context, args []string) error {
 		d.Use(tables)
 		a.log.Info("inboxkeeper: policy reloaded", "trigger", why, "file", a.cfg.PolicyFile, "tables", len(tables))
 	}
+	// A burst of SIGHUP (a reload sent by two tools, a loop) reloads once
+	// and says so once.
+	hups := sighup.Bursts(ctx, hupQuiet, hupMost)
 	for {
 		if policyDigest(a.cfg.PolicyFile) != loaded {
 			reload("file changed")
@@ -117,7 +128,7 @@ func (a *app) daemon(ctx context.Context, args []string) error {
 			refresh.Stop()
 			a.log.Info("inboxkeeper: stopped", "reason", "signal", "during_pass", false)
 			return nil
-		case <-sighup:
+		case <-hups:
 			reload("SIGHUP")
 			goto wait
 		case <-refresh.C:
@@ -133,9 +144,12 @@ func (a *app) daemon(ctx context.Context, args []string) error {
 // it waits for its next pass.
 const dueRefreshBetweenPasses = 15 * time.Second
 
-// sighup delivers SIGHUP, which never ends the process: run reloads its
-// policy on it, and the other commands ignore it (main sets it up).
-var sighup = make(chan os.Signal, 1)
+// A burst of SIGHUP is one reload: hupQuiet after the last of them, or
+// hupMost after the first of a burst that goes on.
+const (
+	hupQuiet = 250 * time.Millisecond
+	hupMost  = 2 * time.Second
+)
 
 // policyDigest fingerprints the policy file's content; "" when unreadable
 // (a reload then says why).

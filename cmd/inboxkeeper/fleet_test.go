@@ -21,7 +21,7 @@ var (
 	activeLogged  = regexp.MustCompile(`msg="inboxkeeper: active"`)
 	waitingLogged = regexp.MustCompile(`msg="inboxkeeper: another instance is active; waiting"`)
 	standbyLogged = regexp.MustCompile(`msg="inboxkeeper: the database is a standby`)
-	downLogged    = regexp.MustCompile(`msg="inboxkeeper: database unreachable|expiry: table failed`)
+	downLogged    = regexp.MustCompile(`msg="inboxkeeper: the database does not answer|expiry: table failed`)
 )
 
 // clusterFixture is a cluster of the test's own (for tests that stop,

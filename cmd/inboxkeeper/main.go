@@ -25,6 +25,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/pass"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
 	"github.com/inboxkeeper/inboxkeeper/internal/render"
+	_ "github.com/inboxkeeper/inboxkeeper/internal/sighup" // SIGHUP never ends a command
 	"github.com/inboxkeeper/inboxkeeper/migrations"
 	"github.com/inboxkeeper/inboxkeeper/retention"
 	"github.com/inboxkeeper/inboxkeeper/tiering"
@@ -48,9 +49,10 @@ var (
 )
 
 func main() {
+	// SIGHUP is caught from the process's first moments, before main
+	// (internal/sighup): run reloads on it, the other commands ignore it.
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	signal.Notify(sighup, syscall.SIGHUP)
 	// A reader that goes away (inboxkeeper demo | head -40) makes a write to
 	// stdout fail with EPIPE instead of killing the process with SIGPIPE
 	// before it cleans up: the command then ends as on SIGTERM (the demo
@@ -93,7 +95,7 @@ Usage:
   inboxkeeper replay list [--all]
   inboxkeeper plan [FILE] [--json] [--apply]   the retention record of each consumer scope (Markdown or JSON)
   inboxkeeper plan [FILE] --check [--redis-url URL]   compare the records with the deployment; exit 1 if a promise is not kept
-  inboxkeeper set [--table T] KEY=VALUE ... --reason TEXT   change a tunable for every instance, at once and across restarts
+  inboxkeeper set [--table T] KEY=VALUE ... --reason TEXT   change a tunable for every instance, within seconds and across restarts
   inboxkeeper set [--table T] --unset KEY ... --reason TEXT   back to the policy's tuning, the environment or the default
   inboxkeeper settings [--json] [--history]   every tunable in force, globally and per table, and where it comes from
   inboxkeeper pause --reason TEXT [--for DURATION]   pause every instance (until resume, or for DURATION)

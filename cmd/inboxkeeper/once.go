@@ -18,6 +18,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/humantime"
 	"github.com/inboxkeeper/inboxkeeper/internal/lease"
+	"github.com/inboxkeeper/inboxkeeper/internal/outage"
 	"github.com/inboxkeeper/inboxkeeper/internal/pass"
 	"github.com/inboxkeeper/inboxkeeper/internal/render"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
@@ -79,9 +80,11 @@ func (a *app) once(ctx context.Context, args []string) error {
 	if err := a.checkThrottleQuery(ctx, pool); err != nil {
 		return err
 	}
-	if errs := a.checkReplicas(ctx); len(errs) > 0 {
+	errs, unread := a.checkReplicas(ctx)
+	if len(errs) > 0 {
 		return configError{errors.Join(errs...)}
 	}
+	a.warnUnread(unread, *dryRun)
 	d := a.driver(pool, tables, *dryRun, ms)
 	if !*dryRun {
 		ls := lease.New(pool, a.cfg.LeaseTTL, a.log)
@@ -94,7 +97,7 @@ func (a *app) once(ctx context.Context, args []string) error {
 		}
 		defer ls.Start(ctx)()
 		d.Lease = ls.Check
-		if d.Throttle, err = a.startThrottle(ctx, pool, ms.ThrottleMetrics()); err != nil {
+		if d.Throttle, err = a.startThrottle(ctx, pool, ms.ThrottleMetrics(), nil); err != nil {
 			return err
 		}
 		defer d.Throttle.Stop()
@@ -111,7 +114,24 @@ func (a *app) once(ctx context.Context, args []string) error {
 		// to be cancelled mid-statement (pgx waits 100 ms after that).
 		defer func() { stopWatch(); d.Throttle.Stop(); <-watched }()
 	}
-	failed, total, err := d.Once(ctx)
+	pctx, stopPass := context.WithCancelCause(ctx)
+	defer stopPass(nil)
+	if d.Throttle != nil {
+		// A standby the throttle cannot read holds every batch (fail
+		// closed): at most REPLICA_WAIT, then the pass stops and once
+		// fails, rather than wait for ever or end as a success.
+		go pass.GiveUpOnStandbys(pctx, d.Throttle, a.cfg.ReplicaWait, func(r throttle.Reading) {
+			stopPass(standbyUnread{r, a.cfg.ReplicaWait})
+		})
+	}
+	failed, total, err := d.Once(pctx)
+	var unreadErr standbyUnread
+	if errors.As(context.Cause(pctx), &unreadErr) {
+		err = unreadErr
+	} else if r, ok := unreadStandby(d); ok && err == nil {
+		// The pass ended (RUN_TIME) while the standby held it back.
+		err = standbyUnread{reading: r}
+	}
 	if ms != nil && ctx.Err() == nil {
 		// Also after a failed pass: the metrics say it failed.
 		instance := *pushInstance
@@ -199,11 +219,12 @@ func instanceName() string {
 
 // checkReplicas connects once to each INBOXKEEPER_REPLICA_URLS entry. A
 // connection refused for a reason of the configuration's (a password, a
-// grant, a database's name) is a configuration error: a one-shot pass would
-// otherwise wait on that standby until RUN_TIME ends. A standby that does
-// not answer is not: the throttle holds for it (fail closed), as in run.
-func (a *app) checkReplicas(ctx context.Context) []error {
-	var errs []error
+// grant, a database's name, a certificate not trusted, a CA file that
+// cannot be read) is a configuration error, naming the entry: a one-shot
+// pass would otherwise wait on that standby. A standby that does not
+// answer is unread: the throttle holds for it (fail closed), in once for
+// at most REPLICA_WAIT.
+func (a *app) checkReplicas(ctx context.Context) (errs, unread []error) {
 	for i, u := range a.cfg.ReplicaURLs {
 		cctx, cancel := context.WithTimeout(ctx, a.cfg.HeartbeatInterval*4+time.Second)
 		conn, err := dbconn.Dial(cctx, u, dbconn.AppName(a.command))
@@ -212,11 +233,58 @@ func (a *app) checkReplicas(ctx context.Context) []error {
 			_ = conn.Close(ctx)
 			continue
 		}
-		if dbconn.IsConfigError(err) && ctx.Err() == nil {
-			errs = append(errs, fmt.Errorf("INBOXKEEPER_REPLICA_URLS entry %d: %w", i+1, err))
+		if ctx.Err() != nil {
+			return errs, unread
+		}
+		err = fmt.Errorf("INBOXKEEPER_REPLICA_URLS entry %d: %w", i+1, err)
+		if dbconn.IsConfigError(err) {
+			errs = append(errs, err)
+		} else {
+			unread = append(unread, err)
 		}
 	}
-	return errs
+	return errs, unread
+}
+
+// warnUnread says which listed standbys do not answer as once starts, and
+// what the pass does about it: a dry run warns of what the real run would
+// do, rather than end as if nothing were in the way.
+func (a *app) warnUnread(unread []error, dryRun bool) {
+	for _, err := range unread {
+		switch {
+		case a.cfg.ReplicaFailOpen:
+			a.log.Warn("inboxkeeper: a listed standby does not answer; batches go on without it (INBOXKEEPER_REPLICA_FAIL_OPEN)", "error", err)
+		case dryRun:
+			a.log.Warn("inboxkeeper: a listed standby does not answer; the real run holds every batch for it (fail closed) and fails (exit 1) if it still does not after INBOXKEEPER_REPLICA_WAIT",
+				"replica_wait", a.cfg.ReplicaWait, "error", err)
+		default:
+			a.log.Warn("inboxkeeper: a listed standby does not answer; every batch waits for it (fail closed), at most INBOXKEEPER_REPLICA_WAIT, then once fails (exit 1)",
+				"replica_wait", a.cfg.ReplicaWait, "error", err)
+		}
+	}
+}
+
+// standbyUnread is a pass of once that a standby it could not read held
+// back: for REPLICA_WAIT (wait set), or until the pass ended. Exit 1.
+type standbyUnread struct {
+	reading throttle.Reading
+	wait    time.Duration
+}
+
+func (e standbyUnread) Error() string {
+	what := "the pass ended while a standby could not be read"
+	if e.wait > 0 {
+		what = "a standby could not be read for " + humantime.Format(e.wait) + " (INBOXKEEPER_REPLICA_WAIT); the pass stopped"
+	}
+	return what + ": " + e.reading.String() + "; every batch waits for it (fail closed): make it readable, take it out of INBOXKEEPER_REPLICA_URLS, or set INBOXKEEPER_REPLICA_FAIL_OPEN=true"
+}
+
+// unreadStandby is the standby that holds d's pass back, if any.
+func unreadStandby(d *pass.Driver) (throttle.Reading, bool) {
+	if d.Throttle == nil {
+		return throttle.Reading{}, false
+	}
+	return pass.UnreadStandby(d.Throttle)
 }
 
 // checkThrottleQuery runs INBOXKEEPER_THROTTLE_QUERY once: one that fails
@@ -231,12 +299,14 @@ func (a *app) checkThrottleQuery(ctx context.Context, pool *pgxpool.Pool) error 
 }
 
 // startThrottle starts the throttle's collectors, after checking its query;
-// the caller stops them.
-func (a *app) startThrottle(ctx context.Context, pool *pgxpool.Pool, m *throttle.Metrics) (*throttle.Throttler, error) {
+// the caller stops them. Its failures that are only the database not
+// answering are part of outages' outage of it, when set (run).
+func (a *app) startThrottle(ctx context.Context, pool *pgxpool.Pool, m *throttle.Metrics, outages *outage.Log) (*throttle.Throttler, error) {
 	if err := a.checkThrottleQuery(ctx, pool); err != nil {
 		return nil, err
 	}
 	t := pass.NewThrottle(ctx, pool, a.cfg, a.log, m)
+	t.ShareOutages(outages)
 	t.Start(ctx)
 	return t, nil
 }

@@ -263,7 +263,8 @@ func LogEnd(ctx context.Context, log *slog.Logger, what string, err error, attrs
 	case retry.KindOf(err) == retry.KindConnection:
 		// A restart, a failover, a frozen process's session ended by the
 		// server: nothing to fix here, and the next pass tries again (the
-		// daemon then says "database unreachable" once, while it lasts).
+		// daemon then says once that the database does not answer, and
+		// skips its passes until it does).
 		log.Warn(what+": table failed: the connection to the database was lost or refused; the next pass tries again", append([]any{"error", err}, attrs...)...)
 	default:
 		log.Error(what+": table failed", append([]any{"error", err}, attrs...)...)

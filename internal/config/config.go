@@ -63,6 +63,7 @@ type Config struct {
 	MaxReplicaLag      time.Duration `envconfig:"MAX_REPLICA_LAG" default:"1s" desc:"pause while a standby's apply lag is above this"`
 	MaxReplicaLagBytes ByteSize      `envconfig:"MAX_REPLICA_LAG_BYTES" default:"64MB" desc:"pause while a standby's replay position is more than this behind (pg_stat_replication)"`
 	ReplicaFailOpen    bool          `envconfig:"REPLICA_FAIL_OPEN" default:"false" desc:"a listed standby that cannot be reached does not pause the daemon"`
+	ReplicaWait        time.Duration `envconfig:"REPLICA_WAIT" default:"1m" desc:"once: the longest a pass waits for a listed standby it cannot read; then it stops and exits 1 (run waits for as long as it takes)"`
 	MaxSlotLagBytes    ByteSize      `envconfig:"MAX_SLOT_LAG_BYTES" default:"1GB" desc:"pause while a logical slot is more than this behind; 0 disables"`
 	BatchTarget        time.Duration `envconfig:"BATCH_TARGET" default:"200ms" desc:"the batch size adapts toward batches that take this long"`
 	BatchSizeMin       int           `envconfig:"BATCH_SIZE_MIN" default:"100" desc:"smallest adaptive batch size"`
@@ -484,6 +485,9 @@ func (c Config) problems() problems {
 	if c.MaxReplicaLag <= 0 {
 		ps.addf(n["MaxReplicaLag"], "%s must be greater than 0", humantime.Format(c.MaxReplicaLag))
 	}
+	if c.ReplicaWait <= 0 {
+		ps.addf(n["ReplicaWait"], "%s must be greater than 0", humantime.Format(c.ReplicaWait))
+	}
 	if c.MaxReplicaLagBytes <= 0 {
 		ps.addf(n["MaxReplicaLagBytes"], "%s must be greater than 0", c.MaxReplicaLagBytes)
 	}
@@ -706,6 +710,36 @@ func RedactURL(s string) string {
 		}
 	}
 	return redactKeywords(s)
+}
+
+// ConnParam is the value of the setting key in the connection string s (a
+// URL's query parameter, or a keyword/value pair), and whether s names it.
+// A string that does not parse names nothing.
+func ConnParam(s, key string) (string, bool) {
+	for _, scheme := range []string{"postgres://", "postgresql://"} {
+		if strings.HasPrefix(s, scheme) {
+			u, err := url.Parse(s)
+			if err != nil || !u.Query().Has(key) {
+				return "", false
+			}
+			return u.Query().Get(key), true
+		}
+	}
+	var found string
+	var ok bool
+	for s = strings.TrimLeft(s, spaces); s != ""; s = strings.TrimLeft(s, spaces) {
+		k, rest, cut := strings.Cut(s, "=")
+		k = strings.TrimSpace(k)
+		var val string
+		var valid bool
+		if val, s, valid = cutValue(strings.TrimLeft(rest, spaces)); !cut || !valid {
+			return "", false
+		}
+		if k == key {
+			found, ok = val, true // the last one wins, as in libpq
+		}
+	}
+	return found, ok
 }
 
 func redactURL(s, afterScheme string) string {

@@ -59,6 +59,7 @@ var defaults = Config{
 	ThrottleResume:     0.5,
 	VacuumDeadRatio:    0.1,
 	LeaseTTL:           15 * time.Second,
+	ReplicaWait:        time.Minute,
 }
 
 func TestLoadDefaults(t *testing.T) {
@@ -115,6 +116,7 @@ func TestLoadGoodValues(t *testing.T) {
 		{"MAX_SLOT_LAG_BYTES", "0", func(c *Config) { c.MaxSlotLagBytes = 0 }},
 		{"MAX_SLOT_LAG_BYTES", "512kB", func(c *Config) { c.MaxSlotLagBytes = 512 << 10 }},
 		{"REPLICA_FAIL_OPEN", "true", func(c *Config) { c.ReplicaFailOpen = true }},
+		{"REPLICA_WAIT", "5m", func(c *Config) { c.ReplicaWait = 5 * time.Minute }},
 		{"ACTIVE_HOURS", "22:00-06:00", func(c *Config) { c.ActiveHours = "22:00-06:00" }},
 		{"ACTIVE_TZ", "Europe/Berlin", func(c *Config) { c.ActiveTZ = "Europe/Berlin" }},
 		{"THROTTLE_QUERY", "SELECT 0", func(c *Config) { c.ThrottleQuery = "SELECT 0" }},
@@ -184,6 +186,7 @@ var badValues = []struct{ name, value, want string }{
 	{"MAX_SLOT_LAG_BYTES", "99999999TB", `"99999999TB" is too large`},
 	{"MAX_REPLICA_LAG_BYTES", "9223372036854775807kB", "is too large"},
 	{"REPLICA_FAIL_OPEN", "maybe", "maybe"},
+	{"REPLICA_WAIT", "0s", "must be greater than 0"},
 	{"SWEEP_PREFETCH", "yes please", "yes please"},
 	{"ACTIVE_HOURS", "22-06", "HH:MM"},
 	{"ACTIVE_HOURS", "06:00-06:00", "empty window"},
@@ -323,8 +326,8 @@ func TestKnownVariables(t *testing.T) {
 			t.Errorf("missing %s", name)
 		}
 	}
-	if len(got) != 37 {
-		t.Errorf("got %d names, want 37: %v", len(got), got)
+	if len(got) != 38 {
+		t.Errorf("got %d names, want 38: %v", len(got), got)
 	}
 }
 
@@ -532,6 +535,25 @@ func TestParseSchedule(t *testing.T) {
 		}
 		if got := s.Next(at); !got.Equal(want) {
 			t.Errorf("%q: next after %s is %s, want %s", spec, at, got, want)
+		}
+	}
+}
+
+// ConnParam reads one setting from either form of a connection string.
+func TestConnParam(t *testing.T) {
+	for _, tc := range []struct {
+		s, key, want string
+		ok           bool
+	}{
+		{"postgres://u:p@h/db?sslmode=verify-full&sslrootcert=/etc/ca.crt", "sslrootcert", "/etc/ca.crt", true},
+		{"postgresql://h/db?sslmode=require", "sslrootcert", "", false},
+		{"host=h sslrootcert='/a dir/ca.crt' sslmode=verify-ca", "sslrootcert", "/a dir/ca.crt", true},
+		{"host=h sslrootcert = /one sslrootcert=/two", "sslrootcert", "/two", true},
+		{"host=h password='it''s'", "sslrootcert", "", false},
+		{"host=h dbname", "sslrootcert", "", false},
+	} {
+		if got, ok := ConnParam(tc.s, tc.key); got != tc.want || ok != tc.ok {
+			t.Errorf("ConnParam(%q, %q) = %q, %v; want %q, %v", tc.s, tc.key, got, ok, tc.want, tc.ok)
 		}
 	}
 }

@@ -2,9 +2,14 @@ package dbconn
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 
@@ -18,12 +23,26 @@ import (
 var ErrBadURL = errors.New("cannot parse the connection string")
 
 // badURL is ErrBadURL with pgx's reason ("sslmode is invalid"), which
-// never holds the string.
+// never holds the string, and the file it could not read (a missing
+// sslrootcert, sslcert or sslkey): a path, never a secret.
 func badURL(err error) error {
 	var pe *pgconn.ParseConfigError
 	if !errors.As(err, &pe) {
 		return ErrBadURL
 	}
+	var file *fs.PathError
+	if errors.As(err, &file) {
+		return fmt.Errorf("%w: %s: cannot read %s: %v", ErrBadURL, reason(pe), file.Path, file.Err)
+	}
+	if r := reason(pe); r != "" {
+		return fmt.Errorf("%w: %s", ErrBadURL, r)
+	}
+	return ErrBadURL
+}
+
+// reason is pgx's reason a connection string did not parse, without the
+// string: "" when it cannot be told apart.
+func reason(pe *pgconn.ParseConfigError) string {
 	// pgx writes "cannot parse `<string, redacted as best it can>`: <reason>
 	// (<inner error>)"; only the reason is sure to hold no password.
 	s := pe.Error()
@@ -32,9 +51,9 @@ func badURL(err error) error {
 	}
 	i := strings.LastIndex(s, "`: ")
 	if i < 0 {
-		return ErrBadURL
+		return ""
 	}
-	return fmt.Errorf("%w: %s", ErrBadURL, s[i+3:])
+	return s[i+3:]
 }
 
 // Cause is why a connection failed.
@@ -59,6 +78,12 @@ const (
 	// CauseRefused: the server answered but refused for now (starting up,
 	// shutting down, too many connections).
 	CauseRefused Cause = "refused"
+	// CauseTLS: the connection string asks for TLS (sslmode require,
+	// verify-ca or verify-full) and it failed: the server's certificate is
+	// not signed by a CA of sslrootcert, names another host, has expired,
+	// or the server does not offer TLS. The configuration's: a certificate
+	// does not change by itself.
+	CauseTLS Cause = "TLS failed"
 )
 
 // ConnectError is a connection that failed, with its cause and the one
@@ -81,7 +106,7 @@ func (e *ConnectError) Unwrap() error { return e.Err }
 // cannot help.
 func (e *ConnectError) Config() bool {
 	switch e.Cause {
-	case CauseAuthentication, CauseAuthorization, CauseUnknownDatabase:
+	case CauseAuthentication, CauseAuthorization, CauseUnknownDatabase, CauseTLS:
 		return true
 	}
 	return false
@@ -89,7 +114,7 @@ func (e *ConnectError) Config() bool {
 
 // IsConfigError reports whether err is a connection string that does not
 // parse, or a connection that failed for a reason of the configuration's
-// (authentication, authorization, an unknown database).
+// (authentication, authorization, an unknown database, TLS).
 func IsConfigError(err error) bool {
 	var ce *ConnectError
 	return errors.Is(err, ErrBadURL) || (errors.As(err, &ce) && ce.Config())
@@ -105,16 +130,17 @@ func Classify(err error) error {
 		return err
 	}
 	c := pce.Config
-	return classify(fmt.Sprintf("%s@%s:%d/%s", c.User, c.Host, c.Port, c.Database), err)
+	return classify(fmt.Sprintf("%s@%s:%d/%s", c.User, c.Host, c.Port, c.Database), "", err)
 }
 
 // connectError classifies a failed connection to url.
 func connectError(url string, err error) error {
-	return classify(config.RedactURL(url), err)
+	return classify(config.RedactURL(url), url, err)
 }
 
-// classify classifies a failed connection to where.
-func classify(where string, err error) error {
+// classify classifies a failed connection to where, made from the
+// connection string url ("": not known).
+func classify(where, url string, err error) error {
 	if errors.Is(err, context.Canceled) {
 		return err
 	}
@@ -123,6 +149,8 @@ func classify(where string, err error) error {
 	var ne net.Error
 	var oe *net.OpError
 	var de *net.DNSError
+	// With sslmode=prefer (the default) pgx tries TLS, then without: the
+	// server's answer to the second attempt says more than the first's.
 	switch {
 	case errors.As(err, &pe):
 		ce.Detail = fmt.Sprintf("%s (SQLSTATE %s)", pe.Message, pe.Code)
@@ -136,16 +164,85 @@ func classify(where string, err error) error {
 		default:
 			ce.Cause = CauseRefused
 		}
+	case certificateRefused(err):
+		ce.Cause, ce.Detail = CauseTLS, tlsDetail(err, url)
 	case errors.As(err, &de):
 		ce.Cause, ce.Detail = CauseUnreachable, de.Error()
 	case errors.As(err, &oe):
 		ce.Cause, ce.Detail = CauseUnreachable, oe.Error()
+	case strings.Contains(err.Error(), tlsRefused):
+		ce.Cause, ce.Detail = CauseTLS, tlsDetail(err, url)
 	case errors.As(err, &ne) && ne.Timeout(), errors.Is(err, context.DeadlineExceeded):
 		ce.Cause, ce.Detail = CauseUnreachable, fmt.Sprintf("no answer within %s", connectTimeout)
 	default:
 		ce.Cause, ce.Detail = CauseUnreachable, withoutTLSNoise(err)
 	}
 	return ce
+}
+
+// certificateRefused reports whether err is the server's certificate not
+// accepted: signed by no CA of sslrootcert, made for another host, expired.
+// Only a connection that verifies (sslmode verify-ca, verify-full, or
+// require with a sslrootcert) meets it, and tries nothing else after.
+func certificateRefused(err error) bool {
+	var unknownCA x509.UnknownAuthorityError
+	var host x509.HostnameError
+	var invalid x509.CertificateInvalidError
+	var verify *tls.CertificateVerificationError
+	return errors.As(err, &unknownCA) || errors.As(err, &host) || errors.As(err, &invalid) || errors.As(err, &verify)
+}
+
+// tlsRefused is what pgconn says, in an error of no type of its own, when
+// the connection requires TLS and the server offers none.
+const tlsRefused = "server refused TLS connection"
+
+// tlsDetail is why TLS failed, and the CA certificates the server's was
+// checked against: the file of sslrootcert, as libpq finds it (the
+// connection string, PGSSLROOTCERT, ~/.postgresql/root.crt), or the
+// system's.
+func tlsDetail(err error, url string) string {
+	var verify *tls.CertificateVerificationError
+	var unknownCA x509.UnknownAuthorityError
+	var host x509.HostnameError
+	var invalid x509.CertificateInvalidError
+	var why string
+	switch {
+	case errors.As(err, &host):
+		why = host.Error()
+	case errors.As(err, &unknownCA):
+		why = unknownCA.Error()
+	case errors.As(err, &invalid):
+		why = invalid.Error()
+	case errors.As(err, &verify):
+		why = verify.Err.Error()
+	default:
+		return "the server does not offer TLS, which the connection string's sslmode requires (turn ssl on on the server, or change sslmode)"
+	}
+	switch ca := rootCert(url); ca {
+	case "", "system":
+		return why + " (checked against the system's CA certificates: no sslrootcert)"
+	default:
+		return why + " (checked against sslrootcert " + ca + ")"
+	}
+}
+
+// rootCert is the file of CA certificates a connection made from url
+// checks the server's against, as libpq finds it: url's sslrootcert,
+// PGSSLROOTCERT, or ~/.postgresql/root.crt when it exists; "" for none.
+func rootCert(url string) string {
+	if v, ok := config.ConnParam(url, "sslrootcert"); ok {
+		return v
+	}
+	if v := os.Getenv("PGSSLROOTCERT"); v != "" {
+		return v
+	}
+	if home, err := os.UserHomeDir(); err == nil {
+		p := filepath.Join(home, ".postgresql", "root.crt")
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	return ""
 }
 
 // withoutTLSNoise is err's message without the lines of the attempt pgx

@@ -21,6 +21,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/humantime"
+	"github.com/inboxkeeper/inboxkeeper/internal/outage"
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 )
 
@@ -35,6 +36,12 @@ type Lease struct {
 	holder string
 	ttl    time.Duration
 	log    *slog.Logger
+	// Outages, when set before Start, is the daemon's account of the
+	// database's outages: a renewal that fails because the database does
+	// not answer is said there, once for the daemon, and one that works
+	// ends it.
+	Outages *outage.Log
+	fails   *outage.Log // the keeper's own: said once, and when it ends
 
 	// attempt serializes the attempts to take or renew the lease, so that
 	// Acquire can see what one that ended a moment ago found (tried).
@@ -64,7 +71,7 @@ func New(db DB, ttl time.Duration, log *slog.Logger) *Lease {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Lease{db: db, ttl: ttl, log: log,
+	return &Lease{db: db, ttl: ttl, log: log, fails: outage.New(nil),
 		holder: fmt.Sprintf("%s/%d/%d", host, os.Getpid(), time.Now().UnixNano())}
 }
 
@@ -196,6 +203,17 @@ func (l *Lease) fresh() bool {
 	return l.holding && time.Until(l.validUntil) > l.ttl*4/5-l.ttl/3
 }
 
+// activeFor is how much longer this instance certainly holds the lease
+// without a renewal: 0 when it does not.
+func (l *Lease) activeFor() time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.holding {
+		return 0
+	}
+	return max(time.Until(l.validUntil), 0).Round(time.Millisecond)
+}
+
 // Check returns nil while the lease is held; the deleter asks before every
 // batch.
 func (l *Lease) Check() error {
@@ -214,7 +232,6 @@ func (l *Lease) Check() error {
 func (l *Lease) Keep(ctx context.Context) {
 	tick := time.NewTicker(l.ttl / 3)
 	defer tick.Stop()
-	var last string
 	for fresh, first := l.fresh(), true; ; fresh, first = false, false {
 		if fresh {
 			select {
@@ -228,19 +245,40 @@ func (l *Lease) Keep(ctx context.Context) {
 			try = l.Acquire // the daemon's first pass may have just tried
 		}
 		_, _, err := try(ctx)
-		// Say it once per kind of failure: on a standby every attempt
-		// fails the same way until promotion.
-		switch {
-		case err != nil && ctx.Err() == nil && err.Error() != last:
-			l.log.Warn("lease: cannot take or renew the lease", "error", err)
-			last = err.Error()
-		case err == nil:
-			last = ""
+		if retry.KindOf(err) == retry.KindConnection && ctx.Err() == nil {
+			// Once more at once, on another connection: the pool's may
+			// have been closed under it (idle_session_timeout, a restart
+			// long over), which is no outage.
+			_, _, err = l.TryAcquire(ctx)
+		}
+		if ctx.Err() == nil {
+			l.kept(err)
 		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+		}
+	}
+}
+
+// kept logs how an attempt of the keeper went, once per cause of failure
+// (on a standby every attempt fails the same way until promotion; while
+// the database is down, every one until it is back) and once when it
+// works again.
+func (l *Lease) kept(err error) {
+	const subject = "lease"
+	switch {
+	case err == nil:
+		l.Outages.DatabaseAnswers()
+		if e, ok := l.fails.Ended(subject); ok && e.Said {
+			l.log.Info("lease: taken or renewed again", "failed_for", e.Lasted, "attempts_failed", e.Failures)
+		}
+	case l.Outages.DatabaseFailed(err):
+	default:
+		if cause := outage.Cause(err); l.fails.Failed(subject, cause) {
+			l.log.Warn("lease: cannot take or renew the lease; said once until it works again", "cause", cause, "error", err,
+				"active_for_at_most", l.activeFor())
 		}
 	}
 }

@@ -3,6 +3,8 @@ package lease
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"regexp"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -12,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/syncbuf"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -223,4 +226,37 @@ func (c *countingDB) QueryRow(ctx context.Context, sql string, args ...any) pgx.
 		c.attempts.Add(1)
 	}
 	return c.DB.QueryRow(ctx, sql, args...)
+}
+
+// A lease that cannot be renewed is said once however many attempts fail,
+// once more when it is lost, and once when it is renewed again, with how
+// long and how many attempts failed. On e58e20f every attempt whose
+// error's text changed was a line (the connection terminated, then
+// refused), and nothing said when it worked again.
+func TestKeeperSaysAnOutageOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c, pool := pgtest.NewMigratedCluster(t)
+	var out syncbuf.Buffer
+	l := New(pool, 3*time.Second, slog.New(slog.NewTextHandler(&out, nil)))
+	stop := l.Start(ctx)
+	defer stop()
+	pgtest.WaitFor(t, 30*time.Second, "the lease taken", l.Held)
+	if err := c.StopServer(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Lost: the keeper failed for more than 4/5 of the ttl, an attempt a
+	// second.
+	pgtest.WaitFor(t, 30*time.Second, "the lease lost", func() bool { return strings.Contains(out.String(), "no longer active") })
+	if err := c.StartServer(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pgtest.WaitFor(t, 30*time.Second, "the lease taken again", func() bool { return strings.Contains(out.String(), "taken or renewed again") })
+	log := out.String()
+	if n := strings.Count(log, "cannot take or renew the lease"); n != 1 {
+		t.Errorf("%d lines for the failing attempts, want 1:\n%s", n, log)
+	}
+	if !regexp.MustCompile(`taken or renewed again" failed_for=\S+ attempts_failed=([3-9]|\d\d)`).MatchString(log) {
+		t.Errorf("the end does not count the attempts that failed (at least 3):\n%s", log)
+	}
 }

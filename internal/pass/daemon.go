@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/inboxkeeper/inboxkeeper/expiry"
@@ -13,14 +14,16 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/daemonmetrics"
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/lease"
+	"github.com/inboxkeeper/inboxkeeper/internal/outage"
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 	"github.com/inboxkeeper/inboxkeeper/tiering"
 )
 
 // Daemon is a pass of `run`, when this instance may: not against a
-// standby, only while it holds the lease; and what the daemon measures and
-// remembers around its passes, so that state changes are logged once, not
-// every pass. Scheduling passes is the caller's.
+// standby, only while it holds the lease, not while the database does not
+// answer; and what the daemon measures and remembers around its passes, so
+// that state changes are logged once, not every pass. Scheduling passes is
+// the caller's.
 type Daemon struct {
 	*Driver
 	lease   *lease.Lease
@@ -28,19 +31,31 @@ type Daemon struct {
 	horizon *horizon.Watch
 	state   string
 	inForce map[string]bool
+	// outages is the account of the database's outages, shared with the
+	// lease and the throttle (whichever meets one first says it, in the
+	// daemon's words: sayDown, sayUp): while one lasts, passes are
+	// skipped, and counted in skipped.
+	outages *outage.Log
+	skipped atomic.Int64
 
 	mu     sync.Mutex
 	scrape []*catalog.Table // the tables in force, for what a scrape measures
 }
 
-// NewDaemon runs d's passes under ls, exporting to d's Metrics (required).
+// NewDaemon runs d's passes under ls, exporting to d's Metrics (required),
+// and says the database's outages in outages (nil: a log of its own).
 // What changes slowly (the tiers' sizes, the installed rules, the retained
 // first-seen ranges) is measured when /metrics is scraped, not every pass:
 // a daemon that is not scraped does not read it at all.
-func NewDaemon(d *Driver, ls *lease.Lease) *Daemon {
+func NewDaemon(d *Driver, ls *lease.Lease, outages *outage.Log) *Daemon {
 	d.Lease = ls.Check
 	d.slowAtScrape = true
-	dm := &Daemon{Driver: d, lease: ls, metrics: d.Metrics, horizon: horizon.NewWatch(d.Pool, d.Metrics.Horizon, d.Log)}
+	if outages == nil {
+		outages = outage.New(nil)
+	}
+	dm := &Daemon{Driver: d, lease: ls, metrics: d.Metrics, horizon: horizon.NewWatch(d.Pool, d.Metrics.Horizon, d.Log), outages: outages}
+	outages.SayDatabase(dm.sayDown, dm.sayUp)
+	d.outages = outages
 	d.Metrics.MeasureAtScrape(dm.measureFacts)
 	return dm
 }
@@ -49,15 +64,15 @@ func NewDaemon(d *Driver, ls *lease.Lease) *Daemon {
 // when this instance is the active one (a waiting instance exports nothing
 // per table).
 func (d *Daemon) measureFacts(ctx context.Context) {
-	if !d.lease.Held() {
-		return
+	if !d.lease.Held() || d.outages.Open(outage.Database) {
+		return // an outage: nothing to measure, and it is said already
 	}
 	d.mu.Lock()
 	tables := d.scrape
 	d.mu.Unlock()
 	d.measureSlow(ctx, tables)
 	if _, err := d.horizon.Update(ctx, false); err != nil && ctx.Err() == nil {
-		d.Log.Warn("inboxkeeper: read the xmin horizon for metrics", "error", err)
+		d.warn("inboxkeeper: read the xmin horizon for metrics", err)
 	}
 }
 
@@ -111,34 +126,26 @@ func (d *Daemon) Pass(ctx context.Context) error {
 	// Holding the lease means the database took a write (its renewal)
 	// less than LEASE_TTL ago: it is no standby, and one read a pass is
 	// saved. Without it, a standby is told apart before the lease is tried.
-	standby, err := false, error(nil)
 	if !d.lease.Held() {
-		standby, err = dbconn.InRecovery(ctx, d.Pool)
-	}
-	if err != nil {
-		if ctx.Err() != nil {
-			return ctx.Err()
+		var standby bool
+		err := twice(ctx, func() (err error) { standby, err = dbconn.InRecovery(ctx, d.Pool); return err })
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			outcome = daemonmetrics.PassFailed
+			dm.Active.Set(0)
+			d.unreachable(err)
+			return nil
 		}
-		outcome = daemonmetrics.PassFailed
-		dm.Active.Set(0)
-		// One line per change of cause; a cause of the configuration's (a
-		// password rotated, a grant revoked) is an ERROR someone must fix.
-		var ce *dbconn.ConnectError
-		if err = dbconn.Classify(err); errors.As(err, &ce) && ce.Config() {
-			d.sayAt(slog.LevelError, "cannot connect: "+string(ce.Cause)+"; retrying every pass until the configuration or the database changes", "error", err)
-		} else {
-			d.say("database unreachable; retrying next pass", "error", err)
+		d.answers()
+		if standby {
+			dm.InRecovery.Set(1)
+			d.inactive()
+			d.say("the database is a standby (in recovery): doing nothing until it is promoted")
+			return nil
 		}
-		return nil
-	}
-	if standby {
-		dm.InRecovery.Set(1)
-		d.inactive()
-		d.say("the database is a standby (in recovery): doing nothing until it is promoted")
-		return nil
-	}
-	dm.InRecovery.Set(0)
-	if !d.lease.Held() {
+		dm.InRecovery.Set(0)
 		// Try now rather than wait for the keeper's next tick: a promoted
 		// standby or a restarted database should not wait a ttl. As the
 		// daemon starts the keeper is trying too: Acquire takes what its
@@ -151,17 +158,21 @@ func (d *Daemon) Pass(ctx context.Context) error {
 	}
 	dm.Active.Set(1)
 	d.say("active")
+	// The settings are the first read of a pass under the lease: a failed
+	// connection there is an outage, and the pass is skipped rather than
+	// failed table by table (five lines a pass where it was not).
+	if err := twice(ctx, func() error { return d.tune(ctx) }); err != nil && ctx.Err() == nil {
+		if outage.ConnectionFailed(err) {
+			outcome = daemonmetrics.PassFailed
+			d.unreachable(err)
+			return nil
+		}
+		d.Log.Error("inboxkeeper: the runtime settings cannot be applied; what was in force stays", "error", err)
+	} else if err == nil {
+		d.answers()
+	}
 	dm.PassesInFlight.Set(1)
 	defer dm.PassesInFlight.Set(0)
-	if err := d.tune(ctx); err != nil && ctx.Err() == nil {
-		if retry.KindOf(err) == retry.KindConnection {
-			// A restart or failover under the daemon: nothing to fix in the
-			// settings; the pass that follows says what it could not do.
-			d.Log.Warn("inboxkeeper: the runtime settings could not be read (the connection failed); what was in force stays", "error", err)
-		} else {
-			d.Log.Error("inboxkeeper: the runtime settings cannot be applied; what was in force stays", "error", err)
-		}
-	}
 	res, err := d.runner.Run(ctx)
 	if err != nil {
 		return err
@@ -174,13 +185,16 @@ func (d *Daemon) Pass(ctx context.Context) error {
 		// xmin horizon: who, and for how long, after every pass that
 		// deleted some (and at every scrape).
 		if _, err := d.horizon.Update(ctx, true); err != nil && ctx.Err() == nil {
-			d.Log.Warn("inboxkeeper: read the xmin horizon", "error", err)
+			d.warn("inboxkeeper: read the xmin horizon", err)
 		}
 	}
 	// A pass that went as planned is said at info by its tables' lines,
 	// when they did something; its own line is for debugging then.
+	// So is one the throttle held back from start to end: the throttle
+	// says once that it pauses and once that it resumes, however many
+	// passes it holds.
 	logf := d.Log.Debug
-	if outcome != daemonmetrics.PassOK {
+	if outcome != daemonmetrics.PassOK && !heldBack(res) {
 		logf = d.Log.Info
 	}
 	logf("inboxkeeper: pass done", "outcome", outcome, "tables", total, "failed", failed,
@@ -188,11 +202,71 @@ func (d *Daemon) Pass(ctx context.Context) error {
 	return nil
 }
 
+// unreachable takes a pass that found the database not answering into its
+// outage: said once (sayDown), whoever met it first; the pass is counted.
+// Any other failure to reach it (a reason of the configuration's, which
+// the pool reports as a failed connection too) is said the same way.
+func (d *Daemon) unreachable(err error) {
+	d.skipped.Add(1)
+	if d.outages.DatabaseFailed(err) {
+		return
+	}
+	// Not a connection's failure: the query itself was refused.
+	if cause := outage.Cause(err); d.outages.Failed(outage.Database, cause) {
+		d.sayDown(cause, err)
+	}
+}
+
+// twice runs f, and once more at once when it failed on a connection: a
+// pooled connection may have been closed under it (idle_session_timeout,
+// a restart long over), which is no outage; the second takes another.
+func twice(ctx context.Context, f func() error) error {
+	err := f()
+	if err != nil && ctx.Err() == nil && retry.KindOf(err) == retry.KindConnection {
+		err = f()
+	}
+	return err
+}
+
+// answers ends the database's outage, if one was said.
+func (d *Daemon) answers() { d.outages.DatabaseAnswers() }
+
+// sayDown says the database's outage as it starts (or its cause changes):
+// what it holds back. A cause of the configuration's (a password rotated,
+// a grant revoked, a certificate not trusted) is an ERROR someone must fix.
+func (d *Daemon) sayDown(cause string, err error) {
+	err = dbconn.Classify(err)
+	level, msg := slog.LevelWarn, "inboxkeeper: the database does not answer; passes are skipped until it does (said once, and when it ends)"
+	var ce *dbconn.ConnectError
+	if errors.As(err, &ce) && ce.Config() {
+		level, msg = slog.LevelError, "inboxkeeper: cannot connect: "+string(ce.Cause)+"; passes are skipped until the configuration or the database changes"
+	}
+	d.Log.Log(context.Background(), level, msg, "cause", cause, "tables", d.tableNames(), "lease_held", d.lease.Held(), "error", err)
+}
+
+// sayUp says the end of an outage of the database: how long it lasted and
+// how many passes it skipped.
+func (d *Daemon) sayUp(e outage.Episode) {
+	d.Log.Info("inboxkeeper: the database answers again; passes resume", "down_for", e.Lasted.Round(time.Millisecond),
+		"passes_failed", d.skipped.Swap(0), "since", e.Since.UTC().Format(time.RFC3339))
+}
+
+// tableNames are the tables in force: what an outage holds back.
+func (d *Daemon) tableNames() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	names := make([]string, 0, len(d.scrape))
+	for _, t := range d.scrape {
+		names = append(names, t.Name)
+	}
+	return names
+}
+
 // Refresh counts what is due on every table between passes, when this
 // instance is the active one (a waiting instance exports nothing per
 // table): the cleanup lag grows while the daemon waits for its next pass.
 func (d *Daemon) Refresh(ctx context.Context) {
-	if !d.lease.Held() {
+	if !d.lease.Held() || d.outages.Open(outage.Database) {
 		return
 	}
 	// After a reload the stages are still the old policy's until the next
@@ -200,9 +274,27 @@ func (d *Daemon) Refresh(ctx context.Context) {
 	inForce := func(table string) bool { return d.inForce[table] }
 	for _, del := range d.deleters {
 		if err := del.Refresh(ctx, inForce); err != nil && ctx.Err() == nil {
-			d.Log.Warn("inboxkeeper: could not count the due rows between passes", "error", err)
+			d.warn("inboxkeeper: could not count the due rows between passes", err)
 		}
 	}
+}
+
+// heldBack reports a pass the throttle held back from start to end: no
+// table failed, every one that stopped early did while throttled, and
+// nothing was deleted or demoted.
+func heldBack(res Result) bool {
+	held := false
+	for _, t := range res.Tables {
+		switch {
+		case t.Err != nil:
+			return false
+		case t.StoppedEarly.Kind == retry.KindThrottled:
+			held = true
+		case t.StoppedEarly.Stopped():
+			return false
+		}
+	}
+	return held && !deleted(res)
 }
 
 // deleted reports whether a pass deleted rows, or demoted payloads in

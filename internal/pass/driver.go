@@ -7,6 +7,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/expiry"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
+	"github.com/inboxkeeper/inboxkeeper/internal/outage"
 	"github.com/inboxkeeper/inboxkeeper/internal/settings"
 	"github.com/inboxkeeper/inboxkeeper/tiering"
 )
@@ -43,6 +44,17 @@ type Driver struct {
 	// remembers) is measured when /metrics is scraped (run), not after
 	// every pass (once, which exports once, after its pass).
 	slowAtScrape bool
+	// outages, when set (run), takes a measurement that failed because the
+	// database does not answer into its outage, said once.
+	outages *outage.Log
+}
+
+// warn logs a failed measurement, unless it is the database not answering
+// and the daemon says that once (outages).
+func (d *Driver) warn(msg string, err error) {
+	if !d.outages.DatabaseFailed(err) {
+		d.Log.Warn(msg, "error", err)
+	}
 }
 
 // Use puts tables in force, a policy that passed its checks: the next pass
@@ -83,7 +95,7 @@ func (d *Driver) measureSlow(ctx context.Context, tables []*catalog.Table) {
 	}
 	_ = d.tiers.Update(ctx, tables)
 	if err := d.retained.Update(ctx, tables); err != nil && ctx.Err() == nil {
-		d.Log.Warn("inboxkeeper: read the control schema for metrics", "error", err)
+		d.warn("inboxkeeper: read the control schema for metrics", err)
 	}
 }
 
@@ -118,9 +130,13 @@ func (e SettingsError) Unwrap() error { return e.Err }
 // looked at; without stages yet, the environment's configuration is used.
 func (d *Driver) tune(ctx context.Context) error {
 	if d.watch != nil && !d.watch.Changed() {
-		// One cheap read between passes: the settings are read whole only
-		// when their version moved.
-		if v, err := settings.Version(ctx, d.Pool); err == nil && v == d.watch.Version() {
+		// One cheap read between passes (the daemon's first of a pass: it
+		// tells an outage): the settings are read whole only when their
+		// version moved, and the stages built again only when they were
+		// built settings.RestartAtMostEvery ago or more; a change before
+		// waits for a pass after that (the batch sizes learnt go with the
+		// stages).
+		if v, err := settings.Version(ctx, d.Pool); err == nil && (v == d.watch.Version() || !d.watch.Settled()) {
 			return nil
 		}
 	}
@@ -145,7 +161,7 @@ func (d *Driver) tune(ctx context.Context) error {
 
 // build builds the stages for tn, with a settings watch of its version.
 func (d *Driver) build(tn settings.Tuning) {
-	d.watch = settings.NewWatch(d.Pool, tn.Version)
+	d.watch = settings.NewWatch(d.Pool, tn.Version).Settling(settings.RestartAtMostEvery)
 	if d.Throttle != nil {
 		d.Throttle.SetLimits(tn.Global.Limits())
 	}

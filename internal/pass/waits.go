@@ -55,3 +55,44 @@ func wait(ctx context.Context, q throttle.Querier, s throttle.State, waited time
 	}
 	return w
 }
+
+// UnreadStandby is a standby the throttle cannot read, which holds every
+// batch back (fail closed): a listed one (INBOXKEEPER_REPLICA_URLS) or
+// the primary's view of its own. False when there is none, or when
+// REPLICA_FAIL_OPEN lets the batches go on without it.
+func UnreadStandby(th *throttle.Throttler) (throttle.Reading, bool) {
+	for _, r := range th.Readings() {
+		if r.Kind == throttle.ReplicaUnreachable && r.Over {
+			return r, true
+		}
+	}
+	return throttle.Reading{}, false
+}
+
+// GiveUpOnStandbys calls giveUp once, and returns, when a standby has
+// stayed unread (UnreadStandby) for after; it looks every second until
+// ctx ends. once runs it beside its pass: a standby it cannot read must not
+// hold a one-shot pass for ever (a CronJob that never ends), nor let it
+// end as a success that deleted nothing.
+func GiveUpOnStandbys(ctx context.Context, th *throttle.Throttler, after time.Duration, giveUp func(throttle.Reading)) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	var since time.Time
+	for {
+		r, unread := UnreadStandby(th)
+		switch now := time.Now(); {
+		case !unread:
+			since = time.Time{}
+		case since.IsZero():
+			since = now
+		case now.Sub(since) >= after:
+			giveUp(r)
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}

@@ -6,9 +6,11 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
+	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 	"github.com/inboxkeeper/inboxkeeper/internal/settings"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 )
@@ -120,5 +122,42 @@ func TestWrite(t *testing.T) {
 	}
 	if v2, _ := settings.Version(ctx, pool); v2 <= v1 {
 		t.Errorf("the version did not move: %d, then %d", v1, v2)
+	}
+}
+
+// A settling watch stops no pass until it has settled, however often the
+// settings change meanwhile, and then stops it at the first check: a
+// burst of changes restarts a pass at most once per settling time.
+func TestWatchSettles(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := pgtest.NewMigratedPool(t)
+	version, err := settings.Version(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const settle = 300 * time.Millisecond
+	w := settings.NewWatch(pool, version).Settling(settle)
+	start := time.Now()
+	if _, err := settings.Write(ctx, pool, settings.Global, map[string]*string{"batch_size": str("700")}, "test", func([]settings.Setting) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Check(); err != nil && time.Since(start) < settle {
+		t.Fatalf("a change stopped the pass %s after the watch was made, before it settled (%s)", time.Since(start), settle)
+	}
+	pgtest.WaitFor(t, 10*time.Second, "the watch to see the change once settled", func() bool {
+		return errors.Is(w.Check(), retry.ErrSettingsChanged)
+	})
+	if took := time.Since(start); took < settle || !w.Changed() {
+		t.Errorf("stopped after %s (changed %v), want no sooner than %s", took, w.Changed(), settle)
+	}
+	// Without Settling it stops at once.
+	v2, _ := settings.Version(ctx, pool)
+	now := settings.NewWatch(pool, v2)
+	if _, err := settings.Write(ctx, pool, settings.Global, map[string]*string{"batch_size": str("800")}, "test", func([]settings.Setting) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := now.Check(); !errors.Is(err, retry.ErrSettingsChanged) {
+		t.Errorf("a watch without Settling: %v, want %v at once", err, retry.ErrSettingsChanged)
 	}
 }
