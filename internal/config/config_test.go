@@ -418,6 +418,13 @@ func TestServiceLinkVariablesIgnored(t *testing.T) {
 	if _, err := Load(); err == nil {
 		t.Error("INBOXKEEPER_PORTS accepted: only Kubernetes' exact shapes are ignored")
 	}
+	// A Service named inboxkeeper-metrics injects INBOXKEEPER_METRICS_*:
+	// unknown variables, refused, which is why every manifest turns
+	// service links off (docs/operations/deploying.md says so).
+	setEnv(t, map[string]string{"INBOXKEEPER_METRICS_SERVICE_HOST": "10.0.0.1"})
+	if _, err := Load(); err == nil || !strings.Contains(err.Error(), "INBOXKEEPER_METRICS_SERVICE_HOST: unknown variable") {
+		t.Errorf("a Service named inboxkeeper-metrics: %v, want its INBOXKEEPER_METRICS_SERVICE_HOST refused", err)
+	}
 }
 
 func TestDatabaseURLFile(t *testing.T) {
