@@ -17,6 +17,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/lease"
 	"github.com/inboxkeeper/inboxkeeper/internal/pass"
 	"github.com/inboxkeeper/inboxkeeper/internal/render"
+	"github.com/inboxkeeper/inboxkeeper/internal/settings"
 	"github.com/inboxkeeper/inboxkeeper/tiering"
 )
 
@@ -65,6 +66,7 @@ func (a *app) daemon(ctx context.Context, args []string) error {
 		a.log.Error("inboxkeeper: " + err.Error() + "; batches wait until it connects (fail closed)")
 	}
 	ls := lease.New(pool, a.cfg.LeaseTTL, a.log)
+	ls.Publish(settings.Publish(a.cfg)) // status and settings read the daemon's environment there
 	defer ls.Start(ctx)()
 
 	a.log.Info("inboxkeeper: running", "tables", len(tables), "interval", a.cfg.Interval, "schedule", a.cfg.Schedule,

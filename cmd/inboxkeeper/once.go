@@ -21,6 +21,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/lease"
 	"github.com/inboxkeeper/inboxkeeper/internal/pass"
 	"github.com/inboxkeeper/inboxkeeper/internal/render"
+	"github.com/inboxkeeper/inboxkeeper/internal/settings"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
 )
 
@@ -86,6 +87,7 @@ func (a *app) once(ctx context.Context, args []string) error {
 	d := a.driver(pool, tables, *dryRun, ms)
 	if !*dryRun {
 		ls := lease.New(pool, a.cfg.LeaseTTL, a.log)
+		ls.Publish(settings.Publish(a.cfg)) // status and settings read once's environment there
 		// RUN_TIME bounds the wait too: a cron job must end within its slot.
 		var held lease.ErrHeld
 		if err := ls.Wait(ctx, a.cfg.RunTime); errors.As(err, &held) {

@@ -3,6 +3,7 @@ package render
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -22,6 +23,7 @@ import (
 // rates, for status --watch), the database's role and the active instance, and
 // the throttle's verdict from th's fresh measurement.
 func Status(w io.Writer, r pass.Status, tables []*catalog.Table, rates Rates, th *throttle.Throttler) {
+	WriteEnvironment(w, r.Env)
 	StatusTables(w, r, tables, rates)
 	switch {
 	case r.InRecovery:
@@ -35,6 +37,9 @@ func Status(w io.Writer, r pass.Status, tables []*catalog.Table, rates Rates, th
 		fmt.Fprintf(w, "hold fence: held against the cleanup by %s; batches wait at most their lock timeout, then fail (errors_total{kind=\"fence\"})\n", r.Fence)
 	}
 	writeThrottle(w, th)
+	if slices.Contains(r.Env.Unknown, "INBOXKEEPER_REPLICA_URLS") {
+		fmt.Fprintln(w, "  not measured: the active instance's standbys (INBOXKEEPER_REPLICA_URLS, not known here); its inboxkeeper_throttled metric says whether they hold its batches")
+	}
 	writeHorizon(w, r.Horizon)
 	if len(r.Powers) > 0 {
 		fmt.Fprintf(w, "this role may also: %s. Fine for an operator; the daemon's own login must not (deploy/sql/role.sql, docs/operations/least-privilege.md)\n",
