@@ -250,3 +250,17 @@ func TestHelpForEveryCommand(t *testing.T) {
 		}
 	}
 }
+
+// A policy file that cannot be read is named by its variable, for every
+// command that reads one: the default, ./inboxkeeper.yaml, is relative to
+// wherever the command runs.
+func TestUnreadablePolicyFileNamesItsVariable(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	for _, env := range [][]string{{"INBOXKEEPER_POLICY_FILE=" + dir + "/missing.yaml"}, nil} {
+		for _, args := range [][]string{{"status"}, {"once", "--dry-run"}, {"settings"}, {"plan"}} {
+			r := runCLI(t, dir, cliEnv(append(env, "INBOXKEEPER_DATABASE_URL=postgres://nobody@127.0.0.1:1/none")...), args...)
+			wantExit(t, r, 2, "INBOXKEEPER_POLICY_FILE: cannot read the policy file ", ": no such file or directory")
+		}
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -333,6 +334,12 @@ func connectFailed(variable, url string, err error) error {
 
 func (a *app) loadPolicy() (*policy.Policy, error) {
 	p, err := policy.Load(a.cfg.PolicyFile)
+	var unreadable *fs.PathError
+	if errors.As(err, &unreadable) {
+		// Named by its variable: the default (./inboxkeeper.yaml) is
+		// relative to wherever the command runs.
+		return nil, configError{fmt.Errorf("INBOXKEEPER_POLICY_FILE: cannot read the policy file %s: %v", a.cfg.PolicyFile, unreadable.Err)}
+	}
 	if err != nil {
 		return nil, configError{err}
 	}
