@@ -432,7 +432,11 @@ ANALYZE public.consumer_inbox;`, inboxPolicy, true)
 		"  vacuum:                   by the daemon after a pass that leaves 10% of the tuples dead (INBOXKEEPER_VACUUM_DEAD_RATIO)")
 	r = f.runWith([]string{"INBOXKEEPER_VACUUM_DEAD_RATIO=0"}, "status")
 	wantExit(t, r, 0, "  WARNING vacuum:           autovacuum cannot keep up: at 3",
-		`    as the table's owner:   ALTER TABLE public.consumer_inbox SET (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000, vacuum_truncate = false)`)
+		`    as the table's owner:   ALTER TABLE public.consumer_inbox SET (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000, vacuum_truncate = false)`,
+		"(or inboxkeeper plan --apply, once a retention record names the table)")
+	// This policy has no retention section: plan --apply is refused, so the
+	// advice does not send the operator there as if it were not.
+	wantExit(t, f.run("plan", "--apply"), 2, "no retention section")
 	r = f.runWith([]string{"INBOXKEEPER_VACUUM_DEAD_RATIO=0"}, "status", "--json")
 	wantExit(t, r, 0)
 	st := decodeOutput[render.StatusJSON](t, "status --json", r, nil)

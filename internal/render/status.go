@@ -281,7 +281,9 @@ func writeVacuum(w io.Writer, r pass.Status, st expiry.TableStatus) {
 	}
 	fmt.Fprintf(w, "  WARNING vacuum:           autovacuum cannot keep up: %s\n", a)
 	if sql := a.AlterSQL(st.Table); sql != "" {
-		fmt.Fprintf(w, "    as the table's owner:   %s (inboxkeeper plan --apply sets it)\n", sql)
+		// plan --apply sets it only on the tables a retention record
+		// names: a policy without a retention section is refused.
+		fmt.Fprintf(w, "    as the table's owner:   %s (or inboxkeeper plan --apply, once a retention record names the table)\n", sql)
 	}
 }
 
