@@ -70,8 +70,8 @@ func StatusTables(w io.Writer, r pass.Status, tables []*catalog.Table, rates Rat
 			if st.Table == t.Name {
 				writeStatus(w, st)
 				writeVacuum(w, r, st)
-				if rise, ok := rates.slope(st.Table); ok {
-					fmt.Fprintf(w, "  due rows (last minute):   %s\n", backlogTrend(-rise, st.Due))
+				if trend := rates.trend(st.Table, st.Due); trend != "" {
+					fmt.Fprintf(w, "  due rows (last minute):   %s\n", trend)
 				}
 			}
 		}
