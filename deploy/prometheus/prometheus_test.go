@@ -1064,8 +1064,8 @@ func TestOnceExportsMetrics(t *testing.T) {
 	// behind, and so does each run under a name of its own.
 	command(t, bin, env, "replay", "finish", strings.TrimSpace(replayID))
 	command(t, bin, env, "once", "--pushgateway", "http://"+gwAddr)
-	for range 2 {
-		command(t, bin, env, "once", "--metrics-file", file, "--pushgateway", "http://"+gwAddr, "--push-instance", "ik-cron")
+	for _, gateway := range []string{"http://" + gwAddr, gwAddr} { // a bare host:port is http://host:port
+		command(t, bin, env, "once", "--metrics-file", file, "--pushgateway", gateway, "--push-instance", "ik-cron")
 	}
 	pushed = scrape.Get(t, "http://"+gwAddr+"/metrics")
 	scraped := time.Now()
