@@ -103,14 +103,14 @@ func writeValues(w io.Writer, vals []settings.Value, indent string) {
 // A value of the shell's environment or its default, where no active
 // instance published its own, says so: it is not the daemon's.
 func origin(v settings.Value) string {
-	src := v.Source
+	o := v.Source
+	if v.BoundBy != "" {
+		o = fmt.Sprintf("%s %s, bounded by %s from %s", v.Source, v.Given, v.BoundBy, v.BoundBySource)
+	}
 	if shellValue(v) {
-		src += ", this shell"
+		o += ", this shell"
 	}
-	if v.BoundBy == "" {
-		return src
-	}
-	return fmt.Sprintf("%s %s, bounded by %s from %s", src, v.Given, v.BoundBy, v.BoundBySource)
+	return o
 }
 
 // shellValue: v is the shell's environment's or its default, not an
