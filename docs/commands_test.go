@@ -223,6 +223,15 @@ var (
 	buildErr  error
 )
 
+// TestMain removes the binary buildBinary built, once every test is done.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if builtBin != "" {
+		_ = os.RemoveAll(builtBin)
+	}
+	os.Exit(code)
+}
+
 // buildBinary builds cmd/inboxkeeper once for the package's tests and
 // returns the directory that holds it.
 func buildBinary(t *testing.T) string {
