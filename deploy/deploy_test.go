@@ -747,7 +747,7 @@ func checkInboxkeeperContainer(t *testing.T, c cluster, p pod, ct container) {
 		t.Errorf("%s: args %q, want one of run, once, migrate", where, ct.Args)
 	}
 	if p.Spec.EnableServiceLinks == nil || *p.Spec.EnableServiceLinks {
-		t.Errorf("%s: set enableServiceLinks: false; a Service named inboxkeeper would inject INBOXKEEPER_SERVICE_HOST and the like, which inboxkeeper rejects (exit 2)", p)
+		t.Errorf("%s: set enableServiceLinks: false; a Service named inboxkeeper-metrics would inject INBOXKEEPER_METRICS_SERVICE_HOST and the like, which inboxkeeper rejects as unknown (exit 2)", p)
 	}
 	if len(ct.EnvFrom) > 0 {
 		t.Errorf("%s: envFrom hides which variables are set; list them in env", where)

@@ -83,8 +83,10 @@ func TestReleaseScript(t *testing.T) {
 			t.Errorf("the packaged Chart.yaml lacks %q:\n%s", strings.TrimSpace(want), chartYAML)
 		}
 	}
-	if rules := tarFile(t, chartTgz, "inboxkeeper/files/inboxkeeper.rules.yml"); rules != testfile.Read(t, "prometheus/inboxkeeper.rules.yml") {
-		t.Errorf("the packaged chart's rules are not deploy/prometheus/inboxkeeper.rules.yml (the link must be resolved)")
+	for _, f := range []string{"inboxkeeper.rules.yml", "inboxkeeper-run.rules.yml", "inboxkeeper-cronjob.rules.yml"} {
+		if rules := tarFile(t, chartTgz, "inboxkeeper/files/"+f); rules != testfile.Read(t, "prometheus/"+f) {
+			t.Errorf("the packaged chart's %s is not deploy/prometheus/%s (the link must be resolved)", f, f)
+		}
 	}
 
 	sums := testfile.Read(t, filepath.Join(out, "SHA256SUMS"))

@@ -9,6 +9,7 @@ import (
 
 	"github.com/inboxkeeper/inboxkeeper/holds"
 	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
+	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 )
 
@@ -126,5 +127,49 @@ ALTER TABLE public.consumer_inbox SET (autovacuum_enabled = off);`, inboxPolicy)
 	}
 	if res.LiveTuples != live || res.DeadTuples != dead {
 		t.Errorf("measured %d live and %d dead tuples, want %d and %d (pg_stat_user_tables)", res.LiveTuples, res.DeadTuples, live, dead)
+	}
+}
+
+// FallingDueRate counts the rows falling due over the next minute as rows
+// a second over the part of the minute rows reach into: a writer at 200
+// rows/s whose rows expire 30 s after they are written leaves the last
+// half of the minute empty (those rows are not written yet), and is still
+// 200 rows/s falling due, not 100; where rows reach past the minute (a
+// 2 min expiry), the whole minute counts.
+func TestFallingDueRate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, c := range []struct {
+		name string
+		rows int // the last rows of a writer at 200 a second, the newest written now
+		ttl  string
+	}{{"a 30 s expiry", 6000, "30 seconds"}, {"a 2 min expiry", 24000, "2 minutes"}} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			pool, _ := pgtest.NewMigratedPool(t, pgtest.ShortInboxDDL)
+			tbl := pgtest.Resolve(t, pool, pgtest.ShortInboxPolicy)[0]
+			pgtest.Exec(t, pool, `INSERT INTO public.consumer_inbox (consumer, message_id, remember_until)
+SELECT 'c', 'm' || i, now() + $1::interval - i * interval '5 milliseconds' FROM generate_series(0, $2 - 1) i`, c.ttl, c.rows)
+			rate, err := FallingDueRate(ctx, pool, tbl)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rate < 180 || rate > 220 {
+				t.Errorf("%.1f rows/s falling due, want 200", rate)
+			}
+		})
+	}
+}
+
+// The table done line's rows_per_second is the throughput over the last
+// minute: a first pass, after a start or a set (a new Deleter), has no
+// minute behind it, and its own burst is left out rather than said as if
+// it were that.
+func TestRateNotBeforeAMinute(t *testing.T) {
+	d := &Deleter{rates: map[string]*deleteRate{}}
+	tbl := &catalog.Table{Name: "public.consumer_inbox"}
+	d.markRate(tbl)
+	if v, ok := d.rate(tbl, 12000); ok {
+		t.Errorf("a first pass's rate %.0f rows/s is reported as the minute's throughput", v)
 	}
 }

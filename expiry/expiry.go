@@ -374,14 +374,18 @@ func (d *Deleter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 // rate counts a pass's deleted rows into the table's running total and
 // returns the rows deleted per second over the last minute, across passes
 // (batchloop.Rate; each pass is sampled at its start too, markRate, so a
-// first pass has a rate, its own).
+// pass longer than the minute has its own). Not before the samples span
+// most of a minute: until then they are the first pass's burst (117,000
+// rows/s after a restart or a set) where later lines say the throughput
+// (200), and the line leaves it out.
 func (d *Deleter) rate(t *catalog.Table, deleted int64) (float64, bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	r := d.rateOf(t)
 	r.total += deleted
 	r.Add(time.Now(), r.total)
-	return r.PerSecond()
+	v, ok := r.PerSecond()
+	return v, ok && r.Span() >= batchloop.RateWindow*9/10
 }
 
 // markRate samples t's running total as a pass begins: the rate then

@@ -63,7 +63,7 @@ func NewMetrics(reg prometheus.Registerer, facts *daemonmetrics.Facts) *Metrics 
 		Vacuums: daemonmetrics.CounterVec(reg, "inboxkeeper_vacuums_total",
 			"VACUUMs of a table the daemon ran (VACUUM (SKIP_LOCKED, TRUNCATE false)) after a pass that left INBOXKEEPER_VACUUM_DEAD_RATIO of its tuples dead, each one (one an older snapshot held back and its second count two); one that found the table locked and passed it over does not count.", "table"),
 		DeadTuples: facts.Gauge(reg, "inboxkeeper_dead_tuples",
-			"Dead tuples of the table after the daemon's last pass that deleted rows: pg_stat_user_tables.n_dead_tup, or the rows the daemon deleted since its last VACUUM of it when more.", "table"),
+			"Dead tuples of the table after the daemon's last pass that deleted rows (and its VACUUM, when it ran one), as status shows them: pg_stat_user_tables.n_dead_tup, read once the pass's own counts have reached the statistics.", "table"),
 	}
 }
 
@@ -127,19 +127,27 @@ func (v *Vacuumer) AfterPass(ctx context.Context, t *catalog.Table, deleted, liv
 	if v == nil || t.Partitioned() || t.Distributed() {
 		return Outcome{}
 	}
+	// The gauge is what status shows, whatever the decision counts: the
+	// rows deleted since the daemon's last VACUUM are no dead tuples once
+	// autovacuum has come by.
+	defer v.export(ctx, t, dead)
 	v.mu.Lock()
 	v.since[t.Name] += deleted
 	dead = max(dead, v.since[t.Name])
 	v.mu.Unlock()
 	out := Outcome{Dead: dead}
-	if m := v.opts.Metrics; m != nil {
-		m.DeadTuples.Set(float64(dead), t.Name)
-	}
 	if dead < minDead || float64(dead) < v.opts.DeadRatio*float64(live+dead) {
 		return out
 	}
 	if ok, err := v.mayVacuum(ctx, t); err != nil || !ok {
 		out.NotRun, out.Err = "this role may not vacuum the table", err
+		if err == nil {
+			// It never will: what it deleted stops counting toward a
+			// VACUUM only autovacuum runs, rather than adding up for ever.
+			v.mu.Lock()
+			v.since[t.Name] = 0
+			v.mu.Unlock()
+		}
 		return out
 	}
 	if why, ok := v.opts.CheckActive(); !ok {
@@ -221,6 +229,24 @@ func (v *Vacuumer) AfterPass(ctx context.Context, t *catalog.Table, deleted, liv
 	}
 	v.opts.Logger.Debug("vacuum: done", "table", t.Name, "dead_tuples", dead, "live_tuples", live, "took", out.Took.Round(time.Millisecond))
 	return out
+}
+
+// export sets the table's inboxkeeper_dead_tuples to its dead tuples as
+// status reads them (pg_stat_user_tables.n_dead_tup), once the counts of
+// the pass's last batches have reached the statistics (flushStats): at
+// the end of AfterPass, after its VACUUM when one ran. Where they cannot
+// be read so (before PostgreSQL 15, track_counts off), the pass's own
+// reading, passDead, stands.
+func (v *Vacuumer) export(ctx context.Context, t *catalog.Table, passDead int64) {
+	m := v.opts.Metrics
+	if m == nil {
+		return
+	}
+	v.flushStats(ctx)
+	if _, dead := v.stats(ctx, v.pool, t); dead.Valid {
+		passDead = dead.Int64
+	}
+	m.DeadTuples.Set(float64(passDead), t.Name)
 }
 
 // passedOverWaits are the waits before a VACUUM that another session's

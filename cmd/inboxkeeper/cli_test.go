@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/redistest"
 )
 
@@ -248,5 +249,36 @@ func TestHelpForEveryCommand(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// A policy file that cannot be read is named by its variable, for every
+// command that reads one: the default, ./inboxkeeper.yaml, is relative to
+// wherever the command runs.
+func TestUnreadablePolicyFileNamesItsVariable(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	for _, env := range [][]string{{"INBOXKEEPER_POLICY_FILE=" + dir + "/missing.yaml"}, nil} {
+		for _, args := range [][]string{{"status"}, {"once", "--dry-run"}, {"settings"}, {"plan"}} {
+			r := runCLI(t, dir, cliEnv(append(env, "INBOXKEEPER_DATABASE_URL=postgres://nobody@127.0.0.1:1/none")...), args...)
+			wantExit(t, r, 2, "INBOXKEEPER_POLICY_FILE: cannot read the policy file ", ": no such file or directory")
+		}
+	}
+}
+
+// A command refused for want of a grant says which role of role.sql it
+// needs: set and hold add run as the daemon's login are the operator's.
+func TestPermissionErrorsNameTheRole(t *testing.T) {
+	t.Parallel()
+	f := inboxFixture(t)
+	roles := pgtest.ApplyRoleScript(t, f.url, map[string]string{"table_schema": "public", "table_name": "consumer_inbox", "expiry_column": "remember_until"})
+	asDaemon := []string{"INBOXKEEPER_DATABASE_URL=" + roles.Daemon}
+	for _, args := range [][]string{
+		{"set", "batch_size=1000", "--reason", "r"},
+		{"hold", "add", "--table", "public.consumer_inbox", "--reason", "r", "--owner", "o"},
+		{"pause", "--reason", "r"},
+	} {
+		r := f.runWith(asDaemon, args...)
+		wantExit(t, r, 1, "permission denied", "needs the operator's role (inboxkeeper_operator in deploy/sql/role.sql)")
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/inboxkeeper/inboxkeeper/internal/lease"
 	"github.com/inboxkeeper/inboxkeeper/internal/render"
 	"github.com/inboxkeeper/inboxkeeper/internal/settings"
 	"github.com/inboxkeeper/inboxkeeper/internal/sqlident"
@@ -163,10 +164,17 @@ func (a *app) settingsCmd(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	scopes := settings.Scopes(a.cfg, stored, p)
-	if *asJSON {
-		return render.WriteJSON(a.stdout, render.SettingsJSON{Scopes: render.Scopes(scopes)})
+	// On the active instance's environment, as it publishes it with its
+	// lease: this shell's is not the daemon's.
+	holder, err := lease.Current(ctx, pool)
+	if err != nil {
+		return err
 	}
-	render.WriteScopes(a.stdout, scopes)
+	env := settings.Daemon(a.cfg, holder)
+	scopes := settings.Scopes(env, stored, p)
+	if *asJSON {
+		return render.WriteJSON(a.stdout, render.SettingsJSON{Environment: render.Environment(env), Scopes: render.Scopes(scopes)})
+	}
+	render.WriteScopes(a.stdout, env, scopes)
 	return nil
 }

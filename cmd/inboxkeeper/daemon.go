@@ -18,6 +18,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/outage"
 	"github.com/inboxkeeper/inboxkeeper/internal/pass"
 	"github.com/inboxkeeper/inboxkeeper/internal/render"
+	"github.com/inboxkeeper/inboxkeeper/internal/settings"
 	"github.com/inboxkeeper/inboxkeeper/internal/sighup"
 	"github.com/inboxkeeper/inboxkeeper/tiering"
 )
@@ -73,6 +74,7 @@ func (a *app) daemon(ctx context.Context, args []string) error {
 	}
 	ls := lease.New(pool, a.cfg.LeaseTTL, a.log)
 	ls.Outages = outages
+	ls.Publish(settings.Publish(a.cfg)) // status and settings read the daemon's environment there
 	defer ls.Start(ctx)()
 
 	a.log.Info("inboxkeeper: running", "tables", len(tables), "interval", a.cfg.Interval, "schedule", a.cfg.Schedule,

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -25,6 +26,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/pass"
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
 	"github.com/inboxkeeper/inboxkeeper/internal/render"
+	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 	_ "github.com/inboxkeeper/inboxkeeper/internal/sighup" // SIGHUP never ends a command
 	"github.com/inboxkeeper/inboxkeeper/migrations"
 	"github.com/inboxkeeper/inboxkeeper/retention"
@@ -197,7 +199,26 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if errors.Is(context.Cause(ctx), errStdoutClosed) {
 		return exitFailure // no one reads what it would say
 	}
-	return exitCode(cmdErr, stderr)
+	return exitCode(needsRole(a.command, cmdErr), stderr)
+}
+
+// needsRole adds to a refusal for want of a privilege (42501) which of
+// deploy/sql/role.sql's roles the command needs: "permission denied for
+// table settings" alone does not say that `set` is the operator's.
+func needsRole(command string, err error) error {
+	if retry.Code(err) != retry.SQLStateInsufficientPriv {
+		return err
+	}
+	role := "the operator's role (inboxkeeper_operator in deploy/sql/role.sql) or the daemon's (inboxkeeper)"
+	switch command {
+	case "hold add", "hold release", "replay start", "replay finish", "pause", "resume", "set", "plan":
+		role = "the operator's role (inboxkeeper_operator in deploy/sql/role.sql); the daemon's may not"
+	case "run", "once", "partitions ensure":
+		role = "the daemon's role (inboxkeeper in deploy/sql/role.sql), and for partitions the tables' owner role"
+	case "migrate":
+		role = "the owner of the database objects, with CREATE on the database (no role of deploy/sql/role.sql)"
+	}
+	return fmt.Errorf("%w\n%s needs %s: run it as a login that is a member of that role (docs/operations/least-privilege.md)", err, command, role)
 }
 
 func exitCode(err error, stderr io.Writer) int {
@@ -335,6 +356,12 @@ func connectFailed(variable, url string, err error) error {
 
 func (a *app) loadPolicy() (*policy.Policy, error) {
 	p, err := policy.Load(a.cfg.PolicyFile)
+	var unreadable *fs.PathError
+	if errors.As(err, &unreadable) {
+		// Named by its variable: the default (./inboxkeeper.yaml) is
+		// relative to wherever the command runs.
+		return nil, configError{fmt.Errorf("INBOXKEEPER_POLICY_FILE: cannot read the policy file %s: %v", a.cfg.PolicyFile, unreadable.Err)}
+	}
 	if err != nil {
 		return nil, configError{err}
 	}

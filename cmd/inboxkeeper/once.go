@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxkeeper/inboxkeeper/expiry"
@@ -21,6 +22,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/outage"
 	"github.com/inboxkeeper/inboxkeeper/internal/pass"
 	"github.com/inboxkeeper/inboxkeeper/internal/render"
+	"github.com/inboxkeeper/inboxkeeper/internal/settings"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
 )
 
@@ -45,7 +47,7 @@ func (a *app) once(ctx context.Context, args []string) error {
 	dryRun := fs.Bool("dry-run", false, "count what would be deleted; delete nothing")
 	metricsFile := fs.String("metrics-file", "", "write the pass's metrics to this file, in the node_exporter textfile format (written whole, by rename)")
 	gateway := fs.String("pushgateway", "", "push the pass's metrics to this Prometheus Pushgateway (http://host:9091), job inboxkeeper")
-	pushInstance := fs.String("push-instance", "", "the instance label of the pushed metrics (default: the host name); give a name that stays the same from run to run, such as the CronJob's")
+	pushInstance := fs.String("push-instance", "", "the instance label of the pushed metrics (default: the database, host:port/name, the same from run to run); a name of your own, such as the CronJob's, must stay the same too")
 	if err := a.parseOnlyFlags(fs, args); err != nil {
 		return err
 	}
@@ -88,6 +90,7 @@ func (a *app) once(ctx context.Context, args []string) error {
 	d := a.driver(pool, tables, *dryRun, ms)
 	if !*dryRun {
 		ls := lease.New(pool, a.cfg.LeaseTTL, a.log)
+		ls.Publish(settings.Publish(a.cfg)) // status and settings read once's environment there
 		// RUN_TIME bounds the wait too: a cron job must end within its slot.
 		var held lease.ErrHeld
 		if err := ls.Wait(ctx, a.cfg.RunTime); errors.As(err, &held) {
@@ -136,7 +139,7 @@ func (a *app) once(ctx context.Context, args []string) error {
 		// Also after a failed pass: the metrics say it failed.
 		instance := *pushInstance
 		if instance == "" {
-			instance = instanceName()
+			instance = pushInstanceOf(a.cfg.DatabaseURL)
 		}
 		if xerr := ms.Export(ctx, *metricsFile, *gateway, instance); xerr != nil {
 			return errors.Join(err, xerr)
@@ -208,13 +211,17 @@ func checkMetricsFile(path string) error {
 	return nil
 }
 
-// instanceName names this process's series at a Pushgateway.
-func instanceName() string {
-	host, err := os.Hostname()
-	if err != nil {
+// pushInstanceOf names the series of the database at url at a
+// Pushgateway, where each push replaces the last of the same name: the
+// database (host:port/name, never a user or password) is the same from
+// run to run, where a host name is not (a Job's pod has a new one every
+// run, and each would leave a group behind whose last success goes stale).
+func pushInstanceOf(url string) string {
+	c, err := pgconn.ParseConfig(url)
+	if err != nil || c.Host == "" {
 		return "inboxkeeper"
 	}
-	return host
+	return fmt.Sprintf("%s:%d/%s", c.Host, c.Port, c.Database)
 }
 
 // checkReplicas connects once to each INBOXKEEPER_REPLICA_URLS entry. A

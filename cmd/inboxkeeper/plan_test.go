@@ -379,14 +379,14 @@ INSERT INTO public.consumer_inbox (consumer, message_id, event_time, first_seen_
 SELECT 'hot', 'h-' || i, now(), now(), now() + interval '10 seconds' + (i % 50) * interval '1 second' FROM generate_series(1, 2000) i;
 ANALYZE public.consumer_inbox;`)
 	// The 2,000 rows fall due 10 to 59 s from now: all in the next
-	// minute (FallingDueOver) for the first 10 s, so the rate is 33.3 a
-	// second however late the checks run (from 1 s on, a core kept busy
-	// made it 32.7: 1,959 dead tuples, where the test wants 20xx).
+	// minute (FallingDueOver) for the first 10 s, counted over the 59 s
+	// they reach into at first, and over less as the newest comes nearer:
+	// 34 a second, 40 at 9 s (2,030 to 2,400 dead tuples a naptime).
 	pgtest.Migrate(t, url) // plan --apply installs the rules in the control schema
 
 	r := e.run("--check")
 	wantExit(t, r, 1)
-	fail := regexp.MustCompile(`(?m)^FAIL vacuum \(public\.consumer_inbox\): autovacuum cannot keep up: at 3[34] rows/s falling due, autovacuum lets up to 20\d\d dead tuples pile up .*` +
+	fail := regexp.MustCompile(`(?m)^FAIL vacuum \(public\.consumer_inbox\): autovacuum cannot keep up: at (3[3-9]|40) rows/s falling due, autovacuum lets up to 2[0-4]\d\d dead tuples pile up .*` +
 		`autovacuum_naptime = 2\ds or less \(server-wide\).*; set, as the table's owner \(plan --apply does\): ` +
 		`ALTER TABLE "public"\."consumer_inbox" SET \(autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000, vacuum_truncate = false\)$`)
 	if !fail.MatchString(r.stdout) {
@@ -432,13 +432,18 @@ ANALYZE public.consumer_inbox;`, inboxPolicy, true)
 		"  vacuum:                   by the daemon after a pass that leaves 10% of the tuples dead (INBOXKEEPER_VACUUM_DEAD_RATIO)")
 	r = f.runWith([]string{"INBOXKEEPER_VACUUM_DEAD_RATIO=0"}, "status")
 	wantExit(t, r, 0, "  WARNING vacuum:           autovacuum cannot keep up: at 3",
-		`    as the table's owner:   ALTER TABLE public.consumer_inbox SET (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000, vacuum_truncate = false)`)
+		`    as the table's owner:   ALTER TABLE public.consumer_inbox SET (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000, vacuum_truncate = false)`,
+		"(or inboxkeeper plan --apply, once a retention record names the table)")
+	// This policy has no retention section: plan --apply is refused, so the
+	// advice does not send the operator there as if it were not.
+	wantExit(t, f.run("plan", "--apply"), 2, "no retention section")
 	r = f.runWith([]string{"INBOXKEEPER_VACUUM_DEAD_RATIO=0"}, "status", "--json")
 	wantExit(t, r, 0)
 	st := decodeOutput[render.StatusJSON](t, "status --json", r, nil)
-	// 2,000 rows fall due within 50 s: about 33 a second over the next
-	// minute, less those already due when status counted.
-	if v := st.Tables[0].Vacuum; v == nil || v.AutovacuumKeepsUp || v.DaemonVacuums || v.FallingDuePerSecond < 25 || v.FallingDuePerSecond > 34 ||
+	// 2,000 rows fall due from 10 to 59 s ahead: counted over the 59 s
+	// they reach into, 34 a second, and more as the newest comes nearer
+	// (40 at 9 s), less those already due when status counted.
+	if v := st.Tables[0].Vacuum; v == nil || v.AutovacuumKeepsUp || v.DaemonVacuums || v.FallingDuePerSecond < 25 || v.FallingDuePerSecond > 41 ||
 		len(v.Recommended) == 0 {
 		t.Errorf("status --json: vacuum %+v, want autovacuum not keeping up with about 33 rows a second, no daemon VACUUM, and reloptions recommended", v)
 	}

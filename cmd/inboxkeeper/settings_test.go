@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -115,4 +116,73 @@ FROM generate_series(1, 5000) i;`, inboxPolicy, true)
 	a.stop()
 	b.waitLine(regexp.MustCompile(`msg="expiry: batch" table=public.consumer_inbox deleted=25 `), 30*time.Second)
 	b.stop()
+}
+
+// settings and status show the active instance's environment, as it
+// publishes it with its lease, never the shell's as if it were the
+// daemon's: a daemon running with INBOXKEEPER_BATCH_SIZE=1000, read from a
+// shell without it, does not run with the default 5000; standbys only the
+// shell names do not pause it; and its own standbys, which the shell
+// cannot know, are said to be unknown rather than measured as unreachable.
+func TestSettingsAreTheDaemons(t *testing.T) {
+	t.Parallel()
+	f := inboxFixture(t)
+	batchSize := regexp.MustCompile(`(?m)^  batch_size +(\d+) +\(([^)]*)\)$`)
+	sizeIn := func(r result) string {
+		t.Helper()
+		m := batchSize.FindStringSubmatch(r.stdout)
+		if m == nil {
+			t.Fatalf("no batch_size line\n%s", r)
+		}
+		return m[1] + " (" + m[2] + ")"
+	}
+
+	// No instance: the shell's values, marked as such.
+	r := f.run("settings")
+	wantExit(t, r, 0, "environment: this shell's, since no instance holds the lease")
+	if got := sizeIn(r); got != "5000 (default, this shell)" {
+		t.Errorf("without an active instance, batch_size is %q, want the shell's default marked as the shell's", got)
+	}
+
+	deadStandby := "postgres://standby:pw@127.0.0.1:1/app?connect_timeout=1"
+	d := startDaemon(t, f.dir, f.env("INBOXKEEPER_BATCH_SIZE=1000", "INBOXKEEPER_INTERVAL=1h"), "run")
+	d.waitLine(regexp.MustCompile(`msg="lease: this instance is now the active one"`), 30*time.Second)
+	d.waitLine(regexp.MustCompile(`msg="inboxkeeper: pass done"`), 30*time.Second)
+
+	// A shell without BATCH_SIZE, and with standbys the daemon does not read.
+	shell := []string{"INBOXKEEPER_REPLICA_URLS=" + deadStandby}
+	r = f.runWith(shell, "settings")
+	wantExit(t, r, 0, "environment: the active instance's (")
+	if got := sizeIn(r); got != "1000 (environment)" {
+		t.Errorf("batch_size is %q beside a daemon running with 1000, want 1000 (environment)\n%s", got, r)
+	}
+	if regexp.MustCompile(`\b5000\b`).MatchString(r.stdout) || strings.Contains(r.stdout, "this shell") {
+		t.Errorf("settings shows the shell's values as the daemon's\n%s", r)
+	}
+	got := decodeOutput[render.SettingsJSON](t, "settings --json", f.runWith(shell, "settings", "--json"), nil)
+	if got.Environment.Of != "active_instance" || got.Environment.Instance == nil {
+		t.Errorf("settings --json: environment %+v, want the active instance's", got.Environment)
+	}
+	for _, v := range got.Scopes[0].Settings {
+		if v.Key == "batch_size" && (v.Text != "1000" || v.Source != "environment" || v.FromThisShell) {
+			t.Errorf("settings --json: batch_size %+v, want 1000 from the daemon's environment", v)
+		}
+	}
+	r = f.runWith(shell, "status")
+	wantExit(t, r, 0, "environment: the active instance's (", "throttle: running")
+	if strings.Contains(r.stdout, "replica") {
+		t.Errorf("status measured the shell's standbys, which the daemon does not read\n%s", r)
+	}
+	d.stop()
+
+	// A daemon with standbys of its own, read from a shell without them.
+	d = startDaemon(t, f.dir, f.env("INBOXKEEPER_REPLICA_URLS="+deadStandby, "INBOXKEEPER_INTERVAL=1h"), "run")
+	d.waitLine(regexp.MustCompile(`msg="lease: this instance is now the active one"`), 30*time.Second)
+	r = f.run("status")
+	wantExit(t, r, 0, "not known here: INBOXKEEPER_REPLICA_URLS", "not measured: the active instance's standbys")
+	st := decodeOutput[render.StatusJSON](t, "status --json", f.run("status", "--json"), nil)
+	if st.Environment.Of != "active_instance" || !slices.Equal(st.Environment.Unknown, []string{"INBOXKEEPER_REPLICA_URLS"}) {
+		t.Errorf("status --json: environment %+v, want the active instance's with its standbys unknown", st.Environment)
+	}
+	d.stop()
 }

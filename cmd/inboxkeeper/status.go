@@ -83,7 +83,9 @@ func (a *app) statusOnce(ctx context.Context, pool *pgxpool.Pool, tables []*cata
 			rates.Add(ts.Table, now, ts.Due)
 		}
 	}
-	th := pass.NewThrottle(ctx, pool, a.cfg, a.log, nil)
+	// The throttle as the active instance sees it: its environment, as it
+	// published it (st.Env), not this shell's.
+	th := pass.NewThrottle(ctx, pool, st.Env.Config, a.log, nil)
 	th.MeasureOnce(ctx)
 	if asJSON {
 		return render.WriteJSON(w, render.StatusOf(st, tables, th))

@@ -38,7 +38,7 @@ func TestOneDurationGrammar(t *testing.T) {
 	for _, want := range []string{
 		`(?m)^  batch_target\s+1d\s+\(global setting\)$`,
 		`(?m)^  run_time\s+1h\s+\(global setting\)$`,
-		`(?m)^  batch_pause\s+0s\s+\(default\)$`,
+		`(?m)^  batch_pause\s+0s\s+\(default, this shell\)$`, // no daemon publishes its environment
 	} {
 		if !regexp.MustCompile(want).MatchString(r.stdout) {
 			t.Errorf("settings does not match %s\n%s", want, r)
@@ -79,8 +79,8 @@ func TestSetBoundsLowerLayers(t *testing.T) {
 	r := f.runWith(env, "settings")
 	wantExit(t, r, 0)
 	for _, want := range []string{
-		`(?m)^global\n  batch_size\s+500\s+\(environment\)$`,
-		`(?m)^  batch_size\s+123\s+\(environment 500, bounded by batch_size_max from table setting\)$`,
+		`(?m)^global\n  batch_size\s+500\s+\(environment, this shell\)$`, // no daemon publishes its environment
+		`(?m)^  batch_size\s+123\s+\(environment 500, bounded by batch_size_max from table setting, this shell\)$`,
 		`(?m)^  batch_size_max\s+123\s+\(table setting\)$`,
 	} {
 		if !regexp.MustCompile(want).MatchString(r.stdout) {
@@ -88,7 +88,7 @@ func TestSetBoundsLowerLayers(t *testing.T) {
 		}
 	}
 	wantExit(t, f.runWith(env, "status"), 0,
-		"  settings:                 batch_size=123 (environment 500, bounded by batch_size_max from table setting), batch_size_max=123 (table setting)\n")
+		"  settings:                 batch_size=123 (environment 500, bounded by batch_size_max from table setting, this shell), batch_size_max=123 (table setting)\n")
 	// The pass runs with it: its batches take 123 rows at most.
 	file := filepath.Join(f.dir, "once.prom")
 	wantExit(t, f.runWith(env, "once", "--metrics-file", file), 0)

@@ -3,9 +3,11 @@ package kubecheck
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -26,6 +28,9 @@ import (
 const (
 	chartDir  = "../helm/inboxkeeper"
 	rulesFile = "../prometheus/inboxkeeper.rules.yml"
+	// modeRulesFile is loaded beside rulesFile in the mode's deployment.
+	runRulesFile     = "../prometheus/inboxkeeper-run.rules.yml"
+	cronJobRulesFile = "../prometheus/inboxkeeper-cronjob.rules.yml"
 	// The oldest Kubernetes the chart supports (Chart.yaml says so; it sets
 	// no kubeVersion, so that a render without --kube-version works).
 	kubeVersion    = "v1.29.0"
@@ -40,6 +45,7 @@ type rendered struct {
 	name    string
 	objects []object // the release's objects, then its hooks
 	notes   string
+	text    string // the manifests and the hooks' as rendered, comments included
 }
 
 func (r rendered) find(kind string) []object {
@@ -106,13 +112,14 @@ func renderAndDecodeFor(t *testing.T, version, name string, vals map[string]any)
 	if err != nil {
 		t.Fatalf("%s: the chart does not render: %v", name, err)
 	}
-	r := rendered{name: name, notes: rel.Info.Notes}
+	r := rendered{name: name, notes: rel.Info.Notes, text: rel.Manifest}
 	objs, err := decodeAll(name, rel.Manifest)
 	if err != nil {
 		t.Error(err)
 	}
 	r.objects = objs
 	for _, h := range rel.Hooks {
+		r.text += "\n" + h.Manifest
 		objs, err := decodeAll(name+": "+h.Path, h.Manifest)
 		if err != nil {
 			t.Error(err)
@@ -485,18 +492,11 @@ func checkMonitoring(t *testing.T, r rendered, vals map[string]any, mode string)
 	}
 }
 
-// checkPrometheusRule: the alerts are those of the rules file, with only
-// selectors, thresholds and runbook links changed, and promtool accepts them.
+// checkPrometheusRule: the alerts are those of the rules files the mode
+// loads (inboxkeeper.rules.yml and the mode's), with only selectors,
+// thresholds and runbook links changed, and promtool accepts them.
 func checkPrometheusRule(t *testing.T, o object, pr *monitoringv1.PrometheusRule, vals map[string]any, mode string) {
 	t.Helper()
-	b, err := os.ReadFile(rulesFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var file monitoringv1.PrometheusRuleSpec
-	if err := yaml.UnmarshalStrict(b, &file); err != nil {
-		t.Fatalf("%s does not decode as a PrometheusRule's spec: %v", rulesFile, err)
-	}
 	alerts := func(s monitoringv1.PrometheusRuleSpec) map[string]monitoringv1.Rule {
 		m := map[string]monitoringv1.Rule{}
 		for _, g := range s.Groups {
@@ -506,14 +506,28 @@ func checkPrometheusRule(t *testing.T, o object, pr *monitoringv1.PrometheusRule
 		}
 		return m
 	}
-	want, got := alerts(file), alerts(pr.Spec)
-	skipped := "InboxkeeperCronJobNotSucceeding"
+	modeFile, other := runRulesFile, cronJobRulesFile
 	if mode == "cronjob" {
-		skipped = "InboxkeeperAbsent"
+		modeFile, other = cronJobRulesFile, runRulesFile
 	}
+	want := map[string]monitoringv1.Rule{}
+	for _, f := range []string{rulesFile, modeFile} {
+		maps.Copy(want, alerts(readRulesFile(t, f)))
+	}
+	got := alerts(pr.Spec)
 	for name := range want {
-		if _, ok := got[name]; ok == (name == skipped) {
-			t.Errorf("%s: alert %s rendered=%v; in mode %s only %s is left out", o, name, ok, mode, skipped)
+		if _, ok := got[name]; !ok {
+			t.Errorf("%s: alert %s of %s is not rendered in mode %s", o, name, modeFile, mode)
+		}
+	}
+	for name := range alerts(readRulesFile(t, other)) {
+		if _, ok := got[name]; ok {
+			t.Errorf("%s: alert %s of %s is rendered in mode %s: it fires on every healthy deployment of the mode", o, name, other, mode)
+		}
+	}
+	for name := range got {
+		if _, ok := want[name]; !ok {
+			t.Errorf("%s: alert %s is rendered but in neither %s nor %s", o, name, rulesFile, modeFile)
 		}
 	}
 	p, _ := vals["prometheusRule"].(map[string]any)
@@ -526,7 +540,7 @@ func checkPrometheusRule(t *testing.T, o object, pr *monitoringv1.PrometheusRule
 			t.Errorf("%s: %s runbook_url %q, want %q", o, name, r.Annotations["runbook_url"], base+strings.ToLower(name))
 		}
 		if w, ok := want[name]; ok && name != "InboxkeeperAbsent" && name != "InboxkeeperCronJobNotSucceeding" && w.Expr.String() != r.Expr.String() {
-			t.Errorf("%s: %s's expression differs from %s's", o, name, rulesFile)
+			t.Errorf("%s: %s's expression differs from the rules file's", o, name)
 		}
 	}
 	if r, ok := got["InboxkeeperAbsent"]; ok {
@@ -664,8 +678,16 @@ func TestChartGatesOnKubeVersion(t *testing.T) {
 		t.Errorf("Chart.yaml: kubeVersion %q makes helm template without --kube-version fail; gate on .Capabilities.KubeVersion instead", chrt.Metadata.KubeVersion)
 	}
 	cron := valuesFor(t, filepath.Join(chartDir, "ci", "cronjob-values.yaml"))
-	for version, want := range map[string]bool{"v1.25.0": false, "v1.26.0": true, kubeVersion: true} {
+	// "": helm template without --kube-version, which assumes an old one.
+	for version, want := range map[string]bool{"": false, "v1.25.0": false, "v1.26.0": true, kubeVersion: true} {
 		r := renderAndDecodeFor(t, version, "cronjob-values.yaml at "+version, cron)
+		// The comments say what was rendered: none promises a policy
+		// that is not there.
+		promises := regexp.MustCompile(`(?m)^\s*#.*(fails the Job at once|no retry)`).FindAllString(r.text, -1)
+		warns := strings.Contains(r.text, "has no podFailurePolicy")
+		if want && (warns || len(promises) == 0) || !want && (!warns || len(promises) > 0) {
+			t.Errorf("Kubernetes %q: a podFailurePolicy is rendered: %v, but the comments promise it %q and warn of its absence: %v\n%s", version, want, promises, warns, r.text)
+		}
 		for _, o := range r.objects {
 			var js *batchv1.JobSpec
 			switch obj := o.obj.(type) {
@@ -743,4 +765,18 @@ func TestChartSchemaVariables(t *testing.T) {
 			t.Errorf("values.schema.json: env lacks %s, which inboxkeeper help env lists", name)
 		}
 	}
+}
+
+// readRulesFile decodes a rules file as a PrometheusRule's spec.
+func readRulesFile(t *testing.T, path string) monitoringv1.PrometheusRuleSpec {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var file monitoringv1.PrometheusRuleSpec
+	if err := yaml.UnmarshalStrict(b, &file); err != nil {
+		t.Fatalf("%s does not decode as a PrometheusRule's spec: %v", path, err)
+	}
+	return file
 }

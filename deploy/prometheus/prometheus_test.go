@@ -10,14 +10,17 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -87,7 +90,8 @@ type ruleFile struct {
 }
 
 type ruleTests struct {
-	Tests []struct {
+	RuleFiles []string `yaml:"rule_files"`
+	Tests     []struct {
 		Name        string `yaml:"name"`
 		InputSeries []struct {
 			Series string `yaml:"series"`
@@ -113,10 +117,10 @@ func readYAML(t *testing.T, path string, v any) {
 	}
 }
 
-func readRules(t *testing.T) ruleFile {
+func readRules(t *testing.T, path string) ruleFile {
 	t.Helper()
 	var f ruleFile
-	readYAML(t, rulesFile, &f)
+	readYAML(t, path, &f)
 	return f
 }
 
@@ -126,9 +130,11 @@ type query struct{ where, expr string }
 func ruleQueries(t *testing.T) []query {
 	t.Helper()
 	var qs []query
-	for _, g := range readRules(t).Groups {
-		for i, r := range g.Rules {
-			qs = append(qs, query{fmt.Sprintf("%s: group %s, rule %d (%s%s)", rulesFile, g.Name, i, r.Alert, r.Record), r.Expr})
+	for _, file := range allRuleFiles() {
+		for _, g := range readRules(t, file).Groups {
+			for i, r := range g.Rules {
+				qs = append(qs, query{fmt.Sprintf("%s: group %s, rule %d (%s%s)", file, g.Name, i, r.Alert, r.Record), r.Expr})
+			}
 		}
 	}
 	return qs
@@ -209,98 +215,116 @@ func dashboardQueries(t *testing.T, withVariables bool) []query {
 // --- promtool on the rules and the dashboard ---
 
 func TestRules(t *testing.T) {
-	runPromtool(t, "", "check", "rules", rulesFile)
-	runPromtool(t, "", "test", "rules", rulesTestFile)
+	for _, f := range allRuleFiles() {
+		runPromtool(t, "", "check", "rules", f)
+	}
+	tests := map[string]ruleTests{}
+	for _, f := range allTestFiles() {
+		runPromtool(t, "", "test", "rules", f)
+		var rt ruleTests
+		readYAML(t, f, &rt)
+		tests[f] = rt
+	}
+	checkFileSet(t)
 
 	// What promtool does not insist on: every rule is an alert with a
-	// severity, a summary and a description, and each (alert, severity)
-	// has a test where it fires and a test where the alert stays quiet.
-	var tests ruleTests
-	readYAML(t, rulesTestFile, &tests)
-	fires := map[string]bool{} // alertname + "/" + severity
-	quiet := map[string]bool{} // alertname
-	for _, tc := range tests.Tests {
-		for _, at := range tc.AlertRuleTest {
-			if len(at.ExpAlerts) == 0 {
-				quiet[at.Alertname] = true
-			}
-			for _, a := range at.ExpAlerts {
-				fires[at.Alertname+"/"+a.ExpLabels["severity"]] = true
-			}
-		}
-	}
-	f := readRules(t)
-	if len(f.Groups) != 1 || f.Groups[0].Name != "inboxkeeper" {
-		t.Errorf("%s: want one group named inboxkeeper", rulesFile)
-	}
-	n := 0
-	for _, g := range f.Groups {
-		for _, r := range g.Rules {
-			n++
-			if r.Alert == "" {
-				t.Errorf("%s: rule %q is not an alert", rulesFile, r.Record)
-				continue
-			}
-			sev := r.Labels["severity"]
-			if sev != "warning" && sev != "critical" {
-				t.Errorf("%s: %s: severity %q, want warning or critical", rulesFile, r.Alert, sev)
-			}
-			for _, a := range []string{"summary", "description"} {
-				if strings.TrimSpace(r.Annotations[a]) == "" {
-					t.Errorf("%s: %s (%s) has no %s annotation", rulesFile, r.Alert, sev, a)
-				}
-			}
-			checkRunbook(t, r.Alert, r.Annotations["runbook_url"])
-			if !fires[r.Alert+"/"+sev] {
-				t.Errorf("%s: no test in %s where %s fires with severity %s", rulesFile, rulesTestFile, r.Alert, sev)
-			}
-			if !quiet[r.Alert] {
-				t.Errorf("%s: no test in %s where %s stays quiet", rulesFile, rulesTestFile, r.Alert)
-			}
-		}
-	}
-	if n == 0 {
-		t.Fatalf("%s: no rules", rulesFile)
-	}
-
-	// A healthy `once` pages nobody: the tests of its series, for each way
-	// it exports them, keep every alert quiet once every threshold and
-	// `for` has passed, except those that do not apply to the mode.
-	for name, skipped := range cronModes {
-		found := false
-		for _, tc := range tests.Tests {
-			if tc.Name != name {
-				continue
-			}
-			found = true
-			late := map[string]bool{}
-			for _, at := range tc.AlertRuleTest {
-				if d, err := time.ParseDuration(at.EvalTime); err == nil && d >= 3*time.Hour && len(at.ExpAlerts) == 0 {
-					late[at.Alertname] = true
-				}
-			}
-			for _, g := range f.Groups {
-				for _, r := range g.Rules {
-					if !late[r.Alert] && !slices.Contains(skipped, r.Alert) {
-						t.Errorf("%s: test %q does not show %s quiet at 3h or later", rulesTestFile, name, r.Alert)
+	// severity, a summary and a description, defined in one file only, and
+	// each (alert, severity) has a test where it fires and a test where
+	// the alert stays quiet, in a test file that loads the alert's file.
+	fires := map[string]bool{} // file + ":" + alertname + "/" + severity
+	quiet := map[string]bool{} // file + ":" + alertname
+	for _, rt := range tests {
+		for _, loaded := range rt.RuleFiles {
+			for _, tc := range rt.Tests {
+				for _, at := range tc.AlertRuleTest {
+					if len(at.ExpAlerts) == 0 {
+						quiet[loaded+":"+at.Alertname] = true
+					}
+					for _, a := range at.ExpAlerts {
+						fires[loaded+":"+at.Alertname+"/"+a.ExpLabels["severity"]] = true
 					}
 				}
 			}
 		}
-		if !found {
-			t.Errorf("%s: no test named %q", rulesTestFile, name)
+	}
+	definedIn := map[string]string{}
+	for _, file := range allRuleFiles() {
+		f := readRules(t, file)
+		if len(f.Groups) != 1 || f.Groups[0].Name != strings.TrimSuffix(file, ".rules.yml") {
+			t.Errorf("%s: want one group named %s", file, strings.TrimSuffix(file, ".rules.yml"))
 		}
+		n := 0
+		for _, g := range f.Groups {
+			for _, r := range g.Rules {
+				n++
+				if r.Alert == "" {
+					t.Errorf("%s: rule %q is not an alert", file, r.Record)
+					continue
+				}
+				if other, ok := definedIn[r.Alert]; ok && other != file {
+					t.Errorf("%s: %s is defined in %s too: a mode loads both", file, r.Alert, other)
+				}
+				definedIn[r.Alert] = file
+				sev := r.Labels["severity"]
+				if sev != "warning" && sev != "critical" {
+					t.Errorf("%s: %s: severity %q, want warning or critical", file, r.Alert, sev)
+				}
+				for _, a := range []string{"summary", "description"} {
+					if strings.TrimSpace(r.Annotations[a]) == "" {
+						t.Errorf("%s: %s (%s) has no %s annotation", file, r.Alert, sev, a)
+					}
+				}
+				checkRunbook(t, file, r.Alert, r.Annotations["runbook_url"])
+				if !fires[file+":"+r.Alert+"/"+sev] {
+					t.Errorf("%s: no test where %s fires with severity %s", file, r.Alert, sev)
+				}
+				if !quiet[file+":"+r.Alert] {
+					t.Errorf("%s: no test where %s stays quiet", file, r.Alert)
+				}
+			}
+		}
+		if n == 0 {
+			t.Errorf("%s: no rules", file)
+		}
+	}
+
+	// Each mode's test file loads the rules as that mode's deployment
+	// does, and its healthy test shows every alert of them quiet for an
+	// hour and more.
+	for _, m := range modes {
+		rt := tests[m.tests]
+		if want := []string{rulesFile, m.rules}; !slices.Equal(rt.RuleFiles, want) {
+			t.Errorf("%s: rule_files %q, want %q (what a %s deployment loads)", m.tests, rt.RuleFiles, want, m.name)
+		}
+		checkHealthy(t, m, rt)
+	}
+	if got := tests[rulesTestFile].RuleFiles; !slices.Equal(got, []string{rulesFile}) {
+		t.Errorf("%s: rule_files %q, want only %s (each mode's alerts are tested in its own file)", rulesTestFile, got, rulesFile)
 	}
 }
 
-// cronModes are the tests of inboxkeeper.rules_test.yml that feed what a
-// healthy `once` exports, with the alerts that do not apply to it:
-// InboxkeeperAbsent watches `run` daemons (the chart leaves it out in
-// cronjob mode), and a systemd timer has no CronJob for kube-state-metrics
-// to see.
-var cronModes = map[string][]string{
-	"once --pushgateway: a healthy CronJob":        {"InboxkeeperAbsent"},
-	"once --metrics-file: a healthy systemd timer": {"InboxkeeperAbsent", "InboxkeeperCronJobNotSucceeding"},
+// checkHealthy: the mode's healthy test names every alert its deployment
+// loads, quiet at an hour or later.
+func checkHealthy(t *testing.T, m mode, rt ruleTests) {
+	t.Helper()
+	for _, tc := range rt.Tests {
+		if tc.Name != m.healthy {
+			continue
+		}
+		late := map[string]bool{}
+		for _, at := range tc.AlertRuleTest {
+			if d, err := time.ParseDuration(at.EvalTime); err == nil && d >= time.Hour && len(at.ExpAlerts) == 0 {
+				late[at.Alertname] = true
+			}
+		}
+		for _, a := range m.alerts(t) {
+			if !late[a] {
+				t.Errorf("%s: test %q does not show %s quiet at 1h or later", m.tests, m.healthy, a)
+			}
+		}
+		return
+	}
+	t.Errorf("%s: no test named %q", m.tests, m.healthy)
 }
 
 // runbookSections are the alerts docs/operations/runbooks.md has a section for, with
@@ -332,10 +356,10 @@ func runbookSections(t *testing.T) map[string][]string {
 // checkRunbook fails unless url points at the alert's section of
 // docs/operations/runbooks.md, and the section says what the alert means, what to
 // check and what to do.
-func checkRunbook(t *testing.T, alert, url string) {
+func checkRunbook(t *testing.T, file, alert, url string) {
 	t.Helper()
 	if want := runbookBase + strings.ToLower(alert); url != want {
-		t.Errorf("%s: %s: runbook_url %q, want %q", rulesFile, alert, url, want)
+		t.Errorf("%s: %s: runbook_url %q, want %q", file, alert, url, want)
 	}
 	missing, ok := runbookSections(t)[alert]
 	switch {
@@ -348,26 +372,56 @@ func checkRunbook(t *testing.T, alert, url string) {
 
 // grafanaVariable matches the dashboard's variables and Grafana's built-in
 // interval macros, which PromQL does not know.
-var grafanaVariable = regexp.MustCompile(`\$(__rate_interval|__interval|__range|\{table\}|table|database|instance)\b`)
+var grafanaVariable = regexp.MustCompile(`\$(__rate_interval|__interval|__range|\{table\}|table|database|instance|consumer)\b`)
 
-// fleetMatchers are the matchers every metric selector of the dashboard
-// carries, so that a fleet's databases and instances are never summed
-// together unless the user picks All.
-var fleetMatchers = []string{`database=~"$database"`, `instance=~"$instance"`}
+// fleetMatchers are the matchers every selector of a daemon's metric in
+// the dashboard carries, so that a fleet's databases and instances are
+// never summed together unless the user picks All. The consumers' metrics
+// (the claim path's, on their own registries) carry consumerMatchers
+// instead: a consumer exports no inboxkeeper_build_info, so the database
+// and instance variables, read from it, do not name its series, and a
+// panel filtered on them goes empty.
+var (
+	fleetMatchers    = []string{`database=~"$database"`, `instance=~"$instance"`}
+	consumerMatchers = []string{`job=~"$consumer"`, `table=~"$table"`}
+)
 
 // selectorsWithoutFleetMatchers returns the metric selectors of expr that
-// lack one of fleetMatchers.
-func selectorsWithoutFleetMatchers(expr string) []string {
+// lack one of the matchers their side needs (consumer: the names of the
+// consumers' metrics), or carry the other side's.
+func selectorsWithoutFleetMatchers(expr string, consumer map[string]bool) []string {
 	var bad []string
-	for _, m := range regexp.MustCompile(`\binboxkeeper_\w+(\{[^}]*\})?`).FindAllStringSubmatch(expr, -1) {
-		for _, want := range fleetMatchers {
-			if !strings.Contains(m[1], want) {
-				bad = append(bad, m[0])
-				break
-			}
+	for _, m := range regexp.MustCompile(`\b(inboxkeeper_\w+?)(?:_bucket|_sum|_count)?(\{[^}]*\})?(?:\W|$)`).FindAllStringSubmatch(expr, -1) {
+		want, not := fleetMatchers, consumerMatchers[:1]
+		if consumer[m[1]] {
+			want, not = consumerMatchers, fleetMatchers
+		}
+		ok := true
+		for _, w := range want {
+			ok = ok && strings.Contains(m[2], w)
+		}
+		for _, n := range not {
+			ok = ok && !strings.Contains(m[2], n)
+		}
+		if !ok {
+			bad = append(bad, m[1]+m[2])
 		}
 	}
 	return bad
+}
+
+// consumerMetrics are the names of the claim path's metrics.
+func consumerMetrics(t *testing.T) map[string]bool {
+	t.Helper()
+	m, err := metricsinfo.Consumer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]bool{}
+	for name := range m {
+		names[name] = true
+	}
+	return names
 }
 
 // The dashboard's queries are valid PromQL: promtool checks them as the
@@ -396,20 +450,33 @@ func TestDashboard(t *testing.T) {
 			found["instance"] = query(`label_values(inboxkeeper_build_info{database=~"$database"}, instance)`)
 		case "table":
 			found["table"] = query(`label_values(inboxkeeper_cleanup_lag_seconds{database=~"$database", instance=~"$instance"}, table)`)
+		case "consumer":
+			found["consumer"] = query(`label_values(inboxkeeper_claims_total{table=~"$table"}, job)`)
 		}
 	}
-	for _, name := range []string{"datasource", "database", "instance", "table"} {
+	for _, name := range []string{"datasource", "database", "instance", "table", "consumer"} {
 		if !found[name] {
 			t.Errorf("templating: variable %s missing or not as expected, got %v", name, vars)
 		}
 	}
-	t.Run("every query filters on database and instance", func(t *testing.T) {
-		if bad := selectorsWithoutFleetMatchers(`rate(inboxkeeper_x_total{table=~"$table"}[5m]) and inboxkeeper_active`); len(bad) != 2 {
-			t.Errorf("the checker found %q, want two selectors", bad)
+	t.Run("every query filters on database and instance, or on the consumer", func(t *testing.T) {
+		consumer := consumerMetrics(t)
+		if !consumer["inboxkeeper_claims_total"] || consumer["inboxkeeper_rows_due"] {
+			t.Fatalf("consumerMetrics: %v", consumer)
+		}
+		for expr, want := range map[string]int{
+			`rate(inboxkeeper_x_total{table=~"$table"}[5m]) and inboxkeeper_active`:                             2,
+			`rate(inboxkeeper_claims_total{database=~"$database", instance=~"$instance", table=~"$table"}[5m])`: 1,
+			`rate(inboxkeeper_duplicate_age_seconds_bucket{job=~"$consumer", table=~"$table"}[5m])`:             0,
+			`inboxkeeper_rows_due{database=~"$database", instance=~"$instance", job=~"$consumer"}`:              1,
+		} {
+			if bad := selectorsWithoutFleetMatchers(expr, consumer); len(bad) != want {
+				t.Errorf("the checker found %q in %s, want %d selectors", bad, expr, want)
+			}
 		}
 		for _, q := range dashboardQueries(t, false) {
-			if bad := selectorsWithoutFleetMatchers(q.expr); len(bad) > 0 {
-				t.Errorf("%s: selectors without %v: %q", q.where, fleetMatchers, bad)
+			if bad := selectorsWithoutFleetMatchers(q.expr, consumer); len(bad) > 0 {
+				t.Errorf("%s: selectors without %v (a daemon's metric) or %v and no $instance (a consumer's): %q", q.where, fleetMatchers, consumerMatchers, bad)
 			}
 		}
 	})
@@ -418,8 +485,11 @@ func TestDashboard(t *testing.T) {
 		for _, q := range dashboardQueries(t, false) {
 			exprs += q.expr + "\n"
 		}
+		// The health row, and what the alerts and status watch: the
+		// backlog, the space the deleted rows leave, the xmin horizon.
 		for _, metric := range []string{"inboxkeeper_last_success_timestamp_seconds", "inboxkeeper_policy_mismatch",
-			"inboxkeeper_config_last_reload_successful", "inboxkeeper_build_info"} {
+			"inboxkeeper_config_last_reload_successful", "inboxkeeper_build_info", "inboxkeeper_rows_due",
+			"inboxkeeper_dead_tuples", "inboxkeeper_vacuums_total", "inboxkeeper_xmin_horizon_age_seconds"} {
 			if !strings.Contains(exprs, metric+"{") {
 				t.Errorf("no panel shows %s", metric)
 			}
@@ -865,6 +935,9 @@ func TestLiveMetricsPassPromtool(t *testing.T) {
 	log.wait(t, passDone, 2*time.Minute)
 
 	exposition := scrape.Get(t, "http://"+addr+"/metrics")
+	healthyHour(t, modeNamed(t, "run"), exposition, time.Now(), time.Minute,
+		map[string]string{"job": "inboxkeeper", "instance": addr},
+		map[string]string{fmt.Sprintf(`up{job="inboxkeeper", instance=%q}`, addr): "1x75"})
 	for _, name := range []string{"inboxkeeper_rows_deleted_total", "inboxkeeper_cleanup_lag_seconds"} {
 		if !strings.Contains(exposition, "\n"+name) {
 			t.Errorf("/metrics lacks %s after a pass that deleted rows", name)
@@ -933,7 +1006,7 @@ func TestOnceExportsMetrics(t *testing.T) {
 	// from the expired rows (their event time is 3 days ago): what the
 	// horizon and the replay alert read.
 	command(t, bin, env, "plan", "--apply")
-	command(t, bin, env, "replay", "start", "--table", "public.consumer_inbox", "--scope", "payments",
+	replayID := command(t, bin, env, "replay", "start", "--table", "public.consumer_inbox", "--scope", "payments",
 		"--from", "2000-01-01", "--to", "2000-01-02", "--owner", "test", "--force")
 	command(t, bin, env, "once", "--metrics-file", file, "--pushgateway", "http://"+gwAddr)
 
@@ -964,7 +1037,9 @@ func TestOnceExportsMetrics(t *testing.T) {
 	}
 
 	pushed := scrape.Get(t, "http://"+gwAddr+"/metrics")
-	host, _ := os.Hostname()
+	// Without --push-instance, the series are the database's: the same
+	// name from run to run, whatever host or pod runs it.
+	host := databaseInstance(t, env)
 	series := fmt.Sprintf(`inboxkeeper_rows_deleted_total{instance=%q,job="inboxkeeper",table="public.consumer_inbox"}`, host)
 	if v := scrape.Value(t, pushed, series); v != 20 {
 		t.Errorf("the Pushgateway has %s = %v, want 20", series, v)
@@ -984,15 +1059,60 @@ func TestOnceExportsMetrics(t *testing.T) {
 		}
 	}
 
-	// A CronJob's runs push under one stable name, each replacing the last.
-	for range 2 {
-		command(t, bin, env, "once", "--pushgateway", "http://"+gwAddr, "--push-instance", "ik-cron")
+	// Healthy from here on: the forced replay is finished. A run without
+	// --push-instance replaces the first run's group rather than leaving it
+	// behind, and so does each run under a name of its own.
+	command(t, bin, env, "replay", "finish", strings.TrimSpace(replayID))
+	command(t, bin, env, "once", "--pushgateway", "http://"+gwAddr)
+	for _, gateway := range []string{"http://" + gwAddr, gwAddr} { // a bare host:port is http://host:port
+		command(t, bin, env, "once", "--metrics-file", file, "--pushgateway", gateway, "--push-instance", "ik-cron")
 	}
 	pushed = scrape.Get(t, "http://"+gwAddr+"/metrics")
-	series = `inboxkeeper_passes_total{instance="ik-cron",job="inboxkeeper",outcome="ok"}`
-	if v := scrape.Value(t, pushed, series); v != 1 {
-		t.Errorf("the Pushgateway has %s = %v, want 1 (the last run's pass, replacing the one before)", series, v)
+	scraped := time.Now()
+	for _, instance := range []string{host, "ik-cron"} {
+		series = fmt.Sprintf(`inboxkeeper_passes_total{instance=%q,job="inboxkeeper",outcome="ok"}`, instance)
+		if v := scrape.Value(t, pushed, series); v != 1 {
+			t.Errorf("the Pushgateway has %s = %v, want 1 (the last run's pass, replacing the one before)", series, v)
+		}
 	}
+	groups := regexp.MustCompile(`(?m)^inboxkeeper_passes_total\{instance="([^"]*)",job="inboxkeeper",outcome="ok"\}`).FindAllStringSubmatch(pushed, -1)
+	if len(groups) != 2 {
+		t.Errorf("the Pushgateway holds %d groups of job inboxkeeper, want 2 (the database's and ik-cron): %q", len(groups), groups)
+	}
+
+	// An hour of what each way exports, fed to the rules its mode loads,
+	// fires nothing.
+	b, err = os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	healthyHour(t, modeNamed(t, "timer"), string(b), scraped, 10*time.Minute,
+		map[string]string{"job": "node", "instance": "db-1:9100"},
+		map[string]string{`up{job="node", instance="db-1:9100"}`: "1x75"})
+	healthyHour(t, modeNamed(t, "cronjob"), pushed, scraped, 10*time.Minute,
+		map[string]string{"job": "pushgateway", "instance": gwAddr},
+		map[string]string{
+			fmt.Sprintf(`up{job="pushgateway", instance=%q}`, gwAddr):                                                   "1x75",
+			`kube_cronjob_status_last_successful_time{job="kube-state-metrics", namespace="db", cronjob="inboxkeeper"}`: "0+60x75",
+		})
+}
+
+// databaseInstance is the instance once pushes under without
+// --push-instance: the database of env's INBOXKEEPER_DATABASE_URL, as
+// host:port/name.
+func databaseInstance(t *testing.T, env []string) string {
+	t.Helper()
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "INBOXKEEPER_DATABASE_URL="); ok {
+			u, err := url.Parse(v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return u.Host + u.Path
+		}
+	}
+	t.Fatal("no INBOXKEEPER_DATABASE_URL in the environment")
+	return ""
 }
 
 // checkCronSeries: every inboxkeeper_* series the rules tests feed as a
@@ -1007,30 +1127,264 @@ func checkCronSeries(t *testing.T, textfile string) {
 	for _, m := range regexp.MustCompile(`(?m)^# TYPE (\S+)`).FindAllStringSubmatch(textfile, -1) {
 		exported[m[1]] = true
 	}
-	var tests ruleTests
-	readYAML(t, rulesTestFile, &tests)
 	fed := map[string]bool{}
-	for _, tc := range tests.Tests {
-		if !strings.HasPrefix(tc.Name, "once ") {
+	for _, m := range modes {
+		if m.name == "run" {
 			continue
 		}
-		for _, in := range tc.InputSeries {
-			if name, _, _ := strings.Cut(in.Series, "{"); strings.HasPrefix(name, "inboxkeeper_") {
-				fed[name] = true
+		var tests ruleTests
+		readYAML(t, m.tests, &tests)
+		for _, tc := range tests.Tests {
+			if !strings.HasPrefix(tc.Name, "once ") {
+				continue
+			}
+			for _, in := range tc.InputSeries {
+				if name, _, _ := strings.Cut(in.Series, "{"); strings.HasPrefix(name, "inboxkeeper_") {
+					fed[name] = true
+				}
 			}
 		}
 	}
 	if len(fed) == 0 {
-		t.Fatalf("%s has no tests of once's series", rulesTestFile)
+		t.Fatal("the modes' rules tests have no tests of once's series")
 	}
 	for name := range fed {
 		if !strings.HasPrefix(name, "inboxkeeper_partition") && !exported[name] {
-			t.Errorf("%s feeds %s as a CronJob's series, but once --metrics-file does not export it", rulesTestFile, name)
+			t.Errorf("a healthy once's test feeds %s, but once --metrics-file does not export it", name)
 		}
 	}
 	ok := scrape.Value(t, textfile, "inboxkeeper_config_last_reload_successful")
 	at := scrape.Value(t, textfile, "inboxkeeper_config_last_reload_success_timestamp_seconds")
 	if ok != 1 || at <= 0 {
 		t.Errorf("once exports inboxkeeper_config_last_reload_successful %v at %v after loading its policy, want 1 at the load's time: InboxkeeperConfigReloadFailed would fire for every CronJob", ok, at)
+	}
+}
+
+// --- the modes: which rules files each loads, and an hour of it healthy ---
+
+// mode is one way inboxkeeper runs, with the rules file loaded beside
+// inboxkeeper.rules.yml for it, its unit tests, and the name of the test
+// there that feeds what a healthy deployment of the mode exports.
+type mode struct {
+	name, rules, tests, healthy string
+}
+
+var modes = []mode{
+	{"run", "inboxkeeper-run.rules.yml", "inboxkeeper-run.rules_test.yml", "run: a healthy daemon"},
+	{"cronjob", "inboxkeeper-cronjob.rules.yml", "inboxkeeper-cronjob.rules_test.yml", "once --pushgateway: a healthy CronJob"},
+	{"timer", "inboxkeeper-timer.rules.yml", "inboxkeeper-timer.rules_test.yml", "once --metrics-file: a healthy systemd timer"},
+}
+
+func modeNamed(t *testing.T, name string) mode {
+	t.Helper()
+	for _, m := range modes {
+		if m.name == name {
+			return m
+		}
+	}
+	t.Fatalf("no mode %q", name)
+	return mode{}
+}
+
+// alerts are the names of the alerts the mode's deployment loads.
+func (m mode) alerts(t *testing.T) []string {
+	t.Helper()
+	var names []string
+	for _, file := range []string{rulesFile, m.rules} {
+		for _, g := range readRules(t, file).Groups {
+			for _, r := range g.Rules {
+				if r.Alert != "" && !slices.Contains(names, r.Alert) {
+					names = append(names, r.Alert)
+				}
+			}
+		}
+	}
+	return names
+}
+
+func allRuleFiles() []string {
+	files := []string{rulesFile}
+	for _, m := range modes {
+		files = append(files, m.rules)
+	}
+	return files
+}
+
+func allTestFiles() []string {
+	files := []string{rulesTestFile}
+	for _, m := range modes {
+		files = append(files, m.tests)
+	}
+	return files
+}
+
+// checkFileSet: the directory holds these rules and test files and no
+// other, so that a new file cannot go untested or unlisted by a mode.
+func checkFileSet(t *testing.T) {
+	t.Helper()
+	for pattern, want := range map[string][]string{"*.rules.yml": allRuleFiles(), "*.rules_test.yml": allTestFiles()} {
+		got, err := filepath.Glob(pattern)
+		if err != nil {
+			t.Fatal(err)
+		}
+		slices.Sort(got)
+		want = slices.Sorted(slices.Values(want))
+		if !slices.Equal(got, want) {
+			t.Errorf("deploy/prometheus holds %q, want %q: every rules file is inboxkeeper.rules.yml or one mode's", got, want)
+		}
+	}
+}
+
+// sample is one line of a Prometheus text exposition.
+type sample struct {
+	name, labels string // labels: the text between the braces, or ""
+	value        float64
+}
+
+var sampleLine = regexp.MustCompile(`^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)(?: -?\d+)?$`)
+
+// parseExposition reads the samples of a text exposition.
+func parseExposition(t *testing.T, text string) []sample {
+	t.Helper()
+	var out []sample
+	for _, line := range strings.Split(text, "\n") {
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		m := sampleLine.FindStringSubmatch(line)
+		if m == nil {
+			t.Fatalf("cannot read the exposition's line %q", line)
+		}
+		v, err := strconv.ParseFloat(m[3], 64)
+		if err != nil {
+			t.Fatalf("the exposition's line %q: %v", line, err)
+		}
+		out = append(out, sample{m[1], m[2], v})
+	}
+	return out
+}
+
+// healthyHour feeds the rules of mode m an hour of what a healthy
+// deployment exports, as one scrape (exposition, taken at scraped) shows
+// it, and fails unless every alert of the mode stays quiet all hour. The
+// scrape's samples are held for the hour: gauges and counters as they
+// are, Unix times as fresh as they were at the scrape, renewed every
+// period (a daemon's passes, a CronJob's or a timer's runs). target are
+// the labels Prometheus adds to a sample that lacks them (its job and
+// instance; with honor_labels a pushed sample keeps its own), and extra
+// are more input series in promtool's notation, such as
+// kube-state-metrics'.
+func healthyHour(t *testing.T, m mode, exposition string, scraped time.Time, period time.Duration, target map[string]string, extra map[string]string) {
+	t.Helper()
+	const minutes = 75
+	var b strings.Builder
+	abs := func(f string) string {
+		p, err := filepath.Abs(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	fmt.Fprintf(&b, "rule_files:\n  - %s\n  - %s\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n", abs(rulesFile), abs(m.rules))
+	seen := map[string]bool{}
+	for _, s := range parseExposition(t, exposition) {
+		labels := s.labels
+		for _, k := range []string{"job", "instance"} {
+			if !regexp.MustCompile(`(^|,)` + k + `="`).MatchString(labels) {
+				if labels != "" {
+					labels += ","
+				}
+				labels += fmt.Sprintf("%s=%q", k, target[k])
+			}
+		}
+		series := s.name + "{" + labels + "}"
+		if seen[series] {
+			continue
+		}
+		seen[series] = true
+		fmt.Fprintf(&b, "      - series: %q\n        values: %q\n", series, heldFor(s, scraped, period, minutes))
+	}
+	for series, values := range extra {
+		fmt.Fprintf(&b, "      - series: %q\n        values: %q\n", series, values)
+	}
+	b.WriteString("    alert_rule_test:\n")
+	alerts := m.alerts(t)
+	for at := 5; at <= 60; at += 5 {
+		for _, a := range alerts {
+			fmt.Fprintf(&b, "      - eval_time: %dm\n        alertname: %s\n        exp_alerts: []\n", at, a)
+		}
+	}
+	path := filepath.Join(t.TempDir(), m.name+"-healthy-hour.rules_test.yml")
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	runPromtool(t, "\nan hour of what a healthy "+m.name+" deployment exports fired an alert of "+m.rules+" or "+rulesFile+
+		" (the test file: "+path+")", "test", "rules", path)
+}
+
+// heldFor is a sample's values, a minute apart, over minutes: its value
+// throughout, or for a Unix time (a name ending in _timestamp_seconds or
+// _time_seconds, as the Pushgateway's push_time_seconds) as old at each
+// step as it was at the scrape, renewed every period. Test time starts at
+// 0, the Unix epoch.
+func heldFor(s sample, scraped time.Time, period time.Duration, minutes int) string {
+	isTime := strings.HasSuffix(s.name, "_timestamp_seconds") || strings.HasSuffix(s.name, "_time_seconds")
+	if !isTime || s.value < 1e9 {
+		return fmt.Sprintf("%sx%d", promValue(s.value), minutes)
+	}
+	age := float64(scraped.Unix()) - s.value
+	step := int(period / time.Minute)
+	vals := make([]string, 0, minutes+1)
+	for i := 0; i <= minutes; i++ {
+		renewed := (i / step) * step * 60
+		vals = append(vals, promValue(float64(renewed)-age))
+	}
+	return strings.Join(vals, " ")
+}
+
+// promValue writes v as promtool's series notation reads it.
+func promValue(v float64) string {
+	switch {
+	case math.IsInf(v, 1):
+		return "Inf"
+	case math.IsInf(v, -1):
+		return "-Inf"
+	case math.IsNaN(v):
+		return "NaN"
+	}
+	return strconv.FormatFloat(v, 'f', -1, 64)
+}
+
+// The table of docs/reference/metrics.md, "What each mode exports", says
+// which files each mode loads and its own alert, as the modes here do.
+func TestModesDocumented(t *testing.T) {
+	b, err := os.ReadFile("../../docs/reference/metrics.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(b)
+	row := regexp.MustCompile("(?m)^\\| `([a-z-]+)[^|]*\\| `inboxkeeper\\.rules\\.yml`, `([a-z.-]+)` \\| `(\\w+)`")
+	found := map[string]bool{}
+	for _, m := range row.FindAllStringSubmatch(doc, -1) {
+		var md *mode
+		for i := range modes {
+			if modes[i].rules == m[2] {
+				md = &modes[i]
+			}
+		}
+		if md == nil {
+			t.Errorf("metrics.md: a row loads %s, which is no mode's rules file", m[2])
+			continue
+		}
+		found[md.name] = true
+		own := readRules(t, md.rules).Groups[0].Rules
+		if len(own) != 1 || own[0].Alert != m[3] {
+			t.Errorf("metrics.md: the row of %s names its alert %s; the file holds %v", md.rules, m[3], own)
+		}
+	}
+	for _, m := range modes {
+		if !found[m.name] {
+			t.Errorf("metrics.md: no row loads inboxkeeper.rules.yml and %s", m.rules)
+		}
 	}
 }

@@ -35,6 +35,15 @@ func (r *Rate) Add(at time.Time, n int64) float64 {
 	return v
 }
 
+// Span is the time the samples kept cover: less than RateWindow while the
+// count is younger than that.
+func (r *Rate) Span() time.Duration {
+	if len(r.samples) < 2 {
+		return 0
+	}
+	return r.samples[len(r.samples)-1].at.Sub(r.samples[0].at)
+}
+
 // PerSecond is the rate of change over the samples kept, falling or
 // rising alike, and whether there are two to compare.
 func (r *Rate) PerSecond() (float64, bool) {

@@ -73,3 +73,24 @@ func TestRateOverALongPass(t *testing.T) {
 		t.Errorf("rate %.0f rows/s, want %.0f (8,757 rows over 70 s)", got, 8757.0/70)
 	}
 }
+
+// Span says how much of the window the samples cover: a count younger
+// than a minute covers less.
+func TestRateSpan(t *testing.T) {
+	var r Rate
+	t0 := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	r.Add(t0, 0)
+	if r.Span() != 0 {
+		t.Errorf("one sample spans %s", r.Span())
+	}
+	r.Add(t0.Add(100*time.Millisecond), 5000)
+	if r.Span() != 100*time.Millisecond {
+		t.Errorf("a first pass of 100 ms spans %s", r.Span())
+	}
+	for i := 1; i <= 3; i++ {
+		r.Add(t0.Add(time.Duration(i)*time.Minute), int64(5000*(i+1)))
+	}
+	if r.Span() < RateWindow {
+		t.Errorf("three minutes of passes span %s, want the window at least", r.Span())
+	}
+}

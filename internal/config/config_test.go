@@ -421,6 +421,13 @@ func TestServiceLinkVariablesIgnored(t *testing.T) {
 	if _, err := Load(); err == nil {
 		t.Error("INBOXKEEPER_PORTS accepted: only Kubernetes' exact shapes are ignored")
 	}
+	// A Service named inboxkeeper-metrics injects INBOXKEEPER_METRICS_*:
+	// unknown variables, refused, which is why every manifest turns
+	// service links off (docs/operations/deploying.md says so).
+	setEnv(t, map[string]string{"INBOXKEEPER_METRICS_SERVICE_HOST": "10.0.0.1"})
+	if _, err := Load(); err == nil || !strings.Contains(err.Error(), "INBOXKEEPER_METRICS_SERVICE_HOST: unknown variable") {
+		t.Errorf("a Service named inboxkeeper-metrics: %v, want its INBOXKEEPER_METRICS_SERVICE_HOST refused", err)
+	}
 }
 
 func TestDatabaseURLFile(t *testing.T) {
@@ -555,5 +562,53 @@ func TestConnParam(t *testing.T) {
 		if got, ok := ConnParam(tc.s, tc.key); got != tc.want || ok != tc.ok {
 			t.Errorf("ConnParam(%q, %q) = %q, %v; want %q, %v", tc.s, tc.key, got, ok, tc.want, tc.ok)
 		}
+	}
+}
+
+// What an instance publishes of its environment carries no password, and
+// another process rebuilds from it the instance's values, not its own:
+// the defaults where the instance sets nothing, and the standbys only when
+// it names the same ones.
+func TestPublished(t *testing.T) {
+	standbys := "postgres://daemon:s3cret@standby-1/app,postgres://daemon:s3cret@standby-2/app"
+	setEnv(t, map[string]string{"INBOXKEEPER_DATABASE_URL": "postgres://daemon:s3cret@db/app", "INBOXKEEPER_BATCH_SIZE": "1000",
+		"INBOXKEEPER_REPLICA_URLS": standbys, "INBOXKEEPER_INTERVAL": "5m"})
+	daemon, err := Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := daemon.Published(func(name string) bool { _, ok := os.LookupEnv(name); return ok })
+	if len(p) != 4 || p["INBOXKEEPER_BATCH_SIZE"] != "1000" || p["INBOXKEEPER_INTERVAL"] != "5m" {
+		t.Errorf("published %v", p)
+	}
+	for name, v := range p {
+		if strings.Contains(v, "s3cret") {
+			t.Errorf("%s published with its password: %q", name, v)
+		}
+	}
+
+	// A shell with another batch size, no interval and no standbys.
+	setEnv(t, map[string]string{"INBOXKEEPER_DATABASE_URL": "postgres://operator:pw@db/app", "INBOXKEEPER_BATCH_SIZE": "200"})
+	shell, err := Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, unknown := shell.AsPublished(p)
+	if got.BatchSize != 1000 || got.Interval != 5*time.Minute || got.DatabaseURL != shell.DatabaseURL {
+		t.Errorf("rebuilt batch size %d, interval %s, database %q: want the daemon's 1000 and 5m, and the shell's own connection", got.BatchSize, got.Interval, got.DatabaseURL)
+	}
+	if len(got.ReplicaURLs) != 0 || !slices.Equal(unknown, []string{"INBOXKEEPER_REPLICA_URLS"}) {
+		t.Errorf("standbys %q, unknown %q: the shell cannot know the daemon's standbys", got.ReplicaURLs, unknown)
+	}
+	// The same standbys in the shell: its own strings, with their passwords.
+	setEnv(t, map[string]string{"INBOXKEEPER_REPLICA_URLS": "postgres://daemon:other@standby-1/app,postgres://daemon:other@standby-2/app"})
+	shell, _ = Load()
+	if got, unknown = shell.AsPublished(p); len(unknown) != 0 || len(got.ReplicaURLs) != 2 || got.ReplicaURLs[0] != shell.ReplicaURLs[0] {
+		t.Errorf("the same standbys: %q, unknown %q", got.ReplicaURLs, unknown)
+	}
+	// A daemon without standbys: the shell's are not its.
+	got, unknown = shell.AsPublished(map[string]string{})
+	if len(got.ReplicaURLs) != 0 || len(unknown) != 0 || got.BatchSize != 5000 {
+		t.Errorf("a daemon that sets nothing: standbys %q, unknown %q, batch size %d; want none, none and the default", got.ReplicaURLs, unknown, got.BatchSize)
 	}
 }

@@ -48,6 +48,10 @@ type Lease struct {
 	attempt sync.Mutex
 	tried   time.Time // when the last attempt that reached the database ended
 
+	// environment is what this instance publishes with its lease
+	// (Publish); nil: nothing.
+	environment []byte
+
 	mu         sync.Mutex
 	validUntil time.Time // host monotonic clock: when our hold certainly ends
 	other      Holder    // the other holder, when we do not hold it
@@ -58,6 +62,9 @@ type Lease struct {
 type Holder struct {
 	Name      string
 	ExpiresAt time.Time
+	// Environment is what the holder published of the environment it
+	// runs with (Publish): a JSON object, or nil when it published none.
+	Environment []byte
 }
 
 // New returns a lease handle for this process. Holder names are
@@ -77,6 +84,12 @@ func New(db DB, ttl time.Duration, log *slog.Logger) *Lease {
 
 // Name is this instance's holder name.
 func (l *Lease) Name() string { return l.holder }
+
+// Publish has the lease row carry environment (a JSON object) while this
+// instance holds it: status and settings, run from another shell, read
+// the daemon's environment there instead of their own. Call it before the
+// lease is first taken.
+func (l *Lease) Publish(environment []byte) { l.environment = environment }
 
 // TryAcquire takes or renews the lease once. It reports whether this
 // instance holds it, and otherwise who does.
@@ -133,13 +146,14 @@ func (l *Lease) tryAcquire(ctx context.Context) (bool, Holder, error) {
 	// order to wait for ever. It is taken over, and said so.
 	err := l.db.QueryRow(ctx, `
 WITH old AS (SELECT holder, expires_at FROM inboxkeeper.lease)
-INSERT INTO inboxkeeper.lease AS l (holder, acquired_at, renewed_at, expires_at)
-VALUES ($1, now(), now(), now() + $2 * interval '1 millisecond')
+INSERT INTO inboxkeeper.lease AS l (holder, acquired_at, renewed_at, expires_at, environment)
+VALUES ($1, now(), now(), now() + $2 * interval '1 millisecond', $4::jsonb)
 ON CONFLICT (id) DO UPDATE SET holder = excluded.holder, renewed_at = now(), expires_at = excluded.expires_at,
+    environment = excluded.environment,
     acquired_at = CASE WHEN l.holder = excluded.holder THEN l.acquired_at ELSE now() END
 WHERE l.holder = excluded.holder OR l.expires_at < now() OR l.expires_at > now() + $3 * interval '1 millisecond'
 RETURNING holder, (SELECT o.expires_at FROM old o WHERE o.holder <> $1 AND o.expires_at > now() + $3 * interval '1 millisecond')`,
-		l.holder, l.ttl.Milliseconds(), max(l.ttl, MaxTTL).Milliseconds()).Scan(&got, &beyond)
+		l.holder, l.ttl.Milliseconds(), max(l.ttl, MaxTTL).Milliseconds(), l.published()).Scan(&got, &beyond)
 	if err == nil && beyond != nil {
 		l.log.Warn("lease: took over a lease that ran out further ahead than the longest INBOXKEEPER_LEASE_TTL allows; no instance renewing it writes that, so it is not honoured",
 			"holder", l.holder, "expires_at", beyond.UTC().Format(time.RFC3339), "max_lease_ttl", MaxTTL)
@@ -177,6 +191,16 @@ RETURNING holder, (SELECT o.expires_at FROM old o WHERE o.holder <> $1 AND o.exp
 		l.log.Info("lease: another instance is active; waiting", "holder", h.Name, "expires_at", h.ExpiresAt.UTC().Format(time.RFC3339))
 	}
 	return false, h, nil
+}
+
+// published is the environment as the statement's parameter: NULL when
+// there is none.
+func (l *Lease) published() *string {
+	if l.environment == nil {
+		return nil
+	}
+	s := string(l.environment)
+	return &s
 }
 
 func (l *Lease) lost() {
@@ -361,7 +385,7 @@ func (l *Lease) Release(ctx context.Context) {
 // Current reads who holds the lease, for status.
 func Current(ctx context.Context, db DB) (*Holder, error) {
 	var h Holder
-	err := db.QueryRow(ctx, "SELECT holder, expires_at FROM inboxkeeper.lease WHERE expires_at > now()").Scan(&h.Name, &h.ExpiresAt)
+	err := db.QueryRow(ctx, "SELECT holder, expires_at, environment FROM inboxkeeper.lease WHERE expires_at > now()").Scan(&h.Name, &h.ExpiresAt, &h.Environment)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}

@@ -34,6 +34,29 @@ func TestLease(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 
+	// The holder's environment travels with the lease, and goes with it:
+	// the next holder's replaces it, and one that publishes none leaves
+	// none.
+	t.Run("Publish", func(t *testing.T) {
+		t.Parallel()
+		a, b, pool := instances(t, time.Minute, time.Minute)
+		a.Publish([]byte(`{"INBOXKEEPER_BATCH_SIZE": "1000"}`))
+		if held, _, err := a.TryAcquire(ctx); err != nil || !held {
+			t.Fatalf("held %v, %v", held, err)
+		}
+		cur, err := Current(ctx, pool)
+		if err != nil || cur == nil || string(cur.Environment) != `{"INBOXKEEPER_BATCH_SIZE": "1000"}` {
+			t.Fatalf("status reads %+v (%s), %v", cur, cur.Environment, err)
+		}
+		a.Release(ctx)
+		if held, _, err := b.TryAcquire(ctx); err != nil || !held {
+			t.Fatalf("held %v, %v", held, err)
+		}
+		if cur, err := Current(ctx, pool); err != nil || cur == nil || cur.Environment != nil {
+			t.Errorf("an instance that publishes nothing: status reads %+v (%s), %v", cur, cur.Environment, err)
+		}
+	})
+
 	t.Run("OneHolder", func(t *testing.T) {
 		t.Parallel()
 		a, b, pool := instances(t, time.Minute, time.Minute)

@@ -43,11 +43,24 @@ type Status struct {
 	// daemon's role must not (holds.Powers).
 	Fence  string
 	Powers []string
+	// Env is the environment the settings and the throttle are read
+	// with: the active instance's, as it published it with its lease, or
+	// this shell's when none did (Env.Why).
+	Env settings.Env
 }
 
-// ReadStatus reads the status of tables on pool, with env's settings.
-func ReadStatus(ctx context.Context, w Wiring, env config.Config, tables []*catalog.Table) (Status, error) {
-	st, err := ReadTables(ctx, w, env, tables)
+// ReadStatus reads the status of tables on pool, with the environment of
+// the active instance, as it published it with its lease: shell (this
+// process's) stands in for what it did not publish, and for all of it
+// when none did (Status.Env says which).
+func ReadStatus(ctx context.Context, w Wiring, shell config.Config, tables []*catalog.Table) (Status, error) {
+	holder, err := lease.Current(ctx, w.Pool)
+	if err != nil {
+		return Status{}, err
+	}
+	env := settings.Daemon(shell, holder)
+	st, err := ReadTables(ctx, w, env.Config, tables)
+	st.Lease, st.Env = holder, env
 	if err != nil {
 		return st, err
 	}
@@ -58,9 +71,6 @@ func ReadStatus(ctx context.Context, w Wiring, env config.Config, tables []*cata
 		}
 	}
 	if st.InRecovery, err = dbconn.InRecovery(ctx, w.Pool); err != nil {
-		return st, err
-	}
-	if st.Lease, err = lease.Current(ctx, w.Pool); err != nil {
 		return st, err
 	}
 	if st.Horizon, err = horizon.Read(ctx, w.Pool); err != nil {

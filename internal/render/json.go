@@ -33,12 +33,15 @@ func WriteJSON(w io.Writer, v any) error {
 
 // StatusJSON is `status --json`.
 type StatusJSON struct {
-	InRecovery     bool         `json:"in_recovery"`
-	ActiveInstance *LeaseJSON   `json:"active_instance"` // null: no instance holds the lease
-	Tables         []TableJSON  `json:"tables"`
-	Settings       []ScopeJSON  `json:"settings"`
-	Throttle       ThrottleJSON `json:"throttle"`
-	XminHorizon    HorizonJSON  `json:"xmin_horizon"`
+	InRecovery     bool        `json:"in_recovery"`
+	ActiveInstance *LeaseJSON  `json:"active_instance"` // null: no instance holds the lease
+	Tables         []TableJSON `json:"tables"`
+	// Environment is whose environment the settings and the throttle are
+	// read with.
+	Environment EnvironmentJSON `json:"environment"`
+	Settings    []ScopeJSON     `json:"settings"`
+	Throttle    ThrottleJSON    `json:"throttle"`
+	XminHorizon HorizonJSON     `json:"xmin_horizon"`
 	// HoldFence names who holds the hold fence against the cleanup ("":
 	// nobody); RolePowers is what the connected role may do that the
 	// daemon's must not.
@@ -244,7 +247,29 @@ type StandbyJSON struct {
 
 // SettingsJSON is `settings --json`.
 type SettingsJSON struct {
-	Scopes []ScopeJSON `json:"scopes"`
+	Environment EnvironmentJSON `json:"environment"`
+	Scopes      []ScopeJSON     `json:"scopes"`
+}
+
+// EnvironmentJSON says whose environment the values from the environment
+// and the defaults are: the active instance's, as it published it with
+// its lease, or, when none did, the shell's that ran the command.
+type EnvironmentJSON struct {
+	Of       string   `json:"of"`       // active_instance or this_shell
+	Instance *string  `json:"instance"` // the active instance; null with this_shell
+	Why      *string  `json:"why"`      // why this shell's; null with active_instance
+	Unknown  []string `json:"unknown"`  // the instance's variables this shell cannot know
+}
+
+// Environment is env as JSON.
+func Environment(env settings.Env) EnvironmentJSON {
+	out := EnvironmentJSON{Of: "this_shell", Unknown: List(env.Unknown)}
+	if env.Instance != "" {
+		out.Of, out.Instance = "active_instance", &env.Instance
+	} else {
+		out.Why = &env.Why
+	}
+	return out
 }
 
 // ScopeJSON is every tunable in force in one scope.
@@ -263,6 +288,7 @@ type SettingJSON struct {
 	Unit          string  `json:"unit"` // rows, seconds, bytes or ""
 	Text          string  `json:"text"` // as the environment and set write it
 	Source        string  `json:"source"`
+	FromThisShell bool    `json:"from_this_shell"` // the environment or default of the shell that ran the command: no active instance published its own
 	Given         any     `json:"given"`           // what Source gave, when a higher layer bounded it; else null
 	BoundedBy     *string `json:"bounded_by"`      // the key that bounded it; else null
 	BoundedByFrom *string `json:"bounded_by_from"` // where that key's value comes from; else null
@@ -311,7 +337,7 @@ func typed(key, text string) (any, string) {
 // settingJSON is one tunable in force.
 func settingJSON(v settings.Value) SettingJSON {
 	val, unit := typed(v.Key, v.Value)
-	s := SettingJSON{Key: v.Key, Value: val, Unit: unit, Text: v.Value, Source: v.Source}
+	s := SettingJSON{Key: v.Key, Value: val, Unit: unit, Text: v.Value, Source: v.Source, FromThisShell: shellValue(v)}
 	if v.BoundBy != "" {
 		s.Given, _ = typed(v.Key, v.Given)
 		s.BoundedBy, s.BoundedByFrom = &v.BoundBy, &v.BoundBySource
@@ -362,7 +388,7 @@ func tunableEnv(key string) string {
 // StatusOf is `status --json`: the tables in policy order, the settings in
 // force by scope, and the throttle from th's fresh measurement.
 func StatusOf(st pass.Status, tables []*catalog.Table, th *throttle.Throttler) StatusJSON {
-	out := StatusJSON{InRecovery: st.InRecovery, Tables: []TableJSON{}, Settings: Scopes(st.Scopes)}
+	out := StatusJSON{InRecovery: st.InRecovery, Tables: []TableJSON{}, Environment: Environment(st.Env), Settings: Scopes(st.Scopes)}
 	if st.Lease != nil {
 		out.ActiveInstance = &LeaseJSON{Holder: st.Lease.Name, LeaseExpiresAt: st.Lease.ExpiresAt}
 	}

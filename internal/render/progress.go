@@ -8,20 +8,20 @@ import (
 	"time"
 
 	"github.com/inboxkeeper/inboxkeeper/expiry"
-	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/humantime"
 )
 
 // Progress shows a long pass is alive: on a terminal (stderr a Terminal), a
 // progress bar redrawn in place; otherwise a log line every few seconds
 // once a table's pass has run that long (a short pass says nothing: its
-// table's done line says what it did). The rate is the rows deleted over
-// the last minute, across passes.
+// table's done line says what it did). The rate is the pass's own while
+// it deletes (passRate): what the rows left take at that pace, not the
+// throughput across passes and the waits between them.
 func Progress(stderr io.Writer, log *slog.Logger) func(expiry.Progress) {
 	if t, ok := stderr.(*Terminal); ok {
 		return progressBar(t)
 	}
-	return everyAtMost(progressEvery, progressEvery, func(p expiry.Progress, rate float64) {
+	return everyAtMost(time.Now, progressEvery, progressEvery, func(p expiry.Progress, rate float64) {
 		args := []any{"table", p.Table, "deleted", p.Deleted, "batches", p.Batches, "rows_per_second", int64(rate)}
 		if left := p.Estimate - p.Deleted; p.Estimate > 0 && left > 0 && rate > 0 {
 			args = append(args, "rows_left", left, "time_left", time.Duration(float64(left)/rate*float64(time.Second)))
@@ -35,7 +35,7 @@ const progressEvery = 3 * time.Second
 
 // progressBar draws "table [#####.....] 50% 5000/10000 rows 2500 rows/s ~2s left".
 func progressBar(t *Terminal) func(expiry.Progress) {
-	return everyAtMost(200*time.Millisecond, 0, func(p expiry.Progress, rate float64) {
+	return everyAtMost(time.Now, 200*time.Millisecond, 0, func(p expiry.Progress, rate float64) {
 		const width = 30
 		line := fmt.Sprintf("%s %d rows, %.0f rows/s", p.Table, p.Deleted, rate)
 		if p.Estimate > 0 {
@@ -51,55 +51,61 @@ func progressBar(t *Terminal) func(expiry.Progress) {
 }
 
 // everyAtMost is a progress callback that keeps the rate of every report
-// (rows per second, per table, over the last minute across passes: a
-// running total of every batch's rows) and shows one by show at most every
-// period, once a table's pass has run for after.
-func everyAtMost(period, after time.Duration, show func(p expiry.Progress, rate float64)) func(expiry.Progress) {
+// (passRate, per table) and shows one by show at most every period, once a
+// table's pass has run for after; now is the clock.
+func everyAtMost(now func() time.Time, period, after time.Duration, show func(p expiry.Progress, rate float64)) func(expiry.Progress) {
 	var last time.Time
-	rates := Rates{}
-	totals := map[string]int64{}
+	rates := map[string]*passRate{}
 	return func(p expiry.Progress) {
-		totals[p.Table] += p.BatchRows
-		rate := rates.Add(p.Table, time.Now(), totals[p.Table])
-		if _, ok := rates.rate(p.Table); !ok {
-			rate = float64(p.Deleted) / max(p.Elapsed.Seconds(), 1e-9) // the first batch
+		at := now()
+		r := rates[p.Table]
+		if r == nil {
+			r = &passRate{}
+			rates[p.Table] = r
 		}
-		if p.Elapsed < after || time.Since(last) < period {
+		rate := r.add(at, p)
+		if p.Elapsed < after || at.Sub(last) < period {
 			return
 		}
-		last = time.Now()
+		last = at
 		show(p, rate)
 	}
 }
 
-// Rates keeps, per table, the counts seen over the last minute: the
-// rate at which they change is the rate over the last minute (rows deleted
-// for the progress line, the fall of the due count for status --watch).
-type Rates map[string]*batchloop.Rate
+// heldAfter is the longest wait between two batches that counts as the
+// pass's pace (BATCH_PAUSE, the next batch's bound): a longer one is the
+// pass held back (a pause, the throttle), and is left out of its rate.
+const heldAfter = time.Second
 
-// Add records n for table at at and returns the rate of change, in rows/s,
-// over the samples of the last minute (0 until there are two).
-func (r Rates) Add(table string, at time.Time, n int64) float64 {
-	if r[table] == nil {
-		r[table] = &batchloop.Rate{}
-	}
-	return r[table].Add(at, n)
+// passRate is the rate at which one table's pass deletes while it
+// deletes: its rows over the time from its first batch's start, less the
+// waits between batches longer than heldAfter. A pass held for minutes
+// then said 1 row/s and hours left, seconds before it ended; across
+// passes, a rate over the last minute was the throughput of short passes
+// and the idle time between them (200 rows/s), next to a first batch's
+// own speed after a restart (117,000).
+type passRate struct {
+	deleted int64     // the pass's rows so far (Progress.Deleted)
+	lastEnd time.Time // when its last batch was reported
+	active  time.Duration
 }
 
-// slope is the change per second over the samples kept (negative where
-// the count fell), and whether there are two to compare.
-func (r Rates) slope(table string) (float64, bool) {
-	if r[table] == nil {
-		return 0, false
+// add counts the batch p reports at at, and returns the pass's rate.
+func (r *passRate) add(at time.Time, p expiry.Progress) float64 {
+	if p.Deleted <= r.deleted || r.lastEnd.IsZero() {
+		// A new pass (its count starts again), or the first batch seen:
+		// its own time, not the look and the waits before it.
+		*r = passRate{active: p.BatchDuration}
+		if r.active <= 0 {
+			r.active = p.Elapsed
+		}
+	} else {
+		gap := at.Sub(r.lastEnd)
+		if gap-p.BatchDuration > heldAfter {
+			gap = p.BatchDuration // held back before this batch: only the batch counts
+		}
+		r.active += gap
 	}
-	return r[table].Slope()
-}
-
-// rate is the rate of change over the samples kept (falling or rising),
-// and whether there are two to compare.
-func (r Rates) rate(table string) (float64, bool) {
-	if r[table] == nil {
-		return 0, false
-	}
-	return r[table].PerSecond()
+	r.deleted, r.lastEnd = p.Deleted, at
+	return float64(p.Deleted) / max(r.active.Seconds(), 1e-3)
 }

@@ -77,8 +77,9 @@ func DescribeChange(c settings.Change) string {
 }
 
 // WriteScopes writes every tunable in force, by scope (`inboxkeeper
-// settings`).
-func WriteScopes(w io.Writer, scopes []settings.Scope) {
+// settings`), after whose environment they are read on.
+func WriteScopes(w io.Writer, env settings.Env, scopes []settings.Scope) {
+	WriteEnvironment(w, env)
 	for _, s := range scopes {
 		fmt.Fprintln(w, s.Table)
 		if s.Error != "" {
@@ -99,9 +100,35 @@ func writeValues(w io.Writer, vals []settings.Value, indent string) {
 // origin says where a value in force comes from: its source, and when a
 // higher layer's value bounded it, what its source gave and what bounded
 // it ("environment 500, bounded by batch_size_max from table setting").
+// A value of the shell's environment or its default, where no active
+// instance published its own, says so: it is not the daemon's.
 func origin(v settings.Value) string {
-	if v.BoundBy == "" {
-		return v.Source
+	o := v.Source
+	if v.BoundBy != "" {
+		o = fmt.Sprintf("%s %s, bounded by %s from %s", v.Source, v.Given, v.BoundBy, v.BoundBySource)
 	}
-	return fmt.Sprintf("%s %s, bounded by %s from %s", v.Source, v.Given, v.BoundBy, v.BoundBySource)
+	if shellValue(v) {
+		o += ", this shell"
+	}
+	return o
+}
+
+// shellValue: v is the shell's environment's or its default, not an
+// active instance's.
+func shellValue(v settings.Value) bool {
+	return v.Shell && (v.Source == settings.SourceEnvironment || v.Source == settings.SourceDefault)
+}
+
+// WriteEnvironment says whose environment the values from the environment
+// and the defaults are, and what of it this shell cannot know.
+func WriteEnvironment(w io.Writer, env settings.Env) {
+	if env.Instance == "" {
+		fmt.Fprintf(w, "environment: this shell's, since %s: a value marked \"this shell\" is what a command run here would use, not what a daemon runs with\n", env.Why)
+		return
+	}
+	fmt.Fprintf(w, "environment: the active instance's (%s), as it publishes it with its lease\n", env.Instance)
+	if len(env.Unknown) > 0 {
+		fmt.Fprintf(w, "  not known here: %s (the instance's connection strings are published without their passwords; set the same ones in this shell to measure them)\n",
+			strings.Join(env.Unknown, ", "))
+	}
 }

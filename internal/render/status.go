@@ -3,6 +3,7 @@ package render
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -22,6 +23,7 @@ import (
 // rates, for status --watch), the database's role and the active instance, and
 // the throttle's verdict from th's fresh measurement.
 func Status(w io.Writer, r pass.Status, tables []*catalog.Table, rates Rates, th *throttle.Throttler) {
+	WriteEnvironment(w, r.Env)
 	StatusTables(w, r, tables, rates)
 	switch {
 	case r.InRecovery:
@@ -35,6 +37,9 @@ func Status(w io.Writer, r pass.Status, tables []*catalog.Table, rates Rates, th
 		fmt.Fprintf(w, "hold fence: held against the cleanup by %s; batches wait at most their lock timeout, then fail (errors_total{kind=\"fence\"})\n", r.Fence)
 	}
 	writeThrottle(w, th)
+	if slices.Contains(r.Env.Unknown, "INBOXKEEPER_REPLICA_URLS") {
+		fmt.Fprintln(w, "  not measured: the active instance's standbys (INBOXKEEPER_REPLICA_URLS, not known here); its inboxkeeper_throttled metric says whether they hold its batches")
+	}
 	writeHorizon(w, r.Horizon)
 	if len(r.Powers) > 0 {
 		fmt.Fprintf(w, "this role may also: %s. Fine for an operator; the daemon's own login must not (deploy/sql/role.sql, docs/operations/least-privilege.md)\n",
@@ -65,8 +70,8 @@ func StatusTables(w io.Writer, r pass.Status, tables []*catalog.Table, rates Rat
 			if st.Table == t.Name {
 				writeStatus(w, st)
 				writeVacuum(w, r, st)
-				if rise, ok := rates.slope(st.Table); ok {
-					fmt.Fprintf(w, "  due rows (last minute):   %s\n", backlogTrend(-rise, st.Due))
+				if trend := rates.trend(st.Table, st.Due); trend != "" {
+					fmt.Fprintf(w, "  due rows (last minute):   %s\n", trend)
 				}
 			}
 		}
@@ -276,7 +281,9 @@ func writeVacuum(w io.Writer, r pass.Status, st expiry.TableStatus) {
 	}
 	fmt.Fprintf(w, "  WARNING vacuum:           autovacuum cannot keep up: %s\n", a)
 	if sql := a.AlterSQL(st.Table); sql != "" {
-		fmt.Fprintf(w, "    as the table's owner:   %s (inboxkeeper plan --apply sets it)\n", sql)
+		// plan --apply sets it only on the tables a retention record
+		// names: a policy without a retention section is refused.
+		fmt.Fprintf(w, "    as the table's owner:   %s (or inboxkeeper plan --apply, once a retention record names the table)\n", sql)
 	}
 }
 

@@ -14,7 +14,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 	"time"
@@ -215,6 +214,10 @@ func Keys() []string {
 // Value is a tunable in force, and where it comes from.
 type Value struct {
 	Key, Value, Source string
+	// Shell: the value is this process's environment's or the default,
+	// because no active instance published its own (Env.Instance ""): a
+	// daemon's may differ.
+	Shell bool
 	// Given is what Source gave, when a value of a higher layer moved it
 	// to the bound it sets (BoundBy, from BoundBySource): a table's
 	// batch_size_max of 123 bounds a batch_size of 500 from the
@@ -236,18 +239,24 @@ var layers = map[string]int{SourceDefault: 0, SourceEnvironment: 1, SourcePolicy
 // source and, when another layer's value bounded it, what its source gave.
 // table "" (a command's global view) takes no table layers.
 func Resolve(base config.Config, tuning map[string]string, stored []Setting, table string) (config.Config, []Value, error) {
-	c := base
+	return ResolveIn(Own(base), tuning, stored, table)
+}
+
+// ResolveIn is Resolve on top of env: this process's environment (Own) or
+// an active instance's as it published it (Published).
+func ResolveIn(env Env, tuning map[string]string, stored []Setting, table string) (config.Config, []Value, error) {
+	c := env.Config
 	vals := make([]Value, len(config.Tunables))
 	for i, t := range config.Tunables {
 		src := SourceEnvironment
-		if _, set := os.LookupEnv(t.Env); !set {
+		if !env.Sets(t.Env) {
 			// The default as such: the environment's values may have
 			// bounded it (config.Load); the bounds are drawn again below,
 			// with every layer.
 			src = SourceDefault
 			c, _ = c.Set(t.Env, config.Default(t.Env))
 		}
-		vals[i] = Value{Key: t.Key, Value: c.Get(t.Env), Source: src}
+		vals[i] = Value{Key: t.Key, Value: c.Get(t.Env), Source: src, Shell: env.Instance == ""}
 	}
 	set := func(key, value, source string) error {
 		t, ok := config.TunableByKey(key)

@@ -79,9 +79,9 @@ func InForce(ctx context.Context, q Querier, base config.Config) (config.Config,
 	return g, nil
 }
 
-// Values resolves every tunable, globally and for each of tables, for
-// status: the scopes settings shows.
-func Values(ctx context.Context, q Querier, base config.Config, tables []*catalog.Table) ([]Scope, error) {
+// Values resolves every tunable on env, globally and for each of tables,
+// for status: the scopes settings shows.
+func Values(ctx context.Context, q Querier, env Env, tables []*catalog.Table) ([]Scope, error) {
 	stored, err := Load(ctx, q)
 	if err != nil {
 		return nil, err
@@ -90,7 +90,7 @@ func Values(ctx context.Context, q Querier, base config.Config, tables []*catalo
 	for _, t := range tables {
 		named = append(named, namedTuning{t.Name, t.Policy.Tuning})
 	}
-	return scopes(base, stored, named), nil
+	return scopes(env, stored, named), nil
 }
 
 // Scope is every tunable in force in one scope, the global one or a
@@ -102,14 +102,14 @@ type Scope struct {
 	Error    string
 }
 
-// Scopes resolves every tunable on top of base with the stored settings:
+// Scopes resolves every tunable on top of env with the stored settings:
 // globally, then for each table of p with its tuning block.
-func Scopes(base config.Config, stored []Setting, p *policy.Policy) []Scope {
+func Scopes(env Env, stored []Setting, p *policy.Policy) []Scope {
 	named := []namedTuning{{Global, nil}}
 	for _, t := range p.Tables {
 		named = append(named, namedTuning{t.Name.String(), t.Tuning})
 	}
-	return scopes(base, stored, named)
+	return scopes(env, stored, named)
 }
 
 // namedTuning is a scope's name (Global, or a table's) and its tuning
@@ -119,10 +119,10 @@ type namedTuning struct {
 	tuning map[string]string
 }
 
-func scopes(base config.Config, stored []Setting, named []namedTuning) []Scope {
+func scopes(env Env, stored []Setting, named []namedTuning) []Scope {
 	var out []Scope
 	for _, n := range named {
-		_, vals, err := Resolve(base, n.tuning, stored, n.name)
+		_, vals, err := ResolveIn(env, n.tuning, stored, n.name)
 		s := Scope{Table: ScopeName(n.name), Settings: vals}
 		if err != nil {
 			s.Error = err.Error()

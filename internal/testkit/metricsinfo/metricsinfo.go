@@ -99,3 +99,12 @@ func All() (map[string]Metric, error) {
 	}
 	return r.metrics, r.err
 }
+
+// Consumer is the claim path's metrics alone: those a consumer registers
+// on its own registry (inbox.NewMetrics), which arrive under the
+// consumers' jobs and instances, not the daemon's.
+func Consumer() (map[string]Metric, error) {
+	r := &recorder{metrics: map[string]Metric{}}
+	inbox.NewMetrics(r)
+	return r.metrics, r.err
+}

@@ -189,8 +189,10 @@ volumeMounts:
 
 {{/* What every pod of the chart shares. */}}
 {{- define "inboxkeeper.podSpec" -}}
-# Kubernetes injects INBOXKEEPER_SERVICE_HOST and the like for a Service
-# named inboxkeeper; inboxkeeper rejects unknown INBOXKEEPER_* variables.
+# Kubernetes injects variables named after each Service: those of a Service
+# named inboxkeeper are ignored, but inboxkeeper-metrics (the chart's, for a
+# release named inboxkeeper) injects INBOXKEEPER_METRICS_SERVICE_HOST and the
+# like, unknown INBOXKEEPER_* variables that make inboxkeeper exit 2.
 enableServiceLinks: false
 automountServiceAccountToken: false
 {{- with .Values.imagePullSecrets }}
