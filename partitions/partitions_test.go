@@ -799,3 +799,58 @@ CREATE TABLE public.x (id int);`, `tables:
 		t.Fatalf("after release: %+v", res)
 	}
 }
+
+// windowGate is a throttle whose WAL window has no room for a writer until
+// room is closed: its signals are clear (Admit lets anything through), its
+// standby is behind.
+type windowGate struct {
+	room  chan struct{}
+	asked chan struct{} // closed at the first PaceWriter
+	once  sync.Once
+}
+
+func (g *windowGate) Admit(context.Context, service.Sizer) (int, error) { return 0, nil }
+func (g *windowGate) Watch(uint32, time.Time) (func(), func() bool) {
+	return func() {}, func() bool { return false }
+}
+func (g *windowGate) Wrote(float64) {}
+func (g *windowGate) PaceWriter(ctx context.Context) (service.WriterPace, error) {
+	g.once.Do(func() { close(g.asked) })
+	select {
+	case <-g.room:
+		return service.WriterPace{Rate: 1 << 20, Window: 1 << 20, Standby: "s", Measured: true}, nil
+	case <-ctx.Done():
+		return service.WriterPace{}, &service.HeldError{Reason: "WAL window", Err: ctx.Err()}
+	}
+}
+func (g *windowGate) Overrun() string { return "" }
+
+// Partition DDL writes WAL too (the catalog pages' images, some hundred
+// kB a statement): it waits for room in the standbys' WAL window as a
+// batch does, not only for the throttle's signals.
+func TestDDLWaitsForTheWALWindow(t *testing.T) {
+	t.Parallel()
+	f := setup(t, parentDDL, policyText("0"))
+	g := &windowGate{room: make(chan struct{}), asked: make(chan struct{})}
+	done := make(chan TableResult, 1)
+	go func() { done <- f.pass(t, Options{Base: service.Base{Clock: service.At(t0), Throttle: g}}) }()
+	select {
+	case <-g.asked:
+	case res := <-done:
+		t.Fatalf("the pass ended without asking the WAL window: created %v", res.Created)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the DDL never asked the WAL window")
+	}
+	if names := f.names(t); len(names) != 0 {
+		t.Fatalf("partitions created while the window had no room: %v", names)
+	}
+	close(g.room)
+	select {
+	case res := <-done:
+		if len(res.Created) != 6 {
+			t.Fatalf("created %v once the window had room, want 6 partitions", res.Created)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the pass did not end once the window had room")
+	}
+}
