@@ -358,25 +358,37 @@ func (p *pacer) writerPace() (service.WriterPace, string) {
 	if p.failure != "" {
 		return service.WriterPace{}, p.failure
 	}
-	out := service.WriterPace{Rate: math.Inf(1), Window: math.Inf(1)}
 	unsent := p.unsent()
-	per := windowFactor * p.maxLag().Seconds()
 	for _, name := range p.names() {
 		s := p.standbys[name]
 		if !s.known {
 			return service.WriterPace{Standby: name}, fmt.Sprintf("standby %s has not reported a replay position", name)
 		}
-		w := p.window(s)
-		if behind := s.behind + unsent; behind > w/2 {
+		if w, behind := p.window(s), s.behind+unsent; behind > w/2 {
 			s.limited = true
 			return service.WriterPace{Standby: name}, fmt.Sprintf("WAL window: standby %s is %s behind, window %s; a writer that cannot be split waits for half of it",
 				name, fmtBytes(behind), fmtBytes(w))
 		}
-		if r := w / per; r < out.Rate {
-			out = service.WriterPace{Rate: r, Window: w, Standby: name, Measured: s.measured()}
+	}
+	return p.writerRate(), ""
+}
+
+// writerRate is the rate of writerPace, whatever the queues: the tightest
+// window per windowFactor x MAX_REPLICA_LAG, among the standbys that have
+// reported a replay position.
+func (p *pacer) writerRate() service.WriterPace {
+	out := service.WriterPace{Rate: math.Inf(1), Window: math.Inf(1)}
+	per := windowFactor * p.maxLag().Seconds()
+	for _, name := range p.names() {
+		s := p.standbys[name]
+		if !s.known {
+			continue
+		}
+		if w := p.window(s); w/per < out.Rate {
+			out = service.WriterPace{Rate: w / per, Window: w, Standby: name, Measured: s.measured()}
 		}
 	}
-	return out, ""
+	return out
 }
 
 // overrun names a standby whose queue, the daemon's unread WAL included,

@@ -453,6 +453,14 @@ func (t *Throttler) PaceWriter(ctx context.Context) (service.WriterPace, error) 
 	}
 }
 
+// WriterRate is the rate PaceWriter would give a writer, without waiting
+// for room in the windows: what status shows.
+func (t *Throttler) WriterRate() service.WriterPace {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.pacer.writerRate()
+}
+
 // Overrun says why a writer that PaceWriter let start must stop now: a
 // signal over its threshold (what would hold a batch), or a standby whose
 // queue is over twice its WAL window (0.8 x MAX_REPLICA_LAG of its apply);

@@ -116,6 +116,26 @@ func PaceFor(wp service.WriterPace, perUnit, boost float64) (p Pace, ok bool) {
 	return p, true
 }
 
+// Plan is how the daemon's VACUUM goes for wp: unpaced (nil, "") where no
+// standby streams; paced (PaceFor); or passed over for the standby, and
+// why: behind a connection pooler (pooled), where its session's settings
+// may reach another server connection than the VACUUM, or for a standby
+// too slow for any pace.
+func Plan(wp service.WriterPace, pooled bool, perUnit, boost float64) (*Pace, string) {
+	if !wp.Paced() {
+		return nil, ""
+	}
+	if pooled {
+		return nil, "passed over for the standby: behind a connection pooler its session's vacuum_cost_delay cannot be set, and unpaced it writes its WAL at full speed; autovacuum keeps the table"
+	}
+	p, ok := PaceFor(wp, perUnit, boost)
+	if !ok {
+		return nil, fmt.Sprintf("passed over for the standby: standby %s applies %s/s, too little for the slowest pace a VACUUM can be set to; autovacuum keeps the table",
+			wp.Standby, throttle.FormatBytes(wp.Rate))
+	}
+	return &p, ""
+}
+
 // UnitsPerSecond is the cost a VACUUM at p may spend a second.
 func (p Pace) UnitsPerSecond() float64 { return float64(p.Limit) / p.Delay.Seconds() }
 

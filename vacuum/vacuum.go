@@ -42,7 +42,6 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 	"github.com/inboxkeeper/inboxkeeper/internal/service"
-	"github.com/inboxkeeper/inboxkeeper/throttle"
 )
 
 // minDead is the fewest dead tuples worth a VACUUM: fewer fill a few pages,
@@ -462,26 +461,20 @@ func (v *Vacuumer) pace(ctx context.Context, t *catalog.Table, boost float64) (*
 	if !wp.Paced() {
 		return nil, ""
 	}
-	notRun := func(why string) (*Pace, string) {
-		if m := v.opts.Metrics; m != nil {
-			m.Pacing.WithLabelValues(t.Name, "passed_over").Inc()
-		}
-		return nil, "passed over for the standby: " + why + "; autovacuum keeps the table"
-	}
-	switch pooled, err := v.throughPooler(ctx); {
-	case err != nil:
+	pooled, err := v.throughPooler(ctx)
+	if err != nil {
 		return nil, "could not tell whether the connection goes through a pooler: " + err.Error()
-	case pooled:
-		return notRun("behind a connection pooler its session's vacuum_cost_delay cannot be set, and unpaced it writes its WAL at full speed")
 	}
 	v.mu.Lock()
 	perUnit := v.perUnit[t.Name]
 	v.mu.Unlock()
-	p, ok := PaceFor(wp, perUnit, boost)
-	if !ok {
-		return notRun(fmt.Sprintf("standby %s applies %s/s, too little for the slowest pace a VACUUM can be set to", wp.Standby, throttle.FormatBytes(wp.Rate)))
+	p, passedOver := Plan(wp, pooled, perUnit, boost)
+	if passedOver != "" {
+		if m := v.opts.Metrics; m != nil {
+			m.Pacing.WithLabelValues(t.Name, "passed_over").Inc()
+		}
 	}
-	return &p, ""
+	return p, passedOver
 }
 
 // throughPooler says, once, whether the pool's connections go through a

@@ -3,6 +3,8 @@ package pass
 import (
 	"context"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/inboxkeeper/inboxkeeper/expiry"
 	"github.com/inboxkeeper/inboxkeeper/horizon"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
@@ -37,6 +39,10 @@ type Status struct {
 	// autovacuum).
 	Vacuum          map[string]*vacuum.State
 	VacuumDeadRatio float64
+	// Pooled: the connection goes through a connection pooler
+	// (dbconn.Pooled), where the daemon's VACUUM cannot be paced for a
+	// standby (vacuum.Plan).
+	Pooled bool
 }
 
 // ReadStatus reads the status of tables on pool, with env's settings.
@@ -60,8 +66,21 @@ func ReadStatus(ctx context.Context, w Wiring, env config.Config, tables []*cata
 	if st.Horizon, err = horizon.Read(ctx, w.Pool); err != nil {
 		return st, err
 	}
+	if st.Pooled, err = pooled(ctx, w.Pool); err != nil {
+		return st, err
+	}
 	st.Scopes, err = settings.Values(ctx, w.Pool, env, tables)
 	return st, err
+}
+
+// pooled says whether pool's connections go through a connection pooler.
+func pooled(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
+	c, err := pool.Acquire(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer c.Release()
+	return dbconn.Pooled(ctx, c.Conn())
 }
 
 // ReadTables reads the per-table part of the status: rows due for
