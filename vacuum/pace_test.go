@@ -208,6 +208,25 @@ func TestPacedVacuum(t *testing.T) {
 		}
 	})
 
+	// A session that queues behind the VACUUM's lock gets it cancelled,
+	// as it gets a batch cancelled (the throttle's lock watch, here a
+	// stand-in that cancels it once it runs), and it is not started again
+	// in the pass: the session would queue again.
+	t.Run("a session queued behind it", func(t *testing.T) {
+		t.Parallel()
+		pool, tbl := pacedTable(t)
+		other, err := pgxpool.New(ctx, pool.Config().ConnString())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer other.Close()
+		th := &queuedBehind{pacing: pacing{wp: service.WriterPace{Rate: 64 << 10, Window: 256 << 10, Standby: "s", Measured: true}}, pool: other, t: t}
+		out := New(pool, Options{Base: service.Base{Throttle: th}, DeadRatio: 0.1}).AfterPass(ctx, tbl, 50000, 50000, 0)
+		if out.Ran || out.Stopped != 1 || !strings.Contains(out.NotRun, "queued behind") || th.calls.Load() != 1 {
+			t.Errorf("outcome %+v after %d paces asked, want one VACUUM stopped for the session queued behind it, not started again", out, th.calls.Load())
+		}
+	})
+
 	// Behind a transaction pooler a session's cost settings may reach
 	// another server connection than the VACUUM's: while a standby
 	// streams, the VACUUM is passed over, and autovacuum keeps the table.
@@ -234,4 +253,34 @@ func TestPacedVacuum(t *testing.T) {
 			t.Errorf("outcome %+v with no standby, want an unpaced VACUUM", out)
 		}
 	})
+}
+
+// queuedBehind is a throttle whose lock watch finds a session queued
+// behind the VACUUM it watches: it cancels the VACUUM once it runs.
+type queuedBehind struct {
+	pacing
+	pool    *pgxpool.Pool
+	t       *testing.T
+	blocked atomic.Bool
+}
+
+func (q *queuedBehind) Watch(pid uint32, _ time.Time) (func(), func() bool) {
+	done := make(chan struct{})
+	go func() {
+		deadline := time.Now().Add(30 * time.Second)
+		for time.Now().Before(deadline) {
+			var cancelled bool
+			if err := q.pool.QueryRow(context.Background(), `SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE pid = $1 AND query LIKE 'VACUUM%' AND state = 'active'`, int32(pid)).Scan(&cancelled); err == nil && cancelled {
+				q.blocked.Store(true)
+				return
+			}
+			select {
+			case <-done:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+		q.t.Errorf("the VACUUM of backend %d never ran", pid)
+	}()
+	return func() { close(done) }, q.blocked.Load
 }

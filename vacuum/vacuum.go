@@ -331,8 +331,8 @@ func (v *Vacuumer) vacuum(ctx context.Context, t *catalog.Table, pace *Pace) (ra
 	_, err = c.Exec(vctx, sql)
 	notices := w.Stop()
 	took = time.Since(began)
-	if why := stop(); why != "" && err != nil && ctx.Err() == nil {
-		return false, left, took, &stopError{reason: why, err: err}
+	if why, lockWait := stop(); why != "" && err != nil && ctx.Err() == nil {
+		return false, left, took, &stopError{reason: why, lockWait: lockWait, err: err}
 	}
 	if err != nil {
 		return false, left, took, err
@@ -355,8 +355,9 @@ func (v *Vacuumer) vacuum(ctx context.Context, t *catalog.Table, pace *Pace) (ra
 
 // stopError is a VACUUM the throttle stopped while it ran.
 type stopError struct {
-	reason string
-	err    error // the cancelled statement's
+	reason   string
+	lockWait bool  // a session queued behind its lock: not tried again in the pass
+	err      error // the cancelled statement's
 }
 
 func (e *stopError) Error() string { return "stopped (" + e.reason + "): " + e.err.Error() }
@@ -371,11 +372,11 @@ const watchEvery = 50 * time.Millisecond
 // does a reason to stop from Overrun (service.WriterGate), checked every
 // watchEvery. It returns the VACUUM's context and a stop function, called
 // when the VACUUM has returned, that says why it was cancelled (empty when
-// it was not).
-func (v *Vacuumer) watch(ctx context.Context, c *pgxpool.Conn) (context.Context, func() string) {
+// it was not), and whether that was a session queued behind it.
+func (v *Vacuumer) watch(ctx context.Context, c *pgxpool.Conn) (context.Context, func() (string, bool)) {
 	th := v.opts.Throttle
 	if th == nil {
-		return ctx, func() string { return "" }
+		return ctx, func() (string, bool) { return "", false }
 	}
 	done, blocked := th.Watch(c.Conn().PgConn().PID(), time.Time{})
 	wg, _ := th.(service.WriterGate)
@@ -403,14 +404,14 @@ func (v *Vacuumer) watch(ctx context.Context, c *pgxpool.Conn) (context.Context,
 	} else {
 		close(finished)
 	}
-	return vctx, func() string {
+	return vctx, func() (string, bool) {
 		cancel()
 		<-finished
 		done()
 		if why == "" && blocked() {
-			why = "a session queued behind its lock"
+			return "a session queued behind its lock", true
 		}
-		return why
+		return why, false
 	}
 }
 
@@ -426,7 +427,7 @@ func (v *Vacuumer) stopped(t *catalog.Table, pace *Pace, stop *stopError, stops 
 	if m := v.opts.Metrics; m != nil && pace != nil {
 		m.Pacing.WithLabelValues(t.Name, "stopped").Inc()
 	}
-	again = stops <= maxStops && !strings.Contains(stop.reason, "queued behind")
+	again = stops <= maxStops && !stop.lockWait
 	attrs := []any{"table", t.Name, "reason", stop.reason, "again", again}
 	if pace != nil {
 		attrs = append(attrs, "pace", pace.String())
