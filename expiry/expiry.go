@@ -160,6 +160,8 @@ type TableResult struct {
 	VacuumsPassedOver  int         // VACUUMs another session's lock passed over (each tried again within the pass)
 	VacuumsHeldBack    int         // VACUUMs that left the deleted rows to an older snapshot (tried again once)
 	VacuumNotRun       string      // why no VACUUM ran when the dead tuples called for one
+	VacuumPace         string      // how the VACUUM was paced for a standby (vacuum.Pace); empty when unpaced
+	VacuumsStopped     int         // paced VACUUMs the throttle stopped (each tried again slower, up to twice)
 	PermanentKeys      int64       // permanent keys written with the deleted rows (tiers.permanent_key)
 	StoppedEarly       retry.Early // set when RUN_TIME, the lease, the throttle, a lock wait or shutdown ended the pass early
 	Err                error
@@ -314,7 +316,10 @@ func (d *Deleter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 			} else if res.Deleted > 0 {
 				v := d.opts.Vacuum.AfterPass(ctx, t, res.Deleted, res.LiveTuples, res.DeadTuples)
 				res.DeadTuples, res.Vacuumed, res.VacuumNotRun = max(res.DeadTuples, v.Dead), v.Ran, v.NotRun
-				res.VacuumsPassedOver, res.VacuumsHeldBack = v.PassedOver, v.HeldBack
+				res.VacuumsPassedOver, res.VacuumsHeldBack, res.VacuumsStopped = v.PassedOver, v.HeldBack, v.Stopped
+				if v.Pace != nil {
+					res.VacuumPace = v.Pace.String()
+				}
 			}
 		}
 	}
@@ -363,6 +368,12 @@ func (d *Deleter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 		}
 		if res.VacuumsHeldBack > 0 {
 			attrs = append(attrs, "vacuums_held_back", res.VacuumsHeldBack)
+		}
+		if res.VacuumPace != "" {
+			attrs = append(attrs, "vacuum_paced", res.VacuumPace)
+		}
+		if res.VacuumsStopped > 0 {
+			attrs = append(attrs, "vacuums_stopped", res.VacuumsStopped)
 		}
 	}
 	logf("expiry: table done", append(attrs, "protected_by_holds", res.ProtectedByHolds,

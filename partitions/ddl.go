@@ -43,7 +43,10 @@ func (m *Manager) ddl(ctx context.Context, t *catalog.Table, what string, fn fun
 		return retry.StopError{Early: why}
 	}
 	if th := m.Throttle; th != nil {
-		if _, err := th.Admit(ctx, nil); err != nil {
+		// A statement's WAL (about 150 kB for a DETACH and a DROP, the
+		// catalog pages' images) waits for room in the standbys' windows,
+		// as a batch does.
+		if err := service.AdmitWrite(ctx, th); err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}

@@ -1,12 +1,14 @@
 package partitions
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -703,9 +705,10 @@ GRANT INSERT ON inboxkeeper.fence TO %[2]s;`, owner, daemon))
 
 // A policy that keeps a permanent business key: the keys of a retired
 // month are copied out in the transaction that drops it, and stay.
-func TestPermanentKeysSurviveRetirement(t *testing.T) {
-	t.Parallel()
-	f := setup(t, `
+// keysDDL and keysPolicy are a partitioned inbox with tiers and permanent
+// keys, and a month of it in May 2026.
+const (
+	keysDDL = `
 CREATE TABLE public.consumer_inbox (
     consumer       text        NOT NULL,
     message_id     text        NOT NULL,
@@ -718,7 +721,8 @@ CREATE TABLE public.consumer_inbox (
 ) PARTITION BY RANGE (remember_until);
 CREATE INDEX ON public.consumer_inbox (consumer, message_id);
 CREATE INDEX ON public.consumer_inbox (first_seen_at);
-CREATE TABLE public.consumer_inbox_p202605 PARTITION OF public.consumer_inbox FOR VALUES FROM ('2026-05-01 00:00:00+00') TO ('2026-06-01 00:00:00+00');`, `tables:
+CREATE TABLE public.consumer_inbox_p202605 PARTITION OF public.consumer_inbox FOR VALUES FROM ('2026-05-01 00:00:00+00') TO ('2026-06-01 00:00:00+00');`
+	keysPolicy = `tables:
   - table: public.consumer_inbox
     key: [consumer, message_id]
     scope: consumer
@@ -730,7 +734,12 @@ CREATE TABLE public.consumer_inbox_p202605 PARTITION OF public.consumer_inbox FO
       anchor: first_seen_at
       payload_columns: [payload]
       permanent_key: {columns: [consumer, business_key], hash: payload_hash}
-`)
+`
+)
+
+func TestPermanentKeysSurviveRetirement(t *testing.T) {
+	t.Parallel()
+	f := setup(t, keysDDL, keysPolicy)
 	ctx := context.Background()
 	if _, err := tiering.EnsureKeyTable(ctx, f.pool, f.table); err != nil {
 		t.Fatal(err)
@@ -806,5 +815,104 @@ CREATE TABLE public.x (id int);`, `tables:
 	res = f.pass(t, Options{Base: service.Base{Clock: service.At(t0)}})
 	if !slices.Equal(res.Dropped, []string{`"Odd Schema"."old ""May"""`}) || !f.exists(t, "public.x") {
 		t.Fatalf("after release: %+v", res)
+	}
+}
+
+// windowGate is a throttle whose WAL window has no room for a writer until
+// room is closed: its signals are clear (Admit lets anything through), its
+// standby is behind.
+type windowGate struct {
+	room   chan struct{}
+	asked  chan struct{} // closed at the first PaceWriter
+	once   sync.Once
+	window float64 // 0: 1 MiB
+	calls  atomic.Int32
+}
+
+func (g *windowGate) Admit(context.Context, service.Sizer) (int, error) { return 0, nil }
+func (g *windowGate) Watch(uint32, time.Time) (func(), func() bool) {
+	return func() {}, func() bool { return false }
+}
+func (g *windowGate) Wrote(float64) {}
+func (g *windowGate) PaceWriter(ctx context.Context) (service.WriterPace, error) {
+	g.once.Do(func() { close(g.asked) })
+	g.calls.Add(1)
+	select {
+	case <-g.room:
+		return service.WriterPace{Rate: 1 << 20, Window: cmp.Or(g.window, 1<<20), Standby: "s", Measured: true}, nil
+	case <-ctx.Done():
+		return service.WriterPace{}, &service.HeldError{Reason: "WAL window", Err: ctx.Err()}
+	}
+}
+func (g *windowGate) Overrun() string { return "" }
+
+// Partition DDL writes WAL too (the catalog pages' images, some hundred
+// kB a statement): it waits for room in the standbys' WAL window as a
+// batch does, not only for the throttle's signals.
+func TestDDLWaitsForTheWALWindow(t *testing.T) {
+	t.Parallel()
+	f := setup(t, parentDDL, policyText("0"))
+	g := &windowGate{room: make(chan struct{}), asked: make(chan struct{})}
+	done := make(chan TableResult, 1)
+	go func() { done <- f.pass(t, Options{Base: service.Base{Clock: service.At(t0), Throttle: g}}) }()
+	select {
+	case <-g.asked:
+	case res := <-done:
+		t.Fatalf("the pass ended without asking the WAL window: created %v", res.Created)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the DDL never asked the WAL window")
+	}
+	if names := f.names(t); len(names) != 0 {
+		t.Fatalf("partitions created while the window had no room: %v", names)
+	}
+	close(g.room)
+	select {
+	case res := <-done:
+		if len(res.Created) != 6 {
+			t.Fatalf("created %v once the window had room, want 6 partitions", res.Created)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the pass did not end once the window had room")
+	}
+}
+
+// While a standby streams, a month's permanent keys are copied out ahead
+// of its drop in slices of its heap, each admitted by the throttle as a
+// writer and sized to half the standby's WAL window once the first
+// measured what a page's keys write: not in the one statement of the
+// drop's transaction, which no window could admit. Every key arrives, and
+// the record counts them all.
+func TestPermanentKeysCopiedInPacedSlices(t *testing.T) {
+	t.Parallel()
+	f := setup(t, keysDDL, keysPolicy)
+	ctx := context.Background()
+	if _, err := tiering.EnsureKeyTable(ctx, f.pool, f.table); err != nil {
+		t.Fatal(err)
+	}
+	const rows = 20000
+	pgtest.Exec(t, f.pool, `INSERT INTO public.consumer_inbox (consumer, message_id, business_key, payload_hash, first_seen_at, remember_until)
+SELECT 'payments', 'm-' || i, 'payout-' || i, '\x01', '2026-04-01', '2026-05-10' FROM generate_series(1, $1::int) i`, rows)
+	g := &windowGate{room: make(chan struct{}), asked: make(chan struct{}), window: 64 << 10}
+	close(g.room)
+	opts := Options{Base: service.Base{Clock: service.At(t0), Throttle: g}, CopyKeys: tiering.CopyPermanentKeys}
+	if res := f.pass(t, opts); len(res.Detached) != 1 {
+		t.Fatalf("first pass: %+v", res)
+	}
+	before := g.calls.Load()
+	opts.Clock = service.At(t0.Add(24 * time.Hour))
+	if res := f.pass(t, opts); len(res.Dropped) != 1 {
+		t.Fatalf("second pass: %+v", res)
+	}
+	// The partition's 20,000 rows fill some 200 pages; the first slice is
+	// 64 pages, the next ones half of a 64 KiB window's worth.
+	if slices := g.calls.Load() - before - 1; slices < 4 {
+		t.Errorf("the keys were copied in %d slices, want at least 4 (the drop's own DDL asked once more)", slices)
+	}
+	if n := f.count(t, f.table.Tiers.Key.Ident, "true"); n != rows {
+		t.Fatalf("%d permanent keys after the drop, want %d", n, rows)
+	}
+	var kept int64
+	if err := f.pool.QueryRow(ctx, "SELECT keys_copied FROM inboxkeeper.partitions WHERE partition_name = 'consumer_inbox_p202605'").Scan(&kept); err != nil || kept != rows {
+		t.Fatalf("record says %d keys copied (%v), want %d", kept, err, rows)
 	}
 }

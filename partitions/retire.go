@@ -490,12 +490,18 @@ func (m *Manager) drop(ctx context.Context, t *catalog.Table, rec record, key []
 		})
 		return reason == "" && err == nil, reason, detail, err
 	}
+	// Its keys go out in paced slices first, while a standby streams
+	// (keys.go); the copy below then finds them there.
+	ahead, err := m.copyKeysAhead(ctx, t, p, now)
+	if err != nil {
+		return false, "", "", err
+	}
 	var copied int64
 	// The DROP takes ACCESS EXCLUSIVE on the table's shards too.
 	err = m.ddlTx(ctx, t, "drop "+p.String(), func(tx pgx.Tx) error {
 		// Another instance may have dropped it meanwhile.
 		var mine bool
-		dropped, reason, detail = false, "", ""
+		dropped, reason, detail, copied = false, "", "", ahead
 		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM inboxkeeper.partitions
 WHERE partition_schema = $1 AND partition_name = $2 AND detach_started = $3 AND dropped_at IS NULL FOR UPDATE)`, key...).Scan(&mine); err != nil || !mine {
 			return err
@@ -514,9 +520,11 @@ WHERE partition_schema = $1 AND partition_name = $2 AND detach_started = $3 AND 
 			return err
 		}
 		if m.copyKeys != nil {
-			if copied, err = m.copyKeys(ctx, tx, t, p.Ident()); err != nil {
+			n, err := m.copyKeys(ctx, tx, t, p.Ident())
+			if err != nil {
 				return fmt.Errorf("copy permanent keys out of %s: %w", p, err)
 			}
+			copied += n
 		}
 		if _, err := tx.Exec(ctx, "DROP TABLE "+p.Ident()); err != nil {
 			return err

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"sort"
 	"time"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/service"
 )
 
 // Pacing treats the WAL a standby has not replayed yet as bytes in flight,
@@ -310,13 +312,8 @@ func (p *pacer) admit(size, minRows int, perRow float64) Admission {
 	}
 	a := Admission{Window: math.Inf(1)}
 	unsent := p.unsent()
-	names := make([]string, 0, len(p.standbys))
-	for name := range p.standbys {
-		names = append(names, name)
-	}
-	sort.Strings(names)
 	budget := math.Inf(1)
-	for _, name := range names {
+	for _, name := range p.names() {
 		s := p.standbys[name]
 		if !s.known {
 			return Admission{Standby: name, Hold: fmt.Sprintf("standby %s has not reported a replay position", name)}
@@ -337,6 +334,91 @@ func (p *pacer) admit(size, minRows int, perRow float64) Admission {
 	a.Rows = want
 	a.Predicted = float64(a.Rows) * perRow
 	return a
+}
+
+// overrunWindows is how far a standby's queue may grow, in windows, while
+// a writer that cannot be split runs (a VACUUM paced by its cost
+// settings): past it the writer is stopped. Two windows are 0.8 x
+// MAX_REPLICA_LAG of apply at the measured rate; the queue starts within
+// half a window, and a standby's step of apply and the time to stop the
+// writer come on top, as they do for a batch. Counted in windows, not in
+// seconds of the rate, because until the rate is measured it is only a
+// lower bound (what the standby replayed lately: little, at the start of
+// a VACUUM that reads before it writes), and the window has its floor.
+const overrunWindows = 2
+
+// writerPace is the pace of a writer whose WAL cannot be split into
+// batches: it may start when every standby's queue, the daemon's unread
+// WAL included, is within half its window (as a batch of half a window
+// may), and write at what the tightest window lets through per
+// windowFactor x MAX_REPLICA_LAG: the standby's apply rate times the
+// multiplier (a window cut after an overshoot paces the writer too), or
+// the floor window's rate while nothing is known.
+func (p *pacer) writerPace() (service.WriterPace, string) {
+	if p.failure != "" {
+		return service.WriterPace{}, p.failure
+	}
+	unsent := p.unsent()
+	for _, name := range p.names() {
+		s := p.standbys[name]
+		if !s.known {
+			return service.WriterPace{Standby: name}, fmt.Sprintf("standby %s has not reported a replay position", name)
+		}
+		if w, behind := p.window(s), s.behind+unsent; behind > w/2 {
+			s.limited = true
+			return service.WriterPace{Standby: name}, fmt.Sprintf("WAL window: standby %s is %s behind, window %s; a writer that cannot be split waits for half of it",
+				name, fmtBytes(behind), fmtBytes(w))
+		}
+	}
+	return p.writerRate(), ""
+}
+
+// writerRate is the rate of writerPace, whatever the queues: the tightest
+// window per windowFactor x MAX_REPLICA_LAG, among the standbys that have
+// reported a replay position.
+func (p *pacer) writerRate() service.WriterPace {
+	out := service.WriterPace{Rate: math.Inf(1), Window: math.Inf(1)}
+	per := windowFactor * p.maxLag().Seconds()
+	for _, name := range p.names() {
+		s := p.standbys[name]
+		if !s.known {
+			continue
+		}
+		if w := p.window(s); w/per < out.Rate {
+			out = service.WriterPace{Rate: w / per, Window: w, Standby: name, Measured: s.measured()}
+		}
+	}
+	return out
+}
+
+// overrun names a standby whose queue, the daemon's unread WAL included,
+// is over overrunWindows of its window, or a reading of the standbys that
+// failed; empty when none.
+func (p *pacer) overrun() string {
+	if p.failure != "" {
+		return p.failure
+	}
+	unsent := p.unsent()
+	for _, name := range p.names() {
+		s := p.standbys[name]
+		if !s.known {
+			continue
+		}
+		if w, behind := p.window(s), s.behind+unsent; behind > overrunWindows*w {
+			return fmt.Sprintf("WAL window: standby %s is %s behind, over %d windows of %s", name, fmtBytes(behind), overrunWindows, fmtBytes(w))
+		}
+	}
+	return ""
+}
+
+// names are the standbys' names, sorted.
+func (p *pacer) names() []string {
+	names := make([]string, 0, len(p.standbys))
+	for name := range p.standbys {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	return names
 }
 
 // Pace is one standby's pacing state, for status and metrics.

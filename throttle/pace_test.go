@@ -252,6 +252,84 @@ func TestPacerFailsClosed(t *testing.T) {
 	}
 }
 
+// TestWriterPace: a writer that cannot be split into batches (a VACUUM)
+// starts once the standby's queue is within half its window, may write at
+// the rate the window measures (the standby's apply rate once measured),
+// and is told to stop (overrun) once the queue is over two windows, 0.8 x
+// MAX_REPLICA_LAG of apply: at its pace the standby keeps up and it runs
+// to its end; at 1.5 times the standby's rate it is stopped before the
+// queue is a second of apply. A failed reading holds and stops it; a
+// standby without a replay position holds it.
+func TestWriterPace(t *testing.T) {
+	for _, c := range []struct {
+		rate   float64
+		maxLag time.Duration
+	}{{8 << 20, time.Second}, {2 << 20, 5 * time.Second}} {
+		s := newSim(t, c.rate, c.maxLag)
+		for range 200 { // 10 s of batches: the rate is measured
+			s.step()
+		}
+		var wp service.WriterPace
+		for i := 0; ; i++ {
+			p, hold := s.p.writerPace()
+			if hold == "" {
+				wp = p
+				break
+			}
+			if behind := s.written - s.applied; behind <= s.p.window(s.standby())/2 || i > 100 {
+				t.Fatalf("%v: the writer is held (%s) with %.0f behind, within half the window", c.rate, hold, behind)
+			}
+			s.tick()
+		}
+		if behind := s.written - s.applied; behind > wp.Window/2 {
+			t.Errorf("%v: the writer starts %.0f behind, over half its window %.0f", c.rate, behind, wp.Window)
+		}
+		if !wp.Measured || math.Abs(wp.Rate-c.rate) > 0.05*c.rate || wp.Standby != "s1" {
+			t.Fatalf("%v: writer pace %+v, want the measured %.0f B/s of s1", c.rate, wp, c.rate)
+		}
+		write := func(share float64, seconds int) (ticks int, overrun string) {
+			for ticks = 1; ticks <= seconds*20; ticks++ {
+				s.written += share * wp.Rate * 0.05
+				s.tick()
+				if overrun = s.p.overrun(); overrun != "" {
+					return ticks, overrun
+				}
+			}
+			return ticks, ""
+		}
+		if _, why := write(0.8, 30); why != "" {
+			t.Errorf("%v: a writer at 0.8 of the standby's rate was stopped: %s", c.rate, why)
+		}
+		ticks, why := write(1.5, 60)
+		if why == "" {
+			t.Fatalf("%v: a writer at 1.5 times the standby's rate ran 60 s unstopped", c.rate)
+		}
+		queue := (s.written - s.applied) / c.rate
+		if lim := overrunWindows * windowFactor * c.maxLag.Seconds(); queue > lim*1.1 || queue < lim*0.9 {
+			t.Errorf("%v: stopped after %d ticks with %.2f s of apply queued (%s), want about %.2f", c.rate, ticks, queue, why, lim)
+		}
+	}
+
+	p := newPacer(fixed(time.Second))
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	if wp, hold := p.writerPace(); hold != "" || wp.Paced() || !math.IsInf(wp.Rate, 1) {
+		t.Errorf("no standby: %+v (%s), want an unpaced writer", wp, hold)
+	}
+	p.observe("s1", 1000, 0, 0, now)
+	p.failure = "cannot read pg_stat_replication: boom"
+	if _, hold := p.writerPace(); !strings.Contains(hold, "boom") {
+		t.Errorf("a failed reading lets a writer start: %q", hold)
+	}
+	if why := p.overrun(); !strings.Contains(why, "boom") {
+		t.Errorf("a failed reading does not stop a writer: %q", why)
+	}
+	p.failure = ""
+	p.observe("s2", -1, 0, 0, now)
+	if _, hold := p.writerPace(); !strings.Contains(hold, "s2") {
+		t.Errorf("a standby without a replay position lets a writer start: %q", hold)
+	}
+}
+
 // TestPacerCountsUnreadWAL: WAL written after the last reading began counts
 // as behind, until a reading that includes it.
 func TestPacerCountsUnreadWAL(t *testing.T) {

@@ -103,6 +103,9 @@ func fmtSeconds(v float64) string {
 	return humantime.Format(time.Duration(v * float64(time.Second)).Round(time.Millisecond))
 }
 
+// FormatBytes is v bytes for people: KiB, MiB, GiB with one decimal.
+func FormatBytes(v float64) string { return fmtBytes(v) }
+
 func fmtBytes(v float64) string {
 	if math.IsInf(v, 1) {
 		return "unknown"
@@ -416,6 +419,60 @@ func (t *Throttler) Admit(ctx context.Context, sizer service.Sizer) (int, error)
 		return 0, &service.HeldError{Reason: reason, Err: err}
 	}
 	return a.Rows, nil
+}
+
+// PaceWriter waits until no signal throttles and every streaming
+// standby's queue is within half its WAL window, and returns the pace a
+// writer that cannot be split into batches may write at (service.WriterGate).
+// The writer asks Overrun while it runs. When ctx ends first, the error is
+// a *service.HeldError with the reason.
+func (t *Throttler) PaceWriter(ctx context.Context) (service.WriterPace, error) {
+	held := false
+	for {
+		if _, err := t.Wait(ctx); err != nil {
+			return service.WriterPace{}, &service.HeldError{Reason: t.Check().Reason, Err: err}
+		}
+		t.mu.Lock()
+		changed := t.changed
+		p, hold := t.pacer.writerPace()
+		t.mu.Unlock()
+		if hold == "" {
+			if t.metrics != nil && p.Paced() {
+				t.metrics.WALWindow.Set(p.Window)
+			}
+			return p, nil
+		}
+		if !held {
+			t.Logger.Debug("throttle: holding a writer for the WAL window", "reason", hold)
+			held = true
+		}
+		select {
+		case <-ctx.Done():
+			return service.WriterPace{}, &service.HeldError{Reason: hold, Err: ctx.Err()}
+		case <-changed:
+		}
+	}
+}
+
+// WriterRate is the rate PaceWriter would give a writer, without waiting
+// for room in the windows: what status shows.
+func (t *Throttler) WriterRate() service.WriterPace {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.pacer.writerRate()
+}
+
+// Overrun says why a writer that PaceWriter let start must stop now: a
+// signal over its threshold (what would hold a batch), or a standby whose
+// queue is over twice its WAL window (0.8 x MAX_REPLICA_LAG of its apply);
+// empty while it may go on. No I/O: it reads the stored readings.
+func (t *Throttler) Overrun() string {
+	if s := t.Check(); s.Throttled {
+		return s.Reason
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.pacer.overrun()
 }
 
 // Wrote tells the pacer the WAL a batch wrote, so that the next admission

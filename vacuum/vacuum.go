@@ -26,6 +26,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,6 +55,7 @@ const admitWait = time.Second
 // Metrics are the vacuum's metrics.
 type Metrics struct {
 	Vacuums    *prometheus.CounterVec
+	Pacing     *prometheus.CounterVec // table, outcome: paced, stopped, passed_over
 	DeadTuples *daemonmetrics.Fact
 }
 
@@ -62,6 +64,8 @@ func NewMetrics(reg prometheus.Registerer, facts *daemonmetrics.Facts) *Metrics 
 	return &Metrics{
 		Vacuums: daemonmetrics.CounterVec(reg, "inboxkeeper_vacuums_total",
 			"VACUUMs of a table the daemon ran (VACUUM (SKIP_LOCKED, TRUNCATE false)) after a pass that left INBOXKEEPER_VACUUM_DEAD_RATIO of its tuples dead, each one (one an older snapshot held back and its second count two); one that found the table locked and passed it over does not count.", "table"),
+		Pacing: daemonmetrics.CounterVec(reg, "inboxkeeper_vacuum_pacing_total",
+			"The daemon's VACUUMs of the table while a standby streams, by outcome: paced (it ran to its end with its session's vacuum_cost_delay and vacuum_cost_limit set from the standby's apply rate), stopped (it was cancelled because the standby fell behind anyway, a throttle signal went over its threshold or a session queued behind it; tried again at half the pace), passed_over (not run for the standby: it could not be paced, behind a transaction pooler or for a standby too slow; autovacuum keeps the table).", "table", "outcome"),
 		DeadTuples: facts.Gauge(reg, "inboxkeeper_dead_tuples",
 			"Dead tuples of the table after the daemon's last pass that deleted rows (and its VACUUM, when it ran one), as status shows them: pg_stat_user_tables.n_dead_tup, read once the pass's own counts have reached the statistics.", "table"),
 	}
@@ -84,9 +88,11 @@ type Vacuumer struct {
 	opts Options
 
 	mu      sync.Mutex
-	since   map[string]int64 // rows deleted since this process last vacuumed the table
-	allowed map[string]bool  // whether this role may vacuum the table, once asked
-	noFlush atomic.Bool      // the server has no pg_stat_force_next_flush (before PostgreSQL 15)
+	since   map[string]int64   // rows deleted since this process last vacuumed the table
+	allowed map[string]bool    // whether this role may vacuum the table, once asked
+	perUnit map[string]float64 // WAL a cost unit wrote in the table's last paced VACUUM (Pace.learn)
+	noFlush atomic.Bool        // the server has no pg_stat_force_next_flush (before PostgreSQL 15)
+	pooled  atomic.Int32       // 0: not known yet; 1: direct connections; 2: through a pooler
 
 	retrying    func(Outcome) // tests: called before the wait to try a VACUUM again, with the outcome so far
 	afterVacuum func()        // tests: called after a VACUUM statement succeeded, before its outcome is read
@@ -98,7 +104,7 @@ func New(pool *pgxpool.Pool, opts Options) *Vacuumer {
 		return nil
 	}
 	opts.Base = opts.Base.WithDefaults(0)
-	return &Vacuumer{pool: pool, opts: opts, since: map[string]int64{}, allowed: map[string]bool{}}
+	return &Vacuumer{pool: pool, opts: opts, since: map[string]int64{}, allowed: map[string]bool{}, perUnit: map[string]float64{}}
 }
 
 // Outcome is what AfterPass did.
@@ -114,9 +120,15 @@ type Outcome struct {
 	// HeldBack: VACUUMs that ran and left the dead tuples they were run
 	// for (heldBack), each tried again once after heldBackWait.
 	HeldBack int
-	Took     time.Duration // its duration
-	NotRun   string        // why none ran, when one was due
-	Err      error
+	// Stopped: paced VACUUMs stopped because the standby fell behind
+	// anyway, a throttle signal went over its threshold or a session
+	// queued behind one (each tried again at half the pace, up to
+	// maxStops).
+	Stopped int
+	Pace    *Pace         // how the last VACUUM was paced for a standby; nil: unpaced (none streams)
+	Took    time.Duration // its duration
+	NotRun  string        // why none ran, when one was due
+	Err     error
 }
 
 // AfterPass is told that a pass deleted deleted rows of t, which holds live
@@ -166,9 +178,31 @@ func (v *Vacuumer) AfterPass(ctx context.Context, t *catalog.Table, deleted, liv
 		}
 	}
 	v.flushStats(ctx)
+	boost := float64(MaxBoost)
 	for {
-		ran, left, took, err := v.vacuum(ctx, t)
+		pace, notRun := v.pace(ctx, t, boost)
+		if notRun != "" {
+			out.NotRun = notRun
+			return out
+		}
+		out.Pace = pace
+		ran, left, took, err := v.vacuum(ctx, t, pace)
 		out.Took = took
+		if stop, ok := errors.AsType[*stopError](err); ok {
+			out.Stopped++
+			if pace != nil {
+				var perUnit float64
+				perUnit, boost = pace.slower()
+				v.mu.Lock()
+				v.perUnit[t.Name] = perUnit
+				v.mu.Unlock()
+			}
+			if more := v.stopped(t, pace, stop, out.Stopped); !more {
+				out.NotRun = "stopped: " + stop.reason + "; the next pass tries again"
+				return out
+			}
+			continue
+		}
 		if err != nil {
 			out.Err = fmt.Errorf("vacuum %s: %w", t.Name, err)
 			v.opts.Logger.Warn("vacuum: failed; autovacuum remains, and the next pass tries again", "table", t.Name, "error", err, "kind", retry.KindOf(err))
@@ -226,8 +260,17 @@ func (v *Vacuumer) AfterPass(ctx context.Context, t *catalog.Table, deleted, liv
 	v.mu.Unlock()
 	if m := v.opts.Metrics; m != nil {
 		m.Vacuums.WithLabelValues(t.Name).Inc()
+		if out.Pace != nil {
+			m.Pacing.WithLabelValues(t.Name, "paced").Inc()
+		}
 	}
-	v.opts.Logger.Debug("vacuum: done", "table", t.Name, "dead_tuples", dead, "live_tuples", live, "took", out.Took.Round(time.Millisecond))
+	attrs := []any{"table", t.Name, "dead_tuples", dead, "live_tuples", live, "took", out.Took.Round(time.Millisecond)}
+	if out.Pace != nil {
+		// Said at info: a VACUUM paced for a standby can take minutes.
+		v.opts.Logger.Info("vacuum: done, paced for the standby", append(attrs, "pace", out.Pace.String())...)
+		return out
+	}
+	v.opts.Logger.Debug("vacuum: done", attrs...)
 	return out
 }
 
@@ -271,30 +314,52 @@ func heldBack(left pgtype.Int8, dead int64) bool {
 	return left.Valid && left.Int64 >= minDead && 2*left.Int64 >= dead
 }
 
-// vacuum runs one VACUUM of t and says whether it ran, and the dead tuples
-// it left. One that another session's lock passed over succeeds all the
-// same, with only a WARNING (passedOver), which says so on a connection
-// built by dbconn (the daemon's are; dbconn.WatchNotices) where the role's
-// client_min_messages lets it through, on any server. Without it, the
-// table's count of manual VACUUMs says (stats, PostgreSQL 15 and later):
-// unchanged, it was passed over; a VACUUM of another session's that ends
-// between the two reads is taken for this one there. Where neither can be
-// read, a VACUUM that succeeded counts as run, and left is not valid.
-func (v *Vacuumer) vacuum(ctx context.Context, t *catalog.Table) (ran bool, left pgtype.Int8, took time.Duration, err error) {
+// vacuum runs one VACUUM of t, at pace when that is set, and says whether
+// it ran, and the dead tuples it left. One that another session's lock
+// passed over succeeds all the same, with only a WARNING (passedOver),
+// which says so on a connection built by dbconn (the daemon's are;
+// dbconn.WatchNotices) where the role's client_min_messages lets it
+// through, on any server. Without it, the table's count of manual VACUUMs
+// says (stats, PostgreSQL 15 and later): unchanged, it was passed over; a
+// VACUUM of another session's that ends between the two reads is taken for
+// this one there. Where neither can be read, a VACUUM that succeeded counts
+// as run, and left is not valid. While it runs, the throttle watches it:
+// a session that queues behind its lock, a signal over its threshold or a
+// standby that falls behind anyway (service.WriterGate's Overrun) cancels
+// it, and the error is a *stopError.
+func (v *Vacuumer) vacuum(ctx context.Context, t *catalog.Table, pace *Pace) (ran bool, left pgtype.Int8, took time.Duration, err error) {
 	c, err := v.pool.Acquire(ctx)
 	if err != nil {
 		return false, left, 0, err
 	}
 	defer c.Release()
 	before, _ := v.stats(ctx, c, t)
-	began := time.Now()
 	// SKIP_LOCKED: never in a lock queue. TRUNCATE false: never ACCESS
 	// EXCLUSIVE. Outside a transaction block, as VACUUM must be: pgx sends
 	// a statement without arguments in the simple protocol.
+	sql := "VACUUM (SKIP_LOCKED, TRUNCATE false) " + t.Ident
+	var lsn string
+	if pace != nil {
+		if err := setPace(ctx, c, *pace); err != nil {
+			return false, left, 0, err
+		}
+		defer resetPace(ctx, c)
+		// Parallel workers share the cost balance only roughly: one
+		// process keeps to the pace.
+		sql = "VACUUM (SKIP_LOCKED, TRUNCATE false, PARALLEL 0) " + t.Ident
+		if err := c.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&lsn); err != nil {
+			return false, left, 0, err
+		}
+	}
+	vctx, stop := v.watch(ctx, c)
+	began := time.Now()
 	w := dbconn.WatchNotices(c.Conn().PgConn())
-	_, err = c.Exec(ctx, "VACUUM (SKIP_LOCKED, TRUNCATE false) "+t.Ident)
+	_, err = c.Exec(vctx, sql)
 	notices := w.Stop()
 	took = time.Since(began)
+	if why, lockWait := stop(); why != "" && err != nil && ctx.Err() == nil {
+		return false, left, took, &stopError{reason: why, lockWait: lockWait, err: err}
+	}
 	if err != nil {
 		return false, left, took, err
 	}
@@ -306,9 +371,206 @@ func (v *Vacuumer) vacuum(ctx context.Context, t *catalog.Table) (ran bool, left
 		v.opts.Logger.Debug("vacuum: passed over", "table", t.Name, "warning", n.Message, "sqlstate", n.Code)
 		return false, left, took, nil
 	}
+	if pace != nil {
+		v.learn(ctx, c, t, *pace, lsn, took)
+	}
 	// A table another session holds a conflicting lock on (autovacuum, a
 	// VACUUM or ANALYZE of someone else's, DDL) is passed over.
 	return !(before.Valid && after.Valid && after.Int64 == before.Int64), left, took, nil
+}
+
+// stopError is a VACUUM the throttle stopped while it ran.
+type stopError struct {
+	reason   string
+	lockWait bool  // a session queued behind its lock: not tried again in the pass
+	err      error // the cancelled statement's
+}
+
+func (e *stopError) Error() string { return "stopped (" + e.reason + "): " + e.err.Error() }
+func (e *stopError) Unwrap() error { return e.err }
+
+// watchEvery is how often a running VACUUM asks the throttle whether it
+// must stop: the throttle's own cadence for the standbys.
+const watchEvery = 50 * time.Millisecond
+
+// watch has the throttle watch the VACUUM about to run on c: a session
+// that queues behind its lock gets it cancelled (service.Gate's Watch), as
+// does a reason to stop from Overrun (service.WriterGate), checked every
+// watchEvery. It returns the VACUUM's context and a stop function, called
+// when the VACUUM has returned, that says why it was cancelled (empty when
+// it was not), and whether that was a session queued behind it.
+func (v *Vacuumer) watch(ctx context.Context, c *pgxpool.Conn) (context.Context, func() (string, bool)) {
+	th := v.opts.Throttle
+	if th == nil {
+		return ctx, func() (string, bool) { return "", false }
+	}
+	done, blocked := th.Watch(c.Conn().PgConn().PID(), time.Time{})
+	wg, _ := th.(service.WriterGate)
+	vctx, cancel := context.WithCancel(ctx)
+	var why string
+	finished := make(chan struct{})
+	if wg != nil {
+		go func() {
+			defer close(finished)
+			tick := time.NewTicker(watchEvery)
+			defer tick.Stop()
+			for {
+				select {
+				case <-vctx.Done():
+					return
+				case <-tick.C:
+				}
+				if r := wg.Overrun(); r != "" {
+					why = r
+					cancel()
+					return
+				}
+			}
+		}()
+	} else {
+		close(finished)
+	}
+	return vctx, func() (string, bool) {
+		cancel()
+		<-finished
+		done()
+		if why == "" && blocked() {
+			return "a session queued behind its lock", true
+		}
+		return why, false
+	}
+}
+
+// maxStops is how many times a pass starts a VACUUM again after the
+// throttle stopped one: each start waits for the standby to catch up, and
+// goes at half the pace of the one before.
+const maxStops = 2
+
+// stopped records that the throttle stopped a VACUUM of t (the stops-th
+// of the pass), and says whether to start it again. The pages it cleaned
+// stay clean: the next VACUUM reads them again but writes little for them.
+func (v *Vacuumer) stopped(t *catalog.Table, pace *Pace, stop *stopError, stops int) (again bool) {
+	if m := v.opts.Metrics; m != nil && pace != nil {
+		m.Pacing.WithLabelValues(t.Name, "stopped").Inc()
+	}
+	again = stops <= maxStops && !stop.lockWait
+	attrs := []any{"table", t.Name, "reason", stop.reason, "again", again}
+	if pace != nil {
+		attrs = append(attrs, "pace", pace.String())
+	}
+	v.opts.Logger.Info("vacuum: stopped by the throttle; what it cleaned stays clean", attrs...)
+	return again
+}
+
+// windowWait bounds how long a VACUUM waits for a standby's queue to come
+// down to half its window: after a pass it is at most a window (0.4 x
+// MAX_REPLICA_LAG of apply), after a stop 0.8 x MAX_REPLICA_LAG.
+const windowWait = 30 * time.Second
+
+// pace asks the throttle how fast the VACUUM of t may write (waiting, at
+// most windowWait, for the standbys' queues to come down to half their
+// window), and returns its pace (at boost while the standby's rate is not
+// measured: PaceFor): nil where no standby streams (it runs unpaced), and
+// why it does not run when it cannot be paced.
+func (v *Vacuumer) pace(ctx context.Context, t *catalog.Table, boost float64) (*Pace, string) {
+	wg, ok := v.opts.Throttle.(service.WriterGate)
+	if !ok {
+		return nil, ""
+	}
+	wctx, cancel := context.WithTimeout(ctx, windowWait)
+	wp, err := wg.PaceWriter(wctx)
+	cancel()
+	if err != nil {
+		reason, _ := service.Held(err)
+		v.opts.Logger.Debug("vacuum: held for the standby; the next pass tries again", "table", t.Name, "reason", reason)
+		return nil, "throttled (" + reason + ")"
+	}
+	if !wp.Paced() {
+		return nil, ""
+	}
+	pooled, err := v.throughPooler(ctx)
+	if err != nil {
+		return nil, "could not tell whether the connection goes through a pooler: " + err.Error()
+	}
+	v.mu.Lock()
+	perUnit := v.perUnit[t.Name]
+	v.mu.Unlock()
+	p, passedOver := Plan(wp, pooled, perUnit, boost)
+	if passedOver != "" {
+		if m := v.opts.Metrics; m != nil {
+			m.Pacing.WithLabelValues(t.Name, "passed_over").Inc()
+		}
+	}
+	return p, passedOver
+}
+
+// throughPooler says, once, whether the pool's connections go through a
+// connection pooler (dbconn.Pooled): a session setting there may not reach
+// the server connection the VACUUM runs on, and would stay behind for
+// another client.
+func (v *Vacuumer) throughPooler(ctx context.Context) (bool, error) {
+	if p := v.pooled.Load(); p != 0 {
+		return p == 2, nil
+	}
+	c, err := v.pool.Acquire(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer c.Release()
+	pooled, err := dbconn.Pooled(ctx, c.Conn())
+	if err != nil {
+		return false, err
+	}
+	if pooled {
+		v.pooled.Store(2)
+		v.opts.Logger.Info("vacuum: the connection goes through a pooler, where a VACUUM cannot be paced: while a standby streams, the daemon leaves its tables to autovacuum")
+	} else {
+		v.pooled.Store(1)
+	}
+	return pooled, nil
+}
+
+// setPace sets the session's cost settings for a VACUUM at p.
+func setPace(ctx context.Context, c *pgxpool.Conn, p Pace) error {
+	var b strings.Builder
+	var args []any
+	for i, kv := range p.settings() {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "set_config($%d, $%d, false)", 2*i+1, 2*i+2)
+		args = append(args, kv[0], kv[1])
+	}
+	_, err := c.Exec(ctx, "SELECT "+b.String(), args...)
+	return err
+}
+
+// resetPace puts the session's cost settings back; a connection whose
+// settings could not be reset is closed, never handed back.
+func resetPace(ctx context.Context, c *pgxpool.Conn) {
+	ctx = context.WithoutCancel(ctx)
+	if _, err := c.Exec(ctx, "RESET vacuum_cost_delay; RESET vacuum_cost_limit; RESET vacuum_cost_page_hit; RESET vacuum_cost_page_miss; RESET vacuum_cost_page_dirty"); err != nil {
+		c.Conn().Close(ctx)
+	}
+}
+
+// learnFrom is the least WAL a paced VACUUM writes for its figures to be
+// learned: a small one's are mostly its fixed costs.
+const learnFrom = 1 << 20
+
+// learn keeps the WAL a cost unit wrote in a paced VACUUM of t that began
+// at the insert position lsn and took took: the next one of the table is
+// paced by it (in this process).
+func (v *Vacuumer) learn(ctx context.Context, c *pgxpool.Conn, t *catalog.Table, p Pace, lsn string, took time.Duration) {
+	var wal int64
+	if err := c.QueryRow(ctx, "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::pg_lsn)::int8", lsn).Scan(&wal); err != nil || wal < learnFrom {
+		return
+	}
+	perUnit := p.learn(wal, took)
+	v.mu.Lock()
+	v.perUnit[t.Name] = perUnit
+	v.mu.Unlock()
+	v.opts.Logger.Debug("vacuum: measured its WAL", "table", t.Name, "wal_bytes", wal, "took", took.Round(time.Millisecond), "wal_per_cost_unit", int64(perUnit))
 }
 
 // passedOver is the WARNING among a VACUUM's notices that says it skipped

@@ -53,7 +53,11 @@
 // With -standby, a streaming standby replays everything (the daemon's
 // throttle then has one to read). -reps N runs it N times, on fresh
 // databases, starting the cleaners and writers in the reverse order every
-// other rep, and judges the goals on the medians.
+// other rep, and judges the goals on the medians. -baseline PATH runs
+// another build of the daemon (main's, say) as one more cleaner,
+// "baseline", on a fourth identical inbox in the same reps, right after
+// this build (right before it in the reversed reps), and prints its
+// figures beside this build's in every goal.
 //
 // Goals (printed with the figures, at 1,000 rows/s and -interval 5s over
 // at least 10 minutes): footprint at most 1.5, and 2.5 while a session
@@ -90,11 +94,28 @@ import (
 // The cleaners, in the order of the report.
 const (
 	cleanInboxkeeper = "inboxkeeper"
+	cleanBaseline    = "baseline"
 	cleanProcedure   = "procedure"
 	cleanNone        = "none"
 )
 
-var cleaners = []string{cleanInboxkeeper, cleanProcedure, cleanNone}
+// cleaners are the cleaners of a run, in the order of the report: with
+// -baseline, the other build's daemon right after this one's.
+func (o options) cleaners() []string {
+	if o.baseline != "" {
+		return []string{cleanInboxkeeper, cleanBaseline, cleanProcedure, cleanNone}
+	}
+	return []string{cleanInboxkeeper, cleanProcedure, cleanNone}
+}
+
+// daemons are the cleaners that are a daemon: this build's, and the
+// baseline's with -baseline.
+func (o options) daemons() []string {
+	if o.baseline != "" {
+		return []string{cleanInboxkeeper, cleanBaseline}
+	}
+	return []string{cleanInboxkeeper}
+}
 
 // The goals.
 const (
@@ -120,6 +141,7 @@ type options struct {
 	holdAt    time.Duration
 	standby   bool
 	reps      int
+	baseline  string // another inboxkeeper binary, run as one more cleaner
 	keep      bool
 	flags     string
 }
@@ -153,11 +175,17 @@ func parseArgs(args []string) (options, bool) {
 	fs.DurationVar(&o.holdAt, "hold-at", 0, "when the hold begins, from the writers' start (0: half way)")
 	fs.BoolVar(&o.standby, "standby", false, "run a streaming standby of the cluster")
 	fs.IntVar(&o.reps, "reps", 1, "runs, alternating the order the cleaners and writers start in; goals are judged on the medians")
+	fs.StringVar(&o.baseline, "baseline", "", "another inboxkeeper binary (e.g. main's build) run as one more cleaner, \""+cleanBaseline+"\", on an identical inbox in the same reps")
 	fs.BoolVar(&o.keep, "keep", false, "leave the cluster running and print its URL")
 	var ok bool
 	o.flags, ok = benchdata.ParseFlags(fs, args, func() error {
 		if o.holdAt == 0 {
 			o.holdAt = o.duration / 2
+		}
+		if o.baseline != "" {
+			if st, err := os.Stat(o.baseline); err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
+				return fmt.Errorf("-baseline %q: want an executable inboxkeeper binary (go build -o PATH ./cmd/inboxkeeper in another checkout)", o.baseline)
+			}
 		}
 		return benchdata.WantFlags(fs, o.rate <= 0 || o.rowBytes < 150 || o.expiry < time.Second || o.interval <= 0 ||
 			o.duration < 4*o.expiry || o.procEvery <= 0 || o.procBatch < 1 || o.idle < o.interval || o.reps < 1 ||
@@ -176,11 +204,12 @@ type report struct {
 	passed  []string // INBOXKEEPER_* variables passed through to the daemon
 }
 
-// rep is one run: a result per cleaner, and the daemon's own figures.
+// rep is one run: a result per cleaner, and the daemons' own figures.
 type rep struct {
-	order   []string
-	results map[string]*result
-	daemon  daemonFigures
+	order    []string
+	results  map[string]*result
+	daemon   daemonFigures
+	baseline daemonFigures // with -baseline
 	// steal is the share of the machine's CPU time the hypervisor gave
 	// other guests during the rep; valid where /proc/stat was read.
 	steal      float64
@@ -267,8 +296,11 @@ func benchmark(ctx context.Context, o options, w io.Writer) (*report, error) {
 	if len(r.passed) > 0 {
 		fmt.Fprintf(w, "daemon environment passed through: %s\n", strings.Join(r.passed, " "))
 	}
+	if o.baseline != "" {
+		fmt.Fprintf(w, "baseline: %s, run as the cleaner %q beside this build\n", o.baseline, cleanBaseline)
+	}
 	for i := range o.reps {
-		order := slices.Clone(cleaners)
+		order := o.cleaners()
 		if i%2 == 1 {
 			slices.Reverse(order)
 		}
@@ -327,15 +359,25 @@ func (b *bench) setup(ctx context.Context, order []string) error {
 			return fmt.Errorf("%s: %w", cl, err)
 		}
 	}
-	url := b.cluster.URL(dbName(cleanInboxkeeper))
 	policy := filepath.Join(b.dir, "inboxkeeper.yaml")
 	if err := benchdata.WritePolicy(policy, "consumer_inbox"); err != nil {
 		return err
 	}
-	if _, err := benchdata.RunBinary(ctx, b.bin, benchdata.DaemonEnv(false, daemonSet(url, policy, b.o.interval.String())...), "migrate"); err != nil {
-		return err
+	for _, cl := range b.o.daemons() {
+		url := b.cluster.URL(dbName(cl))
+		if _, err := benchdata.RunBinary(ctx, b.binOf(cl), benchdata.DaemonEnv(false, daemonSet(url, policy, b.o.interval.String())...), "migrate"); err != nil {
+			return fmt.Errorf("%s: %w", cl, err)
+		}
 	}
 	return nil
+}
+
+// binOf is the binary of a daemon cleaner.
+func (b *bench) binOf(cleaner string) string {
+	if cleaner == cleanBaseline {
+		return b.o.baseline
+	}
+	return b.bin
 }
 
 // daemonSet is the daemon's environment: the database, the policy, the

@@ -85,12 +85,21 @@ func (b *bench) rep(ctx context.Context, order []string, r *report) (rep, error)
 		tables[cl] = t
 	}
 
-	// The cleaners start first; the counts start with the writers.
-	d, err := b.startDaemon(ctx)
-	if err != nil {
-		return out, err
+	// The cleaners start first, in the rep's order; the counts start with
+	// the writers.
+	ds := map[string]*daemon{}
+	for _, cl := range order {
+		if !slices.Contains(o.daemons(), cl) {
+			continue
+		}
+		d, err := b.startDaemon(ctx, cl)
+		if err != nil {
+			return out, err
+		}
+		defer d.kill()
+		ds[cl] = d
 	}
-	defer d.kill()
+	d := ds[cleanInboxkeeper]
 	pctx, stopProc := context.WithCancel(ctx)
 	procDone := make(chan error, 1)
 	go func() { procDone <- b.procedureLoop(pctx, tables[cleanProcedure].url) }()
@@ -101,7 +110,10 @@ func (b *bench) rep(ctx context.Context, order []string, r *report) (rep, error)
 		return out, err
 	}
 	start := time.Now()
-	cpu0 := d.cpu()
+	cpu0 := map[string]time.Duration{}
+	for cl, d := range ds {
+		cpu0[cl] = d.cpu()
+	}
 	wctx, stopWriters := context.WithCancel(ctx)
 	defer stopWriters()
 	written := make(chan error, len(order))
@@ -112,7 +124,7 @@ func (b *bench) rep(ctx context.Context, order []string, r *report) (rep, error)
 
 	// The sampler, every second, until the writers stop (and then on
 	// through the drain, for the daemon's table).
-	var rss []rssSample
+	rss := map[string][]rssSample{}
 	sampleAll := func() error {
 		at := time.Since(start)
 		for _, cl := range order {
@@ -120,9 +132,11 @@ func (b *bench) rep(ctx context.Context, order []string, r *report) (rep, error)
 				return err
 			}
 		}
-		if v, err := d.rss(); err == nil {
-			v.at = at
-			rss = append(rss, v)
+		for cl, d := range ds {
+			if v, err := d.rss(); err == nil {
+				v.at = at
+				rss[cl] = append(rss[cl], v)
+			}
 		}
 		return nil
 	}
@@ -179,44 +193,51 @@ func (b *bench) rep(ctx context.Context, order []string, r *report) (rep, error)
 	for _, cl := range order {
 		reads1[cl] = tables[cl].reads
 	}
-	out.daemon.cpu = (d.cpu() - cpu0).Seconds() / steady.Seconds()
-	out.daemon.linesPerHour = float64(d.lines(start, start.Add(steady))) / steady.Hours()
-	out.daemon.vacuums = d.lines(start, start.Add(steady), "vacuumed=true")
-	out.daemon.vacuumsLate = d.lines(start, start.Add(steady), "vacuumed=true", "vacuums_passed_over=")
-	out.daemon.vacuumsHeldBack = d.lines(start, start.Add(steady), "vacuums_held_back=")
-	out.daemon.vacuumsPassedOver = d.lines(start, start.Add(steady), "VACUUM SKIP_LOCKED passed it over")
-	out.daemon.vacuumsNotRun = d.lines(start, start.Add(steady), "vacuum_not_run=") - out.daemon.vacuumsPassedOver
+	figures := map[string]*daemonFigures{cleanInboxkeeper: &out.daemon, cleanBaseline: &out.baseline}
+	for cl, d := range ds {
+		f := figures[cl]
+		f.cpu = (d.cpu() - cpu0[cl]).Seconds() / steady.Seconds()
+		f.linesPerHour = float64(d.lines(start, start.Add(steady))) / steady.Hours()
+		f.vacuums = d.lines(start, start.Add(steady), "vacuumed=true")
+		f.vacuumsLate = d.lines(start, start.Add(steady), "vacuumed=true", "vacuums_passed_over=")
+		f.vacuumsHeldBack = d.lines(start, start.Add(steady), "vacuums_held_back=")
+		f.vacuumsPassedOver = d.lines(start, start.Add(steady), "VACUUM SKIP_LOCKED passed it over")
+		f.vacuumsNotRun = d.lines(start, start.Add(steady), "vacuum_not_run=") - f.vacuumsPassedOver
+	}
 
 	// Nothing due: the writers stopped; once every row has expired and the
-	// daemon deleted it, its transactions are counted over -idle.
-	b.Logf("waiting for the daemon to delete every row")
-	ik := tables[cleanInboxkeeper]
+	// daemons deleted it, their transactions are counted over -idle.
+	b.Logf("waiting for the daemons to delete every row")
 	drained := time.Now().Add(o.expiry + 3*o.interval + time.Minute)
-	for {
-		var left int64
-		ik.reads++
-		if err := ik.sampler.QueryRow(ctx, "SELECT count(*) FROM public.consumer_inbox").Scan(&left); err != nil {
-			return out, err
-		}
-		if left == 0 {
-			break
-		}
-		if time.Now().After(drained) {
-			return out, fmt.Errorf("the daemon left %d rows a minute after they all expired", left)
-		}
-		select {
-		case <-ctx.Done():
-			return out, ctx.Err()
-		case <-tick.C:
-		}
-		if err := sampleAll(); err != nil {
-			return out, err
+	for cl := range ds {
+		t := tables[cl]
+		for {
+			var left int64
+			t.reads++
+			if err := t.sampler.QueryRow(ctx, "SELECT count(*) FROM public.consumer_inbox").Scan(&left); err != nil {
+				return out, err
+			}
+			if left == 0 {
+				break
+			}
+			if time.Now().After(drained) {
+				return out, fmt.Errorf("the %s daemon left %d rows a minute after they all expired", cl, left)
+			}
+			select {
+			case <-ctx.Done():
+				return out, ctx.Err()
+			case <-tick.C:
+			}
+			if err := sampleAll(); err != nil {
+				return out, err
+			}
 		}
 	}
 	// What autovacuum would come for now is done first, and a session
 	// writes its counts within 10 s of going idle: the window starts
 	// after both.
-	for _, cl := range []string{cleanInboxkeeper, cleanNone} {
+	idleOf := append(o.daemons(), cleanNone)
+	for _, cl := range idleOf {
 		if err := execOn(ctx, tables[cl].url, "VACUUM ANALYZE public.consumer_inbox"); err != nil {
 			return out, err
 		}
@@ -231,16 +252,21 @@ func (b *bench) rep(ctx context.Context, order []string, r *report) (rep, error)
 	if err != nil {
 		return out, err
 	}
-	readsI0 := map[string]int64{cleanInboxkeeper: ik.reads, cleanNone: tables[cleanNone].reads}
+	readsI0 := map[string]int64{}
+	for _, cl := range idleOf {
+		readsI0[cl] = tables[cl].reads
+	}
 	idleStart := time.Now()
 	select {
 	case <-ctx.Done():
 		return out, ctx.Err()
 	case <-time.After(o.idle):
 	}
-	out.daemon.idleLinesPerHour = float64(d.lines(idleStart, time.Now())) / time.Since(idleStart).Hours()
-	if err := d.stop(); err != nil {
-		return out, err
+	for cl, d := range ds {
+		figures[cl].idleLinesPerHour = float64(d.lines(idleStart, time.Now())) / time.Since(idleStart).Hours()
+		if err := d.stop(); err != nil {
+			return out, err
+		}
 	}
 	if err := b.sessionsGone(ctx, "inboxkeeper run"); err != nil {
 		return out, err
@@ -252,8 +278,10 @@ func (b *bench) rep(ctx context.Context, order []string, r *report) (rep, error)
 	residual := func(a, z map[string]int64, cl string, reads int64) int64 {
 		return z[dbName(cl)] - a[dbName(cl)] - reads
 	}
-	out.daemon.idleXacts = float64(residual(i0, i1, cleanInboxkeeper, ik.reads-readsI0[cleanInboxkeeper])-
-		residual(i0, i1, cleanNone, tables[cleanNone].reads-readsI0[cleanNone])) / o.idle.Seconds()
+	for cl := range ds {
+		figures[cl].idleXacts = float64(residual(i0, i1, cl, tables[cl].reads-readsI0[cl])-
+			residual(i0, i1, cleanNone, tables[cleanNone].reads-readsI0[cleanNone])) / o.idle.Seconds()
+	}
 	stopProc()
 	if err := <-procDone; err != nil {
 		return out, fmt.Errorf("procedure loop: %w", err)
@@ -274,7 +302,9 @@ func (b *bench) rep(ctx context.Context, order []string, r *report) (rep, error)
 		}
 		out.results[cl] = res
 	}
-	out.daemon.rss = rssEnds(rss, o)
+	for cl := range ds {
+		figures[cl].rss = rssEnds(rss[cl], o)
+	}
 	out.steal, out.stealValid = steal()
 	return out, nil
 }
@@ -481,11 +511,12 @@ type logLine struct {
 
 var metricsListening = regexp.MustCompile(`msg="inboxkeeper: metrics listening" addr=(\S+)`)
 
-func (b *bench) startDaemon(ctx context.Context) (*daemon, error) {
-	url := b.cluster.URL(dbName(cleanInboxkeeper))
+// startDaemon starts `inboxkeeper run` of a daemon cleaner on its table.
+func (b *bench) startDaemon(ctx context.Context, cleaner string) (*daemon, error) {
+	url := b.cluster.URL(dbName(cleaner))
 	d := &daemon{env: benchdata.DaemonEnv(true, daemonSet(url, filepath.Join(b.dir, "inboxkeeper.yaml"), b.o.interval.String())...),
 		done: make(chan error, 1)}
-	d.cmd = exec.Command(b.bin, "run")
+	d.cmd = exec.Command(b.binOf(cleaner), "run")
 	d.cmd.Env = d.env
 	stderr, err := d.cmd.StderrPipe()
 	if err != nil {

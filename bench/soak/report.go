@@ -23,11 +23,16 @@ func ms(d time.Duration) string { return fmt.Sprintf("%.2f", float64(d)/float64(
 func printRep(w io.Writer, r *report, i int) {
 	o, rp := r.o, r.reps[i]
 	fmt.Fprintf(w, "\nrep %d (cleaners and writers started in the order %s)\n", i+1, strings.Join(rp.order, ", "))
-	fmt.Fprintf(w, "| | inboxkeeper run (INTERVAL %s) | procedure loop (every %s, %d rows a COMMIT) | no cleanup |\n|---|---|---|---|\n",
-		o.interval, o.procEvery, o.procBatch)
+	heads := map[string]string{cleanInboxkeeper: fmt.Sprintf("inboxkeeper run (INTERVAL %s)", o.interval), cleanBaseline: "baseline's run",
+		cleanProcedure: fmt.Sprintf("procedure loop (every %s, %d rows a COMMIT)", o.procEvery, o.procBatch), cleanNone: "no cleanup"}
+	fmt.Fprint(w, "| |")
+	for _, cl := range o.cleaners() {
+		fmt.Fprintf(w, " %s |", heads[cl])
+	}
+	fmt.Fprintf(w, "\n|---|%s\n", strings.Repeat("---|", len(o.cleaners())))
 	row := func(what string, f func(*result) string) {
 		fmt.Fprintf(w, "| %s |", what)
-		for _, cl := range cleaners {
+		for _, cl := range o.cleaners() {
 			fmt.Fprintf(w, " %s |", f(rp.results[cl]))
 		}
 		fmt.Fprintln(w)
@@ -61,13 +66,11 @@ func printRep(w io.Writer, r *report, i int) {
 		}
 		return fmt.Sprintf("%.2f", x.xactsPerSecond)
 	})
+	printDaemon(w, o, "daemon", rp.daemon)
+	if o.baseline != "" {
+		printDaemon(w, o, "baseline daemon", rp.baseline)
+	}
 	d := rp.daemon
-	fmt.Fprintf(w, "daemon: CPU %.1f%% of a core; RSS %.1f MB in the first minute, %.1f MB half way, %.1f MB in the last (anonymous %.1f, %.1f, %.1f MB); %.0f log lines an hour\n",
-		100*d.cpu, benchdata.MB(d.rss.first.rss), benchdata.MB(d.rss.middle.rss), benchdata.MB(d.rss.last.rss),
-		benchdata.MB(d.rss.first.anon), benchdata.MB(d.rss.middle.anon), benchdata.MB(d.rss.last.anon), d.linesPerHour)
-	fmt.Fprintf(w, "daemon's VACUUMs (INBOXKEEPER_VACUUM_DEAD_RATIO): %d ran (%d once another session's lock let it, %d again after an older snapshot held the first back), %d passed over to the end, %d not run for another reason\n",
-		d.vacuums, d.vacuumsLate, d.vacuumsHeldBack, d.vacuumsPassedOver, d.vacuumsNotRun)
-	fmt.Fprintf(w, "daemon with nothing due, over %s: %.2f transactions a second, %.0f log lines an hour\n", o.idle, d.idleXacts, d.idleLinesPerHour)
 	if rp.stealValid {
 		fmt.Fprintf(w, "CPU steal: %.1f%% of the machine's CPU time during the rep (/proc/stat: the hypervisor running other guests)\n", 100*rp.steal)
 	}
@@ -82,6 +85,16 @@ func printRep(w io.Writer, r *report, i int) {
 	}
 }
 
+// printDaemon prints a daemon's own figures of a rep.
+func printDaemon(w io.Writer, o options, name string, d daemonFigures) {
+	fmt.Fprintf(w, "%s: CPU %.1f%% of a core; RSS %.1f MB in the first minute, %.1f MB half way, %.1f MB in the last (anonymous %.1f, %.1f, %.1f MB); %.0f log lines an hour\n",
+		name, 100*d.cpu, benchdata.MB(d.rss.first.rss), benchdata.MB(d.rss.middle.rss), benchdata.MB(d.rss.last.rss),
+		benchdata.MB(d.rss.first.anon), benchdata.MB(d.rss.middle.anon), benchdata.MB(d.rss.last.anon), d.linesPerHour)
+	fmt.Fprintf(w, "%s's VACUUMs (INBOXKEEPER_VACUUM_DEAD_RATIO): %d ran (%d once another session's lock let it, %d again after an older snapshot held the first back), %d passed over to the end, %d not run for another reason\n",
+		name, d.vacuums, d.vacuumsLate, d.vacuumsHeldBack, d.vacuumsPassedOver, d.vacuumsNotRun)
+	fmt.Fprintf(w, "%s with nothing due, over %s: %.2f transactions a second, %.0f log lines an hour\n", name, o.idle, d.idleXacts, d.idleLinesPerHour)
+}
+
 func ratio(a, b time.Duration) float64 {
 	if b <= 0 {
 		return 0
@@ -89,7 +102,8 @@ func ratio(a, b time.Duration) float64 {
 	return float64(a) / float64(b)
 }
 
-// printGoals judges the goals on the medians of the reps.
+// printGoals judges the goals on the medians of the reps, for this build;
+// with -baseline, the baseline's figures follow on each line, not judged.
 func printGoals(w io.Writer, r *report) {
 	o := r.o
 	of := func(f func(rep) float64) (float64, string) {
@@ -102,18 +116,24 @@ func printGoals(w io.Writer, r *report) {
 		}
 		return median(vs), strings.Join(s, ", ")
 	}
-	goal := func(what string, v float64, each string, ok bool) {
-		fmt.Fprintf(w, "goal: %s: %.2f (reps: %s): %s\n", what, v, each, benchdata.Verdict(ok))
+	// goal judges what for this build (cleanInboxkeeper), f given the
+	// cleaner and its figures, and prints the baseline's beside.
+	goal := func(what string, f func(rp rep, cleaner string, d daemonFigures) float64, ok func(float64) bool) {
+		v, each := of(func(rp rep) float64 { return f(rp, cleanInboxkeeper, rp.daemon) })
+		fmt.Fprintf(w, "goal: %s: %.2f (reps: %s): %s", what, v, each, benchdata.Verdict(ok(v)))
+		if o.baseline != "" {
+			bv, beach := of(func(rp rep) float64 { return f(rp, cleanBaseline, rp.baseline) })
+			fmt.Fprintf(w, "; baseline %.2f (reps: %s)", bv, beach)
+		}
+		fmt.Fprintln(w)
 	}
+	atMost := func(limit float64) func(float64) bool { return func(v float64) bool { return v <= limit } }
 	fmt.Fprintf(w, "\ngoals, on the median of %d reps:\n", len(r.reps))
-	ik := func(f func(*result) float64) func(rep) float64 {
-		return func(rp rep) float64 { return f(rp.results[cleanInboxkeeper]) }
-	}
-	v, each := of(ik(func(x *result) float64 { return x.footprint }))
-	goal(fmt.Sprintf("footprint at most %.1f x the live rows packed", goalFootprint), v, each, v <= goalFootprint)
+	goal(fmt.Sprintf("footprint at most %.1f x the live rows packed", goalFootprint),
+		func(rp rep, cl string, _ daemonFigures) float64 { return rp.results[cl].footprint }, atMost(goalFootprint))
 	if o.hold > 0 {
-		v, each = of(ik(func(x *result) float64 { return x.footprintHeld }))
-		goal(fmt.Sprintf("footprint at most %.1f x while a session holds the horizon for %s", goalFootprintHeld, o.hold), v, each, v <= goalFootprintHeld)
+		goal(fmt.Sprintf("footprint at most %.1f x while a session holds the horizon for %s", goalFootprintHeld, o.hold),
+			func(rp rep, cl string, _ daemonFigures) float64 { return rp.results[cl].footprintHeld }, atMost(goalFootprintHeld))
 		fmt.Fprintf(w, "  (no cleaner can go below %.2f there: %s\n", heldFloor(o),
 			"every row alive during the hold, from an expiry before it began to its end, stays on disk until it ends)")
 		named := 0
@@ -124,29 +144,24 @@ func printGoals(w io.Writer, r *report) {
 		}
 		fmt.Fprintf(w, "goal: the holder named in status and the metric at 1 s or more during the hold: %d of %d reps: %s\n", named, len(r.reps), benchdata.Verdict(named == len(r.reps)))
 	}
-	p99 := func(rp rep) float64 {
-		return ratio(rp.results[cleanInboxkeeper].lat.p99, rp.results[cleanNone].lat.p99)
-	}
-	v, each = of(p99)
-	goal(fmt.Sprintf("insert p99 at most %.2f x no cleanup's", goalP99), v, each, v <= goalP99)
-	p999 := func(rp rep) float64 {
-		return ratio(rp.results[cleanInboxkeeper].lat.p999, rp.results[cleanNone].lat.p999)
-	}
-	v, each = of(p999)
-	goal(fmt.Sprintf("insert p999 at most %.2f x no cleanup's", goalP999), v, each, v <= goalP999)
-	v, each = of(ik(func(x *result) float64 { return x.lagMax.Seconds() }))
+	goal(fmt.Sprintf("insert p99 at most %.2f x no cleanup's", goalP99), func(rp rep, cl string, _ daemonFigures) float64 {
+		return ratio(rp.results[cl].lat.p99, rp.results[cleanNone].lat.p99)
+	}, atMost(goalP99))
+	goal(fmt.Sprintf("insert p999 at most %.2f x no cleanup's", goalP999), func(rp rep, cl string, _ daemonFigures) float64 {
+		return ratio(rp.results[cl].lat.p999, rp.results[cleanNone].lat.p999)
+	}, atMost(goalP999))
 	limit := (o.interval + goalLagSlack).Seconds()
-	goal(fmt.Sprintf("cleanup lag at most INTERVAL + %s = %.0f s (the maximum, s)", goalLagSlack, limit), v, each, v <= limit)
-	v, each = of(func(rp rep) float64 { return rp.daemon.idleXacts })
-	goal(fmt.Sprintf("at most %.0f transaction a second from the daemon when nothing is due", goalIdleXacts), v, each, v <= goalIdleXacts)
-	v, each = of(func(rp rep) float64 {
-		if rp.daemon.rss.middle.rss == 0 { // a run too short to have a half-way minute
+	goal(fmt.Sprintf("cleanup lag at most INTERVAL + %s = %.0f s (the maximum, s)", goalLagSlack, limit),
+		func(rp rep, cl string, _ daemonFigures) float64 { return rp.results[cl].lagMax.Seconds() }, atMost(limit))
+	goal(fmt.Sprintf("at most %.0f transaction a second from the daemon when nothing is due", goalIdleXacts),
+		func(_ rep, _ string, d daemonFigures) float64 { return d.idleXacts }, atMost(goalIdleXacts))
+	goal(fmt.Sprintf("RSS flat: the last minute's at most %.2f x the half-way minute's", goalRSSGrowth), func(_ rep, _ string, d daemonFigures) float64 {
+		if d.rss.middle.rss == 0 { // a run too short to have a half-way minute
 			return math.NaN()
 		}
-		return float64(rp.daemon.rss.last.rss) / float64(rp.daemon.rss.middle.rss)
-	})
-	goal(fmt.Sprintf("RSS flat: the last minute's at most %.2f x the half-way minute's", goalRSSGrowth), v, each, v <= goalRSSGrowth)
-	v, each = of(func(rp rep) float64 {
+		return float64(d.rss.last.rss) / float64(d.rss.middle.rss)
+	}, atMost(goalRSSGrowth))
+	v, each := of(func(rp rep) float64 {
 		return float64(rp.daemon.rss.last.rss) / float64(max(rp.daemon.rss.first.rss, 1))
 	})
 	fmt.Fprintf(w, "  (the last minute's ÷ the first's, not judged: %.2f (reps: %s))\n", v, each)

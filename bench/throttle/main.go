@@ -6,13 +6,14 @@
 //
 //	go run ./bench/throttle                    # 2M rows per table, 1M expired
 //	go run ./bench/throttle -rows 500000 -apply-rate 16
+//	go run ./bench/throttle -rows 1000000 -apply-rate 4 -max-lag 2s -reps 2 -references=false -baseline /tmp/inboxkeeper-main
 //
 // It builds cmd/inboxkeeper, starts a durable throwaway primary and a
-// streaming standby (pg_basebackup -R), fills three identical inbox tables
-// a, b and c, and then, each right after a CHECKPOINT and with the standby
-// caught up:
+// streaming standby (pg_basebackup -R), fills identical inbox tables, and
+// then, each right after a CHECKPOINT and with the standby caught up:
 //
 //	A: `inboxkeeper once` on a with REPLICA_URLS=<standby>, MAX_REPLICA_LAG=-max-lag
+//	   (with -baseline, the other build the same way on d)
 //	B: DELETE FROM b WHERE remember_until <= now()
 //	C: `inboxkeeper once` on c with no standby listed and the pg_stat_replication
 //	   thresholds out of reach (24h, 1TB): that signal throttles even without
@@ -21,30 +22,31 @@
 //	   standby replays until its apply rate is measured) paces its first
 //	   moments.
 //
-// How the standby is slowed: a governor caps its apply rate at -apply-rate
-// MB/s of WAL. Every 5 ms it reads pg_last_wal_replay_lsn() and pauses replay
-// (pg_wal_replay_pause) while replay is ahead of a budget that grows at that
-// rate (idle time saves up at most 1 MB). This models a standby that applies
-// WAL more slowly than the primary writes it (slower disks, busy with
-// reads), the case the throttle is for. Left alone, the standby here replays
-// a DELETE at about 200 MB/s and never lags. Between two polls replay runs
-// free, typically 1 MB (0.12 s at 8 MB/s), paid back by the next pause.
-// Not recovery_min_apply_delay: it holds each commit back by a fixed delay
-// but leaves the apply rate alone, so a big DELETE lags no more than an idle
-// primary. Not a small shared_buffers: the OS cache and the machine would
-// decide the slowdown. With a WAL budget a deletion's lag is about its WAL
-// over the rate on any machine, and an idle primary's heartbeats (a few
-// hundred bytes) are never held back, so the baseline lag (the first report
+// How the standby is slowed: a governor (internal/testkit/standby) caps
+// its apply rate at -apply-rate MB/s of WAL by pausing replay whenever it
+// gets ahead of that budget; left alone, the standby here replays a DELETE
+// at about 200 MB/s and never lags. With a WAL budget a deletion's lag is
+// about its WAL over the rate on any machine, and an idle primary's
+// heartbeats are never held back, so the baseline lag (the first report
 // line) is only the sampler's granularity, 50 to 100 ms.
 //
 // The lag is measured the way the daemon measures it, but independently of
-// it and all the time: a sampler updates its own heartbeat row
-// (bench_heartbeat) on the primary every 50 ms and reads clock_timestamp() -
-// max(beat) on the standby every 50 ms; it also reads replay_lag and the
-// replay position's distance in bytes from pg_stat_replication, for context.
-// A phase's peak lag is the highest reading from its start until the standby
-// has caught up again, because the peak of an unbounded DELETE comes after
-// the statement ends.
+// it and all the time: the test kit's sampler updates its own heartbeat row
+// on the primary every 50 ms and reads its age on the standby every 50 ms;
+// it also reads replay_lag and the replay position's distance in bytes
+// from pg_stat_replication, for context. A phase's peak lag is the highest
+// reading from its start until the standby has caught up again, because
+// the peak of an unbounded DELETE comes after the statement ends.
+//
+// A pass of the daemon ends with its VACUUM of the table (half of it is
+// dead), which is part of what is measured: its time, how it was paced,
+// and its share of the WAL are in the details. -baseline PATH runs another
+// build of the daemon (main's, say) throttled in the same way on a fourth
+// identical table, in the same reps: right after this build, and right
+// before it in every other rep. -reps N fills the tables again for each
+// rep. -references=false leaves out the unbounded DELETE and the
+// unthrottled daemon (each needs the standby to replay its WAL at the
+// capped rate: a minute at 4 MB/s for -rows 1000000).
 //
 // The goals (issue #13): the throttled daemon's peak lag stays within 1.5 x
 // MAX_REPLICA_LAG from the first batch on, and its time within 1.3 x its WAL
@@ -53,7 +55,8 @@
 // timed from the daemon's debug log (from the previous batch line, or from
 // the "throttle: resuming" line after a pause, to the batch's own line). The
 // program exits non-zero when a phase does not delete exactly the expired
-// rows; a missed goal is printed (GOAL MISSED), not fatal.
+// rows; a missed goal is printed (GOAL MISSED), not fatal. Both goals are
+// judged for the baseline too, for comparison.
 package main
 
 import (
@@ -68,14 +71,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxkeeper/inboxkeeper/bench/internal/benchdata"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgcluster"
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/standby"
 )
 
 // The goals of issue #13: the throttled peak lag within goalLag x
@@ -87,12 +89,15 @@ const (
 )
 
 type options struct {
-	rows      int
-	maxLag    time.Duration
-	applyRate float64 // MB/s of WAL the standby may apply; 0 leaves it alone
-	keep      bool
-	logs      string // directory for the daemon's logs; empty: not kept
-	flags     string // for the report's header
+	rows       int
+	maxLag     time.Duration
+	applyRate  float64 // MB/s of WAL the standby may apply; 0 leaves it alone
+	reps       int
+	baseline   string // another inboxkeeper binary, run throttled beside this build
+	references bool   // the unbounded DELETE and the unthrottled daemon too
+	keep       bool
+	logs       string // directory for the daemon's logs; empty: not kept
+	flags      string // for the report's header
 }
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout)) }
@@ -101,14 +106,22 @@ func main() { os.Exit(run(os.Args[1:], os.Stdout)) }
 func run(args []string, stdout io.Writer) int {
 	fs := flag.NewFlagSet("throttle", flag.ContinueOnError)
 	var o options
-	fs.IntVar(&o.rows, "rows", 2_000_000, "rows in each of the tables a, b and c; half of them expired")
+	fs.IntVar(&o.rows, "rows", 2_000_000, "rows in each table; half of them expired")
 	fs.DurationVar(&o.maxLag, "max-lag", time.Second, "the throttled daemon's INBOXKEEPER_MAX_REPLICA_LAG")
 	fs.Float64Var(&o.applyRate, "apply-rate", 8, "MB/s of WAL the standby may apply; 0 does not slow it")
+	fs.IntVar(&o.reps, "reps", 1, "repetitions, each on tables filled again; with -baseline the two builds take turns to go first")
+	fs.StringVar(&o.baseline, "baseline", "", "another inboxkeeper binary (e.g. main's build) run throttled the same way, on a table of its own, in the same reps")
+	fs.BoolVar(&o.references, "references", true, "also measure one unbounded DELETE and the daemon unthrottled")
 	fs.BoolVar(&o.keep, "keep", false, "leave both clusters running and print their URLs")
-	fs.StringVar(&o.logs, "logs", "", "write the daemon's debug logs to `dir`/a.log and c.log")
+	fs.StringVar(&o.logs, "logs", "", "write the daemon's debug logs to `dir`/<table>-<rep>.log")
 	return benchdata.Main(fs, args, func() error {
-		return benchdata.WantFlags(fs, o.rows < 2 || o.maxLag <= 0 || o.applyRate < 0,
-			"-rows >= 2, -max-lag > 0, -apply-rate >= 0")
+		if o.baseline != "" {
+			if st, err := os.Stat(o.baseline); err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
+				return fmt.Errorf("-baseline %q: want an executable inboxkeeper binary (go build -o PATH ./cmd/inboxkeeper in another checkout)", o.baseline)
+			}
+		}
+		return benchdata.WantFlags(fs, o.rows < 2 || o.maxLag <= 0 || o.applyRate < 0 || o.reps < 1,
+			"-rows >= 2, -max-lag > 0, -apply-rate >= 0, -reps >= 1")
 	}, func(ctx context.Context, flags string) error {
 		o.flags = flags
 		return benchmark(ctx, o, stdout)
@@ -124,16 +137,17 @@ type bench struct {
 	standbyURL string
 	pool       *pgxpool.Pool // the primary
 	standby    *pgxpool.Pool
-	lag        *sampler
-	gov        *governor
-	baseline   float64 // seconds: the median lag of the idle, caught-up pair
+	lag        *standby.Sampler
+	gov        *standby.Governor // nil while replay runs free (the fills)
+	baseline   float64           // seconds: the median lag of the idle, caught-up pair
+	rep        int
 }
 
 // phase is one measured deletion.
 type phase struct {
 	wall    time.Duration
 	wal     int64 // bytes, the whole cluster's
-	peak    peaks
+	peak    standby.Peaks
 	catchUp time.Duration // from the end of the deletion until the standby caught up
 	log     daemonLog     // the daemon's phases only
 	// steal: the share of the machine's CPU time the hypervisor gave
@@ -142,6 +156,16 @@ type phase struct {
 	steal      float64
 	stealValid bool
 }
+
+// The phases of a rep, and the table each deletes from.
+const (
+	thisBuild     = "this build"
+	baselineBuild = "baseline"
+	unboundedName = "unbounded DELETE"
+	freeName      = "unthrottled"
+)
+
+var tableOf = map[string]string{thisBuild: "a", unboundedName: "b", freeName: "c", baselineBuild: "d"}
 
 func benchmark(ctx context.Context, o options, w io.Writer) error {
 	var err error
@@ -156,12 +180,8 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	// The standby comes first, so it replays the fill and ends up with the
+	// The standby comes first, so it replays the fills and ends up with the
 	// same pages; it inherits the primary's settings through pg_basebackup.
-	// Once it lags more than max_standby_streaming_delay (30 s by default),
-	// replay cancels at once any query in its way, the sampler's and the
-	// governor's included; -1 makes replay wait for them instead, which
-	// costs it nothing because they take a millisecond.
 	s, err := c.StartStandby(ctx, map[string]string{"max_standby_streaming_delay": "-1"})
 	if err != nil {
 		c.Destroy()
@@ -183,38 +203,92 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 	}
 	defer b.standby.Close()
 	// migrate reads no policy, but the configuration must name one.
-	if _, err := b.inboxkeeper(ctx, filepath.Join(b.dir, "none.yaml"), nil, "migrate"); err != nil {
+	if _, err := b.inboxkeeper(ctx, b.bin, filepath.Join(b.dir, "none.yaml"), nil, "migrate"); err != nil {
 		return err
 	}
-	if _, err := b.pool.Exec(ctx, `CREATE TABLE bench_heartbeat (id boolean PRIMARY KEY, beat timestamptz NOT NULL);
-INSERT INTO bench_heartbeat VALUES (true, clock_timestamp())`); err != nil {
+	if b.lag, err = standby.StartSampler(ctx, b.url, b.standbyURL, b.Logf); err != nil {
 		return err
 	}
+	defer b.lag.Stop()
+	defer b.uncap() // replay runs free again before -keep leaves it
 
+	phases := []string{thisBuild}
+	if o.baseline != "" {
+		phases = append(phases, baselineBuild)
+	}
+	if o.references {
+		phases = append(phases, unboundedName, freeName)
+	}
 	total, expired := int64(o.rows), int64(o.rows/2)
-	if err := b.fillAll(ctx, total, expired); err != nil {
+	benchdata.Header(w, "bench/throttle", o.flags)
+	var results []map[string]phase
+	for b.rep = 1; b.rep <= o.reps; b.rep++ {
+		if err := b.fill(ctx, w, phases, total, expired); err != nil {
+			return err
+		}
+		order := slices.Clone(phases)
+		if o.baseline != "" && b.rep%2 == 0 {
+			order[0], order[1] = order[1], order[0]
+		}
+		res := map[string]phase{}
+		for _, name := range order {
+			if res[name], err = b.measure(ctx, name, total, expired); err != nil {
+				return err
+			}
+		}
+		results = append(results, res)
+		b.report(w, res, order, expired)
+	}
+	if o.reps > 1 || o.baseline != "" {
+		b.summary(w, results)
+	}
+	if n := b.lag.Errors(); n > 0 {
+		fmt.Fprintf(w, "the sampler had %d failed reads or writes (see stderr)\n", n)
+	}
+	b.Logf("done")
+	return nil
+}
+
+// fill makes a table for each phase from the same rows, with replay
+// running free, waits for the standby to replay them, and caps its apply
+// rate again. The first time, it also measures what "caught up" looks
+// like and says so in the report.
+func (b *bench) fill(ctx context.Context, w io.Writer, phases []string, total, expired int64) error {
+	b.uncap()
+	var t0 time.Time
+	if err := b.pool.QueryRow(ctx, "SELECT now()").Scan(&t0); err != nil {
+		return err
+	}
+	var tables []benchdata.Table
+	for _, p := range phases {
+		tables = append(tables, benchdata.Table{Name: tableOf[p], Payload: true})
+	}
+	if err := benchdata.FillAll(ctx, b.pool, b.Progress, tables, total, expired, t0); err != nil {
 		return err
 	}
 	var heap, idx int64
 	if err := b.pool.QueryRow(ctx, `SELECT pg_relation_size('a'), pg_indexes_size('a')`).Scan(&heap, &idx); err != nil {
 		return err
 	}
+	for _, t := range tables {
+		var size int64
+		if err := b.pool.QueryRow(ctx, `SELECT pg_relation_size($1)`, t.Name).Scan(&size); err != nil {
+			return err
+		}
+		if size != heap {
+			return fmt.Errorf("the tables should be identical, but a has %d bytes and %s %d", heap, t.Name, size)
+		}
+	}
 	b.Logf("waiting for the standby to replay the fill")
-	if err := b.waitReplay(ctx, 0); err != nil {
+	if err := standby.WaitCaughtUp(ctx, b.url, b.standbyURL, 20*time.Minute); err != nil {
 		return err
 	}
-
-	b.gov = &governor{rate: o.applyRate * (1 << 20)}
-	if o.applyRate > 0 {
-		gctx, stopGovernor := context.WithCancel(ctx)
-		done := make(chan struct{})
-		go func() { defer close(done); b.gov.run(gctx, b.standbyURL, b.Logf) }()
-		defer func() { stopGovernor(); <-done }() // replay runs free again before -keep leaves it
+	if b.o.applyRate > 0 {
+		b.gov = standby.CapApply(ctx, b.standbyURL, b.o.applyRate*(1<<20), b.Logf)
 	}
-	b.lag = &sampler{}
-	sctx, stopSampler := context.WithCancel(ctx)
-	defer stopSampler()
-	b.lag.start(sctx, b.url, b.standbyURL, b.Logf)
+	if b.rep > 1 {
+		return nil
+	}
 	// The first readings still see the row as the fill left it; then two
 	// idle seconds show what "caught up" looks like. The median, because a
 	// slow commit of a heartbeat on this shared machine makes a spike.
@@ -223,115 +297,39 @@ INSERT INTO bench_heartbeat VALUES (true, clock_timestamp())`); err != nil {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(sampleEvery):
+		case <-time.After(standby.SampleEvery):
 		}
 		if i >= 10 {
-			idle = append(idle, b.lag.latest())
+			idle = append(idle, b.lag.Latest())
 		}
 	}
 	slices.Sort(idle)
 	b.baseline = idle[len(idle)/2]
 	b.Logf("baseline lag %.3f s (idle readings %.3f to %.3f s)", b.baseline, idle[0], idle[len(idle)-1])
-
 	slowed := "nothing (-apply-rate 0)"
-	if o.applyRate > 0 {
-		slowed = fmt.Sprintf("apply capped at %g MB/s of WAL (replay paused whenever it gets ahead)", o.applyRate)
+	if b.o.applyRate > 0 {
+		slowed = fmt.Sprintf("apply capped at %g MB/s of WAL (replay paused whenever it gets ahead)", b.o.applyRate)
 	}
-	benchdata.Header(w, "bench/throttle", o.flags)
 	fmt.Fprintf(w, "standby apply slowed by: %s (baseline lag %.2f s, the median of 2 s idle; at most %.2f s)\n", slowed, b.baseline, idle[len(idle)-1])
-	fmt.Fprintf(w, "rows: %d total, %d expired; tables a, b, c each %.0f MB heap + %.0f MB indexes\n", total, expired, benchdata.MB(heap), benchdata.MB(idx))
-
-	maxLag := o.maxLag.String()
-	thr, err := b.measure(ctx, "A: inboxkeeper once on a, throttled", func() (time.Duration, daemonLog, error) {
-		return b.daemon(ctx, "a", total, expired, "INBOXKEEPER_REPLICA_URLS="+b.standbyURL, "INBOXKEEPER_MAX_REPLICA_LAG="+maxLag)
-	})
-	if err != nil {
-		return err
+	fmt.Fprintf(w, "rows: %d total, %d expired; each table %.0f MB heap + %.0f MB indexes; %d reps\n", total, expired, benchdata.MB(heap), benchdata.MB(idx), b.o.reps)
+	if b.o.baseline != "" {
+		fmt.Fprintf(w, "baseline: %s, throttled as this build, on a table of its own\n", b.o.baseline)
 	}
-	unb, err := b.measure(ctx, "B: unbounded DELETE on b", func() (time.Duration, daemonLog, error) {
-		wall, err := b.unbounded(ctx, "b", total, expired)
-		return wall, daemonLog{}, err
-	})
-	if err != nil {
-		return err
-	}
-	free, err := b.measure(ctx, "C: inboxkeeper once on c, unthrottled", func() (time.Duration, daemonLog, error) {
-		return b.daemon(ctx, "c", total, expired, "INBOXKEEPER_MAX_REPLICA_LAG=24h", "INBOXKEEPER_MAX_REPLICA_LAG_BYTES=1TB")
-	})
-	if err != nil {
-		return err
-	}
-
-	rate := func(p phase) float64 { return float64(expired) / p.wall.Seconds() }
-	line := func(name string, p phase, rows bool) {
-		fmt.Fprintf(w, "%-26s peak lag %5.2f s   time %5.1f s", name, p.peak.lag, p.wall.Seconds())
-		if rows {
-			fmt.Fprintf(w, " %7.0f rows/s", rate(p))
-		}
-		fmt.Fprintln(w)
-	}
-	line("daemon, throttled at "+maxLag+":", thr, true)
-	line("unbounded DELETE:", unb, false)
-	line("daemon, unthrottled:", free, true)
-	bound := goalLag * o.maxLag.Seconds()
-	fmt.Fprintf(w, "goal 1: throttled peak lag <= %.1f x %s = %.2f s: peak %.2f s (%.2f x max-lag): %s; unbounded above it: %s\n",
-		goalLag, maxLag, bound, thr.peak.lag, thr.peak.lag/o.maxLag.Seconds(), benchdata.Verdict(thr.peak.lag <= bound), yesNo(unb.peak.lag > bound))
-	if o.applyRate > 0 {
-		floor := float64(thr.wal) / (o.applyRate * (1 << 20))
-		fmt.Fprintf(w, "goal 2: throttled time <= %.1f x its WAL / apply cap (%.0f MB / %g MB/s = %.1f s): time %.1f s (%.2f x): %s\n",
-			goalTime, benchdata.MB(thr.wal), o.applyRate, floor, thr.wall.Seconds(), thr.wall.Seconds()/floor, benchdata.Verdict(thr.wall.Seconds() <= goalTime*floor))
-	}
-	fmt.Fprintf(w, "throughput throttled/unthrottled: %.2f\n", rate(thr)/rate(free))
-
-	fmt.Fprintln(w, "details (WAL of the whole cluster; replay_lag and bytes behind from pg_stat_replication; catch-up from the end of the deletion):")
-	detail := func(name string, p phase) {
-		fmt.Fprintf(w, "  %-12s WAL %4.0f MB, peak replay_lag %5.2f s, peak %4.0f MB behind, catch-up %5.1f s",
-			name, benchdata.MB(p.wal), p.peak.replayLag, benchdata.MB(p.peak.bytes), p.catchUp.Seconds())
-		if p.stealValid {
-			// Other guests' load on the host, which the standby's replay
-			// and the daemon share with them.
-			fmt.Fprintf(w, ", CPU steal %.1f%%", 100*p.steal)
-		}
-		fmt.Fprintln(w)
-		l := p.log
-		if l.batches == 0 {
-			return
-		}
-		perRow := p.wal / max(l.rows, 1) // FPIs included: the run's average
-		fmt.Fprintf(w, "  %-12s %d batches of up to %d rows (~%.1f MB of WAL", "", l.batches, l.maxRows, benchdata.MB(perRow*l.maxRows))
-		if o.applyRate > 0 {
-			fmt.Fprintf(w, ", %.2f s of apply", benchdata.MB(perRow*l.maxRows)/o.applyRate)
-		}
-		fmt.Fprintf(w, "), longest %.2f s; paused %d times, %.1f s in all", l.longest.Seconds(), l.pauses, l.paused.Seconds())
-		if len(l.kinds) > 0 {
-			fmt.Fprintf(w, " (%s)", strings.Join(l.kinds, ", "))
-		}
-		fmt.Fprintln(w)
-	}
-	detail("throttled:", thr)
-	detail("unbounded:", unb)
-	detail("unthrottled:", free)
-	if n := b.lag.errors(); n > 0 {
-		fmt.Fprintf(w, "  the sampler had %d failed reads or writes (see stderr)\n", n)
-	}
-	b.Logf("done")
 	return nil
 }
 
-func yesNo(ok bool) string {
-	if ok {
-		return "yes"
+// uncap lets replay run free.
+func (b *bench) uncap() {
+	if b.gov != nil {
+		b.gov.Stop()
+		b.gov = nil
 	}
-	return "no"
 }
 
-// measure runs one deletion after a CHECKPOINT with the standby caught up,
-// and keeps sampling the lag until the standby has caught up again.
-func (b *bench) verify(ctx context.Context, table string, n, expired int64) error {
-	return benchdata.Verify(ctx, b.pool, table, n, expired)
-}
-
-func (b *bench) measure(ctx context.Context, name string, deletion func() (time.Duration, daemonLog, error)) (phase, error) {
+// measure runs one phase's deletion after a CHECKPOINT with the standby
+// caught up, and keeps sampling the lag until the standby has caught up
+// again.
+func (b *bench) measure(ctx context.Context, name string, total, expired int64) (phase, error) {
 	var p phase
 	if _, err := b.pool.Exec(ctx, "CHECKPOINT"); err != nil {
 		return p, err
@@ -343,11 +341,27 @@ func (b *bench) measure(ctx context.Context, name string, deletion func() (time.
 	if err != nil {
 		return p, err
 	}
-	b.Logf("%s", name)
-	b.lag.take()
-	b.gov.take()
+	b.Logf("rep %d: %s on %s", b.rep, name, tableOf[name])
+	b.lag.Take()
+	if b.gov != nil {
+		b.gov.Take()
+	}
 	steal := benchdata.Steal()
-	if p.wall, p.log, err = deletion(); err != nil {
+	table := tableOf[name]
+	maxLag := "INBOXKEEPER_MAX_REPLICA_LAG=" + b.o.maxLag.String()
+	switch name {
+	case thisBuild:
+		p.wall, p.log, err = b.daemon(ctx, b.bin, table, total, expired, "INBOXKEEPER_REPLICA_URLS="+b.standbyURL, maxLag)
+	case baselineBuild:
+		p.wall, p.log, err = b.daemon(ctx, b.o.baseline, table, total, expired, "INBOXKEEPER_REPLICA_URLS="+b.standbyURL, maxLag)
+	case unboundedName:
+		p.wall, err = b.unbounded(ctx, table, total, expired)
+	case freeName:
+		// No standby listed and the pg_stat_replication thresholds out
+		// of reach: only the slow start paces its first moments.
+		p.wall, p.log, err = b.daemon(ctx, b.bin, table, total, expired, "INBOXKEEPER_MAX_REPLICA_LAG=24h", "INBOXKEEPER_MAX_REPLICA_LAG_BYTES=1TB")
+	}
+	if err != nil {
 		return p, err
 	}
 	if p.wal, err = benchdata.WALSince(ctx, b.pool, lsn); err != nil {
@@ -360,73 +374,185 @@ func (b *bench) measure(ctx context.Context, name string, deletion func() (time.
 	}
 	p.catchUp = time.Since(ended)
 	p.steal, p.stealValid = steal()
-	p.peak = b.lag.take()
-	held, gap := b.gov.take()
+	p.peak = b.lag.Take()
+	var held, gap time.Duration
+	if b.gov != nil {
+		held, gap = b.gov.Take()
+	}
 	b.Logf("peak lag %.2f s, caught up after %.1f s; the governor held replay for %.1f s, longest between two polls %v",
-		p.peak.lag, p.catchUp.Seconds(), held.Seconds(), gap.Round(time.Millisecond))
+		p.peak.Lag, p.catchUp.Seconds(), held.Seconds(), gap.Round(time.Millisecond))
 	return p, nil
+}
+
+// goals judges a throttled phase: its peak lag against goalLag x
+// MAX_REPLICA_LAG, and its time against goalTime x its WAL over the apply
+// cap (0 without a cap).
+func (b *bench) goals(p phase) (lagRatio, timeRatio float64, met bool) {
+	lagRatio = p.peak.Lag / b.o.maxLag.Seconds()
+	met = lagRatio <= goalLag
+	if b.o.applyRate > 0 {
+		timeRatio = p.wall.Seconds() / (float64(p.wal) / (b.o.applyRate * (1 << 20)))
+		met = met && timeRatio <= goalTime
+	}
+	return lagRatio, timeRatio, met
+}
+
+// report prints one rep.
+func (b *bench) report(w io.Writer, res map[string]phase, order []string, expired int64) {
+	maxLag := b.o.maxLag.String()
+	rate := func(p phase) float64 { return float64(expired) / p.wall.Seconds() }
+	fmt.Fprintf(w, "rep %d of %d (%s first):\n", b.rep, b.o.reps, order[0])
+	names := map[string]string{thisBuild: "daemon, throttled at " + maxLag + ":", baselineBuild: "baseline, throttled at " + maxLag + ":",
+		unboundedName: "unbounded DELETE:", freeName: "daemon, unthrottled:"}
+	for _, name := range []string{thisBuild, baselineBuild, unboundedName, freeName} {
+		p, ok := res[name]
+		if !ok {
+			continue
+		}
+		fmt.Fprintf(w, "  %-28s peak lag %5.2f s   time %5.1f s", names[name], p.peak.Lag, p.wall.Seconds())
+		if name != unboundedName {
+			fmt.Fprintf(w, " %7.0f rows/s", rate(p))
+		}
+		fmt.Fprintln(w)
+	}
+	bound := goalLag * b.o.maxLag.Seconds()
+	for _, name := range []string{thisBuild, baselineBuild} {
+		p, ok := res[name]
+		if !ok {
+			continue
+		}
+		lr, tr, _ := b.goals(p)
+		fmt.Fprintf(w, "  %s: goal 1: throttled peak lag <= %.1f x %s = %.2f s: peak %.2f s (%.2f x max-lag): %s",
+			name, goalLag, maxLag, bound, p.peak.Lag, lr, benchdata.Verdict(lr <= goalLag))
+		if unb, ok := res[unboundedName]; ok && name == thisBuild {
+			fmt.Fprintf(w, "; unbounded above it: %s", yesNo(unb.peak.Lag > bound))
+		}
+		fmt.Fprintln(w)
+		if b.o.applyRate > 0 {
+			floor := float64(p.wal) / (b.o.applyRate * (1 << 20))
+			fmt.Fprintf(w, "  %s: goal 2: throttled time <= %.1f x its WAL / apply cap (%.0f MB / %g MB/s = %.1f s): time %.1f s (%.2f x): %s\n",
+				name, goalTime, benchdata.MB(p.wal), b.o.applyRate, floor, p.wall.Seconds(), tr, benchdata.Verdict(tr <= goalTime))
+		}
+	}
+	if free, ok := res[freeName]; ok {
+		fmt.Fprintf(w, "  throughput throttled/unthrottled: %.2f\n", rate(res[thisBuild])/rate(free))
+	}
+	fmt.Fprintln(w, "  details (WAL of the whole cluster; replay_lag and bytes behind from pg_stat_replication; catch-up from the end of the deletion):")
+	for _, name := range []string{thisBuild, baselineBuild, unboundedName, freeName} {
+		if p, ok := res[name]; ok {
+			b.detail(w, name+":", p)
+		}
+	}
+}
+
+// detail prints a phase's details.
+func (b *bench) detail(w io.Writer, name string, p phase) {
+	fmt.Fprintf(w, "    %-12s WAL %4.0f MB, peak replay_lag %5.2f s, peak %4.0f MB behind, catch-up %5.1f s",
+		name, benchdata.MB(p.wal), p.peak.ReplayLag, benchdata.MB(p.peak.Bytes), p.catchUp.Seconds())
+	if p.stealValid {
+		// Other guests' load on the host, which the standby's replay
+		// and the daemon share with them.
+		fmt.Fprintf(w, ", CPU steal %.1f%%", 100*p.steal)
+	}
+	fmt.Fprintln(w)
+	l := p.log
+	if l.batches == 0 {
+		return
+	}
+	perRow := p.wal / max(l.rows, 1) // FPIs and the VACUUM included: the run's average
+	fmt.Fprintf(w, "    %-12s %d batches of up to %d rows (~%.1f MB of WAL", "", l.batches, l.maxRows, benchdata.MB(perRow*l.maxRows))
+	if b.o.applyRate > 0 {
+		fmt.Fprintf(w, ", %.2f s of apply", benchdata.MB(perRow*l.maxRows)/b.o.applyRate)
+	}
+	fmt.Fprintf(w, "), longest %.2f s; paused %d times, %.1f s in all", l.longest.Seconds(), l.pauses, l.paused.Seconds())
+	if len(l.kinds) > 0 {
+		fmt.Fprintf(w, " (%s)", strings.Join(l.kinds, ", "))
+	}
+	fmt.Fprintln(w)
+	switch {
+	case l.vacuum == 0:
+		fmt.Fprintf(w, "    %-12s no VACUUM logged (this build logs one at info only when paced; run with -logs to see the debug log)\n", "")
+	case l.pace != "":
+		fmt.Fprintf(w, "    %-12s VACUUM %.1f s, paced %s; stopped %d times\n", "", l.vacuum.Seconds(), l.pace, l.stops)
+	default:
+		fmt.Fprintf(w, "    %-12s VACUUM %.1f s, unpaced\n", "", l.vacuum.Seconds())
+	}
+}
+
+// summary prints the goals over every rep, for this build and the
+// baseline.
+func (b *bench) summary(w io.Writer, results []map[string]phase) {
+	for _, name := range []string{thisBuild, baselineBuild} {
+		var lags, times []float64
+		met := 0
+		for _, res := range results {
+			p, ok := res[name]
+			if !ok {
+				continue
+			}
+			lr, tr, ok := b.goals(p)
+			lags, times = append(lags, lr), append(times, tr)
+			if ok {
+				met++
+			}
+		}
+		if len(lags) == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "%s over %d reps: peak lag %s x max-lag, time %s x WAL / apply cap; both goals met in %d\n",
+			name, len(lags), span(lags), span(times), met)
+	}
+}
+
+// span is "lo to hi" of vs, or the one value.
+func span(vs []float64) string {
+	lo, hi := slices.Min(vs), slices.Max(vs)
+	if lo == hi {
+		return fmt.Sprintf("%.2f", lo)
+	}
+	return fmt.Sprintf("%.2f to %.2f", lo, hi)
+}
+
+func yesNo(ok bool) string {
+	if ok {
+		return "yes"
+	}
+	return "no"
+}
+
+func (b *bench) verify(ctx context.Context, table string, n, expired int64) error {
+	return benchdata.Verify(ctx, b.pool, table, n, expired)
 }
 
 // waitReplay waits until the standby has replayed everything the primary
 // has written so far and, when lagBelow > 0, the sampler reads a lag under
 // it.
 func (b *bench) waitReplay(ctx context.Context, lagBelow float64) error {
-	var target string
-	if err := b.pool.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&target); err != nil {
+	if err := standby.WaitCaughtUp(ctx, b.url, b.standbyURL, 20*time.Minute); err != nil {
 		return err
 	}
-	deadline := time.Now().Add(20 * time.Minute)
-	for {
-		var done bool
-		if err := b.standby.QueryRow(ctx, "SELECT pg_last_wal_replay_lsn() >= $1::pg_lsn", target).Scan(&done); err != nil {
-			return fmt.Errorf("read the standby's replay position: %w", err)
-		}
-		if done && (lagBelow <= 0 || b.lag.latest() < lagBelow) {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("the standby did not catch up with %s within 20 minutes", target)
-		}
+	for lagBelow > 0 && b.lag.Latest() >= lagBelow {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
+		case <-time.After(standby.SampleEvery):
 		}
-	}
-}
-
-// fillAll makes a, b and c from the same rows, one session each, so they
-// have the same physical layout.
-func (b *bench) fillAll(ctx context.Context, n, expired int64) error {
-	var t0 time.Time
-	if err := b.pool.QueryRow(ctx, "SELECT now()").Scan(&t0); err != nil {
-		return err
-	}
-	tables := []benchdata.Table{{Name: "a", Payload: true}, {Name: "b", Payload: true}, {Name: "c", Payload: true}}
-	if err := benchdata.FillAll(ctx, b.pool, b.Progress, tables, n, expired, t0); err != nil {
-		return err
-	}
-	var sa, sb, sc int64
-	if err := b.pool.QueryRow(ctx, `SELECT pg_relation_size('a'), pg_relation_size('b'), pg_relation_size('c')`).Scan(&sa, &sb, &sc); err != nil {
-		return err
-	}
-	if sa != sb || sa != sc {
-		return fmt.Errorf("tables a, b and c should be identical but have %d, %d and %d bytes", sa, sb, sc)
 	}
 	return nil
 }
 
-// daemon runs `inboxkeeper once` on table with the extra environment.
-func (b *bench) daemon(ctx context.Context, table string, n, expired int64, env ...string) (time.Duration, daemonLog, error) {
+// daemon runs `inboxkeeper once` of bin on table with the extra
+// environment.
+func (b *bench) daemon(ctx context.Context, bin, table string, n, expired int64, env ...string) (time.Duration, daemonLog, error) {
 	policy := filepath.Join(b.dir, table+".yaml")
 	if err := benchdata.WritePolicy(policy, table); err != nil {
 		return 0, daemonLog{}, err
 	}
 	start := time.Now()
-	out, err := b.inboxkeeper(ctx, policy, env, "once")
+	out, err := b.inboxkeeper(ctx, bin, policy, env, "once")
 	wall := time.Since(start)
 	if b.o.logs != "" {
-		if err := os.WriteFile(filepath.Join(b.o.logs, table+".log"), []byte(out), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(b.o.logs, fmt.Sprintf("%s-%d.log", table, b.rep)), []byte(out), 0o644); err != nil {
 			return wall, daemonLog{}, err
 		}
 	}
@@ -454,12 +580,12 @@ func (b *bench) unbounded(ctx context.Context, table string, n, expired int64) (
 	return wall, b.verify(ctx, table, n, expired)
 }
 
-// inboxkeeper runs the built binary with a clean INBOXKEEPER_* environment
-// (it rejects unknown variables) at debug level, and returns its output.
-func (b *bench) inboxkeeper(ctx context.Context, policy string, env []string, args ...string) (string, error) {
+// inboxkeeper runs bin with a clean INBOXKEEPER_* environment (it rejects
+// unknown variables) at debug level, and returns its output.
+func (b *bench) inboxkeeper(ctx context.Context, bin, policy string, env []string, args ...string) (string, error) {
 	set := append(benchdata.DaemonSettings(b.url, policy, 0), "INBOXKEEPER_LOG_LEVEL=debug")
 	set = append(set, env...)
-	p, err := benchdata.RunBinary(ctx, b.bin, benchdata.DaemonEnv(false, set...), args...)
+	p, err := benchdata.RunBinary(ctx, bin, benchdata.DaemonEnv(false, set...), args...)
 	return p.Output, err
 }
 
@@ -471,12 +597,16 @@ type daemonLog struct {
 	longest time.Duration
 	pauses  int
 	paused  time.Duration
-	kinds   []string // throttle reasons, in order of first appearance
+	kinds   []string      // throttle reasons, in order of first appearance
+	vacuum  time.Duration // the VACUUM that ran after the pass, as it says
+	pace    string        // how it was paced for the standby; empty: unpaced
+	stops   int           // paced VACUUMs the throttle stopped
 }
 
 var (
 	logLine  = regexp.MustCompile(`^time=(\S+) level=\S+ msg="([^"]*)"(.*)$`)
-	logField = regexp.MustCompile(`\b(deleted|kind)=(\S+)`)
+	logField = regexp.MustCompile(`\b(deleted|kind|took)=(\S+)`)
+	logPace  = regexp.MustCompile(`\bpace="([^"]*)"`)
 )
 
 // parseLog times each batch from the line before it that let it start (the
@@ -529,221 +659,14 @@ func parseLog(out string) daemonLog {
 			}
 			throttled = false
 			mark = at
+		case "vacuum: done", "vacuum: done, paced for the standby":
+			l.vacuum, _ = time.ParseDuration(fields["took"])
+			if p := logPace.FindStringSubmatch(m[3]); p != nil {
+				l.pace = p[1]
+			}
+		case "vacuum: stopped by the throttle; what it cleaned stays clean":
+			l.stops++
 		}
 	}
 	return l
-}
-
-// peaks are the highest readings since the last take.
-type peaks struct {
-	lag       float64 // heartbeat lag on the standby, seconds
-	replayLag float64 // pg_stat_replication.replay_lag, seconds
-	bytes     int64   // current WAL position minus replay_lsn
-}
-
-// sampler measures the standby's lag every 50 ms, independently of the
-// daemon, with a heartbeat of its own.
-type sampler struct {
-	mu   sync.Mutex
-	last float64
-	peak peaks
-	errs int
-}
-
-func (s *sampler) take() peaks {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	p := s.peak
-	s.peak = peaks{lag: s.last}
-	return p
-}
-
-func (s *sampler) latest() float64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.last
-}
-
-func (s *sampler) errors() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.errs
-}
-
-const sampleEvery = 50 * time.Millisecond
-
-func (s *sampler) start(ctx context.Context, primary, standby string, logf func(string, ...any)) {
-	// Each loop has its own connection, so a slow commit of the heartbeat
-	// does not delay the reading, nor the other way round.
-	loop := func(url, sql string, row func(pgx.Row) error) {
-		var conn *pgx.Conn
-		defer func() {
-			if conn != nil {
-				conn.Close(context.Background())
-			}
-		}()
-		tick := time.NewTicker(sampleEvery)
-		defer tick.Stop()
-		for {
-			err := func() error {
-				qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-				defer cancel()
-				if conn == nil {
-					c, err := pgx.Connect(qctx, url)
-					if err != nil {
-						return err
-					}
-					conn = c
-				}
-				return row(conn.QueryRow(qctx, sql))
-			}()
-			if ctx.Err() != nil {
-				return
-			}
-			if err != nil {
-				s.mu.Lock()
-				s.errs++
-				s.mu.Unlock()
-				logf("sampler: %v", err)
-				if conn != nil {
-					conn.Close(context.Background())
-					conn = nil
-				}
-			}
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
-		}
-	}
-	go loop(primary, "UPDATE bench_heartbeat SET beat = clock_timestamp() RETURNING true", func(r pgx.Row) error {
-		return r.Scan(new(bool))
-	})
-	go loop(standby, "SELECT extract(epoch FROM clock_timestamp() - max(beat))::float8 FROM bench_heartbeat", func(r pgx.Row) error {
-		var lag float64
-		if err := r.Scan(&lag); err != nil {
-			return err
-		}
-		s.mu.Lock()
-		s.last = lag
-		s.peak.lag = max(s.peak.lag, lag)
-		s.mu.Unlock()
-		return nil
-	})
-	go loop(primary, `SELECT coalesce(max(extract(epoch FROM replay_lag)), 0)::float8,
-       coalesce(max(pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn)), 0)::bigint FROM pg_stat_replication`, func(r pgx.Row) error {
-		var lag float64
-		var bytes int64
-		if err := r.Scan(&lag, &bytes); err != nil {
-			return err
-		}
-		s.mu.Lock()
-		s.peak.replayLag = max(s.peak.replayLag, lag)
-		s.peak.bytes = max(s.peak.bytes, bytes)
-		s.mu.Unlock()
-		return nil
-	})
-}
-
-// governor caps the standby's apply rate; its counters say how hard it
-// worked during a phase.
-type governor struct {
-	rate float64 // bytes/s
-	mu   sync.Mutex
-	held time.Duration // replay paused, summed
-	gap  time.Duration // longest time between two polls: replay runs free meanwhile
-}
-
-func (g *governor) take() (held, gap time.Duration) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	held, gap, g.held, g.gap = g.held, g.gap, 0, 0
-	return held, gap
-}
-
-// run caps the apply rate until ctx ends, then lets replay run free again.
-// Replay runs at full speed between polls, so it overshoots by what it
-// applies in one poll interval; the next pause makes up for it. A failed
-// poll is retried (on a new connection if need be): the pause state lives
-// in the server, so nothing is lost meanwhile.
-func (g *governor) run(ctx context.Context, url string, logf func(string, ...any)) {
-	const every, burst = 5 * time.Millisecond, 1 << 20
-	var conn *pgx.Conn
-	defer func() {
-		bg, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if conn == nil || conn.IsClosed() {
-			conn, _ = pgx.Connect(bg, url)
-		}
-		if conn != nil {
-			if _, err := conn.Exec(bg, "SELECT pg_wal_replay_resume()"); err != nil {
-				logf("governor: resume replay: %v", err)
-			}
-			conn.Close(bg)
-		}
-	}()
-	var budget float64 // the WAL position replay may reach
-	paused, first := false, true
-	failures := 0
-	last := time.Now()
-	tick := time.NewTicker(every)
-	defer tick.Stop()
-	for {
-		err := func() error {
-			if conn == nil || conn.IsClosed() {
-				c, err := pgx.Connect(ctx, url)
-				if err != nil {
-					return err
-				}
-				conn = c
-			}
-			var replayed float64
-			if err := conn.QueryRow(ctx, "SELECT pg_wal_lsn_diff(pg_last_wal_replay_lsn(), '0/0')::float8").Scan(&replayed); err != nil {
-				return err
-			}
-			now := time.Now()
-			if first {
-				budget, first = replayed, false
-			}
-			budget = min(budget+g.rate*now.Sub(last).Seconds(), replayed+burst)
-			g.mu.Lock()
-			g.gap = max(g.gap, now.Sub(last))
-			if paused {
-				g.held += now.Sub(last)
-			}
-			g.mu.Unlock()
-			last = now
-			if over := replayed >= budget; over != paused {
-				sql := "SELECT pg_wal_replay_resume()"
-				if over {
-					sql = "SELECT pg_wal_replay_pause()"
-				}
-				if _, err := conn.Exec(ctx, sql); err != nil {
-					return err
-				}
-				paused = over
-			}
-			return nil
-		}()
-		if ctx.Err() != nil {
-			return
-		}
-		switch { // one line per streak of failures, not one per poll
-		case err != nil && failures == 0:
-			logf("governor: %v (retrying)", err)
-		case err == nil && failures > 0:
-			logf("governor: working again after %d failed polls", failures)
-		}
-		if err != nil {
-			failures++
-		} else {
-			failures = 0
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-	}
 }

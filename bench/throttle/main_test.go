@@ -1,6 +1,9 @@
 package main
 
 import (
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/inboxkeeper/inboxkeeper/bench/internal/benchtest"
@@ -8,20 +11,33 @@ import (
 
 // TestTinyRun runs the whole benchmark at a tiny scale, so CI proves that it
 // still builds the daemon, starts the standby, slows and samples it, and
-// reports. The goals mean nothing at this scale and are not checked.
-// PostgreSQL missing fails the test (pgcluster says how to fix it); it never
-// skips.
+// reports; with -baseline (this build, built once more), the two builds
+// take turns to go first and the report judges both over the reps. The
+// goals mean nothing at this scale and are not checked. PostgreSQL missing
+// fails the test (pgcluster says how to fix it); it never skips.
 func TestTinyRun(t *testing.T) {
-	benchtest.TinyRun(t, run, []string{"-rows", "20000", "-apply-rate", "4"},
-		"bench/throttle on ", " CPUs; flags: -apply-rate 4 -keep false -logs  -max-lag 1s -rows 20000",
+	bin := filepath.Join(t.TempDir(), "inboxkeeper")
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/inboxkeeper/inboxkeeper/cmd/inboxkeeper").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	benchtest.TinyRun(t, run, []string{"-rows", "20000", "-apply-rate", "4", "-reps", "2", "-baseline", bin},
+		"bench/throttle on ", " CPUs; flags: -apply-rate 4 -baseline "+bin+" -keep false -logs  -max-lag 1s -references true -reps 2 -rows 20000",
 		"standby apply slowed by: apply capped at 4 MB/s of WAL (replay paused whenever it gets ahead) (baseline lag ",
 		"rows: 20000 total, 10000 expired;",
-		"daemon, throttled at 1s:",
+		"baseline: "+bin+", throttled as this build",
+		"rep 1 of 2 (this build first):", "rep 2 of 2 (baseline first):",
+		"daemon, throttled at 1s:", "baseline, throttled at 1s:",
 		"unbounded DELETE:",
 		"daemon, unthrottled:",
-		"goal 1: throttled peak lag <= 1.5 x 1s = 1.50 s: peak ",
-		"goal 2: throttled time <= 1.3 x its WAL / apply cap (",
+		"this build: goal 1: throttled peak lag <= 1.5 x 1s = 1.50 s: peak ",
+		"this build: goal 2: throttled time <= 1.3 x its WAL / apply cap (",
+		"baseline: goal 1: ", "baseline: goal 2: ",
 		"throughput throttled/unthrottled: ",
-		"throttled:", "unthrottled:", ", CPU steal ",
+		"this build:", "unthrottled:", ", CPU steal ", "VACUUM ",
+		"this build over 2 reps: peak lag ", "baseline over 2 reps: peak lag ",
 	)
+	var out strings.Builder
+	if code := run([]string{"-baseline", t.TempDir()}, &out); code != 2 {
+		t.Errorf("a directory as -baseline exited %d, want 2", code)
+	}
 }

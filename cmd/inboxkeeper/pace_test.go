@@ -11,7 +11,8 @@ import (
 )
 
 // With a streaming standby, status shows its pacing (bytes behind, apply
-// rate, window), and /metrics exports the window and the apply rate.
+// rate, window) and how the VACUUM after a pass is paced for it, and
+// /metrics exports the window and the apply rate.
 func TestPacingStatusAndMetrics(t *testing.T) {
 	t.Parallel()
 	primary, dir, pol := clusterFixture(t)
@@ -24,11 +25,17 @@ func TestPacingStatusAndMetrics(t *testing.T) {
 	if !regexp.MustCompile(`(?m)^  pace standby \S+: [0-9.]+ (B|KiB|MiB) behind, apply rate .+, window [0-9.]+ (KiB|MiB)$`).MatchString(r.stdout) {
 		t.Errorf("status lacks the standby's pace line\n%s", r)
 	}
+	if !regexp.MustCompile(`(?m)^  vacuum after a pass: paced at most [0-9.]+ (KiB|MiB)/s of WAL for standby \S+, .+ \(vacuum_cost_delay \S+, vacuum_cost_limit [0-9]+\)$`).MatchString(r.stdout) {
+		t.Errorf("status does not say how the VACUUM after a pass is paced for the standby\n%s", r)
+	}
 	r = runCLI(t, dir, env, "status", "--json")
 	wantExit(t, r, 0)
 	got := decodeOutput[render.StatusJSON](t, "status --json", r, nil)
 	if s := got.Throttle.Standbys; len(s) != 1 || s[0].Standby == "" || s[0].WindowBytes < 256<<10 {
 		t.Errorf("status --json throttle.standbys: %+v\n%s", s, r.stdout)
+	}
+	if v := got.Throttle.Vacuum; v == nil || !v.Paced || v.Standby == "" || v.WALBytesPerSecond <= 0 || v.CostLimit < 1 || v.CostDelaySeconds <= 0 {
+		t.Errorf("status --json throttle.vacuum: %+v, want the VACUUM paced for the standby\n%s", v, r.stdout)
 	}
 
 	d := startDaemon(t, dir, env, "run")

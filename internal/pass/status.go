@@ -3,6 +3,8 @@ package pass
 import (
 	"context"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/inboxkeeper/inboxkeeper/expiry"
 	"github.com/inboxkeeper/inboxkeeper/holds"
 	"github.com/inboxkeeper/inboxkeeper/horizon"
@@ -47,6 +49,10 @@ type Status struct {
 	// with: the active instance's, as it published it with its lease, or
 	// this shell's when none did (Env.Why).
 	Env settings.Env
+	// Pooled: the connection goes through a connection pooler
+	// (dbconn.Pooled), where the daemon's VACUUM cannot be paced for a
+	// standby (vacuum.Plan).
+	Pooled bool
 }
 
 // ReadStatus reads the status of tables on pool, with the environment of
@@ -82,8 +88,21 @@ func ReadStatus(ctx context.Context, w Wiring, shell config.Config, tables []*ca
 	if st.Powers, err = holds.Powers(ctx, w.Pool); err != nil {
 		return st, err
 	}
+	if st.Pooled, err = pooled(ctx, w.Pool); err != nil {
+		return st, err
+	}
 	st.Scopes, err = settings.Values(ctx, w.Pool, env, tables)
 	return st, err
+}
+
+// pooled says whether pool's connections go through a connection pooler.
+func pooled(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
+	c, err := pool.Acquire(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer c.Release()
+	return dbconn.Pooled(ctx, c.Conn())
 }
 
 // ReadTables reads the per-table part of the status: rows due for

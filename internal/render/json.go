@@ -217,11 +217,24 @@ type CitusJSON struct {
 
 // ThrottleJSON is the throttle's verdict from one fresh measurement.
 type ThrottleJSON struct {
-	Throttled bool          `json:"throttled"`
-	Kind      string        `json:"kind"`
-	Reason    string        `json:"reason"`
-	Signals   []SignalJSON  `json:"signals"`
-	Standbys  []StandbyJSON `json:"standbys"`
+	Throttled bool            `json:"throttled"`
+	Kind      string          `json:"kind"`
+	Reason    string          `json:"reason"`
+	Signals   []SignalJSON    `json:"signals"`
+	Standbys  []StandbyJSON   `json:"standbys"`
+	Vacuum    *VacuumPaceJSON `json:"vacuum"` // null: no VACUUM after a pass, or no standby streams
+}
+
+// VacuumPaceJSON is how the daemon's VACUUM after a pass goes for the
+// standbys.
+type VacuumPaceJSON struct {
+	Paced                   bool    `json:"paced"`
+	PassedOver              string  `json:"passed_over"` // why not, when not paced
+	Standby                 string  `json:"standby"`
+	WALBytesPerSecond       float64 `json:"wal_bytes_per_second"`
+	ApplyRateBytesPerSecond float64 `json:"apply_rate_bytes_per_second"`
+	CostDelaySeconds        float64 `json:"cost_delay_seconds"`
+	CostLimit               int     `json:"cost_limit"`
 }
 
 // SignalJSON is one throttle signal against its threshold.
@@ -414,6 +427,13 @@ func StatusOf(st pass.Status, tables []*catalog.Table, th *throttle.Throttler) S
 		out.Tables = append(out.Tables, tj)
 	}
 	out.Throttle = throttleJSON(th)
+	switch p, passedOver := vacuumPlan(st, th); {
+	case p != nil:
+		out.Throttle.Vacuum = &VacuumPaceJSON{Paced: true, Standby: p.Standby, WALBytesPerSecond: p.Rate, ApplyRateBytesPerSecond: p.StandbyRate,
+			CostDelaySeconds: p.Delay.Seconds(), CostLimit: p.Limit}
+	case passedOver != "":
+		out.Throttle.Vacuum = &VacuumPaceJSON{PassedOver: passedOver}
+	}
 	out.XminHorizon = horizonJSON(st.Horizon)
 	out.HoldFence, out.RolePowers = st.Fence, List(st.Powers)
 	return out

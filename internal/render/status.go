@@ -40,6 +40,7 @@ func Status(w io.Writer, r pass.Status, tables []*catalog.Table, rates Rates, th
 	if slices.Contains(r.Env.Unknown, "INBOXKEEPER_REPLICA_URLS") {
 		fmt.Fprintln(w, "  not measured: the active instance's standbys (INBOXKEEPER_REPLICA_URLS, not known here); its inboxkeeper_throttled metric says whether they hold its batches")
 	}
+	writeVacuumPace(w, r, th)
 	writeHorizon(w, r.Horizon)
 	if len(r.Powers) > 0 {
 		fmt.Fprintf(w, "this role may also: %s. Fine for an operator; the daemon's own login must not (deploy/sql/role.sql, docs/operations/least-privilege.md)\n",
@@ -245,6 +246,29 @@ func writeThrottle(w io.Writer, t *throttle.Throttler) {
 	}
 	for _, p := range t.Paces() {
 		fmt.Fprintf(w, "  pace %s\n", p)
+	}
+}
+
+// vacuumPlan is how the daemon's VACUUM after a pass would go now, with
+// th's measurement: nil and "" when it does not vacuum or no standby
+// streams (unpaced); the pace; or why it is passed over for the standby.
+// A daemon that has run VACUUMs paces them by the WAL a cost unit it
+// measured, status by what it assumes before.
+func vacuumPlan(r pass.Status, th *throttle.Throttler) (*vacuum.Pace, string) {
+	if r.VacuumDeadRatio <= 0 {
+		return nil, ""
+	}
+	return vacuum.Plan(th.WriterRate(), r.Pooled, 0, vacuum.MaxBoost)
+}
+
+// writeVacuumPace says, under the throttle, how the daemon's VACUUM after
+// a pass is paced for the standby, or why it is passed over.
+func writeVacuumPace(w io.Writer, r pass.Status, th *throttle.Throttler) {
+	switch p, passedOver := vacuumPlan(r, th); {
+	case p != nil:
+		fmt.Fprintf(w, "  vacuum after a pass: paced %s\n", p)
+	case passedOver != "":
+		fmt.Fprintf(w, "  vacuum after a pass: %s\n", passedOver)
 	}
 }
 

@@ -131,6 +131,53 @@ type Gate interface {
 	Wrote(bytes float64)
 }
 
+// WriterGate is what a writer whose WAL cannot be split into batches (the
+// VACUUM after a pass, a DDL statement, a slice of permanent keys) asks of
+// the throttle (*throttle.Throttler), where Gate's admission of rows does
+// not fit.
+type WriterGate interface {
+	// PaceWriter waits until no signal throttles and every streaming
+	// standby's queue is within half its WAL window, then returns the rate
+	// the writer may write at. When ctx ends first, the error is a
+	// *HeldError.
+	PaceWriter(ctx context.Context) (WriterPace, error)
+	// Overrun says why a writer that is running must stop now: a signal
+	// over its threshold, or a standby that fell too far behind anyway.
+	// Empty while it may go on.
+	Overrun() string
+}
+
+// WriterPace is the rate a writer may write WAL at so that no standby
+// falls further behind than it is when the writer starts.
+type WriterPace struct {
+	// Rate is WAL bytes a second: what the tightest standby applies, as
+	// its WAL window measures it (+Inf when no standby streams).
+	Rate    float64
+	Window  float64 // that standby's WAL window, bytes (+Inf when none streams)
+	Standby string  // the tightest standby; empty when none streams
+	// Measured: the rate comes from a busy standby. Otherwise it is a
+	// lower bound (what the standby replayed lately), or the window's
+	// floor.
+	Measured bool
+}
+
+// Paced reports whether a standby streams: the writer must keep to Rate.
+func (p WriterPace) Paced() bool { return p.Standby != "" }
+
+// AdmitWrite waits until g lets a small write that cannot be split start (a
+// DDL statement, whose WAL is some hundred kB): no signal over its
+// threshold and, where g paces writers (WriterGate), every standby's queue
+// within half its WAL window, which is room for it. When ctx ends first,
+// the error is a *HeldError.
+func AdmitWrite(ctx context.Context, g Gate) error {
+	if wg, ok := g.(WriterGate); ok {
+		_, err := wg.PaceWriter(ctx)
+		return err
+	}
+	_, err := g.Admit(ctx, nil)
+	return err
+}
+
 // Sizer is the adaptive batch size as the throttle sees it
 // (batchloop.Sizer).
 type Sizer interface {
