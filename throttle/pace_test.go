@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/service"
 )
 
 // sim is a fake standby that applies WAL at a fixed rate, read every 50 ms
