@@ -55,21 +55,9 @@ func smokeMajor(t *testing.T, major int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	primary, err := pgcluster.Start(ctx, pgcluster.Options{BinDir: bin})
-	if err != nil {
-		t.Fatalf("start PostgreSQL %d from %s: %v", major, bin, err)
-	}
-	t.Cleanup(primary.Destroy)
-	standby, err := primary.StartColdStandby(ctx, nil)
-	if err != nil {
-		t.Fatalf("start a standby of PostgreSQL %d: %v", major, err)
-	}
-	t.Cleanup(standby.Destroy)
-
+	primary, standby := startPair(t, major, bin)
 	f := &fixture{t: t, url: primary.URL("postgres"), dir: t.TempDir()}
-	f.pool, err = pgxpool.New(ctx, f.url)
+	f.pool, err = pgxpool.New(context.Background(), f.url)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,9 +131,27 @@ func smokeMajor(t *testing.T, major int) {
 	// The standby applied it all.
 	waitReplayed(t, f.pool, standbyURL)
 	var onStandby int64
-	if err := pgtest.Connect(t, standbyURL).QueryRow(ctx, "SELECT count(*) FROM public.inbox").Scan(&onStandby); err != nil || onStandby != 20 {
+	if err := pgtest.Connect(t, standbyURL).QueryRow(context.Background(), "SELECT count(*) FROM public.inbox").Scan(&onStandby); err != nil || onStandby != 20 {
 		t.Errorf("the standby has %d rows of public.inbox (%v), want 20", onStandby, err)
 	}
+}
+
+// startPair starts a cluster of PostgreSQL major from the binaries in bin,
+// and a streaming standby of it, both removed at the end of the test.
+func startPair(t *testing.T, major int, bin string) (primary, standby *pgcluster.Cluster) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	primary, err := pgcluster.Start(ctx, pgcluster.Options{BinDir: bin})
+	if err != nil {
+		t.Fatalf("start PostgreSQL %d from %s: %v", major, bin, err)
+	}
+	t.Cleanup(primary.Destroy)
+	if standby, err = primary.StartColdStandby(ctx, nil); err != nil {
+		t.Fatalf("start a standby of PostgreSQL %d: %v", major, err)
+	}
+	t.Cleanup(standby.Destroy)
+	return primary, standby
 }
 
 // waitReplayed waits until the standby at url has replayed all the WAL
