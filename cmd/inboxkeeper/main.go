@@ -296,9 +296,32 @@ func (a *app) connect(ctx context.Context) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, connectFailed("INBOXKEEPER_DATABASE_URL", a.cfg.DatabaseURL, err)
 	}
+	if err := a.checkServer(ctx, pool); err != nil {
+		pool.Close()
+		return nil, err
+	}
 	a.log.Debug("inboxkeeper: connected", "database", config.RedactURL(a.cfg.DatabaseURL), "pooler", pooled)
 	a.pool, a.pooled = pool, pooled
 	return pool, nil
+}
+
+// checkServer refuses a PostgreSQL older than the supported majors (exit
+// 2, before anything is read or written) and warns about one newer than
+// the majors tested: it runs there, as a refusal would stop every cleanup
+// on the day of an upgrade and let the inbox grow.
+func (a *app) checkServer(ctx context.Context, pool *pgxpool.Pool) error {
+	srv, err := dbconn.PoolServer(ctx, pool)
+	if err != nil {
+		return connectFailed("INBOXKEEPER_DATABASE_URL", a.cfg.DatabaseURL, err)
+	}
+	if err := srv.Check(); err != nil {
+		return configError{fmt.Errorf("INBOXKEEPER_DATABASE_URL (%s): %w", config.RedactURL(a.cfg.DatabaseURL), err)}
+	}
+	if srv.Untested() {
+		a.log.Warn("inboxkeeper: the server's PostgreSQL is newer than the majors inboxkeeper is tested with; it runs, untested",
+			"server_version", srv.Version, "tested", fmt.Sprintf("%d to %d", dbconn.OldestMajor, dbconn.NewestMajor))
+	}
+	return nil
 }
 
 // sessionURL is the connection string for what needs a session of its own

@@ -35,6 +35,9 @@ type Options struct {
 	Durable bool
 	// Log receives the server's log file path on failures; may be nil.
 	Log func(format string, args ...any)
+	// BinDir is the directory of the server binaries to run; empty:
+	// FindBinDir's.
+	BinDir string
 }
 
 // Cluster is a running throwaway server listening on 127.0.0.1.
@@ -77,9 +80,11 @@ func versionOf(binDir string) int {
 // process runs as root, the server runs as the "postgres" user, because
 // PostgreSQL refuses to run as root.
 func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
-	bin, err := FindBinDir()
-	if err != nil {
-		return nil, err
+	bin := opts.BinDir
+	if bin == "" {
+		if bin, err = FindBinDir(); err != nil {
+			return nil, err
+		}
 	}
 	c, err := newCluster(bin, "inboxkeeper-pg-")
 	if err != nil {
@@ -170,7 +175,17 @@ func (c *Cluster) initdb(ctx context.Context, opts Options) error {
 // StartStandby makes a streaming standby of c with pg_basebackup -R and
 // starts it. Settings are extra postgresql.conf lines for the standby (for
 // example recovery_min_apply_delay).
-func (c *Cluster) StartStandby(ctx context.Context, settings map[string]string) (_ *Cluster, err error) {
+func (c *Cluster) StartStandby(ctx context.Context, settings map[string]string) (*Cluster, error) {
+	return c.startStandby(ctx, settings, func(s *Cluster) (map[string]string, error) {
+		_, err := s.run(ctx, "pg_basebackup", "-D", s.DataDir, "-R", "-X", "stream", "-c", "fast", "-d", c.standbyConninfo())
+		return nil, err
+	})
+}
+
+// startStandby makes a new cluster whose data directory fill makes a
+// standby of c (returning the postgresql.conf lines that takes, if any),
+// gives it a port of its own and settings, and starts it.
+func (c *Cluster) startStandby(ctx context.Context, settings map[string]string, fill func(s *Cluster) (map[string]string, error)) (_ *Cluster, err error) {
 	s, err := newCluster(c.BinDir, "inboxkeeper-standby-")
 	if err != nil {
 		return nil, err
@@ -180,16 +195,18 @@ func (c *Cluster) StartStandby(ctx context.Context, settings map[string]string) 
 			s.Destroy()
 		}
 	}()
-	if _, err = s.run(ctx, "pg_basebackup", "-D", s.DataDir, "-R", "-X", "stream", "-c", "fast",
-		"-d", fmt.Sprintf("host=127.0.0.1 port=%d user=postgres application_name=standby_%d", c.Port, os.Getpid())); err != nil {
+	filled, err := fill(s)
+	if err != nil {
 		return nil, err
 	}
 	if s.Port, err = freePort(); err != nil {
 		return nil, err
 	}
 	conf := map[string]string{"port": strconv.Itoa(s.Port), "unix_socket_directories": quoteConf(s.root), "hot_standby_feedback": "off"}
-	for k, v := range settings {
-		conf[k] = v
+	for _, more := range []map[string]string{filled, settings} {
+		for k, v := range more {
+			conf[k] = v
+		}
 	}
 	if err = s.appendConf("postgresql.conf", conf); err != nil {
 		return nil, err
@@ -198,6 +215,11 @@ func (c *Cluster) StartStandby(ctx context.Context, settings map[string]string) 
 		return nil, err
 	}
 	return s, nil
+}
+
+// standbyConninfo is how a standby of c connects to it.
+func (c *Cluster) standbyConninfo() string {
+	return fmt.Sprintf("host=127.0.0.1 port=%d user=postgres application_name=standby_%d", c.Port, os.Getpid())
 }
 
 // AppendConf adds settings to postgresql.conf; they apply at the next
