@@ -101,6 +101,18 @@ VALUES ('shipping', 'short', '\x01', now(), now(), now() + interval '1 day')`)
 		line: "inboxkeeper once",
 		says: "held the lease for the whole INBOXKEEPER_RUN_TIME",
 	},
+	"`once` ended while a standby of `INBOXKEEPER_REPLICA_URLS` could not be read (it waits for one at most `INBOXKEEPER_REPLICA_WAIT`)": {
+		phrases: regexp.MustCompile(`REPLICA_WAIT|standby .*could not be read|could not read a standby`),
+		env:     []string{"INBOXKEEPER_REPLICA_URLS=postgres://app@127.0.0.1:1/app?connect_timeout=1", "INBOXKEEPER_REPLICA_WAIT=2s"},
+		line:    "inboxkeeper once",
+		says:    "a standby could not be read",
+	},
+	"a TLS failure: a certificate its CA does not sign or made out to another host, no TLS where `sslmode` asks for it, an `sslrootcert` file that cannot be read": {
+		phrases: regexp.MustCompile(`(?i)TLS|certificate|sslrootcert`),
+		env:     []string{"INBOXKEEPER_DATABASE_URL=postgres://app@HOST/app?sslmode=verify-full&sslrootcert=/nonexistent/ca.crt"},
+		line:    "inboxkeeper status",
+		says:    "/nonexistent/ca.crt",
+	},
 	"a bad flag or argument": {
 		phrases: regexp.MustCompile(`(?i)\b(bad|unknown) flag|usage error|unexpected argument`),
 		line:    "inboxkeeper status --nope",

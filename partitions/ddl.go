@@ -36,13 +36,17 @@ var errLockWait = retry.ErrLockWait
 
 // ddl runs fn on a connection of its own with lock_timeout set for the
 // session (DETACH CONCURRENTLY cannot run in a transaction block), after
-// the lease and the throttle allow it, and with the throttle watching for
-// sessions that queue behind it.
-func (m *Manager) ddl(ctx context.Context, t *catalog.Table, what string, fn func(c *pgxpool.Conn) error) (err error) {
+// the lease and, when paced, the throttle allow it, and with the throttle
+// watching for sessions that queue behind it. A detach and a drop are
+// paced; creating a month ahead is not (premake): it writes a few kB of
+// catalog, a missing month makes the application's inserts fail, and a
+// standby that applies nothing held a `once` there for ever, whatever its
+// RUN_TIME.
+func (m *Manager) ddl(ctx context.Context, t *catalog.Table, what string, paced bool, fn func(c *pgxpool.Conn) error) (err error) {
 	if why, ok := m.CheckActive(); !ok {
 		return retry.StopError{Early: why}
 	}
-	if th := m.Throttle; th != nil {
+	if th := m.Throttle; th != nil && paced {
 		// A statement's WAL (about 150 kB for a DETACH and a DROP, the
 		// catalog pages' images) waits for room in the standbys' windows,
 		// as a batch does.
@@ -101,9 +105,9 @@ func (m *Manager) ddl(ctx context.Context, t *catalog.Table, what string, fn fun
 // ddlTx runs fn in a transaction of a DDL session (ddl) under the DDL
 // retry policy, with the lock timeout carried to the Citus workers first
 // (toWorkers).
-func (m *Manager) ddlTx(ctx context.Context, t *catalog.Table, what string, fn func(tx pgx.Tx) error) error {
+func (m *Manager) ddlTx(ctx context.Context, t *catalog.Table, what string, paced bool, fn func(tx pgx.Tx) error) error {
 	return m.retrying(ctx, t, what, func() error {
-		return m.ddl(ctx, t, what, func(c *pgxpool.Conn) error {
+		return m.ddl(ctx, t, what, paced, func(c *pgxpool.Conn) error {
 			return pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
 				if err := m.toWorkers(ctx, tx, t); err != nil {
 					return err

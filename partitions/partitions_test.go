@@ -916,3 +916,39 @@ SELECT 'payments', 'm-' || i, 'payout-' || i, '\x01', '2026-04-01', '2026-05-10'
 		t.Fatalf("record says %d keys copied (%v), want %d", kept, err, rows)
 	}
 }
+
+// closedGate is a throttle that admits nothing until its context ends: a
+// standby that applies nothing.
+type closedGate struct{}
+
+func (closedGate) Admit(ctx context.Context, _ service.Sizer) (int, error) {
+	<-ctx.Done()
+	return 0, &service.HeldError{Reason: "replica_lag", Err: ctx.Err()}
+}
+func (closedGate) Watch(uint32, time.Time) (func(), func() bool) {
+	return func() {}, func() bool { return false }
+}
+func (closedGate) Wrote(float64) {}
+
+// The months ahead are made whatever the throttle says: a missing month
+// makes the application's inserts fail, and creating one writes a few kB
+// of catalog. Behind a standby that applied nothing, premake waited for
+// ever, and with it a `once`, whatever its RUN_TIME. A due partition's
+// detach still waits for the throttle, until the pass's context ends.
+func TestPremakeDoesNotWaitForTheThrottle(t *testing.T) {
+	t.Parallel()
+	f := setup(t, mayDDL, policyText("0"))
+	f.insertRows(t, "a", 3, may10)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	res, err := f.manager(Options{Base: service.Base{Clock: service.At(t0), Throttle: closedGate{}}}).RunPass(ctx)
+	if err != nil && !errors.Is(err, context.DeadlineExceeded) || len(res) != 1 {
+		t.Fatalf("%v, %+v", err, res)
+	}
+	if len(res[0].Created) != 6 {
+		t.Errorf("created %v behind a throttle that admits nothing; want the 6 months ahead", res[0].Created)
+	}
+	if len(res[0].Detached) != 0 || !f.exists(t, "public.consumer_inbox_p202605") {
+		t.Errorf("detached %v behind a throttle that admits nothing", res[0].Detached)
+	}
+}

@@ -42,7 +42,7 @@ func (m *Manager) premake(ctx context.Context, t *catalog.Table, now time.Time, 
 			}
 			sql := fmt.Sprintf("CREATE TABLE %s PARTITION OF %s FOR VALUES FROM (%s) TO (%s)",
 				p.Ident(), t.Ident, literal(t.Expiry, g[0]), literal(t.Expiry, g[1]))
-			err = m.ddlTx(ctx, t, "create "+p.String(), func(tx pgx.Tx) error {
+			err = m.ddlTx(ctx, t, "create "+p.String(), false, func(tx pgx.Tx) error {
 				// The new partition belongs to the parent's owner, as
 				// one made by hand would, when the daemon's role is a
 				// member of it (which creating a partition requires).

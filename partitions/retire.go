@@ -157,7 +157,7 @@ func (m *Manager) refresh(ctx context.Context, t *catalog.Table, p Partition) (P
 // manages; their partitions are detached with a plain DETACH instead
 // (detachInCitus).
 func (m *Manager) detachOnce(ctx context.Context, t *catalog.Table, p Partition, now time.Time) (reason, detail string, err error) {
-	err = m.ddl(ctx, t, "detach "+p.String(), func(c *pgxpool.Conn) error {
+	err = m.ddl(ctx, t, "detach "+p.String(), true, func(c *pgxpool.Conn) error {
 		if p.DetachPending {
 			if _, err := c.Exec(ctx, fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s FINALIZE", t.Ident, p.Ident())); err != nil {
 				return err
@@ -498,7 +498,7 @@ func (m *Manager) drop(ctx context.Context, t *catalog.Table, rec record, key []
 	}
 	var copied int64
 	// The DROP takes ACCESS EXCLUSIVE on the table's shards too.
-	err = m.ddlTx(ctx, t, "drop "+p.String(), func(tx pgx.Tx) error {
+	err = m.ddlTx(ctx, t, "drop "+p.String(), true, func(tx pgx.Tx) error {
 		// Another instance may have dropped it meanwhile.
 		var mine bool
 		dropped, reason, detail, copied = false, "", "", ahead
