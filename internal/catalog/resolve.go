@@ -19,11 +19,17 @@ func ResolveAll(ctx context.Context, q Querier, p *policy.Policy) ([]*Table, err
 	for _, pt := range p.Tables {
 		t, err := Resolve(ctx, q, pt)
 		if err != nil {
-			if errors.Is(err, ErrInvalid) {
-				errs = append(errs, fmt.Errorf("%s: %w", p.Source, err))
-				continue
+			if !errors.Is(err, ErrInvalid) {
+				return nil, err
 			}
-			return nil, err
+			all := []error{err}
+			if j, ok := err.(interface{ Unwrap() []error }); ok {
+				all = j.Unwrap()
+			}
+			for _, e := range all {
+				errs = append(errs, fmt.Errorf("%s: %w", p.Source, e))
+			}
+			continue
 		}
 		out = append(out, t)
 	}
