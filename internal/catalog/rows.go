@@ -77,9 +77,9 @@ type Reference struct {
 	Indexed bool
 }
 
-// match is the SQL join of the reference's rows (alias c) with this
+// Match is the SQL join of the reference's rows (alias c) with this
 // table's row (alias).
-func (r Reference) match(c, alias string) string {
+func (r Reference) Match(c, alias string) string {
 	var on []string
 	for i, col := range r.Columns {
 		on = append(on, c+"."+col+" = "+alias+"."+r.Referenced[i].Quoted)
@@ -104,7 +104,7 @@ func (t *Table) Referenced(alias string) string {
 	for i, r := range t.References {
 		if r.Blocks && !r.Delete {
 			c := fmt.Sprintf("r%d", i)
-			ps = append(ps, fmt.Sprintf("EXISTS (SELECT 1 FROM %s %s WHERE %s)", r.Ident, c, r.match(c, alias)))
+			ps = append(ps, fmt.Sprintf("EXISTS (SELECT 1 FROM %s %s WHERE %s)", r.Ident, c, r.Match(c, alias)))
 		}
 	}
 	if len(ps) == 0 {
@@ -551,4 +551,14 @@ LIMIT 10000`, name.Schema, name.Name)
 		hint += " (unquoted parts of a name fold to lower case: quote the parts that have capitals, as in table: 'public.\"InboxState\"')"
 	}
 	return hint, nil
+}
+
+// ID tells the windows of one table apart (Name, and the window's label),
+// for what a service keeps per table and window between batches and
+// passes; Name is what results, metrics and holds go by.
+func (t *Table) ID() string {
+	if t.WindowLabel == "" {
+		return t.Name
+	}
+	return t.Name + " [" + t.WindowLabel + "]"
 }
