@@ -383,6 +383,15 @@ func (d *Deleter) runWindow(ctx context.Context, t *catalog.Table, deadline time
 		}
 		if err != nil || due.Rows > 0 {
 			res.Err = d.deleteAll(ctx, t, deadline, due, sample, &res)
+		} else if t.HasReferences() {
+			// Nothing due: the look is the pass, and its due range holds
+			// only what something keeps, so counting the referenced rows in
+			// it is cheap (a look before deleting leaves them uncounted).
+			res.Err = d.coverageTx(ctx, t, func(tx pgx.Tx, now time.Time, cov holds.Coverage) error {
+				var err error
+				res.ProtectedByReferences, err = countReferenced(ctx, tx, t, now, cov)
+				return err
+			})
 		}
 		sample.drop() // nothing of the pass outlives it
 		due.exact.drop()

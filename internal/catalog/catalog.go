@@ -286,7 +286,7 @@ WHERE n.nspname = $1 AND c.relname = $2`, pt.Name.Schema, pt.Name.Name).Scan(&t.
 	if bad.fatal(checkEpochUnit(pt, t)) {
 		return nil, bad.err()
 	}
-	if bad.fatal(resolveRows(ctx, q, t, cols)) {
+	if bad.fatal(resolveRows(ctx, q, t, cols)) || bad.fatal(resolveReferences(ctx, q, t)) {
 		return nil, bad.err()
 	}
 	if !bad.empty() {
@@ -296,8 +296,8 @@ WHERE n.nspname = $1 AND c.relname = $2`, pt.Name.Schema, pt.Name.Name).Scan(&t.
 	if bad.fatal(resolveTiers(ctx, q, t, cols)) || bad.fatal(resolveCitus(ctx, q, pt, t, cols)) || bad.fatal(resolveCitusTiers(ctx, q, pt, t)) {
 		return nil, bad.err()
 	}
-	if bad.fatal(resolveReferences(ctx, q, t)) {
-		return nil, bad.err()
+	if t.Distributed() && len(t.DeletesFirst()) > 0 {
+		bad.add(invalid(pt, "delete_referencing", "is not supported on a Citus distributed table: its batches are pushed to the shards as one statement, without the referencing rows"))
 	}
 
 	if t.Partitioned() {

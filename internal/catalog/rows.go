@@ -368,9 +368,6 @@ ORDER BY 2, 1`, t.OID)
 		}
 		errs = append(errs, invalid(t.Policy, fmt.Sprintf("delete_referencing[%d]", i), "%s has no foreign key to this table (%s)", d, hint))
 	}
-	if t.Distributed() && len(t.DeletesFirst()) > 0 {
-		errs = append(errs, invalid(t.Policy, "delete_referencing", "is not supported on a Citus distributed table: its batches are pushed to the shards as one statement, without the referencing rows"))
-	}
 	return errors.Join(errs...)
 }
 

@@ -3,6 +3,7 @@ package catalog_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"testing"
 
@@ -248,5 +249,45 @@ CREATE TABLE public.unrelated (id int);`)
 	wantInvalid(t, err, `delete_referencing[0]: public.unrelated has no foreign key to this table (the tables that do: public."OutboxMessage", public.audit)`)
 	if !errors.Is(err, catalog.ErrInvalid) {
 		t.Errorf("not ErrInvalid: %v", err)
+	}
+}
+
+// An application that writes its host's wall clock, east of the zone the
+// policy reads the column in, writes rows that lie in the future: a
+// warning names the table and the column, whatever the database's zone,
+// read through an index or through a sample of the heap.
+func TestWarnFutureRows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := pgtest.NewPool(t)
+	pgtest.Exec(t, pool, `
+CREATE TABLE public.received ("Id" bigint PRIMARY KEY, "Added" timestamp NOT NULL, "ExpiresAt" timestamp);
+CREATE INDEX ON public.received ("ExpiresAt");
+CREATE INDEX ON public.received ("Added");
+CREATE TABLE public.unindexed ("Id" bigint PRIMARY KEY, "Added" timestamp NOT NULL, "ExpiresAt" timestamp);
+CREATE INDEX ON public.unindexed ("ExpiresAt");
+-- A host in Shanghai writes DateTime.Now: eight hours ahead of UTC.
+INSERT INTO public.received SELECT i, (now() AT TIME ZONE 'Asia/Shanghai') - i * interval '1 second', (now() AT TIME ZONE 'Asia/Shanghai') + interval '1 day' FROM generate_series(1, 1000) i;
+INSERT INTO public.unindexed SELECT * FROM public.received;`)
+	for _, c := range []struct {
+		name, yaml string
+		warns      bool
+	}{
+		{"indexed, read as UTC", "table: public.received\n    key: [Id]\n    first_seen: Added\n    expires_at: ExpiresAt", true},
+		{"sampled, read as UTC", "table: public.unindexed\n    key: [Id]\n    event_time: Added\n    expires_at: ExpiresAt", true},
+		{"the host's zone", "table: public.received\n    key: [Id]\n    first_seen: Added\n    expires_at: ExpiresAt\n    time_zone: Asia/Shanghai", false},
+		// expires_at lies in the future by design: not a sign of a clock.
+		{"no event column", "table: public.received\n    key: [Id]\n    expires_at: ExpiresAt", false},
+	} {
+		tbl, err := resolveText(t, pool, c.yaml)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var log strings.Builder
+		catalog.WarnLocalTime(ctx, pool, []*catalog.Table{tbl}, slog.New(slog.NewTextHandler(&log, nil)))
+		warned := strings.Contains(log.String(), "lie in the future") && strings.Contains(log.String(), `column=Added`) && strings.Contains(log.String(), "set time_zone")
+		if warned != c.warns {
+			t.Errorf("%s: warned %v, want %v: %s", c.name, warned, c.warns, log.String())
+		}
 	}
 }
