@@ -188,6 +188,9 @@ type TableResult struct {
 	// errorsCounted counts the failed attempts the batch loop counted in
 	// inboxkeeper_errors_total.
 	errorsCounted int
+	// victimsShort: the last batch of a table with delete_referencing
+	// found fewer victims than it wanted, or deleted none of them.
+	victimsShort bool
 }
 
 // DueRefresh is how often a long pass counts the due rows again.
@@ -573,6 +576,11 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 	if sw != nil {
 		// A slice can come back short with rows still due further on.
 		loop.Exhausted = sw.exhausted
+	} else if len(t.DeletesFirst()) > 0 {
+		// A batch whose victim a locked row points at comes back short
+		// with rows still due; one that deleted none ends the pass, so
+		// that the same victims are not picked again and again.
+		loop.Exhausted = func() bool { return res.victimsShort }
 	}
 	r, err := loop.Run(ctx, func(ctx context.Context, lower pgtype.Timestamptz, size int) (int64, time.Time, float64, error) {
 		if sw != nil {
@@ -915,7 +923,7 @@ SELECT count(*), max(expiry), %[11]s FROM gone`
 	// the SKIP LOCKED form (%[12]s is skipLockedClause), and the optimistic
 	// form where a bound cannot be used (%[12]s empty). With
 	// delete_referencing, %[14]s to %[16]s delete the rows that point at
-	// the victims first (referencing).
+	// the victims first (referencing), and %[17]s counts the victims.
 	ctidSQL = `
 WITH victims AS (
   SELECT t.ctid%[14]s FROM %[1]s t
@@ -926,7 +934,7 @@ WITH victims AS (
   DELETE FROM %[1]s d WHERE d.ctid = ANY (ARRAY(SELECT ctid FROM victims))%[16]s
   RETURNING %[8]s AS expiry%[9]s
 )%[10]s
-SELECT count(*), max(expiry), %[11]s FROM gone`
+SELECT count(*), max(expiry), %[11]s%[17]s FROM gone`
 
 	skipLockedClause = `
   FOR UPDATE OF t SKIP LOCKED`
@@ -987,6 +995,13 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 	}
 	keysReturning, keysCTE, keysCount := permanentKeys(t)
 	pick, kids, kept := referencing(t, "t", "d")
+	var newestTS pgtype.Timestamptz
+	var keys, victims int64
+	countVictims, scanned := "", []any{&n, &newestTS, &keys}
+	if kids != "" {
+		countVictims = ", (SELECT count(*) FROM victims)"
+		scanned = append(scanned, &victims)
+	}
 	sql := fmt.Sprintf(form,
 		t.Ident, alias+"."+t.Expiry.Quoted,
 		t.Expiry.Instant(args.Add(c)+"::timestamptz"),
@@ -994,9 +1009,7 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 		holdPred, replayPred,
 		limit,
 		t.Expiry.AsTimestamptz("d"),
-		keysReturning, keysCTE, keysCount, lockClause, t.Deletable(alias), pick, kids, kept)
-	var newestTS pgtype.Timestamptz
-	var keys int64
+		keysReturning, keysCTE, keysCount, lockClause, t.Deletable(alias), pick, kids, kept, countVictims)
 	var ahead *boundAhead
 	if b.ok {
 		// The next batch starts where this one ends: its bound can be
@@ -1013,7 +1026,7 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 			return nil
 		})
 	} else {
-		batch.Queue(sql, args.Values...).QueryRow(func(row pgx.Row) error { return row.Scan(&n, &newestTS, &keys) })
+		batch.Queue(sql, args.Values...).QueryRow(func(row pgx.Row) error { return row.Scan(scanned...) })
 	}
 	began := time.Now()
 	if err := tx.SendBatch(ctx, batch).Close(); err != nil {
@@ -1030,6 +1043,9 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 		ahead.committed = true
 	}
 	res.PermanentKeys += keys
+	// With delete_referencing a victim a locked row points at stays: the
+	// batch is short, but more may be due (deleteAll's Exhausted).
+	res.victimsShort = kids != "" && (victims < int64(size) || n == 0)
 	if b.ok {
 		res.RangeBatches++
 		scans.observe(bitmap, n, took)
@@ -1335,13 +1351,14 @@ func cleanupLag(ctx context.Context, q catalog.Querier, t *catalog.Table, now ti
 // referencing returns the parts of a batch's DELETE that first delete the
 // rows of the tables delete_referencing names that point at its victims,
 // in the same statement: the victims' referenced columns (pick, over the
-// victims' alias v), a data-modifying CTE per table (kids: each locks the
-// rows it deletes, SKIP LOCKED, so that a row an application holds is
-// stepped over and not waited for), and the condition (kept, over the
-// deleted table's alias d) that leaves out a victim still pointed at by a
-// row no CTE deleted: the rows a CTE deleted are still visible to the
-// statement's other parts (one snapshot), so they are matched by ctid.
-// Without delete_referencing: nothing.
+// victims' alias v), per table a CTE that locks the rows pointing at the
+// victims (SKIP LOCKED, so that a row an application holds is stepped over
+// and not waited for) and one that deletes them, but none of a victim one
+// of whose rows was held (kids), and the condition (kept, over the deleted
+// table's alias d) that leaves out a victim still pointed at by a row no
+// CTE deleted: the rows a CTE deleted are still visible to the statement's
+// other parts (one snapshot), so they are matched by ctid. Without
+// delete_referencing: nothing.
 func referencing(t *catalog.Table, v, d string) (pick, kids, kept string) {
 	refs := t.DeletesFirst()
 	if len(refs) == 0 {
@@ -1361,13 +1378,33 @@ func referencing(t *catalog.Table, v, d string) (pick, kids, kept string) {
 			}
 			on = append(on, fmt.Sprintf("c.%s = v.%s", col, name))
 		}
-		fmt.Fprintf(&k, `, kids%[1]d AS (
+		var same []string
+		for _, col := range r.Columns {
+			same = append(same, fmt.Sprintf("o.%s = c.%s", col, col))
+		}
+		// The rows locked first; of those, the ones whose victim no row
+		// left unlocked (held by another session) points at: a victim is
+		// deleted with all its referencing rows, or not at all.
+		fmt.Fprintf(&k, `, locked%[1]d AS (
+  SELECT c.ctid AS c, %[4]s FROM %[2]s c JOIN victims v ON %[3]s FOR UPDATE OF c SKIP LOCKED
+), kids%[1]d AS (
   DELETE FROM %[2]s k WHERE k.ctid = ANY (ARRAY(
-    SELECT c.ctid FROM %[2]s c JOIN victims v ON %[3]s FOR UPDATE OF c SKIP LOCKED))
+    SELECT c.c FROM locked%[1]d c WHERE NOT EXISTS (
+      SELECT 1 FROM %[2]s o WHERE %[5]s AND o.ctid <> ALL (ARRAY(SELECT c FROM locked%[1]d)))))
   RETURNING k.ctid
-)`, i, r.Ident, strings.Join(on, " AND "))
+)`, i, r.Ident, strings.Join(on, " AND "), referencingColumns(r), strings.Join(same, " AND "))
 		fmt.Fprintf(&n, "\n    AND NOT EXISTS (SELECT 1 FROM %[1]s c WHERE %[2]s AND c.ctid <> ALL (ARRAY(SELECT ctid FROM kids%[3]d)))",
 			r.Ident, r.Match("c", d), i)
 	}
 	return p.String(), k.String(), n.String()
+}
+
+// referencingColumns are the columns of r's rows, as the locked CTE
+// returns them (referencing).
+func referencingColumns(r catalog.Reference) string {
+	cols := make([]string, len(r.Columns))
+	for i, c := range r.Columns {
+		cols[i] = "c." + c
+	}
+	return strings.Join(cols, ", ")
 }
