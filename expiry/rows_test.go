@@ -152,3 +152,29 @@ INSERT INTO public.unrelated_outbox (consumer, message_id) SELECT consumer, mess
 		t.Errorf("after the lock: deleted %d, want 1", res.Deleted)
 	}
 }
+
+// On a Citus distributed table, the filter keeps the batches and the
+// counts to the policy's rows.
+func TestCitusFilter(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := pgtest.NewMigratedCitusPool(t, inboxDDL, pgtest.Distribute("consumer", "public.consumer_inbox"))
+	f := fixture{pool: pool, tables: pgtest.Resolve(t, pool, inboxPolicy+"    only_when: {column: consumer, in: [a, b]}\n")}
+	if !f.tables[0].Distributed() {
+		t.Fatal("the table does not resolve as distributed")
+	}
+	for _, c := range []string{"a", "b", "c"} {
+		f.insert(t, c, 40, t0.Add(-48*3600e9), 60e9)
+	}
+	opts := Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: 5}}
+	st, err := newTest(f.pool, f.tables, opts, signals{}).Status(ctx, f.tables[0])
+	if err != nil || st.Due != 80 {
+		t.Errorf("status: %d due (%v), want 80", st.Due, err)
+	}
+	if res := f.pass(t, opts); res.Deleted != 80 {
+		t.Errorf("deleted %d, want 80 (consumers a and b)", res.Deleted)
+	}
+	if n := f.count(t, "consumer = 'c'"); n != 40 {
+		t.Errorf("%d rows of consumer c left, want 40", n)
+	}
+}
