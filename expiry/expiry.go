@@ -189,7 +189,9 @@ type TableResult struct {
 	// inboxkeeper_errors_total.
 	errorsCounted int
 	// victimsShort: the last batch of a table with delete_referencing
-	// found fewer victims than it wanted, or deleted none of them.
+	// came back short (as a batch without: fewer rows than its size) or,
+	// when it deleted referencing rows first, found fewer victims than it
+	// wanted, or deleted none of them.
 	victimsShort bool
 }
 
@@ -209,13 +211,15 @@ type Deleter struct {
 	sizers *batchloop.Sizers // per table, kept across passes
 
 	mu         sync.Mutex
-	scanChoice map[string]*scanChooser // per table, made anew each pass
-	windows    map[string]*window      // per distributed table, kept across passes
-	rates      map[string]*deleteRate  // per table, kept across passes
-	sweepFrom  map[string]int64        // per table: the page the next sweep starts at (sweepStart)
-	lastDue    map[string]int64        // per table: the rows due at the start of its last pass, -1 unknown (sampleBeside)
-	windowDue  map[string]Due          // per window of a table with several: its last count (exportDue)
-	windowsOf  map[string][]string     // per table with windows: their IDs
+	scanChoice map[string]*scanChooser           // per table, made anew each pass
+	windows    map[string]*window                // per distributed table, kept across passes
+	rates      map[string]*deleteRate            // per table, kept across passes
+	sweepFrom  map[string]int64                  // per table: the page the next sweep starts at (sweepStart)
+	lastDue    map[string]int64                  // per table: the rows due at the start of its last pass, -1 unknown (sampleBeside)
+	windowDue  map[string]Due                    // per window of a table with several: its last count (exportDue)
+	refsSeen   map[string]bool                   // per table: batches leave out rows other tables point at (view)
+	optimistic map[*catalog.Table]*catalog.Table // per table: as a batch sees it while refsSeen is false (view)
+	windowsOf  map[string][]string               // per table with windows: their IDs
 
 	dueRefresh time.Duration // tests: DueRefresh
 }
@@ -252,7 +256,8 @@ func New(pool *pgxpool.Pool, tables []*catalog.Table, opts Options) *Deleter {
 	}
 	return &Deleter{pool: pool, tables: tables, opts: opts, log: log, sizers: batchloop.NewSizers(opts.BatchSize, opts.Sizing),
 		scanChoice: map[string]*scanChooser{}, windows: map[string]*window{}, rates: map[string]*deleteRate{},
-		sweepFrom: map[string]int64{}, lastDue: map[string]int64{}, windowDue: map[string]Due{}, windowsOf: windowsOf, dueRefresh: DueRefresh}
+		sweepFrom: map[string]int64{}, lastDue: map[string]int64{}, windowDue: map[string]Due{}, windowsOf: windowsOf,
+		refsSeen: map[string]bool{}, optimistic: map[*catalog.Table]*catalog.Table{}, dueRefresh: DueRefresh}
 }
 
 // RunPass runs one pass over every table, in policy order. A failure on one
@@ -393,6 +398,7 @@ func (d *Deleter) runWindow(ctx context.Context, t *catalog.Table, deadline time
 			res.Err = d.coverageTx(ctx, t, func(tx pgx.Tx, now time.Time, cov holds.Coverage) error {
 				var err error
 				res.ProtectedByReferences, err = countReferenced(ctx, tx, t, now, cov)
+				d.referencesLeft(t, res.ProtectedByReferences)
 				return err
 			})
 		}
@@ -746,13 +752,19 @@ func (d *Deleter) batch(ctx context.Context, t *catalog.Table, lower pgtype.Time
 		if !steppedOver(err) {
 			return n, newest, wal, err
 		}
+		d.referencesMet(t, err)
 		res.SkipLockedBatches++
 		d.log.Debug("expiry: batch met a locked or newly referenced row, running it again with SKIP LOCKED", "table", t.Name, "error", err)
 		if d.TestSignals.OnFallback != nil {
 			d.TestSignals.OnFallback()
 		}
 	}
-	return d.batchTx(ctx, t, lower, size, res, true)
+	n, newest, wal, err := d.batchTx(ctx, t, lower, size, res, true)
+	if steppedOver(err) && d.referencesMet(t, err) {
+		// Run without leaving referenced rows out (view): again with them.
+		return d.batchTx(ctx, t, lower, size, res, true)
+	}
+	return n, newest, wal, err
 }
 
 // steppedOver reports whether a batch failed on a row it should step over,
@@ -954,6 +966,7 @@ SELECT count(*), max(expiry), %[11]s%[17]s FROM gone`
 // form; otherwise an optimistic one, the range form when the batch's upper
 // bound is clean and the ctid form without a lock pass when it is not.
 func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Timestamptz, size int, res *TableResult, skipLocked bool) (n int64, newest time.Time, wal float64, err error) {
+	t = d.view(t)
 	lockTimeout := d.opts.LockTimeout
 	if !skipLocked {
 		lockTimeout = min(d.opts.LockTimeout, d.optimisticLockTimeout())
@@ -1045,7 +1058,10 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 	res.PermanentKeys += keys
 	// With delete_referencing a victim a locked row points at stays: the
 	// batch is short, but more may be due (deleteAll's Exhausted).
-	res.victimsShort = kids != "" && (victims < int64(size) || n == 0)
+	res.victimsShort = n < int64(size)
+	if kids != "" {
+		res.victimsShort = victims < int64(size) || n == 0
+	}
 	if b.ok {
 		res.RangeBatches++
 		scans.observe(bitmap, n, took)
@@ -1126,6 +1142,7 @@ type batchBound struct {
 //
 // With size 0 it reads the newest due row only (readNewest).
 func (d *Deleter) readBound(ctx context.Context, tx pgx.Tx, t *catalog.Table, cov holds.Coverage, cutoff time.Time, lower pgtype.Timestamptz, size int, ahead bool) (batchBound, error) {
+	t = d.view(t)
 	var args holds.Args
 	hp, rp := cov.Predicates(t, "t", &args)
 	from := ">="
@@ -1249,13 +1266,14 @@ func (d *Deleter) measure(ctx context.Context, tx pgx.Tx, t *catalog.Table, now 
 	if res.ProtectedByHolds, res.ProtectedByReplays, oldestCovered, err = countProtected(ctx, tx, t, now, cov); err != nil {
 		return err
 	}
-	if res.resume.Valid {
+	if res.resume.Valid && t.HasReferences() {
 		// After the pass: the due rows it left before its keyset are the
 		// ones something kept, few of them. Before it, every due row would
 		// be probed, which the batches do anyway.
 		if res.ProtectedByReferences, err = countReferenced(ctx, tx, t, now, cov); err != nil {
 			return err
 		}
+		d.referencesLeft(t, res.ProtectedByReferences)
 	}
 	// Rows the pass skipped because another session held them locked lie
 	// before res.resume: the next pass deletes them, and counts them. Before
@@ -1407,4 +1425,60 @@ func referencingColumns(r catalog.Reference) string {
 		cols[i] = "c." + c
 	}
 	return strings.Join(cols, ", ")
+}
+
+// view is t as a batch sees it. A row another table's foreign key points
+// at is rare (an anomaly in most frameworks), and leaving such rows out
+// costs every batch a probe of the referencing table per row, on top of
+// the foreign key's own check: so batches run without the probe, and
+// without deleting referencing rows first (delete_referencing), until a
+// batch meets such a row (its foreign key check fails, 23503, or waits on
+// a referencing row another session holds: referencesMet), or a pass ends
+// with such rows counted; from then on, until a pass ends with none left,
+// with them (the table itself). Counts
+// (status, rows_due, the cleanup lag) always leave such rows out. A Citus
+// distributed table always goes with them.
+func (d *Deleter) view(t *catalog.Table) *catalog.Table {
+	if len(t.References) == 0 || t.Distributed() {
+		return t
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.refsSeen[t.ID()] {
+		return t
+	}
+	v := d.optimistic[t]
+	if v == nil {
+		c := *t
+		c.References = nil
+		v = &c
+		d.optimistic[t] = v
+	}
+	return v
+}
+
+// referencesMet records that a batch over t met a row another table's
+// foreign key points at (err is its failure: the key's check failed, or
+// waited on a referencing row another session holds, past the lock
+// timeout), when t has references: batches over t leave such rows out
+// (view) until a pass ends with none left. It says whether that changed
+// how they go.
+func (d *Deleter) referencesMet(t *catalog.Table, err error) bool {
+	if len(t.References) == 0 || t.Distributed() || !steppedOver(err) {
+		return false
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	changed := !d.refsSeen[t.ID()]
+	d.refsSeen[t.ID()] = true
+	return changed
+}
+
+// referencesLeft records what a pass's end counted of t's rows other
+// tables' foreign keys keep: the next pass's batches start with them left
+// out when some are (view).
+func (d *Deleter) referencesLeft(t *catalog.Table, n int64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.refsSeen[t.ID()] = n > 0
 }

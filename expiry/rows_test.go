@@ -178,3 +178,41 @@ func TestCitusFilter(t *testing.T) {
 		t.Errorf("%d rows of consumer c left, want 40", n)
 	}
 }
+
+// While no due row is referenced, batches do not probe the referencing
+// table (nor delete from it): the range form, as on a table without
+// references. A batch that meets a referenced row runs again with them,
+// and deletes it with its referencing row.
+func TestReferencesCostNothingUntilMet(t *testing.T) {
+	t.Parallel()
+	const ddl = pgtest.ShortInboxDDL + `;
+CREATE TABLE public.outbox (id serial PRIMARY KEY, consumer text, message_id text,
+  FOREIGN KEY (consumer, message_id) REFERENCES public.consumer_inbox (consumer, message_id));
+CREATE INDEX ON public.outbox (consumer, message_id);`
+	f := setup(t, ddl, pgtest.ShortInboxPolicy+"    delete_referencing: [public.outbox]\n")
+	f.insert(t, "billing", 100, t0.Add(-48*3600e9), 60e9)
+	f.insert(t, "payments", 100, t0.Add(3600e9), 60e9) // not due, referenced
+	pgtest.Exec(t, f.pool, `INSERT INTO public.outbox (consumer, message_id) SELECT consumer, message_id FROM public.consumer_inbox WHERE consumer = 'payments'`)
+	opts := Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: 30}}
+	d := newTest(f.pool, f.tables, opts, signals{strategy: StrategyExpiry})
+	res, err := d.RunPass(context.Background())
+	if err != nil || res[0].Err != nil {
+		t.Fatal(err, res[0].Err)
+	}
+	if res[0].Deleted != 100 || res[0].RangeBatches == 0 || res[0].SkipLockedBatches != 0 {
+		t.Errorf("deleted %d, %d range batches, %d again with SKIP LOCKED; want 100 by range", res[0].Deleted, res[0].RangeBatches, res[0].SkipLockedBatches)
+	}
+	// Now a due row is referenced.
+	f.insert(t, "late", 10, t0.Add(-3600e9), 60e9)
+	pgtest.Exec(t, f.pool, `INSERT INTO public.outbox (consumer, message_id) VALUES ('late', 'late-4')`)
+	res, err = d.RunPass(context.Background())
+	if err != nil || res[0].Err != nil {
+		t.Fatal(err, res[0].Err)
+	}
+	if res[0].Deleted != 10 || res[0].SkipLockedBatches != 1 {
+		t.Errorf("deleted %d, %d again with SKIP LOCKED; want 10, 1", res[0].Deleted, res[0].SkipLockedBatches)
+	}
+	if n := f.count(t, "consumer = 'late'"); n != 0 {
+		t.Errorf("%d late rows left", n)
+	}
+}

@@ -690,6 +690,7 @@ func (a *sampleAhead) take() ([]sampledBlock, float64, int64, error) {
 // ahead, when not nil, is the sample read beside the count, which its
 // drop may stop.
 func (d *Deleter) sample(ctx context.Context, t *catalog.Table, cutoff time.Time, cov holds.Coverage, ahead *aside) (blocks []sampledBlock, frac float64, nblocks int64, err error) {
+	t = d.view(t)
 	err = d.readTx(ctx, func(tx pgx.Tx) error {
 		defer ahead.close(ctx)
 		if !ahead.open(tx.Conn()) {
@@ -863,7 +864,8 @@ func (d *Deleter) sweepBatch(ctx context.Context, t *catalog.Table, s *sweep, si
 	ready := s.prefetch.ready(a, b)
 	skipLocked := d.TestSignals.SkipLockedOnly
 	n, wal, took, err := d.sweepTx(ctx, t, s, a, b, res, skipLocked)
-	if !skipLocked && steppedOver(err) {
+	if steppedOver(err) && (!skipLocked || d.referencesMet(t, err)) {
+		d.referencesMet(t, err)
 		res.SkipLockedBatches++
 		d.log.Debug("expiry: slice met a locked row, running it again with SKIP LOCKED", "table", t.Name, "error", err)
 		if d.TestSignals.OnFallback != nil {
@@ -882,6 +884,7 @@ func (d *Deleter) sweepBatch(ctx context.Context, t *catalog.Table, s *sweep, si
 
 // sweepTx is one sweep batch transaction over the pages [a, b).
 func (d *Deleter) sweepTx(ctx context.Context, t *catalog.Table, s *sweep, a, b int64, res *TableResult, skipLocked bool) (n int64, wal float64, took time.Duration, err error) {
+	t = d.view(t)
 	lockTimeout := d.opts.LockTimeout
 	if !skipLocked {
 		lockTimeout = min(d.opts.LockTimeout, d.optimisticLockTimeout())
