@@ -12,28 +12,30 @@
 // due (under both the policy and the framework's cleanup), the rest not
 // yet, or kept by the framework's state; then, rep by rep, on a fresh file
 // copy each, right after a CHECKPOINT: `inboxkeeper once`, timed from exec
-// to exit (its VACUUM after the pass included), and the framework's own
-// cleanup as it runs it, statement after statement on a connection opened
-// before it, its pauses left out (in its favour):
+// to exit, its VACUUM after the pass included; `inboxkeeper once` with its
+// VACUUM left to autovacuum (INBOXKEEPER_VACUUM_DEAD_RATIO=0), as the
+// frameworks leave theirs; with -baseline, another build's once so too;
+// and the framework's own cleanup as it runs it, statement after statement
+// on a connection opened before it, its pauses left out (in its favour):
 //
 //   - Wolverine: batches of 5,000 by ctid, `status = 'Handled' AND
 //     keep_until <= now` (at most 20 a minute in Wolverine).
 //   - DotNetCore.CAP: batches of 1,000 by "Id", `"ExpiresAt" < <the host's
 //     local now> AND "StatusName" IN ('Succeeded', 'Failed')` (a second's
 //     pause between them in CAP).
-//   - MassTransit: batches of 100 in "Delivered" order, `"Delivered" < now
-//   - 30 minutes` (EF Core deletes them one statement a row).
+//   - MassTransit: batches of 100 in "Delivered" order, `"Delivered" <
+//     now minus 30 minutes` (EF Core deletes them one statement a row).
 //   - NServiceBus: batches of 4,000 by ctid, `"Dispatched" AND
 //     "DispatchedAt" < <UTC now> - 7 days`.
 //   - Brighter: batches of 100 (the archiver's page) by messageid,
 //     `dispatched < now - 7 days`.
 //   - Eventuate Tram: one DELETE, `creation_time < <now in ms> - 7 days`.
 //
-// The order of the two is reversed every other rep. It prints each one's
-// wall time, rows/s and WAL, the ratio of the framework's time to once's
-// (the goal: at least 1, once as fast or faster), once's batches and
-// longest batch, and per framework the median ratio. It exits non-zero
-// when either deletes other than exactly the due rows.
+// The order of the methods is reversed every other rep. It prints each
+// one's wall time, rows/s and WAL, once's batches and longest batch, the
+// ratio of the framework's time to each once's (the goal: at least 1, once
+// as fast or faster), and per framework and once the median ratio. It
+// exits non-zero when a method deletes other than exactly the due rows.
 package main
 
 import (
@@ -171,6 +173,7 @@ type options struct {
 	rows, reps int
 	frameworks []framework
 	keep       bool
+	baseline   string // another build of the daemon, run as one more method
 	flags      string
 }
 
@@ -184,7 +187,13 @@ func run(args []string, stdout io.Writer) int {
 	fs.IntVar(&o.reps, "reps", 3, "repetitions, reversing the order of the two every other one")
 	list := fs.String("frameworks", names(), "comma-separated frameworks to run")
 	fs.BoolVar(&o.keep, "keep", false, "leave the cluster running and print its URL")
+	fs.StringVar(&o.baseline, "baseline", "", "another inboxkeeper binary (go build -o PATH ./cmd/inboxkeeper in another checkout) run as one more method, its VACUUM left to autovacuum, in the same reps")
 	return benchdata.Main(fs, args, func() error {
+		if o.baseline != "" {
+			if st, err := os.Stat(o.baseline); err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
+				return fmt.Errorf("-baseline %q: want an executable inboxkeeper binary", o.baseline)
+			}
+		}
 		for _, n := range strings.Split(*list, ",") {
 			i := slices.IndexFunc(all, func(f framework) bool { return f.name == n })
 			if i < 0 {
@@ -235,7 +244,7 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 
 	benchdata.Header(w, "bench/frameworks", o.flags)
 	benchdata.SharedMemory(w, cluster.DataDir)
-	fmt.Fprintf(w, "timing: inboxkeeper once from exec to exit, its VACUUM after the pass included; each framework's cleanup as statements alone, back to back, on a connection opened before them (its pauses left out); autovacuum off\n")
+	fmt.Fprintf(w, "timing: inboxkeeper once from exec to exit, its VACUUM after the pass included, and with INBOXKEEPER_VACUUM_DEAD_RATIO=0 (VACUUM left to autovacuum, as the frameworks leave it); each framework's cleanup as statements alone, back to back, on a connection opened before them (its pauses left out); autovacuum off; the order of the methods reversed every other rep\n")
 	fmt.Fprintf(w, "rows: %d in each table, %d due; %d reps\n", o.rows, o.rows/2, o.reps)
 	for _, f := range o.frameworks {
 		if err := b.framework(ctx, w, f); err != nil {
@@ -259,7 +268,7 @@ func (b *bench) framework(ctx context.Context, w io.Writer, f framework) error {
 	if err := b.recreate(ctx, tpl, ""); err != nil {
 		return err
 	}
-	if _, err := b.inboxkeeper(ctx, tpl, policyFile, "migrate"); err != nil {
+	if _, err := b.inboxkeeper(ctx, b.bin, tpl, policyFile, nil, "migrate"); err != nil {
 		return err
 	}
 	due := int64(b.o.rows / 2)
@@ -295,49 +304,81 @@ func (b *bench) framework(ctx context.Context, w io.Writer, f framework) error {
 		how = "one DELETE"
 	}
 	fmt.Fprintf(w, "\nframework %s: %d rows, %d due; its cleanup: %s\n", f.name, b.o.rows, due, how)
-	var ratios []float64
+	ms := b.methods(policyFile, f)
+	ratios := make([][]float64, len(ms)-1) // each once against the framework's
 	for rep := range b.o.reps {
-		first := rep%2 == 1 // odd reps: the framework first
-		order := "inboxkeeper once first"
-		if first {
-			order = "the framework's cleanup first"
+		order := slices.Clone(ms)
+		if rep%2 == 1 {
+			slices.Reverse(order)
 		}
-		var once, own result
-		for i := range 2 {
+		got := map[string]result{}
+		for i, m := range order {
 			db := fmt.Sprintf("run_%s_%d", ident(f.name), i)
 			if err := b.recreate(ctx, db, tpl); err != nil {
 				return err
 			}
-			var r result
-			if (i == 0) != first {
-				r, err = b.once(ctx, db, policyFile, f)
-				once = r
-			} else {
-				r, err = b.cleanup(ctx, db, f)
-				own = r
-			}
+			r, err := m.run(ctx, db)
 			if err != nil {
-				return err
+				return fmt.Errorf("rep %d, %s: %w", rep+1, m.name, err)
 			}
 			if r.deleted != due {
-				return fmt.Errorf("rep %d: %d rows deleted, want the %d due (once deleted them: %v)", rep+1, r.deleted, due, (i == 0) != first)
+				return fmt.Errorf("rep %d, %s: %d rows deleted, want the %d due", rep+1, m.name, r.deleted, due)
 			}
+			got[m.name] = r
 		}
-		ratio := own.wall.Seconds() / once.wall.Seconds()
-		ratios = append(ratios, ratio)
-		fmt.Fprintf(w, "  rep %d (%s): inboxkeeper once %s (%.0f rows/s, WAL %.0f MB, %d batches, longest %s); the framework's %s (%.0f rows/s, WAL %.0f MB, %d statements); ratio framework/once %.2f\n",
-			rep+1, order, once.wall.Round(time.Millisecond), float64(due)/once.wall.Seconds(), benchdata.MB(once.wal), once.batches, once.longest.Round(time.Millisecond),
-			own.wall.Round(time.Millisecond), float64(due)/own.wall.Seconds(), benchdata.MB(own.wal), own.batches, ratio)
+		own := got[frameworkName]
+		fmt.Fprintf(w, "  rep %d (%s first):\n", rep+1, order[0].name)
+		for i, m := range ms {
+			r := got[m.name]
+			if m.name == frameworkName {
+				fmt.Fprintf(w, "    %-34s %8s (%6.0f rows/s, WAL %4.0f MB, %d statements)\n", m.name, r.wall.Round(time.Millisecond), float64(due)/r.wall.Seconds(), benchdata.MB(r.wal), r.batches)
+				continue
+			}
+			ratio := own.wall.Seconds() / r.wall.Seconds()
+			ratios[i] = append(ratios[i], ratio)
+			fmt.Fprintf(w, "    %-34s %8s (%6.0f rows/s, WAL %4.0f MB, %d batches, longest %s); ratio framework/this %.2f\n", m.name, r.wall.Round(time.Millisecond),
+				float64(due)/r.wall.Seconds(), benchdata.MB(r.wal), r.batches, r.longest.Round(time.Millisecond), ratio)
+		}
 	}
-	slices.Sort(ratios)
-	med := ratios[len(ratios)/2]
-	fmt.Fprintf(w, "  %s over %d reps: ratio framework/once median %.2f (min %.2f, max %.2f); once at least as fast: %s\n",
-		f.name, b.o.reps, med, ratios[0], ratios[len(ratios)-1], benchdata.Verdict(med >= 1))
+	for i, m := range ms[:len(ms)-1] {
+		rs := slices.Sorted(slices.Values(ratios[i]))
+		med := rs[len(rs)/2]
+		fmt.Fprintf(w, "  %s over %d reps, %s: ratio framework/this median %.2f (min %.2f, max %.2f); at least as fast: %s\n",
+			f.name, b.o.reps, m.name, med, rs[0], rs[len(rs)-1], benchdata.Verdict(med >= 1))
+	}
 	return nil
 }
 
-// once runs `inboxkeeper once` on db and counts what it deleted.
-func (b *bench) once(ctx context.Context, db, policy string, f framework) (result, error) {
+// frameworkName names the framework's own cleanup among the methods.
+const frameworkName = "the framework's cleanup"
+
+// method is one way of deleting the due rows of a copy.
+type method struct {
+	name string
+	run  func(ctx context.Context, db string) (result, error)
+}
+
+// methods are once, once with its VACUUM left to autovacuum as the
+// framework leaves it, the baseline build's once (-baseline), and the
+// framework's cleanup, last.
+func (b *bench) methods(policy string, f framework) []method {
+	ms := []method{
+		{"inboxkeeper once", func(ctx context.Context, db string) (result, error) { return b.once(ctx, b.bin, db, policy, f) }},
+		{"inboxkeeper once, VACUUM left", func(ctx context.Context, db string) (result, error) {
+			return b.once(ctx, b.bin, db, policy, f, "INBOXKEEPER_VACUUM_DEAD_RATIO=0")
+		}},
+	}
+	if b.o.baseline != "" {
+		ms = append(ms, method{"baseline once, VACUUM left", func(ctx context.Context, db string) (result, error) {
+			return b.once(ctx, b.o.baseline, db, policy, f, "INBOXKEEPER_VACUUM_DEAD_RATIO=0")
+		}})
+	}
+	return append(ms, method{frameworkName, func(ctx context.Context, db string) (result, error) { return b.cleanup(ctx, db, f) }})
+}
+
+// once runs bin's `inboxkeeper once` on db, with set added to its
+// environment, and counts what it deleted.
+func (b *bench) once(ctx context.Context, bin, db, policy string, f framework, set ...string) (result, error) {
 	var r result
 	before, err := b.count(ctx, db, f)
 	if err != nil {
@@ -346,7 +387,7 @@ func (b *bench) once(ctx context.Context, db, policy string, f framework) (resul
 	var p benchdata.Process
 	r.wall, r.wal, err = benchdata.Measure(ctx, b.pool, func() error {
 		var err error
-		p, err = b.inboxkeeper(ctx, db, policy, "once")
+		p, err = b.inboxkeeper(ctx, bin, db, policy, set, "once")
 		return err
 	})
 	if err != nil {
@@ -414,8 +455,8 @@ func (b *bench) recreate(ctx context.Context, db, tpl string) error {
 	return err
 }
 
-func (b *bench) inboxkeeper(ctx context.Context, db, policy string, args ...string) (benchdata.Process, error) {
-	return benchdata.RunBinary(ctx, b.bin, benchdata.DaemonEnv(false, benchdata.DaemonSettings(b.cluster.URL(db), policy, 0)...), args...)
+func (b *bench) inboxkeeper(ctx context.Context, bin, db, policy string, set []string, args ...string) (benchdata.Process, error) {
+	return benchdata.RunBinary(ctx, bin, benchdata.DaemonEnv(false, append(benchdata.DaemonSettings(b.cluster.URL(db), policy, 0), set...)...), args...)
 }
 
 func (b *bench) inDB(ctx context.Context, db string, fn func(*pgx.Conn) error) error {
