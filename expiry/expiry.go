@@ -514,6 +514,12 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 	d.mu.Lock()
 	d.scanChoice[t.ID()] = &scanChooser{}
 	d.mu.Unlock()
+	if costs := t.RowCosts(); costs != "" {
+		// A deleted row costs more than the starting size assumes: the
+		// first batch measures it (batchloop.Sizer.Probe).
+		d.sizer(t).Probe()
+		d.log.Debug("expiry: the first batch probes the cost of a row", "table", t.Name, "costs", costs)
+	}
 	// A sample of the heap decides whether the pass sweeps the heap in
 	// physical order instead (startSweep), which also says what the
 	// progress line's ETA counts down from: the count the pass began with

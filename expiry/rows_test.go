@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/service"
@@ -214,5 +215,28 @@ CREATE INDEX ON public.outbox (consumer, message_id);`
 	}
 	if n := f.count(t, "consumer = 'late'"); n != 0 {
 		t.Errorf("%d late rows left", n)
+	}
+}
+
+// A table whose deletes fire a trigger that costs 1 ms a row: the first
+// batch probes the cost with a tenth of the starting size, and the batches
+// after it fit the target, instead of a first batch of the whole starting
+// size (at least a second, by the trigger's sleeps alone).
+func TestBatchSizeSeesTheCostOfARow(t *testing.T) {
+	t.Parallel()
+	f := setup(t, pgtest.ShortInboxDDL+`;
+CREATE FUNCTION public.slow_delete() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.001); RETURN OLD; END $$;
+CREATE TRIGGER slow AFTER DELETE ON public.consumer_inbox FOR EACH ROW EXECUTE FUNCTION public.slow_delete();`, pgtest.ShortInboxPolicy)
+	if f.tables[0].RowCosts() == "" {
+		t.Fatal("the trigger is not seen")
+	}
+	f.insert(t, "billing", 1500, t0.Add(-48*3600e9), 60e9)
+	res := f.passWith(t, signals{strategy: StrategyExpiry}, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)},
+		BatchSize: 1000, Sizing: &batchloop.Sizing{Min: 10, Max: 1000, Target: 100 * time.Millisecond}}})
+	if res.Deleted != 1500 {
+		t.Fatalf("deleted %d, want 1500", res.Deleted)
+	}
+	if res.LongestBatch >= 600*time.Millisecond {
+		t.Errorf("the longest batch took %s against a target of 100ms (a batch of the starting 1000 rows sleeps 1s)", res.LongestBatch)
 	}
 }

@@ -162,6 +162,12 @@ type Table struct {
 	// References are the foreign keys of other tables that point at this
 	// one.
 	References []Reference
+	// DeleteTriggers are the triggers a DELETE of its rows fires (the
+	// table's own, and the foreign key checks of the tables that
+	// reference it), and Toasted says its rows have values in TOAST: what
+	// makes a deleted row cost more than a plain one (RowCosts).
+	DeleteTriggers int
+	Toasted        bool
 }
 
 // TimeColumns are the table's timestamp columns the policy names.
@@ -315,6 +321,9 @@ WHERE n.nspname = $1 AND c.relname = $2`, pt.Name.Schema, pt.Name.Name).Scan(&t.
 		return t, bad.err()
 	}
 	if keysOK && expiryOK && bad.fatal(checkExpiryIndex(ctx, q, t)) {
+		return nil, bad.err()
+	}
+	if bad.fatal(readRowCosts(ctx, q, t)) {
 		return nil, bad.err()
 	}
 	if !bad.empty() {

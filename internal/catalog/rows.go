@@ -559,3 +559,29 @@ func (t *Table) ID() string {
 	}
 	return t.Name + " [" + t.WindowLabel + "]"
 }
+
+// readRowCosts reads what a deleted row of t costs beyond a plain one's.
+func readRowCosts(ctx context.Context, q Querier, t *Table) error {
+	err := q.QueryRow(ctx, `
+SELECT (SELECT count(*) FROM pg_trigger WHERE tgrelid = c.oid AND tgenabled <> 'D' AND (tgtype::int & 8) <> 0)::int,
+       c.reltoastrelid <> 0 AND pg_relation_size(c.reltoastrelid) > 0
+FROM pg_class c WHERE c.oid = $1`, t.OID).Scan(&t.DeleteTriggers, &t.Toasted)
+	if err != nil {
+		return fmt.Errorf("table %s: read its triggers: %w", t.Name, err)
+	}
+	return nil
+}
+
+// RowCosts says what makes a deleted row of t cost more than a plain
+// one's (triggers, foreign key checks, TOAST), for the batch size's probe
+// and the log; "" when nothing does.
+func (t *Table) RowCosts() string {
+	var cs []string
+	if t.DeleteTriggers > 0 {
+		cs = append(cs, fmt.Sprintf("%d delete triggers (foreign key checks included)", t.DeleteTriggers))
+	}
+	if t.Toasted {
+		cs = append(cs, "TOAST")
+	}
+	return strings.Join(cs, ", ")
+}
