@@ -211,15 +211,15 @@ type Deleter struct {
 	sizers *batchloop.Sizers // per table, kept across passes
 
 	mu         sync.Mutex
-	scanChoice map[string]*scanChooser           // per table, made anew each pass
-	windows    map[string]*window                // per distributed table, kept across passes
-	rates      map[string]*deleteRate            // per table, kept across passes
-	sweepFrom  map[string]int64                  // per table: the page the next sweep starts at (sweepStart)
-	lastDue    map[string]int64                  // per table: the rows due at the start of its last pass, -1 unknown (sampleBeside)
-	windowDue  map[string]Due                    // per window of a table with several: its last count (exportDue)
-	refsSeen   map[string]bool                   // per table: batches leave out rows other tables point at (view)
-	optimistic map[*catalog.Table]*catalog.Table // per table: as a batch sees it while refsSeen is false (view)
-	windowsOf  map[string][]string               // per table with windows: their IDs
+	scanChoice map[string]*scanChooser   // per table, made anew each pass
+	windows    map[string]*window        // per distributed table, kept across passes
+	rates      map[string]*deleteRate    // per table, kept across passes
+	sweepFrom  map[string]int64          // per table: the page the next sweep starts at (sweepStart)
+	lastDue    map[string]int64          // per table: the rows due at the start of its last pass, -1 unknown (sampleBeside)
+	windowDue  map[string]Due            // per window of a table with several: its last count (exportDue)
+	refsSeen   map[string]bool           // per table: batches leave out rows other tables point at (view)
+	optimistic map[string]*catalog.Table // per table: as a batch sees it while refsSeen is false (view)
+	windowsOf  map[string][]string       // per table with windows: their IDs
 
 	dueRefresh time.Duration // tests: DueRefresh
 }
@@ -257,7 +257,7 @@ func New(pool *pgxpool.Pool, tables []*catalog.Table, opts Options) *Deleter {
 	return &Deleter{pool: pool, tables: tables, opts: opts, log: log, sizers: batchloop.NewSizers(opts.BatchSize, opts.Sizing),
 		scanChoice: map[string]*scanChooser{}, windows: map[string]*window{}, rates: map[string]*deleteRate{},
 		sweepFrom: map[string]int64{}, lastDue: map[string]int64{}, windowDue: map[string]Due{}, windowsOf: windowsOf,
-		refsSeen: map[string]bool{}, optimistic: map[*catalog.Table]*catalog.Table{}, dueRefresh: DueRefresh}
+		refsSeen: map[string]bool{}, optimistic: map[string]*catalog.Table{}, dueRefresh: DueRefresh}
 }
 
 // RunPass runs one pass over every table, in policy order. A failure on one
@@ -1453,12 +1453,12 @@ func (d *Deleter) view(t *catalog.Table) *catalog.Table {
 	if d.refsSeen[t.ID()] {
 		return t
 	}
-	v := d.optimistic[t]
+	v := d.optimistic[t.ID()]
 	if v == nil {
 		c := *t
 		c.References = nil
 		v = &c
-		d.optimistic[t] = v
+		d.optimistic[t.ID()] = v
 	}
 	return v
 }
