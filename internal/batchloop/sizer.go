@@ -93,10 +93,12 @@ func (s *Sizer) Grown() int {
 }
 
 // Pressure halves the size: a lock timeout, a statement timeout or a
-// session waiting on the batch.
+// session waiting on the batch. A probe not yet observed is dropped: what
+// it would have measured is lost with its batch.
 func (s *Sizer) Pressure() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.probe = 0
 	s.size = s.clamp(s.size / 2)
 }
 

@@ -84,3 +84,13 @@ func TestSizerProbe(t *testing.T) {
 		t.Errorf("a fixed size probed: %d", fixed.Size())
 	}
 }
+
+// Pressure during a probe drops the probe and halves the size.
+func TestSizerProbeUnderPressure(t *testing.T) {
+	s := NewSizer(100, 10, 1000, time.Minute)
+	s.Probe()
+	s.Pressure()
+	if s.Size() != 50 {
+		t.Errorf("after pressure on a probe: %d, want 50", s.Size())
+	}
+}
