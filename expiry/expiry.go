@@ -972,6 +972,7 @@ SELECT count(*), max(expiry), %[11]s%[17]s FROM gone`
 // form; otherwise an optimistic one, the range form when the batch's upper
 // bound is clean and the ctid form without a lock pass when it is not.
 func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Timestamptz, size int, res *TableResult, skipLocked bool) (n int64, newest time.Time, wal float64, err error) {
+	referenced := len(t.References) > 0
 	t = d.view(t)
 	lockTimeout := d.opts.LockTimeout
 	if !skipLocked {
@@ -994,7 +995,10 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 		}
 	}
 	scans := d.scans(t)
-	bitmap := b.ok && scans.next()
+	// A table other tables reference keeps the planner's settings: their
+	// foreign keys' checks are planned in the batch's session and their
+	// plans kept (maySweep).
+	bitmap := b.ok && !referenced && scans.next()
 	form, alias, lockClause := ctidSQL, "t", ""
 	switch {
 	case skipLocked:

@@ -240,3 +240,22 @@ CREATE TRIGGER slow AFTER DELETE ON public.consumer_inbox FOR EACH ROW EXECUTE F
 		t.Errorf("the longest batch took %s against a target of 100ms (a batch of the starting 1000 rows sleeps 1s)", res.LongestBatch)
 	}
 }
+
+// A table other tables reference keeps the planner's settings in its
+// batches: no bitmap trial, no sweep (their foreign keys' checks are
+// planned in the batch's session and kept).
+func TestReferencedTableKeepsThePlannersSettings(t *testing.T) {
+	t.Parallel()
+	f := setup(t, pgtest.ShortInboxDDL+`;
+CREATE TABLE public.outbox (id serial PRIMARY KEY, consumer text, message_id text,
+  FOREIGN KEY (consumer, message_id) REFERENCES public.consumer_inbox (consumer, message_id));
+CREATE INDEX ON public.outbox (consumer, message_id);`, pgtest.ShortInboxPolicy)
+	f.insert(t, "billing", 400, t0.Add(-48*3600e9), 60e9)
+	for _, strategy := range []Strategy{StrategyAuto, StrategySweep} {
+		res := f.passWith(t, signals{strategy: strategy}, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: 40}})
+		if res.BitmapBatches != 0 || res.SweepBatches != 0 {
+			t.Errorf("%s: %d bitmap batches, %d slices; want none", strategy, res.BitmapBatches, res.SweepBatches)
+		}
+		f.insert(t, "billing-"+string(strategy), 400, t0.Add(-48*3600e9), 60e9)
+	}
+}
