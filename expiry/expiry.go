@@ -982,7 +982,8 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 		return 0, time.Time{}, 0, err
 	}
 	tx, err := batchloop.Begin(ctx, d.pool, t.Name, batchloop.TxOptions{
-		LockTimeout: lockTimeout, StatementTimeout: d.opts.StatementTimeout, IdleInTx: d.opts.IdleTimeout, Throttle: d.opts.Throttle, Clock: d.opts.Clock, Watch: d.opts.Watch})
+		LockTimeout: lockTimeout, StatementTimeout: d.opts.StatementTimeout, IdleInTx: d.opts.IdleTimeout, Throttle: d.opts.Throttle, Clock: d.opts.Clock, Watch: d.opts.Watch,
+		CachedPlans: referenced})
 	if err != nil {
 		return 0, time.Time{}, 0, err
 	}
@@ -995,9 +996,9 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 		}
 	}
 	scans := d.scans(t)
-	// A table other tables reference keeps the planner's settings: their
-	// foreign keys' checks are planned in the batch's session and their
-	// plans kept (maySweep).
+	// A table other tables reference keeps the planner's settings, and
+	// its plan cache's (TxOptions.CachedPlans): their foreign keys' checks
+	// are planned in the batch's session and their plans kept (maySweep).
 	bitmap := b.ok && !referenced && scans.next()
 	form, alias, lockClause := ctidSQL, "t", ""
 	switch {

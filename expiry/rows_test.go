@@ -242,20 +242,39 @@ CREATE TRIGGER slow AFTER DELETE ON public.consumer_inbox FOR EACH ROW EXECUTE F
 }
 
 // A table other tables reference keeps the planner's settings in its
-// batches: no bitmap trial, no sweep (their foreign keys' checks are
-// planned in the batch's session and kept).
+// batches, and the plan cache's: no bitmap trial, no sweep, no forced
+// custom plans (their foreign keys' checks are planned in the batch's
+// session and kept); a table nothing references forces custom plans.
 func TestReferencedTableKeepsThePlannersSettings(t *testing.T) {
 	t.Parallel()
-	f := setup(t, pgtest.ShortInboxDDL+`;
+	const modes = `;
+CREATE TABLE public.modes (mode text);
+CREATE FUNCTION public.record_mode() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN INSERT INTO public.modes VALUES (current_setting('plan_cache_mode')); RETURN OLD; END $$;
+CREATE TRIGGER record_mode AFTER DELETE ON public.consumer_inbox FOR EACH ROW EXECUTE FUNCTION public.record_mode();`
+	for _, referenced := range []bool{true, false} {
+		ddl := pgtest.ShortInboxDDL + modes
+		if referenced {
+			ddl += `
 CREATE TABLE public.outbox (id serial PRIMARY KEY, consumer text, message_id text,
   FOREIGN KEY (consumer, message_id) REFERENCES public.consumer_inbox (consumer, message_id));
-CREATE INDEX ON public.outbox (consumer, message_id);`, pgtest.ShortInboxPolicy)
-	f.insert(t, "billing", 400, t0.Add(-48*3600e9), 60e9)
-	for _, strategy := range []Strategy{StrategyAuto, StrategySweep} {
-		res := f.passWith(t, signals{strategy: strategy}, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: 40}})
-		if res.BitmapBatches != 0 || res.SweepBatches != 0 {
-			t.Errorf("%s: %d bitmap batches, %d slices; want none", strategy, res.BitmapBatches, res.SweepBatches)
+CREATE INDEX ON public.outbox (consumer, message_id);`
 		}
-		f.insert(t, "billing-"+string(strategy), 400, t0.Add(-48*3600e9), 60e9)
+		f := setup(t, ddl, pgtest.ShortInboxPolicy)
+		f.insert(t, "billing", 400, t0.Add(-48*3600e9), 60e9)
+		for _, strategy := range []Strategy{StrategyAuto, StrategySweep} {
+			res := f.passWith(t, signals{strategy: strategy}, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: 40}})
+			if referenced && (res.BitmapBatches != 0 || res.SweepBatches != 0) {
+				t.Errorf("%s: %d bitmap batches, %d slices; want none", strategy, res.BitmapBatches, res.SweepBatches)
+			}
+			f.insert(t, "billing-"+string(strategy), 400, t0.Add(-48*3600e9), 60e9)
+		}
+		var got string
+		if err := f.pool.QueryRow(context.Background(), `SELECT string_agg(DISTINCT mode, ',') FROM public.modes`).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if want := map[bool]string{true: "auto", false: "force_custom_plan"}[referenced]; got != want {
+			t.Errorf("referenced %v: plan_cache_mode in the batches %q, want %q", referenced, got, want)
+		}
 	}
 }
