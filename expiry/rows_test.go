@@ -72,15 +72,19 @@ FROM (VALUES (2, interval '2 days'), (2, interval '12 hours'), (3, interval '8 d
 	}
 }
 
+// outboxDDL is a table whose rows reference the short inbox's, as an
+// outbox's reference the inbox row that sent them.
+const outboxDDL = `;
+CREATE TABLE public.outbox (id serial PRIMARY KEY, consumer text, message_id text,
+  FOREIGN KEY (consumer, message_id) REFERENCES public.consumer_inbox (consumer, message_id));
+CREATE INDEX ON public.outbox (consumer, message_id);`
+
 // A due row another table's foreign key points at is stepped over and
 // counted, in expiry order and in a sweep, SKIP LOCKED or not; the rest of
 // the table goes.
 func TestReferencedRowsAreSteppedOver(t *testing.T) {
 	t.Parallel()
-	const ddl = pgtest.ShortInboxDDL + `;
-CREATE TABLE public.outbox (id serial PRIMARY KEY, consumer text, message_id text,
-  FOREIGN KEY (consumer, message_id) REFERENCES public.consumer_inbox (consumer, message_id));
-CREATE INDEX ON public.outbox (consumer, message_id);`
+	const ddl = pgtest.ShortInboxDDL + outboxDDL
 	for _, c := range []struct {
 		strategy   Strategy
 		skipLocked bool
@@ -110,10 +114,7 @@ SELECT consumer, message_id FROM public.consumer_inbox WHERE right(message_id, 1
 func TestDeleteReferencing(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	const ddl = pgtest.ShortInboxDDL + `;
-CREATE TABLE public.outbox (id serial PRIMARY KEY, consumer text, message_id text,
-  FOREIGN KEY (consumer, message_id) REFERENCES public.consumer_inbox (consumer, message_id));
-CREATE INDEX ON public.outbox (consumer, message_id);
+	const ddl = pgtest.ShortInboxDDL + outboxDDL + `
 CREATE TABLE public.unrelated_outbox (id serial PRIMARY KEY, consumer text, message_id text);`
 	f := setup(t, ddl, pgtest.ShortInboxPolicy+"    delete_referencing: [public.outbox]\n")
 	f.insert(t, "billing", 200, t0.Add(-48*3600e9), 60e9)
@@ -186,10 +187,7 @@ func TestCitusFilter(t *testing.T) {
 // and deletes it with its referencing row.
 func TestReferencesCostNothingUntilMet(t *testing.T) {
 	t.Parallel()
-	const ddl = pgtest.ShortInboxDDL + `;
-CREATE TABLE public.outbox (id serial PRIMARY KEY, consumer text, message_id text,
-  FOREIGN KEY (consumer, message_id) REFERENCES public.consumer_inbox (consumer, message_id));
-CREATE INDEX ON public.outbox (consumer, message_id);`
+	const ddl = pgtest.ShortInboxDDL + outboxDDL
 	f := setup(t, ddl, pgtest.ShortInboxPolicy+"    delete_referencing: [public.outbox]\n")
 	f.insert(t, "billing", 100, t0.Add(-48*3600e9), 60e9)
 	f.insert(t, "payments", 100, t0.Add(3600e9), 60e9) // not due, referenced
@@ -255,10 +253,7 @@ CREATE TRIGGER record_mode AFTER DELETE ON public.consumer_inbox FOR EACH ROW EX
 	for _, referenced := range []bool{true, false} {
 		ddl := pgtest.ShortInboxDDL + modes
 		if referenced {
-			ddl += `
-CREATE TABLE public.outbox (id serial PRIMARY KEY, consumer text, message_id text,
-  FOREIGN KEY (consumer, message_id) REFERENCES public.consumer_inbox (consumer, message_id));
-CREATE INDEX ON public.outbox (consumer, message_id);`
+			ddl += outboxDDL
 		}
 		f := setup(t, ddl, pgtest.ShortInboxPolicy)
 		f.insert(t, "billing", 400, t0.Add(-48*3600e9), 60e9)
