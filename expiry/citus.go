@@ -69,10 +69,10 @@ type window struct {
 func (d *Deleter) window(t *catalog.Table) *window {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	w := d.windows[t.Name]
+	w := d.windows[t.ID()]
 	if w == nil {
 		w = &window{}
-		d.windows[t.Name] = w
+		d.windows[t.ID()] = w
 	}
 	return w
 }
@@ -186,7 +186,7 @@ func (d *Deleter) windowTx(ctx context.Context, t *catalog.Table, lower pgtype.T
 	c := cutoff(t, tx.Now)
 	var args holds.Args
 	hp, rp := tx.Coverage.Predicates(t, "d", &args)
-	due := fmt.Sprintf("%[1]s <= %[2]s AND NOT %[3]s AND NOT %[4]s", "d."+t.Expiry.Quoted, t.Expiry.Instant(args.Add(c)+"::timestamptz"), hp, rp)
+	due := fmt.Sprintf("%[1]s <= %[2]s AND NOT %[3]s AND NOT %[4]s AND %[5]s", "d."+t.Expiry.Quoted, t.Expiry.Instant(args.Add(c)+"::timestamptz"), hp, rp, t.Deletable("d"))
 	start := lower.Time
 	if lower.InfinityModifier == pgtype.NegativeInfinity || !lower.Valid {
 		// The first window starts at the oldest due row (each shard's
@@ -344,9 +344,9 @@ func (d *Deleter) firstDue(ctx context.Context, t *catalog.Table, lower pgtype.T
 	err := d.coverageTx(ctx, t, func(tx pgx.Tx, now time.Time, cov holds.Coverage) error {
 		var args holds.Args
 		hp, rp := cov.Predicates(t, "t", &args)
-		sql := fmt.Sprintf(`SELECT %[1]s FROM %[2]s t WHERE t.%[3]s <= %[4]s AND t.%[3]s >= %[5]s AND NOT %[6]s AND NOT %[7]s ORDER BY t.%[3]s LIMIT 1`,
+		sql := fmt.Sprintf(`SELECT %[1]s FROM %[2]s t WHERE t.%[3]s <= %[4]s AND t.%[3]s >= %[5]s AND NOT %[6]s AND NOT %[7]s AND %[8]s ORDER BY t.%[3]s LIMIT 1`,
 			t.Expiry.AsTimestamptz("t"), t.Ident, t.Expiry.Quoted, t.Expiry.Instant(args.Add(cutoff(t, now))+"::timestamptz"),
-			t.Expiry.Instant(args.Add(lower)+"::timestamptz"), hp, rp)
+			t.Expiry.Instant(args.Add(lower)+"::timestamptz"), hp, rp, t.Deletable("t"))
 		err := tx.QueryRow(ctx, sql, args.Values...).Scan(&e)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil

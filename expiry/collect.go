@@ -37,6 +37,7 @@ func (f ResultFacts) Record(r TableResult) {
 	}
 	f.RowsProtected.Set(float64(r.ProtectedByHolds), r.Table, "hold")
 	f.RowsProtected.Set(float64(r.ProtectedByReplays), r.Table, "replay")
+	f.RowsProtected.Set(float64(r.ProtectedByReferences), r.Table, "reference")
 	if r.Oldest != nil {
 		f.OldestExpiry.Set(float64(r.Oldest.Unix()), r.Table)
 		f.NewestExpiry.Set(float64(r.Newest.Unix()), r.Table)

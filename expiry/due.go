@@ -48,15 +48,15 @@ func countDueUpTo(ctx context.Context, q catalog.Querier, t *catalog.Table, now 
 	var args holds.Args
 	hp, rp := cov.Predicates(t, "t", &args)
 	c, f := args.Add(cutoff(t, now)), args.Add(from)
-	form := `SELECT count(*) FROM (SELECT 1 FROM %[1]s t WHERE t.%[2]s <= %[3]s AND t.%[2]s >= %[4]s AND NOT %[5]s AND NOT %[6]s LIMIT %[7]d) s`
+	form := `SELECT count(*) FROM (SELECT 1 FROM %[1]s t WHERE t.%[2]s <= %[3]s AND t.%[2]s >= %[4]s AND NOT %[5]s AND NOT %[6]s AND %[8]s LIMIT %[7]d) s`
 	if t.Distributed() {
 		// Through a coordinator the LIMIT would pull up to DueCap rows
 		// from the shards; a plain count is counted on every shard at
 		// once, each its own share.
-		form = `SELECT count(*) FROM %[1]s t WHERE t.%[2]s <= %[3]s AND t.%[2]s >= %[4]s AND NOT %[5]s AND NOT %[6]s`
+		form = `SELECT count(*) FROM %[1]s t WHERE t.%[2]s <= %[3]s AND t.%[2]s >= %[4]s AND NOT %[5]s AND NOT %[6]s AND %[8]s`
 	}
 	sql := fmt.Sprintf(form,
-		t.Ident, t.Expiry.Quoted, t.Expiry.Instant(c+"::timestamptz"), t.Expiry.Instant(f+"::timestamptz"), hp, rp, limit+1)
+		t.Ident, t.Expiry.Quoted, t.Expiry.Instant(c+"::timestamptz"), t.Expiry.Instant(f+"::timestamptz"), hp, rp, limit+1, t.Deletable("t"))
 	if err := q.QueryRow(ctx, sql, args.Values...).Scan(&rows); err != nil {
 		return 0, false, fmt.Errorf("count the due rows: %w", err)
 	}
@@ -74,11 +74,30 @@ func countProtected(ctx context.Context, q catalog.Querier, t *catalog.Table, no
 	var args holds.Args
 	hp, rp := cov.Predicates(t, "t", &args)
 	sql := fmt.Sprintf(`SELECT count(*) FILTER (WHERE %[3]s), count(*) FILTER (WHERE %[4]s AND NOT %[3]s), min(%[6]s)
-FROM %[1]s t WHERE t.%[5]s <= %[2]s AND (%[3]s OR %[4]s)`, t.Ident, t.Expiry.Instant(args.Add(cutoff(t, now))+"::timestamptz"), hp, rp, t.Expiry.Quoted, t.Expiry.AsTimestamptz("t"))
+FROM %[1]s t WHERE t.%[5]s <= %[2]s AND (%[3]s OR %[4]s) AND %[7]s`, t.Ident, t.Expiry.Instant(args.Add(cutoff(t, now))+"::timestamptz"), hp, rp, t.Expiry.Quoted, t.Expiry.AsTimestamptz("t"), t.Only("t"))
 	if err := q.QueryRow(ctx, sql, args.Values...).Scan(&byHolds, &byReplays, &oldest); err != nil {
 		return 0, 0, oldest, fmt.Errorf("count protected rows: %w", err)
 	}
 	return byHolds, byReplays, oldest, nil
+}
+
+// countReferenced counts the rows of t due at now that no hold or replay
+// of cov covers but that another table's foreign key points at, so that no
+// batch deletes them (catalog.Table.Referenced): up to DueCap. status and
+// inboxkeeper_rows_protected{by="reference"} count with it.
+func countReferenced(ctx context.Context, q catalog.Querier, t *catalog.Table, now time.Time, cov holds.Coverage) (int64, error) {
+	if !t.HasReferences() {
+		return 0, nil
+	}
+	var args holds.Args
+	hp, rp := cov.Predicates(t, "t", &args)
+	var n int64
+	sql := fmt.Sprintf(`SELECT count(*) FROM (SELECT 1 FROM %[1]s t WHERE t.%[2]s <= %[3]s AND %[4]s AND NOT %[5]s AND NOT %[6]s AND %[7]s LIMIT %[8]d) s`,
+		t.Ident, t.Expiry.Quoted, t.Expiry.Instant(args.Add(cutoff(t, now))+"::timestamptz"), t.Only("t"), hp, rp, t.Referenced("t"), DueCap)
+	if err := q.QueryRow(ctx, sql, args.Values...).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count the rows other tables' references keep: %w", err)
+	}
+	return n, nil
 }
 
 // Due counts what is due on t from the keyset bound from on (the start of
@@ -118,8 +137,8 @@ func countDueBounded(ctx context.Context, q catalog.Querier, t *catalog.Table, n
 	var args holds.Args
 	hp, rp := cov.Predicates(t, "t", &args)
 	c, f := args.Add(cutoff(t, now)), args.Add(from)
-	due := fmt.Sprintf(`t.%[1]s <= %[2]s AND t.%[1]s >= %[3]s AND NOT %[4]s AND NOT %[5]s`,
-		t.Expiry.Quoted, t.Expiry.Instant(c+"::timestamptz"), t.Expiry.Instant(f+"::timestamptz"), hp, rp)
+	due := fmt.Sprintf(`t.%[1]s <= %[2]s AND t.%[1]s >= %[3]s AND NOT %[4]s AND NOT %[5]s AND %[6]s`,
+		t.Expiry.Quoted, t.Expiry.Instant(c+"::timestamptz"), t.Expiry.Instant(f+"::timestamptz"), hp, rp, t.Deletable("t"))
 	// below is counted as the exact count counts the rest, from last on
 	// (countDueUpTo: the column at or after Instant(last)), so that the two
 	// part the due rows exactly: the rows before it in the walk, ties at
@@ -306,11 +325,26 @@ func orNegInf(from pgtype.Timestamptz) pgtype.Timestamptz {
 	return from
 }
 
-// exportDue exports a count of t's due rows and its cleanup lag.
+// exportDue exports a count of t's due rows and its cleanup lag. A
+// window's count is kept, and the table's is the sum of its windows' last
+// counts (the lag their worst).
 func (d *Deleter) exportDue(t *catalog.Table, due Due) {
 	m := d.opts.Metrics
 	if m == nil || d.opts.DryRun {
 		return
+	}
+	if t.WindowLabel != "" {
+		d.mu.Lock()
+		d.windowDue[t.ID()] = due
+		var sum Due
+		for i := range d.windowsOf[t.Name] {
+			w := d.windowDue[d.windowsOf[t.Name][i]]
+			sum.Rows += w.Rows
+			sum.Capped = sum.Capped || w.Capped
+			sum.Lag = max(sum.Lag, w.Lag)
+		}
+		d.mu.Unlock()
+		due = sum
 	}
 	m.RowsDue.Set(float64(due.Rows), t.Name)
 	capped := 0.0
@@ -329,8 +363,10 @@ func (d *Deleter) Refresh(ctx context.Context, keep func(table string) bool) err
 		if keep != nil && !keep(t.Name) {
 			continue
 		}
-		if _, err := d.Due(ctx, t, pgtype.Timestamptz{}); err != nil {
-			return fmt.Errorf("table %s: %w", t.Name, err)
+		for i := range max(1, len(t.Windows)) {
+			if _, err := d.Due(ctx, t.Window(i), pgtype.Timestamptz{}); err != nil {
+				return fmt.Errorf("table %s: %w", t.ID(), err)
+			}
 		}
 	}
 	return nil

@@ -141,30 +141,34 @@ type TableResult struct {
 	Deleted            int64 // with DryRun: rows that would be deleted
 	ProtectedByHolds   int64 // expired rows kept because a hold covers them
 	ProtectedByReplays int64 // expired rows kept because only a replay covers them
-	Batches            int
-	Retries            int
-	SkipLockedBatches  int   // batches that met a locked row and ran again with SKIP LOCKED (on Citus: narrowed)
-	RangeBatches       int   // batches that deleted by expiry range (the others by ctid)
-	BitmapBatches      int   // range batches read with a bitmap heap scan (scanChooser)
-	BoundsAhead        int   // range batches whose bound was read ahead, while the batch before ran (readAhead)
-	SweepBatches       int   // batches that deleted a slice of the heap (sweep.go): the pass swept
-	PrefetchedPages    int64 // heap pages a sweep read ahead of its slices (prefetch.go)
-	Duration           time.Duration
-	LongestBatch       time.Duration // the longest committed batch, as the sizer timed it
-	CleanupLag         time.Duration
-	Oldest, Newest     *time.Time  // retained expiries after the pass
-	BytesPerKey        float64     // table size with indexes and TOAST per estimated row; 0 when unknown
-	LiveTuples         int64       // n_live_tup after the pass (pg_stat_get_live_tuples)
-	DeadTuples         int64       // dead tuples after the pass: n_dead_tup, or the rows deleted since the last VACUUM (vacuum.Vacuumer) when more
-	Vacuumed           bool        // the pass ended with a VACUUM of the table (vacuum.Vacuumer)
-	VacuumsPassedOver  int         // VACUUMs another session's lock passed over (each tried again within the pass)
-	VacuumsHeldBack    int         // VACUUMs that left the deleted rows to an older snapshot (tried again once)
-	VacuumNotRun       string      // why no VACUUM ran when the dead tuples called for one
-	VacuumPace         string      // how the VACUUM was paced for a standby (vacuum.Pace); empty when unpaced
-	VacuumsStopped     int         // paced VACUUMs the throttle stopped (each tried again slower, up to twice)
-	PermanentKeys      int64       // permanent keys written with the deleted rows (tiers.permanent_key)
-	StoppedEarly       retry.Early // set when RUN_TIME, the lease, the throttle, a lock wait or shutdown ended the pass early
-	Err                error
+	// ProtectedByReferences are expired rows no hold or replay covers that
+	// another table's foreign key points at: stepped over, as a locked row
+	// is, until the row pointing at them goes.
+	ProtectedByReferences int64
+	Batches               int
+	Retries               int
+	SkipLockedBatches     int   // batches that met a locked row and ran again with SKIP LOCKED (on Citus: narrowed)
+	RangeBatches          int   // batches that deleted by expiry range (the others by ctid)
+	BitmapBatches         int   // range batches read with a bitmap heap scan (scanChooser)
+	BoundsAhead           int   // range batches whose bound was read ahead, while the batch before ran (readAhead)
+	SweepBatches          int   // batches that deleted a slice of the heap (sweep.go): the pass swept
+	PrefetchedPages       int64 // heap pages a sweep read ahead of its slices (prefetch.go)
+	Duration              time.Duration
+	LongestBatch          time.Duration // the longest committed batch, as the sizer timed it
+	CleanupLag            time.Duration
+	Oldest, Newest        *time.Time  // retained expiries after the pass
+	BytesPerKey           float64     // table size with indexes and TOAST per estimated row; 0 when unknown
+	LiveTuples            int64       // n_live_tup after the pass (pg_stat_get_live_tuples)
+	DeadTuples            int64       // dead tuples after the pass: n_dead_tup, or the rows deleted since the last VACUUM (vacuum.Vacuumer) when more
+	Vacuumed              bool        // the pass ended with a VACUUM of the table (vacuum.Vacuumer)
+	VacuumsPassedOver     int         // VACUUMs another session's lock passed over (each tried again within the pass)
+	VacuumsHeldBack       int         // VACUUMs that left the deleted rows to an older snapshot (tried again once)
+	VacuumNotRun          string      // why no VACUUM ran when the dead tuples called for one
+	VacuumPace            string      // how the VACUUM was paced for a standby (vacuum.Pace); empty when unpaced
+	VacuumsStopped        int         // paced VACUUMs the throttle stopped (each tried again slower, up to twice)
+	PermanentKeys         int64       // permanent keys written with the deleted rows (tiers.permanent_key)
+	StoppedEarly          retry.Early // set when RUN_TIME, the lease, the throttle, a lock wait or shutdown ended the pass early
+	Err                   error
 
 	// resume is where the keyset ended: the measurements after the pass
 	// start there instead of walking the index entries of every row the
@@ -186,6 +190,11 @@ type TableResult struct {
 	// errorsCounted counts the failed attempts the batch loop counted in
 	// inboxkeeper_errors_total.
 	errorsCounted int
+	// victimsShort: the last batch of a table with delete_referencing
+	// came back short (as a batch without: fewer rows than its size) or,
+	// when it deleted referencing rows first, found fewer victims than it
+	// wanted, or deleted none of them.
+	victimsShort bool
 }
 
 // DueRefresh is how often a long pass counts the due rows again.
@@ -204,11 +213,15 @@ type Deleter struct {
 	sizers *batchloop.Sizers // per table, kept across passes
 
 	mu         sync.Mutex
-	scanChoice map[string]*scanChooser // per table, made anew each pass
-	windows    map[string]*window      // per distributed table, kept across passes
-	rates      map[string]*deleteRate  // per table, kept across passes
-	sweepFrom  map[string]int64        // per table: the page the next sweep starts at (sweepStart)
-	lastDue    map[string]int64        // per table: the rows due at the start of its last pass, -1 unknown (sampleBeside)
+	scanChoice map[string]*scanChooser   // per table, made anew each pass
+	windows    map[string]*window        // per distributed table, kept across passes
+	rates      map[string]*deleteRate    // per table, kept across passes
+	sweepFrom  map[string]int64          // per table: the page the next sweep starts at (sweepStart)
+	lastDue    map[string]int64          // per table: the rows due at the start of its last pass, -1 unknown (sampleBeside)
+	windowDue  map[string]Due            // per window of a table with several: its last count (exportDue)
+	refsSeen   map[string]bool           // per table: batches leave out rows other tables point at (view)
+	optimistic map[string]*catalog.Table // per table: as a batch sees it while refsSeen is false (view)
+	windowsOf  map[string][]string       // per table with windows: their IDs
 
 	dueRefresh time.Duration // tests: DueRefresh
 }
@@ -237,9 +250,16 @@ func New(pool *pgxpool.Pool, tables []*catalog.Table, opts Options) *Deleter {
 			m.Batches.WithLabelValues(t.Name).Add(0)
 		}
 	}
+	windowsOf := map[string][]string{}
+	for _, t := range tables {
+		for i := range t.Windows {
+			windowsOf[t.Name] = append(windowsOf[t.Name], t.Window(i).ID())
+		}
+	}
 	return &Deleter{pool: pool, tables: tables, opts: opts, log: log, sizers: batchloop.NewSizers(opts.BatchSize, opts.Sizing),
 		scanChoice: map[string]*scanChooser{}, windows: map[string]*window{}, rates: map[string]*deleteRate{},
-		sweepFrom: map[string]int64{}, lastDue: map[string]int64{}, dueRefresh: DueRefresh}
+		sweepFrom: map[string]int64{}, lastDue: map[string]int64{}, windowDue: map[string]Due{}, windowsOf: windowsOf,
+		refsSeen: map[string]bool{}, optimistic: map[string]*catalog.Table{}, dueRefresh: DueRefresh}
 }
 
 // RunPass runs one pass over every table, in policy order. A failure on one
@@ -270,16 +290,83 @@ func cutoff(t *catalog.Table, now time.Time) time.Time {
 	return now.Add(-t.Policy.ExpiryOffset())
 }
 
-func (d *Deleter) sizer(t *catalog.Table) *batchloop.Sizer { return d.sizers.For(t.Name) }
+func (d *Deleter) sizer(t *catalog.Table) *batchloop.Sizer { return d.sizers.For(t.ID()) }
 
 // BatchSize is the size the next batch on table will have.
 func (d *Deleter) BatchSize(table *catalog.Table) int { return d.sizer(table).Size() }
 
+// runTable runs a pass over t: over each of its windows in turn when it has
+// several (each with its own filter and expiry, catalog.Table.Window), as
+// one result.
 func (d *Deleter) runTable(ctx context.Context, t *catalog.Table, deadline time.Time) TableResult {
+	if len(t.Windows) == 0 {
+		return d.runWindow(ctx, t, deadline)
+	}
+	res := TableResult{Table: t.Name}
+	for i := range t.Windows {
+		r := d.runWindow(ctx, t.Window(i), deadline)
+		res.add(r, i == 0)
+		if r.Err != nil || r.StoppedEarly.Stopped() {
+			break
+		}
+	}
+	return res
+}
+
+// add counts a window's result r into the table's: sums of what was done
+// and kept, the worst lag, the widest retained range; first says r is the
+// first window's.
+func (res *TableResult) add(r TableResult, first bool) {
+	res.Deleted += r.Deleted
+	res.ProtectedByHolds += r.ProtectedByHolds
+	res.ProtectedByReplays += r.ProtectedByReplays
+	res.ProtectedByReferences += r.ProtectedByReferences
+	res.Batches += r.Batches
+	res.Retries += r.Retries
+	res.SkipLockedBatches += r.SkipLockedBatches
+	res.RangeBatches += r.RangeBatches
+	res.BitmapBatches += r.BitmapBatches
+	res.BoundsAhead += r.BoundsAhead
+	res.SweepBatches += r.SweepBatches
+	res.PrefetchedPages += r.PrefetchedPages
+	res.PermanentKeys += r.PermanentKeys
+	res.Duration += r.Duration
+	res.LongestBatch = max(res.LongestBatch, r.LongestBatch)
+	res.CleanupLag = max(res.CleanupLag, r.CleanupLag)
+	if r.Oldest != nil && (res.Oldest == nil || r.Oldest.Before(*res.Oldest)) {
+		res.Oldest = r.Oldest
+	}
+	if r.Newest != nil && (res.Newest == nil || r.Newest.After(*res.Newest)) {
+		res.Newest = r.Newest
+	}
+	if r.BytesPerKey > 0 || first {
+		res.BytesPerKey, res.LiveTuples, res.DeadTuples = r.BytesPerKey, r.LiveTuples, r.DeadTuples
+	}
+	res.Vacuumed = res.Vacuumed || r.Vacuumed
+	res.VacuumsPassedOver += r.VacuumsPassedOver
+	res.VacuumsHeldBack += r.VacuumsHeldBack
+	if r.VacuumNotRun != "" {
+		res.VacuumNotRun = r.VacuumNotRun
+	}
+	res.errorsCounted += r.errorsCounted
+	if !res.StoppedEarly.Stopped() {
+		res.StoppedEarly = r.StoppedEarly
+	}
+	if res.Err == nil {
+		res.Err = r.Err
+	}
+}
+
+// runWindow runs a pass over one window of a table (the table itself when
+// it has one).
+func (d *Deleter) runWindow(ctx context.Context, t *catalog.Table, deadline time.Time) TableResult {
 	start := time.Now()
 	d.markRate(t)
 	res := TableResult{Table: t.Name}
 	log := d.log.With("table", t.Name)
+	if t.WindowLabel != "" {
+		log = log.With("window", t.WindowLabel)
+	}
 	if d.opts.DryRun {
 		res.Err = d.dryRun(ctx, t, &res)
 	} else {
@@ -306,6 +393,16 @@ func (d *Deleter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 		}
 		if err != nil || due.Rows > 0 {
 			res.Err = d.deleteAll(ctx, t, deadline, due, sample, &res)
+		} else if t.HasReferences() {
+			// Nothing due: the look is the pass, and its due range holds
+			// only what something keeps, so counting the referenced rows in
+			// it is cheap (a look before deleting leaves them uncounted).
+			res.Err = d.coverageTx(ctx, t, func(tx pgx.Tx, now time.Time, cov holds.Coverage) error {
+				var err error
+				res.ProtectedByReferences, err = countReferenced(ctx, tx, t, now, cov)
+				d.referencesLeft(t, res.ProtectedByReferences)
+				return err
+			})
 		}
 		sample.drop() // nothing of the pass outlives it
 		due.exact.drop()
@@ -377,7 +474,7 @@ func (d *Deleter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 		}
 	}
 	logf("expiry: table done", append(attrs, "protected_by_holds", res.ProtectedByHolds,
-		"protected_by_replays", res.ProtectedByReplays, "batches", res.Batches, "skip_locked_batches", res.SkipLockedBatches, "range_batches", res.RangeBatches, "bitmap_batches", res.BitmapBatches, "bounds_ahead", res.BoundsAhead, "sweep_batches", res.SweepBatches, "prefetched_pages", res.PrefetchedPages, "longest_batch", res.LongestBatch, "dry_run", d.opts.DryRun,
+		"protected_by_replays", res.ProtectedByReplays, "protected_by_references", res.ProtectedByReferences, "batches", res.Batches, "skip_locked_batches", res.SkipLockedBatches, "range_batches", res.RangeBatches, "bitmap_batches", res.BitmapBatches, "bounds_ahead", res.BoundsAhead, "sweep_batches", res.SweepBatches, "prefetched_pages", res.PrefetchedPages, "longest_batch", res.LongestBatch, "dry_run", d.opts.DryRun,
 		"duration", res.Duration.Round(time.Millisecond), "stopped_early", res.StoppedEarly)...)
 	return res
 }
@@ -411,10 +508,10 @@ func (d *Deleter) markRate(t *catalog.Table) {
 
 // rateOf is t's running total and rate; d.mu is held.
 func (d *Deleter) rateOf(t *catalog.Table) *deleteRate {
-	r := d.rates[t.Name]
+	r := d.rates[t.ID()]
 	if r == nil {
 		r = &deleteRate{}
-		d.rates[t.Name] = r
+		d.rates[t.ID()] = r
 	}
 	return r
 }
@@ -434,8 +531,14 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 	}
 	start := time.Now()
 	d.mu.Lock()
-	d.scanChoice[t.Name] = &scanChooser{}
+	d.scanChoice[t.ID()] = &scanChooser{}
 	d.mu.Unlock()
+	if costs := t.RowCosts(); costs != "" {
+		// A deleted row costs more than the starting size assumes: the
+		// first batch measures it (batchloop.Sizer.Probe).
+		d.sizer(t).Probe()
+		d.log.Debug("expiry: the first batch probes the cost of a row", "table", t.Name, "costs", costs)
+	}
 	// A sample of the heap decides whether the pass sweeps the heap in
 	// physical order instead (startSweep), which also says what the
 	// progress line's ETA counts down from: the count the pass began with
@@ -504,6 +607,11 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 	if sw != nil {
 		// A slice can come back short with rows still due further on.
 		loop.Exhausted = sw.exhausted
+	} else if len(t.DeletesFirst()) > 0 {
+		// A batch whose victim a locked row points at comes back short
+		// with rows still due; one that deleted none ends the pass, so
+		// that the same victims are not picked again and again.
+		loop.Exhausted = func() bool { return res.victimsShort }
 	}
 	r, err := loop.Run(ctx, func(ctx context.Context, lower pgtype.Timestamptz, size int) (int64, time.Time, float64, error) {
 		if sw != nil {
@@ -639,6 +747,18 @@ func (d *Deleter) checkLockPrivilege(ctx context.Context, t *catalog.Table) erro
 			"a row another session holds locked needs one to skip it (SELECT ... FOR UPDATE SKIP LOCKED); "+
 			"grant UPDATE (%s) on it, as deploy/sql/role.sql does", t.Name, t.Expiry.Quoted)
 	}
+	for _, r := range t.DeletesFirst() {
+		// Its rows are locked (SKIP LOCKED) and deleted with the rows
+		// they point at (delete_referencing).
+		var del, lock bool
+		if err := d.pool.QueryRow(ctx, `SELECT has_table_privilege($1::text::regclass, 'DELETE'), has_any_column_privilege($1::text::regclass, 'UPDATE')`, r.Ident).Scan(&del, &lock); err != nil {
+			return fmt.Errorf("could not read whether this role may delete rows of %s (delete_referencing of %s): %w", r.Table, t.Name, err)
+		}
+		if !del || !lock {
+			return fmt.Errorf("permission denied: %s deletes the rows of %s that point at its due rows (delete_referencing), and this role needs DELETE on it "+
+				"and UPDATE on a column (to lock them, SKIP LOCKED): GRANT DELETE, UPDATE (%s) ON %s TO <this role>", t.Name, r.Table, r.Columns[0], r.Ident)
+		}
+	}
 	return nil
 }
 
@@ -654,16 +774,31 @@ func (d *Deleter) batch(ctx context.Context, t *catalog.Table, lower pgtype.Time
 	}
 	if !d.TestSignals.SkipLockedOnly {
 		n, newest, wal, err := d.batchTx(ctx, t, lower, size, res, false)
-		if retry.KindOf(err) != retry.KindLockTimeout {
+		if !steppedOver(err) {
 			return n, newest, wal, err
 		}
+		d.referencesMet(t, err)
 		res.SkipLockedBatches++
-		d.log.Debug("expiry: batch met a locked row, running it again with SKIP LOCKED", "table", t.Name, "error", err)
+		d.log.Debug("expiry: batch met a locked or newly referenced row, running it again with SKIP LOCKED", "table", t.Name, "error", err)
 		if d.TestSignals.OnFallback != nil {
 			d.TestSignals.OnFallback()
 		}
 	}
-	return d.batchTx(ctx, t, lower, size, res, true)
+	n, newest, wal, err := d.batchTx(ctx, t, lower, size, res, true)
+	if steppedOver(err) && d.referencesMet(t, err) {
+		// Run without leaving referenced rows out (view): again with them.
+		return d.batchTx(ctx, t, lower, size, res, true)
+	}
+	return n, newest, wal, err
+}
+
+// steppedOver reports whether a batch failed on a row it should step over,
+// and runs again with SKIP LOCKED: a row another session holds locked, or
+// one another table began to point at after the batch's snapshot (its
+// foreign key check failed at the end of the statement; the statement run
+// again sees the reference, and leaves the row: catalog.Table.Referenced).
+func steppedOver(err error) bool {
+	return retry.KindOf(err) == retry.KindLockTimeout || retry.Code(err) == retry.SQLStateForeignKey
 }
 
 // boundAhead is a bound read ahead, for the batch that starts at lower
@@ -796,8 +931,10 @@ UNION ALL
 WHERE ` + dueFromSQL + `
 ORDER BY %[2]s DESC LIMIT 1`
 
-	// dueFromSQL: due at the cutoff, from the keyset on, not covered.
-	dueFromSQL = `%[2]s <= %[3]s AND %[2]s %[9]s %[4]s AND NOT %[5]s AND NOT %[6]s`
+	// dueFromSQL: due at the cutoff, from the keyset on, not covered, and
+	// one of the policy's rows that nothing else keeps (%[10]s,
+	// catalog.Table.Deletable).
+	dueFromSQL = `%[2]s <= %[3]s AND %[2]s %[9]s %[4]s AND NOT %[5]s AND NOT %[6]s AND %[10]s`
 
 	// rangeSQL deletes the due, uncovered rows from the keyset up to the
 	// bound %[7]s (exactly size rows when the bound was read, or the fewer
@@ -806,7 +943,7 @@ ORDER BY %[2]s DESC LIMIT 1`
 	// deleted is the bound.
 	rangeSQL = `
 DELETE FROM %[1]s d
-WHERE %[2]s <= %[3]s AND %[2]s >= %[4]s AND %[2]s <= %[7]s AND NOT %[5]s AND NOT %[6]s`
+WHERE %[2]s <= %[3]s AND %[2]s >= %[4]s AND %[2]s <= %[7]s AND NOT %[5]s AND NOT %[6]s AND %[13]s`
 
 	// rangeKeysSQL is rangeSQL for a table with a permanent key table:
 	// %[8]s to %[10]s return the deleted rows' expiry and write their
@@ -814,25 +951,27 @@ WHERE %[2]s <= %[3]s AND %[2]s >= %[4]s AND %[2]s <= %[7]s AND NOT %[5]s AND NOT
 	rangeKeysSQL = `
 WITH gone AS (
   DELETE FROM %[1]s d
-  WHERE %[2]s <= %[3]s AND %[2]s >= %[4]s AND %[2]s <= %[7]s AND NOT %[5]s AND NOT %[6]s
+  WHERE %[2]s <= %[3]s AND %[2]s >= %[4]s AND %[2]s <= %[7]s AND NOT %[5]s AND NOT %[6]s AND %[13]s
   RETURNING %[8]s AS expiry%[9]s
 )%[10]s
 SELECT count(*), max(expiry), %[11]s FROM gone`
 
 	// ctidSQL picks size rows by the expiry index and deletes them by ctid:
 	// the SKIP LOCKED form (%[12]s is skipLockedClause), and the optimistic
-	// form where a bound cannot be used (%[12]s empty).
+	// form where a bound cannot be used (%[12]s empty). With
+	// delete_referencing, %[14]s to %[16]s delete the rows that point at
+	// the victims first (referencing), and %[17]s counts the victims.
 	ctidSQL = `
 WITH victims AS (
-  SELECT t.ctid FROM %[1]s t
-  WHERE %[2]s <= %[3]s AND %[2]s >= %[4]s AND NOT %[5]s AND NOT %[6]s
+  SELECT t.ctid%[14]s FROM %[1]s t
+  WHERE %[2]s <= %[3]s AND %[2]s >= %[4]s AND NOT %[5]s AND NOT %[6]s AND %[13]s
   ORDER BY %[2]s
   LIMIT %[7]s%[12]s
-), gone AS (
-  DELETE FROM %[1]s d WHERE d.ctid = ANY (ARRAY(SELECT ctid FROM victims))
+)%[15]s, gone AS (
+  DELETE FROM %[1]s d WHERE d.ctid = ANY (ARRAY(SELECT ctid FROM victims))%[16]s
   RETURNING %[8]s AS expiry%[9]s
 )%[10]s
-SELECT count(*), max(expiry), %[11]s FROM gone`
+SELECT count(*), max(expiry), %[11]s%[17]s FROM gone`
 
 	skipLockedClause = `
   FOR UPDATE OF t SKIP LOCKED`
@@ -852,6 +991,8 @@ SELECT count(*), max(expiry), %[11]s FROM gone`
 // form; otherwise an optimistic one, the range form when the batch's upper
 // bound is clean and the ctid form without a lock pass when it is not.
 func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Timestamptz, size int, res *TableResult, skipLocked bool) (n int64, newest time.Time, wal float64, err error) {
+	referenced := len(t.References) > 0
+	t = d.view(t)
 	lockTimeout := d.opts.LockTimeout
 	if !skipLocked {
 		lockTimeout = min(d.opts.LockTimeout, d.optimisticLockTimeout())
@@ -860,20 +1001,24 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 		return 0, time.Time{}, 0, err
 	}
 	tx, err := batchloop.Begin(ctx, d.pool, t.Name, batchloop.TxOptions{
-		LockTimeout: lockTimeout, StatementTimeout: d.opts.StatementTimeout, IdleInTx: d.opts.IdleTimeout, Throttle: d.opts.Throttle, Clock: d.opts.Clock, Watch: d.opts.Watch})
+		LockTimeout: lockTimeout, StatementTimeout: d.opts.StatementTimeout, IdleInTx: d.opts.IdleTimeout, Throttle: d.opts.Throttle, Clock: d.opts.Clock, Watch: d.opts.Watch,
+		CachedPlans: referenced})
 	if err != nil {
 		return 0, time.Time{}, 0, err
 	}
 	defer tx.Close(ctx, &err)
 	c := cutoff(t, tx.Now)
 	var b batchBound
-	if !skipLocked {
+	if !skipLocked && len(t.DeletesFirst()) == 0 {
 		if b, err = d.takeBound(ctx, tx, t, c, lower, size, res); err != nil {
 			return 0, time.Time{}, 0, err
 		}
 	}
 	scans := d.scans(t)
-	bitmap := b.ok && scans.next()
+	// A table other tables reference keeps the planner's settings, and
+	// its plan cache's (TxOptions.CachedPlans): their foreign keys' checks
+	// are planned in the batch's session and their plans kept (maySweep).
+	bitmap := b.ok && !referenced && scans.next()
 	form, alias, lockClause := ctidSQL, "t", ""
 	switch {
 	case skipLocked:
@@ -892,6 +1037,14 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 		limit = args.Add(size)
 	}
 	keysReturning, keysCTE, keysCount := permanentKeys(t)
+	pick, kids, kept := referencing(t, "t", "d")
+	var newestTS pgtype.Timestamptz
+	var keys, victims int64
+	countVictims, scanned := "", []any{&n, &newestTS, &keys}
+	if kids != "" {
+		countVictims = ", (SELECT count(*) FROM victims)"
+		scanned = append(scanned, &victims)
+	}
 	sql := fmt.Sprintf(form,
 		t.Ident, alias+"."+t.Expiry.Quoted,
 		t.Expiry.Instant(args.Add(c)+"::timestamptz"),
@@ -899,9 +1052,7 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 		holdPred, replayPred,
 		limit,
 		t.Expiry.AsTimestamptz("d"),
-		keysReturning, keysCTE, keysCount, lockClause)
-	var newestTS pgtype.Timestamptz
-	var keys int64
+		keysReturning, keysCTE, keysCount, lockClause, t.Deletable(alias), pick, kids, kept, countVictims)
 	var ahead *boundAhead
 	if b.ok {
 		// The next batch starts where this one ends: its bound can be
@@ -918,7 +1069,7 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 			return nil
 		})
 	} else {
-		batch.Queue(sql, args.Values...).QueryRow(func(row pgx.Row) error { return row.Scan(&n, &newestTS, &keys) })
+		batch.Queue(sql, args.Values...).QueryRow(func(row pgx.Row) error { return row.Scan(scanned...) })
 	}
 	began := time.Now()
 	if err := tx.SendBatch(ctx, batch).Close(); err != nil {
@@ -935,6 +1086,12 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 		ahead.committed = true
 	}
 	res.PermanentKeys += keys
+	// With delete_referencing a victim a locked row points at stays: the
+	// batch is short, but more may be due (deleteAll's Exhausted).
+	res.victimsShort = n < int64(size)
+	if kids != "" {
+		res.victimsShort = victims < int64(size) || n == 0
+	}
 	if b.ok {
 		res.RangeBatches++
 		scans.observe(bitmap, n, took)
@@ -991,7 +1148,7 @@ func (c *scanChooser) observe(bitmap bool, n int64, took time.Duration) {
 func (d *Deleter) scans(t *catalog.Table) *scanChooser {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.scanChoice[t.Name]
+	return d.scanChoice[t.ID()]
 }
 
 // batchBound is where a batch of the range form ends: the expiry of its
@@ -1015,6 +1172,7 @@ type batchBound struct {
 //
 // With size 0 it reads the newest due row only (readNewest).
 func (d *Deleter) readBound(ctx context.Context, tx pgx.Tx, t *catalog.Table, cov holds.Coverage, cutoff time.Time, lower pgtype.Timestamptz, size int, ahead bool) (batchBound, error) {
+	t = d.view(t)
 	var args holds.Args
 	hp, rp := cov.Predicates(t, "t", &args)
 	from := ">="
@@ -1027,7 +1185,7 @@ func (d *Deleter) readBound(ctx context.Context, tx pgx.Tx, t *catalog.Table, co
 	}
 	sql := fmt.Sprintf(form, t.Ident, "t."+t.Expiry.Quoted,
 		t.Expiry.Instant(args.Add(cutoff)+"::timestamptz"), t.Expiry.Instant(args.Add(lower)+"::timestamptz"),
-		hp, rp, offset, t.Expiry.AsTimestamptz("t"), from)
+		hp, rp, offset, t.Expiry.AsTimestamptz("t"), from, t.Deletable("t"))
 	rows, err := tx.Query(ctx, sql, args.Values...)
 	if err != nil {
 		return batchBound{}, err
@@ -1116,11 +1274,12 @@ func (d *Deleter) dryRun(ctx context.Context, t *catalog.Table, res *TableResult
 	err := d.coverageTx(ctx, t, func(tx pgx.Tx, now time.Time, cov holds.Coverage) error {
 		var args holds.Args
 		hp, rp := cov.Predicates(t, "t", &args)
-		sql := fmt.Sprintf(`SELECT count(*) FILTER (WHERE NOT %[3]s AND NOT %[4]s),
+		sql := fmt.Sprintf(`SELECT count(*) FILTER (WHERE NOT %[3]s AND NOT %[4]s AND NOT %[7]s),
        count(*) FILTER (WHERE %[3]s),
-       count(*) FILTER (WHERE %[4]s AND NOT %[3]s)
-FROM %[1]s t WHERE t.%[5]s <= %[2]s`, t.Ident, t.Expiry.Instant(args.Add(cutoff(t, now))+"::timestamptz"), hp, rp, t.Expiry.Quoted)
-		return tx.QueryRow(ctx, sql, args.Values...).Scan(&res.Deleted, &res.ProtectedByHolds, &res.ProtectedByReplays)
+       count(*) FILTER (WHERE %[4]s AND NOT %[3]s),
+       count(*) FILTER (WHERE %[7]s AND NOT %[3]s AND NOT %[4]s)
+FROM %[1]s t WHERE t.%[5]s <= %[2]s AND %[6]s`, t.Ident, t.Expiry.Instant(args.Add(cutoff(t, now))+"::timestamptz"), hp, rp, t.Expiry.Quoted, t.Only("t"), t.Referenced("t"))
+		return tx.QueryRow(ctx, sql, args.Values...).Scan(&res.Deleted, &res.ProtectedByHolds, &res.ProtectedByReplays, &res.ProtectedByReferences)
 	})
 	if err != nil {
 		return fmt.Errorf("dry run: %w", err)
@@ -1136,6 +1295,15 @@ func (d *Deleter) measure(ctx context.Context, tx pgx.Tx, t *catalog.Table, now 
 	var err error
 	if res.ProtectedByHolds, res.ProtectedByReplays, oldestCovered, err = countProtected(ctx, tx, t, now, cov); err != nil {
 		return err
+	}
+	if res.resume.Valid && t.HasReferences() {
+		// After the pass: the due rows it left before its keyset are the
+		// ones something kept, few of them. Before it, every due row would
+		// be probed, which the batches do anyway.
+		if res.ProtectedByReferences, err = countReferenced(ctx, tx, t, now, cov); err != nil {
+			return err
+		}
+		d.referencesLeft(t, res.ProtectedByReferences)
 	}
 	// Rows the pass skipped because another session held them locked lie
 	// before res.resume: the next pass deletes them, and counts them. Before
@@ -1190,9 +1358,9 @@ FROM pg_class c WHERE c.oid = $1`, t.OID).Scan(&res.BytesPerKey, &res.LiveTuples
 // oldest the caller reads apart).
 func retainedRange(ctx context.Context, q catalog.Querier, t *catalog.Table, from pgtype.Timestamptz) (oldest, newest *time.Time, err error) {
 	var o, n pgtype.Timestamptz
-	err = q.QueryRow(ctx, fmt.Sprintf(`SELECT (SELECT %[1]s FROM %[2]s t WHERE t.%[3]s >= %[4]s ORDER BY t.%[3]s LIMIT 1),
-       (SELECT %[1]s FROM %[2]s t WHERE t.%[3]s IS NOT NULL ORDER BY t.%[3]s DESC LIMIT 1)`,
-		t.Expiry.AsTimestamptz("t"), t.Ident, t.Expiry.Quoted, t.Expiry.Instant("$1::timestamptz")), from).Scan(&o, &n)
+	err = q.QueryRow(ctx, fmt.Sprintf(`SELECT (SELECT %[1]s FROM %[2]s t WHERE t.%[3]s >= %[4]s AND %[5]s ORDER BY t.%[3]s LIMIT 1),
+       (SELECT %[1]s FROM %[2]s t WHERE t.%[3]s IS NOT NULL AND %[5]s ORDER BY t.%[3]s DESC LIMIT 1)`,
+		t.Expiry.AsTimestamptz("t"), t.Ident, t.Expiry.Quoted, t.Expiry.Instant("$1::timestamptz"), t.Only("t")), from).Scan(&o, &n)
 	if err != nil || !n.Valid {
 		return nil, nil, err
 	}
@@ -1213,8 +1381,8 @@ func cleanupLag(ctx context.Context, q catalog.Querier, t *catalog.Table, now ti
 	hp, rp := cov.Predicates(t, "t", &args)
 	c := args.Add(cutoff(t, now))
 	f := args.Add(from)
-	sql := fmt.Sprintf(`SELECT %[1]s FROM %[2]s t WHERE t.%[3]s <= %[4]s AND t.%[3]s >= %[7]s AND NOT %[5]s AND NOT %[6]s ORDER BY t.%[3]s LIMIT 1`,
-		t.Expiry.AsTimestamptz("t"), t.Ident, t.Expiry.Quoted, t.Expiry.Instant(c+"::timestamptz"), hp, rp, t.Expiry.Instant(f+"::timestamptz"))
+	sql := fmt.Sprintf(`SELECT %[1]s FROM %[2]s t WHERE t.%[3]s <= %[4]s AND t.%[3]s >= %[7]s AND NOT %[5]s AND NOT %[6]s AND %[8]s ORDER BY t.%[3]s LIMIT 1`,
+		t.Expiry.AsTimestamptz("t"), t.Ident, t.Expiry.Quoted, t.Expiry.Instant(c+"::timestamptz"), hp, rp, t.Expiry.Instant(f+"::timestamptz"), t.Deletable("t"))
 	var oldest time.Time
 	err := q.QueryRow(ctx, sql, args.Values...).Scan(&oldest)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -1226,4 +1394,121 @@ func cleanupLag(ctx context.Context, q catalog.Querier, t *catalog.Table, now ti
 	// The row became due at oldest + offset (expires_after), so that is
 	// where lateness starts.
 	return now.Sub(oldest.Add(t.Policy.ExpiryOffset())), nil
+}
+
+// referencing returns the parts of a batch's DELETE that first delete the
+// rows of the tables delete_referencing names that point at its victims,
+// in the same statement: the victims' referenced columns (pick, over the
+// victims' alias v), per table a CTE that locks the rows pointing at the
+// victims (SKIP LOCKED, so that a row an application holds is stepped over
+// and not waited for) and one that deletes them, but none of a victim one
+// of whose rows was held (kids), and the condition (kept, over the deleted
+// table's alias d) that leaves out a victim still pointed at by a row no
+// CTE deleted: the rows a CTE deleted are still visible to the statement's
+// other parts (one snapshot), so they are matched by ctid. Without
+// delete_referencing: nothing.
+func referencing(t *catalog.Table, v, d string) (pick, kids, kept string) {
+	refs := t.DeletesFirst()
+	if len(refs) == 0 {
+		return "", "", ""
+	}
+	picked := map[string]string{} // referenced column → its name in victims
+	var p, k, n strings.Builder
+	for i, r := range refs {
+		var on []string
+		for j, col := range r.Columns {
+			ref := r.Referenced[j]
+			name, ok := picked[ref.Name]
+			if !ok {
+				name = fmt.Sprintf("rk%d", len(picked))
+				picked[ref.Name] = name
+				fmt.Fprintf(&p, ", %s.%s AS %s", v, ref.Quoted, name)
+			}
+			on = append(on, fmt.Sprintf("c.%s = v.%s", col, name))
+		}
+		var same []string
+		for _, col := range r.Columns {
+			same = append(same, fmt.Sprintf("o.%s = c.%s", col, col))
+		}
+		// The rows locked first; of those, the ones whose victim no row
+		// left unlocked (held by another session) points at: a victim is
+		// deleted with all its referencing rows, or not at all.
+		fmt.Fprintf(&k, `, locked%[1]d AS (
+  SELECT c.ctid AS c, %[4]s FROM %[2]s c JOIN victims v ON %[3]s FOR UPDATE OF c SKIP LOCKED
+), kids%[1]d AS (
+  DELETE FROM %[2]s k WHERE k.ctid = ANY (ARRAY(
+    SELECT c.c FROM locked%[1]d c WHERE NOT EXISTS (
+      SELECT 1 FROM %[2]s o WHERE %[5]s AND o.ctid <> ALL (ARRAY(SELECT c FROM locked%[1]d)))))
+  RETURNING k.ctid
+)`, i, r.Ident, strings.Join(on, " AND "), referencingColumns(r), strings.Join(same, " AND "))
+		fmt.Fprintf(&n, "\n    AND NOT EXISTS (SELECT 1 FROM %[1]s c WHERE %[2]s AND c.ctid <> ALL (ARRAY(SELECT ctid FROM kids%[3]d)))",
+			r.Ident, r.Match("c", d), i)
+	}
+	return p.String(), k.String(), n.String()
+}
+
+// referencingColumns are the columns of r's rows, as the locked CTE
+// returns them (referencing).
+func referencingColumns(r catalog.Reference) string {
+	cols := make([]string, len(r.Columns))
+	for i, c := range r.Columns {
+		cols[i] = "c." + c
+	}
+	return strings.Join(cols, ", ")
+}
+
+// view is t as a batch sees it. A row another table's foreign key points
+// at is rare (an anomaly in most frameworks), and leaving such rows out
+// costs every batch a probe of the referencing table per row, on top of
+// the foreign key's own check: so batches run without the probe, and
+// without deleting referencing rows first (delete_referencing), until a
+// batch meets such a row (its foreign key check fails, 23503, or waits on
+// a referencing row another session holds: referencesMet), or a pass ends
+// with such rows counted; from then on, until a pass ends with none left,
+// with them (the table itself). Counts
+// (status, rows_due, the cleanup lag) always leave such rows out. A Citus
+// distributed table always goes with them.
+func (d *Deleter) view(t *catalog.Table) *catalog.Table {
+	if len(t.References) == 0 || t.Distributed() {
+		return t
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.refsSeen[t.ID()] {
+		return t
+	}
+	v := d.optimistic[t.ID()]
+	if v == nil {
+		c := *t
+		c.References = nil
+		v = &c
+		d.optimistic[t.ID()] = v
+	}
+	return v
+}
+
+// referencesMet records that a batch over t met a row another table's
+// foreign key points at (err is its failure: the key's check failed, or
+// waited on a referencing row another session holds, past the lock
+// timeout), when t has references: batches over t leave such rows out
+// (view) until a pass ends with none left. It says whether that changed
+// how they go.
+func (d *Deleter) referencesMet(t *catalog.Table, err error) bool {
+	if len(t.References) == 0 || t.Distributed() || !steppedOver(err) {
+		return false
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	changed := !d.refsSeen[t.ID()]
+	d.refsSeen[t.ID()] = true
+	return changed
+}
+
+// referencesLeft records what a pass's end counted of t's rows other
+// tables' foreign keys keep: the next pass's batches start with them left
+// out when some are (view).
+func (d *Deleter) referencesLeft(t *catalog.Table, n int64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.refsSeen[t.ID()] = n > 0
 }

@@ -2,24 +2,15 @@ package expiry
 
 import (
 	"context"
-	"os"
 	"testing"
 	"time"
 
 	"github.com/inboxkeeper/inboxkeeper/holds"
 	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/service"
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/frameworks"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 )
-
-func readFixture(t *testing.T, name string) string {
-	t.Helper()
-	b, err := os.ReadFile("testdata/" + name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
-}
 
 // MassTransit's inbox: rows age out 30 days after "Delivered"; rows never
 // delivered (NULL) stay. The scope is a uuid column, so a hold given in upper
@@ -27,7 +18,7 @@ func readFixture(t *testing.T, name string) string {
 func TestFixtureMassTransit(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	f := setup(t, readFixture(t, "masstransit_inbox_state.sql"), `tables:
+	f := setup(t, frameworks.MassTransitInboxDDL, `tables:
   - table: public."InboxState"
     key: ["MessageId", "ConsumerId"]
     scope: "ConsumerId"
@@ -58,7 +49,7 @@ FROM generate_series(0, 29) i`, t0, held)
 // UTC: a naive comparison would be off by hours.
 func nserviceBusOutbox(t *testing.T) fixture {
 	t.Helper()
-	f := setup(t, readFixture(t, "nservicebus_outbox.sql"), `tables:
+	f := setup(t, frameworks.NServiceBusDDL("Sales_"), `tables:
   - table: public."Sales_OutboxData"
     key: ["MessageId"]
     expires_after: { column: "DispatchedAt", after: 7d }

@@ -32,6 +32,10 @@ type TableStatus struct {
 	// ProtectedByReplays those only a replay covers
 	// (inboxkeeper_rows_protected{by="hold"}, {by="replay"}).
 	ProtectedByHolds, ProtectedByReplays int64
+	// ProtectedByReferences are the expired rows no hold or replay covers
+	// that another table's foreign key points at
+	// (inboxkeeper_rows_protected{by="reference"}).
+	ProtectedByReferences int64
 	// ReplaysBeyondWindow are the active replays started with --force past
 	// the dedup window (inboxkeeper_replays_beyond_window).
 	ReplaysBeyondWindow int
@@ -59,8 +63,14 @@ func FallingDueRate(ctx context.Context, pool *pgxpool.Pool, t *catalog.Table) (
 		if err != nil {
 			return err
 		}
-		rate, err = fallingDue(ctx, tx, t, now)
-		return err
+		for i := range max(1, len(t.Windows)) {
+			r, err := fallingDue(ctx, tx, t.Window(i), now)
+			if err != nil {
+				return err
+			}
+			rate += r
+		}
+		return nil
 	})
 	return rate, err
 }
@@ -74,9 +84,9 @@ func FallingDueRate(ctx context.Context, pool *pgxpool.Pool, t *catalog.Table) (
 func fallingDue(ctx context.Context, tx pgx.Tx, t *catalog.Table, now time.Time) (float64, error) {
 	var n int64
 	var ahead *float64 // seconds from the cutoff to the newest expiry; NULL: no row
-	err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT (SELECT count(*) FROM (SELECT 1 FROM %[1]s t WHERE t.%[2]s > %[3]s AND t.%[2]s <= %[4]s LIMIT $3) soon),
-       (SELECT extract(epoch FROM %[5]s - $1::timestamptz)::float8 FROM (SELECT t.%[2]s FROM %[1]s t WHERE t.%[2]s IS NOT NULL ORDER BY t.%[2]s DESC LIMIT 1) newest)`,
-		t.Ident, t.Expiry.Quoted, t.Expiry.Instant("$1::timestamptz"), t.Expiry.Instant("$2::timestamptz"), t.Expiry.AsTimestamptz("newest")),
+	err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT (SELECT count(*) FROM (SELECT 1 FROM %[1]s t WHERE t.%[2]s > %[3]s AND t.%[2]s <= %[4]s AND %[6]s LIMIT $3) soon),
+       (SELECT extract(epoch FROM %[5]s - $1::timestamptz)::float8 FROM (SELECT t.%[2]s FROM %[1]s t WHERE t.%[2]s IS NOT NULL AND %[6]s ORDER BY t.%[2]s DESC LIMIT 1) newest)`,
+		t.Ident, t.Expiry.Quoted, t.Expiry.Instant("$1::timestamptz"), t.Expiry.Instant("$2::timestamptz"), t.Expiry.AsTimestamptz("newest"), t.Only("t")),
 		cutoff(t, now), cutoff(t, now.Add(FallingDueOver)), StatusCountCap).Scan(&n, &ahead)
 	if err != nil {
 		return 0, fmt.Errorf("count the rows of %s falling due: %w", t.Name, err)
@@ -88,11 +98,45 @@ func fallingDue(ctx context.Context, tx pgx.Tx, t *catalog.Table, now time.Time)
 	return float64(n) / span, nil
 }
 
-// Status reads the state of table t. It uses the deleter's clock.
+// Status reads the state of table t. It uses the deleter's clock. A table
+// with several windows is read window by window, and summed as a result
+// is (TableResult.add).
 func (d *Deleter) Status(ctx context.Context, t *catalog.Table) (TableStatus, error) {
 	st := TableStatus{Table: t.Name}
-	err := d.readTx(ctx, func(tx pgx.Tx) error { return d.status(ctx, tx, t, &st) })
+	err := d.readTx(ctx, func(tx pgx.Tx) error {
+		if len(t.Windows) == 0 {
+			return d.status(ctx, tx, t, &st)
+		}
+		for i := range t.Windows {
+			var w TableStatus
+			if err := d.status(ctx, tx, t.Window(i), &w); err != nil {
+				return err
+			}
+			st.add(w, i == 0)
+		}
+		return nil
+	})
 	return st, err
+}
+
+// add counts a window's status into the table's.
+func (st *TableStatus) add(w TableStatus, first bool) {
+	if first {
+		st.Now, st.Holds, st.Replays, st.ReplaysBeyondWindow = w.Now, w.Holds, w.Replays, w.ReplaysBeyondWindow
+	}
+	st.Due += w.Due
+	st.DueCapped = st.DueCapped || w.DueCapped
+	st.ProtectedByHolds += w.ProtectedByHolds
+	st.ProtectedByReplays += w.ProtectedByReplays
+	st.ProtectedByReferences += w.ProtectedByReferences
+	st.CleanupLag = max(st.CleanupLag, w.CleanupLag)
+	st.FallingDue += w.FallingDue
+	if w.Oldest != nil && (st.Oldest == nil || w.Oldest.Before(*st.Oldest)) {
+		st.Oldest = w.Oldest
+	}
+	if w.Newest != nil && (st.Newest == nil || w.Newest.After(*st.Newest)) {
+		st.Newest = w.Newest
+	}
 }
 
 func (d *Deleter) status(ctx context.Context, tx pgx.Tx, t *catalog.Table, st *TableStatus) error {
@@ -118,6 +162,9 @@ func (d *Deleter) status(ctx context.Context, tx pgx.Tx, t *catalog.Table, st *T
 		return fmt.Errorf("status %s: %w", t.Name, err)
 	}
 	if st.ProtectedByHolds, st.ProtectedByReplays, _, err = countProtected(ctx, tx, t, now, cov); err != nil {
+		return fmt.Errorf("status %s: %w", t.Name, err)
+	}
+	if st.ProtectedByReferences, err = countReferenced(ctx, tx, t, now, cov); err != nil {
 		return fmt.Errorf("status %s: %w", t.Name, err)
 	}
 	if st.FallingDue, err = fallingDue(ctx, tx, t, now); err != nil {

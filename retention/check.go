@@ -51,10 +51,9 @@ func CheckRows(ctx context.Context, pool *pgxpool.Pool, r Rule, t *catalog.Table
 	}
 	micros := func(d time.Duration) string { return arg(d.Microseconds()) + "::bigint * interval '1 microsecond'" }
 
-	expiry := t.Expiry.AsTimestamptz("")
-	if off := t.Policy.ExpiryOffset(); off != 0 {
-		expiry = "(" + expiry + " + " + micros(off) + ")"
-	}
+	// Each window's offset; NULL for a row the policy does not manage
+	// (never deleted, so never early).
+	expiry := t.ExpiryInstant("", micros)
 	// Load refuses a scenario whose column the table lacks.
 	if r.PostReceipt > 0 && t.FirstSeen == nil || r.Replay > 0 && t.EventTime == nil {
 		return rc, ErrNoAnchor

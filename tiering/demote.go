@@ -252,14 +252,41 @@ func due(t *catalog.Table, alias string, args *holds.Args, cov holds.Coverage, n
 	}
 	if ti.Side == nil {
 		cond += " AND " + catalog.HasPayload(ti.Payload, alias)
+		if t.Filter != nil {
+			cond += " AND " + t.Only(alias)
+		}
 		if !t.Partitioned() {
 			hp, rp := cov.Predicates(t, alias, args)
-			expired := fmt.Sprintf("%s.%s <= %s", alias, t.Expiry.Quoted,
-				t.Expiry.Instant(args.Add(now.Add(-t.Policy.ExpiryOffset()))+"::timestamptz"))
-			cond += fmt.Sprintf(" AND NOT (coalesce(%s, false) AND NOT %s AND NOT %s)", expired, hp, rp)
+			cond += fmt.Sprintf(" AND NOT (coalesce(%s, false) AND NOT %s AND NOT %s)", expired(t, alias, args, now), hp, rp)
 		}
+	} else if t.Filter != nil {
+		// The filter's column is the table's: a side row is the policy's
+		// when its table row is.
+		var join []string
+		for _, k := range t.Key {
+			join = append(join, fmt.Sprintf("m.%s = %s.%s", k.Quoted, alias, k.Quoted))
+		}
+		cond += fmt.Sprintf(" AND EXISTS (SELECT 1 FROM %s m WHERE %s AND %s)", t.Ident, strings.Join(join, " AND "), t.Only("m"))
 	}
 	return cond, a
+}
+
+// expired is the SQL condition, over alias, of a row the deleter deletes
+// at now unless a hold or replay covers it: expired in its window (each
+// window its own offset), and nothing else keeping it (Deletable).
+func expired(t *catalog.Table, alias string, args *holds.Args, now time.Time) string {
+	at := func(w *catalog.Table) string {
+		return fmt.Sprintf("%s.%s <= %s", alias, w.Expiry.Quoted, w.Expiry.Instant(args.Add(now.Add(-w.Policy.ExpiryOffset()))+"::timestamptz"))
+	}
+	if len(t.Windows) == 0 {
+		return at(t) + " AND " + t.Deletable(alias)
+	}
+	var ws []string
+	for i := range t.Windows {
+		w := t.Window(i)
+		ws = append(ws, "("+w.Only(alias)+" AND "+at(w)+")")
+	}
+	return "(" + strings.Join(ws, " OR ") + ") AND NOT " + t.Referenced(alias)
 }
 
 // blocked is the SQL condition, over the alias of the walked relation, of a

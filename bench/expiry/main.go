@@ -713,26 +713,8 @@ func (b *bench) daemonSettings(db, policy string) []string {
 // The other INBOXKEEPER_* variables of the environment reach it.
 func (b *bench) inboxkeeper(ctx context.Context, bin, db, policy string, args ...string) (result, error) {
 	p, err := benchdata.RunBinary(ctx, bin, benchdata.DaemonEnv(true, b.daemonSettings(db, policy)...), args...)
-	return result{wall: p.Wall, cpu: p.CPU, rss: p.RSS, batches: benchdata.DoneBatches(p.Output), longest: longestBatch(p.Output),
+	return result{wall: p.Wall, cpu: p.CPU, rss: p.RSS, batches: benchdata.DoneBatches(p.Output), longest: benchdata.LongestBatch(p.Output),
 		swept: sweptBatches(p.Output)}, err
-}
-
-// longestBatchRE finds the longest batch in the daemon's "table done" log
-// line (text: a duration; JSON: nanoseconds).
-var longestBatchRE = regexp.MustCompile(`expiry: table done.*?\blongest_batch"?[=:]"?([0-9.]+[a-zµ]*)`)
-
-// longestBatch is the longest batch the daemon's log reports, 0 when it
-// does not say.
-func longestBatch(output string) time.Duration {
-	m := longestBatchRE.FindStringSubmatch(output)
-	if m == nil {
-		return 0
-	}
-	if d, err := time.ParseDuration(m[1]); err == nil {
-		return d
-	}
-	ns, _ := strconv.ParseInt(m[1], 10, 64)
-	return time.Duration(ns)
 }
 
 // sweptBatchesRE finds how many batches of the pass swept the heap

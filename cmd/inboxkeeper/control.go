@@ -110,8 +110,8 @@ func (a *app) set(ctx context.Context, args []string) error {
 		if err != nil {
 			return usagef("--table: %v", err)
 		}
-		if p.Table(qn.String()) == nil {
-			return usagef("--table %s: not in the policy file %s", qn, p.Source)
+		if _, err := p.Find(*table); err != nil {
+			return usagef("--table %v", err)
 		}
 		scope = qn.String()
 	}

@@ -29,17 +29,16 @@ func (a *app) tableFor(ctx context.Context, name string) (*pgxpool.Pool, *catalo
 	if name == "" {
 		return nil, nil, usagef("--table is required")
 	}
-	qn, err := sqlident.ParseQualifiedName(name)
-	if err != nil {
+	if _, err := sqlident.ParseQualifiedName(name); err != nil {
 		return nil, nil, usagef("--table: %v", err)
 	}
 	p, err := a.loadPolicy()
 	if err != nil {
 		return nil, nil, err
 	}
-	pt := p.Table(qn.String())
-	if pt == nil {
-		return nil, nil, usagef("--table %s: not in the policy file %s", qn.String(), p.Source)
+	pt, err := p.Find(name)
+	if err != nil {
+		return nil, nil, usagef("--table %v", err)
 	}
 	pool, err := a.connect(ctx)
 	if err != nil {

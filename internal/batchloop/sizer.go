@@ -14,6 +14,10 @@ type Sizer struct {
 	min, max int
 	target   time.Duration
 	perRow   float64 // WAL bytes a deleted row costs, averaged; 0 until measured
+	observed bool    // a batch has been observed
+	// probe, when not 0, is the size of the next batch, a probe (Probe);
+	// before is the size it was asked at.
+	probe, before int
 }
 
 // NewSizer starts at start (clamped into [min, max]).
@@ -32,7 +36,27 @@ func (s *Sizer) clamp(n int) int { return max(s.min, min(s.max, n)) }
 func (s *Sizer) Size() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.probe > 0 {
+		return s.probe
+	}
 	return s.size
+}
+
+// Probe makes the next batch a probe of about a tenth of the size (at least
+// the minimum), when the sizer adapts and has seen no batch yet: for a
+// table whose deletes cost more per row than a plain row's (triggers,
+// foreign key checks, TOAST), where a first batch of the full size could
+// take many times the target. The batch after it is as large as the
+// probe's time per row fits in the target, never larger than the size
+// before the probe; the sizer adapts as ever from there.
+func (s *Sizer) Probe() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.observed || s.target <= 0 || s.probe > 0 {
+		return
+	}
+	s.before = s.size
+	s.probe = s.clamp(s.size / 10)
 }
 
 // Observe records a batch of n rows that took d. Only a full batch says
@@ -41,6 +65,15 @@ func (s *Sizer) Observe(n int, d time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if d <= 0 || s.target <= 0 {
+		return
+	}
+	s.observed = true
+	if s.probe > 0 {
+		s.probe = 0
+		if n > 0 {
+			perRow := float64(d) / float64(n)
+			s.size = s.clamp(min(s.before, int(float64(s.target)/perRow)))
+		}
 		return
 	}
 	ratio := float64(s.target) / float64(d)
@@ -60,10 +93,12 @@ func (s *Sizer) Grown() int {
 }
 
 // Pressure halves the size: a lock timeout, a statement timeout or a
-// session waiting on the batch.
+// session waiting on the batch. A probe not yet observed is dropped: what
+// it would have measured is lost with its batch.
 func (s *Sizer) Pressure() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.probe = 0
 	s.size = s.clamp(s.size / 2)
 }
 

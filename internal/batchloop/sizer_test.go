@@ -55,3 +55,42 @@ func TestSizerPerRow(t *testing.T) {
 		t.Errorf("per row after a 1000 B/row batch: %v, want 650 (0.7 x 500 + 0.3 x 1000)", got)
 	}
 }
+
+// A probe: a tenth of the size, then at once the size its time per row
+// fits in the target, never more than before; and only before any batch.
+func TestSizerProbe(t *testing.T) {
+	s := NewSizer(5000, 100, 50000, 200*time.Millisecond)
+	s.Probe()
+	if s.Size() != 500 {
+		t.Fatalf("probe %d, want 500", s.Size())
+	}
+	s.Observe(500, 500*time.Millisecond) // 1 ms a row: 200 rows fit
+	if s.Size() != 200 {
+		t.Errorf("after a probe of 1 ms a row: %d, want 200", s.Size())
+	}
+	s.Probe() // a batch was seen: no probe
+	if s.Size() != 200 {
+		t.Errorf("a second probe: %d, want 200", s.Size())
+	}
+	cheap := NewSizer(5000, 100, 50000, 200*time.Millisecond)
+	cheap.Probe()
+	cheap.Observe(500, 5*time.Millisecond) // cheap rows: back to the size before, not more
+	if cheap.Size() != 5000 {
+		t.Errorf("after a cheap probe: %d, want 5000", cheap.Size())
+	}
+	fixed := NewSizer(5000, 5000, 5000, 0)
+	fixed.Probe()
+	if fixed.Size() != 5000 {
+		t.Errorf("a fixed size probed: %d", fixed.Size())
+	}
+}
+
+// Pressure during a probe drops the probe and halves the size.
+func TestSizerProbeUnderPressure(t *testing.T) {
+	s := NewSizer(100, 10, 1000, time.Minute)
+	s.Probe()
+	s.Pressure()
+	if s.Size() != 50 {
+		t.Errorf("after pressure on a probe: %d, want 50", s.Size())
+	}
+}

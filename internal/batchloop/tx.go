@@ -38,6 +38,11 @@ type TxOptions struct {
 	// round trip: when the settings changed, Begin rolls back and returns
 	// its error (retry.ErrSettingsChanged), before the batch's statement.
 	Watch service.TxWatch
+	// CachedPlans leaves plan_cache_mode alone, where batches otherwise
+	// force custom plans (dbconn.TxSettings.CustomPlans): for a table other
+	// tables reference, whose every deleted row runs each foreign key's
+	// check, a cached plan that a forced custom plan re-plans each time.
+	CachedPlans bool
 }
 
 // Tx is one batch transaction, ready for its statement: timeouts set, the
@@ -92,7 +97,7 @@ func Begin(ctx context.Context, pool *pgxpool.Pool, table string, o TxOptions) (
 			t.Close(ctx, &err)
 		}
 	}()
-	settings := dbconn.TxSettings{LockTimeout: o.LockTimeout, StatementTimeout: o.StatementTimeout, IdleInTx: o.IdleInTx, CustomPlans: true, Citus: o.Citus}
+	settings := dbconn.TxSettings{LockTimeout: o.LockTimeout, StatementTimeout: o.StatementTimeout, IdleInTx: o.IdleInTx, CustomPlans: !o.CachedPlans, Citus: o.Citus}
 	pinned := o.Clock.Pinned()
 	var b dbconn.Backend
 	batch := &pgx.Batch{}

@@ -7,9 +7,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"regexp"
 	"slices"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -31,6 +31,10 @@ type Column struct {
 	// Zone is the IANA zone a timestamp-without-time-zone column is written
 	// in (the policy's time_zone, default UTC); "" for any other type.
 	Zone string
+	// Epoch is the unit of Unix time an integer or numeric time column
+	// holds (the policy's epoch_unit: policy.EpochSeconds or
+	// policy.EpochMilliseconds); "" for a timestamp.
+	Epoch string
 }
 
 // typmod matches the precision of a timestamp type, as in timestamp(3).
@@ -62,6 +66,9 @@ func (c Column) zoneLiteral() string { return sqlident.QuoteLiteral(c.Zone) }
 // by that difference: "col <= Instant(now)" never takes a row early, and
 // "col >= Instant(from)" never leaves out a row from `from` on.
 func (c Column) Instant(expr string) string {
+	if c.Epoch != "" {
+		return c.epochOf(expr, "floor")
+	}
 	if c.Zone == "" {
 		return expr
 	}
@@ -74,6 +81,9 @@ func (c Column) Instant(expr string) string {
 // plain wall clock of expr, which is never below the exact bound, so a
 // range ending at expr keeps every row before it.
 func (c Column) InstantAbove(expr string) string {
+	if c.Epoch != "" {
+		return c.epochOf(expr, "ceil")
+	}
 	if c.Zone == "" {
 		return expr
 	}
@@ -86,6 +96,9 @@ func (c Column) AsTimestamptz(alias string) string {
 	ref := c.Quoted
 	if alias != "" {
 		ref = alias + "." + ref
+	}
+	if c.Epoch != "" {
+		return c.timestamptzOf(ref)
 	}
 	if c.Zone == "" {
 		return ref
@@ -104,8 +117,14 @@ func lookupColumn(pt policy.Table, field, name string, cols map[string]string, t
 	if baseType(typ) == "timestamp without time zone" {
 		c.Zone = pt.Zone()
 	}
-	if timestamp && !isTimestamp(typ) {
-		return c, invalid(pt, field, "column %q is %s; it must be timestamptz (or timestamp, read in the table's time_zone, UTC by default)", name, typ)
+	switch {
+	case !timestamp || isTimestamp(typ):
+	case isEpochType(typ) && pt.EpochUnit != "":
+		c.Epoch = pt.EpochUnit
+	case isEpochType(typ):
+		return c, invalid(pt, field, "column %q is %s; a time column is timestamptz (or timestamp, read in the table's time_zone, UTC by default), or Unix time in an integer or numeric column with epoch_unit set (seconds or milliseconds)", name, typ)
+	default:
+		return c, invalid(pt, field, "column %q is %s; it must be timestamptz (or timestamp, read in the table's time_zone, UTC by default, or Unix time in an integer or numeric column, with epoch_unit)", name, typ)
 	}
 	return c, nil
 }
@@ -131,6 +150,24 @@ type Table struct {
 	// for those). DDL on such a table goes through Citus, which refuses
 	// some statements PostgreSQL allows (DETACH PARTITION ... CONCURRENTLY).
 	InCitusMetadata bool
+	// Filter keeps the policy to some rows (only_when; with Windows, the
+	// union of theirs); nil: every row (rows.go).
+	Filter *Filter
+	// Windows are the table's retention windows when it has several
+	// (Window(i) is the table as one of them sees it); nil: one.
+	Windows []Window
+	// WindowLabel names the window this table is (Window): "" for a table
+	// seen whole.
+	WindowLabel string
+	// References are the foreign keys of other tables that point at this
+	// one.
+	References []Reference
+	// DeleteTriggers are the triggers a DELETE of its rows fires (the
+	// table's own, and the foreign key checks of the tables that
+	// reference it), and Toasted says its rows have values in TOAST: what
+	// makes a deleted row cost more than a plain one (RowCosts).
+	DeleteTriggers int
+	Toasted        bool
 }
 
 // TimeColumns are the table's timestamp columns the policy names.
@@ -165,9 +202,12 @@ func invalid(t policy.Table, field, format string, args ...any) error {
 	return fmt.Errorf("%w: table %s: %s: %s", ErrInvalid, t.Name.String(), field, fmt.Sprintf(format, args...))
 }
 
-// Resolve looks the table up and checks every column the policy names, and
-// that a valid, non-partial btree index leads with the expiry column (without
-// it every batch would scan the whole table).
+// Resolve looks the table up and checks every column the policy names, the
+// rows it manages (only_when, windows, epoch_unit, references: rows.go),
+// and that a valid btree index serves its expiry order (without it every
+// batch would scan the whole table). Every problem of the table is
+// reported at once (errors.Join of ErrInvalid errors); a check that needs
+// what failed before it is skipped.
 func Resolve(ctx context.Context, q Querier, pt policy.Table) (*Table, error) {
 	t := &Table{Policy: pt, Name: pt.Name.String(), Ident: pt.Name.Sanitize()}
 	err := q.QueryRow(ctx, `
@@ -175,134 +215,175 @@ SELECT c.oid, c.relkind::text
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = $1 AND c.relname = $2`, pt.Name.Schema, pt.Name.Name).Scan(&t.OID, &t.Kind)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, invalid(pt, "table", "no such table in the database (schema %q, name %q)", pt.Name.Schema, pt.Name.Name)
+		hint, err := similarTable(ctx, q, pt.Name)
+		if err != nil {
+			return nil, fmt.Errorf("table %s: look up: %w", t.Name, err)
+		}
+		return nil, invalid(pt, "table", "no such table in the database (schema %q, name %q)%s", pt.Name.Schema, pt.Name.Name, hint)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("table %s: look up: %w", t.Name, err)
 	}
+	var bad problems
 	switch {
 	case t.Kind == "r" && pt.Partitions != nil:
-		return nil, invalid(pt, "partitions", "the table is not partitioned; a table managed by partition must be created PARTITION BY RANGE (%s) (see docs/guides/partitions.md), or remove the partitions section to expire rows one by one",
-			sqlident.QuoteIdent(pt.ExpiryColumn()))
+		bad.add(invalid(pt, "partitions", "the table is not partitioned; a table managed by partition must be created PARTITION BY RANGE (%s) (see docs/guides/partitions.md), or remove the partitions section to expire rows one by one",
+			sqlident.QuoteIdent(pt.ExpiryColumn())))
 	case t.Kind == "r":
 	case t.Kind == "p" && pt.Partitions == nil:
-		return nil, invalid(pt, "table", "is a partitioned table; add a partitions section to the policy (inboxkeeper retires whole partitions; it does not delete rows one by one from partitioned tables)")
+		advice, err := partitionedAdvice(ctx, q, t)
+		if err != nil {
+			return nil, err
+		}
+		bad.add(invalid(pt, "table", "%s", advice))
 	case t.Kind == "p":
 	default:
 		return nil, invalid(pt, "table", "is not a table (relkind %s)", t.Kind)
 	}
 
-	cols := map[string]string{}
-	rows, err := q.Query(ctx, `
-SELECT attname, format_type(atttypid, atttypmod)
-FROM pg_attribute WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped`, t.OID)
+	cols, err := columnsOf(ctx, q, t.OID)
 	if err != nil {
 		return nil, fmt.Errorf("table %s: read columns: %w", t.Name, err)
 	}
-	for rows.Next() {
-		var name, typ string
-		if err := rows.Scan(&name, &typ); err != nil {
-			return nil, err
+	column := func(field, name string) *Column {
+		c, err := lookupColumn(pt, field, name, cols, false)
+		if !bad.add(err) {
+			return nil
 		}
-		cols[name] = typ
+		return &c
 	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("table %s: read columns: %w", t.Name, err)
+	timeColumn := func(field, name string) *Column {
+		c, err := lookupColumn(pt, field, name, cols, true)
+		if !bad.add(err) {
+			return nil
+		}
+		return &c
 	}
-	column := func(field, name string) (Column, error) { return lookupColumn(pt, field, name, cols, false) }
-	timeColumn := func(field, name string) (Column, error) { return lookupColumn(pt, field, name, cols, true) }
 	if pt.TimeZone != "" {
 		var known bool
 		if err := q.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_timezone_names WHERE name = $1)", pt.TimeZone).Scan(&known); err != nil {
 			return nil, fmt.Errorf("table %s: look up time zone: %w", t.Name, err)
 		}
 		if !known {
-			return nil, invalid(pt, "time_zone", "%q is not a time zone this PostgreSQL knows (pg_timezone_names)", pt.TimeZone)
+			bad.add(invalid(pt, "time_zone", "%q is not a time zone this PostgreSQL knows (pg_timezone_names)", pt.TimeZone))
 		}
 	}
+	keysOK := true
 	for i, k := range pt.Key {
-		c, err := column(fmt.Sprintf("key[%d]", i), k)
-		if err != nil {
-			return nil, err
+		if c := column(fmt.Sprintf("key[%d]", i), k); c != nil {
+			t.Key = append(t.Key, *c)
+		} else {
+			keysOK = false
 		}
-		t.Key = append(t.Key, c)
 	}
-	expiryField := "expires_at"
-	if pt.ExpiresAfter != nil {
-		expiryField = "expires_after.column"
-	}
-	if t.Expiry, err = timeColumn(expiryField, pt.ExpiryColumn()); err != nil {
-		return nil, err
+	expiryOK := false
+	if c := timeColumn(expiryField(pt), pt.ExpiryColumn()); c != nil {
+		t.Expiry, expiryOK = *c, true
 	}
 	if pt.Scope != "" {
-		c, err := column("scope", pt.Scope)
-		if err != nil {
-			return nil, err
-		}
-		t.Scope = &c
+		t.Scope = column("scope", pt.Scope)
 	}
 	if pt.EventTime != "" {
-		c, err := timeColumn("event_time", pt.EventTime)
-		if err != nil {
-			return nil, err
-		}
-		t.EventTime = &c
+		t.EventTime = timeColumn("event_time", pt.EventTime)
 	}
 	if pt.FirstSeen != "" {
-		c, err := timeColumn("first_seen", pt.FirstSeen)
-		if err != nil {
-			return nil, err
-		}
-		t.FirstSeen = &c
+		t.FirstSeen = timeColumn("first_seen", pt.FirstSeen)
 	}
-	if err := resolveTiers(ctx, q, t, cols); err != nil {
-		return nil, err
+	if bad.fatal(checkEpochUnit(pt, t)) {
+		return nil, bad.err()
 	}
-	if err := resolveCitus(ctx, q, pt, t, cols); err != nil {
-		return nil, err
+	if bad.fatal(resolveRows(ctx, q, t, cols)) || bad.fatal(resolveReferences(ctx, q, t)) {
+		return nil, bad.err()
 	}
-	if err := resolveCitusTiers(ctx, q, pt, t); err != nil {
-		return nil, err
+	if !bad.empty() {
+		// The checks below read the columns above.
+		return nil, bad.err()
+	}
+	if bad.fatal(resolveTiers(ctx, q, t, cols)) || bad.fatal(resolveCitus(ctx, q, pt, t, cols)) || bad.fatal(resolveCitusTiers(ctx, q, pt, t)) {
+		return nil, bad.err()
+	}
+	if t.Distributed() && len(t.DeletesFirst()) > 0 {
+		bad.add(invalid(pt, "delete_referencing", "is not supported on a Citus distributed table: its batches are pushed to the shards as one statement, without the referencing rows"))
 	}
 
 	if t.Partitioned() {
 		if t.Expiry.Zone != "" && t.Expiry.Zone != "UTC" {
-			return nil, invalid(pt, "time_zone", "monthly partitions are cut in UTC, so a partitioned table's %s column must be timestamptz, or timestamp written in UTC; %q is not supported here",
-				t.Expiry.Type, pt.TimeZone)
+			bad.add(invalid(pt, "time_zone", "monthly partitions are cut in UTC, so a partitioned table's %s column must be timestamptz, or timestamp written in UTC; %q is not supported here",
+				t.Expiry.Type, pt.TimeZone))
+		}
+		if t.Expiry.Epoch != "" {
+			bad.add(invalid(pt, expiryField(pt), "monthly partitions are cut on timestamps: a partitioned table's expiry column must be timestamptz or timestamp, not %s", t.Expiry.Type))
 		}
 		// Whole partitions go; no batch walks an expiry index.
-		if err := checkPartitioned(ctx, q, t); err != nil {
-			return nil, err
+		if bad.empty() && bad.fatal(checkPartitioned(ctx, q, t)) {
+			return nil, bad.err()
 		}
-		return t, nil
+		return t, bad.err()
 	}
-	var indexed bool
-	err = q.QueryRow(ctx, `
-SELECT EXISTS (
-  SELECT 1
-  FROM pg_index i
-  JOIN pg_class ic ON ic.oid = i.indexrelid
-  JOIN pg_am am ON am.oid = ic.relam
-  JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
-  WHERE i.indrelid = $1 AND a.attname = $2 AND am.amname = 'btree'
-    AND i.indisvalid AND i.indisready AND i.indpred IS NULL)`, t.OID, t.Expiry.Name).Scan(&indexed)
-	if err != nil {
-		return nil, fmt.Errorf("table %s: read indexes: %w", t.Name, err)
+	if keysOK && expiryOK && bad.fatal(checkExpiryIndex(ctx, q, t)) {
+		return nil, bad.err()
 	}
-	if !indexed {
-		return nil, invalid(pt, expiryField, "no valid btree index leads with column %q; create one first, for example: CREATE INDEX CONCURRENTLY ON %s (%s)",
-			t.Expiry.Name, t.Ident, t.Expiry.Quoted)
+	if bad.fatal(readRowCosts(ctx, q, t)) {
+		return nil, bad.err()
+	}
+	if !bad.empty() {
+		return nil, bad.err()
 	}
 	return t, nil
 }
 
-// suggest names a column that differs only in case, the most common slip
-// when mapping framework tables with quoted mixed-case names.
-func suggest(name string, cols map[string]string) string {
-	for c := range cols {
-		if strings.EqualFold(c, name) {
-			return fmt.Sprintf(" (did you mean %q? column names are exact)", c)
-		}
+// expiryField is the policy field that names the expiry column.
+func expiryField(pt policy.Table) string {
+	switch {
+	case len(pt.Windows) > 0:
+		return "windows[0]." + expiryField(policy.Table{ExpiresAt: pt.Windows[0].ExpiresAt, ExpiresAfter: pt.Windows[0].ExpiresAfter})
+	case pt.ExpiresAfter != nil:
+		return "expires_after.column"
 	}
-	return ""
+	return "expires_at"
+}
+
+// problems collects a table's catalog problems, so that one run reports
+// them all.
+type problems struct{ errs []error }
+
+// add records err when it is a problem (ErrInvalid) and says whether
+// there was none; any other error is recorded too (fatal says so).
+func (p *problems) add(err error) bool {
+	if err == nil {
+		return true
+	}
+	p.errs = append(p.errs, err)
+	return false
+}
+
+// fatal records err and says whether the checks must stop: an error that
+// is not a problem of the policy (the database failed us).
+func (p *problems) fatal(err error) bool {
+	if err == nil {
+		return false
+	}
+	if !errors.Is(err, ErrInvalid) {
+		p.errs = []error{err}
+		return true
+	}
+	p.errs = append(p.errs, err)
+	return false
+}
+
+func (p *problems) empty() bool { return len(p.errs) == 0 }
+
+// err is every problem, joined (nil: none). A failure of the database
+// comes alone.
+func (p *problems) err() error { return errors.Join(p.errs...) }
+
+// suggest names the column that name most likely meant: one that differs
+// only in case (the most common slip when mapping framework tables with
+// quoted mixed-case names, or folded unquoted ones), or a near miss.
+func suggest(name string, cols map[string]string) string {
+	c, ok := sqlident.Closest(name, slices.Collect(maps.Keys(cols)))
+	if !ok {
+		return ""
+	}
+	return fmt.Sprintf(" (did you mean %q? column names are exact)", c)
 }

@@ -80,7 +80,7 @@ CREATE TABLE public.local_parted (id int, e timestamp) PARTITION BY RANGE (e);`)
     expires_at: Seen`, []string{"scope", `"nope" does not exist`}},
 		{"no index", `table: public.noindex
     key: [id]
-    expires_at: e`, []string{"public.noindex", "no valid btree index leads with column", "CREATE INDEX CONCURRENTLY"}},
+    expires_at: e`, []string{"public.noindex", "no valid btree index serves the expiry order", "CREATE INDEX CONCURRENTLY"}},
 		{"partial index only", `table: public.partial
     key: [id]
     expires_at: e`, []string{"no valid btree index"}},

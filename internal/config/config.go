@@ -24,6 +24,7 @@ import (
 	"github.com/robfig/cron/v3"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/humantime"
+	"github.com/inboxkeeper/inboxkeeper/internal/sqlident"
 )
 
 // Prefix is the envconfig prefix; every variable is named Prefix + "_" + tag.
@@ -358,32 +359,11 @@ func unknownVariables(environ []string) problems {
 func suggest(name string, known []string) string {
 	best, bestDist := "", 4
 	for _, k := range known {
-		if d := distance(name, k); d < bestDist {
+		if d := sqlident.Distance(name, k); d < bestDist {
 			best, bestDist = k, d
 		}
 	}
 	return best
-}
-
-// distance is the Levenshtein distance over bytes; names are ASCII.
-func distance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur := make([]int, len(b)+1)
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev = cur
-	}
-	return prev[len(b)]
 }
 
 var levels = map[string]slog.Level{

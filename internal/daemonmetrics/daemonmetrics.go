@@ -58,7 +58,7 @@ func New(reg prometheus.Registerer, facts *Facts, version string) *Metrics {
 		Passes:         CounterVec(reg, "inboxkeeper_passes_total", "Passes by outcome: ok, partial, failed, skipped.", "outcome"),
 		LastPass:       Gauge(reg, "inboxkeeper_last_pass_timestamp_seconds", "Unix time at which the last pass ended, whatever its outcome."),
 		PassesInFlight: Gauge(reg, "inboxkeeper_pass_running", "1 while a pass runs."),
-		RowsProtected:  facts.Gauge(reg, "inboxkeeper_rows_protected", "Expired rows kept at the end of the last pass, by what kept them: hold, or replay (only a replay).", "table", "by"),
+		RowsProtected:  facts.Gauge(reg, "inboxkeeper_rows_protected", "Expired rows kept at the end of the last pass, by what kept them: hold, replay (only a replay), or reference (another table's foreign key points at them; no hold or replay covers them).", "table", "by"),
 		OldestExpiry:   facts.Gauge(reg, "inboxkeeper_oldest_retained_expiry_timestamp_seconds", "Unix time of the oldest expiry still present (protected rows included).", "table"),
 		NewestExpiry:   facts.Gauge(reg, "inboxkeeper_newest_retained_expiry_timestamp_seconds", "Unix time of the newest expiry present: how far ahead identities are promised.", "table"),
 		BytesPerKey:    facts.Gauge(reg, "inboxkeeper_bytes_per_key", "Storage one key costs, indexes and TOAST included, by tier: all (the table's size divided by the planner's row estimate), and for tables with tiers hot (a row with its payload), warm (a row without) and permanent (one key in the permanent key table).", "table", "tier"),

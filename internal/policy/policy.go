@@ -80,7 +80,20 @@ type Table struct {
 	// Tuning holds the table's tunables from the policy file (key to value,
 	// as the environment would write it); runtime settings override them.
 	Tuning map[string]string
-	Line   int // line of this entry in the file, for messages
+	// OnlyWhen keeps the policy to the rows it matches (rows.go); nil:
+	// every row. With Windows, the union of theirs.
+	OnlyWhen *Filter
+	// Windows are the table's retention windows when it has several
+	// (rows.go); nil: one, the table's own. With them, ExpiresAt and
+	// ExpiresAfter are the shortest window's.
+	Windows []Window
+	// EpochUnit is EpochSeconds or EpochMilliseconds when the table's time
+	// columns hold Unix time in integers; "": they are timestamps.
+	EpochUnit string
+	// DeleteReferencing are the tables whose rows pointing at a due row (a
+	// foreign key) are deleted with it, in the same statement.
+	DeleteReferencing []sqlident.QualifiedName
+	Line              int // line of this entry in the file, for messages
 }
 
 // Zone is TimeZone, or UTC when it is not set.
@@ -142,6 +155,11 @@ type rawTable struct {
 	Tiers        *rawTiers        `yaml:"tiers"`
 	TimeZone     string           `yaml:"time_zone"`
 	Tuning       *rawTuning       `yaml:"tuning"`
+	OnlyWhen     *rawFilter       `yaml:"only_when"`
+	Windows      []rawWindow      `yaml:"windows"`
+	EpochUnit    string           `yaml:"epoch_unit"`
+	// DeleteReferencing is read as text: a table name, parsed as in SQL.
+	DeleteReferencing []string `yaml:"delete_referencing"`
 }
 
 // rawTuning is a table's tuning block: the keys `inboxkeeper set --table`
@@ -341,24 +359,11 @@ func table(d *strictyaml.Decoder, rt rawTable, ctx string, line int) (Table, boo
 		column("first_seen", rt.FirstSeen)
 	}
 
-	switch ea := rt.ExpiresAfter; {
-	case rt.ExpiresAt != "" && ea != nil:
-		fail("expires_after", "cannot be combined with expires_at; use one")
-	case rt.ExpiresAt == "" && ea == nil && !d.Reported(ctx, "expires_after"):
-		fail("", "expires_at or expires_after is required")
-	case ea == nil:
-		column("expires_at", rt.ExpiresAt)
-	default:
-		if ea.Column == "" {
-			fail("expires_after.column", "required")
-		} else {
-			column("expires_after.column", ea.Column)
-		}
-		if ea.After <= 0 {
-			fail("expires_after.after", "must be positive")
-		}
-		t.ExpiresAfter = &ExpiresAfter{Column: ea.Column, After: time.Duration(ea.After)}
+	reported := func(field string) bool { return d.Reported(ctx, field) }
+	if rt.Windows == nil {
+		t.ExpiresAt, t.ExpiresAfter = expiry("", rt.ExpiresAt, rt.ExpiresAfter, fail, reported)
 	}
+	rows(rt, &t, fail, reported)
 	if rp := rt.Partitions; rp != nil {
 		t.Partitions = partitions(rp, fail)
 	}

@@ -115,15 +115,18 @@ type AutovacuumJSON struct {
 // RowsJSON is the backlog of a table managed row by row, in the words of
 // the metrics.
 type RowsJSON struct {
-	Due                 int64        `json:"due"`
-	DueCapped           bool         `json:"due_capped"`
-	ProtectedByHolds    int64        `json:"protected_by_holds"`
-	ProtectedByReplays  int64        `json:"protected_by_replays"`
-	ReplaysBeyondWindow int          `json:"replays_beyond_window"`
-	OldestExpiry        *time.Time   `json:"oldest_expiry"`
-	NewestExpiry        *time.Time   `json:"newest_expiry"`
-	Holds               []HoldJSON   `json:"holds"`
-	Replays             []ReplayJSON `json:"replays"`
+	Due                int64 `json:"due"`
+	DueCapped          bool  `json:"due_capped"`
+	ProtectedByHolds   int64 `json:"protected_by_holds"`
+	ProtectedByReplays int64 `json:"protected_by_replays"`
+	// ProtectedByReferences: expired rows another table's foreign key
+	// points at (no hold or replay covers them).
+	ProtectedByReferences int64        `json:"protected_by_references"`
+	ReplaysBeyondWindow   int          `json:"replays_beyond_window"`
+	OldestExpiry          *time.Time   `json:"oldest_expiry"`
+	NewestExpiry          *time.Time   `json:"newest_expiry"`
+	Holds                 []HoldJSON   `json:"holds"`
+	Replays               []ReplayJSON `json:"replays"`
 }
 
 // HoldJSON is an active hold.
@@ -440,7 +443,7 @@ func StatusOf(st pass.Status, tables []*catalog.Table, th *throttle.Throttler) S
 }
 
 func rowsJSON(st expiry.TableStatus) *RowsJSON {
-	r := &RowsJSON{Due: st.Due, DueCapped: st.DueCapped, ProtectedByHolds: st.ProtectedByHolds, ProtectedByReplays: st.ProtectedByReplays,
+	r := &RowsJSON{Due: st.Due, DueCapped: st.DueCapped, ProtectedByHolds: st.ProtectedByHolds, ProtectedByReplays: st.ProtectedByReplays, ProtectedByReferences: st.ProtectedByReferences,
 		ReplaysBeyondWindow: st.ReplaysBeyondWindow, OldestExpiry: st.Oldest, NewestExpiry: st.Newest, Holds: []HoldJSON{}, Replays: []ReplayJSON{}}
 	for _, h := range st.Holds {
 		r.Holds = append(r.Holds, holdJSON(h))

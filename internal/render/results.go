@@ -33,8 +33,12 @@ func Stage(stdout, stderr io.Writer, stage string, rs []pass.TableResult, dryRun
 func printResults(w io.Writer, results []expiry.TableResult, dryRun bool) int {
 	verb := pick(dryRun, "would delete", "deleted")
 	return writeResults(w, results, func(r expiry.TableResult) (string, retry.Early, error) {
-		return fmt.Sprintf("%s: %s %d, protected by holds %d, protected by replays %d, %s",
-			r.Table, verb, r.Deleted, r.ProtectedByHolds, r.ProtectedByReplays, humantime.Duration(r.Duration)), r.StoppedEarly, r.Err
+		refs := ""
+		if r.ProtectedByReferences > 0 {
+			refs = fmt.Sprintf(", protected by references %d", r.ProtectedByReferences)
+		}
+		return fmt.Sprintf("%s: %s %d, protected by holds %d, protected by replays %d%s, %s",
+			r.Table, verb, r.Deleted, r.ProtectedByHolds, r.ProtectedByReplays, refs, humantime.Duration(r.Duration)), r.StoppedEarly, r.Err
 	})
 }
 

@@ -107,6 +107,7 @@ func writeStatus(w io.Writer, st expiry.TableStatus) {
 	fmt.Fprintf(w, "  due (deletable now):      %s\n", due)
 	fmt.Fprintf(w, "  protected by holds:       %d\n", st.ProtectedByHolds)
 	fmt.Fprintf(w, "  protected by replays:     %d\n", st.ProtectedByReplays)
+	fmt.Fprintf(w, "  protected by references:  %d\n", st.ProtectedByReferences)
 	fmt.Fprintf(w, "  cleanup lag:              %s\n", humantime.Duration(st.CleanupLag))
 	if st.Oldest != nil {
 		fmt.Fprintf(w, "  oldest retained expiry:   %s\n", st.Oldest.UTC().Format(time.RFC3339))

@@ -90,6 +90,7 @@ const (
 	SQLStateDuplicateTable     = "42P07"
 	SQLStateInvalidDefinition  = "42P17" // invalid_object_definition: a partition range that overlaps another
 	SQLStateUniqueViolation    = "23505"
+	SQLStateForeignKey         = "23503" // foreign_key_violation: a row another table points at
 	SQLStateInsufficientPriv   = "42501"
 	SQLStateInvalidSchemaName  = "3F000"
 )

@@ -78,3 +78,34 @@ func FuzzQualifiedNameRoundTrip(f *testing.F) {
 		}
 	})
 }
+
+// A name typed without quotes folds to lower case: the suggestion is the
+// quoted spelling of the table that differs only in case; else a near
+// miss; nothing when none is near.
+func TestClosest(t *testing.T) {
+	t.Parallel()
+	cols := []string{"Delivered", "MessageId", "ConsumerId", "keep_until", "status"}
+	for name, want := range map[string]string{
+		"delivered": "Delivered", "messageid": "MessageId", "keep_untill": "keep_until", "Status": "status", "stauts": "status",
+	} {
+		if got, ok := Closest(name, cols); !ok || got != want {
+			t.Errorf("Closest(%q) = %q, %v; want %q", name, got, ok, want)
+		}
+	}
+	for _, far := range []string{"payload", "x", "DeliveredAtUtcTimestamp"} {
+		if got, ok := Closest(far, cols); ok {
+			t.Errorf("Closest(%q) = %q; want none", far, got)
+		}
+	}
+	tables := []QualifiedName{{"public", "InboxState"}, {"public", "OutboxMessage"}, {"cap", "received"}}
+	typed, _ := ParseQualifiedName("public.InboxState")
+	if got, ok := ClosestTable(typed, tables); !ok || got.String() != `public."InboxState"` {
+		t.Errorf("ClosestTable(%s) = %s, %v", typed, got, ok)
+	}
+	if got, ok := ClosestTable(QualifiedName{"cap", "recieved"}, tables); !ok || got.String() != "cap.received" {
+		t.Errorf("ClosestTable(cap.recieved) = %s, %v", got, ok)
+	}
+	if got, ok := ClosestTable(QualifiedName{"public", "jobs"}, tables); ok {
+		t.Errorf("ClosestTable(public.jobs) = %s", got)
+	}
+}

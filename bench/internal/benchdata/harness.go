@@ -280,6 +280,24 @@ func DoneBatches(output string) int {
 	return n
 }
 
+// longestBatchRE finds the longest batch in the daemon's "table done" log
+// line (text: a duration; JSON: nanoseconds).
+var longestBatchRE = regexp.MustCompile(`expiry: table done.*?\blongest_batch"?[=:]"?([0-9.]+[a-zµ]*)`)
+
+// LongestBatch is the longest batch the daemon's log reports, 0 when it
+// does not say.
+func LongestBatch(output string) time.Duration {
+	m := longestBatchRE.FindStringSubmatch(output)
+	if m == nil {
+		return 0
+	}
+	if d, err := time.ParseDuration(m[1]); err == nil {
+		return d
+	}
+	ns, _ := strconv.ParseInt(m[1], 10, 64)
+	return time.Duration(ns)
+}
+
 // Measure runs fn right after a CHECKPOINT on db and returns its wall time
 // and the WAL the whole cluster inserted meanwhile.
 func Measure(ctx context.Context, db DB, fn func() error) (time.Duration, int64, error) {

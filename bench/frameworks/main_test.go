@@ -1,0 +1,28 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/inboxkeeper/inboxkeeper/bench/internal/benchtest"
+)
+
+// TestTinyRun runs the whole benchmark at a tiny scale, so CI proves that
+// it still builds the daemon, makes every framework's table with the docs'
+// index, deletes exactly the due rows both ways and reports.
+func TestTinyRun(t *testing.T) {
+	t.Parallel()
+	benchtest.TinyRun(t, run, []string{"-rows", "4000", "-reps", "2"},
+		"bench/frameworks on ", " CPUs; flags: -baseline  -frameworks Wolverine,DotNetCore.CAP,MassTransit,NServiceBus,Brighter,Eventuate Tram -keep false -reps 2 -rows 4000",
+		"timing: inboxkeeper once from exec to exit",
+		"framework Wolverine: 4000 rows, 2000 due; its cleanup: batches of 5000",
+		"framework DotNetCore.CAP: 4000 rows, 2000 due; its cleanup: batches of 1000",
+		"framework MassTransit: 4000 rows, 2000 due; its cleanup: batches of 100",
+		"framework NServiceBus: 4000 rows, 2000 due; its cleanup: batches of 4000",
+		"framework Brighter: 4000 rows, 2000 due; its cleanup: batches of 100",
+		"framework Eventuate Tram: 4000 rows, 2000 due; its cleanup: one DELETE",
+		"rep 1 (inboxkeeper once first)", "rep 2 (the framework's cleanup first)",
+		"    inboxkeeper once, VACUUM left ", "    the framework's cleanup ",
+		"Wolverine over 2 reps, inboxkeeper once: ratio framework/this median ",
+		"Eventuate Tram over 2 reps, inboxkeeper once, VACUUM left: ratio framework/this median ",
+	)
+}
