@@ -846,30 +846,35 @@ func (g *windowGate) PaceWriter(ctx context.Context) (service.WriterPace, error)
 }
 func (g *windowGate) Overrun() string { return "" }
 
-// Partition DDL writes WAL too (the catalog pages' images, some hundred
-// kB a statement): it waits for room in the standbys' WAL window as a
-// batch does, not only for the throttle's signals.
+// A partition's detach and drop write WAL too (the catalog pages'
+// images, some hundred kB a statement): they wait for room in the
+// standbys' WAL window as a batch does, not only for the throttle's
+// signals. The months ahead are made first, without waiting.
 func TestDDLWaitsForTheWALWindow(t *testing.T) {
 	t.Parallel()
-	f := setup(t, parentDDL, policyText("0"))
+	f := setup(t, mayDDL, policyText("0"))
+	f.insertRows(t, "a", 3, may10)
 	g := &windowGate{room: make(chan struct{}), asked: make(chan struct{})}
 	done := make(chan TableResult, 1)
 	go func() { done <- f.pass(t, Options{Base: service.Base{Clock: service.At(t0), Throttle: g}}) }()
 	select {
 	case <-g.asked:
 	case res := <-done:
-		t.Fatalf("the pass ended without asking the WAL window: created %v", res.Created)
+		t.Fatalf("the pass ended without asking the WAL window: %+v", res)
 	case <-time.After(30 * time.Second):
 		t.Fatal("the DDL never asked the WAL window")
 	}
-	if names := f.names(t); len(names) != 0 {
-		t.Fatalf("partitions created while the window had no room: %v", names)
+	if !f.exists(t, "public.consumer_inbox_p202605") || f.count(t, "public.consumer_inbox", "remember_until < '2026-06-01'") != 3 {
+		t.Fatal("the expired month was detached while the window had no room")
 	}
 	close(g.room)
 	select {
 	case res := <-done:
+		if len(res.Detached) != 1 {
+			t.Fatalf("detached %v once the window had room, want the expired month", res.Detached)
+		}
 		if len(res.Created) != 6 {
-			t.Fatalf("created %v once the window had room, want 6 partitions", res.Created)
+			t.Fatalf("created %v, want the 6 months ahead", res.Created)
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("the pass did not end once the window had room")
