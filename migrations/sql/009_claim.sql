@@ -87,12 +87,11 @@ BEGIN
                 RAISE EXCEPTION 'inboxkeeper.claim: no retention rule for table %%.%% and consumer %%', %4$s, %5$s, quote_literal(p_consumer)
                     USING ERRCODE = '22023', HINT = 'add the consumer to the retention section of the policy and run inboxkeeper plan --apply';
             END IF;
-            v_post := (%7$s::interval[])[v_i];
-            v_replay := (%8$s::interval[])[v_i];
-            v_deadline := (%9$s::timestamptz[])[v_i];
-            v_margin := (%10$s::interval[])[v_i];
-            v_new := coalesce(greatest(v_now + v_post, p_event_time + v_replay, v_deadline), v_now) + v_margin;
-            v_late := coalesce(p_event_time + v_replay + v_margin < v_now, false);%14$s
+            -- A fresh claim's answer (and an expired redelivery's): what
+            -- the answer does not change is computed once.
+            remember_until := coalesce(greatest(v_now + (%7$s::interval[])[v_i], p_event_time + (%8$s::interval[])[v_i],
+                                                (%9$s::timestamptz[])[v_i]), v_now) + (%10$s::interval[])[v_i];
+            late := coalesce(p_event_time + (%8$s::interval[])[v_i] + (%10$s::interval[])[v_i] < v_now, false);%14$s
             FOR v_try IN 1..100 LOOP
                 -- A new statement, so a new snapshot: it sees a claim that
                 -- committed while this one waited.
@@ -101,9 +100,9 @@ BEGIN
                  WHERE t.consumer = p_consumer AND t.message_id = p_message_id%15$s;
                 IF NOT FOUND THEN
                     INSERT INTO %17$s (consumer, message_id, payload_hash, event_time, first_seen_at, remember_until, business_key)
-                    VALUES (p_consumer, p_message_id, p_payload_hash, p_event_time, v_now, v_new, p_business_key)%16$s;
+                    VALUES (p_consumer, p_message_id, p_payload_hash, p_event_time, v_now, claim.remember_until, p_business_key)%16$s;
                     IF FOUND THEN
-                        result := 'fresh'; age := NULL; remember_until := v_new; first_seen_at := v_now; late := v_late;
+                        result := 'fresh'; first_seen_at := v_now;
                         RETURN NEXT;
                         RETURN;
                     END IF;
@@ -134,19 +133,19 @@ BEGIN
                 -- The old promise ended: the identity is new again. The row
                 -- is reused, so a unique key stays satisfied.
                 UPDATE %17$s t SET payload_hash = p_payload_hash, outcome = NULL, event_time = p_event_time,
-                       first_seen_at = v_now, remember_until = v_new, business_key = p_business_key
+                       first_seen_at = v_now, remember_until = claim.remember_until, business_key = p_business_key
                  WHERE t.consumer = p_consumer AND t.message_id = p_message_id
                    AND t.remember_until = v_until AND t.first_seen_at = v_first;
                 IF NOT FOUND THEN
                     -- The cleaner deleted the old row since we looked (or
                     -- another claim took it): write the identity anew.
                     INSERT INTO %17$s (consumer, message_id, payload_hash, event_time, first_seen_at, remember_until, business_key)
-                    VALUES (p_consumer, p_message_id, p_payload_hash, p_event_time, v_now, v_new, p_business_key)%16$s;
+                    VALUES (p_consumer, p_message_id, p_payload_hash, p_event_time, v_now, claim.remember_until, p_business_key)%16$s;
                     IF NOT FOUND THEN
                         CONTINUE;
                     END IF;
                 END IF;
-                result := 'expired_redelivery'; age := v_now - v_first; remember_until := v_new; first_seen_at := v_now; late := v_late;
+                result := 'expired_redelivery'; age := v_now - v_first; first_seen_at := v_now;
                 RETURN NEXT;
                 RETURN;
             END LOOP;
@@ -206,22 +205,18 @@ LANGUAGE plpgsql VOLATILE AS $%1$s$
 DECLARE
     v_now      timestamptz := coalesce(p_now, now());
     v_i        integer;
-    v_post     interval;
-    v_replay   interval;
-    v_deadline timestamptz;
-    v_margin   interval;
-    v_new      timestamptz;
-    v_late     boolean;
     v_hash     bytea;
     v_first    timestamptz;
     v_until    timestamptz;
     v_ext      timestamptz;
 BEGIN
-    IF current_setting('transaction_isolation') <> 'read committed' THEN
-        RAISE EXCEPTION 'inboxkeeper.claim needs READ COMMITTED isolation, not %%', current_setting('transaction_isolation')
-            USING ERRCODE = '25001', HINT = 'claim in a READ COMMITTED transaction: a claim that waited for another must see what that one wrote';
-    END IF;
-    IF p_consumer IS NULL OR p_message_id IS NULL OR p_payload_hash IS NULL OR p_event_time IS NULL THEN
+    -- One test on the way of every claim, two on the way of a refusal.
+    IF current_setting('transaction_isolation') <> 'read committed'
+       OR p_consumer IS NULL OR p_message_id IS NULL OR p_payload_hash IS NULL OR p_event_time IS NULL THEN
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            RAISE EXCEPTION 'inboxkeeper.claim needs READ COMMITTED isolation, not %%', current_setting('transaction_isolation')
+                USING ERRCODE = '25001', HINT = 'claim in a READ COMMITTED transaction: a claim that waited for another must see what that one wrote';
+        END IF;
         RAISE EXCEPTION 'inboxkeeper.claim: consumer, message_id, payload_hash and event_time are required' USING ERRCODE = '22004';
     END IF;
     CASE p_table::oid%2$s
