@@ -203,3 +203,27 @@ func TestOtherRolesCannotStallAClaim(t *testing.T) {
 		})
 	}
 }
+
+// The consumer's role of deploy/sql/role.sql, with the privileges on its
+// own inbox that the script leaves to the application, claims on both
+// layouts: the partitioned one takes the identity's row of claim_locks,
+// and a table created after its rule is compiled by the consumer's first
+// claim.
+func TestConsumerRoleClaims(t *testing.T) {
+	t.Parallel()
+	for _, layout := range []string{"plain", "partitioned"} {
+		t.Run(layout, func(t *testing.T) {
+			t.Parallel()
+			pool, url := pgtest.NewMigratedPool(t, exampleRule)
+			roles := pgtest.ApplyRoleScript(t, url)
+			pgtest.Exec(t, pool, layouts[layout]+`;
+GRANT SELECT, INSERT, UPDATE ON public.consumer_inbox TO `+roles.ConsumerRole)
+			consumer := pgtest.Pool(t, roles.Consumer)
+			for i, want := range []inbox.Kind{inbox.Fresh, inbox.Duplicate} {
+				if r, err := claimIn(consumer, t0.Add(time.Duration(i)*day), msg("m", "a", t0)); err != nil || r.Kind != want {
+					t.Errorf("claim %d as the consumer's role: %+v, %v; want %s", i+1, r, err, want)
+				}
+			}
+		})
+	}
+}
