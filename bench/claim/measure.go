@@ -109,14 +109,20 @@ type cell struct {
 	m      method
 	lat    []time.Duration
 	window time.Duration
-	recent [][]string // by client: the identities it wrote, the latest last
+	recent [][]written // by client: the identities it wrote, the latest last
 	rand   []*rand.Rand
+}
+
+// written is an identity a client wrote, and when.
+type written struct {
+	id string
+	at time.Time
 }
 
 // newCell is the cell of the i-th method in a rep, with a random source of
 // its own for each client.
 func newCell(m method, rep, i, clients int) *cell {
-	c := &cell{m: m, recent: make([][]string, clients)}
+	c := &cell{m: m, recent: make([][]written, clients)}
 	for j := range clients {
 		c.rand = append(c.rand, rand.New(rand.NewPCG(uint64(rep), uint64(i*1000+j))))
 	}
@@ -142,16 +148,22 @@ func (b *bench) slice(ctx context.Context, c *cell, l layout, x mix, d time.Dura
 					return
 				}
 				consumer, id, want := "c"+strconv.Itoa(1+r.IntN(20)), "", "fresh"
-				if len(c.recent[i]) > 0 && r.Float64() < x.dup {
-					// A repeat of one of the last thousand identities: a
-					// few tenths of a second old, well inside -horizon.
-					j := len(c.recent[i]) - 1 - r.IntN(min(len(c.recent[i]), 1000))
-					id, want = c.recent[i][j], "duplicate"
+				recent := c.recent[i]
+				// Repeats are of identities written in the last quarter of
+				// -horizon (at most the last thousand): well inside it,
+				// however slowly the method goes.
+				for len(recent) > 0 && began.Sub(recent[0].at) > horizon/4 {
+					recent = recent[1:]
+				}
+				if len(recent) > 0 && r.Float64() < x.dup {
+					j := len(recent) - 1 - r.IntN(min(len(recent), 1000))
+					id, want = recent[j].id, "duplicate"
 					consumer = id[:strings.IndexByte(id, '/')]
 				} else {
 					id = consumer + "/" + strconv.FormatInt(ids.Add(1), 10)
-					c.recent[i] = append(c.recent[i], id)
+					recent = append(recent, written{id, began})
 				}
+				c.recent[i] = recent
 				kind, err := c.m.op(ctx, conn, l.table, consumer, id)
 				took := time.Since(began)
 				if err != nil {
