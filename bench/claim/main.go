@@ -35,7 +35,9 @@
 // a repeat): a wrong one fails the run. It reports each method's rate and
 // latency (p50, p99), and the claim's against the insert of the same shape
 // (the statement's against the statement, inbox.Claim's against the
-// transaction). Goals: at least 0.7 x the insert's rate on the plain
+// transaction), and the CPU time an operation took, its backend's and the
+// client's (this process's): a ratio that a neighbour's load changes less
+// than a rate. Goals: at least 0.7 x the insert's rate on the plain
 // layout and 0.5 x on the partitioned one, a p99 at most 1.5 x, in every
 // rep. synchronous_commit is off in the clients' sessions unless
 // -synchronous-commit: with the disk's flush in every commit, both wait
@@ -167,8 +169,22 @@ type bench struct {
 type database struct {
 	url     string
 	conns   []*pgx.Conn
+	pids    []int // the connections' backends
 	daemon  *daemon
 	deleted func(ctx context.Context) (int64, error)
+}
+
+// cpu is the CPU time the connections' backends have used so far.
+func (db *database) cpu() (time.Duration, error) {
+	var sum time.Duration
+	for _, pid := range db.pids {
+		t, err := benchdata.ProcessCPU(pid)
+		if err != nil {
+			return 0, err
+		}
+		sum += t
+	}
+	return sum, nil
 }
 
 func benchmark(ctx context.Context, o options, w io.Writer) error {
@@ -306,6 +322,12 @@ func (b *bench) prepare(ctx context.Context, url, bin, policy string) (*database
 			return nil, err
 		}
 		db.conns = append(db.conns, c)
+		var pid int
+		if err := c.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+			db.close()
+			return nil, err
+		}
+		db.pids = append(db.pids, pid)
 	}
 	return db, nil
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -92,6 +93,9 @@ type measured struct {
 	rate     float64 // per second
 	p50, p99 time.Duration
 	n        int
+	// CPU time an operation: its server processes' (the clients'
+	// backends) and this process's, which runs the clients.
+	server, client time.Duration
 }
 
 // key names a run: rep, layout, mix, method.
@@ -109,6 +113,10 @@ type cell struct {
 	m      method
 	lat    []time.Duration
 	window time.Duration
+	// Over whole turns, warm-up included: the operations done and the CPU
+	// time they took, the backends' and this process's.
+	ops            int
+	server, client time.Duration
 	recent [][]written // by client: the identities it wrote, the latest last
 	rand   []*rand.Rand
 }
@@ -133,10 +141,17 @@ func newCell(m method, rep, i, clients int) *cell {
 // and adds what it did after the slice's first tenth. A claim whose answer
 // is not the one expected is an error.
 func (b *bench) slice(ctx context.Context, c *cell, l layout, x mix, d time.Duration) error {
-	conns := b.dbs[c.m.db].conns
+	db := b.dbs[c.m.db]
+	conns := db.conns
+	server, err := db.cpu()
+	if err != nil {
+		return err
+	}
+	client := selfCPU()
 	start := time.Now().Add(d / 10)
 	end := start.Add(d - d/10)
 	lat := make([][]time.Duration, len(conns))
+	ops := make([]int, len(conns))
 	errs := make([]error, len(conns))
 	var wg sync.WaitGroup
 	for i, conn := range conns {
@@ -174,6 +189,7 @@ func (b *bench) slice(ctx context.Context, c *cell, l layout, x mix, d time.Dura
 					errs[i] = fmt.Errorf("%s on %s: %s of %s answered %s, want %s", c.m.name, l.table, consumer, id, kind, want)
 					return
 				}
+				ops[i]++
 				if began.After(start) && began.Add(took).Before(end) {
 					lat[i] = append(lat[i], took)
 				}
@@ -181,14 +197,28 @@ func (b *bench) slice(ctx context.Context, c *cell, l layout, x mix, d time.Dura
 		})
 	}
 	wg.Wait()
+	server2, err := db.cpu()
+	if err != nil {
+		return err
+	}
+	c.server += server2 - server
+	c.client += selfCPU() - client
 	for i := range lat {
 		if errs[i] != nil {
 			return errs[i]
 		}
 		c.lat = append(c.lat, lat[i]...)
+		c.ops += ops[i]
 	}
 	c.window += end.Sub(start)
 	return nil
+}
+
+// selfCPU is this process's user and system time so far.
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func (c *cell) result() measured {
@@ -197,7 +227,9 @@ func (c *cell) result() measured {
 	}
 	slices.Sort(c.lat)
 	q := func(p float64) time.Duration { return c.lat[min(len(c.lat)-1, int(p*float64(len(c.lat))))] }
-	return measured{rate: float64(len(c.lat)) / c.window.Seconds(), p50: q(0.5), p99: q(0.99), n: len(c.lat)}
+	per := func(d time.Duration) time.Duration { return d / time.Duration(max(c.ops, 1)) }
+	return measured{rate: float64(len(c.lat)) / c.window.Seconds(), p50: q(0.5), p99: q(0.99), n: len(c.lat),
+		server: per(c.server), client: per(c.client)}
 }
 
 // measureAll runs every method in every rep, layout and mix, printing each
@@ -242,7 +274,7 @@ func (b *bench) measureAll(ctx context.Context, w io.Writer) (map[key]measured, 
 						}
 					}
 				}
-				fmt.Fprintf(w, "  %s, %s:\n    %-36s %10s %9s %9s  %s\n", l.name, x.name, "method", "per second", "p50 ms", "p99 ms", "against the insert (rate, p99)")
+				fmt.Fprintf(w, "  %s, %s:\n    %-36s %10s %9s %9s %12s  %s\n", l.name, x.name, "method", "per second", "p50 ms", "p99 ms", "CPU µs/op", "against the insert (rate, p99, CPU)")
 				for _, c := range cells {
 					runs[key{rep, l.name, x.name, c.m.name}] = c.result()
 				}
@@ -251,9 +283,10 @@ func (b *bench) measureAll(ctx context.Context, w io.Writer) (map[key]measured, 
 					against := ""
 					if m.pair != "" {
 						p := runs[key{rep, l.name, x.name, m.pair}]
-						against = fmt.Sprintf("%.2f x, %.2f x", r.rate/p.rate, float64(r.p99)/float64(p.p99))
+						against = fmt.Sprintf("%.2f x, %.2f x, %.2f x", r.rate/p.rate, float64(r.p99)/float64(p.p99), float64(r.server+r.client)/float64(p.server+p.client))
 					}
-					fmt.Fprintf(w, "    %-36s %10.0f %9.3f %9.3f  %s\n", m.name, r.rate, ms(r.p50), ms(r.p99), against)
+					cpu := fmt.Sprintf("%.0f+%.0f", us(r.server), us(r.client))
+					fmt.Fprintf(w, "    %-36s %10.0f %9.3f %9.3f %12s  %s\n", m.name, r.rate, ms(r.p50), ms(r.p99), cpu, against)
 				}
 			}
 		}
@@ -291,3 +324,5 @@ func (b *bench) summary(w io.Writer, runs map[key]measured) {
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
