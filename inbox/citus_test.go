@@ -21,11 +21,13 @@ func setupCitus(t *testing.T) *pgxpool.Pool {
 }
 
 // On a distributed inbox, concurrent claims of one identity give exactly one
-// fresh and duplicates otherwise; the identity lock is taken on the
-// coordinator, where every claim runs.
+// fresh and duplicates otherwise: the unique key of the identity's shard
+// serialises them, so they wait on a worker, where Citus's view of the
+// cluster's lock waits sees them.
 func TestConcurrentClaimsOnCitus(t *testing.T) {
 	t.Parallel()
-	concurrentClaims(t, setupCitus(t))
+	concurrentClaims(t, setupCitus(t), `SELECT count(DISTINCT waiting_gpid) FROM citus_lock_waits
+  WHERE blocked_statement LIKE '%inboxkeeper.claim%'`)
 }
 
 // The other results on a distributed inbox are those of one node: a

@@ -16,7 +16,6 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 	"github.com/inboxkeeper/inboxkeeper/migrations"
-	"github.com/inboxkeeper/inboxkeeper/retention"
 )
 
 // exampleDatabase is what a consumer's database looks like after
@@ -115,7 +114,7 @@ func Example() {
 	// --apply` installs it from the policy file): remember every message 30
 	// days after its first receipt and 48 days after its event time, plus a
 	// margin of 2 days.
-	rule := retention.Rule{Scope: "payments", PostReceipt: 30 * 24 * time.Hour, Replay: 48 * 24 * time.Hour, Margin: 2 * 24 * time.Hour}
+	rule := inbox.Rule{Scope: "payments", PostReceipt: 30 * 24 * time.Hour, Replay: 48 * 24 * time.Hour, Margin: 2 * 24 * time.Hour}
 	if err := inbox.InstallRule(ctx, pool, "public", "consumer_inbox", rule); err != nil {
 		log.Fatal(err)
 	}
@@ -158,7 +157,7 @@ func ExampleClaimer() {
 	ctx := context.Background()
 	pool, done := exampleDatabase(ctx)
 	defer done()
-	if err := inbox.InstallRule(ctx, pool, "public", "consumer_inbox", retention.Rule{Scope: "payments", PostReceipt: 30 * 24 * time.Hour}); err != nil {
+	if err := inbox.InstallRule(ctx, pool, "public", "consumer_inbox", inbox.Rule{Scope: "payments", PostReceipt: 30 * 24 * time.Hour}); err != nil {
 		log.Fatal(err)
 	}
 	c := &inbox.Claimer{Metrics: inbox.NewMetrics(prometheus.NewRegistry())}

@@ -4,11 +4,13 @@
 // redelivery whose old promise had ended.
 //
 // The work is done by the SQL function inboxkeeper.claim (created by
-// `inboxkeeper migrate`), so consumers in any language get the same answer;
-// this package calls it and keeps the consumer-side metrics.
+// `inboxkeeper migrate`, compiled for each inbox table from its retention
+// rules), so consumers in any language get the same answer; this package
+// calls it, keeps the consumer-side metrics and installs the rules.
 //
 // This is the library API for consumers: import it from your own module
-// (see the package examples). Everything else in the module is the daemon's.
+// (see the package examples). It depends on pgx and client_golang only;
+// everything else in the module is the daemon's.
 package inbox
 
 import (
@@ -21,8 +23,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/inboxkeeper/inboxkeeper/internal/service"
 )
 
 // Kind is what a delivery turned out to be.
@@ -67,9 +67,19 @@ type Result struct {
 	Late bool
 }
 
-// Clock pins "now" for tests: a func() time.Time. Nil means the database's
-// now(). It is the daemon's one clock type.
-type Clock = service.Clock
+// Clock pins "now" for tests. Nil means the database's now(), the start of
+// the claim's transaction: what is remembered is decided by the database's
+// clock, never the host's.
+type Clock func() time.Time
+
+// pinned is the pinned time, or nil for the database's now().
+func (c Clock) pinned() *time.Time {
+	if c == nil {
+		return nil
+	}
+	t := c()
+	return &t
+}
 
 // Claimer claims deliveries and records consumer-side metrics.
 type Claimer struct {
@@ -82,10 +92,11 @@ func Claim(ctx context.Context, tx pgx.Tx, msg Message) (Result, error) {
 	return (&Claimer{}).Claim(ctx, tx, msg)
 }
 
-// Claim records msg in tx, which must be READ COMMITTED: the claim takes a
-// transaction-scoped lock on the identity, so concurrent claims of one
-// identity wait for each other and exactly one is fresh. Commit tx together
-// with the message's effect; roll it back and the claim is undone too.
+// Claim records msg in tx, which must be READ COMMITTED: concurrent claims
+// of one identity wait for each other (on the table's unique key, or on a
+// lock of the identity where it has none) and exactly one is fresh; each
+// sees what the one before it committed. Commit tx together with the
+// message's effect; roll it back and the claim is undone too.
 func (c *Claimer) Claim(ctx context.Context, tx pgx.Tx, msg Message) (Result, error) {
 	hash := msg.PayloadHash
 	if hash == nil {
@@ -95,7 +106,7 @@ func (c *Claimer) Claim(ctx context.Context, tx pgx.Tx, msg Message) (Result, er
 		sum := sha256.Sum256(msg.Payload)
 		hash = sum[:]
 	}
-	now := c.Clock.Pinned()
+	now := c.Clock.pinned()
 	var r Result
 	var kind string
 	var age pgtype.Interval

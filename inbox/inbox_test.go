@@ -241,15 +241,22 @@ func TestConcurrentClaims(t *testing.T) {
 	for _, layout := range []string{"plain", "partitioned"} {
 		t.Run(layout, func(t *testing.T) {
 			t.Parallel()
-			concurrentClaims(t, setup(t, layout))
+			concurrentClaims(t, setup(t, layout), lockWaits)
 		})
 	}
 }
 
+// lockWaits counts the claims of this test's database that wait on a lock,
+// whatever serialises them (a unique key, a row lock). pg_stat_activity
+// shows every database of the shared cluster: this test's other layout, or
+// another run of it, waits in its own.
+const lockWaits = `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'
+  AND query LIKE '%inboxkeeper.claim%' AND datname = current_database()`
+
 // concurrentClaims claims one identity from many transactions at once and
 // checks that exactly one claim is fresh, the others duplicates, and one
-// row was written.
-func concurrentClaims(t *testing.T, pool *pgxpool.Pool) {
+// row was written. waiting counts the claims that wait on another.
+func concurrentClaims(t *testing.T, pool *pgxpool.Pool, waiting string) {
 	t.Helper()
 	ctx := context.Background()
 	const n = 8
@@ -276,12 +283,9 @@ func concurrentClaims(t *testing.T, pool *pgxpool.Pool) {
 		}()
 	}
 	// Hold the first claim open until every other one waits on it.
-	pgtest.WaitFor(t, 30*time.Second, "every other claim to wait on the identity lock", func() bool {
+	pgtest.WaitFor(t, 30*time.Second, "every other claim to wait on the first", func() bool {
 		var w int
-		// pg_locks shows every database of the shared cluster: this test's
-		// other layout, or another run of it, waits on its own locks.
-		_ = pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
-  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&w)
+		_ = pool.QueryRow(ctx, waiting).Scan(&w)
 		return w == n-1
 	})
 	if err := first.Commit(ctx); err != nil {

@@ -8,9 +8,32 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-
-	"github.com/inboxkeeper/inboxkeeper/retention"
 )
+
+// Rule is the retention rule of one table and consumer scope as the claim
+// path applies it: a fresh claim's remember_until is
+//
+//	max(first_seen_at + PostReceipt, event_time + Replay, Deadline) + Margin
+//
+// where a zero horizon (or a nil Deadline) takes no part, and first_seen_at
+// + Margin when none does. `inboxkeeper plan --apply` installs the rules of
+// a policy's retention section; an application may install its own.
+type Rule struct {
+	Scope       string        // the consumer scope: a claim's Consumer
+	PostReceipt time.Duration // 0: no horizon from the first receipt
+	Replay      time.Duration // 0: no horizon from the event time
+	Deadline    *time.Time    // nil: no fixed deadline
+	Margin      time.Duration
+	Extension   Extension
+}
+
+// Extension says whether a duplicate moves remember_until.
+type Extension struct {
+	// OnDuplicate: a duplicate moves remember_until to at least now + By,
+	// never past first_seen_at + Cap. Both must then be set.
+	OnDuplicate bool
+	By, Cap     time.Duration
+}
 
 // Execer is satisfied by *pgx.Conn, *pgxpool.Pool and pgx.Tx.
 type Execer interface {
@@ -20,8 +43,11 @@ type Execer interface {
 // InstallRule writes the rule the claim path uses for one table (schema and
 // name as the catalog spells them) and consumer scope, replacing the one
 // before. A duplicate's remember_until is only extended when the rule's
-// extension allows it.
-func InstallRule(ctx context.Context, db Execer, schema, table string, r retention.Rule) error {
+// extension allows it. The claim function is compiled again from the rules
+// in the same transaction, which must be READ COMMITTED (or none: db a
+// pool or a connection): claims in other sessions use the new rule from
+// its commit on.
+func InstallRule(ctx context.Context, db Execer, schema, table string, r Rule) error {
 	micros := func(d int64) *int64 {
 		if d == 0 {
 			return nil
@@ -91,9 +117,9 @@ FROM inboxkeeper.retention_rules ORDER BY schema_name, table_name, scope`)
 }
 
 // LoadRule reads the rule installed for one table (schema and name as
-// InstallRule was given them) and consumer scope, as a retention.Rule
-// (Table and Retention left empty); nil when none is installed.
-func LoadRule(ctx context.Context, db Querier, schema, table, scope string) (*retention.Rule, error) {
+// InstallRule was given them) and consumer scope; nil when none is
+// installed.
+func LoadRule(ctx context.Context, db Querier, schema, table, scope string) (*Rule, error) {
 	rows, err := db.Query(ctx, `SELECT (extract(epoch FROM post_receipt) * 1e6)::int8, (extract(epoch FROM replay) * 1e6)::int8, deadline,
        (extract(epoch FROM margin) * 1e6)::int8, extend_on_duplicate,
        (extract(epoch FROM extend_by) * 1e6)::int8, (extract(epoch FROM extension_cap) * 1e6)::int8
@@ -105,8 +131,8 @@ FROM inboxkeeper.retention_rules WHERE schema_name = $1 AND table_name = $2 AND 
 	if err != nil {
 		return nil, fmt.Errorf("read the installed retention rule of %s.%s scope %q: %w", schema, table, scope, err)
 	}
-	rules, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (retention.Rule, error) {
-		r := retention.Rule{Scope: scope}
+	rules, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Rule, error) {
+		r := Rule{Scope: scope}
 		var post, replay, by, cap *int64
 		var margin int64
 		if err := row.Scan(&post, &replay, &r.Deadline, &margin, &r.Extension.OnDuplicate, &by, &cap); err != nil {

@@ -18,7 +18,8 @@
 // The section is decoded with the policy file's strict decoder, and its
 // errors name the file, the line, the entry and the field.
 //
-// Daemon internals, and the types (Rule) that inbox.InstallRule takes.
+// Daemon internals. The claim path's library (inbox) has a Rule of its own:
+// ClaimRule and FromClaimRule convert.
 package retention
 
 import (
@@ -28,6 +29,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/inboxkeeper/inboxkeeper/inbox"
 
 	"go.yaml.in/yaml/v3"
 
@@ -134,6 +137,20 @@ func (r Rule) RememberUntil(firstSeen, eventTime time.Time) time.Time {
 		until = firstSeen
 	}
 	return until.Add(r.Margin)
+}
+
+// ClaimRule is r as the claim path installs it (inbox.InstallRule).
+func (r Rule) ClaimRule() inbox.Rule {
+	return inbox.Rule{Scope: r.Scope, PostReceipt: r.PostReceipt, Replay: r.Replay, Deadline: r.Deadline, Margin: r.Margin,
+		Extension: inbox.Extension{OnDuplicate: r.Extension.OnDuplicate, By: r.Extension.By, Cap: r.Extension.Cap}}
+}
+
+// FromClaimRule is a rule the claim path has installed (inbox.LoadRule) as
+// a Rule, to compare with a computed one: Table, Retention and the
+// extension's owner are left empty.
+func FromClaimRule(c inbox.Rule) Rule {
+	return Rule{Scope: c.Scope, PostReceipt: c.PostReceipt, Replay: c.Replay, Deadline: c.Deadline, Margin: c.Margin,
+		Extension: Extension{OnDuplicate: c.Extension.OnDuplicate, By: c.Extension.By, Cap: c.Extension.Cap}}
 }
 
 // String is the rule as a formula.

@@ -47,8 +47,8 @@ type Deployment struct {
 	VacuumDeadRatio float64 // INBOXKEEPER_VACUUM_DEAD_RATIO: the daemon's own VACUUM
 	RedisURL        string  // a Redis to judge as a volatile tier; "" for none
 	// Installed reads the rule plan --apply installed for a record's table
-	// and scope (inbox.LoadRule, which this package cannot import: inbox
-	// uses this one); nil when none is. Nil: not checked.
+	// and scope (inbox.LoadRule, through FromClaimRule); nil when none is.
+	// Nil: not checked.
 	Installed func(ctx context.Context, table, scope string) (*Rule, error)
 }
 

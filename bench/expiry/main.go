@@ -144,10 +144,8 @@ func run(args []string, stdout io.Writer) int {
 			o.layouts = append(o.layouts, l)
 		}
 		if o.baseline != "" {
-			// Before the tables are filled, not a quarter of an hour into
-			// the run.
-			if st, err := os.Stat(o.baseline); err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
-				return fmt.Errorf("-baseline %q: want an executable inboxkeeper binary (go build -o PATH ./cmd/inboxkeeper in another checkout)", o.baseline)
+			if err := benchdata.CheckBaseline(o.baseline); err != nil {
+				return err
 			}
 		}
 		return benchdata.WantFlags(fs, o.rows < 2 || o.batch < 1 || o.flatRows < 0 || o.reps < 1 || o.horizons < 2 || o.gap <= 0,

@@ -119,7 +119,12 @@ func (a *app) checkPlans(ctx context.Context, plans []retention.Plan, p *policy.
 			if err != nil {
 				return nil, err
 			}
-			return inbox.LoadRule(ctx, pool, qn.Schema, qn.Name, scope)
+			r, err := inbox.LoadRule(ctx, pool, qn.Schema, qn.Name, scope)
+			if r == nil || err != nil {
+				return nil, err
+			}
+			installed := retention.FromClaimRule(*r)
+			return &installed, nil
 		}},
 		func(v retention.Verdict) { fmt.Fprintln(a.stdout, v) })
 	if failed > 0 {
@@ -176,8 +181,13 @@ func (a *app) applyPlans(ctx context.Context, plans []retention.Plan, p *policy.
 		}
 	}
 	var lines []string
-	// Durable: a rule decides the expiry every claim writes from now on.
-	err = dbconn.Durable(ctx, pool, func(tx pgx.Tx) error {
+	// Read committed, whatever the server's default: each rule compiles the
+	// claim function from the rules as committed (inbox.InstallRule). Durable:
+	// a rule decides the expiry every claim writes from now on.
+	err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		if err := dbconn.MakeDurable(ctx, tx); err != nil {
+			return err
+		}
 		if _, err := a.txSettings().Apply(ctx, tx); err != nil {
 			return err
 		}
@@ -190,7 +200,7 @@ func (a *app) applyPlans(ctx context.Context, plans []retention.Plan, p *policy.
 			if err != nil {
 				return configError{err}
 			}
-			if err := inbox.InstallRule(ctx, tx, qn.Schema, qn.Name, pl.Rule); err != nil {
+			if err := inbox.InstallRule(ctx, tx, qn.Schema, qn.Name, pl.Rule.ClaimRule()); err != nil {
 				return err
 			}
 			lines = append(lines, fmt.Sprintf("applied scope %q on %s: %s", pl.Rule.Scope, pl.Rule.Table, pl.Rule))

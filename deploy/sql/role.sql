@@ -197,22 +197,38 @@ GRANT INSERT, UPDATE, DELETE ON TABLE inboxkeeper.settings TO :"operator_role";
 GRANT INSERT ON TABLE inboxkeeper.settings_history TO :"operator_role";
 GRANT USAGE ON SEQUENCE inboxkeeper.settings_history_id_seq TO :"operator_role";
 
--- plan --apply (upsert of each scope's rule).
+-- plan --apply (upsert of each scope's rule). A trigger compiles the claim
+-- function again from the rules in the same transaction: claim_compile runs
+-- with its owner's rights (it replaces inboxkeeper.claim, which that role
+-- owns), but calling it takes EXECUTE.
 GRANT INSERT, UPDATE ON TABLE inboxkeeper.retention_rules TO :"operator_role";
+GRANT EXECUTE ON FUNCTION
+    inboxkeeper.claim_compile(),
+    inboxkeeper.retention_rules_changed()
+    TO :"operator_role";
 
 ------------------------------------------------------------------------------
 -- Consumers: the claim path. inboxkeeper.claim runs with the caller's
--- privileges (it is not SECURITY DEFINER): it reads the rule, and reads and
--- writes the consumer's own inbox table, on which the consumer needs SELECT,
--- INSERT and UPDATE (it usually owns it).
+-- privileges (it is not SECURITY DEFINER): it reads and writes the
+-- consumer's own inbox table, on which the consumer needs SELECT, INSERT and
+-- UPDATE (it usually owns it). The rules are compiled into it; the first
+-- claim of a table created (or renamed) after its rule reads the rule and
+-- compiles the function again (claim_uncompiled, claim_compile).
 ------------------------------------------------------------------------------
 
 GRANT USAGE ON SCHEMA inboxkeeper TO :"consumer_role";
 GRANT SELECT ON TABLE inboxkeeper.retention_rules TO :"consumer_role";
+-- A table without a unique key on the identity (the partitioned layout):
+-- each claim locks one row of claim_locks with SELECT ... FOR UPDATE, which
+-- needs UPDATE on one column. "held" is that column, never written; a role
+-- without this grant cannot take these locks, so it cannot stall a claim.
+GRANT SELECT, UPDATE (held) ON TABLE inboxkeeper.claim_locks TO :"consumer_role";
 -- Functions are executable by PUBLIC unless default privileges say otherwise;
 -- granted explicitly so that it also works where they do.
 GRANT EXECUTE ON FUNCTION
     inboxkeeper.claim(regclass, text, text, bytea, timestamptz, text, timestamptz),
+    inboxkeeper.claim_uncompiled(regclass, text, text, bytea, timestamptz, text, timestamptz),
+    inboxkeeper.claim_compile(),
     inboxkeeper.remember_until(inboxkeeper.retention_rules, timestamptz, timestamptz)
     TO :"consumer_role";
 

@@ -167,6 +167,16 @@ func Flags(fs *flag.FlagSet) string {
 	return strings.Join(flags, " ")
 }
 
+// CheckBaseline says what is wrong with -baseline's path, nil when it is an
+// executable file: checked before the tables are filled, not a quarter of
+// an hour into the run.
+func CheckBaseline(path string) error {
+	if st, err := os.Stat(path); err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
+		return fmt.Errorf("-baseline %q: want an executable inboxkeeper binary (go build -o PATH ./cmd/inboxkeeper in another checkout)", path)
+	}
+	return nil
+}
+
 // Header is a report's first line: when and on how many CPUs it ran, and
 // with which flags, because its figures mean little without them.
 func Header(w io.Writer, name, flags string) {

@@ -17,11 +17,13 @@ import (
 
 // Roles are the login users ApplyRoleScript made, as connection strings:
 // Daemon is a member of the daemon's role (inboxkeeper), Operator of the
-// operator's (inboxkeeper_operator).
+// operator's (inboxkeeper_operator), Consumer of the claim path's
+// (inboxkeeper_consumer).
 type Roles struct {
-	Daemon, Operator string
-	// DaemonRole and OperatorRole are the NOLOGIN roles role.sql made.
-	DaemonRole, OperatorRole string
+	Daemon, Operator, Consumer string
+	// DaemonRole, OperatorRole and ConsumerRole are the NOLOGIN roles
+	// role.sql made.
+	DaemonRole, OperatorRole, ConsumerRole string
 }
 
 // ApplyRoleScript runs deploy/sql/role.sql with psql against the database
@@ -30,7 +32,8 @@ type Roles struct {
 // role names of the test's own: roles are cluster-wide, and other tests
 // share the server. On a Citus coordinator, Citus sends the roles, their
 // memberships and the grants on distributed tables to the workers. It
-// returns two login users; the roles stay with the throwaway server.
+// returns a login user of each role; the roles stay with the throwaway
+// server.
 func ApplyRoleScript(t testing.TB, dbURL string, vars ...map[string]string) Roles {
 	t.Helper()
 	bin, err := pgcluster.FindBinDir()
@@ -39,8 +42,9 @@ func ApplyRoleScript(t testing.TB, dbURL string, vars ...map[string]string) Role
 	}
 	script := filepath.Join(moduleRoot(t), "deploy", "sql", "role.sql")
 	n := seq.Add(1)
-	r := Roles{DaemonRole: fmt.Sprintf("ik%d_%d_daemon", os.Getpid(), n), OperatorRole: fmt.Sprintf("ik%d_%d_operator", os.Getpid(), n)}
-	names := map[string]string{"role": r.DaemonRole, "operator_role": r.OperatorRole, "consumer_role": fmt.Sprintf("ik%d_%d_consumer", os.Getpid(), n)}
+	r := Roles{DaemonRole: fmt.Sprintf("ik%d_%d_daemon", os.Getpid(), n), OperatorRole: fmt.Sprintf("ik%d_%d_operator", os.Getpid(), n),
+		ConsumerRole: fmt.Sprintf("ik%d_%d_consumer", os.Getpid(), n)}
+	names := map[string]string{"role": r.DaemonRole, "operator_role": r.OperatorRole, "consumer_role": r.ConsumerRole}
 	if len(vars) == 0 {
 		vars = []map[string]string{nil} // the control schema's part only
 	}
@@ -72,6 +76,7 @@ func ApplyRoleScript(t testing.TB, dbURL string, vars ...map[string]string) Role
 	}
 	r.Daemon = login(r.DaemonRole, r.DaemonRole+"_app")
 	r.Operator = login(r.OperatorRole, r.OperatorRole+"_app")
+	r.Consumer = login(r.ConsumerRole, r.ConsumerRole+"_app")
 	return r
 }
 
