@@ -73,6 +73,7 @@ type Table struct {
 	ExpiresAfter *ExpiresAfter
 	Partitions   *Partitions // nil: the table is not managed by partition
 	Tiers        *Tiers      // nil: rows are not demoted (see tiers.go)
+	Compact      *Compact    // nil: the daemon never compacts it (see compact.go)
 	// TimeZone is the IANA zone the application writes the table's
 	// timestamp-without-time-zone columns in; "" means UTC (and, when the
 	// database's TimeZone is not UTC, a warning at startup).
@@ -142,6 +143,7 @@ type rawTable struct {
 	Tiers        *rawTiers        `yaml:"tiers"`
 	TimeZone     string           `yaml:"time_zone"`
 	Tuning       *rawTuning       `yaml:"tuning"`
+	Compact      *rawCompact      `yaml:"compact"`
 }
 
 // rawTuning is a table's tuning block: the keys `inboxkeeper set --table`
@@ -375,6 +377,12 @@ func table(d *strictyaml.Decoder, rt rawTable, ctx string, line int) (Table, boo
 	}
 	if rt.Tiers != nil {
 		t.Tiers = tiers(rt.Tiers, t, fail)
+	}
+	if rt.Compact != nil {
+		t.Compact = compact(rt.Compact, fail)
+		if t.Partitions != nil {
+			fail("compact", "a table managed by partition gives its space back as whole partitions go; compact is for an ordinary table")
+		}
 	}
 	return t, d.Count() == before
 }

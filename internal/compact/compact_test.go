@@ -1,0 +1,134 @@
+package compact_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/inboxkeeper/inboxkeeper/inbox"
+	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
+	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/compact"
+	"github.com/inboxkeeper/inboxkeeper/internal/service"
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// fillSQL fills the recommended inbox with $1 rows of consumer payments,
+// those for which expired(i) holds already expired, the others remembered
+// for 30 days more; each row's outcome pads it to about 200 bytes.
+const fillSQL = `INSERT INTO public.consumer_inbox
+SELECT 'payments', 'm' || i, sha256(i::text::bytea), repeat('o', 100), now() - interval '10 days', now() - interval '10 days',
+       CASE WHEN %s THEN now() - interval '1 day' ELSE now() + interval '30 days' END, 'bk' || i
+FROM generate_series(1, $1) i`
+
+// Layouts of the purged rows.
+const (
+	oldest    = "i <= $1 * 0.8"              // the oldest 80%: the start of the heap is empty, its end full
+	scattered = "hashtext(i::text) % 5 <> 0" // 80% at random: every page a fifth full
+)
+
+// env is a purged inbox, ready to compact.
+type env struct {
+	pool  *pgxpool.Pool
+	url   string
+	table *catalog.Table
+}
+
+// newEnv fills rows rows, purges those the layout says (and VACUUMs, as
+// the deleter's pass would), and resolves the table.
+func newEnv(t *testing.T, rows int, layout string) env {
+	t.Helper()
+	pool, url := pgtest.NewMigratedPool(t, inbox.PlainDDL, "ALTER TABLE public.consumer_inbox SET (autovacuum_enabled = off)")
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, fmt.Sprintf(fillSQL, layout), rows); err != nil {
+		t.Fatal(err)
+	}
+	pgtest.Exec(t, pool, "DELETE FROM public.consumer_inbox WHERE remember_until < now()")
+	pgtest.Exec(t, pool, "VACUUM (ANALYZE) public.consumer_inbox")
+	return env{pool: pool, url: url, table: pgtest.Resolve(t, pool, inbox.PlainPolicy)[0]}
+}
+
+// audit is the table's rows, whole, as one digest and a count: equal
+// before and after, no row was lost, duplicated or changed.
+type audit struct {
+	rows   int64
+	digest string
+}
+
+func (e env) audit(t *testing.T) audit {
+	t.Helper()
+	var a audit
+	if err := e.pool.QueryRow(context.Background(), `SELECT count(*), coalesce(md5(string_agg(r::text, E'\n' ORDER BY consumer, message_id)), '')
+FROM public.consumer_inbox r`).Scan(&a.rows, &a.digest); err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+func (e env) heap(t *testing.T) int64 {
+	t.Helper()
+	var n int64
+	if err := e.pool.QueryRow(context.Background(), "SELECT pg_relation_size('public.consumer_inbox')").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func (e env) compactor(opts compact.Options) *compact.Compactor {
+	opts.Force = true
+	if opts.BatchSize == 0 {
+		opts.BatchSize = 500
+	}
+	return compact.New(e.pool, []*catalog.Table{e.table}, opts)
+}
+
+func run(t *testing.T, c *compact.Compactor) compact.Result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	rs, err := c.RunPass(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rs) != 1 {
+		t.Fatalf("%d results, want 1", len(rs))
+	}
+	return rs[0]
+}
+
+// TestCompactGivesTheDiskBack compacts a purged inbox of either layout:
+// the heap ends within 1.3 x its live size, every row is there, unchanged.
+func TestCompactGivesTheDiskBack(t *testing.T) {
+	t.Parallel()
+	for name, layout := range map[string]string{"oldest purged": oldest, "scattered purge": scattered} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, 40000, layout)
+			before, heap := e.audit(t), e.heap(t)
+			res := run(t, e.compactor(compact.Options{Settings: batchloop.Settings{Base: service.Base{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))}}}))
+			if res.Err != nil {
+				t.Fatal(res.Err)
+			}
+			if after := e.audit(t); after != before {
+				t.Errorf("audit after %+v, before %+v", after, before)
+			}
+			live := res.After.LiveBytes()
+			t.Logf("before %+v after %+v", res.Before, res.After)
+			t.Logf("heap %d -> %d bytes, live %d: %.2f x live; moved %d, strays %d, updates %d, batches %d, vacuums %d",
+				heap, e.heap(t), live, float64(e.heap(t))/float64(live), res.Moved, res.Strays, res.Updates, res.Batches, res.Vacuums)
+			if got := e.heap(t); float64(got) > 1.3*float64(live) {
+				t.Errorf("heap %d bytes, more than 1.3 x the live %d", got, live)
+			}
+			if res.Truncated != heap-e.heap(t) {
+				t.Errorf("truncated %d, the heap shrank by %d", res.Truncated, heap-e.heap(t))
+			}
+		})
+	}
+}
