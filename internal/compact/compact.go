@@ -97,6 +97,7 @@ type Result struct {
 	Err          error
 
 	vacuumedAt int64 // Updates at the last VACUUM
+	lockWaits  int   // sessions that queued behind a batch
 }
 
 // WouldGiveBack is, for a dry run, what compaction would give back.
@@ -236,7 +237,7 @@ func (c *Compactor) compact(ctx context.Context, t *catalog.Table, deadline time
 	// First a VACUUM: the free space map must know the space the purge
 	// left, or the moves would extend the heap; and a tail the purge
 	// emptied goes at once.
-	if err := c.vacuumTail(ctx, t, deadline, res, log); err != nil {
+	if err := c.vacuumTail(ctx, t, deadline, false, res, log); err != nil {
 		return err
 	}
 	// The live rows as counted before the moves: a VACUUM after them
@@ -267,8 +268,8 @@ func (c *Compactor) compact(ctx context.Context, t *catalog.Table, deadline time
 	if !res.StoppedEarly.Stopped() {
 		// Fresh statistics for the compacted heap (the VACUUMs' estimates
 		// of its rows are off): what status and the metrics read next.
-		if _, err := c.pool.Exec(ctx, "ANALYZE "+t.Ident); err != nil {
-			return fmt.Errorf("analyze %s: %w", t.Name, err)
+		if err := c.analyze(ctx, t); err != nil {
+			return err
 		}
 	}
 	if res.After, err = Measure(ctx, c.pool, t); err != nil {

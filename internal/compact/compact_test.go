@@ -3,8 +3,7 @@ package compact_test
 import (
 	"context"
 	"fmt"
-	"log/slog"
-	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,17 +13,19 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/compact"
+	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/service"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-// fillSQL fills the recommended inbox with $1 rows of consumer payments,
-// those for which expired(i) holds already expired, the others remembered
+// fillSQL fills the recommended inbox with $1 rows, a tenth of them of
+// consumer legal and the others of payments, those for which %s holds
+// already expired, the others remembered
 // for 30 days more; each row's outcome pads it to about 200 bytes.
 const fillSQL = `INSERT INTO public.consumer_inbox
-SELECT 'payments', 'm' || i, sha256(i::text::bytea), repeat('o', 100), now() - interval '10 days', now() - interval '10 days',
+SELECT CASE WHEN i %% 10 = 0 THEN 'legal' ELSE 'payments' END, 'm' || i, sha256(i::text::bytea), repeat('o', 100), now() - interval '10 days', now() - interval '10 days',
        CASE WHEN %s THEN now() - interval '1 day' ELSE now() + interval '30 days' END, 'bk' || i
 FROM generate_series(1, $1) i`
 
@@ -42,11 +43,30 @@ type env struct {
 }
 
 // newEnv fills rows rows, purges those the layout says (and VACUUMs, as
-// the deleter's pass would), and resolves the table.
+// the deleter's pass would), and resolves the table, in a database of its
+// own.
 func newEnv(t *testing.T, rows int, layout string) env {
 	t.Helper()
-	pool, url := pgtest.NewMigratedPool(t, inbox.PlainDDL, "ALTER TABLE public.consumer_inbox SET (autovacuum_enabled = off)")
+	return newEnvAt(t, pgtest.NewDatabase(t), rows, layout)
+}
+
+// newEnvAt is newEnv in the database at url.
+func newEnvAt(t *testing.T, url string, rows int, layout string) env {
+	t.Helper()
+	pgtest.Migrate(t, url)
+	pgtest.ExecOn(t, url, inbox.PlainDDL+"; ALTER TABLE public.consumer_inbox SET (autovacuum_enabled = off)")
 	ctx := context.Background()
+	// Connections as the daemon makes them: they hand a VACUUM's warnings
+	// on (dbconn.WatchNotices).
+	cfg, err := dbconn.Pool(url, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
 	if _, err := pool.Exec(ctx, fmt.Sprintf(fillSQL, layout), rows); err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +132,7 @@ func TestCompactGivesTheDiskBack(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t, 40000, layout)
 			before, heap := e.audit(t), e.heap(t)
-			res := run(t, e.compactor(compact.Options{Settings: batchloop.Settings{Base: service.Base{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))}}}))
+			res := run(t, e.compactor(compact.Options{}))
 			if res.Err != nil {
 				t.Fatal(res.Err)
 			}
@@ -120,7 +140,6 @@ func TestCompactGivesTheDiskBack(t *testing.T) {
 				t.Errorf("audit after %+v, before %+v", after, before)
 			}
 			live := res.After.LiveBytes()
-			t.Logf("before %+v after %+v", res.Before, res.After)
 			t.Logf("heap %d -> %d bytes, live %d: %.2f x live; moved %d, strays %d, updates %d, batches %d, vacuums %d",
 				heap, e.heap(t), live, float64(e.heap(t))/float64(live), res.Moved, res.Strays, res.Updates, res.Batches, res.Vacuums)
 			if got := e.heap(t); float64(got) > 1.3*float64(live) {
@@ -130,5 +149,62 @@ func TestCompactGivesTheDiskBack(t *testing.T) {
 				t.Errorf("truncated %d, the heap shrank by %d", res.Truncated, heap-e.heap(t))
 			}
 		})
+	}
+}
+
+// TestDryRunChangesNothing: a dry run says what would come back (the heap
+// beyond the live rows' packed size) and touches nothing.
+func TestDryRunChangesNothing(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 20000, oldest)
+	before, heap := e.audit(t), e.heap(t)
+	var xmins string
+	if err := e.pool.QueryRow(context.Background(), "SELECT md5(string_agg(xmin::text || ctid::text, ',' ORDER BY message_id)) FROM public.consumer_inbox").Scan(&xmins); err != nil {
+		t.Fatal(err)
+	}
+	c := e.compactor(compact.Options{Settings: batchloop.Settings{Base: service.Base{DryRun: true}}})
+	res := run(t, c)
+	if res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	if res.Moved != 0 || res.Vacuums != 0 || e.heap(t) != heap || e.audit(t) != before {
+		t.Errorf("a dry run changed something: %+v, heap %d -> %d", res, heap, e.heap(t))
+	}
+	var again string
+	if err := e.pool.QueryRow(context.Background(), "SELECT md5(string_agg(xmin::text || ctid::text, ',' ORDER BY message_id)) FROM public.consumer_inbox").Scan(&again); err != nil {
+		t.Fatal(err)
+	}
+	if again != xmins {
+		t.Error("a dry run rewrote rows")
+	}
+	// 4,000 rows of about 210 bytes need about 105 pages of the 527.
+	if got, want := res.WouldGiveBack(), heap-res.Before.LiveBytes(); got != want || res.Before.LivePages < 95 || res.Before.LivePages > 115 {
+		t.Errorf("would give back %d bytes (want the heap %d less the live %d, %d pages)", got, heap, res.Before.LiveBytes(), res.Before.LivePages)
+	}
+}
+
+// TestLockedTableIsLeftForTheNextRun: with a lock on the table that
+// conflicts with VACUUM (an index being built, DDL), the compaction moves
+// its rows but cannot VACUUM, says so, and never waits for the lock; the
+// next run gives the space back.
+func TestLockedTableIsLeftForTheNextRun(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 20000, oldest)
+	heap := e.heap(t)
+	tx := pgtest.Lock(t, e.pool, "LOCK TABLE public.consumer_inbox IN SHARE UPDATE EXCLUSIVE MODE")
+	c := e.compactor(compact.Options{})
+	res := run(t, c)
+	if res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	if res.Truncated != 0 || e.heap(t) != heap || !strings.Contains(res.NotTruncated, "another session held a lock on the table") {
+		t.Errorf("truncated %d bytes (heap %d -> %d) under a lock; not truncated: %q", res.Truncated, heap, e.heap(t), res.NotTruncated)
+	}
+	if err := tx.Rollback(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	res = run(t, c)
+	if res.Err != nil || res.Truncated == 0 || e.heap(t) >= heap/2 {
+		t.Errorf("the next run gave back %d bytes (heap %d -> %d): %v, %q", res.Truncated, heap, e.heap(t), res.Err, res.NotTruncated)
 	}
 }

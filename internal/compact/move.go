@@ -33,6 +33,12 @@ const optimisticLockTimeout = 50 * time.Millisecond
 // of small rows, nearly empty, takes some tens of rounds.
 const maxFill = 100
 
+// maxLockWaits is how many times in one compaction of a table a session may
+// queue behind a batch (which is cancelled) before the compaction stops
+// there: a table the application keeps touching at its end is left for
+// later.
+const maxLockWaits = 10
+
 // quarters: a sweep VACUUMs after every quarter of the pages it frees, so
 // that the disk comes back as it goes and the free space map learns of the
 // emptied pages in time.
@@ -61,6 +67,14 @@ func (c *Compactor) sweep(ctx context.Context, t *catalog.Table, pages, target i
 		res.Retries += r.Retries
 		moved += s.moved
 		cursor, density = s.hi, s.density
+		if errors.Is(err, retry.ErrLockWait) && res.lockWaits < maxLockWaits {
+			// A session queued behind a batch, which was cancelled: the
+			// throttle keeps the next one out for a moment and the sizer
+			// halved it. The sweep goes on from where it was.
+			res.lockWaits++
+			log.Debug("compact: a session queued behind a batch; going on with smaller ones", "error", err)
+			continue
+		}
 		if err != nil {
 			return moved, err
 		}
@@ -71,7 +85,7 @@ func (c *Compactor) sweep(ctx context.Context, t *catalog.Table, pages, target i
 			return moved, nil
 		}
 		log.Debug("compact: chunk moved", "from_page", low, "moved", s.moved, "strays", s.strays, "no_room", s.noRoom)
-		if err := c.vacuumTail(ctx, t, deadline, res, log); err != nil {
+		if err := c.vacuumTail(ctx, t, deadline, s.noRoom || s.hi <= target, res, log); err != nil {
 			return moved, err
 		}
 		if s.noRoom {

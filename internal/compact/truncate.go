@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
@@ -30,10 +31,10 @@ const vacuumSQL = "VACUUM (INDEX_CLEANUP ON, TRUNCATE true, SKIP_LOCKED) "
 // next compaction tries again.
 var truncateWaits = []time.Duration{250 * time.Millisecond, time.Second, 3 * time.Second}
 
-// vacuumTail runs the compaction's VACUUM of t, and runs it again (after
-// truncateWaits) while it cuts nothing off a tail long enough to be cut
-// that holds no row (tailEmpty). It counts what it did into res.
-func (c *Compactor) vacuumTail(ctx context.Context, t *catalog.Table, deadline time.Time, res *Result, log *slog.Logger) error {
+// vacuumTail runs the compaction's VACUUM of t and, when it is the last
+// of the compaction, runs it again (after truncateWaits) while it cuts
+// nothing off a tail long enough to be cut that holds no row (tailEmpty). It counts what it did into res.
+func (c *Compactor) vacuumTail(ctx context.Context, t *catalog.Table, deadline time.Time, last bool, res *Result, log *slog.Logger) error {
 	for attempt := 0; ; attempt++ {
 		before, after, ran, err := c.vacuumOnce(ctx, t, deadline, res)
 		if err != nil {
@@ -55,6 +56,9 @@ func (c *Compactor) vacuumTail(ctx context.Context, t *catalog.Table, deadline t
 		}
 		res.NotTruncated = "the heap ends in empty pages that the VACUUM did not cut off: another session held the table, " +
 			"or an older snapshot still sees the moved rows' old versions (status names who holds the xmin horizon); the next compaction tries again"
+		if !last {
+			return nil // the next chunk's VACUUM cuts it
+		}
 		if attempt == len(truncateWaits) {
 			log.Info("compact: the VACUUM could not cut the empty pages off; the next compaction tries again", "pages", after)
 			return nil
@@ -102,21 +106,11 @@ func (c *Compactor) vacuumOnce(ctx context.Context, t *catalog.Table, deadline t
 	if err := conn.QueryRow(ctx, pagesSQL, t.OID).Scan(&before, &start); err != nil {
 		return 0, 0, false, err
 	}
-	// The session's lock_timeout for the VACUUM alone: SKIP_LOCKED keeps it
-	// out of the lock queue for the table itself, and this bounds any other
-	// wait. Back to the default before the connection goes back to the pool.
-	if _, err := conn.Exec(ctx, "SELECT set_config('lock_timeout', $1, false)", retry.Millis(c.opts.LockTimeout)); err != nil {
-		return 0, 0, false, err
-	}
 	began := time.Now()
 	w := dbconn.WatchNotices(conn.Conn().PgConn())
-	_, verr := conn.Exec(ctx, vacuumSQL+t.Ident)
+	verr := c.maintain(ctx, conn, vacuumSQL+t.Ident)
 	notices := w.Stop()
 	took := time.Since(began)
-	if _, err := conn.Exec(context.WithoutCancel(ctx), "RESET lock_timeout"); err != nil {
-		_ = conn.Conn().Close(context.WithoutCancel(ctx)) // the pool drops a closed connection
-		return 0, 0, false, err
-	}
 	if verr != nil {
 		return 0, 0, false, fmt.Errorf("vacuum %s: %w", t.Name, verr)
 	}
@@ -143,6 +137,35 @@ func (c *Compactor) vacuumOnce(ctx context.Context, t *catalog.Table, deadline t
 	}
 	c.log.Debug("compact: vacuum", "table", t.Name, "pages_before", before, "pages_after", after, "wal_bytes", wal, "took", took.Round(time.Millisecond))
 	return before, after, true, nil
+}
+
+// maintain runs sql, a VACUUM or an ANALYZE, on conn under the batches'
+// lock_timeout (SKIP_LOCKED keeps it out of the lock queue for the table
+// itself; this bounds any other wait), set for the session and back to
+// its default before the connection goes back to the pool: neither may run
+// in a transaction.
+func (c *Compactor) maintain(ctx context.Context, conn *pgxpool.Conn, sql string) error {
+	if _, err := conn.Exec(ctx, "SELECT set_config('lock_timeout', $1, false)", retry.Millis(c.opts.LockTimeout)); err != nil {
+		return err
+	}
+	_, err := conn.Exec(ctx, sql)
+	if _, rerr := conn.Exec(context.WithoutCancel(ctx), "RESET lock_timeout"); rerr != nil {
+		_ = conn.Conn().Close(context.WithoutCancel(ctx)) // the pool drops a closed connection
+	}
+	return err
+}
+
+// analyze runs ANALYZE (SKIP_LOCKED) on t.
+func (c *Compactor) analyze(ctx context.Context, t *catalog.Table) error {
+	conn, err := c.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	if err := c.maintain(ctx, conn, "ANALYZE (SKIP_LOCKED) "+t.Ident); err != nil {
+		return fmt.Errorf("analyze %s: %w", t.Name, err)
+	}
+	return nil
 }
 
 const (
