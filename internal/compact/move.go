@@ -88,6 +88,13 @@ func (c *Compactor) sweep(ctx context.Context, t *catalog.Table, pages, target i
 		if err := c.vacuumTail(ctx, t, deadline, s.noRoom || s.hi <= target, res, log); err != nil {
 			return moved, err
 		}
+		// The heap may end before the cursor now: the VACUUM cut off what
+		// the chunk emptied, and maybe more.
+		pages, err := c.pages(ctx, t)
+		if err != nil {
+			return moved, err
+		}
+		cursor = min(cursor, pages)
 		if s.noRoom {
 			return moved, errNoRoom
 		}
@@ -155,18 +162,21 @@ func (c *Compactor) batch(ctx context.Context, t *catalog.Table, s *slice, size 
 	if err != nil {
 		return 0, time.Time{}, 0, err
 	}
+	if out.rolledBack {
+		s.noRoom = true
+		return 0, time.Time{}, 0, nil
+	}
 	s.hi, s.width = lo, width
 	s.density = max(0.5, (s.density+float64(out.first)/float64(width))/2)
-	n := out.placed + out.strays + out.behind
+	n := out.placed + out.strays
 	s.moved += out.placed
-	s.strays += out.strays + out.behind
+	s.strays += out.strays
 	res.Moved += out.placed
-	res.Strays += out.strays + out.behind
+	res.Strays += out.strays
 	res.Updates += out.updates
-	// Nothing found room below the target, or a new version went past the
-	// slice (the end of the heap, or pages swept before): the free space
-	// near the start is used up.
-	if out.behind > 0 || (out.placed == 0 && n > 0) {
+	// Nothing found room below the target: the free space near the start
+	// is used up.
+	if out.placed == 0 && n > 0 {
 		s.noRoom = true
 	}
 	return n, time.Time{}, wal, nil
@@ -174,11 +184,12 @@ func (c *Compactor) batch(ctx context.Context, t *catalog.Table, s *slice, size 
 
 // moved is what the statements of one batch did.
 type moved struct {
-	first   int64 // rows the slice held (the first statement's)
-	placed  int64 // new versions below the target
-	strays  int64 // below the slice but not below the target
-	behind  int64 // at or past the slice's end
-	updates int64 // row versions written
+	rolledBack bool  // some went past the slice: the batch rolled back
+	first      int64 // rows the slice held (the first statement's)
+	placed     int64 // new versions below the target
+	strays     int64 // below the slice but not below the target
+	behind     int64 // at or past the slice's end
+	updates    int64 // row versions written
 }
 
 // moveSlice is one batch transaction over the pages [lo, hi): an
@@ -231,6 +242,15 @@ func (c *Compactor) moveTx(ctx context.Context, t *catalog.Table, lo, hi, target
 		if stayed == 0 {
 			break
 		}
+	}
+	if out.behind > 0 {
+		// New versions went past the slice: no room below it any more (the
+		// free space map found none, and the heap may have grown for them).
+		// Committing would leave rows at the heap's end; rolled back, they
+		// stay where they were, and the sweep stops here. Pages the heap
+		// grew by stay empty, for the VACUUM to cut off.
+		out.rolledBack = true
+		return out, 0, nil
 	}
 	if c.TestSignals.BeforeCommit != nil {
 		c.TestSignals.BeforeCommit(t.Name, out.placed)

@@ -54,13 +54,18 @@ const pageHeader = 24
 const lineBytes = 4
 
 // spaceSQL reads what Space needs in one statement: the heap's size, the
-// live rows (the statistics counters, which every insert and delete moves;
-// reltuples when they were reset), the fillfactor, and the average row
-// width from pg_stats with how many of the table's columns it covers.
+// live rows, the fillfactor, and the average row width from pg_stats with
+// how many of the table's columns it covers. The live rows are the lesser
+// of the statistics counters (which every insert and delete moves, but
+// which a backend sends up to seconds late: inserts sent after the VACUUM
+// that followed a purge count again, and read five times the rows) and
+// reltuples (what the last VACUUM or ANALYZE found); either alone when the
+// other is unknown (reltuples -1: never vacuumed; counters reset).
 const spaceSQL = `
 SELECT pg_relation_size(c.oid), current_setting('block_size')::int8,
-       CASE WHEN pg_stat_get_live_tuples(c.oid) > 0 OR c.reltuples <= 0 THEN pg_stat_get_live_tuples(c.oid)
-            ELSE c.reltuples::int8 END,
+       CASE WHEN c.reltuples < 0 THEN pg_stat_get_live_tuples(c.oid)
+            WHEN pg_stat_get_live_tuples(c.oid) <= 0 THEN c.reltuples::int8
+            ELSE least(pg_stat_get_live_tuples(c.oid), c.reltuples::int8) END,
        coalesce((SELECT o.option_value::int FROM pg_options_to_table(c.reloptions) o WHERE o.option_name = 'fillfactor'), 100),
        (SELECT count(*) FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped),
        s.cols, coalesce(s.width, 0)

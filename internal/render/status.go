@@ -58,6 +58,7 @@ func StatusTables(w io.Writer, r pass.Status, tables []*catalog.Table, rates Rat
 			if st.Table == t.Name {
 				writeStatus(w, st)
 				writeVacuum(w, r, st)
+				writeSpace(w, t, r.Space[t.Name])
 				if rise, ok := rates.slope(st.Table); ok {
 					fmt.Fprintf(w, "  due rows (last minute):   %s\n", backlogTrend(-rise, st.Due))
 				}
