@@ -68,10 +68,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxkeeper/inboxkeeper/bench/internal/benchdata"
@@ -124,8 +122,8 @@ type bench struct {
 	standbyURL string
 	pool       *pgxpool.Pool // the primary
 	standby    *pgxpool.Pool
-	lag        *sampler
-	gov        *governor
+	lag        *benchdata.LagSampler
+	gov        *benchdata.Governor
 	baseline   float64 // seconds: the median lag of the idle, caught-up pair
 }
 
@@ -133,7 +131,7 @@ type bench struct {
 type phase struct {
 	wall    time.Duration
 	wal     int64 // bytes, the whole cluster's
-	peak    peaks
+	peak    benchdata.Peaks
 	catchUp time.Duration // from the end of the deletion until the standby caught up
 	log     daemonLog     // the daemon's phases only
 	// steal: the share of the machine's CPU time the hypervisor gave
@@ -186,8 +184,7 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 	if _, err := b.inboxkeeper(ctx, filepath.Join(b.dir, "none.yaml"), nil, "migrate"); err != nil {
 		return err
 	}
-	if _, err := b.pool.Exec(ctx, `CREATE TABLE bench_heartbeat (id boolean PRIMARY KEY, beat timestamptz NOT NULL);
-INSERT INTO bench_heartbeat VALUES (true, clock_timestamp())`); err != nil {
+	if _, err := b.pool.Exec(ctx, benchdata.HeartbeatDDL); err != nil {
 		return err
 	}
 
@@ -204,17 +201,17 @@ INSERT INTO bench_heartbeat VALUES (true, clock_timestamp())`); err != nil {
 		return err
 	}
 
-	b.gov = &governor{rate: o.applyRate * (1 << 20)}
+	b.gov = &benchdata.Governor{Rate: o.applyRate * (1 << 20)}
 	if o.applyRate > 0 {
 		gctx, stopGovernor := context.WithCancel(ctx)
 		done := make(chan struct{})
-		go func() { defer close(done); b.gov.run(gctx, b.standbyURL, b.Logf) }()
+		go func() { defer close(done); b.gov.Run(gctx, b.standbyURL, b.Logf) }()
 		defer func() { stopGovernor(); <-done }() // replay runs free again before -keep leaves it
 	}
-	b.lag = &sampler{}
+	b.lag = &benchdata.LagSampler{}
 	sctx, stopSampler := context.WithCancel(ctx)
 	defer stopSampler()
-	b.lag.start(sctx, b.url, b.standbyURL, b.Logf)
+	b.lag.Start(sctx, b.url, b.standbyURL, b.Logf)
 	// The first readings still see the row as the fill left it; then two
 	// idle seconds show what "caught up" looks like. The median, because a
 	// slow commit of a heartbeat on this shared machine makes a spike.
@@ -223,10 +220,10 @@ INSERT INTO bench_heartbeat VALUES (true, clock_timestamp())`); err != nil {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(sampleEvery):
+		case <-time.After(benchdata.SampleEvery):
 		}
 		if i >= 10 {
-			idle = append(idle, b.lag.latest())
+			idle = append(idle, b.lag.Latest())
 		}
 	}
 	slices.Sort(idle)
@@ -264,7 +261,7 @@ INSERT INTO bench_heartbeat VALUES (true, clock_timestamp())`); err != nil {
 
 	rate := func(p phase) float64 { return float64(expired) / p.wall.Seconds() }
 	line := func(name string, p phase, rows bool) {
-		fmt.Fprintf(w, "%-26s peak lag %5.2f s   time %5.1f s", name, p.peak.lag, p.wall.Seconds())
+		fmt.Fprintf(w, "%-26s peak lag %5.2f s   time %5.1f s", name, p.peak.Lag, p.wall.Seconds())
 		if rows {
 			fmt.Fprintf(w, " %7.0f rows/s", rate(p))
 		}
@@ -275,7 +272,7 @@ INSERT INTO bench_heartbeat VALUES (true, clock_timestamp())`); err != nil {
 	line("daemon, unthrottled:", free, true)
 	bound := goalLag * o.maxLag.Seconds()
 	fmt.Fprintf(w, "goal 1: throttled peak lag <= %.1f x %s = %.2f s: peak %.2f s (%.2f x max-lag): %s; unbounded above it: %s\n",
-		goalLag, maxLag, bound, thr.peak.lag, thr.peak.lag/o.maxLag.Seconds(), benchdata.Verdict(thr.peak.lag <= bound), yesNo(unb.peak.lag > bound))
+		goalLag, maxLag, bound, thr.peak.Lag, thr.peak.Lag/o.maxLag.Seconds(), benchdata.Verdict(thr.peak.Lag <= bound), yesNo(unb.peak.Lag > bound))
 	if o.applyRate > 0 {
 		floor := float64(thr.wal) / (o.applyRate * (1 << 20))
 		fmt.Fprintf(w, "goal 2: throttled time <= %.1f x its WAL / apply cap (%.0f MB / %g MB/s = %.1f s): time %.1f s (%.2f x): %s\n",
@@ -286,7 +283,7 @@ INSERT INTO bench_heartbeat VALUES (true, clock_timestamp())`); err != nil {
 	fmt.Fprintln(w, "details (WAL of the whole cluster; replay_lag and bytes behind from pg_stat_replication; catch-up from the end of the deletion):")
 	detail := func(name string, p phase) {
 		fmt.Fprintf(w, "  %-12s WAL %4.0f MB, peak replay_lag %5.2f s, peak %4.0f MB behind, catch-up %5.1f s",
-			name, benchdata.MB(p.wal), p.peak.replayLag, benchdata.MB(p.peak.bytes), p.catchUp.Seconds())
+			name, benchdata.MB(p.wal), p.peak.ReplayLag, benchdata.MB(p.peak.Bytes), p.catchUp.Seconds())
 		if p.stealValid {
 			// Other guests' load on the host, which the standby's replay
 			// and the daemon share with them.
@@ -311,7 +308,7 @@ INSERT INTO bench_heartbeat VALUES (true, clock_timestamp())`); err != nil {
 	detail("throttled:", thr)
 	detail("unbounded:", unb)
 	detail("unthrottled:", free)
-	if n := b.lag.errors(); n > 0 {
+	if n := b.lag.Errors(); n > 0 {
 		fmt.Fprintf(w, "  the sampler had %d failed reads or writes (see stderr)\n", n)
 	}
 	b.Logf("done")
@@ -344,8 +341,8 @@ func (b *bench) measure(ctx context.Context, name string, deletion func() (time.
 		return p, err
 	}
 	b.Logf("%s", name)
-	b.lag.take()
-	b.gov.take()
+	b.lag.Take()
+	b.gov.Take()
 	steal := benchdata.Steal()
 	if p.wall, p.log, err = deletion(); err != nil {
 		return p, err
@@ -360,10 +357,10 @@ func (b *bench) measure(ctx context.Context, name string, deletion func() (time.
 	}
 	p.catchUp = time.Since(ended)
 	p.steal, p.stealValid = steal()
-	p.peak = b.lag.take()
-	held, gap := b.gov.take()
+	p.peak = b.lag.Take()
+	held, gap := b.gov.Take()
 	b.Logf("peak lag %.2f s, caught up after %.1f s; the governor held replay for %.1f s, longest between two polls %v",
-		p.peak.lag, p.catchUp.Seconds(), held.Seconds(), gap.Round(time.Millisecond))
+		p.peak.Lag, p.catchUp.Seconds(), held.Seconds(), gap.Round(time.Millisecond))
 	return p, nil
 }
 
@@ -371,28 +368,7 @@ func (b *bench) measure(ctx context.Context, name string, deletion func() (time.
 // has written so far and, when lagBelow > 0, the sampler reads a lag under
 // it.
 func (b *bench) waitReplay(ctx context.Context, lagBelow float64) error {
-	var target string
-	if err := b.pool.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&target); err != nil {
-		return err
-	}
-	deadline := time.Now().Add(20 * time.Minute)
-	for {
-		var done bool
-		if err := b.standby.QueryRow(ctx, "SELECT pg_last_wal_replay_lsn() >= $1::pg_lsn", target).Scan(&done); err != nil {
-			return fmt.Errorf("read the standby's replay position: %w", err)
-		}
-		if done && (lagBelow <= 0 || b.lag.latest() < lagBelow) {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("the standby did not catch up with %s within 20 minutes", target)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+	return benchdata.WaitReplay(ctx, b.pool, b.standby, b.lag.Latest, lagBelow)
 }
 
 // fillAll makes a, b and c from the same rows, one session each, so they
@@ -532,218 +508,4 @@ func parseLog(out string) daemonLog {
 		}
 	}
 	return l
-}
-
-// peaks are the highest readings since the last take.
-type peaks struct {
-	lag       float64 // heartbeat lag on the standby, seconds
-	replayLag float64 // pg_stat_replication.replay_lag, seconds
-	bytes     int64   // current WAL position minus replay_lsn
-}
-
-// sampler measures the standby's lag every 50 ms, independently of the
-// daemon, with a heartbeat of its own.
-type sampler struct {
-	mu   sync.Mutex
-	last float64
-	peak peaks
-	errs int
-}
-
-func (s *sampler) take() peaks {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	p := s.peak
-	s.peak = peaks{lag: s.last}
-	return p
-}
-
-func (s *sampler) latest() float64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.last
-}
-
-func (s *sampler) errors() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.errs
-}
-
-const sampleEvery = 50 * time.Millisecond
-
-func (s *sampler) start(ctx context.Context, primary, standby string, logf func(string, ...any)) {
-	// Each loop has its own connection, so a slow commit of the heartbeat
-	// does not delay the reading, nor the other way round.
-	loop := func(url, sql string, row func(pgx.Row) error) {
-		var conn *pgx.Conn
-		defer func() {
-			if conn != nil {
-				conn.Close(context.Background())
-			}
-		}()
-		tick := time.NewTicker(sampleEvery)
-		defer tick.Stop()
-		for {
-			err := func() error {
-				qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-				defer cancel()
-				if conn == nil {
-					c, err := pgx.Connect(qctx, url)
-					if err != nil {
-						return err
-					}
-					conn = c
-				}
-				return row(conn.QueryRow(qctx, sql))
-			}()
-			if ctx.Err() != nil {
-				return
-			}
-			if err != nil {
-				s.mu.Lock()
-				s.errs++
-				s.mu.Unlock()
-				logf("sampler: %v", err)
-				if conn != nil {
-					conn.Close(context.Background())
-					conn = nil
-				}
-			}
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
-		}
-	}
-	go loop(primary, "UPDATE bench_heartbeat SET beat = clock_timestamp() RETURNING true", func(r pgx.Row) error {
-		return r.Scan(new(bool))
-	})
-	go loop(standby, "SELECT extract(epoch FROM clock_timestamp() - max(beat))::float8 FROM bench_heartbeat", func(r pgx.Row) error {
-		var lag float64
-		if err := r.Scan(&lag); err != nil {
-			return err
-		}
-		s.mu.Lock()
-		s.last = lag
-		s.peak.lag = max(s.peak.lag, lag)
-		s.mu.Unlock()
-		return nil
-	})
-	go loop(primary, `SELECT coalesce(max(extract(epoch FROM replay_lag)), 0)::float8,
-       coalesce(max(pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn)), 0)::bigint FROM pg_stat_replication`, func(r pgx.Row) error {
-		var lag float64
-		var bytes int64
-		if err := r.Scan(&lag, &bytes); err != nil {
-			return err
-		}
-		s.mu.Lock()
-		s.peak.replayLag = max(s.peak.replayLag, lag)
-		s.peak.bytes = max(s.peak.bytes, bytes)
-		s.mu.Unlock()
-		return nil
-	})
-}
-
-// governor caps the standby's apply rate; its counters say how hard it
-// worked during a phase.
-type governor struct {
-	rate float64 // bytes/s
-	mu   sync.Mutex
-	held time.Duration // replay paused, summed
-	gap  time.Duration // longest time between two polls: replay runs free meanwhile
-}
-
-func (g *governor) take() (held, gap time.Duration) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	held, gap, g.held, g.gap = g.held, g.gap, 0, 0
-	return held, gap
-}
-
-// run caps the apply rate until ctx ends, then lets replay run free again.
-// Replay runs at full speed between polls, so it overshoots by what it
-// applies in one poll interval; the next pause makes up for it. A failed
-// poll is retried (on a new connection if need be): the pause state lives
-// in the server, so nothing is lost meanwhile.
-func (g *governor) run(ctx context.Context, url string, logf func(string, ...any)) {
-	const every, burst = 5 * time.Millisecond, 1 << 20
-	var conn *pgx.Conn
-	defer func() {
-		bg, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if conn == nil || conn.IsClosed() {
-			conn, _ = pgx.Connect(bg, url)
-		}
-		if conn != nil {
-			if _, err := conn.Exec(bg, "SELECT pg_wal_replay_resume()"); err != nil {
-				logf("governor: resume replay: %v", err)
-			}
-			conn.Close(bg)
-		}
-	}()
-	var budget float64 // the WAL position replay may reach
-	paused, first := false, true
-	failures := 0
-	last := time.Now()
-	tick := time.NewTicker(every)
-	defer tick.Stop()
-	for {
-		err := func() error {
-			if conn == nil || conn.IsClosed() {
-				c, err := pgx.Connect(ctx, url)
-				if err != nil {
-					return err
-				}
-				conn = c
-			}
-			var replayed float64
-			if err := conn.QueryRow(ctx, "SELECT pg_wal_lsn_diff(pg_last_wal_replay_lsn(), '0/0')::float8").Scan(&replayed); err != nil {
-				return err
-			}
-			now := time.Now()
-			if first {
-				budget, first = replayed, false
-			}
-			budget = min(budget+g.rate*now.Sub(last).Seconds(), replayed+burst)
-			g.mu.Lock()
-			g.gap = max(g.gap, now.Sub(last))
-			if paused {
-				g.held += now.Sub(last)
-			}
-			g.mu.Unlock()
-			last = now
-			if over := replayed >= budget; over != paused {
-				sql := "SELECT pg_wal_replay_resume()"
-				if over {
-					sql = "SELECT pg_wal_replay_pause()"
-				}
-				if _, err := conn.Exec(ctx, sql); err != nil {
-					return err
-				}
-				paused = over
-			}
-			return nil
-		}()
-		if ctx.Err() != nil {
-			return
-		}
-		switch { // one line per streak of failures, not one per poll
-		case err != nil && failures == 0:
-			logf("governor: %v (retrying)", err)
-		case err == nil && failures > 0:
-			logf("governor: working again after %d failed polls", failures)
-		}
-		if err != nil {
-			failures++
-		} else {
-			failures = 0
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-	}
 }

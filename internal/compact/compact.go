@@ -71,7 +71,7 @@ type Progress struct {
 // Result is what one compaction did to one table.
 type Result struct {
 	Table  string
-	Before Space // measured as it began
+	Before Space // measured as it began (the live rows after its first ANALYZE)
 	After  Space // measured as it ended (with DryRun: Before)
 	// Moved counts rows moved to a page below the target; Strays, rows
 	// whose new version landed in the tail all the same (moved again
@@ -231,6 +231,13 @@ func (c *Compactor) compact(ctx context.Context, t *catalog.Table, deadline time
 		return err
 	}
 	if c.opts.DryRun {
+		if err := c.analyze(ctx, t); err != nil {
+			return err
+		}
+		if res.Before, err = Measure(ctx, c.pool, t); err != nil {
+			return err
+		}
+		res.After = res.Before
 		res.KeptByHolds, err = c.keptByHolds(ctx, t, res.Before.LivePages)
 		return err
 	}
@@ -240,10 +247,21 @@ func (c *Compactor) compact(ctx context.Context, t *catalog.Table, deadline time
 	if err := c.vacuumTail(ctx, t, deadline, false, res, log); err != nil {
 		return err
 	}
-	// The live rows as counted before the moves: a VACUUM after them
-	// estimates them from the pages it scanned, which are the tail it
-	// emptied and the pages that took its rows, and misses by half.
-	target := max(1, res.Before.LivePages)
+	// The target is the live size by an ANALYZE's statistics, kept for the
+	// whole compaction. Not a VACUUM's: it counts the pages it scans and
+	// takes the pages it skips (all-visible) for as dense as the table on
+	// average, and after a purge it scans the emptied start and skips the
+	// full end: a fifth of the rows (4,170 of 20,000).
+	if err := c.analyze(ctx, t); err != nil {
+		return err
+	}
+	start, err := Measure(ctx, c.pool, t)
+	if err != nil {
+		return err
+	}
+	pages := res.Before.Pages
+	res.Before, res.Before.Pages = start, pages
+	target := max(1, start.LivePages)
 	for sweep := 0; sweep < maxSweeps; sweep++ {
 		pages, err := c.pages(ctx, t)
 		if err != nil {

@@ -13,14 +13,14 @@ import (
 // Space is how much of a table's heap its live rows need: the heap's pages
 // now, and the pages its live rows would fill packed at the table's
 // fillfactor (what a fresh copy of the table, pg_repack's or VACUUM
-// FULL's, would have). The live side is an estimate: the live rows from
-// the statistics counters, the average row from pg_stats (or, before the
+// FULL's, would have). The live side is an estimate: the live rows as the
+// planner estimates them, the average row from pg_stats (or, before the
 // table was ever analyzed, from its newest rows); alignment within a row
 // is not counted, so it errs on the small side by a few bytes a row.
 type Space struct {
 	Pages     int64   // heap pages (main fork) now
 	BlockSize int64   // bytes a page
-	LiveRows  int64   // live rows, estimated
+	LiveRows  int64   // live rows, estimated (spaceSQL)
 	RowBytes  float64 // an average row's bytes on a page, its line pointer included
 	Fill      int     // the table's fillfactor, percent
 	LivePages int64   // pages the live rows fill packed
@@ -55,17 +55,20 @@ const lineBytes = 4
 
 // spaceSQL reads what Space needs in one statement: the heap's size, the
 // live rows, the fillfactor, and the average row width from pg_stats with
-// how many of the table's columns it covers. The live rows are the lesser
-// of the statistics counters (which every insert and delete moves, but
-// which a backend sends up to seconds late: inserts sent after the VACUUM
-// that followed a purge count again, and read five times the rows) and
-// reltuples (what the last VACUUM or ANALYZE found); either alone when the
-// other is unknown (reltuples -1: never vacuumed; counters reset).
+// how many of the table's columns it covers. The live rows are the
+// planner's estimate: the density the last VACUUM or ANALYZE found
+// (reltuples over relpages) times the heap's pages now, so a table that
+// grew since counts its new pages. Not the statistics counters
+// (n_live_tup): a backend sends them up to seconds late, and inserts sent
+// after the VACUUM that followed a purge were counted again (five times
+// the rows), deletes after it took them to nearly nothing. Before the
+// table was ever vacuumed or analyzed (reltuples -1), the counters are all
+// there is.
 const spaceSQL = `
 SELECT pg_relation_size(c.oid), current_setting('block_size')::int8,
        CASE WHEN c.reltuples < 0 THEN pg_stat_get_live_tuples(c.oid)
-            WHEN pg_stat_get_live_tuples(c.oid) <= 0 THEN c.reltuples::int8
-            ELSE least(pg_stat_get_live_tuples(c.oid), c.reltuples::int8) END,
+            WHEN c.relpages = 0 THEN c.reltuples::int8
+            ELSE (c.reltuples / c.relpages * (pg_relation_size(c.oid) / current_setting('block_size')::int8))::int8 END,
        coalesce((SELECT o.option_value::int FROM pg_options_to_table(c.reloptions) o WHERE o.option_name = 'fillfactor'), 100),
        (SELECT count(*) FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped),
        s.cols, coalesce(s.width, 0)
