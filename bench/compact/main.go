@@ -21,8 +21,9 @@
 //	             MAX_REPLICA_LAG, -lock-timeout as its LOCK_TIMEOUT
 //	pg_repack:   pg_repack --no-order -t T (its defaults otherwise)
 //	vacuum full: VACUUM FULL T
-//	none:        nothing, for as long as inboxkeeper took (its writer's
-//	             latencies are the baseline)
+//	none:        nothing, for as long as inboxkeeper last took (30 s in a
+//	             first rep that runs it first): its writer's latencies are
+//	             the baseline
 //
 // The writer inserts -writer-rate rows a second into the method's table,
 // each its own transaction (synchronous_commit on), from two seconds
@@ -132,6 +133,9 @@ type bench struct {
 	lag        *benchdata.LagSampler
 	gov        *benchdata.Governor
 	baseline   float64
+	// ikWall is how long inboxkeeper's last run took: how long none's
+	// writer runs alone (30 s before any).
+	ikWall time.Duration
 }
 
 // outcome is one method's run on one table.
@@ -209,9 +213,9 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 		slowed, b.baseline, o.writerRate, o.maxLag, o.lockTimeout)
 	expired := int64(float64(o.rows) * o.purged)
 	for rep := range o.reps {
-		// The three that compact turn from rep to rep; none comes last,
-		// for as long as inboxkeeper took.
-		order := append(slices.Clone(methods[rep%3:3]), methods[:rep%3]...)
+		// The order turns from rep to rep, none included, so that a moment
+		// of the shared machine's load falls on each in turn.
+		order := append(slices.Clone(methods[rep%len(methods):]), methods[:rep%len(methods)]...)
 		outs, err := b.rep(ctx, rep, order, int64(o.rows), expired)
 		if err != nil {
 			return err
@@ -244,7 +248,7 @@ func (b *bench) idleBaseline(ctx context.Context) error {
 }
 
 // rep fills a table per method, purges them, and runs the methods in
-// order (none last, for as long as inboxkeeper took).
+// order (none for as long as inboxkeeper last took).
 func (b *bench) rep(ctx context.Context, rep int, order []string, n, expired int64) ([]outcome, error) {
 	var t0 time.Time
 	if err := b.pool.QueryRow(ctx, "SELECT now()").Scan(&t0); err != nil {
@@ -265,9 +269,6 @@ func (b *bench) rep(ctx context.Context, rep int, order []string, n, expired int
 	for _, t := range tables {
 		fns = append(fns, func() error {
 			_, err := b.pool.Exec(ctx, "DELETE FROM "+t.Name+" WHERE "+purge)
-			if err == nil {
-				_, err = b.pool.Exec(ctx, "VACUUM (ANALYZE) "+t.Name)
-			}
 			return err
 		})
 	}
@@ -275,16 +276,24 @@ func (b *bench) rep(ctx context.Context, rep int, order []string, n, expired int
 	if err := benchdata.Parallel(fns...); err != nil {
 		return nil, err
 	}
+	// One VACUUM after the other, once every DELETE has committed: one
+	// that ran beside another table's DELETE could remove nothing that
+	// DELETE's snapshot still saw, and the compaction's first VACUUM would
+	// do the purge's work (and its WAL) inside the measurement.
+	for _, t := range tables {
+		if _, err := b.pool.Exec(ctx, "VACUUM (ANALYZE) "+t.Name); err != nil {
+			return nil, err
+		}
+	}
 	var outs []outcome
-	var ikWall time.Duration
-	for _, m := range append(order, noneMethod) {
+	for _, m := range order {
 		table := tables[slices.Index(methods, m)].Name
-		out, err := b.measure(ctx, m, table, ikWall)
+		out, err := b.measure(ctx, m, table, b.ikWall)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", m, err)
 		}
 		if m == ikMethod {
-			ikWall = out.wall
+			b.ikWall = out.wall
 		}
 		outs = append(outs, out)
 	}
@@ -379,7 +388,7 @@ func (b *bench) method(ctx context.Context, method, table string, ikWall time.Du
 		return err
 	}
 	if ikWall == 0 {
-		ikWall = 10 * time.Second
+		ikWall = 30 * time.Second
 	}
 	return sleep(ctx, ikWall)
 }

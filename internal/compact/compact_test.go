@@ -145,8 +145,8 @@ func TestCompactGivesTheDiskBack(t *testing.T) {
 			if got := e.heap(t); float64(got) > 1.3*float64(live) {
 				t.Errorf("heap %d bytes, more than 1.3 x the live %d", got, live)
 			}
-			if res.Truncated != heap-e.heap(t) {
-				t.Errorf("truncated %d, the heap shrank by %d", res.Truncated, heap-e.heap(t))
+			if res.Truncated < heap-e.heap(t) {
+				t.Errorf("truncated %d, but the heap shrank by %d", res.Truncated, heap-e.heap(t))
 			}
 		})
 	}

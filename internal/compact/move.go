@@ -56,17 +56,17 @@ func (c *Compactor) sweep(ctx context.Context, t *catalog.Table, pages, target i
 		return 0, err
 	}
 	chunk := max(1, (cursor-target+quarters-1)/quarters)
-	var moved int64
-	for cursor > target {
+	var moved, frontier int64
+	for cursor > max(target, frontier+1) {
 		low := max(target, cursor-chunk)
-		s := &slice{hi: cursor, low: low, target: target, density: density}
+		s := &slice{hi: cursor, low: low, target: target, density: density, frontier: frontier}
 		r, err := c.loop(t, deadline, s, res).Run(ctx, func(ctx context.Context, _ pgtype.Timestamptz, size int) (int64, time.Time, float64, error) {
 			return c.batch(ctx, t, s, size, res)
 		})
 		res.Batches += r.Batches
 		res.Retries += r.Retries
 		moved += s.moved
-		cursor, density = s.hi, s.density
+		cursor, density, frontier = s.hi, s.density, s.frontier
 		if errors.Is(err, retry.ErrLockWait) && res.lockWaits < maxLockWaits {
 			// A session queued behind a batch, which was cancelled: the
 			// throttle keeps the next one out for a moment and the sizer
@@ -85,7 +85,7 @@ func (c *Compactor) sweep(ctx context.Context, t *catalog.Table, pages, target i
 			return moved, nil
 		}
 		log.Debug("compact: chunk moved", "from_page", low, "moved", s.moved, "strays", s.strays, "no_room", s.noRoom)
-		if err := c.vacuumTail(ctx, t, deadline, s.noRoom || s.hi <= target, res, log); err != nil {
+		if err := c.vacuumTail(ctx, t, deadline, s.noRoom || s.hi <= max(target, frontier+1), res, log); err != nil {
 			return moved, err
 		}
 		// The heap may end before the cursor now: the VACUUM cut off what
@@ -105,10 +105,15 @@ func (c *Compactor) sweep(ctx context.Context, t *catalog.Table, pages, target i
 // slice is a chunk's state: its sweep goes down from hi to low.
 type slice struct {
 	hi, low, target int64
-	density         float64 // live rows a page, in the pages swept last
-	width           int64   // the last batch's pages
-	moved, strays   int64
-	noRoom          bool
+	// frontier is, once the pages below the target are full, the highest
+	// page a moved row went to: the free space map hands out the pages
+	// after them, and the moves fill the heap upwards to here. A slice at
+	// or below it holds the rows already packed: the sweep ends there.
+	frontier      int64
+	density       float64 // live rows a page, in the pages swept last
+	width         int64   // the last batch's pages
+	moved, strays int64
+	noRoom        bool
 }
 
 // loop is the batch loop of a chunk: the deleter's, with the chunk's own
@@ -130,7 +135,7 @@ func (c *Compactor) loop(t *catalog.Table, deadline time.Time, s *slice, res *Re
 				m.Errors.WithLabelValues(t.Name, kind).Inc()
 			}
 		},
-		Exhausted: func() bool { return s.hi <= s.low || s.noRoom },
+		Exhausted: func() bool { return s.hi <= max(s.low, s.frontier+1) || s.noRoom },
 	}
 }
 
@@ -167,6 +172,11 @@ func (c *Compactor) batch(ctx context.Context, t *catalog.Table, s *slice, size 
 		return 0, time.Time{}, 0, nil
 	}
 	s.hi, s.width = lo, width
+	if out.placed == 0 && out.strays > 0 {
+		// The start is full: the free space map hands out the pages after
+		// it, and the moves fill the heap upwards from there.
+		s.frontier = max(s.frontier, out.highest)
+	}
 	s.density = max(0.5, (s.density+float64(out.first)/float64(width))/2)
 	n := out.placed + out.strays
 	s.moved += out.placed
@@ -174,11 +184,10 @@ func (c *Compactor) batch(ctx context.Context, t *catalog.Table, s *slice, size 
 	res.Moved += out.placed
 	res.Strays += out.strays
 	res.Updates += out.updates
-	// Nothing found room below the target: the free space near the start
-	// is used up.
-	if out.placed == 0 && n > 0 {
-		s.noRoom = true
-	}
+	// A row placed at or above the target is no loss: the target is an
+	// estimate, and once the start is full the free space map hands out the
+	// pages right after it, where the packed heap ends. Only a version past
+	// the slice (rolled back above) says there is no room below it.
 	return n, time.Time{}, wal, nil
 }
 
@@ -190,6 +199,7 @@ type moved struct {
 	strays     int64 // below the slice but not below the target
 	behind     int64 // at or past the slice's end
 	updates    int64 // row versions written
+	highest    int64 // the highest page a version below the slice went to
 }
 
 // moveSlice is one batch transaction over the pages [lo, hi): an
@@ -230,10 +240,11 @@ func (c *Compactor) moveTx(ctx context.Context, t *catalog.Table, lo, hi, target
 	hold := tx.Coverage.DemotionPredicate(t, "u", &args)
 	sql := moveSQL(t, hold, lo, hi, target, skipLocked)
 	for round := 0; round < maxFill; round++ {
-		var placed, strays, stayed, behind int64
-		if err := tx.QueryRow(ctx, sql, args.Values...).Scan(&placed, &strays, &stayed, &behind); err != nil {
+		var placed, strays, stayed, behind, highest int64
+		if err := tx.QueryRow(ctx, sql, args.Values...).Scan(&placed, &strays, &stayed, &behind, &highest); err != nil {
 			return out, 0, err
 		}
+		out.highest = max(out.highest, highest)
 		n := placed + strays + stayed + behind
 		if round == 0 {
 			out.first = n
@@ -293,7 +304,8 @@ func moveSQL(t *catalog.Table, hold string, lo, hi, target int64, skipLocked boo
 	}
 	return with + fmt.Sprintf(`
 SELECT count(*) FILTER (WHERE page < %[1]d), count(*) FILTER (WHERE page >= %[1]d AND page < %[2]d),
-       count(*) FILTER (WHERE page >= %[2]d AND page < %[3]d), count(*) FILTER (WHERE page >= %[3]d) FROM moved`, target, lo, hi)
+       count(*) FILTER (WHERE page >= %[2]d AND page < %[3]d), count(*) FILTER (WHERE page >= %[3]d),
+       coalesce(max(page) FILTER (WHERE page < %[2]d), -1) FROM moved`, target, lo, hi)
 }
 
 // legalHolds is the SQL condition, over the alias u, of a row a hold that
