@@ -231,28 +231,23 @@ func (c *Compactor) compact(ctx context.Context, t *catalog.Table, deadline time
 		return err
 	}
 	if c.opts.DryRun {
-		if err := c.analyze(ctx, t); err != nil {
-			return err
-		}
-		if res.Before, err = Measure(ctx, c.pool, t); err != nil {
-			return err
-		}
-		res.After = res.Before
+		// From the statistics as they are, as status reads them: a dry run
+		// writes nothing, not even an ANALYZE.
 		res.KeptByHolds, err = c.keptByHolds(ctx, t, res.Before.LivePages)
 		return err
 	}
 	// First a VACUUM: the free space map must know the space the purge
 	// left, or the moves would extend the heap; and a tail the purge
 	// emptied goes at once.
-	if err := c.vacuumTail(ctx, t, deadline, false, res, log); err != nil {
+	if err := c.vacuumTail(ctx, t, deadline, false, res, log); err != nil || res.StoppedEarly.Stopped() {
 		return err
 	}
 	// The target is the live size by an ANALYZE's statistics, kept for the
 	// whole compaction. Not a VACUUM's: it counts the pages it scans and
 	// takes the pages it skips (all-visible) for as dense as the table on
 	// average, and after a purge it scans the emptied start and skips the
-	// full end: a fifth of the rows (4,170 of 20,000).
-	if err := c.analyze(ctx, t); err != nil {
+	// full end (a target of 65 pages for rows that fill 300).
+	if err := c.analyze(ctx, t, deadline, res); err != nil || res.StoppedEarly.Stopped() {
 		return err
 	}
 	start, err := Measure(ctx, c.pool, t)
@@ -286,7 +281,7 @@ func (c *Compactor) compact(ctx context.Context, t *catalog.Table, deadline time
 	if !res.StoppedEarly.Stopped() {
 		// Fresh statistics for the compacted heap (the VACUUMs' estimates
 		// of its rows are off): what status and the metrics read next.
-		if err := c.analyze(ctx, t); err != nil {
+		if err := c.analyze(ctx, t, time.Time{}, res); err != nil {
 			return err
 		}
 	}

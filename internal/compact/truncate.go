@@ -204,8 +204,26 @@ func (c *Compactor) vacuumRate() float64 {
 	return rate / 2
 }
 
-// analyze runs ANALYZE (SKIP_LOCKED) on t.
-func (c *Compactor) analyze(ctx context.Context, t *catalog.Table) error {
+// analyze runs ANALYZE (SKIP_LOCKED) on t, once the throttle lets it: it
+// writes the statistics, a few pages of WAL. Held by the throttle until
+// the deadline, it runs none and res says why the compaction stopped.
+func (c *Compactor) analyze(ctx context.Context, t *catalog.Table, deadline time.Time, res *Result) error {
+	if th := c.opts.Throttle; th != nil {
+		actx := ctx
+		if !deadline.IsZero() {
+			var cancel context.CancelFunc
+			actx, cancel = context.WithDeadline(ctx, deadline)
+			defer cancel()
+		}
+		if _, err := th.Admit(actx, nil); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			reason, _ := service.Held(err)
+			res.StoppedEarly = retry.Throttled("run time reached while throttled (" + reason + ")")
+			return nil
+		}
+	}
 	conn, err := c.pool.Acquire(ctx)
 	if err != nil {
 		return err
