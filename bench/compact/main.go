@@ -33,7 +33,9 @@
 // standby caught up again. WAL is the whole cluster's. The final size is
 // the heap's (pg_relation_size) over its live size: the heap a packed copy
 // of the rows takes (CREATE TABLE AS, measured after the method and not
-// counted in its WAL), with inboxkeeper's own estimate beside it. The
+// counted in its WAL), with inboxkeeper's own estimate beside it. CPU is
+// the primary's processes' (the writer's and the sampler's backends
+// included, as in none's). The
 // audit compares, before and after, the count and a digest of every row
 // the writer did not write, and counts the writer's rows: it must be
 // exact, or the program fails.
@@ -53,6 +55,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -144,6 +147,7 @@ type outcome struct {
 	heapBefore, heap, live int64 // bytes: the purged heap, the final heap, a packed copy's
 	estimate               int64 // inboxkeeper's estimate of the live size
 	wall                   time.Duration
+	cpu                    time.Duration // the primary's processes', during the method
 	wal                    int64
 	peak                   benchdata.Peaks
 	inserts                int
@@ -333,10 +337,18 @@ func (b *bench) measure(ctx context.Context, method, table string, ikWall time.D
 		stopWriter()
 		return out, err
 	}
+	cpu0, err := serverCPU(b.primary.DataDir)
+	if err != nil {
+		stopWriter()
+		return out, err
+	}
 	start := time.Now()
 	err = b.method(ctx, method, table, ikWall)
 	out.wall = time.Since(start)
 	end := time.Now()
+	if cpu1, cerr := serverCPU(b.primary.DataDir); err == nil {
+		out.cpu, err = cpu1-cpu0, cerr
+	}
 	stopWriter()
 	if werr := <-writerDone; err == nil {
 		err = werr
@@ -415,6 +427,42 @@ func (b *bench) inboxkeeper(ctx context.Context, table string, args ...string) (
 func lastLine(s string) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
 	return lines[len(lines)-1]
+}
+
+// serverCPU is the user and system time the primary's processes have used
+// so far: the postmaster's own, its children's that have exited (cutime,
+// cstime: pg_repack's backend, a VACUUM's), and each live child's.
+func serverCPU(dataDir string) (time.Duration, error) {
+	pidFile, err := os.ReadFile(filepath.Join(dataDir, "postmaster.pid"))
+	if err != nil {
+		return 0, err
+	}
+	first, _, _ := strings.Cut(string(pidFile), "\n")
+	postmaster := strings.TrimSpace(first)
+	procs, err := filepath.Glob("/proc/[0-9]*/stat")
+	if err != nil {
+		return 0, err
+	}
+	var ticks int64
+	for _, path := range procs {
+		data, err := os.ReadFile(path)
+		f := benchdata.StatFields(data)
+		if err != nil || f == nil {
+			continue // gone meanwhile
+		}
+		self := filepath.Base(filepath.Dir(path)) == postmaster
+		if !self && f[1] != postmaster {
+			continue
+		}
+		for i, field := range f[11:15] {
+			if i >= 2 && !self {
+				break // a child's own children: none
+			}
+			n, _ := strconv.ParseInt(field, 10, 64)
+			ticks += n
+		}
+	}
+	return time.Duration(ticks) * 10 * time.Millisecond, nil
 }
 
 // sizes reads the final heap, the heap a packed copy takes, and
@@ -546,12 +594,12 @@ func (wr *writer) during(from, to time.Time) (n int, longest, p99 time.Duration)
 // report prints one rep: a line per method, then the goals.
 func report(w io.Writer, o options, rep int, outs []outcome) {
 	fmt.Fprintf(w, "rep %d: %d rows, %.0f%% purged (%s); heap after the purge %.0f MB\n", rep+1, o.rows, 100*o.purged, o.purge, benchdata.MB(outs[0].heapBefore))
-	fmt.Fprintf(w, "  %-12s %9s %9s %8s %9s %8s %8s %9s %9s\n", "method", "heap MB", "live MB", "size", "wall s", "WAL MB", "lag s", "max ms", "p99 ms")
+	fmt.Fprintf(w, "  %-12s %9s %9s %8s %9s %8s %8s %8s %9s %9s\n", "method", "heap MB", "live MB", "size", "wall s", "CPU s", "WAL MB", "lag s", "max ms", "p99 ms")
 	by := map[string]outcome{}
 	for _, x := range outs {
 		by[x.method] = x
-		fmt.Fprintf(w, "  %-12s %9.1f %9.1f %7.2fx %9.1f %8.0f %8.2f %9.1f %9.2f\n", x.method, benchdata.MB(x.heap), benchdata.MB(x.live),
-			float64(x.heap)/float64(x.live), x.wall.Seconds(), benchdata.MB(x.wal), x.peak.Lag, ms(x.longest), ms(x.p99))
+		fmt.Fprintf(w, "  %-12s %9.1f %9.1f %7.2fx %9.1f %8.1f %8.0f %8.2f %9.1f %9.2f\n", x.method, benchdata.MB(x.heap), benchdata.MB(x.live),
+			float64(x.heap)/float64(x.live), x.wall.Seconds(), x.cpu.Seconds(), benchdata.MB(x.wal), x.peak.Lag, ms(x.longest), ms(x.p99))
 	}
 	ik, rp, none := by[ikMethod], by[repackName], by[noneMethod]
 	fmt.Fprintf(w, "  inboxkeeper's estimate of the live size: %.1f MB (%.2f x the packed copy); writer inserts during inboxkeeper: %d\n",
