@@ -3,6 +3,7 @@ package compact_test
 import (
 	"context"
 	"fmt"
+	"github.com/inboxkeeper/inboxkeeper/holds"
 	"strings"
 	"testing"
 	"time"
@@ -206,5 +207,37 @@ func TestLockedTableIsLeftForTheNextRun(t *testing.T) {
 	res = run(t, c)
 	if res.Err != nil || res.Truncated == 0 || e.heap(t) >= heap/2 {
 		t.Errorf("the next run gave back %d bytes (heap %d -> %d): %v, %q", res.Truncated, heap, e.heap(t), res.Err, res.NotTruncated)
+	}
+}
+
+// TestDaemonWaitsAfterNothingCameBack: the daemon compacts a table whose
+// policy asks once its free space is over the ratio; when a compaction
+// gives nothing back (here a legal hold keeps rows at the very end of the
+// heap), the next pass leaves the table alone for a while rather than
+// sweep and VACUUM it again.
+func TestDaemonWaitsAfterNothingCameBack(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 60000, oldest) // 13 MB: over the 8 MiB the daemon wants to give back at least
+	c := compact.New(e.pool, []*catalog.Table{e.table}, compact.Options{}) // no compact section
+	if len(c.Tables()) != 0 {
+		t.Fatalf("the daemon compacts %d tables without a compact section", len(c.Tables()))
+	}
+	e.table = pgtest.Resolve(t, e.pool, inbox.PlainPolicy+"    compact: {free_ratio: 0.5}\n")[0]
+	legal := "legal"
+	if _, err := holds.AddHold(context.Background(), e.pool, e.table, holds.HoldSpec{Scope: &legal, Reason: "litigation", Owner: "legal"}); err != nil {
+		t.Fatal(err)
+	}
+	c = compact.New(e.pool, []*catalog.Table{e.table}, compact.Options{Settings: batchloop.Settings{BatchSize: 500}})
+	ctx := context.Background()
+	first, err := c.RunPass(ctx)
+	if err != nil || first[0].Err != nil || first[0].NotRun != "" || first[0].Moved == 0 {
+		t.Fatalf("first pass: %+v, %v", first, err)
+	}
+	if first[0].Truncated > 0 {
+		t.Fatalf("the first pass gave back %d bytes: the test needs one that gives nothing back", first[0].Truncated)
+	}
+	second, err := c.RunPass(ctx)
+	if err != nil || !strings.Contains(second[0].NotRun, "the last 1 compactions gave nothing back") || second[0].Moved != 0 {
+		t.Errorf("second pass: %+v, %v; want it left alone", second[0], err)
 	}
 }

@@ -17,11 +17,10 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 )
 
-// errNoRoom ends a sweep whose moves found no room below the target any
-// more: the free space near the start is used up (or the free space map
-// does not know of it yet), and the new versions went to the tail or past
-// the end.
-var errNoRoom = errors.New("no room left below the target")
+// errNoRoom ends a sweep whose batch found no room below its slice: the
+// free space map knew of none (or the heap grew for the new versions), and
+// the batch rolled back.
+var errNoRoom = errors.New("no room left below the slice")
 
 // optimisticLockTimeout is how long a batch waits for a row lock before it
 // runs again with SKIP LOCKED, as the deleter's.
@@ -44,11 +43,11 @@ const maxLockWaits = 10
 // emptied pages in time.
 const quarters = 4
 
-// sweep moves the rows of t's pages from pages down to target into the
-// free space below target, a chunk at a time, each chunk followed by a
-// VACUUM that cuts what it emptied off the end. It returns the rows it
-// moved; errNoRoom when it stopped because nothing found room below the
-// target.
+// sweep moves the rows of t's pages from pages down to target (or the
+// frontier, see slice) into the free space before them, a chunk at a time,
+// each chunk followed by a VACUUM that cuts what it emptied off the end.
+// It returns the rows it moved; errNoRoom when a batch found no room below
+// its slice.
 func (c *Compactor) sweep(ctx context.Context, t *catalog.Table, pages, target int64, deadline time.Time, res *Result, log *slog.Logger) (int64, error) {
 	cursor := pages
 	density, err := c.density(ctx, t, cursor)
