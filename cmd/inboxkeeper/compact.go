@@ -42,6 +42,9 @@ func (a *app) compactCmd(ctx context.Context, args []string) error {
 		fmt.Fprintln(a.stdout, "the database is a standby (in recovery): nothing to do here; run inboxkeeper against the primary")
 		return nil
 	}
+	if err := a.sessionFor(ctx, compactionSession); err != nil {
+		return err
+	}
 	if err := a.checkThrottleQuery(ctx, pool); err != nil {
 		return err
 	}

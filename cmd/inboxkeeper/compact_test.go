@@ -77,3 +77,27 @@ func TestOnceCompactsWhenThePolicyAsks(t *testing.T) {
 		t.Errorf("a second pass compacted again:\n%s", r)
 	}
 }
+
+// TestCompactThroughPgBouncer: the compaction's VACUUM cannot run in a
+// transaction, so its settings are its session's. Through a transaction
+// pooler without INBOXKEEPER_SESSION_DATABASE_URL it is refused before it
+// moves a row (exit 2); with it, the VACUUMs run there, and no setting is
+// left on the pooler's server connections.
+func TestCompactThroughPgBouncer(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, purgedDDL, inboxPolicy, true)
+	bouncerURL, via := throughBouncer(t, f)
+	wantExit(t, f.runWith(via, "once"), 0, "public.consumer_inbox: deleted 48000")
+	heap := f.heap()
+	wantExit(t, f.runWith(via, "compact", "--table", "public.consumer_inbox"), 2,
+		"compaction (its VACUUM cannot run in a transaction", "INBOXKEEPER_SESSION_DATABASE_URL")
+	if f.heap() != heap {
+		t.Fatal("a refused compaction changed the heap")
+	}
+	r := f.runWith(append(via, "INBOXKEEPER_SESSION_DATABASE_URL="+f.url), "compact", "--table", "public.consumer_inbox")
+	wantExit(t, r, 0, "public.consumer_inbox: gave back ")
+	if got := f.heap(); got > heap/3 {
+		t.Errorf("heap %d bytes after compact, was %d\n%s", got, heap, r)
+	}
+	wantNoSessionState(t, bouncerURL)
+}

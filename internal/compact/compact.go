@@ -57,6 +57,11 @@ type Options struct {
 	Allow Allow
 	// Progress, when set, is told after every committed batch.
 	Progress func(Progress)
+	// SessionPool is where the VACUUMs and ANALYZEs run, with settings of
+	// their session (neither may run in a transaction): a pool of direct
+	// connections where the pool goes through a transaction pooler; nil:
+	// the pool.
+	SessionPool *pgxpool.Pool
 }
 
 // Progress reports a compaction's advance through one table.

@@ -3,13 +3,13 @@ package compact_test
 import (
 	"context"
 	"fmt"
-	"github.com/inboxkeeper/inboxkeeper/holds"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/inboxkeeper/inboxkeeper/holds"
 	"github.com/inboxkeeper/inboxkeeper/inbox"
 	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
@@ -217,8 +217,10 @@ func TestLockedTableIsLeftForTheNextRun(t *testing.T) {
 // sweep and VACUUM it again.
 func TestDaemonWaitsAfterNothingCameBack(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 60000, oldest) // 13 MB: over the 8 MiB the daemon wants to give back at least
-	c := compact.New(e.pool, []*catalog.Table{e.table}, compact.Options{}) // no compact section
+	// 13 MB: over the 8 MiB the daemon wants to give back at least.
+	e := newEnv(t, 60000, oldest)
+	// Without a compact section the daemon leaves the table alone.
+	c := compact.New(e.pool, []*catalog.Table{e.table}, compact.Options{})
 	if len(c.Tables()) != 0 {
 		t.Fatalf("the daemon compacts %d tables without a compact section", len(c.Tables()))
 	}

@@ -98,7 +98,7 @@ func (c *Compactor) vacuumOnce(ctx context.Context, t *catalog.Table, deadline t
 			return 0, 0, false, nil
 		}
 	}
-	conn, err := c.pool.Acquire(ctx)
+	conn, err := c.sessions().Acquire(ctx)
 	if err != nil {
 		return 0, 0, false, err
 	}
@@ -138,6 +138,14 @@ func (c *Compactor) vacuumOnce(ctx context.Context, t *catalog.Table, deadline t
 	}
 	c.log.Debug("compact: vacuum", "table", t.Name, "pages_before", before, "pages_after", after, "wal_bytes", wal, "took", took.Round(time.Millisecond))
 	return before, after, true, nil
+}
+
+// sessions is the pool the VACUUMs and ANALYZEs run on.
+func (c *Compactor) sessions() *pgxpool.Pool {
+	if c.opts.SessionPool != nil {
+		return c.opts.SessionPool
+	}
+	return c.pool
 }
 
 // maintain runs sql, a VACUUM or an ANALYZE, on conn under the batches'
@@ -224,7 +232,7 @@ func (c *Compactor) analyze(ctx context.Context, t *catalog.Table, deadline time
 			return nil
 		}
 	}
-	conn, err := c.pool.Acquire(ctx)
+	conn, err := c.sessions().Acquire(ctx)
 	if err != nil {
 		return err
 	}

@@ -25,8 +25,8 @@ import (
 // service base here, and nowhere else.
 type Wiring struct {
 	Pool *pgxpool.Pool
-	// DDLPool is the pool partition DDL runs on (sessions of its own:
-	// INBOXKEEPER_SESSION_DATABASE_URL); nil: Pool.
+	// DDLPool is the pool partition DDL and the compaction's VACUUMs run
+	// on (sessions of its own: INBOXKEEPER_SESSION_DATABASE_URL); nil: Pool.
 	DDLPool  *pgxpool.Pool
 	Log      *slog.Logger
 	Throttle *throttle.Throttler // nil: never waits
@@ -91,6 +91,9 @@ func (w Wiring) Demoter(c config.Config, tables []*catalog.Table) *tiering.Demot
 // those whose policy asks for it, unless force.
 func (w Wiring) Compactor(c config.Config, tables []*catalog.Table, o compact.Options) *compact.Compactor {
 	o.Settings = w.batch(c)
+	if w.DDLPool != nil && !w.DryRun {
+		o.SessionPool = w.DDLPool // its VACUUM's settings are the session's
+	}
 	if w.Metrics != nil {
 		o.Metrics = w.Metrics.Compact
 	}
