@@ -41,7 +41,7 @@
 // exact, or the program fails.
 //
 // The goals: inboxkeeper's table ends within 1.3 x its live size (and
-// within 10% of pg_repack's), its writer's longest insert within the lock
+// within 10% of pg_repack's heap over its live size), its writer's longest insert within the lock
 // timeout and its p99 within 1.25 x the baseline's, and the standby within
 // 1.5 x MAX_REPLICA_LAG. A missed goal is printed (GOAL MISSED), not fatal.
 package main
@@ -73,7 +73,7 @@ import (
 // The goals.
 const (
 	goalSize    = 1.3  // final heap over live size
-	goalRepack  = 1.1  // over pg_repack's final heap
+	goalRepack  = 1.1  // over pg_repack's final heap over its live size
 	goalP99     = 1.25 // writer's p99 over the baseline's
 	goalLag     = 1.5  // peak lag over MAX_REPLICA_LAG
 	warmUp      = 2 * time.Second
@@ -267,7 +267,7 @@ func (b *bench) rep(ctx context.Context, rep int, order []string, n, expired int
 	}
 	purge := "remember_until <= now()"
 	if b.o.purge == "random" {
-		purge = fmt.Sprintf("hashtext(message_id::text) %% 1000 < %d", int(1000*b.o.purged))
+		purge = fmt.Sprintf("abs(hashtext(message_id::text) %% 1000) < %d", int(1000*b.o.purged))
 	}
 	var fns []func() error
 	for _, t := range tables {
@@ -604,9 +604,12 @@ func report(w io.Writer, o options, rep int, outs []outcome) {
 	ik, rp, none := by[ikMethod], by[repackName], by[noneMethod]
 	fmt.Fprintf(w, "  inboxkeeper's estimate of the live size: %.1f MB (%.2f x the packed copy); writer inserts during inboxkeeper: %d\n",
 		benchdata.MB(ik.estimate), float64(ik.estimate)/float64(ik.live), ik.inserts)
-	size := float64(ik.heap) / float64(ik.live)
-	fmt.Fprintf(w, "  goal size: heap <= %.1f x live: %.2f x: %s; within %.0f%% of pg_repack's (%.2f x): %s\n",
-		goalSize, size, benchdata.Verdict(size <= goalSize), 100*(goalRepack-1), float64(ik.heap)/float64(rp.heap), benchdata.Verdict(float64(ik.heap) <= goalRepack*float64(rp.heap)))
+	// Against pg_repack's result as a share of its own live size: the
+	// writer adds rows for as long as a method runs, and inboxkeeper runs
+	// ten times longer.
+	size, rpSize := float64(ik.heap)/float64(ik.live), float64(rp.heap)/float64(rp.live)
+	fmt.Fprintf(w, "  goal size: heap <= %.1f x live: %.2f x: %s; within %.0f%% of pg_repack's %.2f x (%.2f x it): %s\n",
+		goalSize, size, benchdata.Verdict(size <= goalSize), 100*(goalRepack-1), rpSize, size/rpSize, benchdata.Verdict(size <= goalRepack*rpSize))
 	fmt.Fprintf(w, "  goal writer: longest %.1f ms <= lock timeout %s: %s; p99 %.2f ms <= %.2f x none's %.2f ms: %s\n",
 		ms(ik.longest), o.lockTimeout, benchdata.Verdict(ik.longest <= o.lockTimeout), ms(ik.p99), goalP99, ms(none.p99), benchdata.Verdict(float64(ik.p99) <= goalP99*float64(none.p99)))
 	bound := goalLag * o.maxLag.Seconds()
