@@ -34,7 +34,8 @@ var truncateWaits = []time.Duration{250 * time.Millisecond, time.Second, 3 * tim
 
 // vacuumTail runs the compaction's VACUUM of t and, when it is the last
 // of the compaction, runs it again (after truncateWaits) while it cuts
-// nothing off a tail long enough to be cut that holds no row (tailEmpty). It counts what it did into res.
+// nothing off a tail long enough to be cut that holds no row (tailEmpty).
+// It counts what it did into res.
 func (c *Compactor) vacuumTail(ctx context.Context, t *catalog.Table, deadline time.Time, last bool, res *Result, log *slog.Logger) error {
 	for attempt := 0; ; attempt++ {
 		before, after, ran, err := c.vacuumOnce(ctx, t, deadline, res)
