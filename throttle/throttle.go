@@ -535,8 +535,12 @@ func (t *Throttler) transition(s State) {
 		}
 	}
 	switch {
-	case s.Throttled && (!prev.Throttled || prev.Kind != s.Kind):
+	case s.Throttled && !prev.Throttled:
 		t.Logger.Warn("throttle: pausing", "kind", s.Kind, "reason", s.Reason)
+	case s.Throttled && prev.Kind != s.Kind:
+		// One pause, one WARN: a standby back from an outage is behind
+		// for a moment, and that is the same pause going on.
+		t.Logger.Info("throttle: still pausing", "kind", s.Kind, "reason", s.Reason, "was", prev.Kind)
 	case !s.Throttled && prev.Throttled:
 		t.Logger.Info("throttle: resuming", "was", prev.Kind, "paused_for", pausedFor)
 	}

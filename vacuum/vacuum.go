@@ -663,3 +663,13 @@ func (v *Vacuumer) mayVacuum(ctx context.Context, t *catalog.Table) (bool, error
 	}
 	return ok, nil
 }
+
+// MayVacuum says whether the session's role may VACUUM t (mayVacuumSQL),
+// asked afresh: for the compaction, whose VACUUM gives pages back.
+func MayVacuum(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, t *catalog.Table) (bool, error) {
+	var ok bool
+	err := q.QueryRow(ctx, mayVacuumSQL, t.OID).Scan(&ok)
+	return ok, err
+}

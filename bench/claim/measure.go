@@ -117,8 +117,8 @@ type cell struct {
 	// time they took, the backends' and this process's.
 	ops            int
 	server, client time.Duration
-	recent [][]written // by client: the identities it wrote, the latest last
-	rand   []*rand.Rand
+	recent         [][]written // by client: the identities it wrote, the latest last
+	rand           []*rand.Rand
 }
 
 // written is an identity a client wrote, and when.

@@ -644,7 +644,7 @@ func parseLog(out string) daemonLog {
 				l.longest = max(l.longest, at.Sub(mark))
 			}
 			mark = at
-		case "throttle: pausing":
+		case "throttle: pausing", "throttle: still pausing":
 			if k := fields["kind"]; !slices.Contains(l.kinds, k) {
 				l.kinds = append(l.kinds, k)
 			}

@@ -89,6 +89,7 @@ Usage:
   inboxkeeper run                     the daemon: a pass every INTERVAL or on SCHEDULE
   inboxkeeper status [--json | --watch [INTERVAL]]   what is due, cleanup lag, holds and replays per table; partitions and why they wait
   inboxkeeper partitions ensure [--dry-run]   create the missing monthly partitions now (retires nothing)
+  inboxkeeper compact --table T [--dry-run] [--allow-triggers] [--allow-publication]   give a purged table's empty space back to the disk, online
   inboxkeeper hold add --table T [--scope V] [--from TIME --to TIME] --reason TEXT --owner NAME [--expires TIME | --for DURATION] [--blocks delete|all]
   inboxkeeper hold list [--all]
   inboxkeeper hold release ID
@@ -176,6 +177,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		cmdErr = a.status(ctx, rest)
 	case "partitions":
 		cmdErr = a.partitionsCmd(ctx, rest)
+	case "compact":
+		cmdErr = a.compactCmd(ctx, rest)
 	case "hold":
 		cmdErr = a.hold(ctx, rest)
 	case "replay":

@@ -89,16 +89,11 @@ func (a *app) once(ctx context.Context, args []string) error {
 	a.warnUnread(unread, *dryRun)
 	d := a.driver(pool, tables, *dryRun, ms)
 	if !*dryRun {
-		ls := lease.New(pool, a.cfg.LeaseTTL, a.log)
-		ls.Publish(settings.Publish(a.cfg)) // status and settings read once's environment there
-		// RUN_TIME bounds the wait too: a cron job must end within its slot.
-		var held lease.ErrHeld
-		if err := ls.Wait(ctx, a.cfg.RunTime); errors.As(err, &held) {
-			return fmt.Errorf("another instance (%s) held the lease for the whole INBOXKEEPER_RUN_TIME (%s); nothing deleted", held.Holder.Name, humantime.Format(held.For))
-		} else if err != nil {
+		ls, keep, err := a.takeLease(ctx, pool, "nothing deleted")
+		if err != nil {
 			return err
 		}
-		defer ls.Start(ctx)()
+		defer keep()
 		d.Lease = ls.Check
 		if d.Throttle, err = a.startThrottle(ctx, pool, ms.ThrottleMetrics(), nil); err != nil {
 			return err
@@ -152,6 +147,22 @@ func (a *app) once(ctx context.Context, args []string) error {
 		return fmt.Errorf("%d of %d tables failed (see the log)", failed, total)
 	}
 	return nil
+}
+
+// takeLease waits for the lease, RUN_TIME at most (a cron job must end
+// within its slot), and keeps it until keep's returned function is called;
+// nothing says what was not done when another instance held it throughout.
+func (a *app) takeLease(ctx context.Context, pool *pgxpool.Pool, nothing string) (ls *lease.Lease, keep func(), err error) {
+	ls = lease.New(pool, a.cfg.LeaseTTL, a.log)
+	ls.Publish(settings.Publish(a.cfg)) // status and settings read this environment there
+	// RUN_TIME bounds the wait too: a cron job must end within its slot.
+	var held lease.ErrHeld
+	if err := ls.Wait(ctx, a.cfg.RunTime); errors.As(err, &held) {
+		return nil, nil, fmt.Errorf("another instance (%s) held the lease for the whole INBOXKEEPER_RUN_TIME (%s); %s", held.Holder.Name, humantime.Format(held.For), nothing)
+	} else if err != nil {
+		return nil, nil, err
+	}
+	return ls, ls.Start(ctx), nil
 }
 
 // driver is the pass driver of once and the demo: a line per table and

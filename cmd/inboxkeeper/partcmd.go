@@ -13,14 +13,31 @@ import (
 // sessionForPartitions makes sure, before anything is touched, that the
 // partition DDL of tables can have sessions of its own (DETACH ...
 // CONCURRENTLY cannot run in a transaction, and its fence is a session
-// lock), and opens a pool on INBOXKEEPER_SESSION_DATABASE_URL for it when
-// that is set. A dry run does no DDL, but checks the same: it is how a
-// change is tried before it runs.
+// lock), and so can the compaction of a table whose policy asks for one
+// (compactionSession), and opens a pool on INBOXKEEPER_SESSION_DATABASE_URL
+// for them when that is set. A dry run does no DDL, but checks the same: it
+// is how a change is tried before it runs.
 func (a *app) sessionForPartitions(ctx context.Context, tables []*catalog.Table) error {
-	if a.ddl != nil || !slices.ContainsFunc(tables, (*catalog.Table).Partitioned) {
+	switch {
+	case slices.ContainsFunc(tables, (*catalog.Table).Partitioned):
+		return a.sessionFor(ctx, "partition DDL (DETACH ... CONCURRENTLY under the hold fence)")
+	case slices.ContainsFunc(tables, func(t *catalog.Table) bool { return t.Policy.Compact != nil && !t.Distributed() }):
+		return a.sessionFor(ctx, compactionSession)
+	}
+	return nil
+}
+
+// compactionSession is what the compaction needs a session for: its VACUUM
+// cannot run in a transaction, so its settings are the session's.
+const compactionSession = "compaction (its VACUUM cannot run in a transaction, so its lock_timeout and cost delay are session settings)"
+
+// sessionFor opens the pool of sessions of their own that what needs, or
+// says why there can be none (sessionURL).
+func (a *app) sessionFor(ctx context.Context, what string) error {
+	if a.ddl != nil {
 		return nil
 	}
-	url, err := a.sessionURL("partition DDL (DETACH ... CONCURRENTLY under the hold fence)")
+	url, err := a.sessionURL(what)
 	if err != nil || url != a.cfg.SessionURL {
 		return err // DATABASE_URL is direct: the main pool serves
 	}

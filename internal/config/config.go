@@ -51,7 +51,7 @@ type Config struct {
 	DDLLockTimeout   time.Duration `envconfig:"DDL_LOCK_TIMEOUT" default:"100ms" desc:"lock_timeout of every partition DDL statement: the longest an insert can queue behind one (> 0)"`
 	FenceTimeout     time.Duration `envconfig:"FENCE_TIMEOUT" default:"30s" desc:"hold add and replay start: the longest they wait for the cleanup batches in flight; then they fail, name the blocking sessions and write nothing"`
 	IdleTimeout      time.Duration `envconfig:"IDLE_IN_TRANSACTION_TIMEOUT" default:"10s" desc:"idle_in_transaction_session_timeout of every transaction inboxkeeper opens: a frozen or vanished process loses its locks (the hold fence among them) after this long"`
-	SessionURL       string        `envconfig:"SESSION_DATABASE_URL" secret:"true" empty:"DATABASE_URL" desc:"a direct (not transaction-pooled) connection string for what needs a session: partition DDL and migrate; empty: DATABASE_URL"`
+	SessionURL       string        `envconfig:"SESSION_DATABASE_URL" secret:"true" empty:"DATABASE_URL" desc:"a direct (not transaction-pooled) connection string for what needs a session: partition DDL, the compaction's VACUUMs and migrate; empty: DATABASE_URL"`
 	MetricsAddr      string        `envconfig:"METRICS_ADDR" default:"127.0.0.1:9610" empty:"no listener" desc:"run: host:port of the /metrics listener; empty disables it"`
 	LogFormat        string        `envconfig:"LOG_FORMAT" default:"text" desc:"log format: text or json"`
 	LogLevel         string        `envconfig:"LOG_LEVEL" default:"info" desc:"log level: debug, info, warn or error"`

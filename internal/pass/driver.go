@@ -6,6 +6,7 @@ import (
 
 	"github.com/inboxkeeper/inboxkeeper/expiry"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/compact"
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/outage"
 	"github.com/inboxkeeper/inboxkeeper/internal/settings"
@@ -39,6 +40,7 @@ type Driver struct {
 	runner   Runner
 	deleters []*expiry.Deleter
 	tiers    *tiering.Collector // made by measureSlow
+	space    *compact.Collector
 	retained *expiry.Retained
 	// slowAtScrape: what changes over minutes (the tiers, what each table
 	// remembers) is measured when /metrics is scraped (run), not after
@@ -87,13 +89,16 @@ func (d *Driver) record(ctx context.Context, res Result) {
 	}
 }
 
-// measureSlow measures the tiers of tables and what each remembers.
+// measureSlow measures the tiers of tables, what each remembers, and the
+// space of each heap.
 func (d *Driver) measureSlow(ctx context.Context, tables []*catalog.Table) {
 	if d.tiers == nil {
 		d.tiers = tiering.NewCollector(d.Pool, d.Metrics.Tiering, d.Metrics.Daemon.BytesPerKey, d.Log)
 		d.retained = expiry.NewRetained(d.Pool, d.Metrics.retained(), d.Log)
+		d.space = compact.NewCollector(d.Pool, d.Metrics.Compact, d.Log)
 	}
 	_ = d.tiers.Update(ctx, tables)
+	_ = d.space.Update(ctx, tables)
 	if err := d.retained.Update(ctx, tables); err != nil && ctx.Err() == nil {
 		d.warn("inboxkeeper: read the control schema for metrics", err)
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/inboxkeeper/inboxkeeper/expiry"
 	"github.com/inboxkeeper/inboxkeeper/horizon"
+	"github.com/inboxkeeper/inboxkeeper/internal/compact"
 	"github.com/inboxkeeper/inboxkeeper/internal/daemonmetrics"
 	"github.com/inboxkeeper/inboxkeeper/partitions"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
@@ -38,6 +39,7 @@ type Metrics struct {
 	Throttle   *throttle.Metrics // nil until the throttle is started with it
 	Horizon    *horizon.Metrics
 	Vacuum     *vacuum.Metrics
+	Compact    *compact.Metrics
 	// Live: the metrics are served while passes run (run's /metrics), not
 	// only recorded after a pass (once), so a pass exports rows_due as it
 	// begins (expiry.Options.LiveDue).
@@ -101,9 +103,10 @@ func Register(reg prometheus.Registerer, version string) *Metrics {
 	facts := daemonmetrics.NewFacts()
 	m := &Metrics{Facts: facts, Expiry: expiry.NewMetrics(reg, facts), Tiering: tiering.NewMetrics(reg, facts),
 		Partitions: partitions.NewMetrics(reg, facts), Daemon: daemonmetrics.New(reg, facts, version), Horizon: horizon.NewMetrics(reg),
-		Vacuum: vacuum.NewMetrics(reg, facts), reg: reg}
+		Vacuum: vacuum.NewMetrics(reg, facts), Compact: compact.NewMetrics(reg, facts), reg: reg}
 	// One series each, whichever step measured it.
 	m.Partitions.Errors, m.Partitions.CleanupLag, m.Partitions.LastSuccess = m.Expiry.Errors, m.Expiry.CleanupLag, m.Expiry.LastSuccess
+	m.Compact.Errors = m.Expiry.Errors
 	return m
 }
 

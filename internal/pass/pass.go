@@ -5,7 +5,10 @@
 //     missing month makes inserts fail, an expired row only waits);
 //  2. tiering: demote payloads (a row due for both loses its payload first,
 //     then goes with its permanent key);
-//  3. expiry: delete expired rows in batches.
+//  3. expiry: delete expired rows in batches;
+//  4. compaction: give back the empty space of a table whose policy asks
+//     for it, once the deletions left enough (it moves rows, so it comes
+//     after them).
 //
 // Every stage shares one deadline, RUN_TIME from the start of the pass, and
 // reports one result per table. The lease, the settings watch and the
@@ -28,6 +31,7 @@ import (
 
 	"github.com/inboxkeeper/inboxkeeper/expiry"
 	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
+	"github.com/inboxkeeper/inboxkeeper/internal/compact"
 	"github.com/inboxkeeper/inboxkeeper/internal/daemonmetrics"
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 	"github.com/inboxkeeper/inboxkeeper/partitions"
@@ -36,12 +40,12 @@ import (
 
 // TableResult is what one stage did to one table.
 type TableResult struct {
-	Stage        string // StagePartitions, StageTiering or StageExpiry
+	Stage        string // StagePartitions, StageTiering, StageExpiry or StageCompaction
 	Table        string
 	Err          error
 	StoppedEarly retry.Early
 	// Detail is the stage's own result: partitions.TableResult,
-	// tiering.Result or expiry.TableResult.
+	// tiering.Result, expiry.TableResult or compact.Result.
 	Detail any
 }
 
@@ -50,6 +54,7 @@ const (
 	StagePartitions = "partitions"
 	StageTiering    = "tiering"
 	StageExpiry     = "expiry"
+	StageCompaction = "compaction"
 )
 
 // Stage is one step of a pass.
@@ -157,6 +162,14 @@ func Expiry(d *expiry.Deleter) Stage {
 	return stage{StageExpiry, func(ctx context.Context, deadline time.Time) ([]TableResult, error) {
 		rs, err := d.RunPassUntil(ctx, deadline)
 		return wrap(StageExpiry, rs, func(r expiry.TableResult) (string, error, retry.Early) { return r.Table, r.Err, r.StoppedEarly }), err
+	}}
+}
+
+// Compaction is the compaction stage.
+func Compaction(c *compact.Compactor) Stage {
+	return stage{StageCompaction, func(ctx context.Context, deadline time.Time) ([]TableResult, error) {
+		rs, err := c.RunPassUntil(ctx, deadline)
+		return wrap(StageCompaction, rs, func(r compact.Result) (string, error, retry.Early) { return r.Table, r.Err, r.StoppedEarly }), err
 	}}
 }
 

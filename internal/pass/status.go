@@ -9,6 +9,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/holds"
 	"github.com/inboxkeeper/inboxkeeper/horizon"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/compact"
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/lease"
@@ -53,6 +54,9 @@ type Status struct {
 	// (dbconn.Pooled), where the daemon's VACUUM cannot be paced for a
 	// standby (vacuum.Plan).
 	Pooled bool
+	// Space is how much of each ordinary table's heap its live rows need:
+	// what compaction would give back.
+	Space map[string]*compact.Space
 }
 
 // ReadStatus reads the status of tables on pool, with the environment of
@@ -109,7 +113,7 @@ func pooled(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
 // ordinary tables, a dry-run partition pass for partitioned ones, and the
 // tiers.
 func ReadTables(ctx context.Context, w Wiring, env config.Config, tables []*catalog.Table) (Status, error) {
-	st := Status{Vacuum: map[string]*vacuum.State{}, VacuumDeadRatio: env.VacuumDeadRatio}
+	st := Status{Vacuum: map[string]*vacuum.State{}, VacuumDeadRatio: env.VacuumDeadRatio, Space: map[string]*compact.Space{}}
 	// Status reads; it never deletes (not a dry run: that would count
 	// differently).
 	w.DryRun = false
@@ -129,6 +133,11 @@ func ReadTables(ctx context.Context, w Wiring, env config.Config, tables []*cata
 				return st, err
 			}
 			st.Vacuum[t.Name] = &vs
+			sp, err := compact.Measure(ctx, w.Pool, t)
+			if err != nil {
+				return st, err
+			}
+			st.Space[t.Name] = &sp
 		}
 	}
 	// A dry-run pass shows what the next one would make, detach and drop.

@@ -9,6 +9,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/expiry"
 	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/compact"
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/service"
 	"github.com/inboxkeeper/inboxkeeper/internal/settings"
@@ -24,8 +25,8 @@ import (
 // service base here, and nowhere else.
 type Wiring struct {
 	Pool *pgxpool.Pool
-	// DDLPool is the pool partition DDL runs on (sessions of its own:
-	// INBOXKEEPER_SESSION_DATABASE_URL); nil: Pool.
+	// DDLPool is the pool partition DDL and the compaction's VACUUMs run
+	// on (sessions of its own: INBOXKEEPER_SESSION_DATABASE_URL); nil: Pool.
 	DDLPool  *pgxpool.Pool
 	Log      *slog.Logger
 	Throttle *throttle.Throttler // nil: never waits
@@ -86,6 +87,19 @@ func (w Wiring) Demoter(c config.Config, tables []*catalog.Table) *tiering.Demot
 	return tiering.New(w.Pool, tables, o)
 }
 
+// Compactor builds the compactor of tables with the configuration c: of
+// those whose policy asks for it, unless force.
+func (w Wiring) Compactor(c config.Config, tables []*catalog.Table, o compact.Options) *compact.Compactor {
+	o.Settings = w.batch(c)
+	if w.DDLPool != nil && !w.DryRun {
+		o.SessionPool = w.DDLPool // its VACUUM's settings are the session's
+	}
+	if w.Metrics != nil {
+		o.Metrics = w.Metrics.Compact
+	}
+	return compact.New(w.Pool, tables, o)
+}
+
 // Partitions builds the partition manager of tables with the
 // configuration c; its DDL runs on DDLPool when there is one.
 func (w Wiring) Partitions(c config.Config, tables []*catalog.Table) *partitions.Manager {
@@ -124,6 +138,10 @@ func (w Wiring) Stages(tables []*catalog.Table, tn settings.Tuning) ([]Stage, []
 		d := w.Deleter(c, one)
 		deleters = append(deleters, d)
 		deletes = append(deletes, limit(Expiry(d), c.RunTime, tn.Global.RunTime))
+		if t.Policy.Compact != nil && !t.Distributed() {
+			// After its deletions, within the same RUN_TIME.
+			deletes = append(deletes, limit(Compaction(w.Compactor(c, one, compact.Options{})), c.RunTime, tn.Global.RunTime))
+		}
 	}
 	return append(out, deletes...), deleters
 }

@@ -73,6 +73,7 @@ type Table struct {
 	ExpiresAfter *ExpiresAfter
 	Partitions   *Partitions // nil: the table is not managed by partition
 	Tiers        *Tiers      // nil: rows are not demoted (see tiers.go)
+	Compact      *Compact    // nil: the daemon never compacts it (see compact.go)
 	// TimeZone is the IANA zone the application writes the table's
 	// timestamp-without-time-zone columns in; "" means UTC (and, when the
 	// database's TimeZone is not UTC, a warning at startup).
@@ -160,6 +161,7 @@ type rawTable struct {
 	EpochUnit    string           `yaml:"epoch_unit"`
 	// DeleteReferencing is read as text: a table name, parsed as in SQL.
 	DeleteReferencing []string `yaml:"delete_referencing"`
+	Compact      *rawCompact      `yaml:"compact"`
 }
 
 // rawTuning is a table's tuning block: the keys `inboxkeeper set --table`
@@ -380,6 +382,12 @@ func table(d *strictyaml.Decoder, rt rawTable, ctx string, line int) (Table, boo
 	}
 	if rt.Tiers != nil {
 		t.Tiers = tiers(rt.Tiers, t, fail)
+	}
+	if rt.Compact != nil {
+		t.Compact = compact(rt.Compact, fail)
+		if t.Partitions != nil {
+			fail("compact", "a table managed by partition gives its space back as whole partitions go; compact is for an ordinary table")
+		}
 	}
 	return t, d.Count() == before
 }

@@ -246,7 +246,7 @@ func TestParseReportsAll(t *testing.T) {
       batch_pause: ""
 `), "p.yaml")
 	want := `p.yaml:3: tables[0] (a.b): key: required: list the columns that identify a row
-p.yaml:4: tables[0] (a.b): unknown field "foo" (known: table, key, scope, event_time, first_seen, expires_at, expires_after, partitions, tiers, time_zone, tuning, only_when, windows, epoch_unit, delete_referencing)
+p.yaml:4: tables[0] (a.b): unknown field "foo" (known: table, key, scope, event_time, first_seen, expires_at, expires_after, partitions, tiers, time_zone, tuning, only_when, windows, epoch_unit, delete_referencing, compact)
 p.yaml:5: tables[0] (a.b): expires_after.after: "30 days" is not a duration (like 500ms, 30s, 36h, 90d or 1d12h)
 p.yaml:5: tables[0] (a.b): expires_after.column: required
 p.yaml:6: tables[0] (a.b): partitions.by: "week" is not supported; use month

@@ -86,6 +86,7 @@ type TableJSON struct {
 	Tiers             *TiersJSON      `json:"tiers"`      // null without tiers
 	Citus             *CitusJSON      `json:"citus"`      // null unless Citus distributes it
 	Vacuum            *VacuumJSON     `json:"vacuum"`     // null unless managed by rows and not distributed
+	Space             *SpaceJSON      `json:"space"`      // null unless managed by rows and not distributed
 }
 
 // VacuumJSON is how a table's space is kept reclaimed.
@@ -413,7 +414,7 @@ func StatusOf(st pass.Status, tables []*catalog.Table, th *throttle.Throttler) S
 		for _, ts := range st.Tables {
 			if ts.Table == t.Name {
 				tj.Now, tj.CleanupLagSeconds, tj.Rows = ts.Now, ts.CleanupLag.Seconds(), rowsJSON(ts)
-				tj.Vacuum = vacuumJSON(st, ts)
+				tj.Vacuum, tj.Space = vacuumJSON(st, ts), spaceJSON(t, st.Space[t.Name])
 			}
 		}
 		for _, p := range st.Partitions {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/inboxkeeper/inboxkeeper/expiry"
+	"github.com/inboxkeeper/inboxkeeper/internal/compact"
 	"github.com/inboxkeeper/inboxkeeper/internal/humantime"
 	"github.com/inboxkeeper/inboxkeeper/internal/pass"
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
@@ -26,6 +27,8 @@ func Stage(stdout, stderr io.Writer, stage string, rs []pass.TableResult, dryRun
 			t.ClearBar()
 		}
 		printResults(stdout, pass.Of[expiry.TableResult](rs), dryRun)
+	case pass.StageCompaction:
+		PrintCompactResults(stdout, pass.Of[compact.Result](rs), dryRun)
 	}
 }
 

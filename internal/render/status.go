@@ -71,6 +71,7 @@ func StatusTables(w io.Writer, r pass.Status, tables []*catalog.Table, rates Rat
 			if st.Table == t.Name {
 				writeStatus(w, st)
 				writeVacuum(w, r, st)
+				writeSpace(w, t, r.Space[t.Name])
 				if trend := rates.trend(st.Table, st.Due); trend != "" {
 					fmt.Fprintf(w, "  due rows (last minute):   %s\n", trend)
 				}
