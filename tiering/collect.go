@@ -16,6 +16,10 @@ type Collector struct {
 	rows        *daemonmetrics.Fact // inboxkeeper_tier_rows{table, tier}
 	bytesPerKey *daemonmetrics.Fact // inboxkeeper_bytes_per_key{table, tier}
 	log         *slog.Logger
+	// Said, when set, takes a failure the caller says itself (the
+	// database not answering, said once for the whole daemon) and returns
+	// true; the collector then logs nothing of it.
+	Said func(error) bool
 }
 
 // NewCollector measures on q into m's tier rows and bytesPerKey.
@@ -36,7 +40,9 @@ func (c *Collector) Update(ctx context.Context, tables []*catalog.Table) error {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			c.log.Warn("tiering: measure the tiers", "table", t.Name, "error", err)
+			if c.Said == nil || !c.Said(err) {
+				c.log.Warn("tiering: measure the tiers", "table", t.Name, "error", err)
+			}
 			continue
 		}
 		for _, tier := range []string{Hot, Warm, Permanent} {

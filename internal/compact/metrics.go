@@ -48,6 +48,10 @@ type Collector struct {
 	q   catalog.Querier
 	m   *Metrics
 	log *slog.Logger
+	// Said, when set, takes a failure the caller says itself (the
+	// database not answering, said once for the whole daemon) and returns
+	// true; the collector then logs nothing of it.
+	Said func(error) bool
 }
 
 // NewCollector measures on q into m.
@@ -68,7 +72,9 @@ func (c *Collector) Update(ctx context.Context, tables []*catalog.Table) error {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			c.log.Warn("compact: measure the space of the table", "table", t.Name, "error", err)
+			if c.Said == nil || !c.Said(err) {
+				c.log.Warn("compact: measure the space of the table", "table", t.Name, "error", err)
+			}
 			continue
 		}
 		c.m.Observe(t.Name, sp)

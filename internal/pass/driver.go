@@ -96,6 +96,7 @@ func (d *Driver) measureSlow(ctx context.Context, tables []*catalog.Table) {
 		d.tiers = tiering.NewCollector(d.Pool, d.Metrics.Tiering, d.Metrics.Daemon.BytesPerKey, d.Log)
 		d.retained = expiry.NewRetained(d.Pool, d.Metrics.retained(), d.Log)
 		d.space = compact.NewCollector(d.Pool, d.Metrics.Compact, d.Log)
+		d.tiers.Said, d.space.Said = d.outages.DatabaseFailed, d.outages.DatabaseFailed
 	}
 	_ = d.tiers.Update(ctx, tables)
 	_ = d.space.Update(ctx, tables)

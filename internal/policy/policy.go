@@ -160,8 +160,8 @@ type rawTable struct {
 	Windows      []rawWindow      `yaml:"windows"`
 	EpochUnit    string           `yaml:"epoch_unit"`
 	// DeleteReferencing is read as text: a table name, parsed as in SQL.
-	DeleteReferencing []string `yaml:"delete_referencing"`
-	Compact      *rawCompact      `yaml:"compact"`
+	DeleteReferencing []string    `yaml:"delete_referencing"`
+	Compact           *rawCompact `yaml:"compact"`
 }
 
 // rawTuning is a table's tuning block: the keys `inboxkeeper set --table`

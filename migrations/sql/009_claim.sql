@@ -35,13 +35,13 @@ CREATE FUNCTION inboxkeeper.claim_compile() RETURNS regclass[]
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET "IntervalStyle" = 'postgres' SET "DateStyle" = 'ISO, MDY' SET "TimeZone" = 'UTC'
-SET citus.enable_ddl_propagation = 'off'
 AS $compile$
 DECLARE
     v_tables   regclass[] := '{}';
     v_branches text := '';
     v_table    text;
     v_tag      text := 'fn';
+    v_ddl      text;
     r          record;
 BEGIN
     -- Under a snapshot older than the lock below, a rule committed
@@ -185,6 +185,20 @@ $branch$,
     WHILE strpos(v_branches, '$' || v_tag || '$') > 0 LOOP
         v_tag := v_tag || '_';
     END LOOP;
+    -- On a Citus coordinator the function stays there (Citus would send
+    -- the CREATE to the workers). Not a SET clause of this function: where
+    -- Citus is loaded, only a superuser may create a function that sets it,
+    -- and the owner that runs migrate need not be one; an owner that may not
+    -- set it leaves it as it is. Put back below: it is the caller's
+    -- transaction.
+    IF EXISTS (SELECT FROM pg_extension WHERE extname = 'citus') THEN
+        v_ddl := current_setting('citus.enable_ddl_propagation', true);
+        BEGIN
+            PERFORM set_config('citus.enable_ddl_propagation', 'off', true);
+        EXCEPTION WHEN insufficient_privilege THEN
+            v_ddl := NULL;
+        END;
+    END IF;
     EXECUTE format($claim$
 CREATE OR REPLACE FUNCTION inboxkeeper.claim(
     p_table        regclass,
@@ -229,6 +243,9 @@ BEGIN
 END
 $%1$s$
 $claim$, v_tag, v_branches);
+    IF v_ddl IS NOT NULL THEN
+        PERFORM set_config('citus.enable_ddl_propagation', v_ddl, true);
+    END IF;
     RETURN v_tables;
 END
 $compile$;
