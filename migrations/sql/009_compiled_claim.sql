@@ -165,7 +165,7 @@ $branch$,
                FOR UPDATE;
             IF NOT FOUND THEN
                 RAISE EXCEPTION 'inboxkeeper.claim: inboxkeeper.claim_locks lacks a row of its 65,536'
-                    USING HINT = 'restore its rows 0 to 65535 (migrations/sql/009_claim.sql)';
+                    USING HINT = 'restore its rows 0 to 65535 (migrations/sql/009_compiled_claim.sql)';
             END IF;$lock$, r.oid::text || '/') END,
             CASE WHEN r.keyed THEN '' ELSE '
                  ORDER BY t.remember_until DESC LIMIT 1' END,
@@ -211,7 +211,7 @@ CREATE OR REPLACE FUNCTION inboxkeeper.claim(
 RETURNS TABLE (result text, age interval, remember_until timestamptz, first_seen_at timestamptz, late boolean)
 LANGUAGE plpgsql VOLATILE AS $%1$s$
 -- Written by inboxkeeper.claim_compile() from inboxkeeper.retention_rules
--- (migrations/sql/009_claim.sql): do not edit, a change of the rules
+-- (migrations/sql/009_compiled_claim.sql): do not edit, a change of the rules
 -- writes it again. It records a delivery inside the caller's transaction
 -- and says what it is: fresh | duplicate | conflict | expired_redelivery.
 -- READ COMMITTED only: a claim that waited for another must see what that
