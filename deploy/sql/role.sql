@@ -153,8 +153,9 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE inboxkeeper.partitions TO :"role";
 -- pg_read_all_stats is the narrowest role that shows them; pg_monitor includes
 -- it and works too. pg_replication_slots (the slot signal) needs nothing.
 -- Cancelling a batch that blocks someone (pg_cancel_backend) needs nothing
--- either: a role may cancel its own backends. Advisory locks (the fence, the
--- migration lock) need no privilege.
+-- either: a role may cancel its own backends. The migration lock is an
+-- advisory lock, which needs no privilege; the fence is a table lock, granted
+-- above.
 GRANT pg_read_all_stats TO :"role";
 
 ------------------------------------------------------------------------------
@@ -165,9 +166,10 @@ GRANT pg_read_all_stats TO :"role";
 ------------------------------------------------------------------------------
 
 -- An earlier version of this script made the operator a member of the
--- daemon's role (and so able to delete inbox rows): undone. (A WARNING when
--- there is no such membership.)
-REVOKE :"role" FROM :"operator_role";
+-- daemon's role (and so able to delete inbox rows): undone, where it was.
+SELECT format('REVOKE %I FROM %I', r.rolname, m.rolname)
+  FROM pg_auth_members a JOIN pg_roles r ON r.oid = a.roleid JOIN pg_roles m ON m.oid = a.member
+ WHERE r.rolname = :'role' AND m.rolname = :'operator_role' \gexec
 
 -- Every command: find the control schema, check its version, and show what
 -- it holds (status, settings, hold list, replay list, plan --check).
