@@ -2069,6 +2069,26 @@ func TestRoleScriptOnPostgreSQL(t *testing.T) {
 	} {
 		expectSQLState(t, oconn, "42501", sql)
 	}
+	// An operator an earlier version of the script made a member of the
+	// daemon's role is no longer one once the script runs again.
+	member := func() bool {
+		var m bool
+		if err := owner.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_auth_members a JOIN pg_roles g ON g.oid = a.roleid
+JOIN pg_roles m ON m.oid = a.member WHERE g.rolname = $1 AND m.rolname = $2)`, role, operatorRole).Scan(&m); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	if _, err := owner.Exec(ctx, "GRANT "+pgx.Identifier{role}.Sanitize()+" TO "+pgx.Identifier{operatorRole}.Sanitize()); err != nil || !member() {
+		t.Fatalf("make the operator a member as the old script did: %v", err)
+	}
+	applyRoleScript(t, owner, map[string]string{
+		"role": role, "operator_role": operatorRole, "consumer_role": consumerRole,
+		"table_schema": "public", "table_name": "consumer_inbox", "expiry_column": "remember_until",
+	})
+	if member() {
+		t.Error("role.sql left the operator a member of the daemon's role")
+	}
 
 	// The consumer claims, and may run no command of the daemon's or the
 	// operator's.

@@ -167,9 +167,21 @@ GRANT pg_read_all_stats TO :"role";
 
 -- An earlier version of this script made the operator a member of the
 -- daemon's role (and so able to delete inbox rows): undone, where it was.
-SELECT format('REVOKE %I FROM %I', r.rolname, m.rolname)
-  FROM pg_auth_members a JOIN pg_roles r ON r.oid = a.roleid JOIN pg_roles m ON m.oid = a.member
- WHERE r.rolname = :'role' AND m.rolname = :'operator_role' \gexec
+SET inboxkeeper.role_sql_role = :'role';
+SET inboxkeeper.role_sql_operator = :'operator_role';
+DO $$
+DECLARE
+    r text := current_setting('inboxkeeper.role_sql_role');
+    o text := current_setting('inboxkeeper.role_sql_operator');
+BEGIN
+    IF EXISTS (SELECT FROM pg_auth_members a JOIN pg_roles g ON g.oid = a.roleid JOIN pg_roles m ON m.oid = a.member
+                WHERE g.rolname = r AND m.rolname = o) THEN
+        EXECUTE format('REVOKE %I FROM %I', r, o);
+    END IF;
+END
+$$;
+RESET inboxkeeper.role_sql_role;
+RESET inboxkeeper.role_sql_operator;
 
 -- Every command: find the control schema, check its version, and show what
 -- it holds (status, settings, hold list, replay list, plan --check).
