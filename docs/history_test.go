@@ -98,6 +98,7 @@ func TestHistoryPatterns(t *testing.T) {
 		{"a.sql", "-- the names travel as settings of this session."},
 		{"a.go", "// must reach that session's next claim."},
 		{"a.md", "in the next transaction of the same session"},
+		{"a.go", "// skip rows other sessions hold locked"},
 		{"a.yaml", `color: "#333"`},
 		{"a.yaml", "# A comment"},
 		{"a.md", "## Heading 2"},
@@ -139,7 +140,7 @@ var (
 	// A diary: who worked when. Checked in prose only (Markdown and other
 	// text, and the comments of code), where a test's input ("yesterday"
 	// as a bad time) cannot be.
-	diary = regexp.MustCompile(`(?i)\bthis session's|\b(?:tried|measured|ran|during|before|after|end of) this session\b|\b(?:earlier|previous|other) sessions\b|\bsessions? of [0-9]{4}-|\blead engineer|\b(?:another|other) engineers?'s?\b|\bhelpers? (?:engineer|session|branch)|\byesterday|\blast night\b|\btonight\b|\bthis (?:morning|afternoon|evening)\b|\bearlier today\b|\bwhoever takes it up\b|\bwe tried\b`)
+	diary = regexp.MustCompile(`(?i)\bthis session's|\b(?:tried|measured|ran|during|before|after|end of) this session\b|\b(?:earlier|previous) sessions\b|\bsessions? of [0-9]{4}-|\blead engineer|\b(?:another|other) engineers?'s?\b|\bhelpers? (?:engineer|session|branch)|\byesterday|\blast night\b|\btonight\b|\bthis (?:morning|afternoon|evening)\b|\bearlier today\b|\bwhoever takes it up\b|\bwe tried\b`)
 )
 
 // historyIn finds the references to history in a file's text.
