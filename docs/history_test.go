@@ -12,43 +12,26 @@ import (
 // The project's files state what is, not how it came to be: no references
 // to an issue tracker, no labels of benchmark runs that only a notebook
 // kept, and no diary (who worked on what, and when). The history is in git.
-// TestNoHistory reads every text file of the repository (as
-// TestCrossReferences, it skips .git, testdata and binaries) and names the
-// file and line of each such reference.
+// TestNoHistory reads every text file of the repository (repoFiles: not
+// .git nor testdata) and names the file and line of each such reference.
 func TestNoHistory(t *testing.T) {
 	t.Parallel()
 	files := 0
-	err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+	for _, rel := range repoFiles(t) {
+		if rel == "docs/history_test.go" || strings.HasSuffix(rel, "go.sum") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(root, rel))
 		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(root, path)
-		rel = filepath.ToSlash(rel)
-		if d.IsDir() {
-			switch d.Name() {
-			case ".git", "node_modules", "testdata", "dist":
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if !d.Type().IsRegular() || rel == "docs/history_test.go" || strings.HasSuffix(rel, "go.sum") {
-			return nil
-		}
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return err
+			t.Fatal(err)
 		}
 		if bytes.IndexByte(b, 0) >= 0 {
-			return nil // binary
+			continue // binary
 		}
 		files++
 		for _, p := range historyIn(rel, string(b)) {
 			t.Errorf("%s:%d: %s: %q", rel, p.line, p.kind, p.text)
 		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
 	}
 	if files < 200 {
 		t.Errorf("read only %d files: the walk no longer finds the repository", files)
