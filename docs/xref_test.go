@@ -60,34 +60,46 @@ func TestCrossReferences(t *testing.T) {
 func referencingFiles(t *testing.T) []string {
 	t.Helper()
 	var files []string
-	err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(root, path)
-		rel = filepath.ToSlash(rel)
-		if d.IsDir() {
-			if d.Name() == ".git" || d.Name() == "node_modules" || d.Name() == "testdata" || d.Name() == "dist" {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if !d.Type().IsRegular() {
-			return nil
-		}
+	for _, rel := range repoFiles(t) {
 		switch {
 		case strings.HasSuffix(rel, ".md"):
 		case strings.HasPrefix(rel, "deploy/"):
 			if strings.HasSuffix(rel, ".go") || strings.HasSuffix(rel, "/go.mod") || strings.HasSuffix(rel, "/go.sum") {
-				return nil
+				continue
 			}
-			if b, err := os.ReadFile(path); err != nil || bytes.IndexByte(b, 0) >= 0 {
-				return err // binary
+			if b, err := os.ReadFile(filepath.Join(root, rel)); err != nil {
+				t.Fatal(err)
+			} else if bytes.IndexByte(b, 0) >= 0 {
+				continue // binary
 			}
 		default:
-			return nil
+			continue
 		}
 		files = append(files, rel)
+	}
+	return files
+}
+
+// repoFiles are the regular files of the repository, relative to it, but
+// those under .git, node_modules, testdata and dist.
+func repoFiles(t *testing.T) []string {
+	t.Helper()
+	var files []string
+	err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			switch d.Name() {
+			case ".git", "node_modules", "testdata", "dist":
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if d.Type().IsRegular() {
+			rel, _ := filepath.Rel(root, path)
+			files = append(files, filepath.ToSlash(rel))
+		}
 		return nil
 	})
 	if err != nil {

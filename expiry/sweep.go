@@ -18,7 +18,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 )
 
-// The sweep: a pass in physical order (issue #26).
+// The sweep: a pass in physical order.
 //
 // Expiry-ordered batches read a heap page once per batch that has a row on
 // it. Where expiry order follows the heap that is once a page; where the

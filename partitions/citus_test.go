@@ -119,7 +119,7 @@ WHERE locktype = 'relation' AND NOT granted AND database = (SELECT oid FROM pg_d
 			// workers the insert waits until the context ends it (5 s).
 			// Two attempts of lockTimeout (MaxRetries 1), plus room for a
 			// loaded machine to schedule the DDL's cancellation and the
-			// insert (400 ms held in the stress runs of issue #22; 1 s keeps a
+			// insert (400 ms held in stress runs; 1 s keeps a
 			// margin and stays far below the 5 s of a missing timeout).
 			if waited > 2*lockTimeout+time.Second {
 				t.Errorf("the insert waited %v behind the DETACH; the DDL lock timeout is %v", waited, lockTimeout)

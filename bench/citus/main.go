@@ -1,5 +1,5 @@
 // Command citus benchmarks the inboxkeeper deleter on a Citus distributed
-// table against one unbounded DELETE through the coordinator (issue #17),
+// table against one unbounded DELETE through the coordinator,
 // side by side in one run on identical copies: on a shared machine only
 // the ratio means anything, absolute times do not.
 //

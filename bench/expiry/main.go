@@ -83,7 +83,7 @@ type layout struct {
 }
 
 // The layouts: the first two have every expired row in the first half of
-// the heap; the scattered ones (issue #26) spread them over it.
+// the heap; the scattered ones spread them over it.
 var layouts = []layout{
 	{name: "append-ordered", fill: benchdata.Layout{Kind: "horizons", Horizons: 1}, goal: 0.85},
 	{name: "interleaved", fill: benchdata.Layout{Kind: "horizons", Horizons: 100}, goal: 0.85},
@@ -242,7 +242,7 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 		// against this one's, rep by rep, right after it (right before
 		// it in the reps run in reverse). Last in the list, the baseline
 		// won every rep on append-ordered even where it ran the same
-		// passes as this build (runs W35 to W37, bench/README.md); side
+		// passes as this build (three runs of 2026-12-03); side
 		// by side, taking turns, the two meet the same conditions.
 		b.methods = slices.Insert(slices.Clone(methods), 1, method{baselineName, func(ctx context.Context, b *bench, db string) (result, error) {
 			return b.daemonBin(ctx, o.baseline, db, "inbox")
@@ -701,7 +701,7 @@ func (b *bench) now(ctx context.Context) time.Time {
 
 // daemonSettings are the daemon settings the benchmark sets itself.
 func (b *bench) daemonSettings(db, policy string) []string {
-	// No VACUUM after the pass (#24 added it, at a tenth of the table
+	// No VACUUM after the pass (the daemon's, at a tenth of the table
 	// dead): the unbounded DELETE and the loops leave their dead tuples to
 	// autovacuum too, and a VACUUM of half the heap is not deleting.
 	return append(benchdata.DaemonSettings(b.methodURL(db), policy, b.o.batch), "INBOXKEEPER_VACUUM_DEAD_RATIO=0")

@@ -48,7 +48,7 @@
 // unthrottled daemon (each needs the standby to replay its WAL at the
 // capped rate: a minute at 4 MB/s for -rows 1000000).
 //
-// The goals (issue #13): the throttled daemon's peak lag stays within 1.5 x
+// The goals: the throttled daemon's peak lag stays within 1.5 x
 // MAX_REPLICA_LAG from the first batch on, and its time within 1.3 x its WAL
 // over the apply cap: it uses the standby fully without queueing more than
 // the lag allows. Both are printed with their ratios. The longest batch is
@@ -80,7 +80,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/standby"
 )
 
-// The goals of issue #13: the throttled peak lag within goalLag x
+// The goals: the throttled peak lag within goalLag x
 // MAX_REPLICA_LAG, and the throttled time within goalTime x the time the
 // standby needs to apply the run's WAL at its capped rate.
 const (

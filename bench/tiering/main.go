@@ -1,4 +1,4 @@
-// Command tiering benchmarks demotion (issue 5) against deletion, side by
+// Command tiering benchmarks demotion against deletion, side by
 // side in one run on tables of the same rows: on a shared machine only
 // ratios mean anything, absolute times do not.
 //

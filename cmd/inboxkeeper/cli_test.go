@@ -82,7 +82,7 @@ func TestHelpEnv(t *testing.T) {
 	if strings.Contains(r.output(), "s3cret") {
 		t.Errorf("help env shows the password\n%s", r)
 	}
-	// What an empty value means, each its own (issue 25: the session URL
+	// What an empty value means, each its own (the session URL
 	// falls back to DATABASE_URL, not to libpq's variables); durations in
 	// the one grammar.
 	for _, want := range []string{

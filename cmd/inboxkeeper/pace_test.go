@@ -55,8 +55,7 @@ func TestPacingStatusAndMetrics(t *testing.T) {
 func TestThrottleQueryCheckedAtStart(t *testing.T) {
 	t.Parallel()
 	f := inboxFixture(t)
-	// once --dry-run refuses it too: a dry run checks what the run checks
-	// (issue 25).
+	// once --dry-run refuses it too: a dry run checks what the run checks.
 	// A query that writes fails too (it runs READ ONLY, rolled back), and
 	// deletes nothing: not even in a dry run, which writes nothing.
 	for _, q := range []string{"SELEC 1", "SELECT nope FROM pg_class", "SELECT 'busy'::text", "DELETE FROM public.consumer_inbox RETURNING 0"} {

@@ -72,7 +72,7 @@ func TestIdleDaemonIsQuiet(t *testing.T) {
 	}
 }
 
-// The goal of issue #24, measured over time with the defaults but the
+// The steady state's goal, measured over time with the defaults but the
 // interval: at INTERVAL=5s (and LEASE_TTL's default, 15 s: a renewal every
 // 5 s) a daemon with nothing due issues at most one transaction a second
 // (expected: 2 a pass and the renewal, 0.6). A throttle that polled between

@@ -1,6 +1,6 @@
 package main
 
-// Issue 25: one surface. Every command, value, metric and page says the
+// One surface: Every command, value, metric and page says the
 // same thing; each test retries an item as a new user would.
 
 import (

@@ -704,7 +704,7 @@ func TestEveryQueryNamesAnExportedMetric(t *testing.T) {
 		}
 		for name, help := range map[string]string{
 			"inboxkeeper_last_success_timestamp_seconds": "Unix time at which...",
-			"inboxkeeper_bytes_per_key":                  "Storage one key costs.", // issue 5 pins this name; a unit per one thing is a unit
+			"inboxkeeper_bytes_per_key":                  "Storage one key costs.", // the tiering docs pin this name; a unit per one thing is a unit
 		} {
 			if p := conventionProblems(name, exported{Kind: "gauge", Help: help}); p != nil {
 				t.Errorf("a good name has problems: %q", p)

@@ -813,7 +813,7 @@ type Tunable struct {
 	DatabaseWide bool
 }
 
-// Tunables are the settings that change without a restart (issue 15).
+// Tunables are the settings that change without a restart.
 var Tunables = []Tunable{
 	{"batch_size", Prefix + "_BATCH_SIZE", false},
 	{"batch_size_min", Prefix + "_BATCH_SIZE_MIN", false},

@@ -214,7 +214,7 @@ func TestLoadBadValues(t *testing.T) {
 }
 
 // A variable set bounds the batch sizes left at their defaults; only the
-// variables set contradicting each other is refused (issue 25).
+// variables set contradicting each other is refused.
 func TestLoadBatchSizeLayers(t *testing.T) {
 	for _, c := range []struct {
 		env           map[string]string

@@ -11,7 +11,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/migrations"
 )
 
-// Tiers demotes rows through storage tiers (issue 5):
+// Tiers demotes rows through storage tiers:
 //
 //	tiers:
 //	  hot_for: 72h                         # full row: payload and diagnostics

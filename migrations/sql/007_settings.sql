@@ -1,4 +1,4 @@
--- Runtime settings (issue 15): tunables an operator changes without a
+-- Runtime settings: tunables an operator changes without a
 -- restart, for every instance on the database, kept across restarts.
 -- table_name '' is the global setting; otherwise a table as the policy names
 -- it. Values are text, checked by `inboxkeeper set` exactly like the

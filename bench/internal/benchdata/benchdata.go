@@ -124,7 +124,7 @@ func fillRows(ctx context.Context, db DB, table string, payload bool, n int64, i
 }
 
 // scatteredSQL fills the scattered layouts, which spread the due rows
-// over the heap, where expiry order is not heap order (issue #26). Rows
+// over the heap, where expiry order is not heap order. Rows
 // come in insertion (first_seen_at) order; row k is remembered for horizon
 // j = (k * p) % horizons ($3, $4), p a multiplier coprime with horizons near
 // 0.618 x horizons, so neighbouring rows get unrelated horizons; %[3]s says
