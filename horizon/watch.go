@@ -45,7 +45,6 @@ type Watch struct {
 	mu     sync.Mutex
 	clock  xidClock
 	warned map[string]bool // holders warned about, by identity
-	last   Reading
 }
 
 // NewWatch reads on q and exports to m (nil: nothing).
@@ -65,7 +64,6 @@ func (w *Watch) Update(ctx context.Context, deleted bool) (Reading, error) {
 	if err != nil {
 		return r, err
 	}
-	w.last = r
 	if w.metrics != nil {
 		for _, k := range Kinds {
 			v := 0.0
@@ -91,13 +89,6 @@ func (w *Watch) Update(ctx context.Context, deleted bool) (Reading, error) {
 		}
 	}
 	return r, nil
-}
-
-// Last is the last reading.
-func (w *Watch) Last() Reading {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.last
 }
 
 // identity tells one holding apart from the next one of the same holder:

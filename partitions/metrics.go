@@ -32,9 +32,6 @@ var BlockedReasons = []string{"hold", "replay", "lock_timeout", "error", ReasonU
 // it names does not bear out (trust.go): never acted on.
 const ReasonUntrusted = "untrusted_record"
 
-// States are the values of the state label of inboxkeeper_partitions.
-var States = []string{"attached", "detach_pending", "detached"}
-
 // NewMetrics creates the metrics and registers them on reg; the per-table
 // gauges measured belong to facts (nil: owners of their own).
 func NewMetrics(reg prometheus.Registerer, facts *daemonmetrics.Facts) *Metrics {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/lease"
+	"github.com/inboxkeeper/inboxkeeper/internal/pass"
 	"github.com/inboxkeeper/inboxkeeper/internal/render"
 	"github.com/inboxkeeper/inboxkeeper/internal/settings"
 	"github.com/inboxkeeper/inboxkeeper/internal/sqlident"
@@ -37,9 +38,9 @@ func (a *app) pause(ctx context.Context, args []string) error {
 		return err
 	}
 	if *reason == "" {
-		return usagef("pause: --reason is required")
+		return pass.Usagef("pause: --reason is required")
 	}
-	pool, err := a.controlPool(ctx)
+	pool, err := a.ControlPool(ctx)
 	if err != nil {
 		return err
 	}
@@ -55,7 +56,7 @@ func (a *app) resume(ctx context.Context, args []string) error {
 	if err := a.noArgs("resume", args); err != nil {
 		return err
 	}
-	pool, err := a.controlPool(ctx)
+	pool, err := a.ControlPool(ctx)
 	if err != nil {
 		return err
 	}
@@ -83,16 +84,16 @@ func (a *app) set(ctx context.Context, args []string) error {
 		return err
 	}
 	if len(list) == 0 {
-		return usagef("set: name at least one KEY=VALUE (or KEY with --unset); keys: %s", strings.Join(settings.Keys(), ", "))
+		return pass.Usagef("set: name at least one KEY=VALUE (or KEY with --unset); keys: %s", strings.Join(settings.Keys(), ", "))
 	}
 	values := map[string]*string{}
 	for _, item := range list {
 		key, value, hasValue := strings.Cut(item, "=")
 		switch {
 		case *unset && hasValue:
-			return usagef("set --unset: %q: name the key alone", item)
+			return pass.Usagef("set --unset: %q: name the key alone", item)
 		case !*unset && !hasValue:
-			return usagef("set: %q: want KEY=VALUE (or --unset KEY)", item)
+			return pass.Usagef("set: %q: want KEY=VALUE (or --unset KEY)", item)
 		case *unset:
 			values[key] = nil
 		default:
@@ -100,7 +101,7 @@ func (a *app) set(ctx context.Context, args []string) error {
 			values[key] = &v
 		}
 	}
-	p, err := a.loadPolicy()
+	p, err := a.LoadPolicy()
 	if err != nil {
 		return err
 	}
@@ -108,21 +109,21 @@ func (a *app) set(ctx context.Context, args []string) error {
 	if *table != "" {
 		qn, err := sqlident.ParseQualifiedName(*table)
 		if err != nil {
-			return usagef("--table: %v", err)
+			return pass.Usagef("--table: %v", err)
 		}
 		if _, err := p.Find(*table); err != nil {
-			return usagef("--table %v", err)
+			return pass.Usagef("--table %v", err)
 		}
 		scope = qn.String()
 	}
-	pool, err := a.controlPool(ctx)
+	pool, err := a.ControlPool(ctx)
 	if err != nil {
 		return err
 	}
 	// Every table must still have a configuration that holds together.
-	changes, err := settings.Write(ctx, pool, scope, values, *reason, settings.HoldTogether(a.cfg, p))
+	changes, err := settings.Write(ctx, pool, scope, values, *reason, settings.HoldTogether(a.Cfg, p))
 	if errors.Is(err, settings.ErrInvalid) {
-		return usageError{err.Error() + "; nothing was changed"}
+		return pass.UsageError{Msg: err.Error() + "; nothing was changed"}
 	}
 	if err != nil {
 		return err
@@ -141,11 +142,11 @@ func (a *app) settingsCmd(ctx context.Context, args []string) error {
 	if err := a.parseOnlyFlags(fs, args); err != nil {
 		return err
 	}
-	p, err := a.loadPolicy()
+	p, err := a.LoadPolicy()
 	if err != nil {
 		return err
 	}
-	pool, err := a.controlPool(ctx)
+	pool, err := a.ControlPool(ctx)
 	if err != nil {
 		return err
 	}
@@ -170,7 +171,7 @@ func (a *app) settingsCmd(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	env := settings.Daemon(a.cfg, holder)
+	env := settings.Daemon(a.Cfg, holder)
 	scopes := settings.Scopes(env, stored, p)
 	if *asJSON {
 		return render.WriteJSON(a.stdout, render.SettingsJSON{Environment: render.Environment(env), Scopes: render.Scopes(scopes)})

@@ -42,13 +42,13 @@ func (a *app) demo(ctx context.Context, args []string) error {
 		return err
 	}
 	defer os.RemoveAll(policyDir)
-	a.cfg.PolicyFile = filepath.Join(policyDir, "inboxkeeper.yaml")
-	if err := os.WriteFile(a.cfg.PolicyFile, []byte(demo.Policy), 0o644); err != nil {
+	a.Cfg.PolicyFile = filepath.Join(policyDir, "inboxkeeper.yaml")
+	if err := os.WriteFile(a.Cfg.PolicyFile, []byte(demo.Policy), 0o644); err != nil {
 		return err
 	}
-	a.cfg.DatabaseURL = c.URL("postgres")
+	a.Cfg.DatabaseURL = c.URL("postgres")
 
-	conn, err := pgx.Connect(ctx, a.cfg.DatabaseURL)
+	conn, err := pgx.Connect(ctx, a.Cfg.DatabaseURL)
 	if err != nil {
 		return err
 	}
@@ -60,10 +60,10 @@ func (a *app) demo(ctx context.Context, args []string) error {
 	if err := demo.Create(ctx, conn); err != nil {
 		return err
 	}
-	fmt.Fprintf(a.stdout, "demo: policy file %s:\n%s", a.cfg.PolicyFile, demo.Policy)
-	a.migrateKeyTables(ctx, conn)
+	fmt.Fprintf(a.stdout, "demo: policy file %s:\n%s", a.Cfg.PolicyFile, demo.Policy)
+	a.MigrateKeyTables(ctx, conn, a.say)
 
-	pool, tables, err := a.prepare(ctx)
+	pool, tables, err := a.Prepare(ctx)
 	if err != nil {
 		return err
 	}
@@ -90,7 +90,7 @@ func (a *app) demo(ctx context.Context, args []string) error {
 		return err
 	}
 	fmt.Fprintf(a.stdout, "\ndemo: one pass (partitions, then demotion, then deletion), batches starting at %d rows and adapting toward %s each\n",
-		a.cfg.BatchSize, a.cfg.BatchTarget)
+		a.Cfg.BatchSize, a.Cfg.BatchTarget)
 	d := a.driver(pool, tables, false, nil)
 	d.Progress = func(p expiry.Progress) {
 		fmt.Fprintf(a.stdout, "  %s: %d rows deleted in %d batches (%.0f rows/s)\n", p.Table, p.Deleted, p.Batches,
@@ -112,7 +112,7 @@ func (a *app) demo(ctx context.Context, args []string) error {
 }
 
 func (a *app) demoStatus(ctx context.Context, pool *pgxpool.Pool, tables []*catalog.Table) error {
-	st, err := pass.ReadTables(ctx, a.wiring(pool, false, nil, nil), a.cfg, tables)
+	st, err := pass.ReadTables(ctx, a.Wiring(pool, false, nil, nil), a.Cfg, tables)
 	if err != nil {
 		return err
 	}

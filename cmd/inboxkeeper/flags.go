@@ -10,10 +10,8 @@ import (
 	"time"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/humantime"
+	"github.com/inboxkeeper/inboxkeeper/internal/pass"
 )
-
-// errHelpShown ends a command whose --help was printed: exit 0.
-var errHelpShown = errors.New("help shown")
 
 // printHelp prints the usage lines of the command fs is for, what the
 // top-level usage says of it, and its flags.
@@ -57,20 +55,6 @@ func wantsHelp(args []string) bool {
 	return false
 }
 
-// usageError is a mistake on the command line: exit 2.
-type usageError struct{ msg string }
-
-func (e usageError) Error() string { return e.msg }
-
-func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
-
-// configError is a bad environment, policy file or policy/catalog mismatch:
-// exit 2, and nothing was deleted.
-type configError struct{ err error }
-
-func (e configError) Error() string { return e.err.Error() }
-func (e configError) Unwrap() error { return e.err }
-
 // newFlags makes the flag set of command name ("once", "hold add").
 func (a *app) newFlags(name string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
@@ -88,9 +72,9 @@ func (a *app) parseFlags(fs *flag.FlagSet, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			printHelp(a.stdout, fs)
-			return errHelpShown
+			return pass.ErrHelpShown
 		}
-		return usagef("%s: %v (see inboxkeeper %s --help)", fs.Name(), err, fs.Name())
+		return pass.Usagef("%s: %v (see inboxkeeper %s --help)", fs.Name(), err, fs.Name())
 	}
 	return nil
 }
@@ -102,7 +86,7 @@ func (a *app) parseOnlyFlags(fs *flag.FlagSet, args []string) error {
 		return err
 	}
 	if fs.NArg() > 0 {
-		return usagef("%s: unexpected argument %q", fs.Name(), fs.Arg(0))
+		return pass.Usagef("%s: unexpected argument %q", fs.Name(), fs.Arg(0))
 	}
 	return nil
 }
@@ -130,7 +114,7 @@ func (a *app) noArgs(name string, args []string) error {
 		return err
 	}
 	if fs.NArg() > 0 {
-		return usagef("%s takes no arguments (got %q)", name, fs.Arg(0))
+		return pass.Usagef("%s takes no arguments (got %q)", name, fs.Arg(0))
 	}
 	return nil
 }
@@ -215,11 +199,11 @@ func (f *stringFlag) Set(s string) error { f.v = &s; return nil }
 
 func parseID(fs *flag.FlagSet, what string) (int64, error) {
 	if fs.NArg() != 1 {
-		return 0, usagef("%s: expected exactly one ID", fs.Name())
+		return 0, pass.Usagef("%s: expected exactly one ID", fs.Name())
 	}
 	id, err := strconv.ParseInt(fs.Arg(0), 10, 64)
 	if err != nil || id <= 0 {
-		return 0, usagef("%s: %q is not a %s id", fs.Name(), fs.Arg(0), what)
+		return 0, pass.Usagef("%s: %q is not a %s id", fs.Name(), fs.Arg(0), what)
 	}
 	return id, nil
 }
@@ -232,7 +216,7 @@ func (a *app) group(name string, args []string) error {
 	}
 	fmt.Fprintf(a.stdout, "Usage:\n%s\n", strings.Join(usageLines(name), "\n"))
 	if len(args) == 0 {
-		return usagef("%s: expected a subcommand (see above)", name)
+		return pass.Usagef("%s: expected a subcommand (see above)", name)
 	}
-	return errHelpShown
+	return pass.ErrHelpShown
 }

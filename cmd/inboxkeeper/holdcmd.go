@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"time"
@@ -11,63 +10,10 @@ import (
 
 	"github.com/inboxkeeper/inboxkeeper/holds"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/pass"
 	"github.com/inboxkeeper/inboxkeeper/internal/render"
-	"github.com/inboxkeeper/inboxkeeper/internal/sqlident"
-	"github.com/inboxkeeper/inboxkeeper/migrations"
-	"github.com/inboxkeeper/inboxkeeper/retention"
+	"github.com/inboxkeeper/inboxkeeper/internal/setup"
 )
-
-// fence is how hold and replay writers wait for the batches in flight.
-func (a *app) fence() holds.FenceOptions {
-	return holds.FenceOptions{Timeout: a.cfg.FenceTimeout, IdleTimeout: a.cfg.IdleTimeout}
-}
-
-// tableFor finds the policy table a hold or replay names and resolves it, so
-// that a hold on a table the daemon does not manage, or a scope on a table
-// without a scope column, is refused before anything is written.
-func (a *app) tableFor(ctx context.Context, name string) (*pgxpool.Pool, *catalog.Table, error) {
-	if name == "" {
-		return nil, nil, usagef("--table is required")
-	}
-	if _, err := sqlident.ParseQualifiedName(name); err != nil {
-		return nil, nil, usagef("--table: %v", err)
-	}
-	p, err := a.loadPolicy()
-	if err != nil {
-		return nil, nil, err
-	}
-	pt, err := p.Find(name)
-	if err != nil {
-		return nil, nil, usagef("--table %v", err)
-	}
-	pool, err := a.connect(ctx)
-	if err != nil {
-		return nil, nil, err
-	}
-	if err := migrations.Check(ctx, pool); err != nil {
-		return nil, nil, err
-	}
-	t, err := catalog.Resolve(ctx, pool, *pt)
-	if err != nil {
-		return nil, nil, err
-	}
-	return pool, t, nil
-}
-
-func (a *app) controlPool(ctx context.Context) (*pgxpool.Pool, error) {
-	pool, err := a.connect(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return pool, migrations.Check(ctx, pool)
-}
-
-func holdErr(err error) error {
-	if errors.Is(err, holds.ErrInvalid) || errors.Is(err, holds.ErrBeyondWindow) {
-		return usageError{err.Error()}
-	}
-	return err
-}
 
 // records are the subcommands of a group that keeps one kind of record,
 // `hold` or `replay`: one starts a record (begin parses its flags and
@@ -96,7 +42,7 @@ func runRecords[T any](ctx context.Context, a *app, args []string, r records[T])
 	case r.end:
 		return a.endRecord(ctx, fs, args[1:], r.group, r.ended, r.finish)
 	}
-	return usagef("%s: unknown subcommand %q (expected %s)", r.group, args[0], r.expected)
+	return pass.Usagef("%s: unknown subcommand %q (expected %s)", r.group, args[0], r.expected)
 }
 
 func (a *app) hold(ctx context.Context, args []string) error {
@@ -128,25 +74,25 @@ func (a *app) holdAdd(ctx context.Context, fs *flag.FlagSet, args []string) erro
 		return err
 	}
 	if *blocks != holds.BlocksAll && *blocks != holds.BlocksDelete {
-		return usagef("hold add: --blocks %q: want delete or all", *blocks)
+		return pass.Usagef("hold add: --blocks %q: want delete or all", *blocks)
 	}
 	if fs.NArg() > 0 {
-		return usagef("hold add: unexpected argument %q", fs.Arg(0))
+		return pass.Usagef("hold add: unexpected argument %q", fs.Arg(0))
 	}
 	if *reason == "" || *owner == "" {
-		return usagef("hold add: --reason and --owner are required")
+		return pass.Usagef("hold add: --reason and --owner are required")
 	}
 	if expires.t != nil && lasts.d != 0 {
-		return usagef("hold add: give --expires or --for, not both")
+		return pass.Usagef("hold add: give --expires or --for, not both")
 	}
 	if scope.v != nil && *scope.v == "" {
 		// Most often a shell variable that was not set: a hold that
 		// matches no row, where one for every scope was meant.
-		return usagef("hold add: --scope is empty; give the scope value, or leave --scope out to hold every scope")
+		return pass.Usagef("hold add: --scope is empty; give the scope value, or leave --scope out to hold every scope")
 	}
 	return a.startRecord(ctx, *table, func(pool *pgxpool.Pool, t *catalog.Table) (int64, error) {
 		return holds.AddHold(ctx, pool, t, holds.HoldSpec{Scope: scope.v, From: from.t, To: to.t, Reason: *reason, Owner: *owner,
-			Expires: expires.t, ExpiresIn: lasts.d, Blocks: *blocks, Fence: a.fence()})
+			Expires: expires.t, ExpiresIn: lasts.d, Blocks: *blocks, Fence: a.Fence()})
 	})
 }
 
@@ -162,48 +108,28 @@ func (a *app) replayStart(ctx context.Context, fs *flag.FlagSet, args []string) 
 		return err
 	}
 	if *scope == "" || *owner == "" || from.t == nil || to.t == nil {
-		return usagef("replay start: --table, --scope, --from, --to and --owner are required")
+		return pass.Usagef("replay start: --table, --scope, --from, --to and --owner are required")
 	}
 	return a.startRecord(ctx, *table, func(pool *pgxpool.Pool, t *catalog.Table) (int64, error) {
-		rec, err := a.retentionRecord(t.Name, *scope)
+		rec, err := a.RetentionRecord(t.Name, *scope)
 		if err != nil {
 			return 0, err
 		}
-		return holds.StartReplay(ctx, pool, t, holds.ReplaySpec{Scope: *scope, From: *from.t, To: *to.t, Owner: *owner, Force: *force, Fence: a.fence(),
+		return holds.StartReplay(ctx, pool, t, holds.ReplaySpec{Scope: *scope, From: *from.t, To: *to.t, Owner: *owner, Force: *force, Fence: a.Fence(),
 			Record: rec})
 	})
-}
-
-// retentionRecord is what the policy's retention record of scope on table
-// promises for event-time replays, when it has one: what replay start
-// judges a range by while the record's rule is not installed.
-func (a *app) retentionRecord(table, scope string) (*holds.Record, error) {
-	p, err := a.loadPolicy()
-	if err != nil || p.Retention == nil {
-		return nil, err
-	}
-	plans, err := retention.Load(p)
-	if err != nil {
-		return nil, configError{err}
-	}
-	for _, pl := range plans {
-		if r := pl.Rule; r.Table == table && r.Scope == scope && r.Replay > 0 {
-			return &holds.Record{Replay: r.Replay, Margin: r.Margin, Source: fmt.Sprintf("the retention record of scope %q in %s", scope, p.Source)}, nil
-		}
-	}
-	return nil, nil
 }
 
 // startRecord runs `hold add` or `replay start` on the policy's table
 // named table: start writes the record, and its ID is the output.
 func (a *app) startRecord(ctx context.Context, table string, start func(*pgxpool.Pool, *catalog.Table) (int64, error)) error {
-	pool, t, err := a.tableFor(ctx, table)
+	pool, t, err := a.TableFor(ctx, table)
 	if err != nil {
 		return err
 	}
 	id, err := start(pool, t)
 	if err != nil {
-		return holdErr(err)
+		return setup.HoldErr(err)
 	}
 	fmt.Fprintln(a.stdout, id)
 	return nil
@@ -216,7 +142,7 @@ func listRecords[T any](ctx context.Context, a *app, fs *flag.FlagSet, args []st
 	if err := a.parseOnlyFlags(fs, args); err != nil {
 		return err
 	}
-	pool, err := a.controlPool(ctx)
+	pool, err := a.ControlPool(ctx)
 	if err != nil {
 		return err
 	}
@@ -239,12 +165,12 @@ func (a *app) endRecord(ctx context.Context, fs *flag.FlagSet, args []string, wh
 	if err != nil {
 		return err
 	}
-	pool, err := a.controlPool(ctx)
+	pool, err := a.ControlPool(ctx)
 	if err != nil {
 		return err
 	}
 	if err := end(ctx, pool, id); err != nil {
-		return holdErr(err)
+		return setup.HoldErr(err)
 	}
 	fmt.Fprintf(a.stdout, "%s %d %s\n", what, id, ended)
 	return nil

@@ -18,6 +18,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/policy"
 	"github.com/inboxkeeper/inboxkeeper/internal/redisprobe"
 	"github.com/inboxkeeper/inboxkeeper/internal/render"
+	"github.com/inboxkeeper/inboxkeeper/internal/setup"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/redistest"
 	"github.com/inboxkeeper/inboxkeeper/retention"
@@ -129,10 +130,10 @@ func (e *planEnv) write(name, text string) string {
 func (e *planEnv) run(args ...string) result {
 	e.t.Helper()
 	var stdout, stderr bytes.Buffer
-	a := &app{cfg: e.cfg, log: slog.New(slog.DiscardHandler), stdout: &stdout, stderr: &stderr}
+	a := &app{Command: &setup.Command{Cfg: e.cfg, Log: slog.New(slog.DiscardHandler), Name: "plan"}, stdout: &stdout, stderr: &stderr}
 	err := a.plan(context.Background(), args)
-	a.close()
-	code := exitCode(err, &stderr)
+	a.Close()
+	code := a.exitCode(err)
 	return result{args: append([]string{"plan"}, args...), code: code, stdout: stdout.String(), stderr: stderr.String()}
 }
 

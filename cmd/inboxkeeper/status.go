@@ -29,19 +29,19 @@ func (a *app) status(ctx context.Context, args []string) error {
 	every := 2 * time.Second
 	switch {
 	case *watch && *asJSON:
-		return usagef("status: --watch and --json do not go together")
+		return pass.Usagef("status: --watch and --json do not go together")
 	case *watch && len(args) == 1:
 		d, err := humantime.Parse(args[0])
 		if err != nil || d < 100*time.Millisecond {
-			return usagef("status --watch %q: want an interval such as 2s or 1m (at least 100ms)", args[0])
+			return pass.Usagef("status --watch %q: want an interval such as 2s or 1m (at least 100ms)", args[0])
 		}
 		every = d
 	case *watch && len(args) > 1:
-		return usagef("status --watch takes one interval, not %q", strings.Join(args, " "))
+		return pass.Usagef("status --watch takes one interval, not %q", strings.Join(args, " "))
 	case len(args) > 0:
-		return usagef("status: unexpected argument %q", args[0])
+		return pass.Usagef("status: unexpected argument %q", args[0])
 	}
-	pool, tables, err := a.prepare(ctx)
+	pool, tables, err := a.Prepare(ctx)
 	if err != nil {
 		return err
 	}
@@ -73,7 +73,7 @@ func (a *app) status(ctx context.Context, args []string) error {
 // statusOnce measures and writes the status once; with rates (--watch) it
 // adds how each table's due count moved over the last minute.
 func (a *app) statusOnce(ctx context.Context, pool *pgxpool.Pool, tables []*catalog.Table, asJSON bool, w io.Writer, rates render.Rates) error {
-	st, err := pass.ReadStatus(ctx, a.wiring(pool, false, nil, nil), a.cfg, tables)
+	st, th, err := a.Status(ctx, pool, tables)
 	if err != nil {
 		return err
 	}
@@ -83,10 +83,6 @@ func (a *app) statusOnce(ctx context.Context, pool *pgxpool.Pool, tables []*cata
 			rates.Add(ts.Table, now, ts.Due)
 		}
 	}
-	// The throttle as the active instance sees it: its environment, as it
-	// published it (st.Env), not this shell's.
-	th := pass.NewThrottle(ctx, pool, st.Env.Config, a.log, nil)
-	th.MeasureOnce(ctx)
 	if asJSON {
 		return render.WriteJSON(w, render.StatusOf(st, tables, th))
 	}

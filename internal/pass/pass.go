@@ -19,9 +19,11 @@
 // one place a setting goes from config.Config into a service), Driver keeps
 // the stages built for the runtime settings in force and runs `once`'s
 // pass (Once), Daemon runs `run`'s (Pass: not on a standby, only under the
-// lease, then the per-table facts), Metrics is every metric of a pass on
-// one registry, and ReadStatus reads what `status` shows (a dry-run
-// partition pass, not a pass). Daemon internals.
+// lease, then the per-table facts), Schedule says when `run` runs them and
+// reloads its policy, Metrics is every metric of a pass on one registry,
+// ReadStatus reads what `status` shows (a dry-run partition pass, not a
+// pass), and Exit is the exit status of every command's error. Daemon
+// internals.
 package pass
 
 import (

@@ -86,7 +86,6 @@ const (
 	// gone, as in a restart.
 	SQLStateIdleInTxTimeout    = "25P03"
 	SQLStateIdleSessionTimeout = "57P05"
-	SQLStatePreparedStmtTaken  = "42P05" // duplicate_prepared_statement: a pooler shared a server connection
 	SQLStateDuplicateTable     = "42P07"
 	SQLStateInvalidDefinition  = "42P17" // invalid_object_definition: a partition range that overlaps another
 	SQLStateUniqueViolation    = "23505"
