@@ -265,8 +265,9 @@ type queuedBehind struct {
 }
 
 func (q *queuedBehind) Watch(pid uint32, _ time.Time) (func(), func() bool) {
-	done := make(chan struct{})
+	done, finished := make(chan struct{}), make(chan struct{})
 	go func() {
+		defer close(finished)
 		deadline := time.Now().Add(30 * time.Second)
 		for time.Now().Before(deadline) {
 			var cancelled bool
@@ -282,5 +283,7 @@ func (q *queuedBehind) Watch(pid uint32, _ time.Time) (func(), func() bool) {
 		}
 		q.t.Errorf("the VACUUM of backend %d never ran", pid)
 	}()
-	return func() { close(done) }, q.blocked.Load
+	// done waits for the watcher, as the throttle's blocked is set before
+	// it cancels: a cancel it sent is then always counted.
+	return func() { close(done); <-finished }, q.blocked.Load
 }
