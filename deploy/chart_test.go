@@ -14,14 +14,14 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/config"
-	"github.com/inboxkeeper/inboxkeeper/internal/policy"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/config"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/policy"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/testfile"
 )
 
 const chartSchema = "helm/inboxkeeper/values.schema.json"
 
-var updateSchema = flag.Bool("update-schema", false, "rewrite the env section of "+chartSchema+" from internal/config")
+var updateSchema = flag.Bool("update-schema", false, "rewrite the env section of "+chartSchema+" from internal/platform/config")
 
 // envSchema is the "env" section of the chart's values.schema.json,
 // generated from the configuration: every variable the daemon reads, as
@@ -54,7 +54,7 @@ func envSchema() ([]byte, error) {
 	}{
 		Type: "object",
 		Description: "INBOXKEEPER_* settings, name to value; anything else goes in extraEnv. " +
-			"Generated from internal/config: go test ./deploy -run TestChartSchemaKnowsEveryVariable -update-schema",
+			"Generated from internal/platform/config: go test ./deploy -run TestChartSchemaKnowsEveryVariable -update-schema",
 		Properties: props,
 	})
 	// One line for each variable's list of types.
@@ -112,7 +112,7 @@ func schemaSection(schema []byte, name string) (raw json.RawMessage, start int, 
 }
 
 // The chart's values.schema.json knows every variable of the daemon and no
-// other: its env section is what envSchema generates from internal/config
+// other: its env section is what envSchema generates from internal/platform/config
 // (run with -update-schema to rewrite it).
 func TestChartSchemaKnowsEveryVariable(t *testing.T) {
 	schema, err := os.ReadFile(chartSchema)
@@ -138,7 +138,7 @@ func TestChartSchemaKnowsEveryVariable(t *testing.T) {
 		return
 	}
 	if !*updateSchema {
-		t.Fatalf("%s: the env section is not what internal/config gives; regenerate it with\n"+
+		t.Fatalf("%s: the env section is not what internal/platform/config gives; regenerate it with\n"+
 			"  go test ./deploy -run TestChartSchemaKnowsEveryVariable -update-schema\ngot:\n%s\nwant:\n%s", chartSchema, raw, want)
 	}
 	out := append(append(append([]byte{}, schema[:start]...), want...), schema[start+len(raw):]...)
@@ -148,7 +148,7 @@ func TestChartSchemaKnowsEveryVariable(t *testing.T) {
 	if err := os.WriteFile(chartSchema, out, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("%s: env section rewritten from internal/config", chartSchema)
+	t.Logf("%s: env section rewritten from internal/platform/config", chartSchema)
 }
 
 // schemaSection finds what it is asked for, and says what it cannot find.

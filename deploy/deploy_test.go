@@ -40,9 +40,9 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/inboxkeeper/inboxkeeper/inbox"
-	"github.com/inboxkeeper/inboxkeeper/internal/config"
-	"github.com/inboxkeeper/inboxkeeper/internal/policy"
-	"github.com/inboxkeeper/inboxkeeper/internal/retry"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/config"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/policy"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/retry"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/syncbuf"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/testfile"

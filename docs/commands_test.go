@@ -18,7 +18,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgcluster"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/pgcluster"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/testfile"
 )

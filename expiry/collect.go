@@ -11,9 +11,9 @@ import (
 
 	"github.com/inboxkeeper/inboxkeeper/holds"
 	"github.com/inboxkeeper/inboxkeeper/inbox"
-	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
-	"github.com/inboxkeeper/inboxkeeper/internal/daemonmetrics"
-	"github.com/inboxkeeper/inboxkeeper/internal/sqlident"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/daemonmetrics"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/sqlident"
 )
 
 // ResultFacts are the facts a deletion pass measured of a table besides

@@ -24,10 +24,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxkeeper/inboxkeeper/holds"
-	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
-	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
-	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
-	"github.com/inboxkeeper/inboxkeeper/internal/retry"
+	"github.com/inboxkeeper/inboxkeeper/internal/domain/batchloop"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/dbconn"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/retry"
 	"github.com/inboxkeeper/inboxkeeper/vacuum"
 )
 

@@ -3,7 +3,7 @@ package expiry
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/daemonmetrics"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/daemonmetrics"
 )
 
 // Metrics are the deleter's Prometheus metrics. Labels are table names from

@@ -12,10 +12,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxkeeper/inboxkeeper/holds"
-	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
-	"github.com/inboxkeeper/inboxkeeper/internal/retry"
-	"github.com/inboxkeeper/inboxkeeper/internal/service"
-	"github.com/inboxkeeper/inboxkeeper/internal/settings"
+	"github.com/inboxkeeper/inboxkeeper/internal/domain/batchloop"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/retry"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/service"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/settings"
 )
 
 // sends counts the writes to a connection: pgx writes what it sends before

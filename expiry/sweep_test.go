@@ -23,10 +23,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/inboxkeeper/inboxkeeper/holds"
-	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
-	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
-	"github.com/inboxkeeper/inboxkeeper/internal/retry"
-	"github.com/inboxkeeper/inboxkeeper/internal/service"
+	"github.com/inboxkeeper/inboxkeeper/internal/domain/batchloop"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/dbconn"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/retry"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/service"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 )
 

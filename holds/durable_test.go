@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/settings"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/settings"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
 )

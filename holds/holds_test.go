@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 )
 

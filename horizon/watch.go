@@ -9,7 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/daemonmetrics"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/daemonmetrics"
 )
 
 // WarnAfter is how long a holder may hold the horizon before a pass that

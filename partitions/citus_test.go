@@ -13,8 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/inboxkeeper/inboxkeeper/holds"
-	"github.com/inboxkeeper/inboxkeeper/internal/retry"
-	"github.com/inboxkeeper/inboxkeeper/internal/service"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/retry"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/service"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 )
 

@@ -7,9 +7,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
-	"github.com/inboxkeeper/inboxkeeper/internal/retry"
-	"github.com/inboxkeeper/inboxkeeper/internal/service"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/retry"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/service"
 )
 
 // The permanent keys of a detached partition are copied out in the

@@ -3,7 +3,7 @@ package partitions
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/daemonmetrics"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/daemonmetrics"
 )
 
 // Metrics are the partition manager's own metrics. Errors, CleanupLag and

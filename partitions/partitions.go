@@ -23,11 +23,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
-	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
-	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
-	"github.com/inboxkeeper/inboxkeeper/internal/retry"
-	"github.com/inboxkeeper/inboxkeeper/internal/service"
+	"github.com/inboxkeeper/inboxkeeper/internal/domain/batchloop"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/dbconn"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/retry"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/service"
 )
 
 // Options tune a Manager: the service base every service of a pass has,

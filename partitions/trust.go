@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/catalog"
 	"github.com/inboxkeeper/inboxkeeper/migrations"
 )
 

@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxkeeper/inboxkeeper/inbox"
-	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
-	"github.com/inboxkeeper/inboxkeeper/internal/sqlident"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/dbconn"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/sqlident"
 	"github.com/inboxkeeper/inboxkeeper/vacuum"
 )
 

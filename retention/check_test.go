@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 )
 

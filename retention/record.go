@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/humantime"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/humantime"
 )
 
 // Record is the JSON form of a Plan: the retention record a team keeps in

@@ -34,10 +34,10 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/humantime"
-	"github.com/inboxkeeper/inboxkeeper/internal/policy"
-	"github.com/inboxkeeper/inboxkeeper/internal/sqlident"
-	"github.com/inboxkeeper/inboxkeeper/internal/strictyaml"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/humantime"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/policy"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/sqlident"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/strictyaml"
 )
 
 // Anchor is what a scenario's first stage counts from.

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/policy"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/policy"
 )
 
 const day = 24 * time.Hour

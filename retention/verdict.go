@@ -11,9 +11,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
-	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
-	"github.com/inboxkeeper/inboxkeeper/internal/redisprobe"
+	"github.com/inboxkeeper/inboxkeeper/internal/domain/redisprobe"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/vacuum"
 )
 

@@ -4,8 +4,8 @@ import (
 	"log/slog"
 	"sync"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/outage"
-	"github.com/inboxkeeper/inboxkeeper/internal/service"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/outage"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/service"
 )
 
 // failLog logs a failing signal (a reading of the primary, a standby that

@@ -13,9 +13,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/config"
-	"github.com/inboxkeeper/inboxkeeper/internal/outage"
-	"github.com/inboxkeeper/inboxkeeper/internal/service"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/config"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/outage"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/service"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 )
 

@@ -3,7 +3,7 @@ package throttle
 import (
 	"time"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/config"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/config"
 )
 
 // INBOXKEEPER_ACTIVE_HOURS: outside the daily window, in ACTIVE_TZ, no batch

@@ -7,7 +7,7 @@ import (
 	"sort"
 	"time"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/service"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/service"
 )
 
 // Pacing treats the WAL a standby has not replayed yet as bytes in flight,

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/service"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/service"
 )
 
 // sim is a fake standby that applies WAL at a fixed rate, read every 50 ms

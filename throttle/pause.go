@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/dbconn"
 )
 
 // A manual pause: `inboxkeeper pause`, stored in the control schema, so

@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/dbconn"
 )
 
 // The listed standbys (INBOXKEEPER_REPLICA_URLS): their apply lag, read on

@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/daemonmetrics"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/daemonmetrics"
 )
 
 // The signal registry. A signal is one file of this package that
@@ -16,7 +16,7 @@ import (
 // it measures and how often (collectors, or a verdict read at Check time),
 // whether a pause for it means a backlog of WAL, its metric and how its
 // readings read in status. Adding a signal is that file, its setting in
-// internal/config (a threshold runtime settings change goes in
+// internal/platform/config (a threshold runtime settings change goes in
 // config.Limits), and its row in docs/guides/throttle.md. Kinds register
 // in file name order: the order of Kinds, and of the readings Check adds
 // from the clock.

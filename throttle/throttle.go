@@ -31,9 +31,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/config"
-	"github.com/inboxkeeper/inboxkeeper/internal/humantime"
-	"github.com/inboxkeeper/inboxkeeper/internal/service"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/config"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/humantime"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/service"
 )
 
 // TestSignals lets tests observe decisions without sleeping.

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/config"
-	"github.com/inboxkeeper/inboxkeeper/internal/service"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/config"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/service"
 )
 
 func TestHysteresis(t *testing.T) {

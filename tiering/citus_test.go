@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/inboxkeeper/inboxkeeper/holds"
-	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 )
 

@@ -4,8 +4,8 @@ import (
 	"context"
 	"log/slog"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
-	"github.com/inboxkeeper/inboxkeeper/internal/daemonmetrics"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/daemonmetrics"
 )
 
 // Collector measures what a tiered table holds in each tier (Measure): the

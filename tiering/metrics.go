@@ -3,7 +3,7 @@ package tiering
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/daemonmetrics"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/daemonmetrics"
 )
 
 // Metrics are the tiering metrics. Labels are table names from the policy

@@ -14,9 +14,9 @@ import (
 
 	"github.com/inboxkeeper/inboxkeeper/expiry"
 	"github.com/inboxkeeper/inboxkeeper/holds"
-	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
-	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
-	"github.com/inboxkeeper/inboxkeeper/internal/service"
+	"github.com/inboxkeeper/inboxkeeper/internal/domain/batchloop"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/service"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 )
 

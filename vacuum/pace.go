@@ -6,8 +6,8 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/humantime"
-	"github.com/inboxkeeper/inboxkeeper/internal/service"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/humantime"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/service"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
 )
 

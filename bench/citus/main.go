@@ -38,7 +38,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/inboxkeeper/inboxkeeper/bench/internal/benchdata"
-	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgcluster"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/pgcluster"
 )
 
 // goal is the issue's: daemon rows/s over unbounded DELETE rows/s, at least.

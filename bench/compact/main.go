@@ -64,10 +64,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxkeeper/inboxkeeper/bench/internal/benchdata"
-	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
-	"github.com/inboxkeeper/inboxkeeper/internal/compact"
-	"github.com/inboxkeeper/inboxkeeper/internal/policy"
-	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgcluster"
+	"github.com/inboxkeeper/inboxkeeper/internal/domain/compact"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/pgcluster"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/policy"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/standby"
 )
 

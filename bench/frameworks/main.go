@@ -53,8 +53,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxkeeper/inboxkeeper/bench/internal/benchdata"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/pgcluster"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/frameworks"
-	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgcluster"
 )
 
 // framework is one framework's table, rows and cleanup.

@@ -88,7 +88,7 @@ import (
 
 	"github.com/inboxkeeper/inboxkeeper/bench/internal/benchdata"
 	"github.com/inboxkeeper/inboxkeeper/inbox"
-	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgcluster"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/pgcluster"
 )
 
 // The cleaners, in the order of the report.

@@ -37,9 +37,9 @@ import (
 
 	"github.com/inboxkeeper/inboxkeeper/bench/internal/benchdata"
 	"github.com/inboxkeeper/inboxkeeper/expiry"
-	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
-	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
-	"github.com/inboxkeeper/inboxkeeper/internal/policy"
+	"github.com/inboxkeeper/inboxkeeper/internal/domain/batchloop"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/policy"
 	"github.com/inboxkeeper/inboxkeeper/migrations"
 	"github.com/inboxkeeper/inboxkeeper/tiering"
 )

@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/render"
+	"github.com/inboxkeeper/inboxkeeper/internal/app/render"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 )
 

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/settings"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/settings"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 )
 

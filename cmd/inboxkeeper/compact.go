@@ -3,14 +3,14 @@ package main
 import (
 	"context"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/compact"
-	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
-	"github.com/inboxkeeper/inboxkeeper/internal/render"
-	"github.com/inboxkeeper/inboxkeeper/internal/setup"
+	"github.com/inboxkeeper/inboxkeeper/internal/app/render"
+	"github.com/inboxkeeper/inboxkeeper/internal/app/setup"
+	"github.com/inboxkeeper/inboxkeeper/internal/domain/compact"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/dbconn"
 )
 
 // compactCmd is `inboxkeeper compact --table T`: give the empty space of
-// one ordinary table back to the operating system now (internal/compact),
+// one ordinary table back to the operating system now (internal/domain/compact),
 // under the lease and the throttle, as a pass would.
 func (a *app) compactCmd(ctx context.Context, args []string) error {
 	fs := a.newFlags("compact")

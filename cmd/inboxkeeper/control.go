@@ -9,11 +9,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/lease"
-	"github.com/inboxkeeper/inboxkeeper/internal/pass"
-	"github.com/inboxkeeper/inboxkeeper/internal/render"
-	"github.com/inboxkeeper/inboxkeeper/internal/settings"
-	"github.com/inboxkeeper/inboxkeeper/internal/sqlident"
+	"github.com/inboxkeeper/inboxkeeper/internal/app/pass"
+	"github.com/inboxkeeper/inboxkeeper/internal/app/render"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/lease"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/settings"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/sqlident"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
 )
 

@@ -4,12 +4,12 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/config"
-	"github.com/inboxkeeper/inboxkeeper/internal/lease"
-	"github.com/inboxkeeper/inboxkeeper/internal/outage"
-	"github.com/inboxkeeper/inboxkeeper/internal/pass"
-	"github.com/inboxkeeper/inboxkeeper/internal/render"
-	"github.com/inboxkeeper/inboxkeeper/internal/settings"
+	"github.com/inboxkeeper/inboxkeeper/internal/app/pass"
+	"github.com/inboxkeeper/inboxkeeper/internal/app/render"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/config"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/lease"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/outage"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/settings"
 )
 
 // daemon is `inboxkeeper run`: passes on a schedule that never overlap, one

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgcluster"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/pgcluster"
 )
 
 // The demo starts a cluster of its own, runs a pass with a hold and a replay,

@@ -9,8 +9,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/humantime"
-	"github.com/inboxkeeper/inboxkeeper/internal/pass"
+	"github.com/inboxkeeper/inboxkeeper/internal/app/pass"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/humantime"
 )
 
 // printHelp prints the usage lines of the command fs is for, what the
@@ -152,7 +152,7 @@ func parseTime(s string) (time.Time, error) {
 }
 
 // durationFlag is a duration in the one grammar of every duration (90d,
-// 36h, 1d12h, 500ms: internal/humantime). It must be longer than 0, or at
+// 36h, 1d12h, 500ms: internal/platform/humantime). It must be longer than 0, or at
 // least 0 when zero is allowed.
 type durationFlag struct {
 	d    time.Duration

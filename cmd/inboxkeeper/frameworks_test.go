@@ -12,7 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/retry"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/retry"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/frameworks"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 )

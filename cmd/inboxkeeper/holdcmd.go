@@ -9,10 +9,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxkeeper/inboxkeeper/holds"
-	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
-	"github.com/inboxkeeper/inboxkeeper/internal/pass"
-	"github.com/inboxkeeper/inboxkeeper/internal/render"
-	"github.com/inboxkeeper/inboxkeeper/internal/setup"
+	"github.com/inboxkeeper/inboxkeeper/internal/app/pass"
+	"github.com/inboxkeeper/inboxkeeper/internal/app/render"
+	"github.com/inboxkeeper/inboxkeeper/internal/app/setup"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/catalog"
 )
 
 // records are the subcommands of a group that keeps one kind of record,

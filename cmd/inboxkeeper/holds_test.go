@@ -14,8 +14,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/inboxkeeper/inboxkeeper/holds"
-	"github.com/inboxkeeper/inboxkeeper/internal/render"
-	"github.com/inboxkeeper/inboxkeeper/internal/retry"
+	"github.com/inboxkeeper/inboxkeeper/internal/app/render"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/retry"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 )
 

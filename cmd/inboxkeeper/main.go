@@ -14,12 +14,12 @@ import (
 	"syscall"
 	_ "time/tzdata" // INBOXKEEPER_ACTIVE_TZ works in images without a zone database
 
-	"github.com/inboxkeeper/inboxkeeper/internal/config"
-	"github.com/inboxkeeper/inboxkeeper/internal/daemonmetrics"
-	"github.com/inboxkeeper/inboxkeeper/internal/pass"
-	"github.com/inboxkeeper/inboxkeeper/internal/render"
-	"github.com/inboxkeeper/inboxkeeper/internal/setup"
-	_ "github.com/inboxkeeper/inboxkeeper/internal/sighup" // SIGHUP never ends a command
+	"github.com/inboxkeeper/inboxkeeper/internal/app/pass"
+	"github.com/inboxkeeper/inboxkeeper/internal/app/render"
+	"github.com/inboxkeeper/inboxkeeper/internal/app/setup"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/config"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/daemonmetrics"
+	_ "github.com/inboxkeeper/inboxkeeper/internal/platform/sighup" // SIGHUP never ends a command
 	"github.com/inboxkeeper/inboxkeeper/migrations"
 )
 
@@ -35,7 +35,7 @@ var (
 
 func main() {
 	// SIGHUP is caught from the process's first moments, before main
-	// (internal/sighup): run reloads on it, the other commands ignore it.
+	// (internal/platform/sighup): run reloads on it, the other commands ignore it.
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	// A reader that goes away (inboxkeeper demo | head -40) makes a write to

@@ -10,7 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgcluster"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/pgcluster"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgmajors"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 )

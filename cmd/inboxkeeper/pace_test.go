@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/render"
+	"github.com/inboxkeeper/inboxkeeper/internal/app/render"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 )
 

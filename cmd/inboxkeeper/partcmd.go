@@ -4,8 +4,8 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/pass"
-	"github.com/inboxkeeper/inboxkeeper/internal/render"
+	"github.com/inboxkeeper/inboxkeeper/internal/app/pass"
+	"github.com/inboxkeeper/inboxkeeper/internal/app/render"
 )
 
 // partitionsCmd is `inboxkeeper partitions ensure`: create the missing

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/config"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/scrape"
 )

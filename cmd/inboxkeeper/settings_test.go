@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/render"
+	"github.com/inboxkeeper/inboxkeeper/internal/app/render"
 )
 
 // set and settings: values checked like the environment, global and per

@@ -34,7 +34,7 @@ func TestCommandsStaySlim(t *testing.T) {
 		t.Fatal("found no Go file of cmd/inboxkeeper to count")
 	}
 	if total > maxCommandLines {
-		t.Errorf("cmd/inboxkeeper has %d non-test lines, over %d: move the logic into internal/pass, internal/setup or a domain package", total, maxCommandLines)
+		t.Errorf("cmd/inboxkeeper has %d non-test lines, over %d: move the logic into internal/app/pass, internal/app/setup or a domain package", total, maxCommandLines)
 	}
 	t.Logf("cmd/inboxkeeper: %d non-test lines (at most %d)", total, maxCommandLines)
 }

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/render"
+	"github.com/inboxkeeper/inboxkeeper/internal/app/render"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/jsondoc"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/redistest"

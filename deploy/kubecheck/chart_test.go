@@ -733,7 +733,7 @@ func TestChartAppVersion(t *testing.T) {
 
 // values.schema.json's env section names exactly the variables the daemon
 // knows (`inboxkeeper help env`): deploy/schema_test.go generates it from
-// internal/config, and this checks the result against the binary.
+// internal/platform/config, and this checks the result against the binary.
 func TestChartSchemaVariables(t *testing.T) {
 	b, err := os.ReadFile(filepath.Join(chartDir, "values.schema.json"))
 	if err != nil {

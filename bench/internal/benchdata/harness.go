@@ -16,7 +16,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgcluster"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/pgcluster"
 )
 
 // ClusterSettings are the server settings every benchmark cluster starts

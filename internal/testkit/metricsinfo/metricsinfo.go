@@ -12,8 +12,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/inboxkeeper/inboxkeeper/inbox"
-	"github.com/inboxkeeper/inboxkeeper/internal/daemonmetrics"
-	"github.com/inboxkeeper/inboxkeeper/internal/pass"
+	"github.com/inboxkeeper/inboxkeeper/internal/app/pass"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/daemonmetrics"
 	"github.com/inboxkeeper/inboxkeeper/throttle"
 )
 

@@ -17,7 +17,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/dbconn"
 )
 
 //go:embed fetch.sh

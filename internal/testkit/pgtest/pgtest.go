@@ -23,10 +23,10 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
-	"github.com/inboxkeeper/inboxkeeper/internal/policy"
-	"github.com/inboxkeeper/inboxkeeper/internal/sqlident"
-	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgcluster"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/pgcluster"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/policy"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/sqlident"
 	"github.com/inboxkeeper/inboxkeeper/migrations"
 )
 

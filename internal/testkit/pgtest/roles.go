@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgcluster"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/pgcluster"
 )
 
 // Roles are the login users ApplyRoleScript made, as connection strings:

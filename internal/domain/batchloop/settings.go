@@ -1,0 +1,36 @@
+package batchloop
+
+import (
+	"time"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/service"
+)
+
+// Settings are the options the row deleter (expiry) and the demoter
+// (tiering) share: the service base (logger, clock, throttle, active check,
+// dry run, timeouts) and one batch service's sizes, embedded in each one's
+// Options. Zero values get the documented defaults (WithDefaults, which
+// each service's constructor applies).
+type Settings struct {
+	service.Base
+	BatchSize  int           // rows per batch (the starting size when Sizing is set; per shard on Citus), default 5000
+	BatchPause time.Duration // sleep between batches
+	RunTime    time.Duration // stop a pass after this long; 0 = no limit
+	// Sizing, when set, adapts the batch size per table toward a target
+	// duration; without it every batch has BatchSize rows.
+	Sizing *Sizing
+}
+
+// The defaults of a batch, one set for the deleter and the demoter: the
+// README documents them once.
+const (
+	DefaultBatchSize   = 5000
+	DefaultLockTimeout = 500 * time.Millisecond
+)
+
+// WithDefaults returns s with the documented defaults for what is unset.
+func (s Settings) WithDefaults() Settings {
+	s.Base = s.Base.WithDefaults(DefaultLockTimeout)
+	s.BatchSize = service.Or(s.BatchSize, DefaultBatchSize)
+	return s
+}

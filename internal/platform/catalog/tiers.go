@@ -1,0 +1,404 @@
+package catalog
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/policy"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/sqlident"
+)
+
+// Tiers is a table's tiers section resolved against the catalog.
+type Tiers struct {
+	HotFor time.Duration
+	// Anchor is the column the hot window counts from, on the table. With a
+	// side table it is also the side table's column of the same name.
+	Anchor Column
+	// Payload are the columns emptied in place; nil with a side table.
+	Payload []Column
+	// PartialIndex: in place, the anchor index skips rows without payload
+	// (WHERE payload IS NOT NULL), so demoted rows are not walked again.
+	PartialIndex bool
+	Side         *SideTable    // the side-table layout; nil in place
+	Key          *PermanentKey // nil: no permanent key
+}
+
+// SideTable holds the payload, one row per identity, keyed by the table's
+// key columns (same names and types).
+type SideTable struct {
+	Name   string // canonical spelling
+	Ident  string // quoted, for SQL text
+	OID    uint32
+	Kind   string // "r" ordinary, "p" partitioned
+	Anchor Column // the side table's anchor column
+	// Scope and EventTime are the side table's columns of the same name
+	// and type as the table's; when every hold column is there, holds are
+	// matched on the side row without a join.
+	Scope, EventTime *Column
+}
+
+// HoldColumnsLocal reports whether holds can be matched on the side row
+// alone: it has every column a hold of table t can name.
+func (s *SideTable) HoldColumnsLocal(t *Table) bool {
+	return (t.Scope == nil || s.Scope != nil) && (t.EventTime == nil || s.EventTime != nil)
+}
+
+// LocalTable is t as seen from its side table: the hold columns are the side
+// table's, so that holds.Coverage predicates can be written over a side row.
+func (s *SideTable) LocalTable(t *Table) *Table {
+	c := *t
+	c.Scope, c.EventTime = s.Scope, s.EventTime
+	return &c
+}
+
+// PermanentKey describes the compact key table and the table's columns a
+// key row is made of.
+type PermanentKey struct {
+	Table  sqlident.QualifiedName
+	Name   string // canonical spelling
+	Ident  string // quoted, for SQL text
+	Exists bool   // the table existed when the policy was resolved
+	// Columns are the key columns, then the scope (when the policy has one
+	// and it is not a key column), then the hash (when named): the key
+	// table's columns, named and typed as in the source table.
+	Columns []Column
+	NKey    int    // the first NKey of Columns are the primary key
+	Hash    string // the hash column's name, "" when none
+	// FirstSeen is the source of the key table's first_seen date: the
+	// policy's first_seen column, else the tiers anchor.
+	FirstSeen Column
+}
+
+// DateOf returns SQL turning ref, a value of the FirstSeen column, into the
+// UTC date stored in first_seen.
+func (k *PermanentKey) DateOf(ref string) string {
+	if k.FirstSeen.IsTimestamptz() {
+		return "(" + ref + " AT TIME ZONE 'UTC')::date"
+	}
+	return "(" + ref + ")::date"
+}
+
+// Insert returns an INSERT of permanent keys into the key table from rel
+// (an SQL relation, e.g. a CTE or a quoted table followed by an alias).
+// ref(i) is SQL for Columns[i] in rel and firstSeen for the FirstSeen
+// column. Rows with a NULL key column have no permanent key and are left
+// out; a key already present keeps its first row. It returns one row per
+// key written.
+func (k *PermanentKey) Insert(rel string, ref func(i int) string, firstSeen string) string {
+	var cols, vals, notNull []string
+	for i, c := range k.Columns {
+		cols = append(cols, c.Quoted)
+		vals = append(vals, ref(i))
+		if i < k.NKey {
+			notNull = append(notNull, ref(i)+" IS NOT NULL")
+		}
+	}
+	cols = append(cols, sqlident.QuoteIdent(policy.FirstSeenColumn))
+	vals = append(vals, k.DateOf(firstSeen))
+	return fmt.Sprintf("INSERT INTO %s (%s) SELECT %s FROM %s WHERE %s ON CONFLICT DO NOTHING RETURNING 1",
+		k.Ident, strings.Join(cols, ", "), strings.Join(vals, ", "), rel, strings.Join(notNull, " AND "))
+}
+
+// CreateSQL is the DDL of the key table: the columns as in the source, the
+// first_seen date, and the primary key.
+func (k *PermanentKey) CreateSQL() string {
+	var defs, pk []string
+	for i, c := range k.Columns {
+		def := c.Quoted + " " + c.Type
+		if i < k.NKey {
+			def += " NOT NULL"
+			pk = append(pk, c.Quoted)
+		}
+		defs = append(defs, def)
+	}
+	defs = append(defs, sqlident.QuoteIdent(policy.FirstSeenColumn)+" date")
+	return fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s (\n    %s,\n    PRIMARY KEY (%s)\n)", k.Ident, strings.Join(defs, ",\n    "), strings.Join(pk, ", "))
+}
+
+// DDL is what creates the key table of t: CreateSQL, and when t is
+// distributed by Citus, the statement that distributes the key table on the
+// same column, co-located with t, so that a deletion writes each key on the
+// node that held its row (one multi-statement text: run it as one implicit
+// transaction, so the table never exists undistributed).
+func (k *PermanentKey) DDL(t *Table) string {
+	if !t.Distributed() {
+		return k.CreateSQL()
+	}
+	return k.CreateSQL() + ";\n" + k.DistributeSQL(t)
+}
+
+// DistributeSQL distributes the key table like t (see DDL). Tables are
+// named by their canonical spelling, which Citus parses like SQL text.
+func (k *PermanentKey) DistributeSQL(t *Table) string {
+	return fmt.Sprintf("SELECT create_distributed_table(%s, %s, colocate_with => %s)",
+		sqlident.QuoteLiteral(k.Name), sqlident.QuoteLiteral(t.Citus.Column.Name), sqlident.QuoteLiteral(t.Name))
+}
+
+// resolveTiers checks the tiers section of t against the catalog: cols are
+// the table's columns (name → format_type).
+func resolveTiers(ctx context.Context, q Querier, t *Table, cols map[string]string) error {
+	pt := t.Policy.Tiers
+	if pt == nil {
+		return nil
+	}
+	res := &Tiers{HotFor: pt.HotFor}
+	anchor, err := lookupColumn(t.Policy, "tiers.anchor", pt.Anchor, cols, true)
+	if err != nil {
+		return err
+	}
+	res.Anchor = anchor
+
+	if pt.PayloadTable != nil {
+		if res.Side, err = resolveSide(ctx, q, t, *pt.PayloadTable, anchor); err != nil {
+			return err
+		}
+	} else {
+		if err := resolveInPlace(ctx, q, t, res, pt.PayloadColumns, cols); err != nil {
+			return err
+		}
+	}
+	if pt.PermanentKey != nil {
+		if res.Key, err = resolveKey(ctx, q, t, pt.PermanentKey, anchor, cols); err != nil {
+			return err
+		}
+	}
+	t.Tiers = res
+	return nil
+}
+
+func resolveInPlace(ctx context.Context, q Querier, t *Table, res *Tiers, names []string, cols map[string]string) error {
+	pt := t.Policy
+	for i, name := range names {
+		field := fmt.Sprintf("tiers.payload_columns[%d]", i)
+		c, err := lookupColumn(pt, field, name, cols, false)
+		if err != nil {
+			return err
+		}
+		var notNull bool
+		if err := q.QueryRow(ctx, `SELECT attnotnull FROM pg_attribute WHERE attrelid = $1 AND attname = $2`, t.OID, name).Scan(&notNull); err != nil {
+			return fmt.Errorf("table %s: read column %q: %w", t.Name, name, err)
+		}
+		if notNull {
+			return invalid(pt, field, "column %q is NOT NULL, so it cannot be emptied in place; drop the constraint (ALTER TABLE %s ALTER COLUMN %s DROP NOT NULL) or move the payload to a side table (payload_table)",
+				name, t.Ident, c.Quoted)
+		}
+		res.Payload = append(res.Payload, c)
+	}
+	// The anchor must lead a btree index; best a partial one that leaves
+	// out the rows already demoted, so a pass does not walk them again.
+	full, partial, err := anchorIndex(ctx, q, t.OID, res.Anchor.Name, names)
+	if err != nil {
+		return fmt.Errorf("table %s: read indexes: %w", t.Name, err)
+	}
+	if !full && !partial {
+		return invalid(pt, "tiers.anchor", "no valid btree index leads with column %q; create one first, best one that leaves out demoted rows: CREATE INDEX CONCURRENTLY ON %s (%s) WHERE %s",
+			res.Anchor.Name, t.Ident, res.Anchor.Quoted, HasPayload(res.Payload, ""))
+	}
+	res.PartialIndex = partial
+	return nil
+}
+
+// HasPayload is the SQL condition "the row still has payload" over the
+// alias: some payload column is not NULL. It is written exactly as the
+// recommended partial index's predicate, so that the planner uses it.
+func HasPayload(payload []Column, alias string) string {
+	if alias != "" {
+		alias += "."
+	}
+	var ps []string
+	for _, c := range payload {
+		ps = append(ps, alias+c.Quoted+" IS NOT NULL")
+	}
+	if len(ps) == 1 {
+		return ps[0]
+	}
+	return "(" + strings.Join(ps, " OR ") + ")"
+}
+
+// anchorIndex looks for valid btree indexes of rel leading with column:
+// full is a non-partial one; partial one whose predicate is "some payload
+// column is not NULL" (as HasPayload writes it).
+func anchorIndex(ctx context.Context, q Querier, rel uint32, column string, payload []string) (full, partial bool, err error) {
+	err = q.QueryRow(ctx, `
+WITH want AS (
+  SELECT CASE WHEN cardinality($3::text[]) = 1 THEN '(' || quote_ident(($3::text[])[1]) || ' IS NOT NULL)'
+         ELSE '(' || (SELECT string_agg('(' || quote_ident(c) || ' IS NOT NULL)', ' OR ' ORDER BY o)
+                      FROM unnest($3::text[]) WITH ORDINALITY u(c, o)) || ')' END AS pred
+)
+SELECT coalesce(bool_or(i.indpred IS NULL), false),
+       coalesce(bool_or(cardinality($3::text[]) > 0 AND pg_get_expr(i.indpred, i.indrelid) = (SELECT pred FROM want)), false)
+FROM pg_index i
+JOIN pg_class ic ON ic.oid = i.indexrelid
+JOIN pg_am am ON am.oid = ic.relam
+JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+WHERE i.indrelid = $1 AND a.attname = $2 AND am.amname = 'btree' AND i.indisvalid AND i.indisready`,
+		rel, column, payload).Scan(&full, &partial)
+	return full, partial, err
+}
+
+func resolveSide(ctx context.Context, q Querier, t *Table, name sqlident.QualifiedName, anchor Column) (*SideTable, error) {
+	pt := t.Policy
+	const field = "tiers.payload_table"
+	s := &SideTable{Name: name.String(), Ident: name.Sanitize()}
+	err := q.QueryRow(ctx, `
+SELECT c.oid, c.relkind::text
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = $1 AND c.relname = $2`, name.Schema, name.Name).Scan(&s.OID, &s.Kind)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, invalid(pt, field, "no such table in the database (schema %q, name %q)", name.Schema, name.Name)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("table %s: look up %s: %w", t.Name, s.Name, err)
+	}
+	if s.Kind != "r" && s.Kind != "p" {
+		return nil, invalid(pt, field, "%s is not a table (relkind %s)", s.Name, s.Kind)
+	}
+	cols, err := columnsOf(ctx, q, s.OID)
+	if err != nil {
+		return nil, fmt.Errorf("table %s: read the columns of %s: %w", t.Name, s.Name, err)
+	}
+	same := func(what string, c Column) (*Column, error) {
+		typ, ok := cols[c.Name]
+		if !ok {
+			return nil, nil
+		}
+		if typ != c.Type {
+			return nil, invalid(pt, field, "%s: column %q (%s) is %s there and %s in %s; it must have the table's type", s.Name, c.Name, what, typ, c.Type, t.Name)
+		}
+		return &Column{Name: c.Name, Type: typ, Quoted: c.Quoted, Zone: c.Zone}, nil
+	}
+	for i, k := range t.Key {
+		c, err := same(fmt.Sprintf("key[%d]", i), k)
+		if err != nil {
+			return nil, err
+		}
+		if c == nil {
+			return nil, invalid(pt, field, "%s has no key column %q: the side table is keyed by the table's key columns, with the same names%s", s.Name, k.Name, suggest(k.Name, cols))
+		}
+	}
+	a, err := same("tiers.anchor", anchor)
+	if err != nil {
+		return nil, err
+	}
+	if a == nil {
+		return nil, invalid(pt, field, "%s has no anchor column %q: the side table needs the anchor, with the same name, to find the rows to demote%s", s.Name, anchor.Name, suggest(anchor.Name, cols))
+	}
+	s.Anchor = *a
+	if t.Scope != nil {
+		if s.Scope, err = same("scope", *t.Scope); err != nil {
+			return nil, err
+		}
+	}
+	if t.EventTime != nil {
+		if s.EventTime, err = same("event_time", *t.EventTime); err != nil {
+			return nil, err
+		}
+	}
+	full, _, err := anchorIndex(ctx, q, s.OID, anchor.Name, nil)
+	if err != nil {
+		return nil, fmt.Errorf("table %s: read the indexes of %s: %w", t.Name, s.Name, err)
+	}
+	if !full {
+		return nil, invalid(pt, field, "no valid, non-partial btree index of %s leads with column %q; create one first: CREATE INDEX CONCURRENTLY ON %s (%s)",
+			s.Name, anchor.Name, s.Ident, anchor.Quoted)
+	}
+	return s, nil
+}
+
+func resolveKey(ctx context.Context, q Querier, t *Table, pk *policy.PermanentKey, anchor Column, cols map[string]string) (*PermanentKey, error) {
+	pt := t.Policy
+	k := &PermanentKey{Table: pk.Table, Name: pk.Table.String(), Ident: pk.Table.Sanitize(), Hash: pk.Hash, FirstSeen: anchor}
+	for i, name := range pk.Columns {
+		c, err := lookupColumn(pt, fmt.Sprintf("tiers.permanent_key.columns[%d]", i), name, cols, false)
+		if err != nil {
+			return nil, err
+		}
+		k.Columns = append(k.Columns, c)
+	}
+	k.NKey = len(k.Columns)
+	if t.Scope != nil && !slices.Contains(pk.Columns, t.Scope.Name) {
+		k.Columns = append(k.Columns, *t.Scope)
+	}
+	if pk.Hash != "" {
+		c, err := lookupColumn(pt, "tiers.permanent_key.hash", pk.Hash, cols, false)
+		if err != nil {
+			return nil, err
+		}
+		if t.Scope == nil || c.Name != t.Scope.Name {
+			k.Columns = append(k.Columns, c)
+		}
+	}
+	if t.FirstSeen != nil {
+		k.FirstSeen = *t.FirstSeen
+	}
+
+	const field = "tiers.permanent_key.table"
+	var oid uint32
+	err := q.QueryRow(ctx, `
+SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')`, pk.Table.Schema, pk.Table.Name).Scan(&oid)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return k, nil // created by migrate or by the daemon
+	}
+	if err != nil {
+		return nil, fmt.Errorf("table %s: look up %s: %w", t.Name, k.Name, err)
+	}
+	k.Exists = true
+	have, err := columnsOf(ctx, q, oid)
+	if err != nil {
+		return nil, fmt.Errorf("table %s: read the columns of %s: %w", t.Name, k.Name, err)
+	}
+	want := append(slices.Clone(k.Columns), Column{Name: policy.FirstSeenColumn, Type: "date"})
+	for _, c := range want {
+		typ, ok := have[c.Name]
+		if !ok {
+			return nil, invalid(pt, field, "%s exists but has no column %q (%s); drop it, or name another table", k.Name, c.Name, c.Type)
+		}
+		if typ != c.Type {
+			return nil, invalid(pt, field, "%s: column %q is %s, but the permanent key needs %s", k.Name, c.Name, typ, c.Type)
+		}
+	}
+	var unique bool
+	var names []string
+	for _, c := range k.Columns[:k.NKey] {
+		names = append(names, c.Name)
+	}
+	err = q.QueryRow(ctx, `
+SELECT EXISTS (
+  SELECT 1 FROM pg_index i
+  WHERE i.indrelid = $1 AND i.indisunique AND i.indisvalid AND i.indpred IS NULL AND i.indnkeyatts = cardinality($2::text[])
+    AND (SELECT array_agg(a.attname::text ORDER BY a.attname) FROM pg_attribute a
+         WHERE a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey[0:i.indnkeyatts - 1]))
+        = (SELECT array_agg(n ORDER BY n) FROM unnest($2::text[]) n))`, oid, names).Scan(&unique)
+	if err != nil {
+		return nil, fmt.Errorf("table %s: read the indexes of %s: %w", t.Name, k.Name, err)
+	}
+	if !unique {
+		return nil, invalid(pt, field, "%s exists but has no primary key or unique index on exactly the key columns %q", k.Name, names)
+	}
+	return k, nil
+}
+
+func columnsOf(ctx context.Context, q Querier, oid uint32) (map[string]string, error) {
+	rows, err := q.Query(ctx, `
+SELECT attname::text, format_type(atttypid, atttypmod)
+FROM pg_attribute WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped`, oid)
+	if err != nil {
+		return nil, err
+	}
+	cols := map[string]string{}
+	for rows.Next() {
+		var name, typ string
+		if err := rows.Scan(&name, &typ); err != nil {
+			return nil, err
+		}
+		cols[name] = typ
+	}
+	return cols, rows.Err()
+}
