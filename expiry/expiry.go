@@ -26,6 +26,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/holds"
 	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 	"github.com/inboxkeeper/inboxkeeper/vacuum"
@@ -65,16 +66,23 @@ const (
 	// StrategyAuto sweeps the heap in physical order when the sample of
 	// the pass predicts it costs less (chooseSweep), else deletes in
 	// expiry order.
-	StrategyAuto Strategy = "auto"
+	StrategyAuto Strategy = config.StrategyAuto
 	// StrategySweep sweeps every pass that has a row due, whatever the
 	// sample says (a table known to be scattered; the randomized audit).
-	StrategySweep Strategy = "sweep"
+	StrategySweep Strategy = config.StrategySweep
 	// StrategyExpiry never sweeps: every pass deletes in expiry order.
-	StrategyExpiry Strategy = "expiry"
+	StrategyExpiry Strategy = config.StrategyExpiry
 )
 
-// Strategies are the values Strategy takes, for the configuration's check.
-var Strategies = []Strategy{StrategyAuto, StrategySweep, StrategyExpiry}
+// Strategies are the values Strategy takes: the configuration's
+// (config.ExpiryStrategies), which its check accepts.
+var Strategies = func() []Strategy {
+	out := make([]Strategy, len(config.ExpiryStrategies))
+	for i, s := range config.ExpiryStrategies {
+		out[i] = Strategy(s)
+	}
+	return out
+}()
 
 // TestSignals are the hooks tests set on a Deleter (Deleter.TestSignals), in one
 // place; the daemon never sets them.

@@ -33,6 +33,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 	"github.com/inboxkeeper/inboxkeeper/internal/sqlident"
@@ -143,17 +144,14 @@ type HoldSpec struct {
 // FenceOptions bound how a hold or replay writer waits for the fence.
 type FenceOptions struct {
 	// Timeout is the longest the writer waits for the cleanup batches in
-	// flight (default DefaultFenceTimeout); then it fails with
+	// flight (default config.DefaultFenceTimeout); then it fails with
 	// ErrFenceTimeout, naming the sessions that hold the fence, and writes
 	// nothing.
 	Timeout time.Duration
 	// IdleTimeout is the transaction's idle_in_transaction_session_timeout
-	// (default dbconn.DefaultIdleTimeout).
+	// (default config.DefaultIdleTimeout).
 	IdleTimeout time.Duration
 }
-
-// DefaultFenceTimeout is INBOXKEEPER_FENCE_TIMEOUT's default.
-const DefaultFenceTimeout = 30 * time.Second
 
 // ErrFenceTimeout: the fence could not be taken in time; nothing was written.
 var ErrFenceTimeout = errors.New("timed out waiting for the cleanup batches in flight (the hold fence)")
@@ -224,7 +222,7 @@ func normaliseScope(ctx context.Context, tx pgx.Tx, t *catalog.Table, v string) 
 func writeFenced(ctx context.Context, db Beginner, o FenceOptions, write func(tx pgx.Tx) error) error {
 	timeout := o.Timeout
 	if timeout <= 0 {
-		timeout = DefaultFenceTimeout
+		timeout = config.DefaultFenceTimeout
 	}
 	err := dbconn.Durable(ctx, db, func(tx pgx.Tx) error {
 		if _, err := (dbconn.TxSettings{IdleInTx: o.IdleTimeout}).Apply(ctx, tx); err != nil {
