@@ -16,6 +16,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
+	"github.com/inboxkeeper/inboxkeeper/internal/sqlargs"
 )
 
 // Batches on a Citus distributed table (see docs/guides/citus.md).
@@ -184,7 +185,7 @@ func (d *Deleter) windowTx(ctx context.Context, t *catalog.Table, lower pgtype.T
 	}
 	defer tx.Close(ctx, &err)
 	c := cutoff(t, tx.Now)
-	var args holds.Args
+	var args sqlargs.List
 	hp, rp := tx.Coverage.Predicates(t, "d", &args)
 	due := fmt.Sprintf("%[1]s <= %[2]s AND NOT %[3]s AND NOT %[4]s AND %[5]s", "d."+t.Expiry.Quoted, t.Expiry.Instant(args.Add(c)+"::timestamptz"), hp, rp, t.Deletable("d"))
 	start := lower.Time
@@ -236,7 +237,7 @@ func (d *Deleter) windowTx(ctx context.Context, t *catalog.Table, lower pgtype.T
 		if r.exhausted {
 			upper = c
 		}
-		pa := holds.Args{Values: append([]any(nil), args.Values...)}
+		pa := sqlargs.List{Values: append([]any(nil), args.Values...)}
 		if err := tx.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s d WHERE %s", t.Ident, inWindow(pa.Add(upper))), pa.Values...).Scan(&cnt); err != nil {
 			return r, err
 		}
@@ -342,7 +343,7 @@ func (d *Deleter) firstDue(ctx context.Context, t *catalog.Table, lower pgtype.T
 	var e time.Time
 	found := false
 	err := d.coverageTx(ctx, t, func(tx pgx.Tx, now time.Time, cov holds.Coverage) error {
-		var args holds.Args
+		var args sqlargs.List
 		hp, rp := cov.Predicates(t, "t", &args)
 		sql := fmt.Sprintf(`SELECT %[1]s FROM %[2]s t WHERE t.%[3]s <= %[4]s AND t.%[3]s >= %[5]s AND NOT %[6]s AND NOT %[7]s AND %[8]s ORDER BY t.%[3]s LIMIT 1`,
 			t.Expiry.AsTimestamptz("t"), t.Ident, t.Expiry.Quoted, t.Expiry.Instant(args.Add(cutoff(t, now))+"::timestamptz"),

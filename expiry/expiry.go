@@ -29,6 +29,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
+	"github.com/inboxkeeper/inboxkeeper/internal/sqlargs"
 	"github.com/inboxkeeper/inboxkeeper/vacuum"
 )
 
@@ -1036,7 +1037,7 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 	case b.ok:
 		form, alias = rangeSQL, "d"
 	}
-	var args holds.Args
+	var args sqlargs.List
 	holdPred, replayPred := tx.Coverage.Predicates(t, alias, &args)
 	var limit string
 	if b.ok {
@@ -1181,7 +1182,7 @@ type batchBound struct {
 // With size 0 it reads the newest due row only (readNewest).
 func (d *Deleter) readBound(ctx context.Context, tx pgx.Tx, t *catalog.Table, cov holds.Coverage, cutoff time.Time, lower pgtype.Timestamptz, size int, ahead bool) (batchBound, error) {
 	t = d.view(t)
-	var args holds.Args
+	var args sqlargs.List
 	hp, rp := cov.Predicates(t, "t", &args)
 	from := ">="
 	if ahead {
@@ -1280,7 +1281,7 @@ func (d *Deleter) coverageTx(ctx context.Context, t *catalog.Table, fn func(tx p
 // covers, how many a hold covers, and how many only a replay covers.
 func (d *Deleter) dryRun(ctx context.Context, t *catalog.Table, res *TableResult) error {
 	err := d.coverageTx(ctx, t, func(tx pgx.Tx, now time.Time, cov holds.Coverage) error {
-		var args holds.Args
+		var args sqlargs.List
 		hp, rp := cov.Predicates(t, "t", &args)
 		sql := fmt.Sprintf(`SELECT count(*) FILTER (WHERE NOT %[3]s AND NOT %[4]s AND NOT %[7]s),
        count(*) FILTER (WHERE %[3]s),
@@ -1385,7 +1386,7 @@ func retainedRange(ctx context.Context, q catalog.Querier, t *catalog.Table, fro
 // nothing protects: how late the deleter is, not how long a legal hold has
 // kept rows (that is reported as protected rows instead).
 func cleanupLag(ctx context.Context, q catalog.Querier, t *catalog.Table, now time.Time, cov holds.Coverage, from pgtype.Timestamptz) (time.Duration, error) {
-	var args holds.Args
+	var args sqlargs.List
 	hp, rp := cov.Predicates(t, "t", &args)
 	c := args.Add(cutoff(t, now))
 	f := args.Add(from)

@@ -16,6 +16,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/holds"
 	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/sqlargs"
 )
 
 // The sweep: a pass in physical order (issue #26).
@@ -712,7 +713,7 @@ FROM pg_class c WHERE c.oid = $1::oid`, t.OID).Scan(&nblocks, &perPage); err != 
 		if !ahead.open(tx.Conn()) { // a cancel request between statements is lost
 			return errDropped
 		}
-		var args holds.Args
+		var args sqlargs.List
 		hp, rp := cov.Predicates(t, "t", &args)
 		// A row each, grouped by page here: grouped by the server, the page
 		// number (ctid::text::point) and the aggregate's states cost twice
@@ -907,7 +908,7 @@ func (d *Deleter) sweepTx(ctx context.Context, t *catalog.Table, s *sweep, a, b 
 	if now := cutoff(t, tx.Now); now.Before(c) {
 		c = now
 	}
-	var args holds.Args
+	var args sqlargs.List
 	hp, rp := tx.Coverage.Union(s.cov).Predicates(t, "d", &args)
 	slice := fmt.Sprintf("d.ctid >= %s::tid AND d.ctid < %s::tid", args.Add(tid(a)), args.Add(tid(b)))
 	due := fmt.Sprintf("d.%s <= %s AND NOT %s AND NOT %s AND %s", t.Expiry.Quoted, t.Expiry.Instant(args.Add(c)+"::timestamptz"), hp, rp, t.Deletable("d"))

@@ -8,9 +8,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
-	"github.com/inboxkeeper/inboxkeeper/holds"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
+	"github.com/inboxkeeper/inboxkeeper/internal/sqlargs"
 )
 
 // Demotion on a Citus distributed table (see docs/guides/citus.md).
@@ -93,7 +93,7 @@ func (d *Demoter) firstDue(ctx context.Context, t *catalog.Table, lower pgtype.T
 		if err != nil {
 			return err
 		}
-		var args holds.Args
+		var args sqlargs.List
 		cond, _ := due(t, "t", &args, cov, now, lower)
 		return tx.QueryRow(ctx, fmt.Sprintf("SELECT min(%s) FROM %s t WHERE %s AND NOT %s", t.Tiers.Anchor.AsTimestamptz("t"), walked(t), cond, blocked(t, cov, "t", &args)),
 			args.Values...).Scan(&a)

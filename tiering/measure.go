@@ -13,6 +13,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/holds"
 	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/sqlargs"
 	"github.com/inboxkeeper/inboxkeeper/internal/sqlident"
 )
 
@@ -232,7 +233,7 @@ func (d *Demoter) Status(ctx context.Context, t *catalog.Table) (Status, error) 
 		if st.Blocking, err = holds.CountBlocking(ctx, tx, t.Name, st.Now); err != nil {
 			return err
 		}
-		var args holds.Args
+		var args sqlargs.List
 		cond, _ := due(t, "t", &args, cov, st.Now, batchloop.NegInf)
 		capArg := args.Add(expiry.StatusCountCap)
 		if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM (SELECT 1 FROM %s t WHERE %s LIMIT %s) due`, walked(t), cond, capArg),

@@ -15,6 +15,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
+	"github.com/inboxkeeper/inboxkeeper/internal/sqlargs"
 )
 
 // errNoRoom ends a sweep whose batch found no room below its slice: the
@@ -235,7 +236,7 @@ func (c *Compactor) moveTx(ctx context.Context, t *catalog.Table, lo, hi, target
 	defer tx.Close(ctx, &err)
 	// The fence was taken before the holds were read: a legal hold whose
 	// writer the fence waited for keeps its rows out of this batch.
-	var args holds.Args
+	var args sqlargs.List
 	hold := tx.Coverage.DemotionPredicate(t, "u", &args)
 	sql := moveSQL(t, hold, lo, hi, target, skipLocked)
 	for round := 0; round < maxFill; round++ {
@@ -314,7 +315,7 @@ func legalHolds(ctx context.Context, tx pgx.Tx, t *catalog.Table, now time.Time)
 	if err != nil {
 		return "", nil, err
 	}
-	var args holds.Args
+	var args sqlargs.List
 	return cov.DemotionPredicate(t, "u", &args), args.Values, nil
 }
 
