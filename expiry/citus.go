@@ -35,17 +35,11 @@ import (
 //
 // Without SKIP LOCKED (Citus refuses it across shards), a window that meets
 // a row another session holds locked waits for it at most
-// optimisticLockTimeout (the timeouts reach the workers:
+// batchloop.OptimisticLockWait (the timeouts reach the workers:
 // dbconn.TxSettings.Citus), rolls back, and is halved until it commits
 // without the row; a window down to one due row (or one microsecond) that
-// still meets it steps over its first due row, to just after its expiry.
-// The held row is left for a later pass, as SKIP LOCKED would leave it.
-
-// maxLockedSteps is how many locked rows one batch steps over before it
-// gives up with the lock timeout (the loop then retries with a smaller
-// batch, and the table's pass fails after MaxRetries): past that many,
-// more likely a table lock is in the way than a few rows in use.
-const maxLockedSteps = 16
+// still meets it steps over its first due row, to just after its expiry
+// (batchloop.LockedRows, the demoter's step too).
 
 // minWindow is the narrowest window: timestamps have microseconds.
 const minWindow = time.Microsecond
@@ -86,7 +80,8 @@ func (d *Deleter) distributedBatch(ctx context.Context, t *catalog.Table, lower 
 	rows := int64(size) * int64(max(1, t.Citus.Shards))
 	var limit time.Duration // 0: the window is sized by counting; else this wide
 	var full time.Duration  // the width of the window that first met the lock
-	steps, narrowed := 0, false
+	var locked batchloop.LockedRows
+	narrowed := false
 	for {
 		r, err := d.windowTx(ctx, t, lower, max(1, rows-n), win, limit, res)
 		if err == nil {
@@ -129,12 +124,9 @@ func (d *Deleter) distributedBatch(ctx context.Context, t *catalog.Table, lower 
 		// The window holds one due row, or one microsecond of them, and
 		// meets a lock: the first due row from lower is the one held;
 		// step over it.
-		if steps++; steps > maxLockedSteps {
-			return n, lower.Time, wal, fmt.Errorf("%d rows held locked by other sessions in one batch: %w", steps-1, err)
-		}
-		e, ok, ferr := d.firstDue(ctx, t, lower)
-		if ferr != nil {
-			return n, lower.Time, wal, ferr
+		e, next, ok, serr := locked.StepOver(err, func() (time.Time, bool, error) { return d.firstDue(ctx, t, lower) })
+		if serr != nil {
+			return n, lower.Time, wal, serr
 		}
 		if !ok {
 			win.setExhausted(true)
@@ -144,9 +136,7 @@ func (d *Deleter) distributedBatch(ctx context.Context, t *catalog.Table, lower 
 		if d.TestSignals.OnFallback != nil {
 			d.TestSignals.OnFallback()
 		}
-		// timestamptz has microseconds: nothing lies strictly between.
-		lower = pgtype.Timestamptz{Time: e.Add(time.Microsecond), Valid: true}
-		limit = minWindow * 2
+		lower, limit = next, minWindow*2
 	}
 }
 

@@ -96,7 +96,7 @@ type TestSignals struct {
 	// SkipLockedOnly makes every batch take the SKIP LOCKED form, so tests
 	// can check both forms keep every guarantee.
 	SkipLockedOnly bool
-	// OptimisticWait replaces optimisticLockTimeout (tests watch a wait).
+	// OptimisticWait replaces batchloop.OptimisticLockWait (tests watch a wait).
 	OptimisticWait time.Duration
 	// OnFallback is told when a batch falls back to SKIP LOCKED.
 	OnFallback func()
@@ -904,12 +904,6 @@ func (d *Deleter) takeBound(ctx context.Context, tx *batchloop.Tx, t *catalog.Ta
 // for the look's count to give that batch its bound (takeBound).
 const fewDueFor = time.Second
 
-// optimisticLockTimeout is how long an optimistic batch waits for a lock
-// before it falls back to SKIP LOCKED: the longest the deleter waits on an
-// application's row, and, while it waits, the longest an application
-// session waits on a row the batch already deleted.
-const optimisticLockTimeout = 50 * time.Millisecond
-
 // The statements of a batch. %[1]s is the table, %[2]s the expiry column
 // over the row alias, %[3]s the cutoff, %[4]s the keyset's lower bound,
 // %[5]s and %[6]s the hold and replay predicates.
@@ -1222,7 +1216,7 @@ func (d *Deleter) optimisticLockTimeout() time.Duration {
 	if d.TestSignals.OptimisticWait > 0 {
 		return d.TestSignals.OptimisticWait
 	}
-	return optimisticLockTimeout
+	return batchloop.OptimisticLockWait
 }
 
 // permanentKeys returns the parts of a batch's DELETE that write the

@@ -23,10 +23,6 @@ import (
 // the batch rolled back.
 var errNoRoom = errors.New("no room left below the slice")
 
-// optimisticLockTimeout is how long a batch waits for a row lock before it
-// runs again with SKIP LOCKED, as the deleter's.
-const optimisticLockTimeout = 50 * time.Millisecond
-
 // maxFill bounds the statements of one batch: a page with room keeps a
 // row's new version, so a batch updates what is left of its slice again
 // until nothing is (each round fills the pages up a little more). A page
@@ -276,7 +272,9 @@ func (c *Compactor) optimisticWait() time.Duration {
 	if c.TestSignals.OptimisticWait > 0 {
 		return c.TestSignals.OptimisticWait
 	}
-	return optimisticLockTimeout
+	// A batch waits as long as the deleter's for a row lock before it runs
+	// again with SKIP LOCKED.
+	return batchloop.OptimisticLockWait
 }
 
 // moveSQL is one round of a batch: update every row on the pages [lo, hi)
