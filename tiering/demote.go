@@ -29,7 +29,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/inboxkeeper/inboxkeeper/holds"
 	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
@@ -51,9 +50,6 @@ const (
 type Options struct {
 	batchloop.Settings
 	Metrics *Metrics
-	// Errors is inboxkeeper_errors_total{table,kind}, shared with the
-	// deleter (expiry.Metrics.Errors); may be nil.
-	Errors *prometheus.CounterVec
 }
 
 // Result is what one pass did to one table.
@@ -176,8 +172,8 @@ func (d *Demoter) demoteAll(ctx context.Context, t *catalog.Table, deadline time
 			d.log.Debug("tiering: batch", "table", t.Name, "demoted", n, "newest_anchor", lastNewest)
 		},
 		OnError: func(kind string) {
-			if d.opts.Errors != nil {
-				d.opts.Errors.WithLabelValues(t.Name, kind).Inc()
+			if m := d.opts.Metrics; m != nil && m.Errors != nil {
+				m.Errors.WithLabelValues(t.Name, kind).Inc()
 			}
 		},
 	}
