@@ -16,8 +16,9 @@ import (
 )
 
 // DueCap bounds the exact count of due rows, like status's: past it the
-// count says "more than" (inboxkeeper_rows_due_capped).
-const DueCap = 1_000_000
+// count says "more than" (inboxkeeper_rows_due_capped). The demoter's
+// count stops there too (batchloop.DueCountCap).
+const DueCap = batchloop.DueCountCap
 
 // Due is what is left to do on a table: the rows whose expiry has passed and
 // that no hold or replay covers (due: deletable now), counted exactly

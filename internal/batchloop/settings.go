@@ -29,3 +29,9 @@ func (s Settings) WithDefaults() Settings {
 	s.BatchSize = service.Or(s.BatchSize, config.DefaultBatchSize)
 	return s
 }
+
+// DueCountCap bounds the exact counts of rows due, the deleter's (its
+// pass's look, status, inboxkeeper_rows_due) and the demoter's (status):
+// past it a count says "more than", so that counting stays cheap on a
+// table with a large backlog.
+const DueCountCap = 1_000_000
