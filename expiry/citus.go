@@ -17,6 +17,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 	"github.com/inboxkeeper/inboxkeeper/internal/sqlargs"
+	"github.com/inboxkeeper/inboxkeeper/tiering"
 )
 
 // Batches on a Citus distributed table (see docs/guides/citus.md).
@@ -266,7 +267,7 @@ func (d *Deleter) windowTx(ctx context.Context, t *catalog.Table, lower pgtype.T
 	if _, err := tx.Exec(ctx, batchSettingsSQL, false); err != nil {
 		return r, err
 	}
-	keysReturning, keysCTE, keysCount := permanentKeys(t)
+	keysReturning, keysCTE, keysCount := tiering.DeleteKeys(t)
 	match := inWindow(args.Add(upper))
 	if tied {
 		// More than twice the rows share one microsecond of expiry: the

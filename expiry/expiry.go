@@ -30,6 +30,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/retry"
 	"github.com/inboxkeeper/inboxkeeper/internal/sqlargs"
+	"github.com/inboxkeeper/inboxkeeper/tiering"
 	"github.com/inboxkeeper/inboxkeeper/vacuum"
 )
 
@@ -1039,7 +1040,7 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 	} else {
 		limit = args.Add(size)
 	}
-	keysReturning, keysCTE, keysCount := permanentKeys(t)
+	keysReturning, keysCTE, keysCount := tiering.DeleteKeys(t)
 	pick, kids, kept := referencing(t, "t", "d")
 	var newestTS pgtype.Timestamptz
 	var keys, victims int64
@@ -1217,25 +1218,6 @@ func (d *Deleter) optimisticLockTimeout() time.Duration {
 		return d.TestSignals.OptimisticWait
 	}
 	return batchloop.OptimisticLockWait
-}
-
-// permanentKeys returns the parts of a batch's DELETE that write the
-// permanent keys of the deleted rows (tiers.permanent_key) in the same
-// statement, so that there is never a moment when neither the row nor its
-// key exists: extra RETURNING columns, a data-modifying CTE reading them, and
-// the count of keys written. Without a permanent key: nothing, and 0.
-func permanentKeys(t *catalog.Table) (returning, cte, count string) {
-	if t.Tiers == nil || t.Tiers.Key == nil {
-		return "", "", "0::bigint"
-	}
-	k := t.Tiers.Key
-	var b strings.Builder
-	for i, c := range k.Columns {
-		fmt.Fprintf(&b, ", d.%s AS pk_%d", c.Quoted, i)
-	}
-	fmt.Fprintf(&b, ", d.%s AS pk_first_seen", k.FirstSeen.Quoted)
-	insert := k.Insert("gone g", func(i int) string { return fmt.Sprintf("g.pk_%d", i) }, "g.pk_first_seen")
-	return b.String(), ", kept AS (\n  " + insert + "\n)", "(SELECT count(*) FROM kept)"
 }
 
 // readTx runs fn in a read-only transaction with the batch timeouts, so that

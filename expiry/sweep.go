@@ -17,6 +17,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/sqlargs"
+	"github.com/inboxkeeper/inboxkeeper/tiering"
 )
 
 // The sweep: a pass in physical order (issue #26).
@@ -912,7 +913,7 @@ func (d *Deleter) sweepTx(ctx context.Context, t *catalog.Table, s *sweep, a, b 
 	hp, rp := tx.Coverage.Union(s.cov).Predicates(t, "d", &args)
 	slice := fmt.Sprintf("d.ctid >= %s::tid AND d.ctid < %s::tid", args.Add(tid(a)), args.Add(tid(b)))
 	due := fmt.Sprintf("d.%s <= %s AND NOT %s AND NOT %s AND %s", t.Expiry.Quoted, t.Expiry.Instant(args.Add(c)+"::timestamptz"), hp, rp, t.Deletable("d"))
-	keysReturning, keysCTE, keysCount := permanentKeys(t)
+	keysReturning, keysCTE, keysCount := tiering.DeleteKeys(t)
 	var keys int64
 	began := time.Now()
 	pick, kids, kept := referencing(t, "d", "d")

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -145,4 +146,24 @@ func EnsureKeyTables(ctx context.Context, db Querier, tables []*catalog.Table, l
 		}
 	}
 	return nil
+}
+
+// DeleteKeys returns the parts of the deleter's batch DELETE (expiry; the
+// deleted rows aliased d) that write their permanent keys
+// (tiers.permanent_key) in the same statement, so that there is never a
+// moment when neither the row nor its key exists: extra RETURNING columns,
+// a data-modifying CTE reading them, and the count of keys written.
+// Without a permanent key: nothing, and 0.
+func DeleteKeys(t *catalog.Table) (returning, cte, count string) {
+	if t.Tiers == nil || t.Tiers.Key == nil {
+		return "", "", "0::bigint"
+	}
+	k := t.Tiers.Key
+	var b strings.Builder
+	for i, c := range k.Columns {
+		fmt.Fprintf(&b, ", d.%s AS pk_%d", c.Quoted, i)
+	}
+	fmt.Fprintf(&b, ", d.%s AS pk_first_seen", k.FirstSeen.Quoted)
+	insert := k.Insert("gone g", func(i int) string { return fmt.Sprintf("g.pk_%d", i) }, "g.pk_first_seen")
+	return b.String(), ", kept AS (\n  " + insert + "\n)", "(SELECT count(*) FROM kept)"
 }
