@@ -16,6 +16,8 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/domain/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/retry"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/sqlargs"
+	"github.com/inboxkeeper/inboxkeeper/tiering"
 )
 
 // Batches on a Citus distributed table (see docs/guides/citus.md).
@@ -34,17 +36,11 @@ import (
 //
 // Without SKIP LOCKED (Citus refuses it across shards), a window that meets
 // a row another session holds locked waits for it at most
-// optimisticLockTimeout (the timeouts reach the workers:
+// batchloop.OptimisticLockWait (the timeouts reach the workers:
 // dbconn.TxSettings.Citus), rolls back, and is halved until it commits
 // without the row; a window down to one due row (or one microsecond) that
-// still meets it steps over its first due row, to just after its expiry.
-// The held row is left for a later pass, as SKIP LOCKED would leave it.
-
-// maxLockedSteps is how many locked rows one batch steps over before it
-// gives up with the lock timeout (the loop then retries with a smaller
-// batch, and the table's pass fails after MaxRetries): past that many,
-// more likely a table lock is in the way than a few rows in use.
-const maxLockedSteps = 16
+// still meets it steps over its first due row, to just after its expiry
+// (batchloop.LockedRows, the demoter's step too).
 
 // minWindow is the narrowest window: timestamps have microseconds.
 const minWindow = time.Microsecond
@@ -85,7 +81,8 @@ func (d *Deleter) distributedBatch(ctx context.Context, t *catalog.Table, lower 
 	rows := int64(size) * int64(max(1, t.Citus.Shards))
 	var limit time.Duration // 0: the window is sized by counting; else this wide
 	var full time.Duration  // the width of the window that first met the lock
-	steps, narrowed := 0, false
+	var locked batchloop.LockedRows
+	narrowed := false
 	for {
 		r, err := d.windowTx(ctx, t, lower, max(1, rows-n), win, limit, res)
 		if err == nil {
@@ -128,12 +125,9 @@ func (d *Deleter) distributedBatch(ctx context.Context, t *catalog.Table, lower 
 		// The window holds one due row, or one microsecond of them, and
 		// meets a lock: the first due row from lower is the one held;
 		// step over it.
-		if steps++; steps > maxLockedSteps {
-			return n, lower.Time, wal, fmt.Errorf("%d rows held locked by other sessions in one batch: %w", steps-1, err)
-		}
-		e, ok, ferr := d.firstDue(ctx, t, lower)
-		if ferr != nil {
-			return n, lower.Time, wal, ferr
+		e, next, ok, serr := locked.StepOver(err, func() (time.Time, bool, error) { return d.firstDue(ctx, t, lower) })
+		if serr != nil {
+			return n, lower.Time, wal, serr
 		}
 		if !ok {
 			win.setExhausted(true)
@@ -143,9 +137,7 @@ func (d *Deleter) distributedBatch(ctx context.Context, t *catalog.Table, lower 
 		if d.TestSignals.OnFallback != nil {
 			d.TestSignals.OnFallback()
 		}
-		// timestamptz has microseconds: nothing lies strictly between.
-		lower = pgtype.Timestamptz{Time: e.Add(time.Microsecond), Valid: true}
-		limit = minWindow * 2
+		lower, limit = next, minWindow*2
 	}
 }
 
@@ -184,7 +176,7 @@ func (d *Deleter) windowTx(ctx context.Context, t *catalog.Table, lower pgtype.T
 	}
 	defer tx.Close(ctx, &err)
 	c := cutoff(t, tx.Now)
-	var args holds.Args
+	var args sqlargs.List
 	hp, rp := tx.Coverage.Predicates(t, "d", &args)
 	due := fmt.Sprintf("%[1]s <= %[2]s AND NOT %[3]s AND NOT %[4]s AND %[5]s", "d."+t.Expiry.Quoted, t.Expiry.Instant(args.Add(c)+"::timestamptz"), hp, rp, t.Deletable("d"))
 	start := lower.Time
@@ -236,7 +228,7 @@ func (d *Deleter) windowTx(ctx context.Context, t *catalog.Table, lower pgtype.T
 		if r.exhausted {
 			upper = c
 		}
-		pa := holds.Args{Values: append([]any(nil), args.Values...)}
+		pa := sqlargs.List{Values: append([]any(nil), args.Values...)}
 		if err := tx.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s d WHERE %s", t.Ident, inWindow(pa.Add(upper))), pa.Values...).Scan(&cnt); err != nil {
 			return r, err
 		}
@@ -275,7 +267,7 @@ func (d *Deleter) windowTx(ctx context.Context, t *catalog.Table, lower pgtype.T
 	if _, err := tx.Exec(ctx, batchSettingsSQL, false); err != nil {
 		return r, err
 	}
-	keysReturning, keysCTE, keysCount := permanentKeys(t)
+	keysReturning, keysCTE, keysCount := tiering.DeleteKeys(t)
 	match := inWindow(args.Add(upper))
 	if tied {
 		// More than twice the rows share one microsecond of expiry: the
@@ -342,7 +334,7 @@ func (d *Deleter) firstDue(ctx context.Context, t *catalog.Table, lower pgtype.T
 	var e time.Time
 	found := false
 	err := d.coverageTx(ctx, t, func(tx pgx.Tx, now time.Time, cov holds.Coverage) error {
-		var args holds.Args
+		var args sqlargs.List
 		hp, rp := cov.Predicates(t, "t", &args)
 		sql := fmt.Sprintf(`SELECT %[1]s FROM %[2]s t WHERE t.%[3]s <= %[4]s AND t.%[3]s >= %[5]s AND NOT %[6]s AND NOT %[7]s AND %[8]s ORDER BY t.%[3]s LIMIT 1`,
 			t.Expiry.AsTimestamptz("t"), t.Ident, t.Expiry.Quoted, t.Expiry.Instant(args.Add(cutoff(t, now))+"::timestamptz"),

@@ -17,6 +17,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/service"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/syncbuf"
+	"github.com/inboxkeeper/inboxkeeper/tiering"
 )
 
 // citusSetup is setup on a Citus coordinator: the inbox distributed on
@@ -302,7 +303,7 @@ func TestCitusPermanentKeys(t *testing.T) {
 	ctx := context.Background()
 	pool, _ := pgtest.NewMigratedCitusPool(t, pgtest.TieredInboxDDL, pgtest.Distribute("consumer", "public.inbox"))
 	tables := pgtest.Resolve(t, pool, pgtest.TieredInboxPolicy)
-	pgtest.Exec(t, pool, tables[0].Tiers.Key.DDL(tables[0]))
+	pgtest.Exec(t, pool, tiering.KeyTableDDL(tables[0]))
 	f := fixture{pool: pool, tables: tables}
 	base := t0.Add(-40 * 24 * time.Hour)
 	pgtest.Exec(t, pool, `INSERT INTO public.inbox (consumer, message_id, payload_hash, first_seen_at, remember_until, business_key, payload)

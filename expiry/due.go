@@ -12,11 +12,13 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/holds"
 	"github.com/inboxkeeper/inboxkeeper/internal/domain/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/sqlargs"
 )
 
 // DueCap bounds the exact count of due rows, like status's: past it the
-// count says "more than" (inboxkeeper_rows_due_capped).
-const DueCap = 1_000_000
+// count says "more than" (inboxkeeper_rows_due_capped). The demoter's
+// count stops there too (batchloop.DueCountCap).
+const DueCap = batchloop.DueCountCap
 
 // Due is what is left to do on a table: the rows whose expiry has passed and
 // that no hold or replay covers (due: deletable now), counted exactly
@@ -45,7 +47,7 @@ func countDue(ctx context.Context, q catalog.Querier, t *catalog.Table, now time
 // countDueUpTo is countDue up to limit rows (more: there are more); a
 // distributed table is counted whole, then capped.
 func countDueUpTo(ctx context.Context, q catalog.Querier, t *catalog.Table, now time.Time, cov holds.Coverage, from pgtype.Timestamptz, limit int64) (rows int64, more bool, err error) {
-	var args holds.Args
+	var args sqlargs.List
 	hp, rp := cov.Predicates(t, "t", &args)
 	c, f := args.Add(cutoff(t, now)), args.Add(from)
 	form := `SELECT count(*) FROM (SELECT 1 FROM %[1]s t WHERE t.%[2]s <= %[3]s AND t.%[2]s >= %[4]s AND NOT %[5]s AND NOT %[6]s AND %[8]s LIMIT %[7]d) s`
@@ -71,7 +73,7 @@ func countProtected(ctx context.Context, q catalog.Querier, t *catalog.Table, no
 	if cov.Empty() {
 		return 0, 0, oldest, nil
 	}
-	var args holds.Args
+	var args sqlargs.List
 	hp, rp := cov.Predicates(t, "t", &args)
 	sql := fmt.Sprintf(`SELECT count(*) FILTER (WHERE %[3]s), count(*) FILTER (WHERE %[4]s AND NOT %[3]s), min(%[6]s)
 FROM %[1]s t WHERE t.%[5]s <= %[2]s AND (%[3]s OR %[4]s) AND %[7]s`, t.Ident, t.Expiry.Instant(args.Add(cutoff(t, now))+"::timestamptz"), hp, rp, t.Expiry.Quoted, t.Expiry.AsTimestamptz("t"), t.Only("t"))
@@ -89,7 +91,7 @@ func countReferenced(ctx context.Context, q catalog.Querier, t *catalog.Table, n
 	if !t.HasReferences() {
 		return 0, nil
 	}
-	var args holds.Args
+	var args sqlargs.List
 	hp, rp := cov.Predicates(t, "t", &args)
 	var n int64
 	sql := fmt.Sprintf(`SELECT count(*) FROM (SELECT 1 FROM %[1]s t WHERE t.%[2]s <= %[3]s AND %[4]s AND NOT %[5]s AND NOT %[6]s AND %[7]s LIMIT %[8]d) s`,
@@ -134,7 +136,7 @@ func (d *Deleter) Due(ctx context.Context, t *catalog.Table, from pgtype.Timesta
 // through a temporary file: 90,000 due rows took 32 to 66 ms against 10 to
 // 12 ms (docs/design/expiry.md, "The look's count in one walk").
 func countDueBounded(ctx context.Context, q catalog.Querier, t *catalog.Table, now time.Time, cov holds.Coverage, from pgtype.Timestamptz, limit int64) (rows int64, more bool, last pgtype.Timestamptz, below int64, err error) {
-	var args holds.Args
+	var args sqlargs.List
 	hp, rp := cov.Predicates(t, "t", &args)
 	c, f := args.Add(cutoff(t, now)), args.Add(from)
 	due := fmt.Sprintf(`t.%[1]s <= %[2]s AND t.%[1]s >= %[3]s AND NOT %[4]s AND NOT %[5]s AND %[6]s`,

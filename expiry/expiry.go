@@ -26,8 +26,11 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/holds"
 	"github.com/inboxkeeper/inboxkeeper/internal/domain/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/retry"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/sqlargs"
+	"github.com/inboxkeeper/inboxkeeper/tiering"
 	"github.com/inboxkeeper/inboxkeeper/vacuum"
 )
 
@@ -65,16 +68,23 @@ const (
 	// StrategyAuto sweeps the heap in physical order when the sample of
 	// the pass predicts it costs less (chooseSweep), else deletes in
 	// expiry order.
-	StrategyAuto Strategy = "auto"
+	StrategyAuto Strategy = config.StrategyAuto
 	// StrategySweep sweeps every pass that has a row due, whatever the
 	// sample says (a table known to be scattered; the randomized audit).
-	StrategySweep Strategy = "sweep"
+	StrategySweep Strategy = config.StrategySweep
 	// StrategyExpiry never sweeps: every pass deletes in expiry order.
-	StrategyExpiry Strategy = "expiry"
+	StrategyExpiry Strategy = config.StrategyExpiry
 )
 
-// Strategies are the values Strategy takes, for the configuration's check.
-var Strategies = []Strategy{StrategyAuto, StrategySweep, StrategyExpiry}
+// Strategies are the values Strategy takes: the configuration's
+// (config.ExpiryStrategies), which its check accepts.
+var Strategies = func() []Strategy {
+	out := make([]Strategy, len(config.ExpiryStrategies))
+	for i, s := range config.ExpiryStrategies {
+		out[i] = Strategy(s)
+	}
+	return out
+}()
 
 // TestSignals are the hooks tests set on a Deleter (Deleter.TestSignals), in one
 // place; the daemon never sets them.
@@ -87,7 +97,7 @@ type TestSignals struct {
 	// SkipLockedOnly makes every batch take the SKIP LOCKED form, so tests
 	// can check both forms keep every guarantee.
 	SkipLockedOnly bool
-	// OptimisticWait replaces optimisticLockTimeout (tests watch a wait).
+	// OptimisticWait replaces batchloop.OptimisticLockWait (tests watch a wait).
 	OptimisticWait time.Duration
 	// OnFallback is told when a batch falls back to SKIP LOCKED.
 	OnFallback func()
@@ -895,12 +905,6 @@ func (d *Deleter) takeBound(ctx context.Context, tx *batchloop.Tx, t *catalog.Ta
 // for the look's count to give that batch its bound (takeBound).
 const fewDueFor = time.Second
 
-// optimisticLockTimeout is how long an optimistic batch waits for a lock
-// before it falls back to SKIP LOCKED: the longest the deleter waits on an
-// application's row, and, while it waits, the longest an application
-// session waits on a row the batch already deleted.
-const optimisticLockTimeout = 50 * time.Millisecond
-
 // The statements of a batch. %[1]s is the table, %[2]s the expiry column
 // over the row alias, %[3]s the cutoff, %[4]s the keyset's lower bound,
 // %[5]s and %[6]s the hold and replay predicates.
@@ -1028,7 +1032,7 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 	case b.ok:
 		form, alias = rangeSQL, "d"
 	}
-	var args holds.Args
+	var args sqlargs.List
 	holdPred, replayPred := tx.Coverage.Predicates(t, alias, &args)
 	var limit string
 	if b.ok {
@@ -1036,7 +1040,7 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 	} else {
 		limit = args.Add(size)
 	}
-	keysReturning, keysCTE, keysCount := permanentKeys(t)
+	keysReturning, keysCTE, keysCount := tiering.DeleteKeys(t)
 	pick, kids, kept := referencing(t, "t", "d")
 	var newestTS pgtype.Timestamptz
 	var keys, victims int64
@@ -1173,7 +1177,7 @@ type batchBound struct {
 // With size 0 it reads the newest due row only (readNewest).
 func (d *Deleter) readBound(ctx context.Context, tx pgx.Tx, t *catalog.Table, cov holds.Coverage, cutoff time.Time, lower pgtype.Timestamptz, size int, ahead bool) (batchBound, error) {
 	t = d.view(t)
-	var args holds.Args
+	var args sqlargs.List
 	hp, rp := cov.Predicates(t, "t", &args)
 	from := ">="
 	if ahead {
@@ -1213,26 +1217,7 @@ func (d *Deleter) optimisticLockTimeout() time.Duration {
 	if d.TestSignals.OptimisticWait > 0 {
 		return d.TestSignals.OptimisticWait
 	}
-	return optimisticLockTimeout
-}
-
-// permanentKeys returns the parts of a batch's DELETE that write the
-// permanent keys of the deleted rows (tiers.permanent_key) in the same
-// statement, so that there is never a moment when neither the row nor its
-// key exists: extra RETURNING columns, a data-modifying CTE reading them, and
-// the count of keys written. Without a permanent key: nothing, and 0.
-func permanentKeys(t *catalog.Table) (returning, cte, count string) {
-	if t.Tiers == nil || t.Tiers.Key == nil {
-		return "", "", "0::bigint"
-	}
-	k := t.Tiers.Key
-	var b strings.Builder
-	for i, c := range k.Columns {
-		fmt.Fprintf(&b, ", d.%s AS pk_%d", c.Quoted, i)
-	}
-	fmt.Fprintf(&b, ", d.%s AS pk_first_seen", k.FirstSeen.Quoted)
-	insert := k.Insert("gone g", func(i int) string { return fmt.Sprintf("g.pk_%d", i) }, "g.pk_first_seen")
-	return b.String(), ", kept AS (\n  " + insert + "\n)", "(SELECT count(*) FROM kept)"
+	return batchloop.OptimisticLockWait
 }
 
 // readTx runs fn in a read-only transaction with the batch timeouts, so that
@@ -1272,7 +1257,7 @@ func (d *Deleter) coverageTx(ctx context.Context, t *catalog.Table, fn func(tx p
 // covers, how many a hold covers, and how many only a replay covers.
 func (d *Deleter) dryRun(ctx context.Context, t *catalog.Table, res *TableResult) error {
 	err := d.coverageTx(ctx, t, func(tx pgx.Tx, now time.Time, cov holds.Coverage) error {
-		var args holds.Args
+		var args sqlargs.List
 		hp, rp := cov.Predicates(t, "t", &args)
 		sql := fmt.Sprintf(`SELECT count(*) FILTER (WHERE NOT %[3]s AND NOT %[4]s AND NOT %[7]s),
        count(*) FILTER (WHERE %[3]s),
@@ -1377,7 +1362,7 @@ func retainedRange(ctx context.Context, q catalog.Querier, t *catalog.Table, fro
 // nothing protects: how late the deleter is, not how long a legal hold has
 // kept rows (that is reported as protected rows instead).
 func cleanupLag(ctx context.Context, q catalog.Querier, t *catalog.Table, now time.Time, cov holds.Coverage, from pgtype.Timestamptz) (time.Duration, error) {
-	var args holds.Args
+	var args sqlargs.List
 	hp, rp := cov.Predicates(t, "t", &args)
 	c := args.Add(cutoff(t, now))
 	f := args.Add(from)

@@ -16,6 +16,8 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/holds"
 	"github.com/inboxkeeper/inboxkeeper/internal/domain/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/sqlargs"
+	"github.com/inboxkeeper/inboxkeeper/tiering"
 )
 
 // The sweep: a pass in physical order.
@@ -712,7 +714,7 @@ FROM pg_class c WHERE c.oid = $1::oid`, t.OID).Scan(&nblocks, &perPage); err != 
 		if !ahead.open(tx.Conn()) { // a cancel request between statements is lost
 			return errDropped
 		}
-		var args holds.Args
+		var args sqlargs.List
 		hp, rp := cov.Predicates(t, "t", &args)
 		// A row each, grouped by page here: grouped by the server, the page
 		// number (ctid::text::point) and the aggregate's states cost twice
@@ -907,11 +909,11 @@ func (d *Deleter) sweepTx(ctx context.Context, t *catalog.Table, s *sweep, a, b 
 	if now := cutoff(t, tx.Now); now.Before(c) {
 		c = now
 	}
-	var args holds.Args
+	var args sqlargs.List
 	hp, rp := tx.Coverage.Union(s.cov).Predicates(t, "d", &args)
 	slice := fmt.Sprintf("d.ctid >= %s::tid AND d.ctid < %s::tid", args.Add(tid(a)), args.Add(tid(b)))
 	due := fmt.Sprintf("d.%s <= %s AND NOT %s AND NOT %s AND %s", t.Expiry.Quoted, t.Expiry.Instant(args.Add(c)+"::timestamptz"), hp, rp, t.Deletable("d"))
-	keysReturning, keysCTE, keysCount := permanentKeys(t)
+	keysReturning, keysCTE, keysCount := tiering.DeleteKeys(t)
 	var keys int64
 	began := time.Now()
 	pick, kids, kept := referencing(t, "d", "d")

@@ -33,8 +33,10 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/retry"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/sqlargs"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/sqlident"
 )
 
@@ -143,17 +145,14 @@ type HoldSpec struct {
 // FenceOptions bound how a hold or replay writer waits for the fence.
 type FenceOptions struct {
 	// Timeout is the longest the writer waits for the cleanup batches in
-	// flight (default DefaultFenceTimeout); then it fails with
+	// flight (default config.DefaultFenceTimeout); then it fails with
 	// ErrFenceTimeout, naming the sessions that hold the fence, and writes
 	// nothing.
 	Timeout time.Duration
 	// IdleTimeout is the transaction's idle_in_transaction_session_timeout
-	// (default dbconn.DefaultIdleTimeout).
+	// (default config.DefaultIdleTimeout).
 	IdleTimeout time.Duration
 }
-
-// DefaultFenceTimeout is INBOXKEEPER_FENCE_TIMEOUT's default.
-const DefaultFenceTimeout = 30 * time.Second
 
 // ErrFenceTimeout: the fence could not be taken in time; nothing was written.
 var ErrFenceTimeout = errors.New("timed out waiting for the cleanup batches in flight (the hold fence)")
@@ -224,7 +223,7 @@ func normaliseScope(ctx context.Context, tx pgx.Tx, t *catalog.Table, v string) 
 func writeFenced(ctx context.Context, db Beginner, o FenceOptions, write func(tx pgx.Tx) error) error {
 	timeout := o.Timeout
 	if timeout <= 0 {
-		timeout = DefaultFenceTimeout
+		timeout = config.DefaultFenceTimeout
 	}
 	err := dbconn.Durable(ctx, db, func(tx pgx.Tx) error {
 		if _, err := (dbconn.TxSettings{IdleInTx: o.IdleTimeout}).Apply(ctx, tx); err != nil {
@@ -759,15 +758,6 @@ func activeHold(h, at string) string {
 // activeReplay is true when the replay r (an alias) is active.
 func activeReplay(r string) string { return r + ".finished_at IS NULL" }
 
-// Args collects query parameters and hands out their placeholders.
-type Args struct{ Values []any }
-
-// Add appends v and returns its placeholder ($n).
-func (a *Args) Add(v any) string {
-	a.Values = append(a.Values, v)
-	return fmt.Sprintf("$%d", len(a.Values))
-}
-
 // Predicates returns SQL expressions, over the row alias, that are true when
 // a hold (respectively a replay) covers the row; "false" when none does.
 // They never yield NULL. A row whose event time is NULL counts as inside
@@ -779,7 +769,7 @@ func (a *Args) Add(v any) string {
 // parameters are limited to 65,535, and thousands of OR'ed predicates took
 // minutes to plan and compile. A scope is looked up in a hashed subplan, a
 // range in a multirange built once per statement.
-func (c Coverage) Predicates(t *catalog.Table, alias string, args *Args) (hold, replay string) {
+func (c Coverage) Predicates(t *catalog.Table, alias string, args *sqlargs.List) (hold, replay string) {
 	if c.inTables(t) {
 		at := c.scale.at
 		return c.scale.predicate(t, alias, args, "holds", activeHold("h", "coalesce("+args.Add(at)+"::timestamptz, now())")),
@@ -801,7 +791,7 @@ func (c Coverage) Predicates(t *catalog.Table, alias string, args *Args) (hold, 
 // true when a hold that blocks demotion (BlocksAll, a legal hold) covers the
 // row; "false" when none does. Replay markers and BlocksDelete holds never
 // block demotion: a replay needs the identity, not the payload.
-func (c Coverage) DemotionPredicate(t *catalog.Table, alias string, args *Args) string {
+func (c Coverage) DemotionPredicate(t *catalog.Table, alias string, args *sqlargs.List) string {
 	if c.inTables(t) {
 		return c.scale.predicate(t, alias, args, "holds",
 			activeHold("h", "coalesce("+args.Add(c.scale.at)+"::timestamptz, now())")+" AND h.blocks <> "+sqlident.QuoteLiteral(BlocksDelete))
@@ -847,7 +837,7 @@ func (c Coverage) BlocksDemotion() bool {
 // ranges as one multirange where the event-time column is a timestamp. As
 // everywhere, a record's scope counts only where the table has a scope
 // column, its range only where it has an event-time column.
-func (sc *scale) predicate(t *catalog.Table, alias string, args *Args, kind, active string) string {
+func (sc *scale) predicate(t *catalog.Table, alias string, args *sqlargs.List, kind, active string) string {
 	tbl := args.Add(sc.table)
 	from := "inboxkeeper." + kind + " h WHERE h.table_name = " + tbl + " AND " + active
 	scopeless := " AND h.scope_value IS NULL"
@@ -906,7 +896,7 @@ type cover struct {
 // covering is the predicate over alias that is true when one of cs covers
 // the row. A record's scope counts only where the table has a scope column,
 // its range only where it has an event-time column, as the writers check.
-func covering(t *catalog.Table, alias string, args *Args, cs []cover) string {
+func covering(t *catalog.Table, alias string, args *sqlargs.List, cs []cover) string {
 	var scopes []string        // scope only
 	var from, to []time.Time   // range only
 	var bScopes []string       // scope and range

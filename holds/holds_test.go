@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/sqlargs"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 )
 
@@ -254,7 +255,7 @@ func TestCoverage(t *testing.T) {
 	// replay, and what a hold keeps from demotion.
 	covered := func(cov Coverage) (hold, replay, demotion string) {
 		t.Helper()
-		var args Args
+		var args sqlargs.List
 		h, r := cov.Predicates(b.table, "t", &args)
 		d := cov.DemotionPredicate(b.table, "t", &args)
 		rows, err := b.pool.Query(ctx, "SELECT t.consumer || '/' || t.message_id, "+h+", "+r+", "+d+" FROM public.consumer_inbox t ORDER BY 1",

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/sqlargs"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 )
 
@@ -112,7 +113,7 @@ VALUES ('public.consumer_inbox', $1, $2, $3, 'o', $4)`, fmt.Sprintf("s%d", rng.I
 				atScale := inline
 				atScale.scale = &scale{table: table.Name, at: &now}
 				covered := func(c Coverage) [3][]string {
-					var args, dargs Args
+					var args, dargs sqlargs.List
 					hp, rp := c.Predicates(table, "t", &args)
 					dp := c.DemotionPredicate(table, "t", &dargs)
 					var out [3][]string

@@ -6,10 +6,11 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/daemonmetrics"
 )
 
-// Metrics are the partition manager's own metrics. Errors, CleanupLag and
-// LastSuccess are shared with the row deleter (inboxkeeper_errors_total,
-// inboxkeeper_cleanup_lag_seconds, inboxkeeper_last_success_timestamp_seconds)
-// and may be left nil.
+// Metrics are the partition manager's own metrics, and
+// inboxkeeper_errors_total (daemonmetrics.Errors, one series per table with
+// every other step's). CleanupLag and LastSuccess are shared with the row
+// deleter (inboxkeeper_cleanup_lag_seconds,
+// inboxkeeper_last_success_timestamp_seconds) and may be left nil.
 type Metrics struct {
 	Coverage  *daemonmetrics.Fact
 	MaxExpiry *daemonmetrics.Fact
@@ -19,7 +20,7 @@ type Metrics struct {
 	Detached  *prometheus.CounterVec
 	Dropped   *prometheus.CounterVec
 
-	Errors      *prometheus.CounterVec // {table, kind}
+	Errors      *prometheus.CounterVec // {table, kind}; may be nil
 	CleanupLag  *daemonmetrics.Fact    // {table}
 	LastSuccess *prometheus.GaugeVec   // {table}
 }
@@ -43,6 +44,7 @@ func NewMetrics(reg prometheus.Registerer, facts *daemonmetrics.Facts) *Metrics 
 		Created:   daemonmetrics.CounterVec(reg, "inboxkeeper_partitions_created_total", "Partitions created ahead of time.", "table"),
 		Detached:  daemonmetrics.CounterVec(reg, "inboxkeeper_partitions_detached_total", "Expired partitions detached (DETACH CONCURRENTLY, FINALIZE of an interrupted one, or a plain DETACH on a Citus table).", "table"),
 		Dropped:   daemonmetrics.CounterVec(reg, "inboxkeeper_partitions_dropped_total", "Detached partitions dropped after detached_retention.", "table"),
+		Errors:    daemonmetrics.Errors(reg),
 	}
 	return m
 }

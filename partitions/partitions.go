@@ -25,6 +25,7 @@ import (
 
 	"github.com/inboxkeeper/inboxkeeper/internal/domain/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/retry"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/service"
@@ -45,9 +46,6 @@ type Options struct {
 	CopyKeys func(ctx context.Context, tx pgx.Tx, t *catalog.Table, source string) (int64, error)
 	Metrics  *Metrics // may be nil
 }
-
-// DefaultLockTimeout is the DDL statements' lock_timeout by default.
-const DefaultLockTimeout = 100 * time.Millisecond
 
 // TestSignals are the hooks tests set on a Manager; the daemon never sets
 // them.
@@ -110,7 +108,7 @@ type Manager struct {
 // New returns a Manager for the partitioned tables among tables (others
 // are ignored).
 func New(pool *pgxpool.Pool, tables []*catalog.Table, opts Options) *Manager {
-	m := &Manager{Base: opts.WithDefaults(DefaultLockTimeout), pool: pool, copyKeys: opts.CopyKeys, metrics: opts.Metrics,
+	m := &Manager{Base: opts.WithDefaults(config.DefaultDDLLockTimeout), pool: pool, copyKeys: opts.CopyKeys, metrics: opts.Metrics,
 		managed: managedOIDs(tables), refused: map[string]bool{}}
 	for _, t := range tables {
 		if t.Partitioned() {

@@ -15,6 +15,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/retry"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/sqlargs"
 )
 
 // due reports whether every row p can hold has expired at now.
@@ -314,7 +315,7 @@ func coveredIn(ctx context.Context, tx pgx.Tx, t *catalog.Table, source string, 
 	if err != nil || cov.Empty() {
 		return "", "", err
 	}
-	var args holds.Args
+	var args sqlargs.List
 	hp, rp := cov.Predicates(t, "t", &args)
 	var byHold, byReplay bool
 	err = tx.QueryRow(ctx, fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM ONLY %[1]s t WHERE %[2]s), EXISTS (SELECT 1 FROM ONLY %[1]s t WHERE %[3]s)`,

@@ -173,10 +173,10 @@ type Throttler struct {
 // environment's defaults); Start launches its collectors.
 func New(pool *pgxpool.Pool, cfg config.Config, base service.Base, m *Metrics) *Throttler {
 	if cfg.HeartbeatInterval <= 0 {
-		cfg.HeartbeatInterval = 250 * time.Millisecond
+		cfg.HeartbeatInterval = config.DefaultHeartbeatInterval
 	}
 	if cfg.ThrottleResume <= 0 || cfg.ThrottleResume > 1 {
-		cfg.ThrottleResume = 0.5
+		cfg.ThrottleResume = config.DefaultThrottleResume
 	}
 	if base.Logger == nil {
 		base.Logger = slog.New(slog.DiscardHandler)
@@ -198,10 +198,10 @@ func (t *Throttler) limits() *config.Limits { return t.lim.Load() }
 // values get the defaults.
 func (t *Throttler) SetLimits(l config.Limits) {
 	if l.MaxReplicaLag <= 0 {
-		l.MaxReplicaLag = time.Second
+		l.MaxReplicaLag = config.DefaultMaxReplicaLag
 	}
 	if l.MaxReplicaLagBytes <= 0 {
-		l.MaxReplicaLagBytes = 64 << 20
+		l.MaxReplicaLagBytes = int64(config.DefaultMaxReplicaLagBytes)
 	}
 	if l.ActiveTZ == nil {
 		l.ActiveTZ = time.UTC

@@ -8,40 +8,29 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
-	"github.com/inboxkeeper/inboxkeeper/holds"
+	"github.com/inboxkeeper/inboxkeeper/internal/domain/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/retry"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/sqlargs"
 )
 
 // Demotion on a Citus distributed table (see docs/guides/citus.md).
 //
-// Citus refuses FOR UPDATE SKIP LOCKED across shards, so a batch that meets
-// a row another session holds locked cannot skip it. It waits for it at
-// most lockedRowWait (the timeouts reach the workers), rolls back, and is
-// halved until it commits without the row; a batch of one row that still
-// meets the lock steps over that row, to just after its anchor, and the
-// batch goes on from there, growing again. The held row is left for a later
-// pass, as SKIP LOCKED would leave it, and every transaction stays short.
-// The deleter does the same with expiry windows (expiry/citus.go).
-
-// lockedRowWait is how long a distributed demotion batch waits for a row
-// lock before it narrows: the deleter's optimistic wait, short enough that
-// an application that wants a row the batch holds waits about as little.
-const lockedRowWait = 50 * time.Millisecond
-
-// maxLockedSteps is how many locked rows one batch steps over before it
-// gives up with the lock timeout (the loop retries it smaller, and the
-// table's pass fails after MaxRetries): past that many, more likely a table
-// lock is in the way than a few rows in use.
-const maxLockedSteps = 16
+// A batch that meets a row another session holds locked waits for it at
+// most batchloop.OptimisticLockWait (the timeouts reach the workers), rolls
+// back, and is halved until it commits without the row; a batch of one row
+// that still meets the lock steps over that row (batchloop.LockedRows), and
+// the batch goes on from there, growing again. The deleter does the same
+// with expiry windows (expiry/citus.go).
 
 // distributedBatch demotes about size due rows from lower on, in one or
 // more transactions, stepping over rows other sessions hold locked (see
 // above). It returns the keyset after the rows it demoted and the rows it
 // stepped over; on an error, what committed before it (batchloop.Batch).
 func (d *Demoter) distributedBatch(ctx context.Context, t *catalog.Table, lower pgtype.Timestamptz, size int) (n int64, newest time.Time, wal float64, err error) {
-	wait := min(d.opts.LockTimeout, lockedRowWait)
-	limit, steps := size, 0
+	wait := min(d.opts.LockTimeout, batchloop.OptimisticLockWait)
+	limit := size
+	var locked batchloop.LockedRows
 	for {
 		m, top, w, err := d.batchTx(ctx, t, lower, limit, wait)
 		if err == nil {
@@ -64,12 +53,9 @@ func (d *Demoter) distributedBatch(ctx context.Context, t *catalog.Table, lower 
 			continue
 		}
 		// One row, and it is held: the first due row from lower.
-		if steps++; steps > maxLockedSteps {
-			return n, lower.Time, wal, fmt.Errorf("%d rows held locked by other sessions in one batch: %w", steps-1, err)
-		}
-		a, ok, ferr := d.firstDue(ctx, t, lower)
-		if ferr != nil {
-			return n, lower.Time, wal, ferr
+		a, next, ok, serr := locked.StepOver(err, func() (time.Time, bool, error) { return d.firstDue(ctx, t, lower) })
+		if serr != nil {
+			return n, lower.Time, wal, serr
 		}
 		if !ok {
 			return n, lower.Time, wal, nil // it is no longer due: nothing is
@@ -78,9 +64,7 @@ func (d *Demoter) distributedBatch(ctx context.Context, t *catalog.Table, lower 
 		if d.TestSignals.OnStep != nil {
 			d.TestSignals.OnStep()
 		}
-		// timestamptz has microseconds: nothing lies strictly between.
-		lower = pgtype.Timestamptz{Time: a.Add(time.Microsecond), Valid: true}
-		limit = min(2, size)
+		lower, limit = next, min(2, size)
 	}
 }
 
@@ -93,7 +77,7 @@ func (d *Demoter) firstDue(ctx context.Context, t *catalog.Table, lower pgtype.T
 		if err != nil {
 			return err
 		}
-		var args holds.Args
+		var args sqlargs.List
 		cond, _ := due(t, "t", &args, cov, now, lower)
 		return tx.QueryRow(ctx, fmt.Sprintf("SELECT min(%s) FROM %s t WHERE %s AND NOT %s", t.Tiers.Anchor.AsTimestamptz("t"), walked(t), cond, blocked(t, cov, "t", &args)),
 			args.Values...).Scan(&a)

@@ -29,13 +29,13 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/inboxkeeper/inboxkeeper/holds"
 	"github.com/inboxkeeper/inboxkeeper/internal/domain/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/retry"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/sqlargs"
 )
 
 // Tier names: the values of the tier label.
@@ -50,9 +50,6 @@ const (
 type Options struct {
 	batchloop.Settings
 	Metrics *Metrics
-	// Errors is inboxkeeper_errors_total{table,kind}, shared with the
-	// deleter (expiry.Metrics.Errors); may be nil.
-	Errors *prometheus.CounterVec
 }
 
 // Result is what one pass did to one table.
@@ -175,8 +172,8 @@ func (d *Demoter) demoteAll(ctx context.Context, t *catalog.Table, deadline time
 			d.log.Debug("tiering: batch", "table", t.Name, "demoted", n, "newest_anchor", lastNewest)
 		},
 		OnError: func(kind string) {
-			if d.opts.Errors != nil {
-				d.opts.Errors.WithLabelValues(t.Name, kind).Inc()
+			if m := d.opts.Metrics; m != nil && m.Errors != nil {
+				m.Errors.WithLabelValues(t.Name, kind).Inc()
 			}
 		},
 	}
@@ -219,7 +216,7 @@ func (d *Demoter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 	}
 	defer tx.Close(ctx, &err)
 	now, cov := tx.Now, tx.Coverage
-	var args holds.Args
+	var args sqlargs.List
 	sql := demoteSQL(t, cov, &args, now, lower, size)
 	var newestTS pgtype.Timestamptz
 	if err := tx.QueryRow(ctx, sql, args.Values...).Scan(&n, &newestTS); err != nil {
@@ -243,7 +240,7 @@ func (d *Demoter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 // no hold or replay covers it) is left to it: emptying its payload first
 // would cost an UPDATE, three times a DELETE, for a row about to go. With
 // a side table the demotion is itself a cheap DELETE and goes ahead.
-func due(t *catalog.Table, alias string, args *holds.Args, cov holds.Coverage, now time.Time, lower pgtype.Timestamptz) (cond string, anchor string) {
+func due(t *catalog.Table, alias string, args *sqlargs.List, cov holds.Coverage, now time.Time, lower pgtype.Timestamptz) (cond string, anchor string) {
 	ti := t.Tiers
 	a := alias + "." + ti.Anchor.Quoted
 	cond = fmt.Sprintf("%s <= %s", a, ti.Anchor.Instant(args.Add(cutoff(t, now))+"::timestamptz"))
@@ -274,7 +271,7 @@ func due(t *catalog.Table, alias string, args *holds.Args, cov holds.Coverage, n
 // expired is the SQL condition, over alias, of a row the deleter deletes
 // at now unless a hold or replay covers it: expired in its window (each
 // window its own offset), and nothing else keeping it (Deletable).
-func expired(t *catalog.Table, alias string, args *holds.Args, now time.Time) string {
+func expired(t *catalog.Table, alias string, args *sqlargs.List, now time.Time) string {
 	at := func(w *catalog.Table) string {
 		return fmt.Sprintf("%s.%s <= %s", alias, w.Expiry.Quoted, w.Expiry.Instant(args.Add(now.Add(-w.Policy.ExpiryOffset()))+"::timestamptz"))
 	}
@@ -293,7 +290,7 @@ func expired(t *catalog.Table, alias string, args *holds.Args, now time.Time) st
 // row a hold that blocks demotion covers; "false" when none does. With a
 // side table that lacks a hold column, the hold is matched on the table's
 // row of the same key.
-func blocked(t *catalog.Table, cov holds.Coverage, alias string, args *holds.Args) string {
+func blocked(t *catalog.Table, cov holds.Coverage, alias string, args *sqlargs.List) string {
 	if !cov.BlocksDemotion() {
 		return "false"
 	}
@@ -314,7 +311,7 @@ func blocked(t *catalog.Table, cov holds.Coverage, alias string, args *holds.Arg
 // demoteSQL is one batch's statement: pick the rows in anchor order with
 // FOR UPDATE SKIP LOCKED, then empty (in place) or delete (side table)
 // exactly those; it returns the count and the newest anchor.
-func demoteSQL(t *catalog.Table, cov holds.Coverage, args *holds.Args, now time.Time, lower pgtype.Timestamptz, size int) string {
+func demoteSQL(t *catalog.Table, cov holds.Coverage, args *sqlargs.List, now time.Time, lower pgtype.Timestamptz, size int) string {
 	ti := t.Tiers
 	rel, kind := t.Ident, t.Kind
 	if ti.Side != nil {
@@ -428,7 +425,7 @@ func (d *Demoter) count(ctx context.Context, tx pgx.Tx, t *catalog.Table, res *R
 		res.ProtectedByHolds = 0
 		return nil
 	}
-	var args holds.Args
+	var args sqlargs.List
 	rel := walked(t)
 	cond, _ := due(t, "t", &args, cov, now, batchloop.NegInf)
 	hold := blocked(t, cov, "t", &args)

@@ -5,12 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/policy"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/retry"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/sqlident"
 )
 
 // ErrKeyTable marks a permanent key table that is missing and cannot be
@@ -35,7 +38,7 @@ type Querier interface {
 //
 // When Citus distributes t, the key table is created distributed on the
 // same column and co-located with t, in the same implicit transaction
-// (catalog.PermanentKey.DDL): the expiry deleter writes a row's key in the
+// (KeyTableDDL): the expiry deleter writes a row's key in the
 // statement that deletes the row, and co-location keeps that write on the
 // row's node. An existing key table is checked by catalog.Resolve, never
 // redistributed.
@@ -60,12 +63,12 @@ WHERE n.nspname = $1 AND c.relname = $2)`, k.Table.Schema, k.Table.Name).Scan(&o
 	}
 	// Without arguments pgx sends the text in one simple-protocol round
 	// trip: with Citus, the CREATE and the distribution commit together.
-	_, err = db.Exec(ctx, k.DDL(t))
+	_, err = db.Exec(ctx, KeyTableDDL(t))
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) {
 		if pe.Code == retry.SQLStateInsufficientPriv || pe.Code == retry.SQLStateInvalidSchemaName {
 			return false, fmt.Errorf("%w %s of table %s does not exist and cannot be created (%s); run `inboxkeeper migrate` as the owner of the schema, or create it:\n%s",
-				ErrKeyTable, k.Name, t.Name, pe.Message, k.DDL(t))
+				ErrKeyTable, k.Name, t.Name, pe.Message, KeyTableDDL(t))
 		}
 		// Created meanwhile by another instance: a duplicate, or on
 		// Citus create_distributed_table refusing the table that CREATE
@@ -105,7 +108,7 @@ func CheckKeyTables(ctx context.Context, db Querier, tables []*catalog.Table) er
 		k.Exists = exists
 		if !exists && !canCreate {
 			return fmt.Errorf("%w %s of table %s does not exist and cannot be created (no CREATE privilege on schema %s); run `inboxkeeper migrate` as the owner of the schema, or create it:\n%s",
-				ErrKeyTable, k.Name, t.Name, k.Table.Schema, k.DDL(t))
+				ErrKeyTable, k.Name, t.Name, k.Table.Schema, KeyTableDDL(t))
 		}
 	}
 	return nil
@@ -122,7 +125,7 @@ func CopyPermanentKeys(ctx context.Context, tx pgx.Tx, t *catalog.Table, source 
 		return 0, nil
 	}
 	k := t.Tiers.Key
-	sql := k.Insert(source+" s", func(i int) string { return "s." + k.Columns[i].Quoted }, "s."+k.FirstSeen.Quoted)
+	sql := insertKeys(k, source+" s", func(i int) string { return "s." + k.Columns[i].Quoted }, "s."+k.FirstSeen.Quoted)
 	tag, err := tx.Exec(ctx, sql)
 	if err != nil {
 		return 0, fmt.Errorf("table %s: copy the permanent keys of %s into %s: %w", t.Name, source, k.Name, err)
@@ -145,4 +148,91 @@ func EnsureKeyTables(ctx context.Context, db Querier, tables []*catalog.Table, l
 		}
 	}
 	return nil
+}
+
+// DeleteKeys returns the parts of the deleter's batch DELETE (expiry; the
+// deleted rows aliased d) that write their permanent keys
+// (tiers.permanent_key) in the same statement, so that there is never a
+// moment when neither the row nor its key exists: extra RETURNING columns,
+// a data-modifying CTE reading them, and the count of keys written.
+// Without a permanent key: nothing, and 0.
+func DeleteKeys(t *catalog.Table) (returning, cte, count string) {
+	if t.Tiers == nil || t.Tiers.Key == nil {
+		return "", "", "0::bigint"
+	}
+	k := t.Tiers.Key
+	var b strings.Builder
+	for i, c := range k.Columns {
+		fmt.Fprintf(&b, ", d.%s AS pk_%d", c.Quoted, i)
+	}
+	fmt.Fprintf(&b, ", d.%s AS pk_first_seen", k.FirstSeen.Quoted)
+	insert := insertKeys(k, "gone g", func(i int) string { return fmt.Sprintf("g.pk_%d", i) }, "g.pk_first_seen")
+	return b.String(), ", kept AS (\n  " + insert + "\n)", "(SELECT count(*) FROM kept)"
+}
+
+// dateOf returns SQL turning ref, a value of k's FirstSeen column, into
+// the UTC date stored in first_seen.
+func dateOf(k *catalog.PermanentKey, ref string) string {
+	if k.FirstSeen.IsTimestamptz() {
+		return "(" + ref + " AT TIME ZONE 'UTC')::date"
+	}
+	return "(" + ref + ")::date"
+}
+
+// insertKeys returns an INSERT of permanent keys into k's key table from
+// rel (an SQL relation, e.g. a CTE or a quoted table followed by an alias).
+// ref(i) is SQL for Columns[i] in rel and firstSeen for the FirstSeen
+// column. Rows with a NULL key column have no permanent key and are left
+// out; a key already present keeps its first row. It returns one row per
+// key written.
+func insertKeys(k *catalog.PermanentKey, rel string, ref func(i int) string, firstSeen string) string {
+	var cols, vals, notNull []string
+	for i, c := range k.Columns {
+		cols = append(cols, c.Quoted)
+		vals = append(vals, ref(i))
+		if i < k.NKey {
+			notNull = append(notNull, ref(i)+" IS NOT NULL")
+		}
+	}
+	cols = append(cols, sqlident.QuoteIdent(policy.FirstSeenColumn))
+	vals = append(vals, dateOf(k, firstSeen))
+	return fmt.Sprintf("INSERT INTO %s (%s) SELECT %s FROM %s WHERE %s ON CONFLICT DO NOTHING RETURNING 1",
+		k.Ident, strings.Join(cols, ", "), strings.Join(vals, ", "), rel, strings.Join(notNull, " AND "))
+}
+
+// CreateKeyTableSQL is the DDL of k's key table: the columns as in the
+// source, the first_seen date, and the primary key.
+func CreateKeyTableSQL(k *catalog.PermanentKey) string {
+	var defs, pk []string
+	for i, c := range k.Columns {
+		def := c.Quoted + " " + c.Type
+		if i < k.NKey {
+			def += " NOT NULL"
+			pk = append(pk, c.Quoted)
+		}
+		defs = append(defs, def)
+	}
+	defs = append(defs, sqlident.QuoteIdent(policy.FirstSeenColumn)+" date")
+	return fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s (\n    %s,\n    PRIMARY KEY (%s)\n)", k.Ident, strings.Join(defs, ",\n    "), strings.Join(pk, ", "))
+}
+
+// KeyTableDDL is what creates the key table of t: CreateKeyTableSQL, and
+// when t is distributed by Citus, the statement that distributes the key
+// table on the same column, co-located with t, so that a deletion writes
+// each key on the node that held its row (one multi-statement text: run it
+// as one implicit transaction, so the table never exists undistributed).
+func KeyTableDDL(t *catalog.Table) string {
+	k := t.Tiers.Key
+	if !t.Distributed() {
+		return CreateKeyTableSQL(k)
+	}
+	return CreateKeyTableSQL(k) + ";\n" + distributeKeyTable(k, t)
+}
+
+// distributeKeyTable distributes k's key table like t (see KeyTableDDL).
+// Tables are named by their canonical spelling, which Citus parses like
+// SQL text.
+func distributeKeyTable(k *catalog.PermanentKey, t *catalog.Table) string {
+	return fmt.Sprintf("SELECT create_distributed_table(%s, %s, colocate_with => %s)",
+		sqlident.QuoteLiteral(k.Name), sqlident.QuoteLiteral(t.Citus.Column.Name), sqlident.QuoteLiteral(t.Name))
 }

@@ -9,10 +9,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/inboxkeeper/inboxkeeper/expiry"
 	"github.com/inboxkeeper/inboxkeeper/holds"
 	"github.com/inboxkeeper/inboxkeeper/internal/domain/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/sqlargs"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/sqlident"
 )
 
@@ -206,7 +206,7 @@ type Status struct {
 	Now        time.Time
 	HotFor     time.Duration
 	Layout     string // "in place" or "side table <name>"
-	Due        int64  // rows due for demotion now (held ones included); at most expiry.StatusCountCap
+	Due        int64  // rows due for demotion now (held ones included); at most batchloop.DueCountCap, as the deleter's
 	DueCapped  bool
 	Blocking   int // active holds that block demotion
 	KeyTable   string
@@ -232,14 +232,14 @@ func (d *Demoter) Status(ctx context.Context, t *catalog.Table) (Status, error) 
 		if st.Blocking, err = holds.CountBlocking(ctx, tx, t.Name, st.Now); err != nil {
 			return err
 		}
-		var args holds.Args
+		var args sqlargs.List
 		cond, _ := due(t, "t", &args, cov, st.Now, batchloop.NegInf)
-		capArg := args.Add(expiry.StatusCountCap)
+		capArg := args.Add(batchloop.DueCountCap)
 		if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM (SELECT 1 FROM %s t WHERE %s LIMIT %s) due`, walked(t), cond, capArg),
 			args.Values...).Scan(&st.Due); err != nil {
 			return fmt.Errorf("status %s: count rows due for demotion: %w", t.Name, err)
 		}
-		st.DueCapped = st.Due >= expiry.StatusCountCap
+		st.DueCapped = st.Due >= batchloop.DueCountCap
 		st.Stats, err = Measure(ctx, tx, t)
 		return err
 	})

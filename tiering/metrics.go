@@ -15,6 +15,9 @@ type Metrics struct {
 	RowsDemoted *prometheus.CounterVec
 	// TierRows estimates the rows in each tier: hot, warm and permanent.
 	TierRows *daemonmetrics.Fact
+	// Errors is inboxkeeper_errors_total{table,kind}, one series per table
+	// with every other step's (daemonmetrics.Errors).
+	Errors *prometheus.CounterVec
 }
 
 // NewMetrics creates the metrics and registers them on reg; the per-table
@@ -23,6 +26,7 @@ func NewMetrics(reg prometheus.Registerer, facts *daemonmetrics.Facts) *Metrics 
 	m := &Metrics{
 		RowsDemoted: daemonmetrics.CounterVec(reg, "inboxkeeper_rows_demoted_total", "Rows demoted, by the tier they went to: warm (payload emptied or its side-table row deleted), permanent (a permanent key written as the row was deleted).", "table", "tier"),
 		TierRows:    facts.Gauge(reg, "inboxkeeper_tier_rows", "Estimated rows per tier (hot, warm, permanent), from the planner's statistics.", "table", "tier"),
+		Errors:      daemonmetrics.Errors(reg),
 	}
 	return m
 }

@@ -104,9 +104,9 @@ func Register(reg prometheus.Registerer, version string) *Metrics {
 	m := &Metrics{Facts: facts, Expiry: expiry.NewMetrics(reg, facts), Tiering: tiering.NewMetrics(reg, facts),
 		Partitions: partitions.NewMetrics(reg, facts), Daemon: daemonmetrics.New(reg, facts, version), Horizon: horizon.NewMetrics(reg),
 		Vacuum: vacuum.NewMetrics(reg, facts), Compact: compact.NewMetrics(reg, facts), reg: reg}
-	// One series each, whichever step measured it.
-	m.Partitions.Errors, m.Partitions.CleanupLag, m.Partitions.LastSuccess = m.Expiry.Errors, m.Expiry.CleanupLag, m.Expiry.LastSuccess
-	m.Compact.Errors = m.Expiry.Errors
+	// One series each, whichever step measured it (each step registers
+	// inboxkeeper_errors_total itself: daemonmetrics.Errors).
+	m.Partitions.CleanupLag, m.Partitions.LastSuccess = m.Expiry.CleanupLag, m.Expiry.LastSuccess
 	return m
 }
 

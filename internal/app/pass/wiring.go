@@ -82,7 +82,7 @@ func (w Wiring) Deleter(c config.Config, tables []*catalog.Table) *expiry.Delete
 func (w Wiring) Demoter(c config.Config, tables []*catalog.Table) *tiering.Demoter {
 	o := tiering.Options{Settings: w.batch(c)}
 	if w.Metrics != nil {
-		o.Metrics, o.Errors = w.Metrics.Tiering, w.Metrics.Expiry.Errors
+		o.Metrics = w.Metrics.Tiering
 	}
 	return tiering.New(w.Pool, tables, o)
 }

@@ -3,6 +3,7 @@ package batchloop
 import (
 	"time"
 
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/service"
 )
 
@@ -13,7 +14,7 @@ import (
 // each service's constructor applies).
 type Settings struct {
 	service.Base
-	BatchSize  int           // rows per batch (the starting size when Sizing is set; per shard on Citus), default 5000
+	BatchSize  int           // rows per batch (the starting size when Sizing is set; per shard on Citus), default config.DefaultBatchSize
 	BatchPause time.Duration // sleep between batches
 	RunTime    time.Duration // stop a pass after this long; 0 = no limit
 	// Sizing, when set, adapts the batch size per table toward a target
@@ -21,16 +22,16 @@ type Settings struct {
 	Sizing *Sizing
 }
 
-// The defaults of a batch, one set for the deleter and the demoter: the
-// README documents them once.
-const (
-	DefaultBatchSize   = 5000
-	DefaultLockTimeout = 500 * time.Millisecond
-)
-
-// WithDefaults returns s with the documented defaults for what is unset.
+// WithDefaults returns s with the environment's defaults for what is unset,
+// one set for the deleter and the demoter.
 func (s Settings) WithDefaults() Settings {
-	s.Base = s.Base.WithDefaults(DefaultLockTimeout)
-	s.BatchSize = service.Or(s.BatchSize, DefaultBatchSize)
+	s.Base = s.Base.WithDefaults(config.DefaultLockTimeout)
+	s.BatchSize = service.Or(s.BatchSize, config.DefaultBatchSize)
 	return s
 }
+
+// DueCountCap bounds the exact counts of rows due, the deleter's (its
+// pass's look, status, inboxkeeper_rows_due) and the demoter's (status):
+// past it a count says "more than", so that counting stays cheap on a
+// table with a large backlog.
+const DueCountCap = 1_000_000

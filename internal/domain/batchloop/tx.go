@@ -20,7 +20,7 @@ import (
 type TxOptions struct {
 	LockTimeout, StatementTimeout time.Duration
 	// IdleInTx is the transaction's idle_in_transaction_session_timeout
-	// (0: dbconn.DefaultIdleTimeout): a frozen daemon lets go of the fence.
+	// (0: config.DefaultIdleTimeout): a frozen daemon lets go of the fence.
 	IdleInTx time.Duration
 	// Throttle, when set, watches the transaction's backend for sessions
 	// queueing behind its locks, and asks for the WAL the batch wrote.

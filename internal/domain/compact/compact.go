@@ -120,7 +120,7 @@ type TestSignals struct {
 	// OnVacuum is told after every VACUUM, with the heap's pages before and
 	// after it.
 	OnVacuum func(before, after int64)
-	// OptimisticWait replaces optimisticLockTimeout.
+	// OptimisticWait replaces batchloop.OptimisticLockWait.
 	OptimisticWait time.Duration
 }
 

@@ -18,8 +18,8 @@ type Metrics struct {
 	LiveBytes *daemonmetrics.Fact
 	RowsMoved *prometheus.CounterVec
 	Truncated *prometheus.CounterVec
-	// Errors is inboxkeeper_errors_total{table,kind}, shared with the
-	// deleter (expiry.Metrics.Errors); may be nil.
+	// Errors is inboxkeeper_errors_total{table,kind}, one series per table
+	// with every other step's (daemonmetrics.Errors); may be nil.
 	Errors *prometheus.CounterVec
 }
 
@@ -34,6 +34,7 @@ func NewMetrics(reg prometheus.Registerer, facts *daemonmetrics.Facts) *Metrics 
 			"Rows compaction moved from the end of the table's heap into free space before it (each an UPDATE that changes no value).", "table"),
 		Truncated: daemonmetrics.CounterVec(reg, "inboxkeeper_compaction_truncated_bytes_total",
 			"Bytes compaction's VACUUMs cut off the end of the table's heap and gave back to the operating system.", "table"),
+		Errors: daemonmetrics.Errors(reg),
 	}
 }
 

@@ -15,16 +15,13 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/domain/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/retry"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/sqlargs"
 )
 
 // errNoRoom ends a sweep whose batch found no room below its slice: the
 // free space map knew of none (or the heap grew for the new versions), and
 // the batch rolled back.
 var errNoRoom = errors.New("no room left below the slice")
-
-// optimisticLockTimeout is how long a batch waits for a row lock before it
-// runs again with SKIP LOCKED, as the deleter's.
-const optimisticLockTimeout = 50 * time.Millisecond
 
 // maxFill bounds the statements of one batch: a page with room keeps a
 // row's new version, so a batch updates what is left of its slice again
@@ -235,7 +232,7 @@ func (c *Compactor) moveTx(ctx context.Context, t *catalog.Table, lo, hi, target
 	defer tx.Close(ctx, &err)
 	// The fence was taken before the holds were read: a legal hold whose
 	// writer the fence waited for keeps its rows out of this batch.
-	var args holds.Args
+	var args sqlargs.List
 	hold := tx.Coverage.DemotionPredicate(t, "u", &args)
 	sql := moveSQL(t, hold, lo, hi, target, skipLocked)
 	for round := 0; round < maxFill; round++ {
@@ -275,7 +272,9 @@ func (c *Compactor) optimisticWait() time.Duration {
 	if c.TestSignals.OptimisticWait > 0 {
 		return c.TestSignals.OptimisticWait
 	}
-	return optimisticLockTimeout
+	// A batch waits as long as the deleter's for a row lock before it runs
+	// again with SKIP LOCKED.
+	return batchloop.OptimisticLockWait
 }
 
 // moveSQL is one round of a batch: update every row on the pages [lo, hi)
@@ -314,7 +313,7 @@ func legalHolds(ctx context.Context, tx pgx.Tx, t *catalog.Table, now time.Time)
 	if err != nil {
 		return "", nil, err
 	}
-	var args holds.Args
+	var args sqlargs.List
 	return cov.DemotionPredicate(t, "u", &args), args.Values, nil
 }
 

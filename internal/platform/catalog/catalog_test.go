@@ -13,6 +13,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/policy"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
+	"github.com/inboxkeeper/inboxkeeper/tiering"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -305,7 +306,7 @@ CREATE TABLE inboxkeeper.keys_nodate (consumer text NOT NULL, bk text NOT NULL, 
 			if k.Exists || k.Name != "inboxkeeper.keys_public_inbox" || k.NKey != 1 || len(k.Columns) != 3 || k.Columns[1].Name != "consumer" || k.FirstSeen.Name != "seen" {
 				t.Errorf("key %+v", k)
 			}
-			if got := k.CreateSQL(); !strings.Contains(got, `"bk" text NOT NULL,`) || !strings.Contains(got, `"consumer" text,`) || !strings.Contains(got, `"first_seen" date,`) || !strings.Contains(got, `PRIMARY KEY ("bk")`) {
+			if got := tiering.CreateKeyTableSQL(k); !strings.Contains(got, `"bk" text NOT NULL,`) || !strings.Contains(got, `"consumer" text,`) || !strings.Contains(got, `"first_seen" date,`) || !strings.Contains(got, `PRIMARY KEY ("bk")`) {
 				t.Errorf("CreateSQL:\n%s", got)
 			}
 		}},

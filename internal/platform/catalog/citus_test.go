@@ -9,6 +9,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/policy"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
+	"github.com/inboxkeeper/inboxkeeper/tiering"
 )
 
 // On a real Citus coordinator: a hash-distributed table is managed and
@@ -102,7 +103,7 @@ SELECT create_distributed_table('inboxkeeper.keys_apart', 'consumer', colocate_w
 		t.Fatalf("co-located side and key tables: %v", err)
 	}
 	if tb, err := resolve("public.side", "{columns: [consumer, bk], table: inboxkeeper.keys_new}"); err != nil || tb.Tiers.Key.Exists ||
-		!strings.Contains(tb.Tiers.Key.DDL(tb), "create_distributed_table('inboxkeeper.keys_new', 'consumer', colocate_with => 'public.inbox')") {
+		!strings.Contains(tiering.KeyTableDDL(tb), "create_distributed_table('inboxkeeper.keys_new', 'consumer', colocate_with => 'public.inbox')") {
 		t.Errorf("a key table still to create: %v", err)
 	}
 	for _, c := range []struct{ side, key, want string }{

@@ -40,49 +40,46 @@ var ignoredVariables = []string{"INBOXKEEPER_PG_BINDIR", "INBOXKEEPER_TEST_DATAB
 type Config struct {
 	DatabaseURL      string        `envconfig:"DATABASE_URL" secret:"true" empty:"libpq PG* variables" desc:"PostgreSQL connection string (URL or keyword/value); empty uses libpq PG* variables"`
 	DatabaseURLFile  string        `envconfig:"DATABASE_URL_FILE" desc:"a file holding the connection string (Docker secrets, systemd credentials); instead of DATABASE_URL"`
-	PolicyFile       string        `envconfig:"POLICY_FILE" default:"./inboxkeeper.yaml" desc:"path of the retention policy file"`
-	BatchSize        int           `envconfig:"BATCH_SIZE" default:"5000" desc:"rows in the first delete batch (per shard on a Citus distributed table); the size then adapts toward BATCH_TARGET"`
-	BatchPause       time.Duration `envconfig:"BATCH_PAUSE" default:"0s" desc:"sleep between batches (>= 0)"`
-	Interval         time.Duration `envconfig:"INTERVAL" default:"1m" desc:"run: time between passes when no schedule is set (> 0)"`
+	PolicyFile       string        `envconfig:"POLICY_FILE" desc:"path of the retention policy file"`
+	BatchSize        int           `envconfig:"BATCH_SIZE" desc:"rows in the first delete batch (per shard on a Citus distributed table); the size then adapts toward BATCH_TARGET"`
+	BatchPause       time.Duration `envconfig:"BATCH_PAUSE" desc:"sleep between batches (>= 0)"`
+	Interval         time.Duration `envconfig:"INTERVAL" desc:"run: time between passes when no schedule is set (> 0)"`
 	Schedule         string        `envconfig:"SCHEDULE" desc:"run: cron spec for passes instead of the interval (5 fields, @hourly, @every 10m)"`
-	RunTime          time.Duration `envconfig:"RUN_TIME" default:"0s" desc:"stop a pass after this long; 0 means no limit"`
-	LockTimeout      time.Duration `envconfig:"LOCK_TIMEOUT" default:"500ms" desc:"lock_timeout per batch transaction (> 0)"`
-	StatementTimeout time.Duration `envconfig:"STATEMENT_TIMEOUT" default:"30s" desc:"statement_timeout per batch statement (> 0)"`
-	DDLLockTimeout   time.Duration `envconfig:"DDL_LOCK_TIMEOUT" default:"100ms" desc:"lock_timeout of every partition DDL statement: the longest an insert can queue behind one (> 0)"`
-	FenceTimeout     time.Duration `envconfig:"FENCE_TIMEOUT" default:"30s" desc:"hold add and replay start: the longest they wait for the cleanup batches in flight; then they fail, name the blocking sessions and write nothing"`
-	IdleTimeout      time.Duration `envconfig:"IDLE_IN_TRANSACTION_TIMEOUT" default:"10s" desc:"idle_in_transaction_session_timeout of every transaction inboxkeeper opens: a frozen or vanished process loses its locks (the hold fence among them) after this long"`
+	RunTime          time.Duration `envconfig:"RUN_TIME" desc:"stop a pass after this long; 0 means no limit"`
+	LockTimeout      time.Duration `envconfig:"LOCK_TIMEOUT" desc:"lock_timeout per batch transaction (> 0)"`
+	StatementTimeout time.Duration `envconfig:"STATEMENT_TIMEOUT" desc:"statement_timeout per batch statement (> 0)"`
+	DDLLockTimeout   time.Duration `envconfig:"DDL_LOCK_TIMEOUT" desc:"lock_timeout of every partition DDL statement: the longest an insert can queue behind one (> 0)"`
+	FenceTimeout     time.Duration `envconfig:"FENCE_TIMEOUT" desc:"hold add and replay start: the longest they wait for the cleanup batches in flight; then they fail, name the blocking sessions and write nothing"`
+	IdleTimeout      time.Duration `envconfig:"IDLE_IN_TRANSACTION_TIMEOUT" desc:"idle_in_transaction_session_timeout of every transaction inboxkeeper opens: a frozen or vanished process loses its locks (the hold fence among them) after this long"`
 	SessionURL       string        `envconfig:"SESSION_DATABASE_URL" secret:"true" empty:"DATABASE_URL" desc:"a direct (not transaction-pooled) connection string for what needs a session: partition DDL, the compaction's VACUUMs and migrate; empty: DATABASE_URL"`
-	MetricsAddr      string        `envconfig:"METRICS_ADDR" default:"127.0.0.1:9610" empty:"no listener" desc:"run: host:port of the /metrics listener; empty disables it"`
-	LogFormat        string        `envconfig:"LOG_FORMAT" default:"text" desc:"log format: text or json"`
-	LogLevel         string        `envconfig:"LOG_LEVEL" default:"info" desc:"log level: debug, info, warn or error"`
-	ExpiryStrategy   string        `envconfig:"EXPIRY_STRATEGY" default:"auto" desc:"the order of a pass's deletes on a plain table: auto (a sweep in physical order when the pass's sample of the heap says it costs less than expiry order, else expiry order), sweep (every pass with a row due sweeps) or expiry (never sweeps)"`
-	SweepPrefetch    bool          `envconfig:"SWEEP_PREFETCH" default:"true" desc:"a sweep reads the pages of its next slices into shared buffers on a second connection while a slice deletes, and the chooser weighs a sweep's time rather than its server CPU; false: the slices read their own pages, and the chooser weighs CPU"`
+	MetricsAddr      string        `envconfig:"METRICS_ADDR" empty:"no listener" desc:"run: host:port of the /metrics listener; empty disables it"`
+	LogFormat        string        `envconfig:"LOG_FORMAT" desc:"log format: text or json"`
+	LogLevel         string        `envconfig:"LOG_LEVEL" desc:"log level: debug, info, warn or error"`
+	ExpiryStrategy   string        `envconfig:"EXPIRY_STRATEGY" desc:"the order of a pass's deletes on a plain table: auto (a sweep in physical order when the pass's sample of the heap says it costs less than expiry order, else expiry order), sweep (every pass with a row due sweeps) or expiry (never sweeps)"`
+	SweepPrefetch    bool          `envconfig:"SWEEP_PREFETCH" desc:"a sweep reads the pages of its next slices into shared buffers on a second connection while a slice deletes, and the chooser weighs a sweep's time rather than its server CPU; false: the slices read their own pages, and the chooser weighs CPU"`
 
 	// The throttle.
-	HeartbeatInterval  time.Duration `envconfig:"HEARTBEAT_INTERVAL" default:"250ms" desc:"how often the heartbeat row is written on the primary (when REPLICA_URLS is set)"`
+	HeartbeatInterval  time.Duration `envconfig:"HEARTBEAT_INTERVAL" desc:"how often the heartbeat row is written on the primary (when REPLICA_URLS is set)"`
 	ReplicaURLs        []string      `envconfig:"REPLICA_URLS" secret:"true" empty:"none" desc:"comma-separated connection strings of standbys whose apply lag is read from the heartbeat"`
-	MaxReplicaLag      time.Duration `envconfig:"MAX_REPLICA_LAG" default:"1s" desc:"pause while a standby's apply lag is above this"`
-	MaxReplicaLagBytes ByteSize      `envconfig:"MAX_REPLICA_LAG_BYTES" default:"64MB" desc:"pause while a standby's replay position is more than this behind (pg_stat_replication)"`
-	ReplicaFailOpen    bool          `envconfig:"REPLICA_FAIL_OPEN" default:"false" desc:"a listed standby that cannot be reached does not pause the daemon"`
-	ReplicaWait        time.Duration `envconfig:"REPLICA_WAIT" default:"1m" desc:"once: the longest a pass waits for a listed standby it cannot read; then it stops and exits 1 (run waits for as long as it takes)"`
-	MaxSlotLagBytes    ByteSize      `envconfig:"MAX_SLOT_LAG_BYTES" default:"1GB" desc:"pause while a logical slot is more than this behind; 0 disables"`
-	BatchTarget        time.Duration `envconfig:"BATCH_TARGET" default:"200ms" desc:"the batch size adapts toward batches that take this long"`
-	BatchSizeMin       int           `envconfig:"BATCH_SIZE_MIN" default:"100" desc:"smallest adaptive batch size"`
-	BatchSizeMax       int           `envconfig:"BATCH_SIZE_MAX" default:"50000" desc:"largest adaptive batch size"`
+	MaxReplicaLag      time.Duration `envconfig:"MAX_REPLICA_LAG" desc:"pause while a standby's apply lag is above this"`
+	MaxReplicaLagBytes ByteSize      `envconfig:"MAX_REPLICA_LAG_BYTES" desc:"pause while a standby's replay position is more than this behind (pg_stat_replication)"`
+	ReplicaFailOpen    bool          `envconfig:"REPLICA_FAIL_OPEN" desc:"a listed standby that cannot be reached does not pause the daemon"`
+	ReplicaWait        time.Duration `envconfig:"REPLICA_WAIT" desc:"once: the longest a pass waits for a listed standby it cannot read; then it stops and exits 1 (run waits for as long as it takes)"`
+	MaxSlotLagBytes    ByteSize      `envconfig:"MAX_SLOT_LAG_BYTES" desc:"pause while a logical slot is more than this behind; 0 disables"`
+	BatchTarget        time.Duration `envconfig:"BATCH_TARGET" desc:"the batch size adapts toward batches that take this long"`
+	BatchSizeMin       int           `envconfig:"BATCH_SIZE_MIN" desc:"smallest adaptive batch size"`
+	BatchSizeMax       int           `envconfig:"BATCH_SIZE_MAX" desc:"largest adaptive batch size"`
 	ThrottleQuery      string        `envconfig:"THROTTLE_QUERY" desc:"SQL run every second on the primary; a first column > 0 pauses"`
 	ActiveHours        string        `envconfig:"ACTIVE_HOURS" empty:"always" desc:"HH:MM-HH:MM window outside which no batch starts; empty = always"`
-	ActiveTZ           string        `envconfig:"ACTIVE_TZ" default:"UTC" desc:"time zone of ACTIVE_HOURS (IANA name)"`
-	ThrottleResume     float64       `envconfig:"THROTTLE_RESUME" default:"0.5" desc:"a paused signal resumes at or below threshold x this (0 < r <= 1)"`
+	ActiveTZ           string        `envconfig:"ACTIVE_TZ" desc:"time zone of ACTIVE_HOURS (IANA name)"`
+	ThrottleResume     float64       `envconfig:"THROTTLE_RESUME" desc:"a paused signal resumes at or below threshold x this (0 < r <= 1)"`
 
 	// Space.
-	VacuumDeadRatio float64 `envconfig:"VACUUM_DEAD_RATIO" default:"0.1" desc:"after a pass, VACUUM (SKIP_LOCKED, TRUNCATE false) a table whose dead tuples are at least this fraction of its tuples (and 1000); 0 leaves it to autovacuum"`
+	VacuumDeadRatio float64 `envconfig:"VACUUM_DEAD_RATIO" desc:"after a pass, VACUUM (SKIP_LOCKED, TRUNCATE false) a table whose dead tuples are at least this fraction of its tuples (and 1000); 0 leaves it to autovacuum"`
 
 	// Running many.
-	LeaseTTL time.Duration `envconfig:"LEASE_TTL" default:"15s" desc:"the active instance's lease runs out this long after its last renewal; another instance then takes over"`
+	LeaseTTL time.Duration `envconfig:"LEASE_TTL" desc:"the active instance's lease runs out this long after its last renewal; another instance then takes over"`
 }
-
-// ExpiryStrategies are the values of EXPIRY_STRATEGY (expiry.Strategies).
-var ExpiryStrategies = []string{"auto", "sweep", "expiry"}
 
 var durationType = reflect.TypeFor[time.Duration]()
 
@@ -178,7 +175,7 @@ func variables() []variable {
 		vs = append(vs, variable{
 			name:   strings.ToUpper(Prefix + "_" + key),
 			field:  f.Name,
-			def:    f.Tag.Get("default"),
+			def:    defaultText(i),
 			desc:   f.Tag.Get("desc"),
 			empty:  f.Tag.Get("empty"),
 			index:  i,
@@ -388,12 +385,8 @@ func (c Config) Problems() []Problem {
 
 // Defaults is the configuration of an empty environment.
 func Defaults() Config {
-	var c Config
-	for _, v := range variables() {
-		if v.def != "" {
-			c, _ = c.Set(v.name, v.def)
-		}
-	}
+	c := envDefaults
+	c.ReplicaURLs = slices.Clone(c.ReplicaURLs)
 	return c
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/retry"
 )
 
@@ -131,14 +132,11 @@ type Querier interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
 }
 
-// DefaultIdleTimeout is INBOXKEEPER_IDLE_IN_TRANSACTION_TIMEOUT's default.
-const DefaultIdleTimeout = 10 * time.Second
-
 // TxSettings are what every transaction inboxkeeper opens sets for itself
 // with set_config(..., true): local to the transaction, so that nothing is
 // left on a server connection a pooler hands to another client. A zero
 // duration leaves that setting alone, except IdleInTx, which defaults to
-// DefaultIdleTimeout: no transaction of ours may stay open, holding the hold
+// config.DefaultIdleTimeout: no transaction of ours may stay open, holding the hold
 // fence or row locks, after its process froze or vanished.
 type TxSettings struct {
 	LockTimeout, StatementTimeout, IdleInTx time.Duration
@@ -209,7 +207,7 @@ func (s TxSettings) Queue(b *pgx.Batch, into *Backend) error {
 
 func (s TxSettings) idle() time.Duration {
 	if s.IdleInTx <= 0 {
-		return DefaultIdleTimeout
+		return config.DefaultIdleTimeout
 	}
 	return s.IdleInTx
 }

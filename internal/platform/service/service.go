@@ -16,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/retry"
 )
@@ -51,11 +52,10 @@ type Base struct {
 	MaxRetries       int
 }
 
-// The defaults every service shares; the lock timeout is each one's own.
-const (
-	DefaultStatementTimeout = 30 * time.Second
-	DefaultMaxRetries       = 5
-)
+// DefaultMaxRetries is how often a failed batch or DDL step is retried by
+// default; the other defaults are the environment's (config), the lock
+// timeout each service's own.
+const DefaultMaxRetries = 5
 
 // WithDefaults returns b with the documented defaults for what is unset,
 // lockTimeout the service's own.
@@ -64,8 +64,8 @@ func (b Base) WithDefaults(lockTimeout time.Duration) Base {
 		b.Logger = slog.New(slog.DiscardHandler)
 	}
 	b.LockTimeout = Or(b.LockTimeout, lockTimeout)
-	b.StatementTimeout = Or(b.StatementTimeout, DefaultStatementTimeout)
-	b.IdleTimeout = Or(b.IdleTimeout, dbconn.DefaultIdleTimeout)
+	b.StatementTimeout = Or(b.StatementTimeout, config.DefaultStatementTimeout)
+	b.IdleTimeout = Or(b.IdleTimeout, config.DefaultIdleTimeout)
 	b.MaxRetries = Or(b.MaxRetries, DefaultMaxRetries)
 	return b
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/retry"
 )
 
@@ -27,7 +28,7 @@ func TestClock(t *testing.T) {
 // service's own; set ones stay.
 func TestWithDefaults(t *testing.T) {
 	b := Base{}.WithDefaults(100 * time.Millisecond)
-	if b.Logger == nil || b.LockTimeout != 100*time.Millisecond || b.StatementTimeout != DefaultStatementTimeout ||
+	if b.Logger == nil || b.LockTimeout != 100*time.Millisecond || b.StatementTimeout != config.DefaultStatementTimeout ||
 		b.IdleTimeout != 10*time.Second || b.MaxRetries != DefaultMaxRetries {
 		t.Errorf("defaults %+v", b)
 	}
@@ -35,7 +36,7 @@ func TestWithDefaults(t *testing.T) {
 	if b.LockTimeout != time.Second || b.MaxRetries != 1 {
 		t.Errorf("set options were replaced: %+v", b)
 	}
-	if s := b.TxSettings(); s.LockTimeout != time.Second || s.StatementTimeout != DefaultStatementTimeout || s.IdleInTx != 10*time.Second {
+	if s := b.TxSettings(); s.LockTimeout != time.Second || s.StatementTimeout != config.DefaultStatementTimeout || s.IdleInTx != 10*time.Second {
 		t.Errorf("transaction settings %+v", s)
 	}
 }

@@ -21,10 +21,14 @@ import (
 type Metric struct{ Kind, Help string }
 
 // recorder is a prometheus.Registerer that only writes down what the
-// collectors registered on it describe.
+// collectors registered on it describe. Like a registry, it hands back
+// the collector already registered for an identical descriptor from
+// Register (prometheus.AlreadyRegisteredError: daemonmetrics.Errors shares
+// it so), and any other name registered twice is an error.
 type recorder struct {
-	metrics map[string]Metric
-	err     error
+	metrics    map[string]Metric
+	collectors map[string]prometheus.Collector
+	err        error
 }
 
 type exported struct{ kind, help string }
@@ -32,7 +36,12 @@ type exported struct{ kind, help string }
 var descFields = regexp.MustCompile(`^Desc\{fqName: ("(?:[^"\\]|\\.)*"), help: ("(?:[^"\\]|\\.)*")`)
 
 func (r *recorder) Register(c prometheus.Collector) error {
+	return r.register(c, false)
+}
+
+func (r *recorder) register(c prometheus.Collector, must bool) error {
 	kind := kindOf(c)
+	var already error
 	ch := make(chan *prometheus.Desc)
 	go func() { c.Describe(ch); close(ch) }()
 	for d := range ch {
@@ -47,17 +56,22 @@ func (r *recorder) Register(c prometheus.Collector) error {
 			r.err = errors.Join(r.err, fmt.Errorf("%s: %w", d, err))
 			continue
 		}
-		if _, dup := r.metrics[name]; dup {
+		if prev, dup := r.metrics[name]; dup {
+			if !must && prev == (Metric{Kind: kind, Help: help}) {
+				already = prometheus.AlreadyRegisteredError{ExistingCollector: r.collectors[name], NewCollector: c}
+				continue
+			}
 			r.err = errors.Join(r.err, fmt.Errorf("%s registered twice", name))
 		}
 		r.metrics[name] = Metric{Kind: kind, Help: help}
+		r.collectors[name] = c
 	}
-	return nil
+	return already
 }
 
 func (r *recorder) MustRegister(cs ...prometheus.Collector) {
 	for _, c := range cs {
-		_ = r.Register(c)
+		_ = r.register(c, true)
 	}
 }
 
@@ -90,7 +104,7 @@ func kindOf(c prometheus.Collector) string {
 // (inbox, on the consumers' registries), and returns what they describe,
 // by name.
 func All() (map[string]Metric, error) {
-	r := &recorder{metrics: map[string]Metric{}}
+	r := &recorder{metrics: map[string]Metric{}, collectors: map[string]prometheus.Collector{}}
 	pass.Register(r, "test")
 	throttle.NewMetrics(r)
 	inbox.NewMetrics(r)
@@ -104,7 +118,7 @@ func All() (map[string]Metric, error) {
 // on its own registry (inbox.NewMetrics), which arrive under the
 // consumers' jobs and instances, not the daemon's.
 func Consumer() (map[string]Metric, error) {
-	r := &recorder{metrics: map[string]Metric{}}
+	r := &recorder{metrics: map[string]Metric{}, collectors: map[string]prometheus.Collector{}}
 	inbox.NewMetrics(r)
 	return r.metrics, r.err
 }
