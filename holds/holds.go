@@ -600,30 +600,29 @@ func (c Coverage) Same(o Coverage) bool {
 		slices.EqualFunc(c.Replays, o.Replays, func(a, b Replay) bool { return a.ID == b.ID })
 }
 
+// union is a's records, then those of b whose id a lacks, each once.
+func union[T any](a, b []T, id func(T) int64) []T {
+	u := slices.Clone(a)
+	seen := make(map[int64]bool, len(a)+len(b))
+	for _, x := range a {
+		seen[id(x)] = true
+	}
+	for _, x := range b {
+		if !seen[id(x)] {
+			seen[id(x)] = true
+			u = append(u, x)
+		}
+	}
+	return u
+}
+
 // Union is every hold and replay of c and o, each once: what protected a
 // row at either instant. At scale it reads the records active at the
 // earlier of the two.
 func (c Coverage) Union(o Coverage) Coverage {
-	u := Coverage{Holds: slices.Clone(c.Holds), Replays: slices.Clone(c.Replays)}
-	seen := make(map[int64]bool, len(c.Holds))
-	for _, h := range c.Holds {
-		seen[h.ID] = true
-	}
-	for _, h := range o.Holds {
-		if !seen[h.ID] {
-			seen[h.ID] = true
-			u.Holds = append(u.Holds, h)
-		}
-	}
-	clear(seen)
-	for _, r := range c.Replays {
-		seen[r.ID] = true
-	}
-	for _, r := range o.Replays {
-		if !seen[r.ID] {
-			seen[r.ID] = true
-			u.Replays = append(u.Replays, r)
-		}
+	u := Coverage{
+		Holds:   union(c.Holds, o.Holds, func(h Hold) int64 { return h.ID }),
+		Replays: union(c.Replays, o.Replays, func(r Replay) int64 { return r.ID }),
 	}
 	switch {
 	case c.scale == nil:

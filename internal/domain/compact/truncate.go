@@ -80,24 +80,14 @@ func (c *Compactor) vacuumTail(ctx context.Context, t *catalog.Table, deadline t
 // not run: held by the throttle until the deadline, or passed over (another
 // session held a lock on the table).
 func (c *Compactor) vacuumOnce(ctx context.Context, t *catalog.Table, deadline time.Time, res *Result) (before, after int64, ran bool, err error) {
-	if th := c.opts.Throttle; th != nil {
-		actx := ctx
-		if !deadline.IsZero() {
-			var cancel context.CancelFunc
-			actx, cancel = context.WithDeadline(ctx, deadline)
-			defer cancel()
+	// The VACUUM as one batch of one "row" costing the WAL it is expected
+	// to write: it starts once that fits the standbys' window, or once they
+	// caught up when it does not.
+	if held, err := c.admit(ctx, deadline, &vacuumCost{wal: c.expectedVacuumWAL(t, res)}); err != nil || held != "" {
+		if held != "" {
+			res.NotTruncated = "throttled (" + held + ") until the run time ran out"
 		}
-		// The VACUUM as one batch of one "row" costing the WAL it is
-		// expected to write: it starts once that fits the standbys' window,
-		// or once they caught up when it does not.
-		if _, err := th.Admit(actx, &vacuumCost{wal: c.expectedVacuumWAL(t, res)}); err != nil {
-			if ctx.Err() != nil {
-				return 0, 0, false, ctx.Err()
-			}
-			reason, _ := service.Held(err)
-			res.NotTruncated = "throttled (" + reason + ") until the run time ran out"
-			return 0, 0, false, nil
-		}
+		return 0, 0, false, err
 	}
 	conn, err := c.sessions().Acquire(ctx)
 	if err != nil {
@@ -213,25 +203,41 @@ func (c *Compactor) vacuumRate() float64 {
 	return rate / 2
 }
 
+// admit waits, until deadline at most (zero: ctx's end), for the throttle
+// to let a write the size of sizer start. held is why it did not by then
+// ("": it did); err is ctx's.
+func (c *Compactor) admit(ctx context.Context, deadline time.Time, sizer service.Sizer) (held string, err error) {
+	th := c.opts.Throttle
+	if th == nil {
+		return "", nil
+	}
+	actx := ctx
+	if !deadline.IsZero() {
+		var cancel context.CancelFunc
+		actx, cancel = context.WithDeadline(ctx, deadline)
+		defer cancel()
+	}
+	if _, err := th.Admit(actx, sizer); err != nil {
+		if ctx.Err() != nil {
+			return "", ctx.Err()
+		}
+		if reason, ok := service.Held(err); ok && reason != "" {
+			return reason, nil
+		}
+		return err.Error(), nil
+	}
+	return "", nil
+}
+
 // analyze runs ANALYZE (SKIP_LOCKED) on t, once the throttle lets it: it
 // writes the statistics, a few pages of WAL. Held by the throttle until
 // the deadline, it runs none and res says why the compaction stopped.
 func (c *Compactor) analyze(ctx context.Context, t *catalog.Table, deadline time.Time, res *Result) error {
-	if th := c.opts.Throttle; th != nil {
-		actx := ctx
-		if !deadline.IsZero() {
-			var cancel context.CancelFunc
-			actx, cancel = context.WithDeadline(ctx, deadline)
-			defer cancel()
+	if held, err := c.admit(ctx, deadline, nil); err != nil || held != "" {
+		if held != "" {
+			res.StoppedEarly = retry.Throttled("run time reached while throttled (" + held + ")")
 		}
-		if _, err := th.Admit(actx, nil); err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			reason, _ := service.Held(err)
-			res.StoppedEarly = retry.Throttled("run time reached while throttled (" + reason + ")")
-			return nil
-		}
+		return err
 	}
 	conn, err := c.sessions().Acquire(ctx)
 	if err != nil {
