@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strings"
 )
 
@@ -174,15 +173,35 @@ CREATE TABLE eventuate.received_messages (
   PRIMARY KEY(consumer_id, message_id)
 );`
 
+// moduleRoot is the folder of this module's go.mod, found from the working
+// directory up (a test runs in its package's folder, a benchmark from the
+// module's): not from the source file's path, which -trimpath removes.
+func moduleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if b, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil && strings.HasPrefix(string(b), "module github.com/inboxkeeper/inboxkeeper\n") {
+			return dir, nil
+		}
+		up := filepath.Dir(dir)
+		if up == dir {
+			return "", errors.New("frameworks: run from within the inboxkeeper module: no go.mod of it in the working directory or above")
+		}
+		dir = up
+	}
+}
+
 // DocSection is the policy (the first yaml block) and the statements to
 // run first (every sql block: the index the docs tell the user to add) of
 // the section of docs/reference/policy.md under the heading "### heading".
 func DocSection(heading string) (policy string, statements []string, err error) {
-	_, file, _, ok := runtime.Caller(0)
-	if !ok {
-		return "", nil, errors.New("frameworks: cannot find the source tree")
+	root, err := moduleRoot()
+	if err != nil {
+		return "", nil, err
 	}
-	path := filepath.Join(filepath.Dir(file), "..", "..", "..", "docs", "reference", "policy.md")
+	path := filepath.Join(root, "docs", "reference", "policy.md")
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return "", nil, err
