@@ -33,6 +33,7 @@ func (c *Command) Preflight(ctx context.Context, pool *pgxpool.Pool, dryRun bool
 		return pass.ConfigError{Err: errors.Join(errs...)}
 	}
 	c.warnUnread(unread, dryRun)
+	c.unreadAtStart = len(unread) > 0 && !c.Cfg.ReplicaFailOpen
 	return nil
 }
 
@@ -166,6 +167,14 @@ func (c *Command) Once(ctx context.Context, pool *pgxpool.Pool, d *pass.Driver, 
 		if r, ok := pass.UnreadStandby(d.Throttle); ok {
 			// The pass ended (RUN_TIME) while the standby held it back.
 			err = StandbyUnread{Reading: r}
+		} else if c.unreadAtStart {
+			// A pass with nothing to delete can end before the throttle's
+			// first reading of a standby that did not answer at the start:
+			// it ends as the start said it would unless that standby
+			// answers now.
+			if _, unread := c.CheckReplicas(ctx); len(unread) > 0 {
+				err = StandbyUnread{Reading: throttle.Reading{Kind: throttle.ReplicaUnreachable, Over: true, Detail: unread[0].Error()}}
+			}
 		}
 	}
 	return failed, total, err

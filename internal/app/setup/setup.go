@@ -47,6 +47,9 @@ type Command struct {
 	// ddl is the pool on INBOXKEEPER_SESSION_DATABASE_URL for partition
 	// DDL and compaction, when that is set and needed (SessionFor).
 	ddl *pgxpool.Pool
+	// unreadAtStart: a listed standby did not answer Preflight's check
+	// (and REPLICA_FAIL_OPEN is off); Once checks again at the end.
+	unreadAtStart bool
 }
 
 // Close closes the command's connections.
