@@ -94,6 +94,7 @@ type options struct {
 	applyRate   float64
 	maxLag      time.Duration
 	lockTimeout time.Duration
+	batchPause  time.Duration // 0: the daemon's default
 	reps        int
 	payload     bool
 	keep        bool
@@ -112,13 +113,14 @@ func run(args []string, stdout io.Writer) int {
 	fs.Float64Var(&o.applyRate, "apply-rate", 8, "MB/s of WAL the standby may apply; 0 does not slow it")
 	fs.DurationVar(&o.maxLag, "max-lag", time.Second, "inboxkeeper's INBOXKEEPER_MAX_REPLICA_LAG")
 	fs.DurationVar(&o.lockTimeout, "lock-timeout", 500*time.Millisecond, "inboxkeeper's INBOXKEEPER_LOCK_TIMEOUT: the bound on the writer's longest insert")
+	fs.DurationVar(&o.batchPause, "batch-pause", 0, "inboxkeeper's INBOXKEEPER_BATCH_PAUSE between the moves' batches (0: its default): the lever that trades time for the writer's latency")
 	fs.IntVar(&o.reps, "reps", 1, "repetitions; the methods' order turns from rep to rep")
 	fs.BoolVar(&o.payload, "payload", false, "tables with a ~300-byte payload column")
 	fs.BoolVar(&o.keep, "keep", false, "leave both clusters running and print their URLs")
 	return benchdata.Main(fs, args, func() error {
 		return benchdata.WantFlags(fs, o.rows < 10 || o.purged <= 0 || o.purged >= 1 || (o.purge != "oldest" && o.purge != "random") ||
-			o.writerRate <= 0 || o.applyRate < 0 || o.maxLag <= 0 || o.lockTimeout <= 0 || o.reps < 1,
-			"-rows >= 10, 0 < -purged < 1, -purge oldest|random, -writer-rate > 0, -apply-rate >= 0, -max-lag > 0, -lock-timeout > 0, -reps >= 1")
+			o.writerRate <= 0 || o.applyRate < 0 || o.maxLag <= 0 || o.lockTimeout <= 0 || o.batchPause < 0 || o.reps < 1,
+			"-rows >= 10, 0 < -purged < 1, -purge oldest|random, -writer-rate > 0, -apply-rate >= 0, -max-lag > 0, -lock-timeout > 0, -batch-pause >= 0, -reps >= 1")
 	}, func(ctx context.Context, flags string) error {
 		o.flags = flags
 		return benchmark(ctx, o, stdout)
@@ -433,6 +435,9 @@ func (b *bench) inboxkeeper(ctx context.Context, table string, args ...string) (
 	}
 	set := append(benchdata.DaemonSettings(b.url, policy, 0), "INBOXKEEPER_REPLICA_URLS="+b.standbyURL,
 		"INBOXKEEPER_MAX_REPLICA_LAG="+b.o.maxLag.String(), "INBOXKEEPER_LOCK_TIMEOUT="+b.o.lockTimeout.String())
+	if b.o.batchPause > 0 {
+		set = append(set, "INBOXKEEPER_BATCH_PAUSE="+b.o.batchPause.String())
+	}
 	p, err := benchdata.RunBinary(ctx, b.bin, benchdata.DaemonEnv(false, set...), args...)
 	if err == nil && len(args) > 0 && args[0] == "compact" {
 		b.Logf("%s", strings.TrimSpace(lastLine(p.Output)))
