@@ -1968,9 +1968,12 @@ func TestRoleScriptOnPostgreSQL(t *testing.T) {
 	role, operatorRole, consumerRole := "ik_daemon_"+suffix, "ik_operator_"+suffix, "ik_consumer_"+suffix
 	daemonUser, operatorUser, consumerUser := "ik_app_"+suffix, "ik_ops_"+suffix, "ik_svc_"+suffix
 	dropRoles(t, ownerURL, daemonUser, operatorUser, consumerUser, operatorRole, consumerRole, role)
+	// SELECT by column: outcome stands for a payload, which no command
+	// reads.
 	applyRoleScript(t, owner, map[string]string{
 		"role": role, "operator_role": operatorRole, "consumer_role": consumerRole,
 		"table_schema": "public", "table_name": "consumer_inbox", "expiry_column": "remember_until",
+		"private_columns": "outcome",
 	})
 	const password = "deploy-test-password"
 	for user, member := range map[string]string{daemonUser: role, operatorUser: operatorRole, consumerUser: consumerRole} {
@@ -2059,6 +2062,8 @@ func TestRoleScriptOnPostgreSQL(t *testing.T) {
 	operator.refused("once")
 	oconn := connect(t, asUser(t, ownerURL, operatorUser, password))
 	for _, sql := range []string{
+		"SELECT outcome FROM public.consumer_inbox", // a private column
+		"SELECT * FROM public.consumer_inbox",
 		"DELETE FROM public.consumer_inbox WHERE remember_until <= now()",
 		"UPDATE public.consumer_inbox SET remember_until = now() WHERE false",
 		"TRUNCATE public.consumer_inbox",
@@ -2082,9 +2087,12 @@ JOIN pg_roles m ON m.oid = a.member WHERE g.rolname = $1 AND m.rolname = $2)`, r
 	if _, err := owner.Exec(ctx, "GRANT "+pgx.Identifier{role}.Sanitize()+" TO "+pgx.Identifier{operatorRole}.Sanitize()); err != nil || !member() {
 		t.Fatalf("make the operator a member as the old script did: %v", err)
 	}
+	// SELECT by column: outcome stands for a payload, which no command
+	// reads.
 	applyRoleScript(t, owner, map[string]string{
 		"role": role, "operator_role": operatorRole, "consumer_role": consumerRole,
 		"table_schema": "public", "table_name": "consumer_inbox", "expiry_column": "remember_until",
+		"private_columns": "outcome",
 	})
 	if member() {
 		t.Error("role.sql left the operator a member of the daemon's role")
@@ -2100,6 +2108,8 @@ JOIN pg_roles m ON m.oid = a.member WHERE g.rolname = $1 AND m.rolname = $2)`, r
 
 	dconn := connect(t, daemonURL)
 	for _, sql := range []string{
+		"SELECT outcome FROM public.consumer_inbox", // a private column
+		"SELECT * FROM public.consumer_inbox",
 		"TRUNCATE public.consumer_inbox",
 		"INSERT INTO public.consumer_inbox (consumer, message_id, payload_hash, event_time, first_seen_at, remember_until) VALUES ('x', 'x', '\\x00', now(), now(), now())",
 		"UPDATE public.consumer_inbox SET outcome = 'x'",
@@ -2154,6 +2164,25 @@ FROM generate_series(1, 3000) i`)
 		t.Errorf("once without UPDATE (remember_until) deleted %d of the 3,000 due rows", 3000-n)
 	}
 	pgtest.Exec(t, owner, "GRANT UPDATE (remember_until) ON public.consumer_inbox TO "+pgx.Identifier{role}.Sanitize())
+
+	// A column the policy names (event_time) withheld as private: the pass
+	// fails before any batch, naming it, and deletes nothing. Without the
+	// check each batch failed with "permission denied for table
+	// consumer_inbox", which names no column.
+	vars := map[string]string{
+		"role": role, "operator_role": operatorRole, "consumer_role": consumerRole,
+		"table_schema": "public", "table_name": "consumer_inbox", "expiry_column": "remember_until",
+		"private_columns": "outcome, event_time",
+	}
+	applyRoleScript(t, owner, vars)
+	if code, out := daemon.run("once"); code == 0 || !strings.Contains(out, "may not read event_time of public.consumer_inbox") {
+		t.Errorf("once without SELECT (event_time): exit %d, want a failure naming the column:\n%s", code, out)
+	}
+	if n := count(t, owner, "message_id LIKE 'late%'"); n != 3000 {
+		t.Errorf("once without SELECT (event_time) deleted %d of the 3,000 due rows", 3000-n)
+	}
+	vars["private_columns"] = "outcome"
+	applyRoleScript(t, owner, vars)
 
 	// The daemon as the sidecar runs it, with a heartbeat (the primary
 	// doubles as the standby it reads), until SIGTERM; nothing it does may
@@ -2397,13 +2426,34 @@ INSERT INTO payloads.side_payload SELECT consumer, message_id, first_seen_at, pa
 		return out
 	}
 	applyRoleScript(t, owner, with(map[string]string{"table_schema": "public", "table_name": "inplace", "expiry_column": "remember_until",
-		"payload_column": "payload", "keys_schema": "inboxkeeper", "keys_table": "keys_public_inplace"}))
+		"payload_column": "payload", "keys_schema": "inboxkeeper", "keys_table": "keys_public_inplace", "private_columns": "payload"}))
 	applyRoleScript(t, owner, with(map[string]string{"table_schema": "public", "table_name": "side", "expiry_column": "remember_until",
-		"payload_schema": "payloads", "payload_table": "side_payload", "anchor_column": "first_seen_at", "keys_schema": "payloads", "keys_table": "side_keys"}))
+		"payload_schema": "payloads", "payload_table": "side_payload", "anchor_column": "first_seen_at", "keys_schema": "payloads", "keys_table": "side_keys",
+		"private_columns": "payload"}))
 	const password = "deploy-test-password"
+	operatorUser := "ik_tops_" + suffix
+	dropRoles(t, ownerURL, operatorUser)
 	pgtest.Exec(t, owner, fmt.Sprintf("CREATE ROLE %s LOGIN PASSWORD '%s' IN ROLE %s", daemonUser, password, role))
+	pgtest.Exec(t, owner, fmt.Sprintf("CREATE ROLE %s LOGIN PASSWORD '%s' IN ROLE %s", operatorUser, password, operatorRole))
 	daemonURL := asUser(t, ownerURL, daemonUser, password)
 	daemon := base.with("INBOXKEEPER_DATABASE_URL=" + daemonURL)
+	operatorURL := asUser(t, ownerURL, operatorUser, password)
+	operator := base.with("INBOXKEEPER_DATABASE_URL=" + operatorURL)
+
+	// The payload: in place the daemon reads it (it empties only what is
+	// not empty yet) and the operator may not; in the side table neither.
+	oconn := connect(t, operatorURL)
+	for _, sql := range []string{"SELECT payload FROM public.inplace", "SELECT payload FROM payloads.side_payload"} {
+		expectSQLState(t, oconn, "42501", sql)
+	}
+	if out := operator.ok("status"); !strings.Contains(out, "due for demotion:       unknown (this role may not read payload)") {
+		t.Errorf("status as the operator does not say what it may not count:\n%s", out)
+	}
+	// Nor can it say what a pass would demote in place; it says why.
+	if code, out := operator.run("once", "--dry-run"); code == 0 || !strings.Contains(out, "may not read payload of public.inplace") {
+		t.Errorf("once --dry-run as the operator: exit %d, want a failure naming the payload column:\n%s", code, out)
+	}
+	daemon.ok("once", "--dry-run")
 
 	out := daemon.ok("once")
 	// In place, the 10 expired rows are left to the deleter, which takes
@@ -2434,6 +2484,7 @@ INSERT INTO payloads.side_payload SELECT consumer, message_id, first_seen_at, pa
 		"UPDATE payloads.side_keys SET first_seen = now()", // and not changed
 		"CREATE TABLE inboxkeeper.keys_x (i int)",          // creates no table
 		"INSERT INTO payloads.side_payload VALUES ('c', 'x', now(), 'p')",
+		"SELECT payload FROM payloads.side_payload", // it deletes side rows without reading them
 	} {
 		expectSQLState(t, dconn, "42501", sql)
 	}

@@ -737,11 +737,18 @@ func (d *Deleter) refreshDue(ctx context.Context, t *catalog.Table, on bool, del
 }
 
 // checkLockPrivilege fails the table's pass, before any batch, when the
-// role may not lock its rows: FOR UPDATE needs UPDATE on some column. Most
+// role may not read a column its statements read (catalog.CheckReadable) or
+// may not lock its rows: FOR UPDATE needs UPDATE on some column. Most
 // batches never lock a row, but the one that meets a row another session
 // holds must, to skip it; without the privilege it would fail only then,
 // long after the role was set up.
 func (d *Deleter) checkLockPrivilege(ctx context.Context, t *catalog.Table) error {
+	if err := catalog.CheckReadable(ctx, d.pool, t); err != nil {
+		if retry.KindOf(err) == retry.KindConnection {
+			return fmt.Errorf("reach the database: %w", err)
+		}
+		return err
+	}
 	if t.Distributed() {
 		return nil // no FOR UPDATE there (distributedBatch)
 	}
@@ -755,7 +762,7 @@ func (d *Deleter) checkLockPrivilege(ctx context.Context, t *catalog.Table) erro
 	if !ok {
 		return fmt.Errorf("permission denied: this role has no UPDATE privilege on any column of %s, and a batch that meets "+
 			"a row another session holds locked needs one to skip it (SELECT ... FOR UPDATE SKIP LOCKED); "+
-			"grant UPDATE (%s) on it, as deploy/sql/role.sql does", t.Name, t.Expiry.Quoted)
+			"grant UPDATE (%s) on it, as deploy/sql/role.sql does (%w)", t.Name, t.Expiry.Quoted, retry.ErrPrivilege)
 	}
 	for _, r := range t.DeletesFirst() {
 		// Its rows are locked (SKIP LOCKED) and deleted with the rows
@@ -766,7 +773,7 @@ func (d *Deleter) checkLockPrivilege(ctx context.Context, t *catalog.Table) erro
 		}
 		if !del || !lock {
 			return fmt.Errorf("permission denied: %s deletes the rows of %s that point at its due rows (delete_referencing), and this role needs DELETE on it "+
-				"and UPDATE on a column (to lock them, SKIP LOCKED): GRANT DELETE, UPDATE (%s) ON %s TO <this role>", t.Name, r.Table, r.Columns[0], r.Ident)
+				"and UPDATE on a column (to lock them, SKIP LOCKED): GRANT DELETE, UPDATE (%s) ON %s TO <this role> (%w)", t.Name, r.Table, r.Columns[0], r.Ident, retry.ErrPrivilege)
 		}
 	}
 	return nil

@@ -129,7 +129,9 @@ func (d *Demoter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 	start := time.Now()
 	res := Result{Table: t.Name, Tier: Warm}
 	if d.opts.DryRun {
-		res.Err = d.readTx(ctx, t, func(tx pgx.Tx) error { return d.count(ctx, tx, t, &res, true) })
+		if res.Err = catalog.CheckReadable(ctx, d.pool, t); res.Err == nil {
+			res.Err = d.readTx(ctx, t, func(tx pgx.Tx) error { return d.count(ctx, tx, t, &res, true) })
+		}
 	} else {
 		res.Err = d.demoteAll(ctx, t, deadline, &res)
 		if res.Err == nil {
@@ -160,6 +162,9 @@ func (d *Demoter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 func (d *Demoter) sizer(t *catalog.Table) *batchloop.Sizer { return d.sizers.For(t.Name) }
 
 func (d *Demoter) demoteAll(ctx context.Context, t *catalog.Table, deadline time.Time, res *Result) error {
+	if err := catalog.CheckReadable(ctx, d.pool, t); err != nil {
+		return err
+	}
 	var lastNewest time.Time // the newest anchor of the last batch, for its log line
 	loop := batchloop.Loop{
 		What: "demotion", Sizer: d.sizer(t), Throttle: d.opts.Throttle, Active: d.opts.LoopActive(), Deadline: deadline,

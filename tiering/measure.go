@@ -211,6 +211,11 @@ type Status struct {
 	Blocking   int // active holds that block demotion
 	KeyTable   string
 	KeyMissing bool // the permanent key table does not exist yet
+	// Unreadable are the payload columns (in place) this role may not
+	// read, SELECT being granted column by column without them
+	// (deploy/sql/role.sql's private_columns, as for the operator): the
+	// rows due and the rows per tier need them, and are left unknown.
+	Unreadable []string
 }
 
 // Status reads the tiers of t now, with the Demoter's clock.
@@ -232,6 +237,9 @@ func (d *Demoter) Status(ctx context.Context, t *catalog.Table) (Status, error) 
 		if st.Blocking, err = holds.CountBlocking(ctx, tx, t.Name, st.Now); err != nil {
 			return err
 		}
+		if st.Unreadable, err = unreadablePayload(ctx, tx, t); err != nil || len(st.Unreadable) > 0 {
+			return err
+		}
 		var args sqlargs.List
 		cond, _ := due(t, "t", &args, cov, st.Now, batchloop.NegInf)
 		capArg := args.Add(batchloop.DueCountCap)
@@ -244,4 +252,22 @@ func (d *Demoter) Status(ctx context.Context, t *catalog.Table) (Status, error) 
 		return err
 	})
 	return st, err
+}
+
+// unreadablePayload lists the in-place payload columns of t this role may
+// not read.
+func unreadablePayload(ctx context.Context, q Querier, t *catalog.Table) ([]string, error) {
+	if t.Tiers.Side != nil {
+		return nil, nil
+	}
+	var names []string
+	for _, c := range t.Tiers.Payload {
+		names = append(names, c.Name)
+	}
+	var out []string
+	if err := q.QueryRow(ctx, `SELECT coalesce(array_agg(c ORDER BY o), '{}') FROM unnest($2::text[]) WITH ORDINALITY u(c, o)
+WHERE NOT has_column_privilege($1::oid, c, 'SELECT')`, t.OID, names).Scan(&out); err != nil {
+		return nil, fmt.Errorf("status %s: read which payload columns this role may read: %w", t.Name, err)
+	}
+	return out, nil
 }

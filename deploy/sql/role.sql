@@ -36,6 +36,12 @@
 --            one managed table from the policy file, and its expiry column
 --            (expires_at, or expires_after's column). Run the script once per
 --            table. Without table_name only the control-schema part runs.
+--   private_columns
+--            optional, comma-separated (payload,headers): the table's columns
+--            that neither the daemon nor the operator may read, such as the
+--            message's payload. With it, SELECT is granted column by column
+--            (see "One managed table" below); run the script again after a
+--            column is added to the table. Without it, on the whole table.
 --   payload_column, payload_schema, payload_table, anchor_column,
 --   keys_schema, keys_table
 --            tiering, for a table with a tiers section: see the end of the
@@ -140,6 +146,11 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE inboxkeeper.lease TO :"role";
 -- (plan --apply) is the operator's.
 GRANT SELECT ON TABLE inboxkeeper.retention_rules TO :"role";
 
+-- status, the metrics and compaction: the size of an average row of a table
+-- this role may read only some columns of (private_columns, below); sizes,
+-- never values.
+GRANT EXECUTE ON FUNCTION inboxkeeper.row_width(regclass, name) TO :"role";
+
 -- Tables managed by partition: run and once record each detach before it starts
 -- and drop the partition later. (Creating, detaching and dropping partitions
 -- needs ownership of the partitioned table, which no GRANT gives: see
@@ -220,6 +231,8 @@ GRANT EXECUTE ON FUNCTION
     inboxkeeper.claim_compile(),
     inboxkeeper.retention_rules_changed()
     TO :"operator_role";
+-- status: the size of a table's rows, as for the daemon.
+GRANT EXECUTE ON FUNCTION inboxkeeper.row_width(regclass, name) TO :"operator_role";
 
 ------------------------------------------------------------------------------
 -- Consumers: the claim path. inboxkeeper.claim runs with the caller's
@@ -255,13 +268,13 @@ GRANT EXECUTE ON FUNCTION
 GRANT USAGE ON SCHEMA :"table_schema" TO :"role";
 
 -- The operator: status, plan --check and replay start count and read the
--- table's rows (never their payload); it may not delete or change them.
+-- table's rows; it may not delete or change them.
 GRANT USAGE ON SCHEMA :"table_schema" TO :"operator_role";
-GRANT SELECT ON TABLE :"table_schema".:"table_name" TO :"operator_role";
 
--- once, run: SELECT to find the expired rows (and, for status, plan --check
--- and the metrics, to count and measure them), DELETE to delete them.
-GRANT SELECT, DELETE ON TABLE :"table_schema".:"table_name" TO :"role";
+-- once, run: DELETE to delete the expired rows (SELECT, to find them, and for
+-- status, plan --check and the metrics to count and measure them, is granted
+-- at the end of this part).
+GRANT DELETE ON TABLE :"table_schema".:"table_name" TO :"role";
 
 -- once, run: each batch picks its rows with SELECT ... FOR UPDATE SKIP LOCKED,
 -- so that it skips rows the application holds locked instead of waiting. FOR
@@ -290,14 +303,95 @@ GRANT UPDATE (:"payload_column") ON TABLE :"table_schema".:"table_name" TO :"rol
 \endif
 \if :{?payload_table}
 GRANT USAGE ON SCHEMA :"payload_schema" TO :"role", :"operator_role";
-GRANT SELECT ON TABLE :"payload_schema".:"payload_table" TO :"operator_role";
-GRANT SELECT, DELETE ON TABLE :"payload_schema".:"payload_table" TO :"role";
+GRANT DELETE ON TABLE :"payload_schema".:"payload_table" TO :"role";
 GRANT UPDATE (:"anchor_column") ON TABLE :"payload_schema".:"payload_table" TO :"role";
 \endif
 \if :{?keys_table}
 GRANT USAGE ON SCHEMA :"keys_schema" TO :"role", :"operator_role";
 GRANT SELECT ON TABLE :"keys_schema".:"keys_table" TO :"operator_role";
 GRANT SELECT, INSERT ON TABLE :"keys_schema".:"keys_table" TO :"role";
+\endif
+
+-- SELECT, for both roles: without private_columns on the whole table (and
+-- side table); with it, column by column: every column but those, and ctid,
+-- by which a batch deletes the rows it picked. Neither command needs a
+-- payload: they read the columns the policy names (key, expiry, scope, event
+-- time, first seen, only_when's, the tiers' anchor and permanent key), and the
+-- daemon checks before a table's first batch that it can read each of them,
+-- naming any it cannot. In place, emptying a payload column reads it (IS NOT
+-- NULL), so the daemon, and only it, keeps SELECT on payload_column. The
+-- grant is per column as the table is now: a column added later is readable
+-- by neither role until the script runs again. Names as the catalog spells
+-- them; an unknown one, or the expiry column, stops the script.
+\if :{?private_columns}
+SET inboxkeeper.role = :'role';
+SET inboxkeeper.operator_role = :'operator_role';
+SET inboxkeeper.private_columns = :'private_columns';
+SET inboxkeeper.expiry_column = :'expiry_column';
+SET inboxkeeper.table_schema = :'table_schema';
+SET inboxkeeper.table_name = :'table_name';
+\if :{?payload_table}
+SET inboxkeeper.payload_schema = :'payload_schema';
+SET inboxkeeper.payload_table = :'payload_table';
+\else
+SET inboxkeeper.payload_schema = '';
+SET inboxkeeper.payload_table = '';
+\endif
+DO $$
+DECLARE
+    private text[] := ARRAY(SELECT btrim(c) FROM unnest(string_to_array(current_setting('inboxkeeper.private_columns'), ',')) c
+                            WHERE btrim(c) <> '');
+    rels regclass[] := ARRAY[format('%I.%I', current_setting('inboxkeeper.table_schema'),
+                                    current_setting('inboxkeeper.table_name'))::regclass];
+    rel regclass;
+    missing text;
+    cols text;
+BEGIN
+    IF cardinality(private) = 0 THEN
+        RAISE EXCEPTION 'private_columns is empty: name the columns, or leave the variable out';
+    END IF;
+    IF current_setting('inboxkeeper.expiry_column') = ANY (private) THEN
+        RAISE EXCEPTION 'private_columns names %, the expiry column: the daemon reads it to find the expired rows',
+            current_setting('inboxkeeper.expiry_column');
+    END IF;
+    IF current_setting('inboxkeeper.payload_table') <> '' THEN
+        rels := rels || format('%I.%I', current_setting('inboxkeeper.payload_schema'),
+                               current_setting('inboxkeeper.payload_table'))::regclass;
+    END IF;
+    SELECT string_agg(p, ', ') INTO missing FROM unnest(private) p
+     WHERE NOT EXISTS (SELECT FROM pg_attribute a WHERE a.attrelid = ANY (rels) AND a.attname = p
+                         AND a.attnum > 0 AND NOT a.attisdropped);
+    IF missing IS NOT NULL THEN
+        RAISE EXCEPTION 'private_columns: % has no column %', array_to_string(rels, ' or '), missing;
+    END IF;
+    FOREACH rel IN ARRAY rels LOOP
+        SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum) INTO cols FROM pg_attribute a
+         WHERE a.attrelid = rel AND a.attnum > 0 AND NOT a.attisdropped AND a.attname <> ALL (private);
+        -- A table-level grant (an earlier run without the variable) covers
+        -- every column: it goes first, and with it any column grant.
+        EXECUTE format('REVOKE SELECT ON %s FROM %I, %I', rel,
+                       current_setting('inboxkeeper.role'), current_setting('inboxkeeper.operator_role'));
+        EXECUTE format('GRANT SELECT (ctid, %s) ON %s TO %I, %I', cols, rel,
+                       current_setting('inboxkeeper.role'), current_setting('inboxkeeper.operator_role'));
+    END LOOP;
+END
+$$;
+RESET inboxkeeper.role;
+RESET inboxkeeper.operator_role;
+RESET inboxkeeper.private_columns;
+RESET inboxkeeper.expiry_column;
+RESET inboxkeeper.table_schema;
+RESET inboxkeeper.table_name;
+RESET inboxkeeper.payload_schema;
+RESET inboxkeeper.payload_table;
+\if :{?payload_column}
+GRANT SELECT (:"payload_column") ON TABLE :"table_schema".:"table_name" TO :"role";
+\endif
+\else
+GRANT SELECT ON TABLE :"table_schema".:"table_name" TO :"role", :"operator_role";
+\if :{?payload_table}
+GRANT SELECT ON TABLE :"payload_schema".:"payload_table" TO :"role", :"operator_role";
+\endif
 \endif
 
 \endif

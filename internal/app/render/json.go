@@ -202,6 +202,7 @@ type TiersJSON struct {
 	BytesPerKey             TierFiguresJSON `json:"bytes_per_key"`
 	PermanentKeyTable       *string         `json:"permanent_key_table"`
 	PermanentKeyTableExists bool            `json:"permanent_key_table_exists"`
+	UnreadableColumns       []string        `json:"unreadable_columns"`
 }
 
 // TierFiguresJSON is an estimate per tier; null: unknown (not analyzed
@@ -493,7 +494,7 @@ func tiersJSON(st *tiering.Status) *TiersJSON {
 		return TierFiguresJSON{Hot: get(tiering.Hot), Warm: get(tiering.Warm), Permanent: get(tiering.Permanent)}
 	}
 	tj := &TiersJSON{HotForSeconds: st.HotFor.Seconds(), Layout: st.Layout, Due: st.Due, DueCapped: st.DueCapped, BlockingHolds: st.Blocking,
-		Rows: figures(st.Rows), BytesPerKey: figures(st.BytesPerKey)}
+		Rows: figures(st.Rows), BytesPerKey: figures(st.BytesPerKey), UnreadableColumns: append([]string{}, st.Unreadable...)}
 	if st.KeyTable != "" {
 		tj.PermanentKeyTable, tj.PermanentKeyTableExists = &st.KeyTable, !st.KeyMissing
 	}

@@ -191,9 +191,17 @@ func writeTierStatus(w io.Writer, st *tiering.Status) {
 		due = fmt.Sprintf("more than %d (count capped)", st.Due)
 	}
 	fmt.Fprintf(w, "  tiers:                    hot for %s, payload %s\n", humantime.Format(st.HotFor), st.Layout)
+	unread := ""
+	if len(st.Unreadable) > 0 {
+		unread = fmt.Sprintf("unknown (this role may not read %s)", strings.Join(st.Unreadable, ", "))
+		due = unread
+	}
 	fmt.Fprintf(w, "    due for demotion:       %s (held ones included; holds blocking demotion: %d)\n", due, st.Blocking)
 	est := func(tier string) string {
 		v, ok := st.Rows[tier]
+		if !ok && unread != "" && tier != tiering.Permanent {
+			return unread
+		}
 		if !ok {
 			return "unknown (not analyzed yet)"
 		}

@@ -71,7 +71,7 @@ SELECT pg_relation_size(c.oid), current_setting('block_size')::int8,
             ELSE (c.reltuples / c.relpages * (pg_relation_size(c.oid) / current_setting('block_size')::int8))::int8 END,
        coalesce((SELECT o.option_value::int FROM pg_options_to_table(c.reloptions) o WHERE o.option_name = 'fillfactor'), 100),
        (SELECT count(*) FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped),
-       s.cols, coalesce(s.width, 0)
+       s.cols, coalesce(s.width, 0), has_table_privilege(c.oid, 'SELECT')
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace,
 LATERAL (SELECT count(*) AS cols, sum(st.avg_width * (1 - st.null_frac))::float8 AS width FROM pg_stats st
          WHERE st.schemaname = n.nspname AND st.tablename = c.relname AND NOT st.inherited) s
@@ -89,13 +89,31 @@ func Measure(ctx context.Context, q catalog.Querier, t *catalog.Table) (Space, e
 	var s Space
 	var heap, cols, withStats int64
 	var width float64
-	if err := q.QueryRow(ctx, spaceSQL, t.OID).Scan(&heap, &s.BlockSize, &s.LiveRows, &s.Fill, &cols, &withStats, &width); err != nil {
+	var wholeRows bool
+	if err := q.QueryRow(ctx, spaceSQL, t.OID).Scan(&heap, &s.BlockSize, &s.LiveRows, &s.Fill, &cols, &withStats, &width, &wholeRows); err != nil {
 		return s, fmt.Errorf("measure the space of %s: %w", t.Name, err)
 	}
 	s.Pages = heap / s.BlockSize
 	s.LiveRows = max(0, s.LiveRows)
 	if s.LiveRows == 0 {
 		return s, nil
+	}
+	if !wholeRows {
+		// SELECT by column: pg_stats shows only the columns this role may
+		// read, and a sample needs whole rows; the control schema's
+		// row_width sizes them with its owner's rights.
+		var sample *float64
+		if err := q.QueryRow(ctx, `SELECT columns, with_stats, stats_width, sample_width FROM inboxkeeper.row_width($1::oid::regclass, $2)`,
+			t.OID, t.Expiry.Name).Scan(&cols, &withStats, &width, &sample); err != nil {
+			return s, fmt.Errorf("size the rows of %s (this role may read only some of its columns; inboxkeeper.row_width): %w", t.Name, err)
+		}
+		if withStats < cols {
+			if sample == nil {
+				return s, fmt.Errorf("size the rows of %s: inboxkeeper.row_width returned no sample", t.Name)
+			}
+			s.RowBytes, s.Basis = float64(align(int64(math.Ceil(*sample))))+lineBytes, "sample"
+			return s.packed(), nil
+		}
 	}
 	if withStats >= cols && cols > 0 {
 		// The tuple header (23 bytes and a null bitmap, aligned) and the
@@ -109,9 +127,15 @@ func Measure(ctx context.Context, q catalog.Querier, t *catalog.Table) (Space, e
 		}
 		s.RowBytes, s.Basis = float64(align(int64(math.Ceil(sample))))+lineBytes, "sample"
 	}
+	return s.packed(), nil
+}
+
+// packed fills in LivePages: the live rows at RowBytes, packed at the
+// fillfactor.
+func (s Space) packed() Space {
 	perPage := float64(s.BlockSize-pageHeader) * float64(s.Fill) / 100
 	s.LivePages = int64(math.Ceil(float64(s.LiveRows) * s.RowBytes / perPage))
-	return s, nil
+	return s
 }
 
 // align rounds n up to the 8-byte alignment of a row on a page.

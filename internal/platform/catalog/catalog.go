@@ -10,10 +10,12 @@ import (
 	"maps"
 	"regexp"
 	"slices"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/policy"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/retry"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/sqlident"
 )
 
@@ -183,6 +185,105 @@ func (t *Table) TimeColumns() []Column {
 		}
 	}
 	return cs
+}
+
+// ReadColumns are the columns of the table the daemon's statements read:
+// those the policy names (key, expiry, scope, event time, first seen,
+// only_when's and the windows', the tiers' anchor, payload and permanent
+// key), each once, and ctid, by which a batch deletes the rows it picked.
+// A role granted SELECT on fewer columns (deploy/sql/role.sql's
+// private_columns) must still have these.
+func (t *Table) ReadColumns() []string {
+	cols := []string{"ctid"}
+	add := func(cs ...*Column) {
+		for _, c := range cs {
+			if c != nil && !slices.Contains(cols, c.Name) {
+				cols = append(cols, c.Name)
+			}
+		}
+	}
+	for i := range t.Key {
+		add(&t.Key[i])
+	}
+	add(&t.Expiry, t.Scope, t.EventTime, t.FirstSeen)
+	if t.Filter != nil {
+		add(&t.Filter.Column)
+	}
+	for _, w := range t.Windows {
+		if w.Filter != nil {
+			add(&w.Filter.Column)
+		}
+	}
+	if tr := t.Tiers; tr != nil {
+		add(&tr.Anchor)
+		for i := range tr.Payload {
+			add(&tr.Payload[i])
+		}
+		if tr.Key != nil {
+			for i := range tr.Key.Columns {
+				add(&tr.Key.Columns[i])
+			}
+		}
+	}
+	return cols
+}
+
+// SideReadColumns are the side table's columns the demoter reads (its
+// key, anchor and hold columns, and ctid); nil without a side table.
+func (t *Table) SideReadColumns() []string {
+	if t.Tiers == nil || t.Tiers.Side == nil {
+		return nil
+	}
+	s := t.Tiers.Side
+	cols := []string{"ctid"}
+	for _, c := range append(append([]Column{}, t.Key...), s.Anchor) {
+		if !slices.Contains(cols, c.Name) {
+			cols = append(cols, c.Name)
+		}
+	}
+	for _, c := range []*Column{s.Scope, s.EventTime} {
+		if c != nil && !slices.Contains(cols, c.Name) {
+			cols = append(cols, c.Name)
+		}
+	}
+	return cols
+}
+
+// CheckReadable fails before any statement on t when this role may not
+// read a column those statements read (ReadColumns, SideReadColumns): a
+// SELECT granted column by column that leaves one out would otherwise fail
+// each batch with PostgreSQL's "permission denied for table", which names
+// no column. The error wraps retry.ErrPrivilege.
+func CheckReadable(ctx context.Context, q Querier, t *Table) error {
+	check := func(name string, oid uint32, cols []string) error {
+		var missing []string
+		if err := q.QueryRow(ctx, `SELECT coalesce(array_agg(c ORDER BY o), '{}') FROM unnest($2::text[]) WITH ORDINALITY u(c, o)
+WHERE NOT has_column_privilege($1::oid, c, 'SELECT')`, oid, cols).Scan(&missing); err != nil {
+			return fmt.Errorf("could not read which columns of %s this role may read: %w", name, err)
+		}
+		if len(missing) > 0 {
+			return fmt.Errorf("permission denied: this role may not read %s of %s, which inboxkeeper's statements on it read "+
+				"(of the columns the policy names, and ctid); where SELECT is granted by column (deploy/sql/role.sql's private_columns), "+
+				"leave them out of the private ones: GRANT SELECT (%s) ON %s TO <this role> (%w)",
+				strings.Join(missing, ", "), name, strings.Join(quoteAll(missing), ", "), name, retry.ErrPrivilege)
+		}
+		return nil
+	}
+	if err := check(t.Name, t.OID, t.ReadColumns()); err != nil {
+		return err
+	}
+	if side := t.SideReadColumns(); side != nil {
+		return check(t.Tiers.Side.Name, t.Tiers.Side.OID, side)
+	}
+	return nil
+}
+
+func quoteAll(names []string) []string {
+	out := make([]string, len(names))
+	for i, n := range names {
+		out[i] = pgx.Identifier{n}.Sanitize()
+	}
+	return out
 }
 
 // HasScope and HasEventTime say whether holds may name a scope or a range.
