@@ -75,9 +75,12 @@ func (m *Manager) ddl(ctx context.Context, t *catalog.Table, what string, paced 
 	// or INBOXKEEPER_SESSION_DATABASE_URL), never one a transaction pooler
 	// shares. idle_session_timeout ends the session, and its fence lock
 	// with it, should this process freeze between statements.
+	// The process id is the server's: behind a session pooler the one the
+	// connection was told at its start is the pooler's own.
 	idle := retry.Millis(m.IdleTimeout)
-	if _, err := c.Exec(ctx, `SELECT set_config('lock_timeout', $1, false), set_config('idle_session_timeout', $2, false),
-       set_config('idle_in_transaction_session_timeout', $2, false)`, retry.Millis(m.LockTimeout), idle); err != nil {
+	var pid uint32
+	if err := c.QueryRow(ctx, `SELECT pg_backend_pid(), set_config('lock_timeout', $1, false), set_config('idle_session_timeout', $2, false),
+       set_config('idle_in_transaction_session_timeout', $2, false)`, retry.Millis(m.LockTimeout), idle).Scan(&pid, nil, nil, nil); err != nil {
 		return err
 	}
 	defer func() {
@@ -87,7 +90,7 @@ func (m *Manager) ddl(ctx context.Context, t *catalog.Table, what string, paced 
 		}
 	}()
 	if th := m.Throttle; th != nil {
-		done, blocked := th.Watch(c.Conn().PgConn().PID(), time.Time{})
+		done, blocked := th.Watch(pid, time.Time{})
 		defer func() {
 			done()
 			if err != nil && blocked() {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -247,6 +248,30 @@ func TestPacedVacuum(t *testing.T) {
 		if got := testutil.ToFloat64(m.Pacing.WithLabelValues(tbl.Name, "passed_over")); got != 1 {
 			t.Errorf("inboxkeeper_vacuum_pacing_total{outcome=\"passed_over\"} %v, want 1", got)
 		}
+		// Without a standby it runs, unpaced, as before; and a session
+		// queued behind it gets it cancelled, as without a pooler. The
+		// watch must find the VACUUM's server process: the process id the
+		// connection was told is the pooler's own (before, the watch was
+		// given that one, and never saw the VACUUM).
+		other, err := pgxpool.New(ctx, url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer other.Close()
+		db := pgx.Identifier{other.Config().ConnConfig.Database}.Sanitize()
+		pgtest.Exec(t, other, "ALTER DATABASE "+db+" SET vacuum_cost_delay = '50ms'; ALTER DATABASE "+db+" SET vacuum_cost_limit = 1")
+		// A pooler of its own: server connections that start with the slow
+		// VACUUM settings.
+		slow, err := pgxpool.New(ctx, pgtest.BouncerURL(t, pgtest.NewBouncer(t), url))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer slow.Close()
+		th := &queuedBehind{pacing: pacing{wp: service.WriterPace{Rate: math.Inf(1), Window: math.Inf(1)}}, pool: other, t: t}
+		if out := New(slow, Options{Base: service.Base{Throttle: th}, DeadRatio: 0.1}).AfterPass(ctx, tbl, 5000, 5000, 0); out.Ran || out.Stopped != 1 || !strings.Contains(out.NotRun, "queued behind") {
+			t.Errorf("outcome %+v through a pooler, want the VACUUM stopped for the session queued behind it", out)
+		}
+		pgtest.Exec(t, other, "ALTER DATABASE "+db+" RESET vacuum_cost_delay; ALTER DATABASE "+db+" RESET vacuum_cost_limit")
 		// Without a standby it runs, unpaced, as before.
 		v = New(bouncer, Options{Base: service.Base{Throttle: &pacing{wp: service.WriterPace{Rate: math.Inf(1), Window: math.Inf(1)}}}, DeadRatio: 0.1})
 		if out := v.AfterPass(ctx, tbl, 5000, 5000, 0); !out.Ran || out.Pace != nil {

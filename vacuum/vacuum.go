@@ -351,7 +351,17 @@ func (v *Vacuumer) vacuum(ctx context.Context, t *catalog.Table, pace *Pace) (ra
 			return false, left, 0, err
 		}
 	}
-	vctx, stop := v.watch(ctx, c)
+	// Behind a pooler the connection's process id is the pooler's own, and
+	// the server connection the VACUUM will run on is not known before it
+	// runs: the statement carries a tag by which the watch finds it.
+	tag := ""
+	if pooled, err := v.throughPooler(ctx); err != nil {
+		return false, left, 0, err
+	} else if pooled {
+		tag = fmt.Sprintf("inboxkeeper vacuum %d.%d", time.Now().UnixNano(), tagSeq.Add(1))
+		sql += " /* " + tag + " */"
+	}
+	vctx, stop := v.watch(ctx, c, tag)
 	began := time.Now()
 	w := dbconn.WatchNotices(c.Conn().PgConn())
 	_, err = c.Exec(vctx, sql)
@@ -399,14 +409,20 @@ const watchEvery = 50 * time.Millisecond
 // watchEvery. It returns the VACUUM's context and a stop function, called
 // when the VACUUM has returned, that says why it was cancelled (empty when
 // it was not), and whether that was a session queued behind it.
-func (v *Vacuumer) watch(ctx context.Context, c *pgxpool.Conn) (context.Context, func() (string, bool)) {
+func (v *Vacuumer) watch(ctx context.Context, c *pgxpool.Conn, tag string) (context.Context, func() (string, bool)) {
 	th := v.opts.Throttle
 	if th == nil {
 		return ctx, func() (string, bool) { return "", false }
 	}
-	done, blocked := th.Watch(c.Conn().PgConn().PID(), time.Time{})
-	wg, _ := th.(service.WriterGate)
 	vctx, cancel := context.WithCancel(ctx)
+	var done func()
+	var blocked func() bool
+	if tag == "" {
+		done, blocked = th.Watch(c.Conn().PgConn().PID(), time.Time{})
+	} else {
+		done, blocked = v.watchTagged(vctx, th, tag)
+	}
+	wg, _ := th.(service.WriterGate)
 	var why string
 	finished := make(chan struct{})
 	if wg != nil {
@@ -502,6 +518,59 @@ func (v *Vacuumer) pace(ctx context.Context, t *catalog.Table, boost float64) (*
 		}
 	}
 	return p, passedOver
+}
+
+// tagSeq tells apart the tags of VACUUMs started in the same nanosecond.
+var tagSeq atomic.Int64
+
+// watchTagged is the throttle's lock watch for a VACUUM that runs behind
+// a pooler: it finds the VACUUM's server process by the tag in its text
+// (pg_stat_activity), every watchEvery until it runs, and watches that
+// process. done stops the search and the watch.
+func (v *Vacuumer) watchTagged(ctx context.Context, th service.Gate, tag string) (done func(), blocked func() bool) {
+	var mu sync.Mutex
+	var stopWatch func()
+	var isBlocked func() bool
+	sctx, stopSearch := context.WithCancel(ctx)
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		tick := time.NewTicker(watchEvery)
+		defer tick.Stop()
+		for {
+			var pid int32
+			err := v.pool.QueryRow(sctx, `SELECT pid FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND state = 'active'
+AND position($1 in query) > 0 LIMIT 1`, tag).Scan(&pid)
+			if err == nil {
+				d, b := th.Watch(uint32(pid), time.Time{})
+				mu.Lock()
+				stopWatch, isBlocked = d, b
+				mu.Unlock()
+				return
+			}
+			if !errors.Is(err, pgx.ErrNoRows) && sctx.Err() == nil {
+				v.opts.Logger.Debug("vacuum: could not find the VACUUM's server process to watch it", "error", err)
+			}
+			select {
+			case <-sctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return func() {
+			stopSearch()
+			<-finished
+			mu.Lock()
+			defer mu.Unlock()
+			if stopWatch != nil {
+				stopWatch()
+			}
+		}, func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return isBlocked != nil && isBlocked()
+		}
 }
 
 // throughPooler says, once, whether the pool's connections go through a
