@@ -91,13 +91,13 @@ func New(pool *pgxpool.Pool, tables []*catalog.Table, opts Options) *Demoter {
 	log := opts.Logger
 	d := &Demoter{pool: pool, opts: opts, log: log, sizers: batchloop.NewSizers(opts.BatchSize, opts.Sizing)}
 	for _, t := range tables {
-		if t.Tiers == nil {
+		if Of(t) == nil {
 			continue
 		}
 		d.tables = append(d.tables, t)
 		if m := opts.Metrics; m != nil {
 			m.RowsDemoted.WithLabelValues(t.Name, Warm).Add(0)
-			if t.Tiers.Key != nil {
+			if KeyOf(t) != nil {
 				m.RowsDemoted.WithLabelValues(t.Name, Permanent).Add(0)
 			}
 		}
@@ -190,7 +190,7 @@ func (d *Demoter) demoteAll(ctx context.Context, t *catalog.Table, deadline time
 }
 
 // cutoff is the newest anchor value that is out of the hot tier at now.
-func cutoff(t *catalog.Table, now time.Time) time.Time { return now.Add(-t.Tiers.HotFor) }
+func cutoff(t *catalog.Table, now time.Time) time.Time { return now.Add(-Of(t).HotFor) }
 
 // batch demotes at most size due rows no blocking hold covers, in one
 // transaction, and returns how many and the newest anchor among them. On a
@@ -241,14 +241,14 @@ func (d *Demoter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 // would cost an UPDATE, three times a DELETE, for a row about to go. With
 // a side table the demotion is itself a cheap DELETE and goes ahead.
 func due(t *catalog.Table, alias string, args *sqlargs.List, cov holds.Coverage, now time.Time, lower pgtype.Timestamptz) (cond string, anchor string) {
-	ti := t.Tiers
+	ti := Of(t)
 	a := alias + "." + ti.Anchor.Quoted
 	cond = fmt.Sprintf("%s <= %s", a, ti.Anchor.Instant(args.Add(cutoff(t, now))+"::timestamptz"))
 	if lower.InfinityModifier != pgtype.NegativeInfinity {
 		cond += fmt.Sprintf(" AND %s >= %s", a, ti.Anchor.Instant(args.Add(lower)+"::timestamptz"))
 	}
 	if ti.Side == nil {
-		cond += " AND " + catalog.HasPayload(ti.Payload, alias)
+		cond += " AND " + hasPayload(ti.Payload, alias)
 		if t.Filter != nil {
 			cond += " AND " + t.Only(alias)
 		}
@@ -294,7 +294,7 @@ func blocked(t *catalog.Table, cov holds.Coverage, alias string, args *sqlargs.L
 	if !cov.BlocksDemotion() {
 		return "false"
 	}
-	s := t.Tiers.Side
+	s := Of(t).Side
 	if s == nil {
 		return cov.DemotionPredicate(t, alias, args)
 	}
@@ -312,7 +312,7 @@ func blocked(t *catalog.Table, cov holds.Coverage, alias string, args *sqlargs.L
 // FOR UPDATE SKIP LOCKED, then empty (in place) or delete (side table)
 // exactly those; it returns the count and the newest anchor.
 func demoteSQL(t *catalog.Table, cov holds.Coverage, args *sqlargs.List, now time.Time, lower pgtype.Timestamptz, size int) string {
-	ti := t.Tiers
+	ti := Of(t)
 	rel, kind := t.Ident, t.Kind
 	if ti.Side != nil {
 		rel, kind = ti.Side.Ident, ti.Side.Kind
@@ -362,13 +362,13 @@ SELECT count(*), max(anchor) FROM done`, pick, rel, cond, hold, anchor, limit, c
 }
 
 // distributedDemoteSQL is demoteSQL for a table Citus distributes (its side
-// table is co-located with it, catalog.resolveCitusTiers): Citus refuses a
+// table is co-located with it, resolveCitus): Citus refuses a
 // ctid match and a multi-shard FOR UPDATE SKIP LOCKED, so the rows are
 // matched on the key columns (the distribution column among them), picked
 // by a subquery the coordinator runs first, and not skipped when locked:
 // distributedBatch steps over them instead.
 func distributedDemoteSQL(t *catalog.Table, rel, cond, hold, anchor, limit string) string {
-	ti := t.Tiers
+	ti := Of(t)
 	var keys, pick []string
 	for _, k := range t.Key {
 		keys = append(keys, "u."+k.Quoted)
@@ -408,8 +408,8 @@ func (d *Demoter) coverage(ctx context.Context, tx pgx.Tx, t *catalog.Table) (ti
 // walked is the relation demotion walks: the side table, or the table
 // itself in place.
 func walked(t *catalog.Table) string {
-	if t.Tiers.Side != nil {
-		return t.Tiers.Side.Ident
+	if Of(t).Side != nil {
+		return Of(t).Side.Ident
 	}
 	return t.Ident
 }

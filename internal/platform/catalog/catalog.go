@@ -141,7 +141,9 @@ type Table struct {
 	Scope     *Column
 	EventTime *Column
 	FirstSeen *Column // the first-receipt column, for the retention rule
-	Tiers     *Tiers  // the tiers section, resolved (tiers.go); nil without one
+	// sections are what the domain packages made of the policy
+	// sections they own (section.go: tiering's tiers).
+	sections map[string]Resolved
 	// Citus is set when the table is hash-distributed by Citus (the
 	// database is a coordinator); nil for an ordinary table.
 	Citus *Distribution
@@ -173,8 +175,8 @@ type Table struct {
 // TimeColumns are the table's timestamp columns the policy names.
 func (t *Table) TimeColumns() []Column {
 	all := []*Column{&t.Expiry, t.EventTime, t.FirstSeen}
-	if t.Tiers != nil {
-		all = append(all, &t.Tiers.Anchor)
+	for _, c := range t.sectionTimeColumns() {
+		all = append(all, &c)
 	}
 	var cs []Column
 	for _, c := range all {
@@ -299,7 +301,7 @@ WHERE n.nspname = $1 AND c.relname = $2`, pt.Name.Schema, pt.Name.Name).Scan(&t.
 		// The checks below read the columns above.
 		return nil, bad.err()
 	}
-	if bad.fatal(resolveTiers(ctx, q, t, cols)) || bad.fatal(resolveCitus(ctx, q, pt, t, cols)) || bad.fatal(resolveCitusTiers(ctx, q, pt, t)) {
+	if bad.fatal(resolveCitus(ctx, q, pt, t, cols)) || bad.fatal(resolveSections(ctx, q, t, cols)) {
 		return nil, bad.err()
 	}
 	if t.Distributed() && len(t.DeletesFirst()) > 0 {

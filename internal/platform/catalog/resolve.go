@@ -146,8 +146,8 @@ func eventColumns(t *Table) []Column {
 	}
 	add(t.EventTime)
 	add(t.FirstSeen)
-	if t.Tiers != nil {
-		add(&t.Tiers.Anchor)
+	for _, c := range t.sectionTimeColumns() {
+		add(&c)
 	}
 	return cs
 }
