@@ -125,7 +125,7 @@ CREATE TABLE inboxkeeper.keys_nodate (consumer text NOT NULL, bk text NOT NULL, 
 				tc.check(t, tiering.Of(ct))
 				return
 			}
-			wantInvalid(t, err, tc.want...)
+			pgtest.WantInvalid(t, err, tc.want...)
 		})
 	}
 	// Nothing was created by resolving.
@@ -195,20 +195,6 @@ SELECT create_distributed_table('inboxkeeper.keys_apart', 'consumer', colocate_w
 		_, err := resolve(c.side, c.key)
 		if !errors.Is(err, catalog.ErrInvalid) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("side %s, key %s:\n got %v\nwant %s", c.side, c.key, err, c.want)
-		}
-	}
-}
-
-// wantInvalid checks that err is a problem of the policy against the
-// catalog that mentions every want.
-func wantInvalid(t *testing.T, err error, want ...string) {
-	t.Helper()
-	if !errors.Is(err, catalog.ErrInvalid) {
-		t.Fatalf("error %v, want ErrInvalid", err)
-	}
-	for _, w := range want {
-		if !strings.Contains(err.Error(), w) {
-			t.Errorf("error %q does not mention %q", err, w)
 		}
 	}
 }

@@ -2,7 +2,6 @@ package catalog_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -129,22 +128,8 @@ CREATE TABLE public.local_parted (id int, e timestamp) PARTITION BY RANGE (e);`)
 				}
 				return
 			}
-			wantInvalid(t, err, c.want...)
+			pgtest.WantInvalid(t, err, c.want...)
 		})
-	}
-}
-
-// wantInvalid fails unless err is a catalog.ErrInvalid that mentions every
-// one of want.
-func wantInvalid(t *testing.T, err error, want ...string) {
-	t.Helper()
-	if !errors.Is(err, catalog.ErrInvalid) {
-		t.Fatalf("error %v, want ErrInvalid", err)
-	}
-	for _, w := range want {
-		if !strings.Contains(err.Error(), w) {
-			t.Errorf("error %q does not mention %q", err, w)
-		}
 	}
 }
 
