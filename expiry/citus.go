@@ -278,7 +278,7 @@ func (d *Deleter) windowTx(ctx context.Context, t *catalog.Table, lower pgtype.T
 		r.exhausted = false
 	}
 	var keys int64
-	if t.Tiers != nil && t.Tiers.Key != nil {
+	if tiering.KeyOf(t) != nil {
 		// The keys are written in the statement that deletes their rows;
 		// the RETURNING rows go through the coordinator.
 		sql := fmt.Sprintf(`

@@ -1034,7 +1034,7 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 	switch {
 	case skipLocked:
 		lockClause = skipLockedClause
-	case b.ok && t.Tiers != nil && t.Tiers.Key != nil:
+	case b.ok && tiering.KeyOf(t) != nil:
 		form, alias = rangeKeysSQL, "d"
 	case b.ok:
 		form, alias = rangeSQL, "d"

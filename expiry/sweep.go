@@ -924,7 +924,7 @@ func (d *Deleter) sweepTx(ctx context.Context, t *catalog.Table, s *sweep, a, b 
 			lock = "\n  FOR UPDATE OF d SKIP LOCKED"
 		}
 		err = tx.QueryRow(ctx, fmt.Sprintf(sweepVictimsSQL, t.Ident, slice, due, keysReturning, keysCTE, keysCount, pick, kids, kept, lock), args.Values...).Scan(&n, &keys)
-	case t.Tiers != nil && t.Tiers.Key != nil:
+	case tiering.KeyOf(t) != nil:
 		err = tx.QueryRow(ctx, fmt.Sprintf(sweepKeysSQL, t.Ident, slice, due, keysReturning, keysCTE, keysCount), args.Values...).Scan(&n, &keys)
 	default:
 		tag, e := tx.Exec(ctx, fmt.Sprintf(sweepSQL, t.Ident, slice, due), args.Values...)

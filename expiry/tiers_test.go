@@ -37,7 +37,7 @@ func TestPermanentKeyAtomicWithDeletion(t *testing.T) {
 			ctx := context.Background()
 			f := setup(t, pgtest.TieredInboxDDL, pgtest.TieredInboxPolicy)
 			tbl := f.tables[0]
-			pgtest.Exec(t, f.pool, tiering.CreateKeyTableSQL(tbl.Tiers.Key))
+			pgtest.Exec(t, f.pool, tiering.CreateKeyTableSQL(tiering.KeyOf(tbl)))
 			base := t0.Add(-40 * 24 * time.Hour)
 			pgtest.Exec(t, f.pool, `INSERT INTO public.inbox (consumer, message_id, payload_hash, first_seen_at, remember_until, business_key, payload)
 		SELECT 'payments', 'm' || i, sha256(i::text::bytea), $1::timestamptz + i * interval '1 hour', $1::timestamptz + interval '30 days' + i * interval '1 hour',

@@ -488,7 +488,7 @@ WHERE schema_name = $1 AND table_name = $2 AND scope = $3 AND replay IS NOT NULL
 				from, start.UTC().Format(time.RFC3339), scope, s.Record.Source), nil
 		}
 		return "", nil
-	case t.Tiers != nil && t.Tiers.Key != nil:
+	case t.Policy.Tiers != nil && t.Policy.Tiers.PermanentKey != nil:
 		return "", nil // its permanent key remembers what is deleted
 	}
 	// Neither: what the table still holds of the scope.

@@ -10,6 +10,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/retry"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/service"
+	"github.com/inboxkeeper/inboxkeeper/tiering"
 )
 
 // The permanent keys of a detached partition are copied out in the
@@ -37,7 +38,7 @@ const (
 // hold or replay keeps the partition at now (the drop will not happen).
 func (m *Manager) copyKeysAhead(ctx context.Context, t *catalog.Table, p Partition, now time.Time) (int64, error) {
 	wg, ok := m.Throttle.(service.WriterGate)
-	if m.copyKeys == nil || t.Tiers == nil || t.Tiers.Key == nil || t.InCitusMetadata || !ok {
+	if tiering.KeyOf(t) == nil || t.InCitusMetadata || !ok {
 		return 0, nil
 	}
 	if reason, _, err := m.covered(ctx, t, p.Ident(), now); err != nil || reason != "" {
@@ -76,7 +77,7 @@ func (m *Manager) copyKeysAhead(ctx context.Context, t *catalog.Table, p Partiti
 			if err := tx.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&lsn); err != nil {
 				return err
 			}
-			k, err := m.copyKeys(ctx, tx, t, source)
+			k, err := tiering.CopyPermanentKeys(ctx, tx, t, source)
 			if err != nil {
 				return err
 			}

@@ -20,7 +20,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/domain/batchloop"
@@ -41,10 +40,7 @@ import (
 // blocked. Zero values get the documented defaults.
 type Options struct {
 	service.Base
-	// CopyKeys, when set, copies the permanent keys out of a detached
-	// partition in the transaction that drops it (tiering).
-	CopyKeys func(ctx context.Context, tx pgx.Tx, t *catalog.Table, source string) (int64, error)
-	Metrics  *Metrics // may be nil
+	Metrics *Metrics // may be nil
 }
 
 // TestSignals are the hooks tests set on a Manager; the daemon never sets
@@ -95,11 +91,10 @@ type Manager struct {
 	service.Base
 	TestSignals TestSignals
 
-	pool     *pgxpool.Pool
-	tables   []*catalog.Table
-	copyKeys func(ctx context.Context, tx pgx.Tx, t *catalog.Table, source string) (int64, error)
-	metrics  *Metrics
-	managed  map[uint32]bool // every table of the policy (trust.go)
+	pool    *pgxpool.Pool
+	tables  []*catalog.Table
+	metrics *Metrics
+	managed map[uint32]bool // every table of the policy (trust.go)
 
 	mu      sync.Mutex
 	refused map[string]bool // the untrusted records already logged
@@ -108,7 +103,7 @@ type Manager struct {
 // New returns a Manager for the partitioned tables among tables (others
 // are ignored).
 func New(pool *pgxpool.Pool, tables []*catalog.Table, opts Options) *Manager {
-	m := &Manager{Base: opts.WithDefaults(config.DefaultDDLLockTimeout), pool: pool, copyKeys: opts.CopyKeys, metrics: opts.Metrics,
+	m := &Manager{Base: opts.WithDefaults(config.DefaultDDLLockTimeout), pool: pool, metrics: opts.Metrics,
 		managed: managedOIDs(tables), refused: map[string]bool{}}
 	for _, t := range tables {
 		if t.Partitioned() {

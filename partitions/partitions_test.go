@@ -746,7 +746,7 @@ func TestPermanentKeysSurviveRetirement(t *testing.T) {
 	}
 	pgtest.Exec(t, f.pool, `INSERT INTO public.consumer_inbox (consumer, message_id, business_key, payload_hash, first_seen_at, remember_until)
 SELECT 'payments', 'm-' || i, 'payout-' || i, '\x01', '2026-04-01', '2026-05-10' FROM generate_series(1, 5) i`)
-	keys := func() int64 { return f.count(t, f.table.Tiers.Key.Ident, "true") }
+	keys := func() int64 { return f.count(t, tiering.KeyOf(f.table).Ident, "true") }
 	pgtest.Exec(t, f.pool, `UPDATE public.consumer_inbox SET payload = '{"secret": 1}'`)
 
 	// Demotion in place on a partitioned inbox: matched on (tableoid, ctid).
@@ -758,7 +758,7 @@ SELECT 'payments', 'm-' || i, 'payout-' || i, '\x01', '2026-04-01', '2026-05-10'
 		t.Fatalf("%d payloads left after demotion", n)
 	}
 
-	opts := Options{Base: service.Base{Clock: service.At(t0)}, CopyKeys: tiering.CopyPermanentKeys}
+	opts := Options{Base: service.Base{Clock: service.At(t0)}}
 	if res := f.pass(t, opts); len(res.Detached) != 1 || len(res.Dropped) != 0 {
 		t.Fatalf("first pass: %+v", res)
 	}
@@ -774,7 +774,7 @@ SELECT 'payments', 'm-' || i, 'payout-' || i, '\x01', '2026-04-01', '2026-05-10'
 	}
 	var hash []byte
 	var firstSeen time.Time
-	if err := f.pool.QueryRow(ctx, "SELECT payload_hash, first_seen FROM "+f.table.Tiers.Key.Ident+" WHERE business_key = 'payout-3'").Scan(&hash, &firstSeen); err != nil || len(hash) != 1 || hash[0] != 1 {
+	if err := f.pool.QueryRow(ctx, "SELECT payload_hash, first_seen FROM "+tiering.KeyOf(f.table).Ident+" WHERE business_key = 'payout-3'").Scan(&hash, &firstSeen); err != nil || len(hash) != 1 || hash[0] != 1 {
 		t.Fatalf("key payout-3: %x %v %v", hash, firstSeen, err)
 	}
 	var kept int64
@@ -899,7 +899,7 @@ func TestPermanentKeysCopiedInPacedSlices(t *testing.T) {
 SELECT 'payments', 'm-' || i, 'payout-' || i, '\x01', '2026-04-01', '2026-05-10' FROM generate_series(1, $1::int) i`, rows)
 	g := &windowGate{room: make(chan struct{}), asked: make(chan struct{}), window: 64 << 10}
 	close(g.room)
-	opts := Options{Base: service.Base{Clock: service.At(t0), Throttle: g}, CopyKeys: tiering.CopyPermanentKeys}
+	opts := Options{Base: service.Base{Clock: service.At(t0), Throttle: g}}
 	if res := f.pass(t, opts); len(res.Detached) != 1 {
 		t.Fatalf("first pass: %+v", res)
 	}
@@ -913,7 +913,7 @@ SELECT 'payments', 'm-' || i, 'payout-' || i, '\x01', '2026-04-01', '2026-05-10'
 	if slices := g.calls.Load() - before - 1; slices < 4 {
 		t.Errorf("the keys were copied in %d slices, want at least 4 (the drop's own DDL asked once more)", slices)
 	}
-	if n := f.count(t, f.table.Tiers.Key.Ident, "true"); n != rows {
+	if n := f.count(t, tiering.KeyOf(f.table).Ident, "true"); n != rows {
 		t.Fatalf("%d permanent keys after the drop, want %d", n, rows)
 	}
 	var kept int64

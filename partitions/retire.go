@@ -16,6 +16,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/retry"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/sqlargs"
+	"github.com/inboxkeeper/inboxkeeper/tiering"
 )
 
 // due reports whether every row p can hold has expired at now.
@@ -520,13 +521,11 @@ WHERE partition_schema = $1 AND partition_name = $2 AND detach_started = $3 AND 
 		if _, err := tx.Exec(ctx, "SELECT set_config('statement_timeout', '0', true)"); err != nil {
 			return err
 		}
-		if m.copyKeys != nil {
-			n, err := m.copyKeys(ctx, tx, t, p.Ident())
-			if err != nil {
-				return fmt.Errorf("copy permanent keys out of %s: %w", p, err)
-			}
-			copied += n
+		n, err := tiering.CopyPermanentKeys(ctx, tx, t, p.Ident())
+		if err != nil {
+			return fmt.Errorf("copy permanent keys out of %s: %w", p, err)
 		}
+		copied += n
 		if _, err := tx.Exec(ctx, "DROP TABLE "+p.Ident()); err != nil {
 			return err
 		}

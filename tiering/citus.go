@@ -79,7 +79,7 @@ func (d *Demoter) firstDue(ctx context.Context, t *catalog.Table, lower pgtype.T
 		}
 		var args sqlargs.List
 		cond, _ := due(t, "t", &args, cov, now, lower)
-		return tx.QueryRow(ctx, fmt.Sprintf("SELECT min(%s) FROM %s t WHERE %s AND NOT %s", t.Tiers.Anchor.AsTimestamptz("t"), walked(t), cond, blocked(t, cov, "t", &args)),
+		return tx.QueryRow(ctx, fmt.Sprintf("SELECT min(%s) FROM %s t WHERE %s AND NOT %s", Of(t).Anchor.AsTimestamptz("t"), walked(t), cond, blocked(t, cov, "t", &args)),
 			args.Values...).Scan(&a)
 	})
 	if err != nil {

@@ -112,7 +112,7 @@ WHERE k.logicalrelid = 'inboxkeeper.keys_public_inbox'::regclass AND i.logicalre
 		// Once the key table exists, resolving and ensuring it again
 		// accept it as it is.
 		ct := resolve(t, f.pool, policy)
-		if created, err := EnsureKeyTable(ctx, f.pool, ct); err != nil || created || !ct.Tiers.Key.Exists {
+		if created, err := EnsureKeyTable(ctx, f.pool, ct); err != nil || created || !KeyOf(ct).Exists {
 			t.Errorf("second EnsureKeyTable: created=%v, %v", created, err)
 		}
 

@@ -32,7 +32,7 @@ func NewCollector(q Querier, m *Metrics, bytesPerKey *daemonmetrics.Fact, log *s
 // is ctx's.
 func (c *Collector) Update(ctx context.Context, tables []*catalog.Table) error {
 	for _, t := range tables {
-		if t.Tiers == nil || t.Partitioned() {
+		if Of(t) == nil || t.Partitioned() {
 			continue
 		}
 		st, err := Measure(ctx, c.q, t)

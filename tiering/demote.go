@@ -91,13 +91,13 @@ func New(pool *pgxpool.Pool, tables []*catalog.Table, opts Options) *Demoter {
 	log := opts.Logger
 	d := &Demoter{pool: pool, opts: opts, log: log, sizers: batchloop.NewSizers(opts.BatchSize, opts.Sizing)}
 	for _, t := range tables {
-		if t.Tiers == nil {
+		if Of(t) == nil {
 			continue
 		}
 		d.tables = append(d.tables, t)
 		if m := opts.Metrics; m != nil {
 			m.RowsDemoted.WithLabelValues(t.Name, Warm).Add(0)
-			if t.Tiers.Key != nil {
+			if KeyOf(t) != nil {
 				m.RowsDemoted.WithLabelValues(t.Name, Permanent).Add(0)
 			}
 		}
@@ -129,7 +129,7 @@ func (d *Demoter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 	start := time.Now()
 	res := Result{Table: t.Name, Tier: Warm}
 	if d.opts.DryRun {
-		if res.Err = catalog.CheckReadable(ctx, d.pool, t); res.Err == nil {
+		if res.Err = checkReadable(ctx, d.pool, t); res.Err == nil {
 			res.Err = d.readTx(ctx, t, func(tx pgx.Tx) error { return d.count(ctx, tx, t, &res, true) })
 		}
 	} else {
@@ -162,7 +162,7 @@ func (d *Demoter) runTable(ctx context.Context, t *catalog.Table, deadline time.
 func (d *Demoter) sizer(t *catalog.Table) *batchloop.Sizer { return d.sizers.For(t.Name) }
 
 func (d *Demoter) demoteAll(ctx context.Context, t *catalog.Table, deadline time.Time, res *Result) error {
-	if err := catalog.CheckReadable(ctx, d.pool, t); err != nil {
+	if err := checkReadable(ctx, d.pool, t); err != nil {
 		return err
 	}
 	var lastNewest time.Time // the newest anchor of the last batch, for its log line
@@ -195,7 +195,7 @@ func (d *Demoter) demoteAll(ctx context.Context, t *catalog.Table, deadline time
 }
 
 // cutoff is the newest anchor value that is out of the hot tier at now.
-func cutoff(t *catalog.Table, now time.Time) time.Time { return now.Add(-t.Tiers.HotFor) }
+func cutoff(t *catalog.Table, now time.Time) time.Time { return now.Add(-Of(t).HotFor) }
 
 // batch demotes at most size due rows no blocking hold covers, in one
 // transaction, and returns how many and the newest anchor among them. On a
@@ -246,14 +246,14 @@ func (d *Demoter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 // would cost an UPDATE, three times a DELETE, for a row about to go. With
 // a side table the demotion is itself a cheap DELETE and goes ahead.
 func due(t *catalog.Table, alias string, args *sqlargs.List, cov holds.Coverage, now time.Time, lower pgtype.Timestamptz) (cond string, anchor string) {
-	ti := t.Tiers
+	ti := Of(t)
 	a := alias + "." + ti.Anchor.Quoted
 	cond = fmt.Sprintf("%s <= %s", a, ti.Anchor.Instant(args.Add(cutoff(t, now))+"::timestamptz"))
 	if lower.InfinityModifier != pgtype.NegativeInfinity {
 		cond += fmt.Sprintf(" AND %s >= %s", a, ti.Anchor.Instant(args.Add(lower)+"::timestamptz"))
 	}
 	if ti.Side == nil {
-		cond += " AND " + catalog.HasPayload(ti.Payload, alias)
+		cond += " AND " + hasPayload(ti.Payload, alias)
 		if t.Filter != nil {
 			cond += " AND " + t.Only(alias)
 		}
@@ -299,7 +299,7 @@ func blocked(t *catalog.Table, cov holds.Coverage, alias string, args *sqlargs.L
 	if !cov.BlocksDemotion() {
 		return "false"
 	}
-	s := t.Tiers.Side
+	s := Of(t).Side
 	if s == nil {
 		return cov.DemotionPredicate(t, alias, args)
 	}
@@ -317,7 +317,7 @@ func blocked(t *catalog.Table, cov holds.Coverage, alias string, args *sqlargs.L
 // FOR UPDATE SKIP LOCKED, then empty (in place) or delete (side table)
 // exactly those; it returns the count and the newest anchor.
 func demoteSQL(t *catalog.Table, cov holds.Coverage, args *sqlargs.List, now time.Time, lower pgtype.Timestamptz, size int) string {
-	ti := t.Tiers
+	ti := Of(t)
 	rel, kind := t.Ident, t.Kind
 	if ti.Side != nil {
 		rel, kind = ti.Side.Ident, ti.Side.Kind
@@ -367,13 +367,13 @@ SELECT count(*), max(anchor) FROM done`, pick, rel, cond, hold, anchor, limit, c
 }
 
 // distributedDemoteSQL is demoteSQL for a table Citus distributes (its side
-// table is co-located with it, catalog.resolveCitusTiers): Citus refuses a
+// table is co-located with it, resolveCitus): Citus refuses a
 // ctid match and a multi-shard FOR UPDATE SKIP LOCKED, so the rows are
 // matched on the key columns (the distribution column among them), picked
 // by a subquery the coordinator runs first, and not skipped when locked:
 // distributedBatch steps over them instead.
 func distributedDemoteSQL(t *catalog.Table, rel, cond, hold, anchor, limit string) string {
-	ti := t.Tiers
+	ti := Of(t)
 	var keys, pick []string
 	for _, k := range t.Key {
 		keys = append(keys, "u."+k.Quoted)
@@ -413,8 +413,8 @@ func (d *Demoter) coverage(ctx context.Context, tx pgx.Tx, t *catalog.Table) (ti
 // walked is the relation demotion walks: the side table, or the table
 // itself in place.
 func walked(t *catalog.Table) string {
-	if t.Tiers.Side != nil {
-		return t.Tiers.Side.Ident
+	if Of(t).Side != nil {
+		return Of(t).Side.Ident
 	}
 	return t.Ident
 }

@@ -43,10 +43,10 @@ type Querier interface {
 // row's node. An existing key table is checked by catalog.Resolve, never
 // redistributed.
 func EnsureKeyTable(ctx context.Context, db Querier, t *catalog.Table) (bool, error) {
-	if t.Tiers == nil || t.Tiers.Key == nil {
+	if KeyOf(t) == nil {
 		return false, nil
 	}
-	k := t.Tiers.Key
+	k := KeyOf(t)
 	exists := func() (bool, error) {
 		var ok bool
 		err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -94,10 +94,10 @@ WHERE n.nspname = $1 AND c.relname = $2)`, k.Table.Schema, k.Table.Name).Scan(&o
 // the real run would find.
 func CheckKeyTables(ctx context.Context, db Querier, tables []*catalog.Table) error {
 	for _, t := range tables {
-		if t.Tiers == nil || t.Tiers.Key == nil {
+		if KeyOf(t) == nil {
 			continue
 		}
-		k := t.Tiers.Key
+		k := KeyOf(t)
 		var exists, canCreate bool
 		err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2),
        coalesce((SELECT has_schema_privilege(n.oid, 'CREATE') FROM pg_namespace n WHERE n.nspname = $1), false)`,
@@ -121,10 +121,10 @@ func CheckKeyTables(ctx context.Context, db Querier, tables []*catalog.Table) er
 // so the keys and the rows never both go missing. A table without a
 // permanent key copies nothing.
 func CopyPermanentKeys(ctx context.Context, tx pgx.Tx, t *catalog.Table, source string) (int64, error) {
-	if t.Tiers == nil || t.Tiers.Key == nil {
+	if KeyOf(t) == nil {
 		return 0, nil
 	}
-	k := t.Tiers.Key
+	k := KeyOf(t)
 	sql := insertKeys(k, source+" s", func(i int) string { return "s." + k.Columns[i].Quoted }, "s."+k.FirstSeen.Quoted)
 	tag, err := tx.Exec(ctx, sql)
 	if err != nil {
@@ -144,7 +144,7 @@ func EnsureKeyTables(ctx context.Context, db Querier, tables []*catalog.Table, l
 			return err
 		}
 		if created {
-			log.Info("tiering: created the permanent key table", "table", t.Name, "keys", t.Tiers.Key.Name)
+			log.Info("tiering: created the permanent key table", "table", t.Name, "keys", KeyOf(t).Name)
 		}
 	}
 	return nil
@@ -157,10 +157,10 @@ func EnsureKeyTables(ctx context.Context, db Querier, tables []*catalog.Table, l
 // a data-modifying CTE reading them, and the count of keys written.
 // Without a permanent key: nothing, and 0.
 func DeleteKeys(t *catalog.Table) (returning, cte, count string) {
-	if t.Tiers == nil || t.Tiers.Key == nil {
+	if KeyOf(t) == nil {
 		return "", "", "0::bigint"
 	}
-	k := t.Tiers.Key
+	k := KeyOf(t)
 	var b strings.Builder
 	for i, c := range k.Columns {
 		fmt.Fprintf(&b, ", d.%s AS pk_%d", c.Quoted, i)
@@ -172,7 +172,7 @@ func DeleteKeys(t *catalog.Table) (returning, cte, count string) {
 
 // dateOf returns SQL turning ref, a value of k's FirstSeen column, into
 // the UTC date stored in first_seen.
-func dateOf(k *catalog.PermanentKey, ref string) string {
+func dateOf(k *PermanentKey, ref string) string {
 	if k.FirstSeen.IsTimestamptz() {
 		return "(" + ref + " AT TIME ZONE 'UTC')::date"
 	}
@@ -185,7 +185,7 @@ func dateOf(k *catalog.PermanentKey, ref string) string {
 // column. Rows with a NULL key column have no permanent key and are left
 // out; a key already present keeps its first row. It returns one row per
 // key written.
-func insertKeys(k *catalog.PermanentKey, rel string, ref func(i int) string, firstSeen string) string {
+func insertKeys(k *PermanentKey, rel string, ref func(i int) string, firstSeen string) string {
 	var cols, vals, notNull []string
 	for i, c := range k.Columns {
 		cols = append(cols, c.Quoted)
@@ -202,7 +202,7 @@ func insertKeys(k *catalog.PermanentKey, rel string, ref func(i int) string, fir
 
 // CreateKeyTableSQL is the DDL of k's key table: the columns as in the
 // source, the first_seen date, and the primary key.
-func CreateKeyTableSQL(k *catalog.PermanentKey) string {
+func CreateKeyTableSQL(k *PermanentKey) string {
 	var defs, pk []string
 	for i, c := range k.Columns {
 		def := c.Quoted + " " + c.Type
@@ -222,7 +222,7 @@ func CreateKeyTableSQL(k *catalog.PermanentKey) string {
 // each key on the node that held its row (one multi-statement text: run it
 // as one implicit transaction, so the table never exists undistributed).
 func KeyTableDDL(t *catalog.Table) string {
-	k := t.Tiers.Key
+	k := KeyOf(t)
 	if !t.Distributed() {
 		return CreateKeyTableSQL(k)
 	}
@@ -232,7 +232,7 @@ func KeyTableDDL(t *catalog.Table) string {
 // distributeKeyTable distributes k's key table like t (see KeyTableDDL).
 // Tables are named by their canonical spelling, which Citus parses like
 // SQL text.
-func distributeKeyTable(k *catalog.PermanentKey, t *catalog.Table) string {
+func distributeKeyTable(k *PermanentKey, t *catalog.Table) string {
 	return fmt.Sprintf("SELECT create_distributed_table(%s, %s, colocate_with => %s)",
 		sqlident.QuoteLiteral(k.Name), sqlident.QuoteLiteral(t.Citus.Column.Name), sqlident.QuoteLiteral(t.Name))
 }

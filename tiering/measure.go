@@ -58,7 +58,7 @@ WHERE (c.oid = $1 AND c.relkind = 'r')
 // Measure estimates the tiers of t. A table without tiers has no Stats.
 func Measure(ctx context.Context, q Querier, t *catalog.Table) (Stats, error) {
 	st := Stats{Table: t.Name, Rows: map[string]float64{}, BytesPerKey: map[string]float64{}}
-	ti := t.Tiers
+	ti := Of(t)
 	if ti == nil {
 		return st, nil
 	}
@@ -112,7 +112,7 @@ func Measure(ctx context.Context, q Querier, t *catalog.Table) (Stats, error) {
 // null fraction), and its payload weighs the columns' average widths.
 func inPlaceStats(ctx context.Context, q Querier, t *catalog.Table, rows, bytes float64, st *Stats) error {
 	var names []string
-	for _, c := range t.Tiers.Payload {
+	for _, c := range Of(t).Payload {
 		names = append(names, c.Name)
 	}
 	var minNull, width, payloadBytes *float64
@@ -220,11 +220,11 @@ type Status struct {
 
 // Status reads the tiers of t now, with the Demoter's clock.
 func (d *Demoter) Status(ctx context.Context, t *catalog.Table) (Status, error) {
-	st := Status{HotFor: t.Tiers.HotFor, Layout: "in place"}
-	if s := t.Tiers.Side; s != nil {
+	st := Status{HotFor: Of(t).HotFor, Layout: "in place"}
+	if s := Of(t).Side; s != nil {
 		st.Layout = "side table " + s.Name
 	}
-	if k := t.Tiers.Key; k != nil {
+	if k := KeyOf(t); k != nil {
 		st.KeyTable = k.Name
 		st.KeyMissing = !k.Exists
 	}
@@ -257,11 +257,12 @@ func (d *Demoter) Status(ctx context.Context, t *catalog.Table) (Status, error) 
 // unreadablePayload lists the in-place payload columns of t this role may
 // not read.
 func unreadablePayload(ctx context.Context, q Querier, t *catalog.Table) ([]string, error) {
-	if t.Tiers.Side != nil {
+	ti := Of(t)
+	if ti.Side != nil {
 		return nil, nil
 	}
 	var names []string
-	for _, c := range t.Tiers.Payload {
+	for _, c := range ti.Payload {
 		names = append(names, c.Name)
 	}
 	var out []string

@@ -148,7 +148,7 @@ func (f fixture) expire(t *testing.T, now time.Time) DeleterResult {
 
 // hot counts the rows that still have payload, in either layout.
 func (f fixture) hot(t *testing.T, where string) int64 {
-	if f.table.Tiers.Side != nil {
+	if Of(f.table).Side != nil {
 		return f.count(t, "SELECT count(*) FROM public.inbox_payload WHERE "+where)
 	}
 	return f.count(t, "SELECT count(*) FROM public.inbox WHERE (payload IS NOT NULL OR headers IS NOT NULL) AND "+where)
@@ -458,7 +458,7 @@ func TestSideTableHoldJoin(t *testing.T) {
 	f := setup(t, inboxDDL+`
 CREATE TABLE public.bodies (consumer text, message_id text, first_seen_at timestamptz, body text);
 CREATE INDEX ON public.bodies (first_seen_at);`, pgtest.TieredPolicyHead+"      payload_table: public.bodies\n")
-	if f.table.Tiers.Side.HoldColumnsLocal(f.table) {
+	if Of(f.table).Side.HoldColumnsLocal(f.table) {
 		// The inbox has scope and event_time; bodies has neither.
 		t.Fatal("holds would be matched on the side row, which has no scope column")
 	}
@@ -493,8 +493,8 @@ func TestPartitionedSideTable(t *testing.T) {
 ) PARTITION BY RANGE (first_seen_at);
 CREATE TABLE public.inbox_payload_a PARTITION OF public.inbox_payload FOR VALUES FROM (MINVALUE) TO ('2026-06-05');
 CREATE TABLE public.inbox_payload_b PARTITION OF public.inbox_payload FOR VALUES FROM ('2026-06-05') TO (MAXVALUE);`, 1), sidePolicy)
-	if f.table.Tiers.Side.Kind != "p" {
-		t.Fatalf("side table kind %q", f.table.Tiers.Side.Kind)
+	if Of(f.table).Side.Kind != "p" {
+		t.Fatalf("side table kind %q", Of(f.table).Side.Kind)
 	}
 	f.insert(t, "c", 20, t0.Add(-15*24*time.Hour), 12*time.Hour) // 2026-05-31 .. 2026-06-10, across both partitions
 	res := f.demote(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: 3}})

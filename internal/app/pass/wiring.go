@@ -107,7 +107,7 @@ func (w Wiring) Partitions(c config.Config, tables []*catalog.Table) *partitions
 	if w.DDLPool != nil && !w.DryRun {
 		pool = w.DDLPool
 	}
-	o := partitions.Options{Base: w.base(c, c.DDLLockTimeout), CopyKeys: tiering.CopyPermanentKeys}
+	o := partitions.Options{Base: w.base(c, c.DDLLockTimeout)}
 	if w.Metrics != nil {
 		o.Metrics = w.Metrics.Partitions
 	}
@@ -126,7 +126,7 @@ func (w Wiring) Stages(tables []*catalog.Table, tn settings.Tuning) ([]Stage, []
 	for _, t := range tables {
 		c := tn.For(t.Name)
 		one := []*catalog.Table{t}
-		if t.Tiers != nil {
+		if tiering.Of(t) != nil {
 			// A partitioned inbox is demoted too (in place, on (tableoid,
 			// ctid)), after the partitions stage has retired its due
 			// months whole (their permanent keys copied out as they go).

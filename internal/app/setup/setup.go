@@ -367,9 +367,9 @@ func (c *Command) MigrateKeyTables(ctx context.Context, conn *pgx.Conn, say func
 		case err != nil:
 			say(fmt.Sprintf("permanent key table of %s: %v", pt.Name, err))
 		case created:
-			say(fmt.Sprintf("permanent key table %s created for %s", t.Tiers.Key.Name, t.Name))
+			say(fmt.Sprintf("permanent key table %s created for %s", tiering.KeyOf(t).Name, t.Name))
 		default:
-			say(fmt.Sprintf("permanent key table %s of %s exists", t.Tiers.Key.Name, t.Name))
+			say(fmt.Sprintf("permanent key table %s of %s exists", tiering.KeyOf(t).Name, t.Name))
 		}
 	}
 }

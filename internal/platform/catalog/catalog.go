@@ -143,7 +143,9 @@ type Table struct {
 	Scope     *Column
 	EventTime *Column
 	FirstSeen *Column // the first-receipt column, for the retention rule
-	Tiers     *Tiers  // the tiers section, resolved (tiers.go); nil without one
+	// sections are what the domain packages made of the policy
+	// sections they own (section.go: tiering's tiers).
+	sections map[string]Resolved
 	// Citus is set when the table is hash-distributed by Citus (the
 	// database is a coordinator); nil for an ordinary table.
 	Citus *Distribution
@@ -175,8 +177,8 @@ type Table struct {
 // TimeColumns are the table's timestamp columns the policy names.
 func (t *Table) TimeColumns() []Column {
 	all := []*Column{&t.Expiry, t.EventTime, t.FirstSeen}
-	if t.Tiers != nil {
-		all = append(all, &t.Tiers.Anchor)
+	for _, c := range t.sectionTimeColumns() {
+		all = append(all, &c)
 	}
 	var cs []Column
 	for _, c := range all {
@@ -189,10 +191,10 @@ func (t *Table) TimeColumns() []Column {
 
 // ReadColumns are the columns of the table the daemon's statements read:
 // those the policy names (key, expiry, scope, event time, first seen,
-// only_when's and the windows', the tiers' anchor, payload and permanent
-// key), each once, and ctid, by which a batch deletes the rows it picked.
-// A role granted SELECT on fewer columns (deploy/sql/role.sql's
-// private_columns) must still have these.
+// only_when's and the windows', and its sections': the tiers' anchor,
+// payload and permanent key), each once, and ctid, by which a batch
+// deletes the rows it picked. A role granted SELECT on fewer columns
+// (deploy/sql/role.sql's private_columns) must still have these.
 func (t *Table) ReadColumns() []string {
 	cols := []string{"ctid"}
 	add := func(cs ...*Column) {
@@ -214,66 +216,36 @@ func (t *Table) ReadColumns() []string {
 			add(&w.Filter.Column)
 		}
 	}
-	if tr := t.Tiers; tr != nil {
-		add(&tr.Anchor)
-		for i := range tr.Payload {
-			add(&tr.Payload[i])
-		}
-		if tr.Key != nil {
-			for i := range tr.Key.Columns {
-				add(&tr.Key.Columns[i])
-			}
-		}
-	}
-	return cols
-}
-
-// SideReadColumns are the side table's columns the demoter reads (its
-// key, anchor and hold columns, and ctid); nil without a side table.
-func (t *Table) SideReadColumns() []string {
-	if t.Tiers == nil || t.Tiers.Side == nil {
-		return nil
-	}
-	s := t.Tiers.Side
-	cols := []string{"ctid"}
-	for _, c := range append(append([]Column{}, t.Key...), s.Anchor) {
-		if !slices.Contains(cols, c.Name) {
-			cols = append(cols, c.Name)
-		}
-	}
-	for _, c := range []*Column{s.Scope, s.EventTime} {
-		if c != nil && !slices.Contains(cols, c.Name) {
-			cols = append(cols, c.Name)
+	for _, name := range slices.Sorted(maps.Keys(t.sections)) {
+		for _, c := range t.sections[name].ReadColumns() {
+			add(&c)
 		}
 	}
 	return cols
 }
 
 // CheckReadable fails before any statement on t when this role may not
-// read a column those statements read (ReadColumns, SideReadColumns): a
-// SELECT granted column by column that leaves one out would otherwise fail
-// each batch with PostgreSQL's "permission denied for table", which names
-// no column. The error wraps retry.ErrPrivilege.
+// read a column those statements read (ReadColumns): a SELECT granted
+// column by column that leaves one out would otherwise fail each batch
+// with PostgreSQL's "permission denied for table", which names no column.
+// The error wraps retry.ErrPrivilege.
 func CheckReadable(ctx context.Context, q Querier, t *Table) error {
-	check := func(name string, oid uint32, cols []string) error {
-		var missing []string
-		if err := q.QueryRow(ctx, `SELECT coalesce(array_agg(c ORDER BY o), '{}') FROM unnest($2::text[]) WITH ORDINALITY u(c, o)
+	return CheckColumns(ctx, q, t.Name, t.OID, t.ReadColumns())
+}
+
+// CheckColumns is CheckReadable for the columns cols of the relation
+// name (oid).
+func CheckColumns(ctx context.Context, q Querier, name string, oid uint32, cols []string) error {
+	var missing []string
+	if err := q.QueryRow(ctx, `SELECT coalesce(array_agg(c ORDER BY o), '{}') FROM unnest($2::text[]) WITH ORDINALITY u(c, o)
 WHERE NOT has_column_privilege($1::oid, c, 'SELECT')`, oid, cols).Scan(&missing); err != nil {
-			return fmt.Errorf("could not read which columns of %s this role may read: %w", name, err)
-		}
-		if len(missing) > 0 {
-			return fmt.Errorf("permission denied: this role may not read %s of %s, which inboxkeeper's statements on it read "+
-				"(of the columns the policy names, and ctid); where SELECT is granted by column (deploy/sql/role.sql's private_columns), "+
-				"leave them out of the private ones: GRANT SELECT (%s) ON %s TO <this role> (%w)",
-				strings.Join(missing, ", "), name, strings.Join(quoteAll(missing), ", "), name, retry.ErrPrivilege)
-		}
-		return nil
+		return fmt.Errorf("could not read which columns of %s this role may read: %w", name, err)
 	}
-	if err := check(t.Name, t.OID, t.ReadColumns()); err != nil {
-		return err
-	}
-	if side := t.SideReadColumns(); side != nil {
-		return check(t.Tiers.Side.Name, t.Tiers.Side.OID, side)
+	if len(missing) > 0 {
+		return fmt.Errorf("permission denied: this role may not read %s of %s, which inboxkeeper's statements on it read "+
+			"(of the columns the policy names, and ctid); where SELECT is granted by column (deploy/sql/role.sql's private_columns), "+
+			"leave them out of the private ones: GRANT SELECT (%s) ON %s TO <this role> (%w)",
+			strings.Join(missing, ", "), name, strings.Join(quoteAll(missing), ", "), name, retry.ErrPrivilege)
 	}
 	return nil
 }
@@ -400,7 +372,7 @@ WHERE n.nspname = $1 AND c.relname = $2`, pt.Name.Schema, pt.Name.Name).Scan(&t.
 		// The checks below read the columns above.
 		return nil, bad.err()
 	}
-	if bad.fatal(resolveTiers(ctx, q, t, cols)) || bad.fatal(resolveCitus(ctx, q, pt, t, cols)) || bad.fatal(resolveCitusTiers(ctx, q, pt, t)) {
+	if bad.fatal(resolveCitus(ctx, q, pt, t, cols)) || bad.fatal(resolveSections(ctx, q, t, cols)) {
 		return nil, bad.err()
 	}
 	if t.Distributed() && len(t.DeletesFirst()) > 0 {

@@ -92,38 +92,6 @@ WHERE s.logicalrelid = $1::oid::regclass`, t.OID)
 	return nil
 }
 
-// resolveCitusTiers checks the tiers tables of a distributed table: the side
-// table and an existing permanent key table must be hash-distributed on the
-// same column and co-located with it, so that demoting a row, or writing
-// its key as it is deleted, stays on the row's node; and the permanent key
-// must include the distribution column, which Citus requires of the key
-// table's primary key. A key table not created yet is created distributed
-// (tiering.EnsureKeyTable). Tables that exist are never redistributed here:
-// that copies their rows, an owner's decision, so the error names the
-// statement.
-func resolveCitusTiers(ctx context.Context, q Querier, pt policy.Table, t *Table) error {
-	if !t.Distributed() || t.Tiers == nil {
-		return nil
-	}
-	col := t.Citus.Column.Name
-	if s := t.Tiers.Side; s != nil {
-		if err := colocated(ctx, q, pt, t, "tiers.payload_table", "payload", s.Name, s.Ident); err != nil {
-			return err
-		}
-	}
-	k := t.Tiers.Key
-	if k == nil {
-		return nil
-	}
-	if !slices.ContainsFunc(k.Columns[:k.NKey], func(c Column) bool { return c.Name == col }) {
-		return invalid(pt, "tiers.permanent_key.columns", "the table is distributed on %q, which is not one of the permanent key's columns: the key table is distributed on it like the table, and Citus needs it in the key table's primary key; add %q to the columns", col, col)
-	}
-	if !k.Exists {
-		return nil
-	}
-	return colocated(ctx, q, pt, t, "tiers.permanent_key.table", "permanent key", k.Name, k.Ident)
-}
-
 // colocated refuses rel (name canonical, ident quoted), which holds the
 // rows' what, unless it is hash-distributed on t's distribution column and
 // co-located with t. The statements in the messages name tables by their

@@ -108,7 +108,7 @@ const LocalClockSlack = 5 * time.Minute
 
 // WarnFutureRows warns when the newest value of a timestamp-without-time-
 // zone column that records when something happened (the expires_after
-// column, event_time, first_seen, the tiers anchor; an expires_at column
+// column, event_time, first_seen, a section's (the tiers anchor); an expires_at column
 // lies in the future by design) is more than LocalClockSlack after now,
 // read in the table's zone: the application writes its host's wall clock,
 // east of that zone, and rows would go early by as much. A column an index
@@ -146,8 +146,8 @@ func eventColumns(t *Table) []Column {
 	}
 	add(t.EventTime)
 	add(t.FirstSeen)
-	if t.Tiers != nil {
-		add(&t.Tiers.Anchor)
+	for _, c := range t.sectionTimeColumns() {
+		add(&c)
 	}
 	return cs
 }

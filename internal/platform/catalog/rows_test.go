@@ -38,7 +38,7 @@ CREATE INDEX ON public."OutboxData" ("DispatchedAt");`)
     first_seen: DispatchedAtt
     expires_after: {column: dispatchedat, after: 7d}
     only_when: {column: Dispached, in: [true]}`)
-	wantInvalid(t, err,
+	pgtest.WantInvalid(t, err,
 		`key[0]: column "messageid" does not exist (did you mean "MessageId"?`,
 		`scope: column "dispatched" does not exist (did you mean "Dispatched"?`,
 		`event_time: column "body" is text`,
@@ -62,7 +62,7 @@ CREATE INDEX ON public."OutboxData" ("DispatchedAt");`)
 		t.Fatal(perr)
 	}
 	_, err = catalog.ResolveAll(context.Background(), pool, p)
-	wantInvalid(t, err, `p.yaml: policy does not match the database: table public.outboxdata: table: no such table in the database (schema "public", name "outboxdata"); did you mean public."OutboxData"? (unquoted parts of a name fold to lower case`,
+	pgtest.WantInvalid(t, err, `p.yaml: policy does not match the database: table public.outboxdata: table: no such table in the database (schema "public", name "outboxdata"); did you mean public."OutboxData"? (unquoted parts of a name fold to lower case`,
 		`p.yaml: policy does not match the database: table public."OutboxData": key[0]`)
 }
 
@@ -78,13 +78,13 @@ CREATE TABLE public.envelopes_incoming PARTITION OF public.envelopes FOR VALUES 
 CREATE TABLE public.hashed (id int, e timestamptz) PARTITION BY HASH (id);
 CREATE INDEX ON public.envelopes_handled (keep_until);`)
 	_, err := resolveText(t, pool, "table: public.envelopes\n    key: [id]\n    expires_at: keep_until")
-	wantInvalid(t, err, "is partitioned by LIST (status)", "name the partitions whose rows expire in the policy instead",
+	pgtest.WantInvalid(t, err, "is partitioned by LIST (status)", "name the partitions whose rows expire in the policy instead",
 		"public.envelopes_handled, public.envelopes_incoming")
 	if strings.Contains(err.Error(), "add a partitions section") {
 		t.Errorf("a LIST-partitioned table is told to add a partitions section: %v", err)
 	}
 	_, err = resolveText(t, pool, "table: public.hashed\n    key: [id]\n    expires_at: e")
-	wantInvalid(t, err, "is partitioned by HASH (id)", "it has no partitions yet")
+	pgtest.WantInvalid(t, err, "is partitioned by HASH (id)", "it has no partitions yet")
 	// The advice works: the partition is an ordinary table.
 	if _, err := resolveText(t, pool, "table: public.envelopes_handled\n    key: [id]\n    expires_at: keep_until"); err != nil {
 		t.Errorf("the partition: %v", err)
@@ -115,15 +115,15 @@ CREATE INDEX ON public.other (e) WHERE status = 'Other';`)
 	// A value the column cannot hold names the field; two spellings of
 	// one value are one.
 	_, err = resolveText(t, pool, "table: public.composite\n    key: [id]\n    epoch_unit: milliseconds\n    only_when: {column: state, in: [done, 2]}\n    expires_at: finalized_at")
-	wantInvalid(t, err, `only_when.in[0]: "done" is not a value of column "state" (smallint)`)
+	pgtest.WantInvalid(t, err, `only_when.in[0]: "done" is not a value of column "state" (smallint)`)
 	_, err = resolveText(t, pool, "table: public.composite\n    key: [id]\n    epoch_unit: milliseconds\n    only_when: {column: state, in: [2, '02']}\n    expires_at: finalized_at")
-	wantInvalid(t, err, `only_when.in[1]: "02" is listed already (column "state" reads it as "2")`)
+	pgtest.WantInvalid(t, err, `only_when.in[1]: "02" is listed already (column "state" reads it as "2")`)
 	if _, err := resolveText(t, pool, "table: public.composite\n    key: [id]\n    epoch_unit: milliseconds\n    only_when: {column: state, in: [2]}\n    expires_at: finalized_at"); err != nil {
 		t.Errorf("composite index, one value: %v", err)
 	}
 	// Two values: the composite index gives no single expiry order.
 	_, err = resolveText(t, pool, "table: public.composite\n    key: [id]\n    epoch_unit: milliseconds\n    only_when: {column: state, in: [2, 3]}\n    expires_at: finalized_at")
-	wantInvalid(t, err, "no valid btree index serves the expiry order", `CREATE INDEX CONCURRENTLY ON "public"."composite" ("finalized_at") WHERE "state" IN ('2', '3')`)
+	pgtest.WantInvalid(t, err, "no valid btree index serves the expiry order", `CREATE INDEX CONCURRENTLY ON "public"."composite" ("finalized_at") WHERE "state" IN ('2', '3')`)
 	// Windows of one value each: the composite index serves both.
 	if _, err := resolveText(t, pool, `table: public.composite
     key: [id]
@@ -139,9 +139,9 @@ CREATE INDEX ON public.other (e) WHERE status = 'Other';`)
     windows:
       - {only_when: {column: state, in: [2]}, expires_after: {column: finalized_at, after: 1d}}
       - {only_when: {column: state, in: ['02', 3]}, expires_after: {column: finalized_at, after: 7d}}`)
-	wantInvalid(t, err, `windows[1].only_when.in: "2" is windows[0]'s too`)
+	pgtest.WantInvalid(t, err, `windows[1].only_when.in: "2" is windows[0]'s too`)
 	_, err = resolveText(t, pool, "table: public.other\n    key: [id]\n    only_when: {column: status, in: [Handled]}\n    expires_at: e")
-	wantInvalid(t, err, "no valid btree index serves the expiry order of the rows the policy manages")
+	pgtest.WantInvalid(t, err, "no valid btree index serves the expiry order of the rows the policy manages")
 }
 
 // An integer time column is Unix time only with epoch_unit; compared with
@@ -158,9 +158,9 @@ CREATE INDEX ON public.received (secs);
 INSERT INTO public.received SELECT 'c', i::text, 1767225600000 + i, 1767225600 + i / 1000.0 FROM generate_series(-2, 2) i;
 ANALYZE public.received;`)
 	_, err := resolveText(t, pool, "table: public.received\n    key: [consumer_id, message_id]\n    expires_at: creation_time")
-	wantInvalid(t, err, `expires_at: column "creation_time" is bigint`, "with epoch_unit set (seconds or milliseconds)")
+	pgtest.WantInvalid(t, err, `expires_at: column "creation_time" is bigint`, "with epoch_unit set (seconds or milliseconds)")
 	_, err = resolveText(t, pool, "table: public.received\n    key: [consumer_id, message_id]\n    epoch_unit: seconds\n    expires_at: creation_time\n    event_time: message_id")
-	wantInvalid(t, err, `event_time: column "message_id" is character varying(1000)`)
+	pgtest.WantInvalid(t, err, `event_time: column "message_id" is character varying(1000)`)
 	for _, c := range []struct{ unit, column string }{{"milliseconds", "creation_time"}, {"seconds", "secs"}} {
 		tbl, err := resolveText(t, pool, "table: public.received\n    key: [consumer_id, message_id]\n    epoch_unit: "+c.unit+"\n    expires_at: "+c.column)
 		if err != nil {
@@ -246,7 +246,7 @@ CREATE TABLE public.unrelated (id int);`)
 		t.Errorf("with delete_referencing: %+v", tbl.References)
 	}
 	_, err = resolveText(t, pool, "table: public.\"InboxState\"\n    key: [\"Id\"]\n    expires_after: {column: Delivered, after: 30d}\n    delete_referencing: [public.unrelated]")
-	wantInvalid(t, err, `delete_referencing[0]: public.unrelated has no foreign key to this table (the tables that do: public."OutboxMessage", public.audit)`)
+	pgtest.WantInvalid(t, err, `delete_referencing[0]: public.unrelated has no foreign key to this table (the tables that do: public."OutboxMessage", public.audit)`)
 	if !errors.Is(err, catalog.ErrInvalid) {
 		t.Errorf("not ErrInvalid: %v", err)
 	}

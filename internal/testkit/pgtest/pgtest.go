@@ -10,6 +10,7 @@ package pgtest
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -493,6 +494,20 @@ func QueueOnFence(t testing.TB, db Querier, write func() error) <-chan error {
 	default:
 	}
 	return done
+}
+
+// WantInvalid fails the test unless err is a problem of a policy against
+// the catalog (catalog.ErrInvalid) that mentions every want.
+func WantInvalid(t testing.TB, err error, want ...string) {
+	t.Helper()
+	if !errors.Is(err, catalog.ErrInvalid) {
+		t.Fatalf("error %v, want ErrInvalid", err)
+	}
+	for _, w := range want {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error %q does not mention %q", err, w)
+		}
+	}
 }
 
 // Resolve parses a policy file's text and resolves every table in it
