@@ -7,6 +7,11 @@
 //
 //	go run ./bench/compact                        # 2M rows, 80% purged
 //	go run ./bench/compact -rows 200000 -reps 3 -purge random
+//	go run ./bench/compact -methods inboxkeeper,none -wal-rate 0 -baseline /tmp/inboxkeeper-main
+//
+// -wal-rate, -batch-size and -batch-pause set the daemon's variables;
+// -methods runs only some of the methods (inboxkeeper and none always);
+// -baseline runs another build of the daemon as one more method.
 //
 // It builds cmd/inboxkeeper, starts a durable primary and a streaming
 // standby whose apply a governor caps at -apply-rate MB/s (as bench/throttle
@@ -82,9 +87,12 @@ const (
 	noneMethod  = "none"
 	repackName  = "pg_repack"
 	vacuumFullN = "vacuum full"
+	baselineM   = "baseline"
 )
 
-var methods = []string{ikMethod, repackName, vacuumFullN, noneMethod}
+// allMethods are the methods -methods chooses from (baseline: with
+// -baseline).
+var allMethods = []string{ikMethod, repackName, vacuumFullN, noneMethod}
 
 type options struct {
 	rows        int
@@ -95,6 +103,11 @@ type options struct {
 	maxLag      time.Duration
 	lockTimeout time.Duration
 	batchPause  time.Duration // 0: the daemon's default
+	batchSize   int           // 0: the daemon's default
+	walRate     string        // "": the daemon's default
+	baseline    string        // another inboxkeeper binary, run as the method "baseline"
+	methods     []string      // the methods to run, in allMethods' order (then baseline)
+	only        string
 	reps        int
 	payload     bool
 	keep        bool
@@ -114,13 +127,29 @@ func run(args []string, stdout io.Writer) int {
 	fs.DurationVar(&o.maxLag, "max-lag", time.Second, "inboxkeeper's INBOXKEEPER_MAX_REPLICA_LAG")
 	fs.DurationVar(&o.lockTimeout, "lock-timeout", 500*time.Millisecond, "inboxkeeper's INBOXKEEPER_LOCK_TIMEOUT: the bound on the writer's longest insert")
 	fs.DurationVar(&o.batchPause, "batch-pause", 0, "inboxkeeper's INBOXKEEPER_BATCH_PAUSE between the moves' batches (0: its default): the lever that trades time for the writer's latency")
+	fs.StringVar(&o.walRate, "wal-rate", "", "inboxkeeper's INBOXKEEPER_COMPACT_WAL_RATE, the most WAL a second its moves write (\"\": its default, 512kB; 0: the throttle alone)")
+	fs.IntVar(&o.batchSize, "batch-size", 0, "inboxkeeper's INBOXKEEPER_BATCH_SIZE_MAX, the largest batch of moves, which the first one and the smallest follow down (0: its default)")
+	fs.StringVar(&o.baseline, "baseline", "", "another inboxkeeper binary (e.g. main's build) run as one more method, \""+baselineM+"\", the same way, in the same reps")
+	fs.StringVar(&o.only, "methods", strings.Join(allMethods, ","), "the methods to run, comma-separated; inboxkeeper and none are always run")
 	fs.IntVar(&o.reps, "reps", 1, "repetitions; the methods' order turns from rep to rep")
 	fs.BoolVar(&o.payload, "payload", false, "tables with a ~300-byte payload column")
 	fs.BoolVar(&o.keep, "keep", false, "leave both clusters running and print their URLs")
 	return benchdata.Main(fs, args, func() error {
-		return benchdata.WantFlags(fs, o.rows < 10 || o.purged <= 0 || o.purged >= 1 || (o.purge != "oldest" && o.purge != "random") ||
+		o.methods = []string{}
+		for _, m := range allMethods {
+			if m == ikMethod || m == noneMethod || slices.Contains(strings.Split(o.only, ","), m) {
+				o.methods = append(o.methods, m)
+			}
+		}
+		if o.baseline != "" {
+			if err := benchdata.CheckBaseline(o.baseline); err != nil {
+				return err
+			}
+			o.methods = append(o.methods, baselineM)
+		}
+		return benchdata.WantFlags(fs, o.batchSize < 0 || o.rows < 10 || o.purged <= 0 || o.purged >= 1 || (o.purge != "oldest" && o.purge != "random") ||
 			o.writerRate <= 0 || o.applyRate < 0 || o.maxLag <= 0 || o.lockTimeout <= 0 || o.batchPause < 0 || o.reps < 1,
-			"-rows >= 10, 0 < -purged < 1, -purge oldest|random, -writer-rate > 0, -apply-rate >= 0, -max-lag > 0, -lock-timeout > 0, -batch-pause >= 0, -reps >= 1")
+			"-batch-size >= 0, -rows >= 10, 0 < -purged < 1, -purge oldest|random, -writer-rate > 0, -apply-rate >= 0, -max-lag > 0, -lock-timeout > 0, -batch-pause >= 0, -reps >= 1")
 	}, func(ctx context.Context, flags string) error {
 		o.flags = flags
 		return benchmark(ctx, o, stdout)
@@ -219,6 +248,7 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 	for rep := range o.reps {
 		// The order turns from rep to rep, none included, so that a moment
 		// of the shared machine's load falls on each in turn.
+		methods := o.methods
 		order := append(slices.Clone(methods[rep%len(methods):]), methods[:rep%len(methods)]...)
 		outs, err := b.rep(ctx, rep, order, int64(o.rows), expired)
 		if err != nil {
@@ -250,21 +280,9 @@ func (b *bench) waitReplay(ctx context.Context, lagBelow float64) error {
 }
 
 // idleBaseline reads two idle seconds of lag: what caught up looks like.
-func (b *bench) idleBaseline(ctx context.Context) error {
-	var idle []float64
-	for i := range 50 {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(standby.SampleEvery):
-		}
-		if i >= 10 {
-			idle = append(idle, b.lag.Latest())
-		}
-	}
-	slices.Sort(idle)
-	b.baseline = idle[len(idle)/2]
-	return nil
+func (b *bench) idleBaseline(ctx context.Context) (err error) {
+	b.baseline, _, _, err = b.lag.Idle(ctx)
+	return err
 }
 
 // rep fills a table per method, purges them, and runs the methods in
@@ -274,6 +292,7 @@ func (b *bench) rep(ctx context.Context, rep int, order []string, n, expired int
 	if err := b.pool.QueryRow(ctx, "SELECT now()").Scan(&t0); err != nil {
 		return nil, err
 	}
+	methods := b.o.methods
 	tables := make([]benchdata.Table, len(methods))
 	for i := range methods {
 		tables[i] = benchdata.Table{Name: fmt.Sprintf("t%d", i), Payload: b.o.payload}
@@ -404,6 +423,9 @@ func (b *bench) method(ctx context.Context, method, table string, ikWall time.Du
 	case ikMethod:
 		_, err := b.inboxkeeper(ctx, table, "compact", "--table", "public."+table)
 		return err
+	case baselineM:
+		_, err := b.run(ctx, b.o.baseline, table, "compact", "--table", "public."+table)
+		return err
 	case repackName:
 		// Over TCP as the cluster's superuser; its defaults otherwise.
 		u, err := pgx.ParseConfig(b.url)
@@ -426,6 +448,11 @@ func (b *bench) method(ctx context.Context, method, table string, ikWall time.Du
 // inboxkeeper runs the built binary on table (a policy of its own; "": none
 // needed) with the standby listed, at info level.
 func (b *bench) inboxkeeper(ctx context.Context, table string, args ...string) (benchdata.Process, error) {
+	return b.run(ctx, b.bin, table, args...)
+}
+
+// run is inboxkeeper with the binary bin.
+func (b *bench) run(ctx context.Context, bin, table string, args ...string) (benchdata.Process, error) {
 	policy := filepath.Join(b.dir, "none.yaml")
 	if table != "" {
 		policy = filepath.Join(b.dir, table+".yaml")
@@ -438,7 +465,13 @@ func (b *bench) inboxkeeper(ctx context.Context, table string, args ...string) (
 	if b.o.batchPause > 0 {
 		set = append(set, "INBOXKEEPER_BATCH_PAUSE="+b.o.batchPause.String())
 	}
-	p, err := benchdata.RunBinary(ctx, b.bin, benchdata.DaemonEnv(false, set...), args...)
+	if b.o.walRate != "" {
+		set = append(set, "INBOXKEEPER_COMPACT_WAL_RATE="+b.o.walRate)
+	}
+	if b.o.batchSize > 0 {
+		set = append(set, "INBOXKEEPER_BATCH_SIZE_MAX="+strconv.Itoa(b.o.batchSize))
+	}
+	p, err := benchdata.RunBinary(ctx, bin, benchdata.DaemonEnv(false, set...), args...)
 	if err == nil && len(args) > 0 && args[0] == "compact" {
 		b.Logf("%s", strings.TrimSpace(lastLine(p.Output)))
 	}
@@ -628,11 +661,20 @@ func report(w io.Writer, o options, rep int, outs []outcome) {
 	// Against pg_repack's result as a share of its own live size: the
 	// writer adds rows for as long as a method runs, and inboxkeeper runs
 	// ten times longer.
-	size, rpSize := float64(ik.heap)/float64(ik.live), float64(rp.heap)/float64(rp.live)
-	fmt.Fprintf(w, "  goal size: heap <= %.1f x live: %.2f x: %s; within %.0f%% of pg_repack's %.2f x (%.2f x it): %s\n",
-		goalSize, size, benchdata.Verdict(size <= goalSize), 100*(goalRepack-1), rpSize, size/rpSize, benchdata.Verdict(size <= goalRepack*rpSize))
+	size := float64(ik.heap) / float64(ik.live)
+	if rp.live > 0 {
+		rpSize := float64(rp.heap) / float64(rp.live)
+		fmt.Fprintf(w, "  goal size: heap <= %.1f x live: %.2f x: %s; within %.0f%% of pg_repack's %.2f x (%.2f x it): %s\n",
+			goalSize, size, benchdata.Verdict(size <= goalSize), 100*(goalRepack-1), rpSize, size/rpSize, benchdata.Verdict(size <= goalRepack*rpSize))
+	} else {
+		fmt.Fprintf(w, "  goal size: heap <= %.1f x live: %.2f x: %s (pg_repack not run)\n", goalSize, size, benchdata.Verdict(size <= goalSize))
+	}
 	fmt.Fprintf(w, "  goal writer: longest %.1f ms <= lock timeout %s: %s; p99 %.2f ms <= %.2f x none's %.2f ms: %s\n",
 		ms(ik.longest), o.lockTimeout, benchdata.Verdict(ik.longest <= o.lockTimeout), ms(ik.p99), goalP99, ms(none.p99), benchdata.Verdict(float64(ik.p99) <= goalP99*float64(none.p99)))
+	if bl, ok := by[baselineM]; ok {
+		fmt.Fprintf(w, "  baseline: p99 %.2f ms (%.2f x none's), longest %.1f ms, %.1f s, %.0f MB of WAL; this build's p99 %.2f x the baseline's\n",
+			ms(bl.p99), float64(bl.p99)/float64(none.p99), ms(bl.longest), bl.wall.Seconds(), benchdata.MB(bl.wal), float64(ik.p99)/float64(bl.p99))
+	}
 	bound := goalLag * o.maxLag.Seconds()
 	fmt.Fprintf(w, "  goal standby: peak lag %.2f s <= %.1f x %s = %.2f s: %s\n", ik.peak.Lag, goalLag, o.maxLag, bound, benchdata.Verdict(ik.peak.Lag <= bound))
 	fmt.Fprintln(w, "  audit: exact (every row the writer did not write unchanged, each of its rows there once)")

@@ -13,7 +13,7 @@ import (
 // PostgreSQL or pg_repack missing fails the test; it never skips.
 func TestTinyRun(t *testing.T) {
 	benchtest.TinyRun(t, run, []string{"-rows", "20000", "-apply-rate", "4", "-writer-rate", "50"},
-		"bench/compact on ", " CPUs; flags: -apply-rate 4 -batch-pause 0s -keep false -lock-timeout 500ms -max-lag 1s -payload false -purge oldest -purged 0.8 -reps 1 -rows 20000 -writer-rate 50",
+		"bench/compact on ", " CPUs; flags: -apply-rate 4 -baseline  -batch-pause 0s -batch-size 0 -keep false -lock-timeout 500ms -max-lag 1s -methods inboxkeeper,pg_repack,vacuum full,none -payload false -purge oldest -purged 0.8 -reps 1 -rows 20000 -wal-rate  -writer-rate 50",
 		"standby: apply capped at 4 MB/s of WAL (baseline lag ",
 		"rep 1: 20000 rows, 80% purged (oldest); heap after the purge ",
 		"  inboxkeeper  ", "  pg_repack    ", "  vacuum full  ", "  none         ",

@@ -289,28 +289,19 @@ func (b *bench) fill(ctx context.Context, w io.Writer, phases []string, total, e
 	if b.rep > 1 {
 		return nil
 	}
-	// The first readings still see the row as the fill left it; then two
-	// idle seconds show what "caught up" looks like. The median, because a
-	// slow commit of a heartbeat on this shared machine makes a spike.
-	var idle []float64
-	for i := range 50 {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(standby.SampleEvery):
-		}
-		if i >= 10 {
-			idle = append(idle, b.lag.Latest())
-		}
+	// What "caught up" looks like, once the readings no longer see the
+	// row as the fill left it.
+	baseline, lo, hi, err := b.lag.Idle(ctx)
+	if err != nil {
+		return err
 	}
-	slices.Sort(idle)
-	b.baseline = idle[len(idle)/2]
-	b.Logf("baseline lag %.3f s (idle readings %.3f to %.3f s)", b.baseline, idle[0], idle[len(idle)-1])
+	b.baseline = baseline
+	b.Logf("baseline lag %.3f s (idle readings %.3f to %.3f s)", b.baseline, lo, hi)
 	slowed := "nothing (-apply-rate 0)"
 	if b.o.applyRate > 0 {
 		slowed = fmt.Sprintf("apply capped at %g MB/s of WAL (replay paused whenever it gets ahead)", b.o.applyRate)
 	}
-	fmt.Fprintf(w, "standby apply slowed by: %s (baseline lag %.2f s, the median of 2 s idle; at most %.2f s)\n", slowed, b.baseline, idle[len(idle)-1])
+	fmt.Fprintf(w, "standby apply slowed by: %s (baseline lag %.2f s, the median of 2 s idle; at most %.2f s)\n", slowed, b.baseline, hi)
 	fmt.Fprintf(w, "rows: %d total, %d expired; each table %.0f MB heap + %.0f MB indexes; %d reps\n", total, expired, benchdata.MB(heap), benchdata.MB(idx), b.o.reps)
 	if b.o.baseline != "" {
 		fmt.Fprintf(w, "baseline: %s, throttled as this build, on a table of its own\n", b.o.baseline)

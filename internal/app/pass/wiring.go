@@ -91,6 +91,7 @@ func (w Wiring) Demoter(c config.Config, tables []*catalog.Table) *tiering.Demot
 // those whose policy asks for it, unless force.
 func (w Wiring) Compactor(c config.Config, tables []*catalog.Table, o compact.Options) *compact.Compactor {
 	o.Settings = w.batch(c)
+	o.WALRate = float64(c.CompactWALRate)
 	if w.DDLPool != nil && !w.DryRun {
 		o.SessionPool = w.DDLPool // its VACUUM's settings are the session's
 	}

@@ -40,7 +40,10 @@ type Loop struct {
 	Deadline   time.Time    // zero: no RUN_TIME
 	MaxRetries int
 	BatchPause time.Duration
-	Log        *slog.Logger
+	// Pause, when set, is asked after every batch how long to wait before
+	// the next, at least BatchPause (a rate the caller keeps).
+	Pause func() time.Duration
+	Log   *slog.Logger
 
 	// BeforeBatch is told the size of the next batch (a gauge).
 	BeforeBatch func(size int)
@@ -120,8 +123,12 @@ func (l *Loop) Run(ctx context.Context, batch Batch) (res Result, err error) {
 		} else if n < int64(size) {
 			return res, nil
 		}
-		if l.BatchPause > 0 {
-			if err := retry.Sleep(ctx, l.BatchPause); err != nil {
+		pause := l.BatchPause
+		if l.Pause != nil {
+			pause = max(pause, l.Pause())
+		}
+		if pause > 0 {
+			if err := retry.Sleep(ctx, pause); err != nil {
 				return res, err
 			}
 		}

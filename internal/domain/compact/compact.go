@@ -62,6 +62,9 @@ type Options struct {
 	// connections where the pool goes through a transaction pooler; nil:
 	// the pool.
 	SessionPool *pgxpool.Pool
+	// WALRate is the most WAL a second the moves write (walPace); 0: only
+	// the throttle bounds them.
+	WALRate float64
 }
 
 // Progress reports a compaction's advance through one table.

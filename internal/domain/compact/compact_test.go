@@ -14,9 +14,11 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/domain/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/domain/compact"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/config"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/service"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
+	"github.com/inboxkeeper/inboxkeeper/throttle"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -241,5 +243,45 @@ func TestDaemonWaitsAfterNothingCameBack(t *testing.T) {
 	second, err := c.RunPass(ctx)
 	if err != nil || !strings.Contains(second[0].NotRun, "the last 1 compactions gave nothing back") || second[0].Moved != 0 {
 		t.Errorf("second pass: %+v, %v; want it left alone", second[0], err)
+	}
+}
+
+// TestCompactKeepsItsWALRate: with a WAL rate (INBOXKEEPER_COMPACT_WAL_RATE)
+// the moves write about that much WAL a second, in small batches (50 ms of
+// it each); without one the same compaction writes several times as fast
+// (so the check can fail).
+func TestCompactKeepsItsWALRate(t *testing.T) {
+	t.Parallel()
+	const rate = 2 << 20
+	e := newEnv(t, 40000, oldest)
+	th := throttle.New(e.pool, config.Config{}, service.Base{}, nil)
+	var lsn string
+	if err := e.pool.QueryRow(context.Background(), "SELECT pg_current_wal_insert_lsn()::text").Scan(&lsn); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	res := run(t, e.compactor(compact.Options{Settings: batchloop.Settings{Base: service.Base{Throttle: th}}, WALRate: rate}))
+	took := time.Since(start)
+	if res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	var wal float64
+	if err := e.pool.QueryRow(context.Background(), "SELECT pg_current_wal_insert_lsn() - $1::pg_lsn", lsn).Scan(&wal); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%.1f MB of WAL in %s (%.2f MB/s, the rate %.2f MB/s), %d rows moved in %d batches", wal/(1<<20), took.Round(time.Millisecond),
+		wal/(1<<20)/took.Seconds(), float64(rate)/(1<<20), res.Moved, res.Batches)
+	if wal < rate {
+		t.Fatalf("the compaction wrote %.0f bytes of WAL, too little to judge a rate of %d a second", wal, rate)
+	}
+	// The VACUUMs' WAL is in the total too, and is not held to the rate.
+	if got := wal / took.Seconds(); got > 1.3*rate {
+		t.Errorf("%.0f bytes of WAL a second, more than 1.3 x the rate %d", got, rate)
+	}
+	// A batch writes at most 50 ms of the rate: the moves' WAL came in
+	// many batches (counted here against a quarter second each, for the
+	// VACUUMs' share of the WAL).
+	if least := int(wal / (rate / 4) / 2); res.Batches < least {
+		t.Errorf("%d batches for %.0f bytes of WAL, want at least %d: batches of more than a quarter second of the rate", res.Batches, wal, least)
 	}
 }

@@ -53,11 +53,17 @@ func (c *Compactor) sweep(ctx context.Context, t *catalog.Table, pages, target i
 	}
 	chunk := max(1, (cursor-target+quarters-1)/quarters)
 	var moved, frontier int64
+	pace := &walPace{rate: c.opts.WALRate}
 	for cursor > max(target, frontier+1) {
 		low := max(target, cursor-chunk)
 		s := &slice{hi: cursor, low: low, target: target, density: density, frontier: frontier}
-		r, err := c.loop(t, deadline, s, res).Run(ctx, func(ctx context.Context, _ pgtype.Timestamptz, size int) (int64, time.Time, float64, error) {
-			return c.batch(ctx, t, s, size, res)
+		loop := c.loop(t, deadline, s, res)
+		loop.Pause = pace.pause
+		r, err := loop.Run(ctx, func(ctx context.Context, _ pgtype.Timestamptz, size int) (int64, time.Time, float64, error) {
+			pace.start()
+			n, newest, wal, err := c.batch(ctx, t, s, pace.limit(size), res)
+			pace.wrote(wal, n)
+			return n, newest, wal, err
 		})
 		res.Batches += r.Batches
 		res.Retries += r.Retries
@@ -96,6 +102,64 @@ func (c *Compactor) sweep(ctx context.Context, t *catalog.Table, pages, target i
 		}
 	}
 	return moved, nil
+}
+
+// walPace keeps a compaction's moves to a rate of WAL (Options.WALRate).
+// The application's synchronous commits flush the WAL written before
+// theirs: a compaction that writes several MB a second makes each of them
+// wait for some of it. So after each batch the loop waits until the WAL
+// written so far is due at the rate, and no batch is larger than a
+// portion of it: the WAL comes in small amounts, not in bursts.
+type walPace struct {
+	rate   float64 // bytes a second; 0: no pace
+	began  time.Time
+	spent  float64 // bytes written since began
+	perRow float64 // WAL a row moved, in the batches so far; 0: none yet
+	rows   int64
+}
+
+// walPortion is the WAL one batch may write, in seconds at the rate.
+const walPortion = 50 * time.Millisecond
+
+// firstRowWAL is the WAL a row moved is taken to write before a batch has
+// measured it (some 620 bytes on the benchmark inbox, with the first
+// change of a page after a checkpoint writing its image).
+const firstRowWAL = 1024
+
+func (p *walPace) start() {
+	if p.began.IsZero() {
+		p.began = time.Now()
+	}
+}
+
+// limit is size, or fewer rows where a batch of size would write more
+// than a portion of WAL.
+func (p *walPace) limit(size int) int {
+	if p.rate <= 0 {
+		return size
+	}
+	perRow := p.perRow
+	if perRow <= 0 {
+		perRow = firstRowWAL
+	}
+	return max(1, min(size, int(p.rate*walPortion.Seconds()/perRow)))
+}
+
+// wrote counts a batch's WAL and rows.
+func (p *walPace) wrote(wal float64, rows int64) {
+	p.spent += wal
+	p.rows += rows
+	if p.rows > 0 {
+		p.perRow = p.spent / float64(p.rows)
+	}
+}
+
+// pause is how long until the WAL written so far is due at the rate.
+func (p *walPace) pause() time.Duration {
+	if p.rate <= 0 || p.began.IsZero() {
+		return 0
+	}
+	return time.Until(p.began.Add(time.Duration(p.spent / p.rate * float64(time.Second))))
 }
 
 // slice is a chunk's state: its sweep goes down from hi to low.

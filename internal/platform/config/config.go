@@ -75,7 +75,8 @@ type Config struct {
 	ThrottleResume     float64       `envconfig:"THROTTLE_RESUME" desc:"a paused signal resumes at or below threshold x this (0 < r <= 1)"`
 
 	// Space.
-	VacuumDeadRatio float64 `envconfig:"VACUUM_DEAD_RATIO" desc:"after a pass, VACUUM (SKIP_LOCKED, TRUNCATE false) a table whose dead tuples are at least this fraction of its tuples (and 1000); 0 leaves it to autovacuum"`
+	VacuumDeadRatio float64  `envconfig:"VACUUM_DEAD_RATIO" desc:"after a pass, VACUUM (SKIP_LOCKED, TRUNCATE false) a table whose dead tuples are at least this fraction of its tuples (and 1000); 0 leaves it to autovacuum"`
+	CompactWALRate  ByteSize `envconfig:"COMPACT_WAL_RATE" desc:"the most WAL a second a compaction's moves write, in small batches, so that the application's commits, which flush it, keep their latency; 0: only the throttle bounds them"`
 
 	// Running many.
 	LeaseTTL time.Duration `envconfig:"LEASE_TTL" desc:"the active instance's lease runs out this long after its last renewal; another instance then takes over"`
@@ -499,6 +500,9 @@ func (c Config) problems() problems {
 	}
 	if _, err := time.LoadLocation(c.ActiveTZ); err != nil || c.ActiveTZ == "" {
 		ps.addf(n["ActiveTZ"], "%q is not a time zone name (like UTC or Europe/Berlin)", c.ActiveTZ)
+	}
+	if c.CompactWALRate < 0 {
+		ps.addf(n["CompactWALRate"], "%s must not be negative (0: no limit but the throttle's)", c.CompactWALRate)
 	}
 	if c.VacuumDeadRatio < 0 || c.VacuumDeadRatio > 1 {
 		ps.addf(n["VacuumDeadRatio"], "%g must be between 0 (never) and 1", c.VacuumDeadRatio)

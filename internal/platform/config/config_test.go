@@ -58,6 +58,7 @@ var defaults = Config{
 	ActiveTZ:           "UTC",
 	ThrottleResume:     0.5,
 	VacuumDeadRatio:    0.1,
+	CompactWALRate:     512 << 10,
 	LeaseTTL:           15 * time.Second,
 	ReplicaWait:        time.Minute,
 }
@@ -326,8 +327,8 @@ func TestKnownVariables(t *testing.T) {
 			t.Errorf("missing %s", name)
 		}
 	}
-	if len(got) != 38 {
-		t.Errorf("got %d names, want 38: %v", len(got), got)
+	if len(got) != 39 {
+		t.Errorf("got %d names, want 39: %v", len(got), got)
 	}
 }
 

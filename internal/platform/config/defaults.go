@@ -19,7 +19,10 @@ const (
 	DefaultHeartbeatInterval  = 250 * time.Millisecond
 	DefaultMaxReplicaLag      = time.Second
 	DefaultMaxReplicaLagBytes = ByteSize(64 << 20)
-	DefaultThrottleResume     = 0.5
+	// DefaultCompactWALRate keeps an application's synchronous commits
+	// within a quarter of their p99 beside a compaction (bench/compact).
+	DefaultCompactWALRate = ByteSize(512 << 10)
+	DefaultThrottleResume = 0.5
 )
 
 // The values of EXPIRY_STRATEGY; the deleter's expiry.Strategy constants are
@@ -68,6 +71,7 @@ var envDefaults = Config{
 	ThrottleResume:     DefaultThrottleResume,
 
 	VacuumDeadRatio: 0.1,
+	CompactWALRate:  DefaultCompactWALRate,
 
 	LeaseTTL: 15 * time.Second,
 }

@@ -32,6 +32,7 @@ package standby
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -120,6 +121,26 @@ func (s *Sampler) Latest() float64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.last
+}
+
+// Idle reads two idle seconds of lag, after half a second for the first
+// readings to see the heartbeat as the work before left it: what caught up
+// looks like. The median (a slow commit of a heartbeat on a shared machine
+// makes a spike), and the lowest and highest readings.
+func (s *Sampler) Idle(ctx context.Context) (median, lo, hi float64, err error) {
+	var idle []float64
+	for i := range 50 {
+		select {
+		case <-ctx.Done():
+			return 0, 0, 0, ctx.Err()
+		case <-time.After(SampleEvery):
+		}
+		if i >= 10 {
+			idle = append(idle, s.Latest())
+		}
+	}
+	slices.Sort(idle)
+	return idle[len(idle)/2], idle[0], idle[len(idle)-1], nil
 }
 
 // Errors counts the failed reads and writes.
