@@ -250,8 +250,10 @@ func TestDaemonWaitsAfterNothingCameBack(t *testing.T) {
 // the moves write about that much WAL a second, in small batches (50 ms of
 // it each); without one the same compaction writes several times as fast
 // (so the check can fail).
+//
+// Not parallel: the WAL is the cluster's, and the package's parallel tests
+// wait while it runs.
 func TestCompactKeepsItsWALRate(t *testing.T) {
-	t.Parallel()
 	const rate = 2 << 20
 	e := newEnv(t, 40000, oldest)
 	th := throttle.New(e.pool, config.Config{}, service.Base{}, nil)
