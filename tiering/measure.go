@@ -265,9 +265,8 @@ func unreadablePayload(ctx context.Context, q Querier, t *catalog.Table) ([]stri
 	for _, c := range ti.Payload {
 		names = append(names, c.Name)
 	}
-	var out []string
-	if err := q.QueryRow(ctx, `SELECT coalesce(array_agg(c ORDER BY o), '{}') FROM unnest($2::text[]) WITH ORDINALITY u(c, o)
-WHERE NOT has_column_privilege($1::oid, c, 'SELECT')`, t.OID, names).Scan(&out); err != nil {
+	out, err := catalog.Unreadable(ctx, q, t.OID, names)
+	if err != nil {
 		return nil, fmt.Errorf("status %s: read which payload columns this role may read: %w", t.Name, err)
 	}
 	return out, nil

@@ -236,9 +236,8 @@ func CheckReadable(ctx context.Context, q Querier, t *Table) error {
 // CheckColumns is CheckReadable for the columns cols of the relation
 // name (oid).
 func CheckColumns(ctx context.Context, q Querier, name string, oid uint32, cols []string) error {
-	var missing []string
-	if err := q.QueryRow(ctx, `SELECT coalesce(array_agg(c ORDER BY o), '{}') FROM unnest($2::text[]) WITH ORDINALITY u(c, o)
-WHERE NOT has_column_privilege($1::oid, c, 'SELECT')`, oid, cols).Scan(&missing); err != nil {
+	missing, err := Unreadable(ctx, q, oid, cols)
+	if err != nil {
 		return fmt.Errorf("could not read which columns of %s this role may read: %w", name, err)
 	}
 	if len(missing) > 0 {
@@ -248,6 +247,15 @@ WHERE NOT has_column_privilege($1::oid, c, 'SELECT')`, oid, cols).Scan(&missing)
 			strings.Join(missing, ", "), name, strings.Join(quoteAll(missing), ", "), name, retry.ErrPrivilege)
 	}
 	return nil
+}
+
+// Unreadable are the columns of cols (of the relation oid) this role may
+// not SELECT, in their order.
+func Unreadable(ctx context.Context, q Querier, oid uint32, cols []string) ([]string, error) {
+	var missing []string
+	err := q.QueryRow(ctx, `SELECT coalesce(array_agg(c ORDER BY o), '{}') FROM unnest($2::text[]) WITH ORDINALITY u(c, o)
+WHERE NOT has_column_privilege($1::oid, c, 'SELECT')`, oid, cols).Scan(&missing)
+	return missing, err
 }
 
 func quoteAll(names []string) []string {
