@@ -824,6 +824,19 @@ var Tunables = []Tunable{
 	{"active_tz", Prefix + "_ACTIVE_TZ", true},
 }
 
+// TableKeys are the keys of the tunables a table may set for itself (in
+// the policy's tuning block, or with set --table): all but the
+// database-wide ones.
+func TableKeys() []string {
+	var out []string
+	for _, t := range Tunables {
+		if !t.DatabaseWide {
+			out = append(out, t.Key)
+		}
+	}
+	return out
+}
+
 // TunableByKey finds a tunable by its key.
 func TunableByKey(key string) (Tunable, bool) {
 	for _, t := range Tunables {

@@ -29,7 +29,6 @@ import (
 	"fmt"
 	"maps"
 	"os"
-	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -155,7 +154,7 @@ type rawTable struct {
 	Partitions   *rawPartitions   `yaml:"partitions"`
 	Tiers        *rawTiers        `yaml:"tiers"`
 	TimeZone     string           `yaml:"time_zone"`
-	Tuning       *rawTuning       `yaml:"tuning"`
+	Tuning       rawTuning        `yaml:"tuning"`
 	OnlyWhen     *rawFilter       `yaml:"only_when"`
 	Windows      []rawWindow      `yaml:"windows"`
 	EpochUnit    string           `yaml:"epoch_unit"`
@@ -165,34 +164,14 @@ type rawTable struct {
 }
 
 // rawTuning is a table's tuning block: the keys `inboxkeeper set --table`
-// takes (settings.TableKeys: not the database-wide throttle ones), as the
-// environment writes their values. A test keeps the two lists equal.
-// A key given an empty value ("") is set, and checked as an empty
-// environment variable is (an error), not read as absent.
-type rawTuning struct {
-	BatchSize    *string `yaml:"batch_size"`
-	BatchSizeMin *string `yaml:"batch_size_min"`
-	BatchSizeMax *string `yaml:"batch_size_max"`
-	BatchTarget  *string `yaml:"batch_target"`
-	BatchPause   *string `yaml:"batch_pause"`
-	RunTime      *string `yaml:"run_time"`
-}
+// takes (config.TableKeys: not the database-wide throttle ones), as the
+// environment writes their values. A key given an empty value ("") is set,
+// and checked as an empty environment variable is (an error), not read as
+// absent; a key given nothing (null) is absent.
+type rawTuning map[string]string
 
-// values returns the keys that are set.
-func (r *rawTuning) values() map[string]string {
-	if r == nil {
-		return nil
-	}
-	out := map[string]string{}
-	v := reflect.ValueOf(*r)
-	for i := range v.NumField() {
-		key, _, _ := strings.Cut(v.Type().Field(i).Tag.Get("yaml"), ",")
-		if p := v.Field(i); !p.IsNil() {
-			out[key] = p.Elem().String()
-		}
-	}
-	return out
-}
+// Keys makes the block a strictyaml.KeySet.
+func (rawTuning) Keys() []string { return config.TableKeys() }
 
 // checkTuning checks a tuning block as the environment is checked: each
 // value alone, and the block's values together. The block is a layer above
@@ -222,17 +201,6 @@ func checkTuning(tuning map[string]string, fail func(field, format string, args 
 			fail("tuning."+config.InKeys(p.Variable), "%s", config.InKeys(p.Message))
 		}
 	}
-}
-
-// TuningKeys are the keys a tuning block takes.
-func TuningKeys() []string {
-	var out []string
-	t := reflect.TypeFor[rawTuning]()
-	for i := range t.NumField() {
-		key, _, _ := strings.Cut(t.Field(i).Tag.Get("yaml"), ",")
-		out = append(out, key)
-	}
-	return out
 }
 
 type rawPartitions struct {
@@ -369,7 +337,7 @@ func table(d *strictyaml.Decoder, rt rawTable, ctx string, line int) (Table, boo
 	if rp := rt.Partitions; rp != nil {
 		t.Partitions = partitions(rp, fail)
 	}
-	t.Tuning = rt.Tuning.values()
+	t.Tuning = rt.Tuning
 	checkTuning(t.Tuning, fail)
 	if rt.TimeZone != "" {
 		// Go's zone database is built into the binary; the catalog check

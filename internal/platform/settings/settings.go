@@ -190,18 +190,6 @@ VALUES ($1, $2, $3, $4, $5) RETURNING id, changed_at, changed_by`, table, k, old
 	return changes, nil
 }
 
-// TableKeys are the keys a table may have a value of its own for (set
-// --table, the policy's tuning block).
-func TableKeys() []string {
-	var out []string
-	for _, t := range config.Tunables {
-		if !t.DatabaseWide {
-			out = append(out, t.Key)
-		}
-	}
-	return out
-}
-
 // Keys are the tunables' keys.
 func Keys() []string {
 	out := make([]string, len(config.Tunables))

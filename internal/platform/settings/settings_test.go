@@ -3,13 +3,11 @@ package settings_test
 import (
 	"context"
 	"errors"
-	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/config"
-	"github.com/inboxkeeper/inboxkeeper/internal/platform/policy"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/retry"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/settings"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
@@ -18,14 +16,6 @@ import (
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
 func str(s string) *string { return &s }
-
-// The policy's tuning block takes exactly the keys `set --table` does.
-func TestKeys(t *testing.T) {
-	t.Parallel()
-	if got, want := policy.TuningKeys(), settings.TableKeys(); !slices.Equal(got, want) {
-		t.Errorf("tuning keys %v, settings keys %v", got, want)
-	}
-}
 
 func TestResolve(t *testing.T) {
 	t.Parallel()

@@ -91,7 +91,17 @@ type Decoder struct {
 	reported map[string]bool // where an error was recorded
 }
 
-var unmarshalerType = reflect.TypeFor[yaml.Unmarshaler]()
+var (
+	unmarshalerType = reflect.TypeFor[yaml.Unmarshaler]()
+	keySetType      = reflect.TypeFor[KeySet]()
+)
+
+// KeySet is a mapping whose keys are known only when the program runs (a
+// table of tunables, say), decoded as strictly as a struct's fields: an
+// unknown or repeated key is an error naming it. It is a map type from
+// string; its Keys method is called on the nil map. A key given null is
+// left out; Fields lists every key.
+type KeySet interface{ Keys() []string }
 
 func (d *Decoder) errorf(line int, where, format string, args ...any) {
 	if d.reported == nil {
@@ -148,6 +158,8 @@ func (d *Decoder) decode(n *yaml.Node, v reflect.Value, ctx, field string) bool 
 		return ok
 	case t.Kind() == reflect.Struct:
 		return d.decodeStruct(n, v, ctx, field)
+	case t.Kind() == reflect.Map && t.Implements(keySetType):
+		return d.decodeKeySet(n, v, ctx, field)
 	case t.Kind() == reflect.Slice:
 		if n.Kind != yaml.SequenceNode {
 			d.errorf(n.Line, where, "must be a list, not %s", kindName(n))
@@ -174,11 +186,6 @@ func (d *Decoder) decode(n *yaml.Node, v reflect.Value, ctx, field string) bool 
 }
 
 func (d *Decoder) decodeStruct(n *yaml.Node, v reflect.Value, ctx, field string) bool {
-	where := joinWhere(ctx, field)
-	if n.Kind != yaml.MappingNode {
-		d.errorf(n.Line, where, "must be a mapping, not %s", kindName(n))
-		return false
-	}
 	t := v.Type()
 	var known []string
 	index := map[string]int{}
@@ -189,6 +196,37 @@ func (d *Decoder) decodeStruct(n *yaml.Node, v reflect.Value, ctx, field string)
 			index[name] = i
 		}
 	}
+	return d.decodeMapping(n, known, ctx, field, func(key string, val *yaml.Node, sub string) bool {
+		return d.decode(val, v.Field(index[key]), ctx, sub)
+	})
+}
+
+// decodeKeySet decodes a KeySet: each value into a new element, stored
+// unless it is null.
+func (d *Decoder) decodeKeySet(n *yaml.Node, v reflect.Value, ctx, field string) bool {
+	t := v.Type()
+	known := reflect.Zero(t).Interface().(KeySet).Keys()
+	m := reflect.MakeMap(t)
+	ok := d.decodeMapping(n, known, ctx, field, func(key string, val *yaml.Node, sub string) bool {
+		e := reflect.New(t.Elem()).Elem()
+		ok := d.decode(val, e, ctx, sub)
+		if val.ShortTag() != "!!null" {
+			m.SetMapIndex(reflect.ValueOf(key).Convert(t.Key()), e)
+		}
+		return ok
+	})
+	v.Set(m)
+	return ok
+}
+
+// decodeMapping checks n is a mapping whose keys are among known, each
+// once and none a merge key, and hands each value to one.
+func (d *Decoder) decodeMapping(n *yaml.Node, known []string, ctx, field string, one func(key string, val *yaml.Node, sub string) bool) bool {
+	where := joinWhere(ctx, field)
+	if n.Kind != yaml.MappingNode {
+		d.errorf(n.Line, where, "must be a mapping, not %s", kindName(n))
+		return false
+	}
 	ok := true
 	seen := map[string]int{}
 	for i := 0; i+1 < len(n.Content); i += 2 {
@@ -198,8 +236,7 @@ func (d *Decoder) decodeStruct(n *yaml.Node, v reflect.Value, ctx, field string)
 			ok = false
 			continue
 		}
-		fi, found := index[k.Value]
-		if k.Kind != yaml.ScalarNode || !found {
+		if k.Kind != yaml.ScalarNode || !slices.Contains(known, k.Value) {
 			d.errorf(k.Line, where, "unknown field %q (known: %s)", k.Value, strings.Join(known, ", "))
 			ok = false
 			continue
@@ -215,7 +252,7 @@ func (d *Decoder) decodeStruct(n *yaml.Node, v reflect.Value, ctx, field string)
 		}
 		seen[k.Value] = k.Line
 		d.lines[joinWhere(ctx, sub)] = k.Line
-		ok = d.decode(val, v.Field(fi), ctx, sub) && ok
+		ok = one(k.Value, val, sub) && ok
 	}
 	return ok
 }
@@ -361,7 +398,12 @@ func Fields(v any) []string {
 				path += "[]"
 				ft = ft.Elem()
 			}
-			if ft.Kind() == reflect.Struct && ft != reflect.TypeFor[yaml.Node]() && !reflect.PointerTo(ft).Implements(unmarshalerType) {
+			switch {
+			case ft.Kind() == reflect.Map && ft.Implements(keySetType):
+				for _, k := range reflect.Zero(ft).Interface().(KeySet).Keys() {
+					out = append(out, path+"."+k)
+				}
+			case ft.Kind() == reflect.Struct && ft != reflect.TypeFor[yaml.Node]() && !reflect.PointerTo(ft).Implements(unmarshalerType):
 				walk(ft, path+".")
 			}
 		}

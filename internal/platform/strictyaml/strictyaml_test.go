@@ -74,3 +74,48 @@ func TestSyntaxErrorLines(t *testing.T) {
 		}
 	}
 }
+
+// knobs is a KeySet: its keys come from a function, as the policy's tuning
+// block's come from the tunables' table.
+type knobs map[string]string
+
+func (knobs) Keys() []string { return []string{"size", "pause"} }
+
+// A KeySet's keys are held to its Keys as a struct's fields are to their
+// tags: unknown and repeated keys are errors naming them, on their lines;
+// null leaves a key out, "" sets it; Fields lists the keys.
+func TestKeySet(t *testing.T) {
+	t.Parallel()
+	var v struct {
+		K knobs `yaml:"k"`
+	}
+	d := New("k.yaml")
+	root, err := d.Document([]byte("k:\n  size: 5000\n  pause: \"\"\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !d.Decode(root, &v, "t") || len(v.K) != 2 || v.K["size"] != "5000" || v.K["pause"] != "" {
+		t.Errorf("decoded %#v, %v", v.K, d.Err())
+	}
+	d = New("k.yaml")
+	root, _ = d.Document([]byte("k:\n  size: 1\n  sise: 2\n  size: 3\n  pause:\n"))
+	v.K = nil
+	if d.Decode(root, &v, "t") {
+		t.Error("Decode accepted an unknown key and a key set twice")
+	}
+	want := "k.yaml:3: t: k: unknown field \"sise\" (known: size, pause)\nk.yaml:4: t: k.size: set twice (first on line 2)"
+	if err := d.Err(); err == nil || err.Error() != want {
+		t.Errorf("Err =\n%v\nwant\n%s", err, want)
+	}
+	if _, ok := v.K["pause"]; ok || v.K["size"] != "1" {
+		t.Errorf("decoded %#v: want size 1 and no pause", v.K)
+	}
+	d = New("k.yaml")
+	root, _ = d.Document([]byte("k: [1]\n"))
+	if d.Decode(root, &v, "t") || !strings.Contains(d.Err().Error(), "k.yaml:1: t: k: must be a mapping, not a list") {
+		t.Errorf("a list for a KeySet: %v", d.Err())
+	}
+	if got := strings.Join(Fields(v), " "); got != "k k.size k.pause" {
+		t.Errorf("Fields = %q", got)
+	}
+}
