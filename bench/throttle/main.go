@@ -13,7 +13,7 @@
 // then, each right after a CHECKPOINT and with the standby caught up:
 //
 //	A: `inboxkeeper once` on a with REPLICA_URLS=<standby>, MAX_REPLICA_LAG=-max-lag
-//	   (with -baseline, the other build the same way on d)
+//	   (with -baseline, the other build the same way on d, in a database of its own)
 //	B: DELETE FROM b WHERE remember_until <= now()
 //	C: `inboxkeeper once` on c with no standby listed and the pg_stat_replication
 //	   thresholds out of reach (24h, 1TB): that signal throttles even without
@@ -110,7 +110,7 @@ func run(args []string, stdout io.Writer) int {
 	fs.DurationVar(&o.maxLag, "max-lag", time.Second, "the throttled daemon's INBOXKEEPER_MAX_REPLICA_LAG")
 	fs.Float64Var(&o.applyRate, "apply-rate", 8, "MB/s of WAL the standby may apply; 0 does not slow it")
 	fs.IntVar(&o.reps, "reps", 1, "repetitions, each on tables filled again; with -baseline the two builds take turns to go first")
-	fs.StringVar(&o.baseline, "baseline", "", "another inboxkeeper binary (e.g. main's build) run throttled the same way, on a table of its own, in the same reps")
+	fs.StringVar(&o.baseline, "baseline", "", "another inboxkeeper binary (e.g. main's build) run throttled the same way, in a database of its own that it migrates (a build refuses a newer control schema), in the same reps")
 	fs.BoolVar(&o.references, "references", true, "also measure one unbounded DELETE and the daemon unthrottled")
 	fs.BoolVar(&o.keep, "keep", false, "leave both clusters running and print their URLs")
 	fs.StringVar(&o.logs, "logs", "", "write the daemon's debug logs to `dir`/<table>-<rep>.log")
@@ -130,17 +130,20 @@ func run(args []string, stdout io.Writer) int {
 
 type bench struct {
 	benchdata.Progress
-	o          options
-	dir        string // temporary: the binary and the policy files
-	bin        string
-	url        string // the primary
-	standbyURL string
-	pool       *pgxpool.Pool // the primary
-	standby    *pgxpool.Pool
-	lag        *standby.Sampler
-	gov        *standby.Governor // nil while replay runs free (the fills)
-	baseline   float64           // seconds: the median lag of the idle, caught-up pair
-	rep        int
+	o              options
+	dir            string // temporary: the binary and the policy files
+	bin            string
+	url            string // the primary
+	baseURL        string // with -baseline: its database on the primary
+	baseStandbyURL string // and on the standby
+	standbyURL     string
+	pool           *pgxpool.Pool // the primary
+	basePool       *pgxpool.Pool // with -baseline: its database, which its own build migrated
+	standby        *pgxpool.Pool
+	lag            *standby.Sampler
+	gov            *standby.Governor // nil while replay runs free (the fills)
+	baseline       float64           // seconds: the median lag of the idle, caught-up pair
+	rep            int
 }
 
 // phase is one measured deletion.
@@ -203,8 +206,23 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 	}
 	defer b.standby.Close()
 	// migrate reads no policy, but the configuration must name one.
-	if _, err := b.inboxkeeper(ctx, b.bin, filepath.Join(b.dir, "none.yaml"), nil, "migrate"); err != nil {
+	if _, err := b.inboxkeeper(ctx, b.bin, b.url, filepath.Join(b.dir, "none.yaml"), nil, "migrate"); err != nil {
 		return err
+	}
+	// The baseline's control schema is its own build's: a build refuses a
+	// schema newer than it knows.
+	if o.baseline != "" {
+		if _, err := b.pool.Exec(ctx, "CREATE DATABASE "+baselineDB); err != nil {
+			return err
+		}
+		b.baseURL, b.baseStandbyURL = c.URL(baselineDB), s.URL(baselineDB)
+		if b.basePool, err = pgxpool.New(ctx, b.baseURL); err != nil {
+			return err
+		}
+		defer b.basePool.Close()
+		if _, err := b.inboxkeeper(ctx, o.baseline, b.baseURL, filepath.Join(b.dir, "none.yaml"), nil, "migrate"); err != nil {
+			return err
+		}
 	}
 	if b.lag, err = standby.StartSampler(ctx, b.url, b.standbyURL, b.Logf); err != nil {
 		return err
@@ -259,20 +277,27 @@ func (b *bench) fill(ctx context.Context, w io.Writer, phases []string, total, e
 	if err := b.pool.QueryRow(ctx, "SELECT now()").Scan(&t0); err != nil {
 		return err
 	}
-	var tables []benchdata.Table
+	var tables, baseTables []benchdata.Table
 	for _, p := range phases {
-		tables = append(tables, benchdata.Table{Name: tableOf[p], Payload: true})
+		if p == baselineBuild {
+			baseTables = append(baseTables, benchdata.Table{Name: tableOf[p], Payload: true})
+		} else {
+			tables = append(tables, benchdata.Table{Name: tableOf[p], Payload: true})
+		}
 	}
-	if err := benchdata.FillAll(ctx, b.pool, b.Progress, tables, total, expired, t0); err != nil {
+	if err := benchdata.Parallel(
+		func() error { return benchdata.FillAll(ctx, b.pool, b.Progress, tables, total, expired, t0) },
+		func() error { return benchdata.FillAll(ctx, b.basePool, b.Progress, baseTables, total, expired, t0) },
+	); err != nil {
 		return err
 	}
 	var heap, idx int64
 	if err := b.pool.QueryRow(ctx, `SELECT pg_relation_size('a'), pg_indexes_size('a')`).Scan(&heap, &idx); err != nil {
 		return err
 	}
-	for _, t := range tables {
+	for _, t := range append(tables, baseTables...) {
 		var size int64
-		if err := b.pool.QueryRow(ctx, `SELECT pg_relation_size($1)`, t.Name).Scan(&size); err != nil {
+		if err := b.poolOf(t.Name).QueryRow(ctx, `SELECT pg_relation_size($1)`, t.Name).Scan(&size); err != nil {
 			return err
 		}
 		if size != heap {
@@ -304,7 +329,7 @@ func (b *bench) fill(ctx context.Context, w io.Writer, phases []string, total, e
 	fmt.Fprintf(w, "standby apply slowed by: %s (baseline lag %.2f s, the median of 2 s idle; at most %.2f s)\n", slowed, b.baseline, hi)
 	fmt.Fprintf(w, "rows: %d total, %d expired; each table %.0f MB heap + %.0f MB indexes; %d reps\n", total, expired, benchdata.MB(heap), benchdata.MB(idx), b.o.reps)
 	if b.o.baseline != "" {
-		fmt.Fprintf(w, "baseline: %s, throttled as this build, on a table of its own\n", b.o.baseline)
+		fmt.Fprintf(w, "baseline: %s, throttled as this build, in a database of its own that it migrated\n", b.o.baseline)
 	}
 	return nil
 }
@@ -344,7 +369,8 @@ func (b *bench) measure(ctx context.Context, name string, total, expired int64) 
 	case thisBuild:
 		p.wall, p.log, err = b.daemon(ctx, b.bin, table, total, expired, "INBOXKEEPER_REPLICA_URLS="+b.standbyURL, maxLag)
 	case baselineBuild:
-		p.wall, p.log, err = b.daemon(ctx, b.o.baseline, table, total, expired, "INBOXKEEPER_REPLICA_URLS="+b.standbyURL, maxLag)
+		// Its standby URL names its own database, where its heartbeats go.
+		p.wall, p.log, err = b.daemon(ctx, b.o.baseline, table, total, expired, "INBOXKEEPER_REPLICA_URLS="+b.baseStandbyURL, maxLag)
 	case unboundedName:
 		p.wall, err = b.unbounded(ctx, table, total, expired)
 	case freeName:
@@ -512,7 +538,18 @@ func yesNo(ok bool) string {
 }
 
 func (b *bench) verify(ctx context.Context, table string, n, expired int64) error {
-	return benchdata.Verify(ctx, b.pool, table, n, expired)
+	return benchdata.Verify(ctx, b.poolOf(table), table, n, expired)
+}
+
+// baselineDB is the baseline's database.
+const baselineDB = "baseline"
+
+// poolOf is the pool of table's database.
+func (b *bench) poolOf(table string) *pgxpool.Pool {
+	if table == tableOf[baselineBuild] {
+		return b.basePool
+	}
+	return b.pool
 }
 
 // waitReplay waits until the standby has replayed everything the primary
@@ -540,7 +577,11 @@ func (b *bench) daemon(ctx context.Context, bin, table string, n, expired int64,
 		return 0, daemonLog{}, err
 	}
 	start := time.Now()
-	out, err := b.inboxkeeper(ctx, bin, policy, env, "once")
+	url := b.url
+	if table == tableOf[baselineBuild] {
+		url = b.baseURL
+	}
+	out, err := b.inboxkeeper(ctx, bin, url, policy, env, "once")
 	wall := time.Since(start)
 	if b.o.logs != "" {
 		if err := os.WriteFile(filepath.Join(b.o.logs, fmt.Sprintf("%s-%d.log", table, b.rep)), []byte(out), 0o644); err != nil {
@@ -573,8 +614,8 @@ func (b *bench) unbounded(ctx context.Context, table string, n, expired int64) (
 
 // inboxkeeper runs bin with a clean INBOXKEEPER_* environment (it rejects
 // unknown variables) at debug level, and returns its output.
-func (b *bench) inboxkeeper(ctx context.Context, bin, policy string, env []string, args ...string) (string, error) {
-	set := append(benchdata.DaemonSettings(b.url, policy, 0), "INBOXKEEPER_LOG_LEVEL=debug")
+func (b *bench) inboxkeeper(ctx context.Context, bin, url, policy string, env []string, args ...string) (string, error) {
+	set := append(benchdata.DaemonSettings(url, policy, 0), "INBOXKEEPER_LOG_LEVEL=debug")
 	set = append(set, env...)
 	p, err := benchdata.RunBinary(ctx, bin, benchdata.DaemonEnv(false, set...), args...)
 	return p.Output, err

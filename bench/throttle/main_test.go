@@ -24,7 +24,7 @@ func TestTinyRun(t *testing.T) {
 		"bench/throttle on ", " CPUs; flags: -apply-rate 4 -baseline "+bin+" -keep false -logs  -max-lag 1s -references true -reps 2 -rows 20000",
 		"standby apply slowed by: apply capped at 4 MB/s of WAL (replay paused whenever it gets ahead) (baseline lag ",
 		"rows: 20000 total, 10000 expired;",
-		"baseline: "+bin+", throttled as this build",
+		"baseline: "+bin+", throttled as this build, in a database of its own",
 		"rep 1 of 2 (this build first):", "rep 2 of 2 (baseline first):",
 		"daemon, throttled at 1s:", "baseline, throttled at 1s:",
 		"unbounded DELETE:",
