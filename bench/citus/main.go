@@ -49,8 +49,9 @@ const goal = 0.5
 const consumers = 1000
 
 type options struct {
-	rows, batch, reps, shards, workers int
-	explain, keep                      bool
+	benchdata.Common
+	rows, batch, shards, workers int
+	explain                      bool
 }
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout)) }
@@ -61,15 +62,14 @@ func run(args []string, stdout io.Writer) int {
 	var o options
 	fs.IntVar(&o.rows, "rows", 2_000_000, "rows in each copy of the table; half of them expired")
 	fs.IntVar(&o.batch, "batch", 5000, "the daemon's INBOXKEEPER_BATCH_SIZE (its starting size; it adapts)")
-	fs.IntVar(&o.reps, "reps", 1, "repetitions, reversing the order of the methods every other one")
 	fs.IntVar(&o.shards, "shards", 32, "citus.shard_count of the distributed table")
 	fs.IntVar(&o.workers, "workers", 2, "Citus workers")
 	fs.BoolVar(&o.explain, "explain", false, "after the reps, EXPLAIN ANALYZE one batch's window count and DELETE on a fresh copy (rolled back), then time two committed windows")
-	fs.BoolVar(&o.keep, "keep", false, "leave the cluster and the databases in place and print the coordinator's URL")
-	return benchdata.Main(fs, args, func() error {
-		return benchdata.WantFlags(fs, o.rows < 2 || o.batch < 1 || o.reps < 1 || o.shards < 1 || o.workers < 1,
-			"-rows >= 2, -batch >= 1, -reps >= 1, -shards >= 1, -workers >= 1")
-	}, func(ctx context.Context, flags string) error { return benchmark(ctx, o, flags, stdout) })
+	o.Define(fs, 1, benchdata.RepsUsage, "leave the cluster and the databases in place and print the coordinator's URL", "")
+	return benchdata.Main(fs, args, &o.Common, func() error {
+		return benchdata.WantFlags(fs, o.rows < 2 || o.batch < 1 || o.shards < 1 || o.workers < 1,
+			"-rows >= 2, -batch >= 1, -shards >= 1, -workers >= 1")
+	}, func(ctx context.Context) error { return benchmark(ctx, o, stdout) })
 }
 
 type bench struct {
@@ -106,7 +106,7 @@ const daemonName, unboundedName = "inboxkeeper once", "unbounded DELETE"
 // Citus sends it to every shard at once.
 const unboundedSQL = "DELETE FROM inbox WHERE remember_until <= now()"
 
-func benchmark(ctx context.Context, o options, flags string, w io.Writer) error {
+func benchmark(ctx context.Context, o options, w io.Writer) error {
 	b := &bench{Progress: benchdata.NewProgress(), o: o}
 	var err error
 	if b.dir, b.bin, err = benchdata.Workspace(ctx, "inboxkeeper-bench-citus-", b.Progress); err != nil {
@@ -129,22 +129,22 @@ func benchmark(ctx context.Context, o options, flags string, w io.Writer) error 
 		return err
 	}
 	b.citus = c
-	if o.keep {
+	if o.Keep {
 		defer fmt.Fprintf(w, "cluster kept: coordinator %s\n", c.Coordinator.URL("postgres"))
 	} else {
 		defer c.Destroy()
 	}
 
 	total, expired := int64(o.rows), int64(o.rows/2)
-	benchdata.Header(w, "bench/citus", flags)
+	benchdata.Header(w, "bench/citus", o.Flags)
 	fmt.Fprintf(w, "rows: %d total, %d expired, over %d consumers, in each copy; %d shards on %d workers; daemon batch size %d; %d reps\n",
-		total, expired, consumers, o.shards, o.workers, o.batch, o.reps)
+		total, expired, consumers, o.shards, o.workers, o.batch, o.Reps)
 	if extra := benchdata.PassedThrough(b.daemonSettings("")...); len(extra) > 0 {
 		fmt.Fprintf(w, "daemon settings from the environment: %s\n", strings.Join(extra, " "))
 	}
 
 	var ratios []float64
-	for rep := range o.reps {
+	for rep := range o.Reps {
 		order := []string{daemonName, unboundedName}
 		if rep%2 == 1 {
 			slices.Reverse(order)
@@ -173,7 +173,7 @@ func benchmark(ctx context.Context, o options, flags string, w io.Writer) error 
 		median = (sorted[len(sorted)/2-1] + median) / 2
 	}
 	fmt.Fprintf(w, "over %d reps: throughput ratio inboxkeeper/unbounded min %.2f, median %.2f (goal >= %.1f); goal met in %d of %d %s\n",
-		o.reps, sorted[0], median, goal, met, o.reps, benchdata.Verdict(met == o.reps))
+		o.Reps, sorted[0], median, goal, met, o.Reps, benchdata.Verdict(met == o.Reps))
 
 	if o.explain {
 		if err := b.explain(ctx, w, total, expired); err != nil {
@@ -186,7 +186,7 @@ func benchmark(ctx context.Context, o options, flags string, w io.Writer) error 
 
 // report prints one rep and returns its throughput ratio.
 func (b *bench) report(w io.Writer, rep int, first string, res map[string]result, expired int64) float64 {
-	fmt.Fprintf(w, "\nrep %d of %d (%s first):\n", rep+1, b.o.reps, first)
+	fmt.Fprintf(w, "\nrep %d of %d (%s first):\n", rep+1, b.o.Reps, first)
 	for _, m := range []string{daemonName, unboundedName} {
 		r := res[m]
 		fmt.Fprintf(w, "  fill for %s: %.1f s (%.0f rows/s), %.0f MB heap + %.0f MB indexes over the shards\n",
@@ -261,7 +261,7 @@ func (b *bench) measure(ctx context.Context, m string, total, expired int64) (re
 	}); err != nil {
 		return r, err
 	}
-	if !b.o.keep {
+	if !b.o.Keep {
 		err = b.citus.DropDatabase(ctx, db)
 	}
 	return r, err
@@ -496,7 +496,7 @@ ORDER BY t.remember_until OFFSET %d LIMIT 2`, b.o.batch-1)
 			return err
 		}
 	}
-	if !b.o.keep {
+	if !b.o.Keep {
 		err = b.citus.DropDatabase(ctx, db)
 	}
 	return err

@@ -68,13 +68,11 @@ var goalRate = map[string]float64{"plain": 0.7, "partitioned": 0.5}
 const goalP99 = 1.5
 
 type options struct {
-	rows, clients, reps int
-	duration, slice     time.Duration
-	horizon             time.Duration
-	syncCommit          bool
-	baseline            string // another build's binary: its claim function is one more method
-	keep                bool
-	flags               string // for the report's header
+	benchdata.Common // -baseline: another build's binary, whose claim function is one more method
+	rows, clients    int
+	duration, slice  time.Duration
+	horizon          time.Duration
+	syncCommit       bool
 }
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout)) }
@@ -85,25 +83,16 @@ func run(args []string, stdout io.Writer) int {
 	var o options
 	fs.IntVar(&o.rows, "rows", 1_000_000, "rows in each layout's table before the run, remembered 30 to 60 days more")
 	fs.IntVar(&o.clients, "clients", 4, "clients of each method, each on a connection of its own")
-	fs.IntVar(&o.reps, "reps", 3, "repetitions: the goals are judged in each")
 	fs.DurationVar(&o.duration, "duration", 5*time.Second, "how long each method runs in each rep, layout and mix, in turns of -slice")
 	fs.DurationVar(&o.slice, "slice", 250*time.Millisecond, "how long a method's turn lasts (its first tenth not counted) before the next method's")
 	fs.DurationVar(&o.horizon, "horizon", 10*time.Second, "how long a claim or insert is remembered: the daemon deletes the plain table's rows that much later")
 	fs.BoolVar(&o.syncCommit, "synchronous-commit", false, "keep synchronous_commit on in the clients' sessions (each commit waits for the disk)")
-	fs.StringVar(&o.baseline, "baseline", "", "another inboxkeeper binary (e.g. main's build): its claim function, on a database of its own migrated by it with its daemon beside, is one more method, \""+baselineName+"\"")
-	fs.BoolVar(&o.keep, "keep", false, "leave the cluster running and print its URL")
-	return benchdata.Main(fs, args, func() error {
-		if o.baseline != "" {
-			if err := benchdata.CheckBaseline(o.baseline); err != nil {
-				return err
-			}
-		}
-		return benchdata.WantFlags(fs, o.rows < 0 || o.clients < 1 || o.reps < 1 || o.slice < 10*time.Millisecond || o.duration < o.slice || o.horizon < time.Second,
-			"-rows >= 0, -clients >= 1, -reps >= 1, -slice >= 10ms, -duration >= -slice, -horizon >= 1s")
-	}, func(ctx context.Context, flags string) error {
-		o.flags = flags
-		return benchmark(ctx, o, stdout)
-	})
+	o.Define(fs, 3, "repetitions: the goals are judged in each", benchdata.KeepUsage,
+		"another inboxkeeper binary (e.g. main's build): its claim function, on a database of its own migrated by it with its daemon beside, is one more method, \""+baselineName+"\"")
+	return benchdata.Main(fs, args, &o.Common, func() error {
+		return benchdata.WantFlags(fs, o.rows < 0 || o.clients < 1 || o.slice < 10*time.Millisecond || o.duration < o.slice || o.horizon < time.Second,
+			"-rows >= 0, -clients >= 1, -slice >= 10ms, -duration >= -slice, -horizon >= 1s")
+	}, func(ctx context.Context) error { return benchmark(ctx, o, stdout) })
 }
 
 // layout is one of the recommended table's layouts, as a table of the
@@ -189,7 +178,7 @@ func (db *database) cpu() (time.Duration, error) {
 
 func benchmark(ctx context.Context, o options, w io.Writer) error {
 	b := &bench{Progress: benchdata.NewProgress(), o: o, dbs: map[string]*database{}, methods: methods}
-	if o.baseline != "" {
+	if o.Baseline != "" {
 		b.methods = append(b.methods, baselineMethod)
 	}
 	var err error
@@ -197,7 +186,7 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 		return err
 	}
 	defer os.RemoveAll(b.dir)
-	c, end, err := benchdata.StartCluster(ctx, b.Progress, benchdata.ClusterSettings("1GB", nil), o.keep, w)
+	c, end, err := benchdata.StartCluster(ctx, b.Progress, benchdata.ClusterSettings("1GB", nil), o.Keep, w)
 	if err != nil {
 		return err
 	}
@@ -212,8 +201,8 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 		return err
 	}
 	builds := map[string]string{"claims": b.bin}
-	if o.baseline != "" {
-		builds["baseline"] = o.baseline
+	if o.Baseline != "" {
+		builds["baseline"] = o.Baseline
 	}
 	for name, bin := range builds {
 		if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
@@ -227,7 +216,7 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 		b.dbs[name] = db
 	}
 
-	benchdata.Header(w, "bench/claim", o.flags)
+	benchdata.Header(w, "bench/claim", o.Flags)
 	benchdata.SharedMemory(w, c.DataDir)
 	commit := "off"
 	if o.syncCommit {
@@ -236,8 +225,8 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 	fmt.Fprintf(w, "rows: %d in each layout's table before the run; %d clients a method; %s a method in turns of %s (the first tenth of each not counted), the methods in turn; synchronous_commit %s in the clients' sessions\n",
 		o.rows, o.clients, o.duration, o.slice, commit)
 	fmt.Fprintf(w, "beside: inboxkeeper run (INTERVAL 1s) on each database; claims and inserts are remembered %s, then the daemon deletes them from the plain table\n", o.horizon)
-	if o.baseline != "" {
-		fmt.Fprintf(w, "baseline: %s, its claim function on a database of its own (migrated by it, its daemon beside)\n", o.baseline)
+	if o.Baseline != "" {
+		fmt.Fprintf(w, "baseline: %s, its claim function on a database of its own (migrated by it, its daemon beside)\n", o.Baseline)
 	}
 	runs, err := b.measureAll(ctx, w)
 	if err != nil {

@@ -1,11 +1,8 @@
 package main
 
 import (
-	"context"
-	"io"
 	"testing"
 
-	"github.com/inboxkeeper/inboxkeeper/bench/internal/benchdata"
 	"github.com/inboxkeeper/inboxkeeper/bench/internal/benchtest"
 )
 
@@ -34,14 +31,7 @@ func TestTinyRun(t *testing.T) {
 	})
 	t.Run("baseline", func(t *testing.T) {
 		t.Parallel()
-		dir := t.TempDir()
-		if code := run([]string{"-baseline", dir}, io.Discard); code != 2 {
-			t.Errorf("-baseline naming a directory: exit %d, want 2", code)
-		}
-		bin, err := benchdata.BuildBinary(context.Background(), dir)
-		if err != nil {
-			t.Fatal(err)
-		}
+		bin := benchtest.Baseline(t, run)
 		benchtest.TinyRun(t, run, []string{"-rows", "0", "-duration", "100ms", "-slice", "100ms", "-reps", "1", "-clients", "1", "-baseline", bin},
 			" CPUs; flags: -baseline "+bin+" -clients 1 ",
 			"baseline: "+bin+", its claim function on a database of its own (migrated by it, its daemon beside)",

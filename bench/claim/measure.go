@@ -253,7 +253,7 @@ func (b *bench) measureAll(ctx context.Context, w io.Writer) (map[key]measured, 
 			}
 		}
 	}
-	for rep := 1; rep <= b.o.reps; rep++ {
+	for rep := 1; rep <= b.o.Reps; rep++ {
 		steal := benchdata.Steal()
 		fmt.Fprintf(w, "\nrep %d:\n", rep)
 		for _, l := range layouts {
@@ -301,7 +301,7 @@ func (b *bench) measureAll(ctx context.Context, w io.Writer) (map[key]measured, 
 // worst rate ratio and worst p99 ratio.
 func (b *bench) summary(w io.Writer, runs map[key]measured) {
 	fmt.Fprintf(w, "\nover %d reps, the worst rep (goals: rate at least %.1f x the insert's on the plain layout, %.1f x on the partitioned one; p99 at most %.1f x):\n",
-		b.o.reps, goalRate["plain"], goalRate["partitioned"], goalP99)
+		b.o.Reps, goalRate["plain"], goalRate["partitioned"], goalP99)
 	for _, l := range layouts {
 		for _, x := range mixes {
 			for _, m := range b.methods {
@@ -309,7 +309,7 @@ func (b *bench) summary(w io.Writer, runs map[key]measured) {
 					continue
 				}
 				rate, p99 := 1e9, 0.0
-				for rep := 1; rep <= b.o.reps; rep++ {
+				for rep := 1; rep <= b.o.Reps; rep++ {
 					r, p := runs[key{rep, l.name, x.name, m.name}], runs[key{rep, l.name, x.name, m.pair}]
 					rate, p99 = min(rate, r.rate/p.rate), max(p99, float64(r.p99)/float64(p.p99))
 				}

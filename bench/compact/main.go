@@ -95,23 +95,20 @@ const (
 var allMethods = []string{ikMethod, repackName, vacuumFullN, noneMethod}
 
 type options struct {
-	rows        int
-	purged      float64
-	purge       string // oldest | random
-	writerRate  int
-	applyRate   float64
-	maxLag      time.Duration
-	lockTimeout time.Duration
-	batchPause  time.Duration // 0: the daemon's default
-	batchSize   int           // 0: the daemon's default
-	walRate     string        // "": the daemon's default
-	baseline    string        // another inboxkeeper binary, run as the method "baseline"
-	methods     []string      // the methods to run, in allMethods' order (then baseline)
-	only        string
-	reps        int
-	payload     bool
-	keep        bool
-	flags       string
+	benchdata.Common // -baseline: another inboxkeeper binary, run as the method "baseline"
+	rows             int
+	purged           float64
+	purge            string // oldest | random
+	writerRate       int
+	applyRate        float64
+	maxLag           time.Duration
+	lockTimeout      time.Duration
+	batchPause       time.Duration // 0: the daemon's default
+	batchSize        int           // 0: the daemon's default
+	walRate          string        // "": the daemon's default
+	methods          []string      // the methods to run, in allMethods' order (then baseline)
+	only             string
+	payload          bool
 }
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout)) }
@@ -129,31 +126,24 @@ func run(args []string, stdout io.Writer) int {
 	fs.DurationVar(&o.batchPause, "batch-pause", 0, "inboxkeeper's INBOXKEEPER_BATCH_PAUSE between the moves' batches (0: its default): the lever that trades time for the writer's latency")
 	fs.StringVar(&o.walRate, "wal-rate", "", "inboxkeeper's INBOXKEEPER_COMPACT_WAL_RATE, the most WAL a second its moves write (\"\": its default, 512kB; 0: the throttle alone)")
 	fs.IntVar(&o.batchSize, "batch-size", 0, "inboxkeeper's INBOXKEEPER_BATCH_SIZE_MAX, the largest batch of moves, which the first one and the smallest follow down (0: its default)")
-	fs.StringVar(&o.baseline, "baseline", "", "another inboxkeeper binary (e.g. main's build) run as one more method, \""+baselineM+"\", the same way, in the same reps")
 	fs.StringVar(&o.only, "methods", strings.Join(allMethods, ","), "the methods to run, comma-separated; inboxkeeper and none are always run")
-	fs.IntVar(&o.reps, "reps", 1, "repetitions; the methods' order turns from rep to rep")
 	fs.BoolVar(&o.payload, "payload", false, "tables with a ~300-byte payload column")
-	fs.BoolVar(&o.keep, "keep", false, "leave both clusters running and print their URLs")
-	return benchdata.Main(fs, args, func() error {
+	o.Define(fs, 1, "repetitions; the methods' order turns from rep to rep", "leave both clusters running and print their URLs",
+		"another inboxkeeper binary (e.g. main's build) run as one more method, \""+baselineM+"\", the same way, in the same reps")
+	return benchdata.Main(fs, args, &o.Common, func() error {
 		o.methods = []string{}
 		for _, m := range allMethods {
 			if m == ikMethod || m == noneMethod || slices.Contains(strings.Split(o.only, ","), m) {
 				o.methods = append(o.methods, m)
 			}
 		}
-		if o.baseline != "" {
-			if err := benchdata.CheckBaseline(o.baseline); err != nil {
-				return err
-			}
+		if o.Baseline != "" {
 			o.methods = append(o.methods, baselineM)
 		}
 		return benchdata.WantFlags(fs, o.batchSize < 0 || o.rows < 10 || o.purged <= 0 || o.purged >= 1 || (o.purge != "oldest" && o.purge != "random") ||
-			o.writerRate <= 0 || o.applyRate < 0 || o.maxLag <= 0 || o.lockTimeout <= 0 || o.batchPause < 0 || o.reps < 1,
-			"-batch-size >= 0, -rows >= 10, 0 < -purged < 1, -purge oldest|random, -writer-rate > 0, -apply-rate >= 0, -max-lag > 0, -lock-timeout > 0, -batch-pause >= 0, -reps >= 1")
-	}, func(ctx context.Context, flags string) error {
-		o.flags = flags
-		return benchmark(ctx, o, stdout)
-	})
+			o.writerRate <= 0 || o.applyRate < 0 || o.maxLag <= 0 || o.lockTimeout <= 0 || o.batchPause < 0,
+			"-batch-size >= 0, -rows >= 10, 0 < -purged < 1, -purge oldest|random, -writer-rate > 0, -apply-rate >= 0, -max-lag > 0, -lock-timeout > 0, -batch-pause >= 0")
+	}, func(ctx context.Context) error { return benchmark(ctx, o, stdout) })
 }
 
 type bench struct {
@@ -205,7 +195,7 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 		return err
 	}
 	b.url, b.standbyURL = b.primary.URL("postgres"), s.URL("postgres")
-	if o.keep {
+	if o.Keep {
 		defer fmt.Fprintf(w, "clusters kept: primary %s (data %s), standby %s (data %s)\n", b.url, b.primary.DataDir, b.standbyURL, s.DataDir)
 	} else {
 		defer b.primary.Destroy()
@@ -237,7 +227,7 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 		return err
 	}
 
-	benchdata.Header(w, "bench/compact", o.flags)
+	benchdata.Header(w, "bench/compact", o.Flags)
 	slowed := "nothing (-apply-rate 0)"
 	if o.applyRate > 0 {
 		slowed = fmt.Sprintf("apply capped at %g MB/s of WAL", o.applyRate)
@@ -245,7 +235,7 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 	fmt.Fprintf(w, "standby: %s (baseline lag %.2f s); writer: %d inserts/s; inboxkeeper: MAX_REPLICA_LAG %s, LOCK_TIMEOUT %s\n",
 		slowed, b.baseline, o.writerRate, o.maxLag, o.lockTimeout)
 	expired := int64(float64(o.rows) * o.purged)
-	for rep := range o.reps {
+	for rep := range o.Reps {
 		// The order turns from rep to rep, none included, so that a moment
 		// of the shared machine's load falls on each in turn.
 		methods := o.methods
@@ -424,7 +414,7 @@ func (b *bench) method(ctx context.Context, method, table string, ikWall time.Du
 		_, err := b.inboxkeeper(ctx, table, "compact", "--table", "public."+table)
 		return err
 	case baselineM:
-		_, err := b.run(ctx, b.o.baseline, table, "compact", "--table", "public."+table)
+		_, err := b.run(ctx, b.o.Baseline, table, "compact", "--table", "public."+table)
 		return err
 	case repackName:
 		// Over TCP as the cluster's superuser; its defaults otherwise.

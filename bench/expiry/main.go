@@ -91,25 +91,17 @@ var layouts = []layout{
 	{name: "steady-state", fill: benchdata.Layout{Kind: "steady-state"}, goal: 0.8},
 }
 
-func layoutNames() string {
-	var names []string
-	for _, l := range layouts {
-		names = append(names, l.name)
-	}
-	return strings.Join(names, ",")
-}
+func layoutName(l layout) string { return l.name }
 
 type options struct {
-	rows, batch, flatRows, reps, horizons int
-	gap                                   time.Duration
-	layouts                               []layout
-	keep                                  bool
-	baseline                              string        // another build of the daemon, run as a method of its own
-	payload                               bool          // the layouts' rows carry the ~300-byte payload column
-	fromExec                              bool          // time the statements through psql, from exec to exit
-	runPass                               bool          // one more method: a pass of inboxkeeper run, timed by the daemon
-	relay                                 time.Duration // every method through a TCP relay holding bytes this long each way; negative: none
-	flags                                 string        // for the report's header
+	benchdata.Common                // -baseline: another build of the daemon, run as a method of its own
+	rows, batch, flatRows, horizons int
+	gap                             time.Duration
+	layouts                         []layout
+	payload                         bool          // the layouts' rows carry the ~300-byte payload column
+	fromExec                        bool          // time the statements through psql, from exec to exit
+	runPass                         bool          // one more method: a pass of inboxkeeper run, timed by the daemon
+	relay                           time.Duration // every method through a TCP relay holding bytes this long each way; negative: none
 }
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout)) }
@@ -121,39 +113,27 @@ func run(args []string, stdout io.Writer) int {
 	fs.IntVar(&o.rows, "rows", 2_000_000, "rows in each copy of the table; half of them expired (uniform, steady-state: rows generated, see -gap)")
 	fs.IntVar(&o.batch, "batch", 5000, "the daemon's INBOXKEEPER_BATCH_SIZE (its starting size if it adapts)")
 	fs.IntVar(&o.flatRows, "flat-rows", 5_000_000, "expired rows of the memory-flatness run; 0 skips it")
-	fs.IntVar(&o.reps, "reps", 1, "repetitions, reversing the order of the methods every other one")
 	fs.IntVar(&o.horizons, "horizons", 100, "retention horizons of the uniform and steady-state layouts")
 	fs.DurationVar(&o.gap, "gap", 7*24*time.Hour, "steady-state: how long before the run the last pass ran (its due rows expired since)")
-	names := fs.String("layouts", layoutNames(), "comma-separated layouts to run")
-	fs.BoolVar(&o.keep, "keep", false, "leave the cluster running and print its URL")
+	names := fs.String("layouts", benchdata.Names(layouts, layoutName), "comma-separated layouts to run")
 	fs.BoolVar(&o.payload, "payload", true, "the layouts' rows carry a ~300-byte payload column (about 19 rows a page); false: narrow rows (about 66 a page)")
 	fs.BoolVar(&o.fromExec, "from-exec", false, "time the unbounded DELETE and the loops from exec to exit, each through psql on a connection of its own, as cron runs them (inboxkeeper once is always timed so); default: each statement alone, on a connection opened before it")
 	fs.DurationVar(&o.relay, "relay", -1, "every method's connections (the daemon's, psql's, the statements') through a local TCP relay that holds what it forwards this long each way, as a network would (0: the hop alone); the report gives the round trip measured through it. Negative: none")
 	fs.BoolVar(&o.runPass, "run-pass", false, "one more method, \""+runPassName+"\": a pass of the daemon (inboxkeeper run) started before it and warmed by a pass over an empty table, timed from the pass's start to its end by the daemon's log, as a sidecar runs it")
-	fs.StringVar(&o.baseline, "baseline", "", "another inboxkeeper binary (e.g. main's build) run as one more method, \""+baselineName+"\", in the same reps")
-	return benchdata.Main(fs, args, func() error {
-		for _, n := range strings.Split(*names, ",") {
-			i := slices.IndexFunc(layouts, func(l layout) bool { return l.name == n })
-			if i < 0 {
-				return fmt.Errorf("unknown layout %q (want some of %s)", n, layoutNames())
-			}
-			l := layouts[i]
+	o.Define(fs, 1, benchdata.RepsUsage, benchdata.KeepUsage, "another inboxkeeper binary (e.g. main's build) run as one more method, \""+baselineName+"\", in the same reps")
+	return benchdata.Main(fs, args, &o.Common, func() error {
+		var err error
+		if o.layouts, err = benchdata.Pick(layouts, layoutName, *names, "layout"); err != nil {
+			return err
+		}
+		for i, l := range o.layouts {
 			if l.fill.Horizons == 0 {
-				l.fill.Horizons, l.fill.Gap = o.horizons, o.gap
-			}
-			o.layouts = append(o.layouts, l)
-		}
-		if o.baseline != "" {
-			if err := benchdata.CheckBaseline(o.baseline); err != nil {
-				return err
+				o.layouts[i].fill.Horizons, o.layouts[i].fill.Gap = o.horizons, o.gap
 			}
 		}
-		return benchdata.WantFlags(fs, o.rows < 2 || o.batch < 1 || o.flatRows < 0 || o.reps < 1 || o.horizons < 2 || o.gap <= 0,
-			"-rows >= 2, -batch >= 1, -flat-rows >= 0, -reps >= 1, -horizons >= 2, -gap > 0")
-	}, func(ctx context.Context, flags string) error {
-		o.flags = flags
-		return benchmark(ctx, o, stdout)
-	})
+		return benchdata.WantFlags(fs, o.rows < 2 || o.batch < 1 || o.flatRows < 0 || o.horizons < 2 || o.gap <= 0,
+			"-rows >= 2, -batch >= 1, -flat-rows >= 0, -horizons >= 2, -gap > 0")
+	}, func(ctx context.Context) error { return benchmark(ctx, o, stdout) })
 }
 
 type bench struct {
@@ -237,7 +217,7 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 	}
 	defer os.RemoveAll(b.dir)
 	b.methods = methods
-	if o.baseline != "" {
+	if o.Baseline != "" {
 		// The same harness and copies, another build: main's daemon
 		// against this one's, rep by rep, right after it (right before
 		// it in the reps run in reverse). Last in the list, the baseline
@@ -245,7 +225,7 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 		// passes as this build (three runs of 2026-12-03); side
 		// by side, taking turns, the two meet the same conditions.
 		b.methods = slices.Insert(slices.Clone(methods), 1, method{baselineName, func(ctx context.Context, b *bench, db string) (result, error) {
-			return b.daemonBin(ctx, o.baseline, db, "inbox")
+			return b.daemonBin(ctx, o.Baseline, db, "inbox")
 		}})
 	}
 	if o.runPass {
@@ -257,7 +237,7 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 	// pg_stat_statements counts the pages each method's statements read and
 	// dirty (a CALL counts the statements it runs).
 	c, end, err := benchdata.StartCluster(ctx, b.Progress, benchdata.ClusterSettings("2GB",
-		map[string]string{"shared_preload_libraries": "'pg_stat_statements'"}), o.keep, w)
+		map[string]string{"shared_preload_libraries": "'pg_stat_statements'"}), o.Keep, w)
 	if err != nil {
 		return err
 	}
@@ -272,9 +252,9 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 	}
 
 	total, expired := int64(o.rows), int64(o.rows/2)
-	benchdata.Header(w, "bench/expiry", o.flags)
+	benchdata.Header(w, "bench/expiry", o.Flags)
 	benchdata.SharedMemory(w, c.DataDir)
-	fmt.Fprintf(w, "rows: %d generated in each copy; daemon batch size %d; %d reps\n", total, o.batch, o.reps)
+	fmt.Fprintf(w, "rows: %d generated in each copy; daemon batch size %d; %d reps\n", total, o.batch, o.Reps)
 	if extra := benchdata.PassedThrough(b.daemonSettings("", "")...); len(extra) > 0 {
 		fmt.Fprintf(w, "daemon settings from the environment: %s\n", strings.Join(extra, " "))
 	}
@@ -374,7 +354,7 @@ func (b *bench) layout(ctx context.Context, w io.Writer, l layout, total, expire
 	}
 	var rss int64
 	met := map[string]int{}
-	for rep := range b.o.reps {
+	for rep := range b.o.Reps {
 		order := slices.Clone(b.methods)
 		if rep%2 == 1 {
 			slices.Reverse(order)
@@ -398,7 +378,7 @@ func (b *bench) layout(ctx context.Context, w io.Writer, l layout, total, expire
 		}
 		u := res[unboundedName]
 		ur := float64(expired) / u.wall.Seconds()
-		fmt.Fprintf(w, "%s, rep %d of %d (%s first):\n", l.name, rep+1, b.o.reps, order[0].name)
+		fmt.Fprintf(w, "%s, rep %d of %d (%s first):\n", l.name, rep+1, b.o.Reps, order[0].name)
 		fmt.Fprintf(w, "  %-26s %7s %10s %8s %7s %10s %6s %6s %7s\n", "method", "time", "rows/s", "WAL", "CPU", "throughput", "WAL", "pages", "dirtied")
 		bestLoop, bestName := 0.0, ""
 		for _, m := range b.methods {
@@ -443,7 +423,7 @@ func (b *bench) layout(ctx context.Context, w io.Writer, l layout, total, expire
 		if base, ok := res[baselineName]; ok {
 			br := float64(expired) / base.wall.Seconds() / ur
 			fmt.Fprintf(w, "  baseline (%s): throughput ratio %.2f, ahead of the best loop %.2fx, longest batch %s; this build ÷ baseline %.2f\n",
-				b.o.baseline, br, br/bestLoop, base.longest.Round(time.Millisecond), tr/br)
+				b.o.Baseline, br, br/bestLoop, base.longest.Round(time.Millisecond), tr/br)
 		}
 		if p, ok := res[runPassName]; ok {
 			pr := float64(expired) / p.wall.Seconds() / ur
@@ -469,12 +449,12 @@ func (b *bench) layout(ctx context.Context, w io.Writer, l layout, total, expire
 		}
 	}
 	fmt.Fprintf(w, "%s over %d reps: throughput goal met %d, ahead of the best loop %d, WAL goal met %d, batch goal met %d\n",
-		l.name, b.o.reps, met["throughput"], met["ahead"], met["wal"], met["batch"])
+		l.name, b.o.Reps, met["throughput"], met["ahead"], met["wal"], met["batch"])
 	if b.o.runPass {
 		fmt.Fprintf(w, "%s over %d reps, %s: throughput goal met %d, ahead of the best loop %d, batch goal met %d\n",
-			l.name, b.o.reps, runPassName, met["run pass throughput"], met["run pass ahead"], met["run pass batch"])
+			l.name, b.o.Reps, runPassName, met["run pass throughput"], met["run pass ahead"], met["run pass batch"])
 	}
-	if b.o.keep {
+	if b.o.Keep {
 		return rss, nil
 	}
 	_, err = b.pool.Exec(ctx, "DROP DATABASE "+tpl)

@@ -1,11 +1,8 @@
 package main
 
 import (
-	"context"
-	"io"
 	"testing"
 
-	"github.com/inboxkeeper/inboxkeeper/bench/internal/benchdata"
 	"github.com/inboxkeeper/inboxkeeper/bench/internal/benchtest"
 )
 
@@ -46,14 +43,7 @@ func TestTinyRun(t *testing.T) {
 	// an executable is refused before anything is filled.
 	t.Run("baseline", func(t *testing.T) {
 		t.Parallel()
-		dir := t.TempDir()
-		if code := run([]string{"-baseline", dir}, io.Discard); code != 2 {
-			t.Errorf("-baseline naming a directory: exit %d, want 2", code)
-		}
-		bin, err := benchdata.BuildBinary(context.Background(), dir)
-		if err != nil {
-			t.Fatal(err)
-		}
+		bin := benchtest.Baseline(t, run)
 		benchtest.TinyRun(t, run, []string{"-rows", "20000", "-flat-rows", "0", "-batch", "1000", "-reps", "1",
 			"-layouts", "append-ordered", "-baseline", bin, "-payload=false"},
 			" CPUs; flags: -baseline "+bin+" -batch 1000 ", " -payload false ",

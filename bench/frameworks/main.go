@@ -161,20 +161,12 @@ FROM generate_series(0, $1 - 1) k`},
 	},
 }
 
-func names() string {
-	var n []string
-	for _, f := range all {
-		n = append(n, f.name)
-	}
-	return strings.Join(n, ",")
-}
+func (f framework) key() string { return f.name }
 
 type options struct {
-	rows, reps int
-	frameworks []framework
-	keep       bool
-	baseline   string // another build of the daemon, run as one more method
-	flags      string
+	benchdata.Common // -baseline: another build of the daemon, run as one more method
+	rows             int
+	frameworks       []framework
 }
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout)) }
@@ -184,28 +176,16 @@ func run(args []string, stdout io.Writer) int {
 	fs := flag.NewFlagSet("frameworks", flag.ContinueOnError)
 	var o options
 	fs.IntVar(&o.rows, "rows", 1_000_000, "rows in each framework's table; half of them due")
-	fs.IntVar(&o.reps, "reps", 3, "repetitions, reversing the order of the two every other one")
-	list := fs.String("frameworks", names(), "comma-separated frameworks to run")
-	fs.BoolVar(&o.keep, "keep", false, "leave the cluster running and print its URL")
-	fs.StringVar(&o.baseline, "baseline", "", "another inboxkeeper binary (go build -o PATH ./cmd/inboxkeeper in another checkout) run as one more method, its VACUUM left to autovacuum, in the same reps")
-	return benchdata.Main(fs, args, func() error {
-		if o.baseline != "" {
-			if st, err := os.Stat(o.baseline); err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
-				return fmt.Errorf("-baseline %q: want an executable inboxkeeper binary", o.baseline)
-			}
+	list := fs.String("frameworks", benchdata.Names(all, framework.key), "comma-separated frameworks to run")
+	o.Define(fs, 3, "repetitions, reversing the order of the two every other one", benchdata.KeepUsage,
+		"another inboxkeeper binary (go build -o PATH ./cmd/inboxkeeper in another checkout) run as one more method, its VACUUM left to autovacuum, in the same reps")
+	return benchdata.Main(fs, args, &o.Common, func() error {
+		var err error
+		if o.frameworks, err = benchdata.Pick(all, framework.key, *list, "framework"); err != nil {
+			return err
 		}
-		for _, n := range strings.Split(*list, ",") {
-			i := slices.IndexFunc(all, func(f framework) bool { return f.name == n })
-			if i < 0 {
-				return fmt.Errorf("unknown framework %q (want some of %s)", n, names())
-			}
-			o.frameworks = append(o.frameworks, all[i])
-		}
-		return benchdata.WantFlags(fs, o.rows < 2 || o.reps < 1, "-rows >= 2, -reps >= 1")
-	}, func(ctx context.Context, flags string) error {
-		o.flags = flags
-		return benchmark(ctx, o, stdout)
-	})
+		return benchdata.WantFlags(fs, o.rows < 2, "-rows >= 2")
+	}, func(ctx context.Context) error { return benchmark(ctx, o, stdout) })
 }
 
 type bench struct {
@@ -231,7 +211,7 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 		return err
 	}
 	defer os.RemoveAll(b.dir)
-	cluster, end, err := benchdata.StartCluster(ctx, b.Progress, benchdata.ClusterSettings("512MB", map[string]string{"autovacuum": "off"}), o.keep, w)
+	cluster, end, err := benchdata.StartCluster(ctx, b.Progress, benchdata.ClusterSettings("512MB", map[string]string{"autovacuum": "off"}), o.Keep, w)
 	if err != nil {
 		return err
 	}
@@ -242,10 +222,10 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 	}
 	defer b.pool.Close()
 
-	benchdata.Header(w, "bench/frameworks", o.flags)
+	benchdata.Header(w, "bench/frameworks", o.Flags)
 	benchdata.SharedMemory(w, cluster.DataDir)
 	fmt.Fprintf(w, "timing: inboxkeeper once from exec to exit, its VACUUM after the pass included, and with INBOXKEEPER_VACUUM_DEAD_RATIO=0 (VACUUM left to autovacuum, as the frameworks leave it); each framework's cleanup as statements alone, back to back, on a connection opened before them (its pauses left out); autovacuum off; the order of the methods reversed every other rep\n")
-	fmt.Fprintf(w, "rows: %d in each table, %d due; %d reps\n", o.rows, o.rows/2, o.reps)
+	fmt.Fprintf(w, "rows: %d in each table, %d due; %d reps\n", o.rows, o.rows/2, o.Reps)
 	for _, f := range o.frameworks {
 		if err := b.framework(ctx, w, f); err != nil {
 			return fmt.Errorf("%s: %w", f.name, err)
@@ -306,7 +286,7 @@ func (b *bench) framework(ctx context.Context, w io.Writer, f framework) error {
 	fmt.Fprintf(w, "\nframework %s: %d rows, %d due; its cleanup: %s\n", f.name, b.o.rows, due, how)
 	ms := b.methods(policyFile, f)
 	ratios := make([][]float64, len(ms)-1) // each once against the framework's
-	for rep := range b.o.reps {
+	for rep := range b.o.Reps {
 		order := slices.Clone(ms)
 		if rep%2 == 1 {
 			slices.Reverse(order)
@@ -344,7 +324,7 @@ func (b *bench) framework(ctx context.Context, w io.Writer, f framework) error {
 		rs := slices.Sorted(slices.Values(ratios[i]))
 		med := rs[len(rs)/2]
 		fmt.Fprintf(w, "  %s over %d reps, %s: ratio framework/this median %.2f (min %.2f, max %.2f); at least as fast: %s\n",
-			f.name, b.o.reps, m.name, med, rs[0], rs[len(rs)-1], benchdata.Verdict(med >= 1))
+			f.name, b.o.Reps, m.name, med, rs[0], rs[len(rs)-1], benchdata.Verdict(med >= 1))
 	}
 	return nil
 }
@@ -368,9 +348,9 @@ func (b *bench) methods(policy string, f framework) []method {
 			return b.once(ctx, b.bin, db, policy, f, "INBOXKEEPER_VACUUM_DEAD_RATIO=0")
 		}},
 	}
-	if b.o.baseline != "" {
+	if b.o.Baseline != "" {
 		ms = append(ms, method{"baseline once, VACUUM left", func(ctx context.Context, db string) (result, error) {
-			return b.once(ctx, b.o.baseline, db, policy, f, "INBOXKEEPER_VACUUM_DEAD_RATIO=0")
+			return b.once(ctx, b.o.Baseline, db, policy, f, "INBOXKEEPER_VACUUM_DEAD_RATIO=0")
 		}})
 	}
 	return append(ms, method{frameworkName, func(ctx context.Context, db string) (result, error) { return b.cleanup(ctx, db, f) }})

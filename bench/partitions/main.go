@@ -98,8 +98,7 @@ type options struct {
 	rows        int
 	reader      time.Duration
 	lockTimeout time.Duration
-	keep        bool
-	flags       string // for the report's header
+	benchdata.Common
 }
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout)) }
@@ -122,9 +121,8 @@ func parseArgs(args []string) (options, bool) {
 	fs.IntVar(&o.rows, "rows", 1_000_000, "rows in the expired month of each table")
 	fs.DurationVar(&o.reader, "reader", 10*time.Second, "how long the long-running read transaction is held")
 	fs.DurationVar(&o.lockTimeout, "lock-timeout", 100*time.Millisecond, "inboxkeeper's lock_timeout for partition DDL (INBOXKEEPER_DDL_LOCK_TIMEOUT)")
-	fs.BoolVar(&o.keep, "keep", false, "leave the cluster running and print its URL")
-	var ok bool
-	o.flags, ok = benchdata.ParseFlags(fs, args, func() error {
+	o.Define(fs, 0, "", benchdata.KeepUsage, "")
+	ok := benchdata.ParseFlags(fs, args, &o.Common, func() error {
 		return benchdata.WantFlags(fs, o.rows < 1 || o.reader < 100*time.Millisecond || o.lockTimeout < time.Millisecond,
 			"-rows >= 1, -reader >= 100ms, -lock-timeout >= 1ms")
 	})
@@ -193,7 +191,7 @@ func benchmark(ctx context.Context, o options, w io.Writer) (*report, error) {
 		// WAL is measured for the whole cluster: no vacuum may run on one
 		// table while another is measured.
 		"autovacuum": "off",
-	}), o.keep, w)
+	}), o.Keep, w)
 	if err != nil {
 		return nil, err
 	}
@@ -482,7 +480,7 @@ func (b *bench) header(ctx context.Context, w io.Writer, r *report) error {
 	if pmDefault {
 		def = ", one of them DEFAULT (pg_partman 4.x always makes one)"
 	}
-	benchdata.Header(w, "bench/partitions", b.o.flags)
+	benchdata.Header(w, "bench/partitions", b.o.Flags)
 	benchdata.SharedMemory(w, b.dataDir)
 	fmt.Fprintf(w, "rows: %d in the expired month %s (now is %s), %.1f MB with indexes, in each of 4 tables\n",
 		b.o.rows, b.month.Format("2006-01"), b.now.Format("2006-01-02"), benchdata.MB(size))

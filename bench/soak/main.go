@@ -102,7 +102,7 @@ const (
 // cleaners are the cleaners of a run, in the order of the report: with
 // -baseline, the other build's daemon right after this one's.
 func (o options) cleaners() []string {
-	if o.baseline != "" {
+	if o.Baseline != "" {
 		return []string{cleanInboxkeeper, cleanBaseline, cleanProcedure, cleanNone}
 	}
 	return []string{cleanInboxkeeper, cleanProcedure, cleanNone}
@@ -111,7 +111,7 @@ func (o options) cleaners() []string {
 // daemons are the cleaners that are a daemon: this build's, and the
 // baseline's with -baseline.
 func (o options) daemons() []string {
-	if o.baseline != "" {
+	if o.Baseline != "" {
 		return []string{cleanInboxkeeper, cleanBaseline}
 	}
 	return []string{cleanInboxkeeper}
@@ -129,21 +129,18 @@ const (
 )
 
 type options struct {
-	rate      float64
-	rowBytes  int
-	expiry    time.Duration
-	duration  time.Duration
-	interval  time.Duration
-	procEvery time.Duration
-	procBatch int
-	idle      time.Duration
-	hold      time.Duration
-	holdAt    time.Duration
-	standby   bool
-	reps      int
-	baseline  string // another inboxkeeper binary, run as one more cleaner
-	keep      bool
-	flags     string
+	rate             float64
+	rowBytes         int
+	expiry           time.Duration
+	duration         time.Duration
+	interval         time.Duration
+	procEvery        time.Duration
+	procBatch        int
+	idle             time.Duration
+	hold             time.Duration
+	holdAt           time.Duration
+	standby          bool
+	benchdata.Common // -baseline: another inboxkeeper binary, run as one more cleaner
 }
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout)) }
@@ -174,24 +171,17 @@ func parseArgs(args []string) (options, bool) {
 	fs.DurationVar(&o.hold, "hold", 0, "hold the xmin horizon this long with a REPEATABLE READ transaction in each database (0: never)")
 	fs.DurationVar(&o.holdAt, "hold-at", 0, "when the hold begins, from the writers' start (0: half way)")
 	fs.BoolVar(&o.standby, "standby", false, "run a streaming standby of the cluster")
-	fs.IntVar(&o.reps, "reps", 1, "runs, alternating the order the cleaners and writers start in; goals are judged on the medians")
-	fs.StringVar(&o.baseline, "baseline", "", "another inboxkeeper binary (e.g. main's build) run as one more cleaner, \""+cleanBaseline+"\", on an identical inbox in the same reps")
-	fs.BoolVar(&o.keep, "keep", false, "leave the cluster running and print its URL")
-	var ok bool
-	o.flags, ok = benchdata.ParseFlags(fs, args, func() error {
+	o.Define(fs, 1, "runs, alternating the order the cleaners and writers start in; goals are judged on the medians", benchdata.KeepUsage,
+		"another inboxkeeper binary (e.g. main's build) run as one more cleaner, \""+cleanBaseline+"\", on an identical inbox in the same reps")
+	ok := benchdata.ParseFlags(fs, args, &o.Common, func() error {
 		if o.holdAt == 0 {
 			o.holdAt = o.duration / 2
 		}
-		if o.baseline != "" {
-			if st, err := os.Stat(o.baseline); err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
-				return fmt.Errorf("-baseline %q: want an executable inboxkeeper binary (go build -o PATH ./cmd/inboxkeeper in another checkout)", o.baseline)
-			}
-		}
 		return benchdata.WantFlags(fs, o.rate <= 0 || o.rowBytes < 150 || o.expiry < time.Second || o.interval <= 0 ||
-			o.duration < 4*o.expiry || o.procEvery <= 0 || o.procBatch < 1 || o.idle < o.interval || o.reps < 1 ||
+			o.duration < 4*o.expiry || o.procEvery <= 0 || o.procBatch < 1 || o.idle < o.interval ||
 			o.hold < 0 || (o.hold > 0 && o.holdAt+o.hold > o.duration),
 			"-rate > 0, -row-bytes >= 150, -expiry >= 1s, -duration >= 4 x -expiry, -interval, -proc-every > 0, -proc-batch >= 1, "+
-				"-idle >= -interval, -reps >= 1, and a hold that ends within -duration")
+				"-idle >= -interval, and a hold that ends within -duration")
 	})
 	return o, ok
 }
@@ -271,7 +261,7 @@ func benchmark(ctx context.Context, o options, w io.Writer) (*report, error) {
 	// alike.
 	c, end, err := benchdata.StartCluster(ctx, b.Progress, benchdata.ClusterSettings("256MB", map[string]string{
 		"checkpoint_timeout": "'5min'", "max_wal_size": "'1GB'", "max_connections": "100",
-	}), o.keep, w)
+	}), o.Keep, w)
 	if err != nil {
 		return nil, err
 	}
@@ -291,20 +281,20 @@ func benchmark(ctx context.Context, o options, w io.Writer) (*report, error) {
 	defer b.admin.Close()
 
 	r := &report{o: o, passed: benchdata.PassedThrough(daemonSet("", "", "0s")...)}
-	benchdata.Header(w, "bench/soak", o.flags)
+	benchdata.Header(w, "bench/soak", o.Flags)
 	benchdata.SharedMemory(w, c.DataDir)
 	if len(r.passed) > 0 {
 		fmt.Fprintf(w, "daemon environment passed through: %s\n", strings.Join(r.passed, " "))
 	}
-	if o.baseline != "" {
-		fmt.Fprintf(w, "baseline: %s, run as the cleaner %q beside this build\n", o.baseline, cleanBaseline)
+	if o.Baseline != "" {
+		fmt.Fprintf(w, "baseline: %s, run as the cleaner %q beside this build\n", o.Baseline, cleanBaseline)
 	}
-	for i := range o.reps {
+	for i := range o.Reps {
 		order := o.cleaners()
 		if i%2 == 1 {
 			slices.Reverse(order)
 		}
-		b.Logf("rep %d of %d (order: %s)", i+1, o.reps, strings.Join(order, ", "))
+		b.Logf("rep %d of %d (order: %s)", i+1, o.Reps, strings.Join(order, ", "))
 		rp, err := b.rep(ctx, order, r)
 		if err != nil {
 			return nil, fmt.Errorf("rep %d: %w", i+1, err)
@@ -375,7 +365,7 @@ func (b *bench) setup(ctx context.Context, order []string) error {
 // binOf is the binary of a daemon cleaner.
 func (b *bench) binOf(cleaner string) string {
 	if cleaner == cleanBaseline {
-		return b.o.baseline
+		return b.o.Baseline
 	}
 	return b.bin
 }

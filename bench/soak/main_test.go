@@ -3,8 +3,6 @@ package main
 import (
 	"context"
 	"io"
-	"os/exec"
-	"path/filepath"
 	"testing"
 
 	"github.com/inboxkeeper/inboxkeeper/bench/internal/benchtest"
@@ -20,13 +18,7 @@ import (
 // more cleaner and its figures stand beside this build's in the goals; a
 // baseline that is not an executable is refused.
 func TestTinyRun(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "inboxkeeper")
-	if out, err := exec.Command("go", "build", "-o", bin, "github.com/inboxkeeper/inboxkeeper/cmd/inboxkeeper").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	if _, ok := parseArgs([]string{"-baseline", t.TempDir()}); ok {
-		t.Error("a directory as -baseline was taken")
-	}
+	bin := benchtest.Baseline(t, run)
 	o, ok := parseArgs([]string{"-rate", "100", "-expiry", "2s", "-duration", "16s", "-interval", "1s", "-proc-every", "4s",
 		"-proc-batch", "100", "-idle", "4s", "-hold", "4s", "-hold-at", "8s", "-baseline", bin})
 	if !ok {

@@ -67,7 +67,7 @@ func printRep(w io.Writer, r *report, i int) {
 		return fmt.Sprintf("%.2f", x.xactsPerSecond)
 	})
 	printDaemon(w, o, "daemon", rp.daemon)
-	if o.baseline != "" {
+	if o.Baseline != "" {
 		printDaemon(w, o, "baseline daemon", rp.baseline)
 	}
 	d := rp.daemon
@@ -121,7 +121,7 @@ func printGoals(w io.Writer, r *report) {
 	goal := func(what string, f func(rp rep, cleaner string, d daemonFigures) float64, ok func(float64) bool) {
 		v, each := of(func(rp rep) float64 { return f(rp, cleanInboxkeeper, rp.daemon) })
 		fmt.Fprintf(w, "goal: %s: %.2f (reps: %s): %s", what, v, each, benchdata.Verdict(ok(v)))
-		if o.baseline != "" {
+		if o.Baseline != "" {
 			bv, beach := of(func(rp rep) float64 { return f(rp, cleanBaseline, rp.baseline) })
 			fmt.Fprintf(w, "; baseline %.2f (reps: %s)", bv, beach)
 		}

@@ -89,15 +89,12 @@ const (
 )
 
 type options struct {
-	rows       int
-	maxLag     time.Duration
-	applyRate  float64 // MB/s of WAL the standby may apply; 0 leaves it alone
-	reps       int
-	baseline   string // another inboxkeeper binary, run throttled beside this build
-	references bool   // the unbounded DELETE and the unthrottled daemon too
-	keep       bool
-	logs       string // directory for the daemon's logs; empty: not kept
-	flags      string // for the report's header
+	benchdata.Common // -baseline: another inboxkeeper binary, run throttled beside this build
+	rows             int
+	maxLag           time.Duration
+	applyRate        float64 // MB/s of WAL the standby may apply; 0 leaves it alone
+	references       bool    // the unbounded DELETE and the unthrottled daemon too
+	logs             string  // directory for the daemon's logs; empty: not kept
 }
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout)) }
@@ -109,23 +106,13 @@ func run(args []string, stdout io.Writer) int {
 	fs.IntVar(&o.rows, "rows", 2_000_000, "rows in each table; half of them expired")
 	fs.DurationVar(&o.maxLag, "max-lag", time.Second, "the throttled daemon's INBOXKEEPER_MAX_REPLICA_LAG")
 	fs.Float64Var(&o.applyRate, "apply-rate", 8, "MB/s of WAL the standby may apply; 0 does not slow it")
-	fs.IntVar(&o.reps, "reps", 1, "repetitions, each on tables filled again; with -baseline the two builds take turns to go first")
-	fs.StringVar(&o.baseline, "baseline", "", "another inboxkeeper binary (e.g. main's build) run throttled the same way, in a database of its own that it migrates (a build refuses a newer control schema), in the same reps")
 	fs.BoolVar(&o.references, "references", true, "also measure one unbounded DELETE and the daemon unthrottled")
-	fs.BoolVar(&o.keep, "keep", false, "leave both clusters running and print their URLs")
+	o.Define(fs, 1, "repetitions, each on tables filled again; with -baseline the two builds take turns to go first", "leave both clusters running and print their URLs",
+		"another inboxkeeper binary (e.g. main's build) run throttled the same way, in a database of its own that it migrates (a build refuses a newer control schema), in the same reps")
 	fs.StringVar(&o.logs, "logs", "", "write the daemon's debug logs to `dir`/<table>-<rep>.log")
-	return benchdata.Main(fs, args, func() error {
-		if o.baseline != "" {
-			if st, err := os.Stat(o.baseline); err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
-				return fmt.Errorf("-baseline %q: want an executable inboxkeeper binary (go build -o PATH ./cmd/inboxkeeper in another checkout)", o.baseline)
-			}
-		}
-		return benchdata.WantFlags(fs, o.rows < 2 || o.maxLag <= 0 || o.applyRate < 0 || o.reps < 1,
-			"-rows >= 2, -max-lag > 0, -apply-rate >= 0, -reps >= 1")
-	}, func(ctx context.Context, flags string) error {
-		o.flags = flags
-		return benchmark(ctx, o, stdout)
-	})
+	return benchdata.Main(fs, args, &o.Common, func() error {
+		return benchdata.WantFlags(fs, o.rows < 2 || o.maxLag <= 0 || o.applyRate < 0, "-rows >= 2, -max-lag > 0, -apply-rate >= 0")
+	}, func(ctx context.Context) error { return benchmark(ctx, o, stdout) })
 }
 
 type bench struct {
@@ -191,7 +178,7 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 		return err
 	}
 	b.url, b.standbyURL = c.URL("postgres"), s.URL("postgres")
-	if o.keep {
+	if o.Keep {
 		defer fmt.Fprintf(w, "clusters kept: primary %s (data %s), standby %s (data %s)\n", b.url, c.DataDir, b.standbyURL, s.DataDir)
 	} else {
 		defer c.Destroy()
@@ -211,7 +198,7 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 	}
 	// The baseline's control schema is its own build's: a build refuses a
 	// schema newer than it knows.
-	if o.baseline != "" {
+	if o.Baseline != "" {
 		if _, err := b.pool.Exec(ctx, "CREATE DATABASE "+baselineDB); err != nil {
 			return err
 		}
@@ -220,7 +207,7 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 			return err
 		}
 		defer b.basePool.Close()
-		if _, err := b.inboxkeeper(ctx, o.baseline, b.baseURL, filepath.Join(b.dir, "none.yaml"), nil, "migrate"); err != nil {
+		if _, err := b.inboxkeeper(ctx, o.Baseline, b.baseURL, filepath.Join(b.dir, "none.yaml"), nil, "migrate"); err != nil {
 			return err
 		}
 	}
@@ -231,21 +218,21 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 	defer b.uncap() // replay runs free again before -keep leaves it
 
 	phases := []string{thisBuild}
-	if o.baseline != "" {
+	if o.Baseline != "" {
 		phases = append(phases, baselineBuild)
 	}
 	if o.references {
 		phases = append(phases, unboundedName, freeName)
 	}
 	total, expired := int64(o.rows), int64(o.rows/2)
-	benchdata.Header(w, "bench/throttle", o.flags)
+	benchdata.Header(w, "bench/throttle", o.Flags)
 	var results []map[string]phase
-	for b.rep = 1; b.rep <= o.reps; b.rep++ {
+	for b.rep = 1; b.rep <= o.Reps; b.rep++ {
 		if err := b.fill(ctx, w, phases, total, expired); err != nil {
 			return err
 		}
 		order := slices.Clone(phases)
-		if o.baseline != "" && b.rep%2 == 0 {
+		if o.Baseline != "" && b.rep%2 == 0 {
 			order[0], order[1] = order[1], order[0]
 		}
 		res := map[string]phase{}
@@ -257,7 +244,7 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 		results = append(results, res)
 		b.report(w, res, order, expired)
 	}
-	if o.reps > 1 || o.baseline != "" {
+	if o.Reps > 1 || o.Baseline != "" {
 		b.summary(w, results)
 	}
 	if n := b.lag.Errors(); n > 0 {
@@ -327,9 +314,9 @@ func (b *bench) fill(ctx context.Context, w io.Writer, phases []string, total, e
 		slowed = fmt.Sprintf("apply capped at %g MB/s of WAL (replay paused whenever it gets ahead)", b.o.applyRate)
 	}
 	fmt.Fprintf(w, "standby apply slowed by: %s (baseline lag %.2f s, the median of 2 s idle; at most %.2f s)\n", slowed, b.baseline, hi)
-	fmt.Fprintf(w, "rows: %d total, %d expired; each table %.0f MB heap + %.0f MB indexes; %d reps\n", total, expired, benchdata.MB(heap), benchdata.MB(idx), b.o.reps)
-	if b.o.baseline != "" {
-		fmt.Fprintf(w, "baseline: %s, throttled as this build, in a database of its own that it migrated\n", b.o.baseline)
+	fmt.Fprintf(w, "rows: %d total, %d expired; each table %.0f MB heap + %.0f MB indexes; %d reps\n", total, expired, benchdata.MB(heap), benchdata.MB(idx), b.o.Reps)
+	if b.o.Baseline != "" {
+		fmt.Fprintf(w, "baseline: %s, throttled as this build, in a database of its own that it migrated\n", b.o.Baseline)
 	}
 	return nil
 }
@@ -370,7 +357,7 @@ func (b *bench) measure(ctx context.Context, name string, total, expired int64) 
 		p.wall, p.log, err = b.daemon(ctx, b.bin, table, total, expired, "INBOXKEEPER_REPLICA_URLS="+b.standbyURL, maxLag)
 	case baselineBuild:
 		// Its standby URL names its own database, where its heartbeats go.
-		p.wall, p.log, err = b.daemon(ctx, b.o.baseline, table, total, expired, "INBOXKEEPER_REPLICA_URLS="+b.baseStandbyURL, maxLag)
+		p.wall, p.log, err = b.daemon(ctx, b.o.Baseline, table, total, expired, "INBOXKEEPER_REPLICA_URLS="+b.baseStandbyURL, maxLag)
 	case unboundedName:
 		p.wall, err = b.unbounded(ctx, table, total, expired)
 	case freeName:
@@ -418,7 +405,7 @@ func (b *bench) goals(p phase) (lagRatio, timeRatio float64, met bool) {
 func (b *bench) report(w io.Writer, res map[string]phase, order []string, expired int64) {
 	maxLag := b.o.maxLag.String()
 	rate := func(p phase) float64 { return float64(expired) / p.wall.Seconds() }
-	fmt.Fprintf(w, "rep %d of %d (%s first):\n", b.rep, b.o.reps, order[0])
+	fmt.Fprintf(w, "rep %d of %d (%s first):\n", b.rep, b.o.Reps, order[0])
 	names := map[string]string{thisBuild: "daemon, throttled at " + maxLag + ":", baselineBuild: "baseline, throttled at " + maxLag + ":",
 		unboundedName: "unbounded DELETE:", freeName: "daemon, unthrottled:"}
 	for _, name := range []string{thisBuild, baselineBuild, unboundedName, freeName} {

@@ -1,9 +1,6 @@
 package main
 
 import (
-	"os/exec"
-	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/inboxkeeper/inboxkeeper/bench/internal/benchtest"
@@ -16,10 +13,7 @@ import (
 // goals mean nothing at this scale and are not checked. PostgreSQL missing
 // fails the test (pgcluster says how to fix it); it never skips.
 func TestTinyRun(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "inboxkeeper")
-	if out, err := exec.Command("go", "build", "-o", bin, "github.com/inboxkeeper/inboxkeeper/cmd/inboxkeeper").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := benchtest.Baseline(t, run)
 	benchtest.TinyRun(t, run, []string{"-rows", "20000", "-apply-rate", "4", "-reps", "2", "-baseline", bin},
 		"bench/throttle on ", " CPUs; flags: -apply-rate 4 -baseline "+bin+" -keep false -logs  -max-lag 1s -references true -reps 2 -rows 20000",
 		"standby apply slowed by: apply capped at 4 MB/s of WAL (replay paused whenever it gets ahead) (baseline lag ",
@@ -36,8 +30,4 @@ func TestTinyRun(t *testing.T) {
 		"this build:", "unthrottled:", ", CPU steal ", "VACUUM ",
 		"this build over 2 reps: peak lag ", "baseline over 2 reps: peak lag ",
 	)
-	var out strings.Builder
-	if code := run([]string{"-baseline", t.TempDir()}, &out); code != 2 {
-		t.Errorf("a directory as -baseline exited %d, want 2", code)
-	}
 }

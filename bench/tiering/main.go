@@ -49,9 +49,8 @@ import (
 const goalSide = 1.5
 
 type options struct {
+	benchdata.Common
 	rows, batch int
-	keep        bool
-	flags       string // for the report's header
 }
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout)) }
@@ -61,13 +60,10 @@ func run(args []string, stdout io.Writer) int {
 	var o options
 	fs.IntVar(&o.rows, "rows", 1_000_000, "rows in each table, all due for demotion and deletion")
 	fs.IntVar(&o.batch, "batch", 5000, "rows per batch, for the deleter and the demoter alike")
-	fs.BoolVar(&o.keep, "keep", false, "leave the cluster running and print its URL")
-	return benchdata.Main(fs, args, func() error {
+	o.Define(fs, 0, "", benchdata.KeepUsage, "")
+	return benchdata.Main(fs, args, &o.Common, func() error {
 		return benchdata.WantFlags(fs, o.rows < 1 || o.batch < 1, "-rows >= 1, -batch >= 1")
-	}, func(ctx context.Context, flags string) error {
-		o.flags = flags
-		return benchmark(ctx, o, stdout)
-	})
+	}, func(ctx context.Context) error { return benchmark(ctx, o, stdout) })
 }
 
 type bench struct {
@@ -113,7 +109,7 @@ const policyFile = `tables:
 
 func benchmark(ctx context.Context, o options, w io.Writer) error {
 	b := &bench{Progress: benchdata.NewProgress(), o: o}
-	c, end, err := benchdata.StartCluster(ctx, b.Progress, benchdata.ClusterSettings("1GB", nil), o.keep, w)
+	c, end, err := benchdata.StartCluster(ctx, b.Progress, benchdata.ClusterSettings("1GB", nil), o.Keep, w)
 	if err != nil {
 		return err
 	}
@@ -143,7 +139,7 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 	if err := b.pool.QueryRow(ctx, `SELECT pg_total_relation_size('wide'), pg_total_relation_size('side'), pg_total_relation_size('side_payload')`).Scan(&sizes[0], &sizes[1], &sizes[2]); err != nil {
 		return err
 	}
-	benchdata.Header(w, "bench/tiering", o.flags)
+	benchdata.Header(w, "bench/tiering", o.Flags)
 	benchdata.SharedMemory(w, c.DataDir)
 	fmt.Fprintf(w, "rows: %d per table, all due for demotion and deletion; batch size %d; wide %.0f MB, side %.0f MB + side_payload %.0f MB (indexes included)\n",
 		n, o.batch, benchdata.MB(sizes[0]), benchdata.MB(sizes[1]), benchdata.MB(sizes[2]))

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -56,33 +57,93 @@ func Workspace(ctx context.Context, pattern string, p Progress) (dir, bin string
 	return dir, bin, nil
 }
 
-// Main is a benchmark program's run: it parses args into fs, whose flags
-// the caller defined, and runs bench with them (ParseFlags, then Run). It
-// returns the exit status, 2 when the command line is wrong, so that the
-// programs agree on it and their tests can call them.
-func Main(fs *flag.FlagSet, args []string, check func() error, bench func(ctx context.Context, flags string) error) int {
-	flags, ok := ParseFlags(fs, args, check)
-	if !ok {
-		return 2
-	}
-	return Run("bench/"+fs.Name(), func(ctx context.Context) error { return bench(ctx, flags) })
+// Common are the flags most benchmarks share, and the command line as the
+// report's header states it (Flags, set by Main or ParseFlags).
+type Common struct {
+	Reps     int
+	Keep     bool
+	Baseline string // another build's binary; "" when none
+	Flags    string
 }
 
-// ParseFlags parses args into fs, then check finishes reading the values
-// (a list, say) and says what is wrong with them, nil when nothing (see
-// WantFlags). It returns the flags as the report's header states them
-// (Flags); ok is false when a flag does not parse (the flag package has
-// said why) or check refuses, on stderr as "bench/NAME: <check's error>",
-// NAME being fs.Name().
-func ParseFlags(fs *flag.FlagSet, args []string, check func() error) (flags string, ok bool) {
+// The usual meanings of -keep and -reps.
+const (
+	KeepUsage = "leave the cluster running and print its URL"
+	RepsUsage = "repetitions, reversing the order of the methods every other one"
+)
+
+// Define defines -keep on fs, -reps (by default reps) unless repsUsage is
+// "", and -baseline unless baselineUsage is "". Main and ParseFlags check
+// that -reps is at least 1 and -baseline an executable file.
+func (c *Common) Define(fs *flag.FlagSet, reps int, repsUsage, keepUsage, baselineUsage string) {
+	if repsUsage != "" {
+		fs.IntVar(&c.Reps, "reps", reps, repsUsage)
+	}
+	fs.BoolVar(&c.Keep, "keep", false, keepUsage)
+	if baselineUsage != "" {
+		fs.StringVar(&c.Baseline, "baseline", "", baselineUsage)
+	}
+}
+
+// Main is a benchmark program's run: it parses args into fs, whose flags
+// the caller defined (c's among them), and runs bench with them
+// (ParseFlags, then Run). It returns the exit status, 2 when the command
+// line is wrong, so that the programs agree on it and their tests can call
+// them.
+func Main(fs *flag.FlagSet, args []string, c *Common, check func() error, bench func(ctx context.Context) error) int {
+	if !ParseFlags(fs, args, c, check) {
+		return 2
+	}
+	return Run("bench/"+fs.Name(), bench)
+}
+
+// ParseFlags parses args into fs, checks c's flags, then check finishes
+// reading the values (a list, say) and says what is wrong with them, nil
+// when nothing (see WantFlags). It sets c.Flags to the flags as the
+// report's header states them (Flags); it returns false when a flag does
+// not parse (the flag package has said why) or a check refuses, on stderr
+// as "bench/NAME: <the check's error>", NAME being fs.Name().
+func ParseFlags(fs *flag.FlagSet, args []string, c *Common, check func() error) bool {
 	if err := fs.Parse(args); err != nil {
-		return "", false
+		return false
 	}
-	if err := check(); err != nil {
+	err := check()
+	if err == nil && fs.Lookup("reps") != nil && c.Reps < 1 {
+		err = fmt.Errorf("want -reps >= 1")
+	}
+	if err == nil && c.Baseline != "" {
+		err = CheckBaseline(c.Baseline)
+	}
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "bench/%s: %v\n", fs.Name(), err)
-		return "", false
+		return false
 	}
-	return Flags(fs), true
+	c.Flags = Flags(fs)
+	return true
+}
+
+// Pick returns the entries of all that csv names (comma-separated), in its
+// order, for a flag such as -layouts; what is the kind of entry, for the
+// error that names one all lacks.
+func Pick[T any](all []T, name func(T) string, csv, what string) ([]T, error) {
+	var out []T
+	for _, n := range strings.Split(csv, ",") {
+		i := slices.IndexFunc(all, func(e T) bool { return name(e) == n })
+		if i < 0 {
+			return nil, fmt.Errorf("unknown %s %q (want some of %s)", what, n, Names(all, name))
+		}
+		out = append(out, all[i])
+	}
+	return out, nil
+}
+
+// Names joins the names of all with commas: Pick's flag's default.
+func Names[T any](all []T, name func(T) string) string {
+	names := make([]string, len(all))
+	for i, e := range all {
+		names[i] = name(e)
+	}
+	return strings.Join(names, ",")
 }
 
 // WantFlags is a benchmark's usual check of its command line: nil unless

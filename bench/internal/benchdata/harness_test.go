@@ -1,7 +1,10 @@
 package benchdata
 
 import (
+	"flag"
+	"io"
 	"math"
+	"os"
 	"testing"
 )
 
@@ -30,5 +33,36 @@ func TestMachineCPU(t *testing.T) {
 	}
 	if _, ok := Steal()(); !ok {
 		t.Error("this machine's /proc/stat was not read (the benchmarks run on Linux)")
+	}
+}
+
+// The shared flags are checked with the benchmark's own: -reps below 1 and
+// a -baseline that is not an executable are refused before anything runs,
+// and Flags is the header's copy of the command line.
+func TestCommonFlags(t *testing.T) {
+	t.Parallel()
+	parse := func(args ...string) (Common, bool) {
+		fs := flag.NewFlagSet("x", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		var c Common
+		rows := fs.Int("rows", 1, "rows")
+		c.Define(fs, 2, RepsUsage, KeepUsage, "another build")
+		ok := ParseFlags(fs, args, &c, func() error { return WantFlags(fs, *rows < 1, "-rows >= 1") })
+		return c, ok
+	}
+	if c, ok := parse("-rows", "3"); !ok || c.Reps != 2 || c.Keep || c.Baseline != "" || c.Flags != "-baseline  -keep false -reps 2 -rows 3" {
+		t.Errorf("defaults: %+v, %v", c, ok)
+	}
+	bin, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, ok := parse("-reps", "1", "-keep", "-baseline", bin); !ok || c.Reps != 1 || !c.Keep || c.Baseline != bin {
+		t.Errorf("set: %+v, %v", c, ok)
+	}
+	for _, args := range [][]string{{"-reps", "0"}, {"-baseline", t.TempDir()}, {"-rows", "0"}, {"extra"}} {
+		if _, ok := parse(args...); ok {
+			t.Errorf("%q taken", args)
+		}
 	}
 }

@@ -3,10 +3,13 @@
 package benchtest
 
 import (
+	"context"
 	"io"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/inboxkeeper/inboxkeeper/bench/internal/benchdata"
 )
 
 // TinyRun runs a benchmark's run function with args and fails t unless it
@@ -34,4 +37,20 @@ func Contains(t *testing.T, report string, want ...string) {
 			t.Errorf("report lacks %q", w)
 		}
 	}
+}
+
+// Baseline checks that run refuses a -baseline naming a directory (exit 2,
+// before anything starts) and returns this tree's build of the daemon, to
+// stand in for another build's as -baseline.
+func Baseline(t *testing.T, run func([]string, io.Writer) int) string {
+	t.Helper()
+	dir := t.TempDir()
+	if code := run([]string{"-baseline", dir}, io.Discard); code != 2 {
+		t.Errorf("-baseline naming a directory: exit %d, want 2", code)
+	}
+	bin, err := benchdata.BuildBinary(context.Background(), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bin
 }
