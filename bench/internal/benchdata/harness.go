@@ -112,7 +112,7 @@ func ParseFlags(fs *flag.FlagSet, args []string, c *Common, check func() error) 
 		err = fmt.Errorf("want -reps >= 1")
 	}
 	if err == nil && c.Baseline != "" {
-		err = CheckBaseline(c.Baseline)
+		err = checkBaseline(c.Baseline)
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "bench/%s: %v\n", fs.Name(), err)
@@ -228,10 +228,10 @@ func Flags(fs *flag.FlagSet) string {
 	return strings.Join(flags, " ")
 }
 
-// CheckBaseline says what is wrong with -baseline's path, nil when it is an
+// checkBaseline says what is wrong with -baseline's path, nil when it is an
 // executable file: checked before the tables are filled, not a quarter of
 // an hour into the run.
-func CheckBaseline(path string) error {
+func checkBaseline(path string) error {
 	if st, err := os.Stat(path); err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
 		return fmt.Errorf("-baseline %q: want an executable inboxkeeper binary (go build -o PATH ./cmd/inboxkeeper in another checkout)", path)
 	}
