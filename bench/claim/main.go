@@ -55,7 +55,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxkeeper/inboxkeeper/bench/internal/benchdata"
 	"github.com/inboxkeeper/inboxkeeper/inbox"
@@ -186,16 +185,11 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 		return err
 	}
 	defer os.RemoveAll(b.dir)
-	c, end, err := benchdata.StartCluster(ctx, b.Progress, benchdata.ClusterSettings("1GB", nil), o.Keep, w)
+	c, admin, end, err := benchdata.StartCluster(ctx, b.Progress, benchdata.ClusterSettings("1GB", nil), o.Keep, w)
 	if err != nil {
 		return err
 	}
 	defer end()
-	admin, err := pgxpool.New(ctx, c.URL("postgres"))
-	if err != nil {
-		return err
-	}
-	defer admin.Close()
 	policy := filepath.Join(b.dir, "inboxkeeper.yaml")
 	if err := os.WriteFile(policy, []byte(policyFile), 0o644); err != nil {
 		return err

@@ -183,32 +183,12 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 		return err
 	}
 	defer os.RemoveAll(b.dir)
-	b.Logf("starting a durable primary and a streaming standby")
-	if b.primary, err = pgcluster.Start(ctx, pgcluster.Options{Durable: true, Settings: benchdata.ClusterSettings("1GB", nil)}); err != nil {
-		return err
-	}
-	// max_standby_streaming_delay -1: replay waits for the sampler's and
-	// the governor's queries rather than cancel them (bench/throttle).
-	s, err := b.primary.StartStandby(ctx, map[string]string{"max_standby_streaming_delay": "-1"})
+	pair, end, err := benchdata.StartPair(ctx, b.Progress, benchdata.ClusterSettings("1GB", nil), o.Keep, w)
 	if err != nil {
-		b.primary.Destroy()
 		return err
 	}
-	b.url, b.standbyURL = b.primary.URL("postgres"), s.URL("postgres")
-	if o.Keep {
-		defer fmt.Fprintf(w, "clusters kept: primary %s (data %s), standby %s (data %s)\n", b.url, b.primary.DataDir, b.standbyURL, s.DataDir)
-	} else {
-		defer b.primary.Destroy()
-		defer s.Destroy()
-	}
-	if b.pool, err = pgxpool.New(ctx, b.url); err != nil {
-		return err
-	}
-	defer b.pool.Close()
-	if b.standby, err = pgxpool.New(ctx, b.standbyURL); err != nil {
-		return err
-	}
-	defer b.standby.Close()
+	defer end()
+	b.primary, b.url, b.standbyURL, b.pool, b.standby = pair.Primary, pair.URL, pair.StandbyURL, pair.PrimaryPool, pair.StandbyPool
 	if _, err := b.inboxkeeper(ctx, "", "migrate"); err != nil {
 		return err
 	}

@@ -236,17 +236,13 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 
 	// pg_stat_statements counts the pages each method's statements read and
 	// dirty (a CALL counts the statements it runs).
-	c, end, err := benchdata.StartCluster(ctx, b.Progress, benchdata.ClusterSettings("2GB",
+	c, pool, end, err := benchdata.StartCluster(ctx, b.Progress, benchdata.ClusterSettings("2GB",
 		map[string]string{"shared_preload_libraries": "'pg_stat_statements'"}), o.Keep, w)
 	if err != nil {
 		return err
 	}
 	defer end()
-	b.cluster = c
-	if b.pool, err = pgxpool.New(ctx, c.URL("postgres")); err != nil {
-		return err
-	}
-	defer b.pool.Close()
+	b.cluster, b.pool = c, pool
 	if _, err := b.pool.Exec(ctx, "CREATE EXTENSION pg_stat_statements"); err != nil {
 		return err
 	}

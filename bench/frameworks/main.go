@@ -211,16 +211,12 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 		return err
 	}
 	defer os.RemoveAll(b.dir)
-	cluster, end, err := benchdata.StartCluster(ctx, b.Progress, benchdata.ClusterSettings("512MB", map[string]string{"autovacuum": "off"}), o.Keep, w)
+	cluster, pool, end, err := benchdata.StartCluster(ctx, b.Progress, benchdata.ClusterSettings("512MB", map[string]string{"autovacuum": "off"}), o.Keep, w)
 	if err != nil {
 		return err
 	}
 	defer end()
-	b.cluster = cluster
-	if b.pool, err = pgxpool.New(ctx, cluster.URL("postgres")); err != nil {
-		return err
-	}
-	defer b.pool.Close()
+	b.cluster, b.pool = cluster, pool
 
 	benchdata.Header(w, "bench/frameworks", o.Flags)
 	benchdata.SharedMemory(w, cluster.DataDir)

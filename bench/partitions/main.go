@@ -184,7 +184,7 @@ type bench struct {
 
 func benchmark(ctx context.Context, o options, w io.Writer) (*report, error) {
 	b := &bench{Progress: benchdata.NewProgress(), o: o}
-	c, end, err := benchdata.StartCluster(ctx, b.Progress, benchdata.ClusterSettings("1GB", map[string]string{
+	c, _, end, err := benchdata.StartCluster(ctx, b.Progress, benchdata.ClusterSettings("1GB", map[string]string{
 		// Months in UTC, as inboxkeeper counts them: pg_partman truncates
 		// to months in the session's time zone.
 		"timezone": "'UTC'",

@@ -259,7 +259,7 @@ func benchmark(ctx context.Context, o options, w io.Writer) (*report, error) {
 	// The default autovacuum, as users run it; a checkpoint every 5
 	// minutes (the default), so its full-page writes fall on every table
 	// alike.
-	c, end, err := benchdata.StartCluster(ctx, b.Progress, benchdata.ClusterSettings("256MB", map[string]string{
+	c, admin, end, err := benchdata.StartCluster(ctx, b.Progress, benchdata.ClusterSettings("256MB", map[string]string{
 		"checkpoint_timeout": "'5min'", "max_wal_size": "'1GB'", "max_connections": "100",
 	}), o.Keep, w)
 	if err != nil {
@@ -275,10 +275,7 @@ func benchmark(ctx context.Context, o options, w io.Writer) (*report, error) {
 		}
 		defer s.Destroy()
 	}
-	if b.admin, err = pgxpool.New(ctx, c.URL("postgres")); err != nil {
-		return nil, err
-	}
-	defer b.admin.Close()
+	b.admin = admin
 
 	r := &report{o: o, passed: benchdata.PassedThrough(daemonSet("", "", "0s")...)}
 	benchdata.Header(w, "bench/soak", o.Flags)

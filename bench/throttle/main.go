@@ -76,7 +76,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxkeeper/inboxkeeper/bench/internal/benchdata"
-	"github.com/inboxkeeper/inboxkeeper/internal/platform/pgcluster"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/standby"
 )
 
@@ -165,33 +164,15 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 	}
 	defer os.RemoveAll(b.dir)
 
-	b.Logf("starting a durable primary and a streaming standby")
-	c, err := pgcluster.Start(ctx, pgcluster.Options{Durable: true, Settings: benchdata.ClusterSettings("1GB", nil)})
-	if err != nil {
-		return err
-	}
 	// The standby comes first, so it replays the fills and ends up with the
-	// same pages; it inherits the primary's settings through pg_basebackup.
-	s, err := c.StartStandby(ctx, map[string]string{"max_standby_streaming_delay": "-1"})
+	// same pages.
+	pair, end, err := benchdata.StartPair(ctx, b.Progress, benchdata.ClusterSettings("1GB", nil), o.Keep, w)
 	if err != nil {
-		c.Destroy()
 		return err
 	}
-	b.url, b.standbyURL = c.URL("postgres"), s.URL("postgres")
-	if o.Keep {
-		defer fmt.Fprintf(w, "clusters kept: primary %s (data %s), standby %s (data %s)\n", b.url, c.DataDir, b.standbyURL, s.DataDir)
-	} else {
-		defer c.Destroy()
-		defer s.Destroy()
-	}
-	if b.pool, err = pgxpool.New(ctx, b.url); err != nil {
-		return err
-	}
-	defer b.pool.Close()
-	if b.standby, err = pgxpool.New(ctx, b.standbyURL); err != nil {
-		return err
-	}
-	defer b.standby.Close()
+	defer end()
+	c, s := pair.Primary, pair.Standby
+	b.url, b.standbyURL, b.pool, b.standby = pair.URL, pair.StandbyURL, pair.PrimaryPool, pair.StandbyPool
 	// migrate reads no policy, but the configuration must name one.
 	if _, err := b.inboxkeeper(ctx, b.bin, b.url, filepath.Join(b.dir, "none.yaml"), nil, "migrate"); err != nil {
 		return err

@@ -109,15 +109,12 @@ const policyFile = `tables:
 
 func benchmark(ctx context.Context, o options, w io.Writer) error {
 	b := &bench{Progress: benchdata.NewProgress(), o: o}
-	c, end, err := benchdata.StartCluster(ctx, b.Progress, benchdata.ClusterSettings("1GB", nil), o.Keep, w)
+	c, pool, end, err := benchdata.StartCluster(ctx, b.Progress, benchdata.ClusterSettings("1GB", nil), o.Keep, w)
 	if err != nil {
 		return err
 	}
 	defer end()
-	if b.pool, err = pgxpool.New(ctx, c.URL("postgres")); err != nil {
-		return err
-	}
-	defer b.pool.Close()
+	b.pool = pool
 	conn, err := b.pool.Acquire(ctx)
 	if err != nil {
 		return err

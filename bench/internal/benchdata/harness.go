@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/pgcluster"
 )
 
@@ -158,18 +160,76 @@ func WantFlags(fs *flag.FlagSet, wrong bool, want string) error {
 }
 
 // StartCluster starts a durable throwaway PostgreSQL, so that WAL figures
-// are real, with settings (ClusterSettings'). The benchmark defers end: it
-// destroys the cluster or, with keep, leaves it running and ends the report
-// on w with where it is.
-func StartCluster(ctx context.Context, p Progress, settings map[string]string, keep bool, w io.Writer) (c *pgcluster.Cluster, end func(), err error) {
+// are real, with settings (ClusterSettings'), and a pool on its database
+// postgres. The benchmark defers end: it closes the pool and destroys the
+// cluster or, with keep, leaves it running and ends the report on w with
+// where it is.
+func StartCluster(ctx context.Context, p Progress, settings map[string]string, keep bool, w io.Writer) (c *pgcluster.Cluster, pool *pgxpool.Pool, end func(), err error) {
 	p.Logf("starting a durable PostgreSQL")
 	if c, err = pgcluster.Start(ctx, pgcluster.Options{Durable: true, Settings: settings}); err != nil {
+		return nil, nil, nil, err
+	}
+	if pool, err = pgxpool.New(ctx, c.URL("postgres")); err != nil {
+		c.Destroy()
+		return nil, nil, nil, err
+	}
+	return c, pool, func() {
+		pool.Close()
+		if keep {
+			fmt.Fprintf(w, "cluster kept: %s (data directory %s)\n", c.URL("postgres"), c.DataDir)
+			return
+		}
+		c.Destroy()
+	}, nil
+}
+
+// Pair is a durable primary and its streaming standby, with a pool on the
+// database postgres of each.
+type Pair struct {
+	Primary, Standby         *pgcluster.Cluster
+	URL, StandbyURL          string // the database postgres
+	PrimaryPool, StandbyPool *pgxpool.Pool
+}
+
+// StartPair starts a durable primary with settings (ClusterSettings') and
+// a streaming standby of it, which inherits them through pg_basebackup and
+// has max_standby_streaming_delay -1: replay waits for the benchmark's
+// queries on it rather than cancel them. The benchmark defers end: it
+// closes the pools and destroys both or, with keep, leaves them running and
+// ends the report on w with where they are.
+func StartPair(ctx context.Context, p Progress, settings map[string]string, keep bool, w io.Writer) (*Pair, func(), error) {
+	p.Logf("starting a durable primary and a streaming standby")
+	c, err := pgcluster.Start(ctx, pgcluster.Options{Durable: true, Settings: settings})
+	if err != nil {
 		return nil, nil, err
 	}
-	if keep {
-		return c, func() { fmt.Fprintf(w, "cluster kept: %s (data directory %s)\n", c.URL("postgres"), c.DataDir) }, nil
+	s, err := c.StartStandby(ctx, map[string]string{"max_standby_streaming_delay": "-1"})
+	if err != nil {
+		c.Destroy()
+		return nil, nil, err
 	}
-	return c, c.Destroy, nil
+	pr := &Pair{Primary: c, Standby: s, URL: c.URL("postgres"), StandbyURL: s.URL("postgres")}
+	end := func() {
+		for _, pool := range []*pgxpool.Pool{pr.PrimaryPool, pr.StandbyPool} {
+			if pool != nil {
+				pool.Close()
+			}
+		}
+		if keep {
+			fmt.Fprintf(w, "clusters kept: primary %s (data %s), standby %s (data %s)\n", pr.URL, c.DataDir, pr.StandbyURL, s.DataDir)
+			return
+		}
+		s.Destroy()
+		c.Destroy()
+	}
+	if pr.PrimaryPool, err = pgxpool.New(ctx, pr.URL); err == nil {
+		pr.StandbyPool, err = pgxpool.New(ctx, pr.StandbyURL)
+	}
+	if err != nil {
+		end()
+		return nil, nil, err
+	}
+	return pr, end, nil
 }
 
 // SharedMemory prints the line after a report's header that says how the
