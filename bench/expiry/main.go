@@ -225,6 +225,9 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 		// passes as this build (three runs of 2026-12-03); side
 		// by side, taking turns, the two meet the same conditions.
 		b.methods = slices.Insert(slices.Clone(methods), 1, method{baselineName, func(ctx context.Context, b *bench, db string) (result, error) {
+			if err := benchdata.MigrateAs(ctx, o.Baseline, b.cluster.URL(db), filepath.Join(b.dir, "none.yaml")); err != nil {
+				return result{}, err
+			}
 			return b.daemonBin(ctx, o.Baseline, db, "inbox")
 		}})
 	}

@@ -346,6 +346,9 @@ func (b *bench) methods(policy string, f framework) []method {
 	}
 	if b.o.Baseline != "" {
 		ms = append(ms, method{"baseline once, VACUUM left", func(ctx context.Context, db string) (result, error) {
+			if err := benchdata.MigrateAs(ctx, b.o.Baseline, b.cluster.URL(db), policy); err != nil {
+				return result{}, err
+			}
 			return b.once(ctx, b.o.Baseline, db, policy, f, "INBOXKEEPER_VACUUM_DEAD_RATIO=0")
 		}})
 	}

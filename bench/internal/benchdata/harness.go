@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/pgcluster"
@@ -302,6 +303,25 @@ func checkBaseline(path string) error {
 // with which flags, because its figures mean little without them.
 func Header(w io.Writer, name, flags string) {
 	fmt.Fprintf(w, "%s on %s, %d CPUs; flags: %s\n", name, time.Now().UTC().Format("2006-01-02 15:04 MST"), runtime.NumCPU(), flags)
+}
+
+// MigrateAs gives the database at url build bin's control schema in place
+// of the one there: a build refuses a schema newer than it knows, so a
+// -baseline older than this tree runs on a copy its own migrate set up.
+// policy names any policy file (migrate reads none, but the configuration
+// must name one).
+func MigrateAs(ctx context.Context, bin, url, policy string) error {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return err
+	}
+	_, err = conn.Exec(ctx, "DROP SCHEMA IF EXISTS inboxkeeper CASCADE")
+	conn.Close(ctx)
+	if err != nil {
+		return err
+	}
+	_, err = RunBinary(ctx, bin, DaemonEnv(false, DaemonSettings(url, policy, 0)...), "migrate")
+	return err
 }
 
 // DaemonSettings are the daemon settings a benchmark sets itself: the
