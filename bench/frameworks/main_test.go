@@ -26,3 +26,14 @@ func TestTinyRun(t *testing.T) {
 		"Eventuate Tram over 2 reps, inboxkeeper once, VACUUM left: ratio framework/this median ",
 	)
 }
+
+// With -baseline (this tree's build standing in for another), the other
+// build runs as one more method on a copy its own migrate set up.
+func TestTinyRunBaseline(t *testing.T) {
+	t.Parallel()
+	bin := benchtest.Baseline(t, run)
+	benchtest.TinyRun(t, run, []string{"-rows", "2000", "-reps", "1", "-frameworks", "NServiceBus", "-baseline", bin},
+		"flags: -baseline "+bin+" -frameworks NServiceBus -keep false -reps 1 -rows 2000",
+		"    baseline once, VACUUM left ", "NServiceBus over 1 reps, baseline once, VACUUM left: ratio framework/this median ",
+	)
+}

@@ -2,6 +2,7 @@ package benchdata
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -105,19 +106,20 @@ func Main(fs *flag.FlagSet, args []string, c *Common, check func() error, bench 
 // when nothing (see WantFlags). It sets c.Flags to the flags as the
 // report's header states them (Flags); it returns false when a flag does
 // not parse (the flag package has said why) or a check refuses, on stderr
-// as "bench/NAME: <the check's error>", NAME being fs.Name().
+// as "bench/NAME: <the checks' errors>", NAME being fs.Name(), every
+// check's at once.
 func ParseFlags(fs *flag.FlagSet, args []string, c *Common, check func() error) bool {
 	if err := fs.Parse(args); err != nil {
 		return false
 	}
-	err := check()
-	if err == nil && fs.Lookup("reps") != nil && c.Reps < 1 {
-		err = fmt.Errorf("want -reps >= 1")
+	errs := []error{check()}
+	if fs.Lookup("reps") != nil && c.Reps < 1 {
+		errs = append(errs, fmt.Errorf("want -reps >= 1"))
 	}
-	if err == nil && c.Baseline != "" {
-		err = checkBaseline(c.Baseline)
+	if c.Baseline != "" {
+		errs = append(errs, checkBaseline(c.Baseline))
 	}
-	if err != nil {
+	if err := errors.Join(errs...); err != nil {
 		fmt.Fprintf(os.Stderr, "bench/%s: %v\n", fs.Name(), err)
 		return false
 	}
