@@ -113,37 +113,25 @@ func TestReplicaLagStopsTheDeleter(t *testing.T) {
 	th := startThrottle(t, e.pool, config.Config{ReplicaURLs: []string{standby.URL("postgres")}, MaxReplicaLag: maxLag, HeartbeatInterval: beat})
 	pgtest.WaitFor(t, 30*time.Second, "the standby to apply a heartbeat", func() bool { return !th.Check().Throttled })
 
-	var mu sync.Mutex
-	var batchEnds []time.Time
+	var stall pgtest.ReplayStall
 	d := expiry.New(e.pool, []*catalog.Table{e.table}, expiry.Options{
 		Settings: batchloop.Settings{
 			Base:       service.Base{Throttle: th},
 			BatchSize:  100,
 			BatchPause: 20 * time.Millisecond,
 		},
-		Progress: func(expiry.Progress) {
-			mu.Lock()
-			batchEnds = append(batchEnds, time.Now())
-			mu.Unlock()
-		},
+		Progress: func(expiry.Progress) { stall.BatchEnded() },
 	})
 	done := make(chan expiry.TableResult, 1)
 	go func() {
 		res, _ := d.RunPass(context.Background())
 		done <- res[0]
 	}()
-	batches := func() int { mu.Lock(); defer mu.Unlock(); return len(batchEnds) }
-	pgtest.WaitFor(t, 30*time.Second, "the first batches", func() bool { return batches() >= 3 })
-
-	pgtest.ExecOn(t, standby.URL("postgres"), "SELECT pg_wal_replay_pause()")
-	paused := time.Now()
-	pgtest.WaitFor(t, 30*time.Second, "the throttle to see the lag", func() bool { return th.State().Throttled })
-	if k := th.State().Kind; k != throttle.ReplicaLag {
-		t.Errorf("throttled for %q, want %q (%s)", k, throttle.ReplicaLag, th.State().Reason)
-	}
-	during := batches()
-	pgtest.ExecOn(t, standby.URL("postgres"), "SELECT pg_wal_replay_resume()")
-	resumed := time.Now()
+	stall.Stall(t, standby.URL("postgres"), func() bool { return th.State().Throttled }, func() {
+		if k := th.State().Kind; k != throttle.ReplicaLag {
+			t.Errorf("throttled for %q, want %q (%s)", k, throttle.ReplicaLag, th.State().Reason)
+		}
+	})
 	res := <-done
 	if res.Err != nil || res.Deleted != 20000 {
 		t.Fatalf("pass: %+v", res)
@@ -151,16 +139,7 @@ func TestReplicaLagStopsTheDeleter(t *testing.T) {
 	// The lag crossed the threshold no later than maxLag after the pause;
 	// the collector sees it within one heartbeat read. One batch may be in
 	// flight then.
-	crossed := paused.Add(maxLag + 3*beat)
-	late := 0
-	mu.Lock()
-	for _, at := range batchEnds[:during] {
-		if at.After(crossed) && at.Before(resumed) {
-			late++
-		}
-	}
-	mu.Unlock()
-	if late > 1 {
+	if late := stall.Late(maxLag + 3*beat); late > 1 {
 		t.Errorf("%d batches ended after the lag crossed the threshold, want at most 1", late)
 	}
 	if e.left(t) != 0 {

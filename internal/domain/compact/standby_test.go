@@ -2,7 +2,6 @@ package compact_test
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -32,30 +31,18 @@ func TestStandbyLagHoldsTheCompaction(t *testing.T) {
 	t.Cleanup(th.Stop)
 	pgtest.WaitFor(t, 30*time.Second, "the standby to apply a heartbeat", func() bool { return !th.Check().Throttled })
 
-	var mu sync.Mutex
-	var batchEnds []time.Time
+	var stall pgtest.ReplayStall
 	c := e.compactor(compact.Options{
 		Settings: batchloop.Settings{Base: service.Base{Throttle: th}, BatchSize: 50, BatchPause: 20 * time.Millisecond},
-		Progress: func(compact.Progress) {
-			mu.Lock()
-			batchEnds = append(batchEnds, time.Now())
-			mu.Unlock()
-		},
+		Progress: func(compact.Progress) { stall.BatchEnded() },
 	})
 	done := make(chan compact.Result, 1)
 	go func() { done <- run(t, c) }()
-	batches := func() int { mu.Lock(); defer mu.Unlock(); return len(batchEnds) }
-	pgtest.WaitFor(t, 30*time.Second, "the first batches", func() bool { return batches() >= 3 })
-
-	pgtest.ExecOn(t, standby.URL("postgres"), "SELECT pg_wal_replay_pause()")
-	paused := time.Now()
-	pgtest.WaitFor(t, 30*time.Second, "the throttle to see the lag", func() bool { return th.State().Throttled })
-	if k := th.State().Kind; k != throttle.ReplicaLag {
-		t.Errorf("throttled for %q, want %q (%s)", k, throttle.ReplicaLag, th.State().Reason)
-	}
-	during := batches()
-	pgtest.ExecOn(t, standby.URL("postgres"), "SELECT pg_wal_replay_resume()")
-	resumed := time.Now()
+	stall.Stall(t, standby.URL("postgres"), func() bool { return th.State().Throttled }, func() {
+		if k := th.State().Kind; k != throttle.ReplicaLag {
+			t.Errorf("throttled for %q, want %q (%s)", k, throttle.ReplicaLag, th.State().Reason)
+		}
+	})
 	res := <-done
 	if res.Err != nil || res.Moved == 0 || res.Truncated == 0 {
 		t.Fatalf("moved %d, gave back %d bytes: %v", res.Moved, res.Truncated, res.Err)
@@ -63,21 +50,13 @@ func TestStandbyLagHoldsTheCompaction(t *testing.T) {
 	if after := e.audit(t); after != before {
 		t.Errorf("audit after %+v, before %+v", after, before)
 	}
+	if !stall.Outlived() {
+		t.Error("the compaction ended before the lag held it back: the test proves nothing")
+	}
 	// The lag crossed the threshold no later than maxLag after the pause;
 	// the throttle sees it within one heartbeat read. One batch may be in
 	// flight then.
-	crossed := paused.Add(maxLag + 3*beat)
-	late := 0
-	mu.Lock()
-	for _, at := range batchEnds[:during] {
-		if at.After(crossed) && at.Before(resumed) {
-			late++
-		}
-	}
-	mu.Unlock()
-	if len(batchEnds) <= during {
-		t.Error("the compaction ended before the lag held it back: the test proves nothing")
-	}
+	late := stall.Late(maxLag + 3*beat)
 	if late > 1 {
 		t.Errorf("%d batches ended after the lag crossed the threshold, want at most 1", late)
 	}
