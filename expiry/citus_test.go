@@ -36,10 +36,7 @@ func citusSetup(t *testing.T) fixture {
 // Citus tests of this package run the Deleter with only its grants.
 func (f fixture) asDaemon(t *testing.T) fixture {
 	t.Helper()
-	var db string
-	if err := f.pool.QueryRow(context.Background(), "SELECT current_database()").Scan(&db); err != nil {
-		t.Fatal(err)
-	}
+	db := pgtest.CurrentDatabase(t, f.pool)
 	roles := pgtest.ApplyRoleScript(t, pgtest.Citus(t).Coordinator.URL(db),
 		map[string]string{"table_schema": "public", "table_name": "consumer_inbox", "expiry_column": "remember_until"})
 	return fixture{pool: pgtest.Pool(t, roles.Daemon), tables: f.tables}

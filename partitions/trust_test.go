@@ -122,10 +122,7 @@ func TestWithoutOwnershipThePassFails(t *testing.T) {
 	t.Parallel()
 	f := setup(t, mayDDL, policyText("0"))
 	ctx := context.Background()
-	var db string
-	if err := f.pool.QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil {
-		t.Fatal(err)
-	}
+	db := pgtest.CurrentDatabase(t, f.pool)
 	daemon := "nomember_" + db
 	pgtest.Exec(t, f.pool, fmt.Sprintf(`
 CREATE ROLE %[1]s LOGIN;

@@ -34,10 +34,7 @@ func setupCitus(t *testing.T, pol string) fixture {
 // and measure with only its grants.
 func (f fixture) asDaemon(t *testing.T, policy string) fixture {
 	t.Helper()
-	var db string
-	if err := f.pool.QueryRow(context.Background(), "SELECT current_database()").Scan(&db); err != nil {
-		t.Fatal(err)
-	}
+	db := pgtest.CurrentDatabase(t, f.pool)
 	vars := []map[string]string{{"table_schema": "public", "table_name": "inbox", "expiry_column": "remember_until",
 		"keys_schema": "inboxkeeper", "keys_table": "keys_public_inbox"}}
 	if policy == sidePolicy {

@@ -545,10 +545,7 @@ func TestBlockedFenceIsNamed(t *testing.T) {
 	}
 
 	// A role with nothing but CONNECT.
-	var db string
-	if err := f.pool.QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil {
-		t.Fatal(err)
-	}
+	db := pgtest.CurrentDatabase(t, f.pool)
 	nobody := "nobody_" + db
 	pgtest.Exec(t, f.pool, fmt.Sprintf("CREATE ROLE %s LOGIN; GRANT USAGE ON SCHEMA inboxkeeper TO %[1]s", nobody))
 	t.Cleanup(func() { pgtest.Exec(t, f.pool, fmt.Sprintf("DROP OWNED BY %[1]s; DROP ROLE %[1]s", nobody)) })

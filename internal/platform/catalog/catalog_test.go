@@ -230,10 +230,7 @@ func TestWarnLocalTimeReadsTheZoneOnlyWhenNeeded(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool, _ := pgtest.NewPool(t)
-	var db string
-	if err := pool.QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil {
-		t.Fatal(err)
-	}
+	db := pgtest.CurrentDatabase(t, pool)
 	pgtest.Exec(t, pool, "ALTER DATABASE "+pgx.Identifier{db}.Sanitize()+" SET timezone TO 'America/New_York'")
 	pool.Reset() // new connections take the database's zone
 	pgtest.Exec(t, pool, pgtest.ShortInboxDDL+`;

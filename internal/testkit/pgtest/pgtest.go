@@ -464,6 +464,17 @@ type Querier interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
 }
 
+// CurrentDatabase is the name of db's database: a test's roles and
+// settings are named after it, so that tests side by side do not collide.
+func CurrentDatabase(t testing.TB, db Querier) string {
+	t.Helper()
+	var name string
+	if err := db.QueryRow(context.Background(), "SELECT current_database()").Scan(&name); err != nil {
+		t.Fatalf("pgtest: current_database(): %v", err)
+	}
+	return name
+}
+
 // WaitForLockWait waits until a session of the test's database in view
 // (pg_stat_activity, or citus_stat_activity for every node of a Citus
 // cluster) waits on a lock while running a statement LIKE query
