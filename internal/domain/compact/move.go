@@ -155,11 +155,20 @@ func (p *walPace) wrote(wal float64, rows int64) {
 }
 
 // pause is how long until the WAL written so far is due at the rate.
+// Time the moves spent not writing (the throttle holding them, a lock,
+// a slow batch) is no credit for a burst afterwards: the pace owes them
+// at most one portion, so after a hold of a minute the next batches do
+// not write a minute's WAL back to back.
 func (p *walPace) pause() time.Duration {
 	if p.rate <= 0 || p.began.IsZero() {
 		return 0
 	}
-	return time.Until(p.began.Add(time.Duration(p.spent / p.rate * float64(time.Second))))
+	due := p.began.Add(time.Duration(p.spent / p.rate * float64(time.Second)))
+	if behind := time.Since(due) - walPortion; behind > 0 {
+		p.began = p.began.Add(behind)
+		due = due.Add(behind)
+	}
+	return time.Until(due)
 }
 
 // slice is a chunk's state: its sweep goes down from hi to low.
