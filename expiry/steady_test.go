@@ -4,9 +4,10 @@ import (
 	"context"
 	"errors"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/domain/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/service"
@@ -21,101 +22,75 @@ import (
 // first slices, whose snapshot must be older than their commits (`once`:
 // docs/operations/steady-state.md). This test runs the pass as `run` with
 // its metrics endpoint does (LiveDue: every due row counted before the
-// first batch), where that count is not read beside; under load the one
-// beside slices held its snapshot over 3 commits once (159 ms).
-// A session samples, every few milliseconds, every client
-// transaction of the database that holds a snapshot
-// (pg_stat_activity.backend_xmin: its pid, when it began, how long it has
-// been open; not autovacuum's), while a pass runs 60 batches; no such
-// transaction may stay open while more than one batch commits (a bound
-// read ahead runs beside one batch, by design).
+// first batch), where that count is not read beside.
+// Each batch, between its DELETE and its COMMIT, lists every client
+// transaction of the database that holds the horizon back
+// (pg_stat_activity.backend_xmin or backend_xid: its pid and when it
+// began), its own among them; a
+// transaction open at two batches' commits stayed open across the first
+// one's commit and into the next batch, which nothing of the deleter may
+// do (a bound read ahead runs beside one batch and ends before the next
+// begins, by design). A transaction that spans a commit must be open at
+// the next batch's list, whatever the machine's load: an earlier version
+// sampled on a timer, stamped a sample with clock_timestamp() read after
+// the activity view, and under load saw a read ahead "open" after the
+// next batch's commit, or sampled nothing at all.
 func TestOwnTransactionsHoldTheHorizonOneBatchAtMost(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	f := setup(t, inboxDDL, inboxPolicy)
 	f.insert(t, "c", 30000, t0.Add(-48*time.Hour), time.Second)
 
-	var mu sync.Mutex
-	var commits []time.Time // when each batch had committed
-	var longestBatch time.Duration
-	opts := Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: 500}, LiveDue: true,
-		Progress: func(p Progress) {
-			mu.Lock()
-			defer mu.Unlock()
-			commits = append(commits, time.Now())
-			longestBatch = max(longestBatch, p.BatchDuration)
-		}}
-
-	// snapshot is a transaction seen holding one: from its start to the
-	// last sample that saw it (the server's clock, this machine's).
+	// snapshot is a transaction seen holding the horizon.
 	type snapshot struct {
-		pid        int32
-		start, end time.Time
+		pid   int32
+		start time.Time
 	}
 	sampler := pgtest.Connect(t, f.pool.Config().ConnString())
-	stop := make(chan struct{})
-	seen := make(chan map[snapshot]time.Time, 1)
-	go func() {
-		held := map[snapshot]time.Time{} // (pid, start) -> last seen
-		defer func() { seen <- held }()
-		every := time.NewTicker(2 * time.Millisecond) // the sampling period
-		defer every.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-every.C:
-			}
-			rows, err := sampler.Query(ctx, `SELECT pid, xact_start, clock_timestamp() FROM pg_stat_activity
-WHERE datname = current_database() AND backend_type = 'client backend' AND backend_xmin IS NOT NULL
+	seenAt := map[snapshot][]int{} // the batches at whose commit it was open
+	batches, deleting := 0, 0 // batches at their commit, those that deleted rows
+	var sampleErr error
+	sig := signals{TestSignals: TestSignals{BeforeCommit: func(_ string, n int64) {
+		batches++
+		if n > 0 {
+			deleting++
+		}
+		if sampleErr != nil {
+			return
+		}
+		rows, err := sampler.Query(ctx, `SELECT pid, xact_start FROM pg_stat_activity
+WHERE datname = current_database() AND backend_type = 'client backend' AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)
   AND xact_start IS NOT NULL AND pid <> pg_backend_pid()`)
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			for rows.Next() {
-				var s snapshot
-				var at time.Time
-				if err := rows.Scan(&s.pid, &s.start, &at); err != nil {
-					t.Error(err)
-					return
-				}
-				held[s] = at
-			}
-			if rows.Err() != nil {
-				t.Error(rows.Err())
-				return
-			}
+		if err != nil {
+			sampleErr = err
+			return
 		}
-	}()
-	res := f.pass(t, opts)
-	close(stop)
-	held := <-seen
-	if res.Deleted != 30000 || len(commits) != 60 {
-		t.Fatalf("deleted %d in %d batches, want 30000 in 60", res.Deleted, len(commits))
-	}
-	var longest time.Duration
-	most := 0 // batches committed while one transaction held its snapshot
-	for s, last := range held {
-		longest = max(longest, last.Sub(s.start))
-		n := 0
-		for _, c := range commits {
-			if c.After(s.start) && c.Before(last) {
-				n++
-			}
+		seen, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (s snapshot, err error) {
+			return s, r.Scan(&s.pid, &s.start)
+		})
+		if err != nil {
+			sampleErr = err
+			return
 		}
-		most = max(most, n)
+		for _, s := range seen {
+			seenAt[s] = append(seenAt[s], batches)
+		}
+	}}}
+	res := f.passWith(t, sig, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: 500}, LiveDue: true})
+	if sampleErr != nil {
+		t.Fatal(sampleErr)
 	}
-	t.Logf("60 batches, the longest %s; %d snapshots seen, the longest held %s, over %d batch commits at most", longestBatch, len(held), longest, most)
-	if len(held) == 0 {
-		t.Fatal("the sampler saw no transaction holding a snapshot: it measures nothing")
+	if res.Deleted != 30000 || deleting != 60 {
+		t.Fatalf("deleted %d in %d batches, want 30000 in 60", res.Deleted, deleting)
 	}
-	// A stalled count or bound read ahead on a loaded machine may take
-	// longer than a batch (168 ms against batches of at most 38 ms once,
-	// with a core kept busy), but batches do not commit beside it: a
-	// snapshot kept across batches would be held over many commits.
-	if most > 1 {
-		t.Errorf("a transaction of the deleter held a snapshot while %d batches committed; want at most one", most)
+	if len(seenAt) < batches {
+		// Each batch's own transaction is open at its commit.
+		t.Fatalf("%d transactions seen holding the horizon at %d commits, want every batch's own at least: the list measures nothing", len(seenAt), batches)
+	}
+	for s, at := range seenAt {
+		if len(at) > 1 {
+			t.Errorf("a transaction of the deleter (pid %d, begun %s) held the horizon at the commits of batches %v; want one batch at most", s.pid, s.start.Format(time.RFC3339Nano), at)
+		}
 	}
 }
 
