@@ -21,6 +21,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/retry"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/service"
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/gatetest"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 )
 
@@ -88,11 +89,7 @@ FROM generate_series(0, $4 - 1) i`, consumer, base, step, n)
 
 func (f fixture) count(t *testing.T, where string, args ...any) int64 {
 	t.Helper()
-	var n int64
-	if err := f.pool.QueryRow(context.Background(), "SELECT count(*) FROM public.consumer_inbox WHERE "+where, args...).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
+	return pgtest.Value[int64](t, f.pool, "SELECT count(*) FROM public.consumer_inbox WHERE "+where, args...)
 }
 
 func (f fixture) pass(t *testing.T, opts Options) TableResult {
@@ -898,22 +895,6 @@ func TestRetainedRangeWhenOnlyHeldRowsAreLeft(t *testing.T) {
 	}
 }
 
-// heldGate is a throttle that holds every batch back until open is closed.
-type heldGate struct{ open chan struct{} }
-
-func (g heldGate) Admit(ctx context.Context, s service.Sizer) (int, error) {
-	select {
-	case <-g.open:
-		return s.Size(), nil
-	case <-ctx.Done():
-		return 0, &service.HeldError{Reason: "test", Err: ctx.Err()}
-	}
-}
-func (heldGate) Watch(uint32, time.Time) (func(), func() bool) {
-	return func() {}, func() bool { return false }
-}
-func (heldGate) Wrote(float64) {}
-
 // While the throttle holds a pass back before its first batch, rows_due
 // and the cleanup lag keep up: rows that fall due meanwhile show, as they
 // would between passes. (They were refreshed only at a batch's end, so a
@@ -923,7 +904,8 @@ func TestDueRefreshedWhileHeldBack(t *testing.T) {
 	f := setup(t, inboxDDL, inboxPolicy)
 	f.insert(t, "c", 3, t0.Add(-time.Hour), time.Second)
 	reg := prometheus.NewRegistry()
-	gate := heldGate{open: make(chan struct{})}
+	open := make(chan struct{})
+	gate := gatetest.Held{Open: open, Reason: "test"}
 	estimates := make(chan int64, 100)
 	d := New(f.pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0), Throttle: gate}}, Metrics: NewMetrics(reg, nil),
 		Progress: func(p Progress) { estimates <- p.Estimate }})
@@ -960,7 +942,7 @@ func TestDueRefreshedWhileHeldBack(t *testing.T) {
 	if due, lag := gauge(t, reg, "inboxkeeper_rows_due"), gauge(t, reg, "inboxkeeper_cleanup_lag_seconds"); due != 5 || lag != 7200 {
 		t.Errorf("rows fell due while held back: rows_due %v, lag %vs, want 5 and 7200", due, lag)
 	}
-	close(gate.open)
+	close(open)
 	select {
 	case res := <-done:
 		if res[0].Err != nil || res[0].Deleted != 5 {

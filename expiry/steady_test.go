@@ -48,7 +48,7 @@ func TestOwnTransactionsHoldTheHorizonOneBatchAtMost(t *testing.T) {
 	}
 	sampler := pgtest.Connect(t, f.pool.Config().ConnString())
 	seenAt := map[snapshot][]int{} // the batches at whose commit it was open
-	batches, deleting := 0, 0 // batches at their commit, those that deleted rows
+	batches, deleting := 0, 0      // batches at their commit, those that deleted rows
 	var sampleErr error
 	sig := signals{TestSignals: TestSignals{BeforeCommit: func(_ string, n int64) {
 		batches++

@@ -25,6 +25,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/policy"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/service"
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/gatetest"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 	"github.com/inboxkeeper/inboxkeeper/tiering"
 )
@@ -308,12 +309,20 @@ SELECT $1, $1 || '-' || i, $2::timestamptz - interval '30 days', $2::timestamptz
 const mayDDL = parentDDL + `
 CREATE TABLE public.consumer_inbox_p202605 PARTITION OF public.consumer_inbox FOR VALUES FROM ('2026-05-01 00:00:00+00') TO ('2026-06-01 00:00:00+00');`
 
+// setupMay is the inbox with May 2026's partition, the months after it
+// made by a pass on 20 May, and 10 rows of consumer "a" on 10 May.
+func setupMay(t *testing.T) fixture {
+	t.Helper()
+	f := setup(t, mayDDL, policyText("0"))
+	f.pass(t, Options{Base: service.Base{Clock: service.At(time.Date(2026, 5, 20, 0, 0, 0, 0, time.UTC))}})
+	f.insertRows(t, "a", 10, may10)
+	return f
+}
+
 func TestHoldOnOneScopeKeepsThePartition(t *testing.T) {
 	t.Parallel()
-	f := setup(t, mayDDL, policyText("0"))
+	f := setupMay(t)
 	ctx := context.Background()
-	f.pass(t, Options{Base: service.Base{Clock: service.At(time.Date(2026, 5, 20, 0, 0, 0, 0, time.UTC))}}) // premake
-	f.insertRows(t, "a", 10, may10)
 	f.insertRows(t, "b", 10, may10)
 	f.insertRows(t, "b", 5, time.Date(2026, 6, 10, 0, 0, 0, 0, time.UTC))
 
@@ -919,19 +928,6 @@ SELECT 'payments', 'm-' || i, 'payout-' || i, '\x01', '2026-04-01', '2026-05-10'
 	}
 }
 
-// closedGate is a throttle that admits nothing until its context ends: a
-// standby that applies nothing.
-type closedGate struct{}
-
-func (closedGate) Admit(ctx context.Context, _ service.Sizer) (int, error) {
-	<-ctx.Done()
-	return 0, &service.HeldError{Reason: "replica_lag", Err: ctx.Err()}
-}
-func (closedGate) Watch(uint32, time.Time) (func(), func() bool) {
-	return func() {}, func() bool { return false }
-}
-func (closedGate) Wrote(float64) {}
-
 // The months ahead are made whatever the throttle says: a missing month
 // makes the application's inserts fail, and creating one writes a few kB
 // of catalog. Behind a standby that applied nothing, premake waited for
@@ -943,7 +939,7 @@ func TestPremakeDoesNotWaitForTheThrottle(t *testing.T) {
 	f.insertRows(t, "a", 3, may10)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	res, err := f.manager(Options{Base: service.Base{Clock: service.At(t0), Throttle: closedGate{}}}).RunPass(ctx)
+	res, err := f.manager(Options{Base: service.Base{Clock: service.At(t0), Throttle: gatetest.Held{Reason: "replica_lag"}}}).RunPass(ctx)
 	if err != nil && !errors.Is(err, context.DeadlineExceeded) || len(res) != 1 {
 		t.Fatalf("%v, %+v", err, res)
 	}

@@ -26,10 +26,8 @@ import (
 // of the inbox whose rows had not expired.
 func TestForgedRecordsAreNotActedOn(t *testing.T) {
 	t.Parallel()
-	f := setup(t, mayDDL, policyText("0"))
+	f := setupMay(t)
 	ctx := context.Background()
-	f.pass(t, Options{Base: service.Base{Clock: service.At(time.Date(2026, 5, 20, 0, 0, 0, 0, time.UTC))}}) // premake
-	f.insertRows(t, "a", 10, may10)
 	f.insertRows(t, "b", 5, time.Date(2026, 6, 20, 0, 0, 0, 0, time.UTC)) // not expired at t0
 	pgtest.Exec(t, f.pool, `
 CREATE TABLE public.orders (id int PRIMARY KEY, amount numeric);

@@ -63,11 +63,7 @@ func newStandbyEnv(t *testing.T, rows int, settings map[string]string) (env, *pg
 
 func (e env) left(t *testing.T) int {
 	t.Helper()
-	var n int
-	if err := e.pool.QueryRow(context.Background(), "SELECT count(*) FROM public.consumer_inbox").Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
+	return pgtest.Value[int](t, e.pool, "SELECT count(*) FROM public.consumer_inbox")
 }
 
 func startThrottle(t *testing.T, pool *pgxpool.Pool, cfg config.Config, signals ...throttle.TestSignals) *throttle.Throttler {

@@ -17,6 +17,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/daemonmetrics"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/service"
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/gatetest"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 )
 
@@ -70,7 +71,7 @@ func TestPaceFor(t *testing.T) {
 // pacing is a throttle with a standby that applies rate: PaceWriter says
 // so (and counts its calls), Overrun says why to stop once stop is set.
 type pacing struct {
-	holding
+	gatetest.Held
 	wp    service.WriterPace
 	calls atomic.Int32
 	mu    sync.Mutex

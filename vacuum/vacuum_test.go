@@ -15,6 +15,7 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/daemonmetrics"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/service"
+	"github.com/inboxkeeper/inboxkeeper/internal/testkit/gatetest"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 )
 
@@ -50,19 +51,6 @@ func wantVacuums(t *testing.T, pool *pgxpool.Pool, want int64, while string) {
 		t.Errorf("vacuum_count %d%s, want %d", n, while, want)
 	}
 }
-
-// holding is a Gate whose admission waits until its context ends: a
-// throttle over its threshold.
-type holding struct{}
-
-func (holding) Admit(ctx context.Context, _ service.Sizer) (int, error) {
-	<-ctx.Done()
-	return 0, &service.HeldError{Reason: "replica_lag walsender s: 9s (threshold 1s)", Err: ctx.Err()}
-}
-func (holding) Watch(uint32, time.Time) (func(), func() bool) {
-	return func() {}, func() bool { return false }
-}
-func (holding) Wrote(float64) {}
 
 func TestVacuumAfterPass(t *testing.T) {
 	t.Parallel()
@@ -171,11 +159,7 @@ func TestVacuumAfterPass(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		pool, err := pgxpool.NewWithConfig(ctx, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer pool.Close()
+		pool := pgtest.PoolWith(t, cfg)
 		tx := pgtest.Lock(t, pool, "LOCK TABLE public.consumer_inbox IN SHARE UPDATE EXCLUSIVE MODE")
 		v := New(pool, Options{DeadRatio: 0.1})
 		var statements atomic.Int32
@@ -317,7 +301,7 @@ func TestVacuumAfterPass(t *testing.T) {
 	t.Run("throttled", func(t *testing.T) {
 		t.Parallel()
 		pool, tbl := setup(t, 5000)
-		out := New(pool, Options{Base: service.Base{Throttle: holding{}}, DeadRatio: 0.1}).AfterPass(ctx, tbl, 5000, 5000, 0)
+		out := New(pool, Options{Base: service.Base{Throttle: gatetest.Held{Reason: "replica_lag walsender s: 9s (threshold 1s)"}}, DeadRatio: 0.1}).AfterPass(ctx, tbl, 5000, 5000, 0)
 		if out.Ran || !strings.Contains(out.NotRun, "replica_lag") {
 			t.Errorf("outcome %+v, want not run: throttled", out)
 		}

@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"os/exec"
 	"strings"
-	"syscall"
 	"time"
 
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/pgcluster"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/syncbuf"
 )
 
@@ -47,12 +47,4 @@ func (d *daemon) healthy() error {
 }
 
 // stop ends it with SIGTERM, SIGKILL after 30 s.
-func (d *daemon) stop() {
-	_ = d.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-d.exited:
-	case <-time.After(30 * time.Second):
-		_ = d.cmd.Process.Kill()
-		<-d.exited
-	}
-}
+func (d *daemon) stop() { pgcluster.Terminate(d.cmd.Process, d.exited, 30*time.Second) }

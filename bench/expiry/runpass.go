@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/inboxkeeper/inboxkeeper/bench/internal/benchdata"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/pgcluster"
 )
 
 // runPassName is the method -run-pass adds: a pass of `inboxkeeper run`,
@@ -213,17 +214,11 @@ func (d *runningDaemon) stop() (int64, error) {
 		for range d.records { // the pipe must not fill while it exits
 		}
 	}()
-	_ = d.cmd.Process.Signal(syscall.SIGTERM)
 	var err error
-	select {
-	case <-d.exited:
-		if d.waitErr != nil {
-			err = fmt.Errorf("inboxkeeper run on SIGTERM: %w:\n%s", d.waitErr, d.output())
-		}
-	case <-time.After(30 * time.Second):
-		_ = d.cmd.Process.Kill()
-		<-d.exited
+	if pgcluster.Terminate(d.cmd.Process, d.exited, 30*time.Second) {
 		err = errors.New("inboxkeeper run did not stop within 30 s of SIGTERM")
+	} else if d.waitErr != nil {
+		err = fmt.Errorf("inboxkeeper run on SIGTERM: %w:\n%s", d.waitErr, d.output())
 	}
 	var rss int64
 	if ru, ok := d.cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {

@@ -65,11 +65,7 @@ func newEnvAt(t *testing.T, url string, rows int, layout string) env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := pgtest.PoolWith(t, cfg)
 	if _, err := pool.Exec(ctx, fmt.Sprintf(fillSQL, layout), rows); err != nil {
 		t.Fatal(err)
 	}
@@ -97,11 +93,7 @@ FROM public.consumer_inbox r`).Scan(&a.rows, &a.digest); err != nil {
 
 func (e env) heap(t *testing.T) int64 {
 	t.Helper()
-	var n int64
-	if err := e.pool.QueryRow(context.Background(), "SELECT pg_relation_size('public.consumer_inbox')").Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
+	return pgtest.Value[int64](t, e.pool, "SELECT pg_relation_size('public.consumer_inbox')")
 }
 
 func (e env) compactor(opts compact.Options) *compact.Compactor {

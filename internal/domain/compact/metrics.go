@@ -46,39 +46,28 @@ func (m *Metrics) Observe(table string, sp Space) {
 
 // Collector measures the space of every ordinary table.
 type Collector struct {
-	q   catalog.Querier
-	m   *Metrics
-	log *slog.Logger
-	// Said, when set, takes a failure the caller says itself (the
-	// database not answering, said once for the whole daemon) and returns
-	// true; the collector then logs nothing of it.
-	Said func(error) bool
+	daemonmetrics.TableCollector
+	q catalog.Querier
+	m *Metrics
 }
 
 // NewCollector measures on q into m.
 func NewCollector(q catalog.Querier, m *Metrics, log *slog.Logger) *Collector {
-	return &Collector{q: q, m: m, log: log}
+	return &Collector{TableCollector: daemonmetrics.TableCollector{What: "compact: measure the space of the table", Log: log}, q: q, m: m}
 }
 
 // Update measures every table of tables that is neither partitioned nor
 // distributed. A table that cannot be measured is logged and keeps what it
 // had; the error is ctx's.
 func (c *Collector) Update(ctx context.Context, tables []*catalog.Table) error {
-	for _, t := range tables {
+	return c.Each(ctx, tables, func(t *catalog.Table) error {
 		if t.Partitioned() || t.Distributed() {
-			continue
+			return nil
 		}
 		sp, err := Measure(ctx, c.q, t)
-		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			if c.Said == nil || !c.Said(err) {
-				c.log.Warn("compact: measure the space of the table", "table", t.Name, "error", err)
-			}
-			continue
+		if err == nil {
+			c.m.Observe(t.Name, sp)
 		}
-		c.m.Observe(t.Name, sp)
-	}
-	return ctx.Err()
+		return err
+	})
 }

@@ -134,12 +134,22 @@ func (b *Bouncer) Log() string { return tail(filepath.Join(b.root, "pgbouncer.lo
 
 // Stop ends the pooler and removes its files.
 func (b *Bouncer) Stop() {
-	_ = b.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-b.done:
-	case <-time.After(5 * time.Second):
-		_ = b.cmd.Process.Kill()
-		<-b.done
-	}
+	Terminate(b.cmd.Process, b.done, 5*time.Second)
 	_ = os.RemoveAll(b.root)
+}
+
+// Terminate ends a child process the way its server would be stopped:
+// SIGTERM, then SIGKILL if it has not exited within grace. exited closes
+// when the process's Wait has returned; Terminate returns once it has, and
+// says whether it took the SIGKILL.
+func Terminate(p *os.Process, exited <-chan struct{}, grace time.Duration) (killed bool) {
+	_ = p.Signal(syscall.SIGTERM)
+	select {
+	case <-exited:
+		return false
+	case <-time.After(grace):
+		_ = p.Kill()
+		<-exited
+		return true
+	}
 }

@@ -147,6 +147,13 @@ func poolOn(t testing.TB, url string) *pgxpool.Pool {
 	// Tests race several transactions at once; the default (4 on this
 	// machine) would starve them.
 	cfg.MaxConns = 20
+	return PoolWith(t, cfg)
+}
+
+// PoolWith opens a pool configured by cfg (dbconn.Pool's: connections as
+// the daemon makes them), closed at the end of the test.
+func PoolWith(t testing.TB, cfg *pgxpool.Config) *pgxpool.Pool {
+	t.Helper()
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("pgtest: pool: %v", err)
@@ -468,11 +475,17 @@ type Querier interface {
 // settings are named after it, so that tests side by side do not collide.
 func CurrentDatabase(t testing.TB, db Querier) string {
 	t.Helper()
-	var name string
-	if err := db.QueryRow(context.Background(), "SELECT current_database()").Scan(&name); err != nil {
-		t.Fatalf("pgtest: current_database(): %v", err)
+	return Value[string](t, db, "SELECT current_database()")
+}
+
+// Value is the one value the query returns; an error fails the test.
+func Value[T any](t testing.TB, db Querier, sql string, args ...any) T {
+	t.Helper()
+	var v T
+	if err := db.QueryRow(context.Background(), sql, args...).Scan(&v); err != nil {
+		t.Fatalf("pgtest: %v\nSQL: %s", err, sql)
 	}
-	return name
+	return v
 }
 
 // WaitForLockWait waits until a session of the test's database in view
