@@ -73,10 +73,8 @@ func run(args []string, stdout io.Writer) int {
 }
 
 type bench struct {
-	benchdata.Progress
+	benchdata.Bench
 	o      options
-	dir    string // temporary: the binary and the policy file
-	bin    string
 	policy string
 	citus  *pgcluster.Citus
 	dbs    int // databases created so far, to name the next
@@ -107,13 +105,13 @@ const daemonName, unboundedName = "inboxkeeper once", "unbounded DELETE"
 const unboundedSQL = "DELETE FROM inbox WHERE remember_until <= now()"
 
 func benchmark(ctx context.Context, o options, w io.Writer) error {
-	b := &bench{Progress: benchdata.NewProgress(), o: o}
-	var err error
-	if b.dir, b.bin, err = benchdata.Workspace(ctx, "inboxkeeper-bench-citus-", b.Progress); err != nil {
+	ws, removeDir, err := benchdata.NewBench(ctx, "inboxkeeper-bench-citus-")
+	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(b.dir)
-	b.policy = filepath.Join(b.dir, "policy.yaml")
+	defer removeDir()
+	b := &bench{Bench: ws, o: o}
+	b.policy = filepath.Join(b.Dir, "policy.yaml")
 	if err := benchdata.WritePolicy(b.policy, "inbox"); err != nil {
 		return err
 	}
@@ -375,7 +373,7 @@ func (b *bench) daemonSettings(url string) []string {
 // inboxkeeper runs the built binary against url and returns its wall time
 // and output. The other INBOXKEEPER_* variables of the environment reach it.
 func (b *bench) inboxkeeper(ctx context.Context, url string, args ...string) (time.Duration, string, error) {
-	p, err := benchdata.RunBinary(ctx, b.bin, benchdata.DaemonEnv(true, b.daemonSettings(url)...), args...)
+	p, err := benchdata.RunBinary(ctx, b.Bin, benchdata.DaemonEnv(true, b.daemonSettings(url)...), args...)
 	return p.Wall, p.Output, err
 }
 

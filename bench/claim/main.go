@@ -144,10 +144,8 @@ SELECT 'public', t, 'c' || i, $1::interval, interval '0'
 FROM unnest(ARRAY['consumer_inbox', 'partitioned_inbox']) t, generate_series(1, 20) i`
 
 type bench struct {
-	benchdata.Progress
+	benchdata.Bench
 	o       options
-	dir     string
-	bin     string
 	dbs     map[string]*database // "claims", and "baseline" with -baseline
 	methods []method
 }
@@ -176,25 +174,25 @@ func (db *database) cpu() (time.Duration, error) {
 }
 
 func benchmark(ctx context.Context, o options, w io.Writer) error {
-	b := &bench{Progress: benchdata.NewProgress(), o: o, dbs: map[string]*database{}, methods: methods}
+	ws, removeDir, err := benchdata.NewBench(ctx, "inboxkeeper-bench-claim-")
+	if err != nil {
+		return err
+	}
+	defer removeDir()
+	b := &bench{Bench: ws, o: o, dbs: map[string]*database{}, methods: methods}
 	if o.Baseline != "" {
 		b.methods = append(b.methods, baselineMethod)
 	}
-	var err error
-	if b.dir, b.bin, err = benchdata.Workspace(ctx, "inboxkeeper-bench-claim-", b.Progress); err != nil {
-		return err
-	}
-	defer os.RemoveAll(b.dir)
 	c, admin, end, err := benchdata.StartCluster(ctx, b.Progress, benchdata.ClusterSettings("1GB", nil), o.Keep, w)
 	if err != nil {
 		return err
 	}
 	defer end()
-	policy := filepath.Join(b.dir, "inboxkeeper.yaml")
+	policy := filepath.Join(b.Dir, "inboxkeeper.yaml")
 	if err := os.WriteFile(policy, []byte(policyFile), 0o644); err != nil {
 		return err
 	}
-	builds := map[string]string{"claims": b.bin}
+	builds := map[string]string{"claims": b.Bin}
 	if o.Baseline != "" {
 		builds["baseline"] = o.Baseline
 	}

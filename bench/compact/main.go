@@ -147,9 +147,8 @@ func run(args []string, stdout io.Writer) int {
 }
 
 type bench struct {
-	benchdata.Progress
+	benchdata.Bench
 	o          options
-	dir, bin   string
 	primary    *pgcluster.Cluster
 	url        string
 	standbyURL string
@@ -177,12 +176,12 @@ type outcome struct {
 }
 
 func benchmark(ctx context.Context, o options, w io.Writer) error {
-	b := &bench{Progress: benchdata.NewProgress(), o: o}
-	var err error
-	if b.dir, b.bin, err = benchdata.Workspace(ctx, "inboxkeeper-bench-compact-", b.Progress); err != nil {
+	ws, removeDir, err := benchdata.NewBench(ctx, "inboxkeeper-bench-compact-")
+	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(b.dir)
+	defer removeDir()
+	b := &bench{Bench: ws, o: o}
 	pair, end, err := benchdata.StartPair(ctx, b.Progress, benchdata.ClusterSettings("1GB", nil), o.Keep, w)
 	if err != nil {
 		return err
@@ -418,14 +417,14 @@ func (b *bench) method(ctx context.Context, method, table string, ikWall time.Du
 // inboxkeeper runs the built binary on table (a policy of its own; "": none
 // needed) with the standby listed, at info level.
 func (b *bench) inboxkeeper(ctx context.Context, table string, args ...string) (benchdata.Process, error) {
-	return b.run(ctx, b.bin, table, args...)
+	return b.run(ctx, b.Bin, table, args...)
 }
 
 // run is inboxkeeper with the binary bin.
 func (b *bench) run(ctx context.Context, bin, table string, args ...string) (benchdata.Process, error) {
-	policy := filepath.Join(b.dir, "none.yaml")
+	policy := filepath.Join(b.Dir, "none.yaml")
 	if table != "" {
-		policy = filepath.Join(b.dir, table+".yaml")
+		policy = filepath.Join(b.Dir, table+".yaml")
 		if err := benchdata.WritePolicy(policy, table); err != nil {
 			return benchdata.Process{}, err
 		}

@@ -137,10 +137,8 @@ func run(args []string, stdout io.Writer) int {
 }
 
 type bench struct {
-	benchdata.Progress
+	benchdata.Bench
 	o       options
-	dir     string // temporary: the binary and the policy files
-	bin     string
 	methods []method // methods and, with -baseline, the baseline's once, with -run-pass a pass of run
 	cluster *pgcluster.Cluster
 	pool    *pgxpool.Pool    // the postgres database: copies are made from here
@@ -210,12 +208,12 @@ func loop(n int, skipLocked bool) method {
 }
 
 func benchmark(ctx context.Context, o options, w io.Writer) error {
-	b := &bench{Progress: benchdata.NewProgress(), o: o}
-	var err error
-	if b.dir, b.bin, err = benchdata.Workspace(ctx, "inboxkeeper-bench-", b.Progress); err != nil {
+	ws, removeDir, err := benchdata.NewBench(ctx, "inboxkeeper-bench-")
+	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(b.dir)
+	defer removeDir()
+	b := &bench{Bench: ws, o: o}
 	b.methods = methods
 	if o.Baseline != "" {
 		// The same harness and copies, another build: main's daemon
@@ -225,7 +223,7 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 		// passes as this build (three runs of 2026-12-03); side
 		// by side, taking turns, the two meet the same conditions.
 		b.methods = slices.Insert(slices.Clone(methods), 1, method{baselineName, func(ctx context.Context, b *bench, db string) (result, error) {
-			if err := benchdata.MigrateAs(ctx, o.Baseline, b.cluster.URL(db), filepath.Join(b.dir, "none.yaml")); err != nil {
+			if err := benchdata.MigrateAs(ctx, o.Baseline, b.cluster.URL(db), filepath.Join(b.Dir, "none.yaml")); err != nil {
 				return result{}, err
 			}
 			return b.daemonBin(ctx, o.Baseline, db, "inbox")
@@ -488,7 +486,7 @@ func (b *bench) prepare(ctx context.Context, db string, l benchdata.Layout, payl
 		return 0, 0, err
 	}
 	// migrate reads no policy, but the configuration must name one.
-	if _, err := b.inboxkeeper(ctx, b.bin, db, filepath.Join(b.dir, "none.yaml"), "migrate"); err != nil {
+	if _, err := b.inboxkeeper(ctx, b.Bin, db, filepath.Join(b.Dir, "none.yaml"), "migrate"); err != nil {
 		return 0, 0, err
 	}
 	b.Logf("filling %s with %d rows", db, n)
@@ -542,12 +540,12 @@ func (b *bench) connectTo(ctx context.Context, u string, fn func(*pgx.Conn) erro
 
 // daemon runs `inboxkeeper once` on table in db after a checkpoint.
 func (b *bench) daemon(ctx context.Context, db, table string) (result, error) {
-	return b.daemonBin(ctx, b.bin, db, table)
+	return b.daemonBin(ctx, b.Bin, db, table)
 }
 
 // daemonBin is daemon with the binary bin.
 func (b *bench) daemonBin(ctx context.Context, bin, db, table string) (result, error) {
-	policy := filepath.Join(b.dir, db+".yaml")
+	policy := filepath.Join(b.Dir, db+".yaml")
 	if err := benchdata.WritePolicy(policy, table); err != nil {
 		return result{}, err
 	}

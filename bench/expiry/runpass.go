@@ -50,13 +50,13 @@ func (b *bench) runPass(ctx context.Context, db string) (r result, err error) {
 	}); err != nil {
 		return r, err
 	}
-	policy := filepath.Join(b.dir, db+"-run.yaml")
+	policy := filepath.Join(b.Dir, db+"-run.yaml")
 	if err := benchdata.WritePolicy(policy, "idle"); err != nil {
 		return r, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Minute)
 	defer cancel()
-	d, err := startDaemon(b.bin, benchdata.DaemonEnv(true, append(b.daemonSettings(db, policy),
+	d, err := startDaemon(b.Bin, benchdata.DaemonEnv(true, append(b.daemonSettings(db, policy),
 		"INBOXKEEPER_INTERVAL="+runPassInterval, "INBOXKEEPER_LOG_LEVEL=debug", "INBOXKEEPER_LOG_FORMAT=json")...))
 	if err != nil {
 		return r, err

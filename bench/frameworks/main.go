@@ -189,10 +189,8 @@ func run(args []string, stdout io.Writer) int {
 }
 
 type bench struct {
-	benchdata.Progress
+	benchdata.Bench
 	o       options
-	dir     string // temporary: the binary and the policy files
-	bin     string
 	cluster *pgcluster.Cluster
 	pool    *pgxpool.Pool // the postgres database: copies are made from here
 }
@@ -205,12 +203,12 @@ type result struct {
 }
 
 func benchmark(ctx context.Context, o options, w io.Writer) error {
-	b := &bench{Progress: benchdata.NewProgress(), o: o}
-	var err error
-	if b.dir, b.bin, err = benchdata.Workspace(ctx, "inboxkeeper-bench-", b.Progress); err != nil {
+	ws, removeDir, err := benchdata.NewBench(ctx, "inboxkeeper-bench-")
+	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(b.dir)
+	defer removeDir()
+	b := &bench{Bench: ws, o: o}
 	cluster, pool, end, err := benchdata.StartCluster(ctx, b.Progress, benchdata.ClusterSettings("512MB", map[string]string{"autovacuum": "off"}), o.Keep, w)
 	if err != nil {
 		return err
@@ -236,7 +234,7 @@ func (b *bench) framework(ctx context.Context, w io.Writer, f framework) error {
 	if err != nil {
 		return err
 	}
-	policyFile := filepath.Join(b.dir, "policy.yaml")
+	policyFile := filepath.Join(b.Dir, "policy.yaml")
 	if err := os.WriteFile(policyFile, []byte(policy), 0o644); err != nil {
 		return err
 	}
@@ -244,7 +242,7 @@ func (b *bench) framework(ctx context.Context, w io.Writer, f framework) error {
 	if err := b.recreate(ctx, tpl, ""); err != nil {
 		return err
 	}
-	if _, err := b.inboxkeeper(ctx, b.bin, tpl, policyFile, nil, "migrate"); err != nil {
+	if _, err := b.inboxkeeper(ctx, b.Bin, tpl, policyFile, nil, "migrate"); err != nil {
 		return err
 	}
 	due := int64(b.o.rows / 2)
@@ -339,9 +337,9 @@ type method struct {
 // framework's cleanup, last.
 func (b *bench) methods(policy string, f framework) []method {
 	ms := []method{
-		{"inboxkeeper once", func(ctx context.Context, db string) (result, error) { return b.once(ctx, b.bin, db, policy, f) }},
+		{"inboxkeeper once", func(ctx context.Context, db string) (result, error) { return b.once(ctx, b.Bin, db, policy, f) }},
 		{"inboxkeeper once, VACUUM left", func(ctx context.Context, db string) (result, error) {
-			return b.once(ctx, b.bin, db, policy, f, "INBOXKEEPER_VACUUM_DEAD_RATIO=0")
+			return b.once(ctx, b.Bin, db, policy, f, "INBOXKEEPER_VACUUM_DEAD_RATIO=0")
 		}},
 	}
 	if b.o.Baseline != "" {

@@ -240,22 +240,19 @@ type daemonFigures struct {
 }
 
 type bench struct {
-	benchdata.Progress
+	benchdata.Bench
 	o       options
 	cluster *pgcluster.Cluster
 	admin   *pgxpool.Pool
-	dir     string
-	bin     string
 }
 
 func benchmark(ctx context.Context, o options, w io.Writer) (*report, error) {
-	b := &bench{Progress: benchdata.NewProgress(), o: o}
-	dir, bin, err := benchdata.Workspace(ctx, "inboxkeeper-soak-", b.Progress)
+	ws, removeDir, err := benchdata.NewBench(ctx, "inboxkeeper-soak-")
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(dir)
-	b.dir, b.bin = dir, bin
+	defer removeDir()
+	b := &bench{Bench: ws, o: o}
 	// The default autovacuum, as users run it; a checkpoint every 5
 	// minutes (the default), so its full-page writes fall on every table
 	// alike.
@@ -346,7 +343,7 @@ func (b *bench) setup(ctx context.Context, order []string) error {
 			return fmt.Errorf("%s: %w", cl, err)
 		}
 	}
-	policy := filepath.Join(b.dir, "inboxkeeper.yaml")
+	policy := filepath.Join(b.Dir, "inboxkeeper.yaml")
 	if err := benchdata.WritePolicy(policy, "consumer_inbox"); err != nil {
 		return err
 	}
@@ -364,7 +361,7 @@ func (b *bench) binOf(cleaner string) string {
 	if cleaner == cleanBaseline {
 		return b.o.Baseline
 	}
-	return b.bin
+	return b.Bin
 }
 
 // daemonSet is the daemon's environment: the database, the policy, the

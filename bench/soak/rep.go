@@ -481,7 +481,7 @@ func (b *bench) checkHold(ctx context.Context, d *daemon, h *holder, f *daemonFi
 		case <-tick.C:
 		}
 	}
-	p, err := benchdata.RunBinary(ctx, b.bin, d.env, "status")
+	p, err := benchdata.RunBinary(ctx, b.Bin, d.env, "status")
 	if err != nil {
 		return err
 	}
@@ -514,7 +514,7 @@ var metricsListening = regexp.MustCompile(`msg="inboxkeeper: metrics listening" 
 // startDaemon starts `inboxkeeper run` of a daemon cleaner on its table.
 func (b *bench) startDaemon(ctx context.Context, cleaner string) (*daemon, error) {
 	url := b.cluster.URL(dbName(cleaner))
-	d := &daemon{env: benchdata.DaemonEnv(true, daemonSet(url, filepath.Join(b.dir, "inboxkeeper.yaml"), b.o.interval.String())...),
+	d := &daemon{env: benchdata.DaemonEnv(true, daemonSet(url, filepath.Join(b.Dir, "inboxkeeper.yaml"), b.o.interval.String())...),
 		done: make(chan error, 1)}
 	d.cmd = exec.Command(b.binOf(cleaner), "run")
 	d.cmd.Env = d.env

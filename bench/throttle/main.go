@@ -115,10 +115,8 @@ func run(args []string, stdout io.Writer) int {
 }
 
 type bench struct {
-	benchdata.Progress
+	benchdata.Bench
 	o              options
-	dir            string // temporary: the binary and the policy files
-	bin            string
 	url            string // the primary
 	baseURL        string // with -baseline: its database on the primary
 	baseStandbyURL string // and on the standby
@@ -157,12 +155,12 @@ const (
 var tableOf = map[string]string{thisBuild: "a", unboundedName: "b", freeName: "c", baselineBuild: "d"}
 
 func benchmark(ctx context.Context, o options, w io.Writer) error {
-	var err error
-	b := &bench{Progress: benchdata.NewProgress(), o: o}
-	if b.dir, b.bin, err = benchdata.Workspace(ctx, "inboxkeeper-bench-throttle-", b.Progress); err != nil {
+	ws, removeDir, err := benchdata.NewBench(ctx, "inboxkeeper-bench-throttle-")
+	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(b.dir)
+	defer removeDir()
+	b := &bench{Bench: ws, o: o}
 
 	// The standby comes first, so it replays the fills and ends up with the
 	// same pages.
@@ -174,7 +172,7 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 	c, s := pair.Primary, pair.Standby
 	b.url, b.standbyURL, b.pool, b.standby = pair.URL, pair.StandbyURL, pair.PrimaryPool, pair.StandbyPool
 	// migrate reads no policy, but the configuration must name one.
-	if _, err := b.inboxkeeper(ctx, b.bin, b.url, filepath.Join(b.dir, "none.yaml"), nil, "migrate"); err != nil {
+	if _, err := b.inboxkeeper(ctx, b.Bin, b.url, filepath.Join(b.Dir, "none.yaml"), nil, "migrate"); err != nil {
 		return err
 	}
 	// The baseline's control schema is its own build's: a build refuses a
@@ -188,7 +186,7 @@ func benchmark(ctx context.Context, o options, w io.Writer) error {
 			return err
 		}
 		defer b.basePool.Close()
-		if _, err := b.inboxkeeper(ctx, o.Baseline, b.baseURL, filepath.Join(b.dir, "none.yaml"), nil, "migrate"); err != nil {
+		if _, err := b.inboxkeeper(ctx, o.Baseline, b.baseURL, filepath.Join(b.Dir, "none.yaml"), nil, "migrate"); err != nil {
 			return err
 		}
 	}
@@ -335,7 +333,7 @@ func (b *bench) measure(ctx context.Context, name string, total, expired int64) 
 	maxLag := "INBOXKEEPER_MAX_REPLICA_LAG=" + b.o.maxLag.String()
 	switch name {
 	case thisBuild:
-		p.wall, p.log, err = b.daemon(ctx, b.bin, table, total, expired, "INBOXKEEPER_REPLICA_URLS="+b.standbyURL, maxLag)
+		p.wall, p.log, err = b.daemon(ctx, b.Bin, table, total, expired, "INBOXKEEPER_REPLICA_URLS="+b.standbyURL, maxLag)
 	case baselineBuild:
 		// Its standby URL names its own database, where its heartbeats go.
 		p.wall, p.log, err = b.daemon(ctx, b.o.Baseline, table, total, expired, "INBOXKEEPER_REPLICA_URLS="+b.baseStandbyURL, maxLag)
@@ -344,7 +342,7 @@ func (b *bench) measure(ctx context.Context, name string, total, expired int64) 
 	case freeName:
 		// No standby listed and the pg_stat_replication thresholds out
 		// of reach: only the slow start paces its first moments.
-		p.wall, p.log, err = b.daemon(ctx, b.bin, table, total, expired, "INBOXKEEPER_MAX_REPLICA_LAG=24h", "INBOXKEEPER_MAX_REPLICA_LAG_BYTES=1TB")
+		p.wall, p.log, err = b.daemon(ctx, b.Bin, table, total, expired, "INBOXKEEPER_MAX_REPLICA_LAG=24h", "INBOXKEEPER_MAX_REPLICA_LAG_BYTES=1TB")
 	}
 	if err != nil {
 		return p, err
@@ -540,7 +538,7 @@ func (b *bench) waitReplay(ctx context.Context, lagBelow float64) error {
 // daemon runs `inboxkeeper once` of bin on table with the extra
 // environment.
 func (b *bench) daemon(ctx context.Context, bin, table string, n, expired int64, env ...string) (time.Duration, daemonLog, error) {
-	policy := filepath.Join(b.dir, table+".yaml")
+	policy := filepath.Join(b.Dir, table+".yaml")
 	if err := benchdata.WritePolicy(policy, table); err != nil {
 		return 0, daemonLog{}, err
 	}

@@ -46,19 +46,27 @@ func (p Progress) Logf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "[%6.1fs] %s\n", time.Since(p.started).Seconds(), fmt.Sprintf(format, args...))
 }
 
-// Workspace makes a temporary directory and builds cmd/inboxkeeper into
-// it. The caller removes dir when done; on an error there is nothing to
-// remove.
-func Workspace(ctx context.Context, pattern string, p Progress) (dir, bin string, err error) {
-	if dir, err = os.MkdirTemp("", pattern); err != nil {
-		return "", "", err
+// Bench is the state a benchmark that runs the daemon begins with: its
+// progress lines, and a temporary directory with this tree's build.
+type Bench struct {
+	Progress
+	Dir string // temporary: the binary and the policy files
+	Bin string // cmd/inboxkeeper, built from this tree
+}
+
+// NewBench makes the directory (os.MkdirTemp's pattern) and builds the
+// daemon into it; end removes it. On an error there is nothing to remove.
+func NewBench(ctx context.Context, pattern string) (b Bench, end func(), err error) {
+	b.Progress = NewProgress()
+	if b.Dir, err = os.MkdirTemp("", pattern); err != nil {
+		return Bench{}, nil, err
 	}
-	p.Logf("building cmd/inboxkeeper")
-	if bin, err = BuildBinary(ctx, dir); err != nil {
-		os.RemoveAll(dir)
-		return "", "", err
+	b.Logf("building cmd/inboxkeeper")
+	if b.Bin, err = BuildBinary(ctx, b.Dir); err != nil {
+		os.RemoveAll(b.Dir)
+		return Bench{}, nil, err
 	}
-	return dir, bin, nil
+	return b, func() { os.RemoveAll(b.Dir) }, nil
 }
 
 // Common are the flags most benchmarks share, and the command line as the
