@@ -155,6 +155,35 @@ INSERT INTO public.unrelated_outbox (consumer, message_id) SELECT consumer, mess
 	}
 }
 
+// delete_referencing on a due row thousands of rows point at (an outbox
+// message fanned out), in a referencing table last analyzed while it was
+// small (its autovacuum off, so that it stays so): the batch's statement
+// takes time linear in those rows. Checking each referencing row against
+// the list of rows locked or deleted, as the statement once did, cost the
+// cube of their number with the plan such statistics get: past the
+// statement timeout here, at every try.
+func TestDeleteReferencingManyRowsOneVictim(t *testing.T) {
+	t.Parallel()
+	const ddl = pgtest.ShortInboxDDL + outboxDDL + `;
+ALTER TABLE public.outbox SET (autovacuum_enabled = false);`
+	f := setup(t, ddl, pgtest.ShortInboxPolicy+"    delete_referencing: [public.outbox]\n")
+	f.insert(t, "billing", 100, t0.Add(-48*3600e9), 60e9)
+	pgtest.Exec(t, f.pool, `INSERT INTO public.outbox (consumer, message_id)
+SELECT consumer, message_id FROM public.consumer_inbox WHERE right(message_id, 1) = '7';
+ANALYZE public.outbox;
+INSERT INTO public.outbox (consumer, message_id) SELECT 'billing', 'billing-0' FROM generate_series(1, 3000)`)
+	res := f.passWith(t, signals{strategy: StrategyExpiry}, Options{Settings: batchloop.Settings{
+		Base: service.Base{Clock: service.At(t0), StatementTimeout: 5 * time.Second, MaxRetries: 1}, BatchSize: 50}})
+	if res.Deleted != 100 || res.Retries != 0 {
+		t.Errorf("deleted %d after %d retries; want 100 at the first try", res.Deleted, res.Retries)
+	}
+	t.Logf("the longest batch took %s", res.LongestBatch)
+	var left int64
+	if err := f.pool.QueryRow(context.Background(), `SELECT count(*) FROM public.outbox`).Scan(&left); err != nil || left != 0 {
+		t.Errorf("%d outbox rows left (%v), want 0", left, err)
+	}
+}
+
 // On a Citus distributed table, the filter keeps the batches and the
 // counts to the policy's rows.
 func TestCitusFilter(t *testing.T) {
