@@ -804,7 +804,14 @@ func (d *Deleter) batch(ctx context.Context, t *catalog.Table, lower pgtype.Time
 	n, newest, wal, err := d.batchTx(ctx, t, lower, size, res, true)
 	if steppedOver(err) && d.referencesMet(t, err) {
 		// Run without leaving referenced rows out (view): again with them.
-		return d.batchTx(ctx, t, lower, size, res, true)
+		n, newest, wal, err = d.batchTx(ctx, t, lower, size, res, true)
+	}
+	if retry.Code(err) == retry.SQLStateForeignKey && len(t.References) > 0 {
+		// The statement left out, or deleted, every row it saw pointing at
+		// its victims: the one its check met was committed after its
+		// snapshot, between it and the victim's lock. A new snapshot sees
+		// it; the batch loop runs the batch again.
+		err = fmt.Errorf("%w: %w", retry.ErrLateWrite, err)
 	}
 	return n, newest, wal, err
 }
