@@ -804,7 +804,14 @@ func (d *Deleter) batch(ctx context.Context, t *catalog.Table, lower pgtype.Time
 	n, newest, wal, err := d.batchTx(ctx, t, lower, size, res, true)
 	if steppedOver(err) && d.referencesMet(t, err) {
 		// Run without leaving referenced rows out (view): again with them.
-		return d.batchTx(ctx, t, lower, size, res, true)
+		n, newest, wal, err = d.batchTx(ctx, t, lower, size, res, true)
+	}
+	if retry.Code(err) == retry.SQLStateForeignKey && len(t.References) > 0 {
+		// The statement left out, or deleted, every row it saw pointing at
+		// its victims: the one its check met was committed after its
+		// snapshot, between it and the victim's lock. A new snapshot sees
+		// it; the batch loop runs the batch again.
+		err = fmt.Errorf("%w: %w", retry.ErrLateWrite, err)
 	}
 	return n, newest, wal, err
 }
@@ -1393,12 +1400,18 @@ func cleanupLag(ctx context.Context, q catalog.Querier, t *catalog.Table, now ti
 // in the same statement: the victims' referenced columns (pick, over the
 // victims' alias v), per table a CTE that locks the rows pointing at the
 // victims (SKIP LOCKED, so that a row an application holds is stepped over
-// and not waited for) and one that deletes them, but none of a victim one
-// of whose rows was held (kids), and the condition (kept, over the deleted
+// and not waited for), one that deletes them, but none of a victim one of
+// whose rows was held (kids), and one that names the victims all of whose
+// rows it deleted (cleared); and the condition (kept, over the deleted
 // table's alias d) that leaves out a victim still pointed at by a row no
-// CTE deleted: the rows a CTE deleted are still visible to the statement's
-// other parts (one snapshot), so they are matched by ctid. Without
-// delete_referencing: nothing.
+// CTE deleted. The statement's parts share one snapshot, in which the rows
+// a CTE deleted are still visible: a victim's rows were all locked, or all
+// deleted, when as many were as the snapshot shows pointing at it. Every
+// part counts, groups or probes an index once per victim, never a row
+// against a list of rows: a victim with thousands of referencing rows costs
+// a batch time linear in them, where a set difference by ctid cost up to
+// their cube (docs/design/frameworks.md, "References").
+// Without delete_referencing: nothing.
 func referencing(t *catalog.Table, v, d string) (pick, kids, kept string) {
 	refs := t.DeletesFirst()
 	if len(refs) == 0 {
@@ -1407,7 +1420,7 @@ func referencing(t *catalog.Table, v, d string) (pick, kids, kept string) {
 	picked := map[string]string{} // referenced column → its name in victims
 	var p, k, n strings.Builder
 	for i, r := range refs {
-		var on []string
+		var on, cols []string
 		for j, col := range r.Columns {
 			ref := r.Referenced[j]
 			name, ok := picked[ref.Name]
@@ -1417,36 +1430,56 @@ func referencing(t *catalog.Table, v, d string) (pick, kids, kept string) {
 				fmt.Fprintf(&p, ", %s.%s AS %s", v, ref.Quoted, name)
 			}
 			on = append(on, fmt.Sprintf("c.%s = v.%s", col, name))
+			cols = append(cols, "c."+col)
 		}
-		var same []string
-		for _, col := range r.Columns {
-			same = append(same, fmt.Sprintf("o.%s = c.%s", col, col))
-		}
-		// The rows locked first; of those, the ones whose victim no row
-		// left unlocked (held by another session) points at: a victim is
-		// deleted with all its referencing rows, or not at all.
+		keys := refKeys(r)
+		// The rows locked first; of those, the ones of a victim all of
+		// whose rows were locked (as many as the snapshot shows): a
+		// victim is deleted with all its referencing rows, or not at all.
 		fmt.Fprintf(&k, `, locked%[1]d AS (
-  SELECT c.ctid AS c, %[4]s FROM %[2]s c JOIN victims v ON %[3]s FOR UPDATE OF c SKIP LOCKED
+  SELECT c.ctid AS c, %[3]s FROM %[2]s c JOIN victims v ON %[4]s FOR UPDATE OF c SKIP LOCKED
 ), kids%[1]d AS (
   DELETE FROM %[2]s k WHERE k.ctid = ANY (ARRAY(
-    SELECT c.c FROM locked%[1]d c WHERE NOT EXISTS (
-      SELECT 1 FROM %[2]s o WHERE %[5]s AND o.ctid <> ALL (ARRAY(SELECT c FROM locked%[1]d)))))
-  RETURNING k.ctid
-)`, i, r.Ident, strings.Join(on, " AND "), referencingColumns(r), strings.Join(same, " AND "))
-		fmt.Fprintf(&n, "\n    AND NOT EXISTS (SELECT 1 FROM %[1]s c WHERE %[2]s AND c.ctid <> ALL (ARRAY(SELECT ctid FROM kids%[3]d)))",
-			r.Ident, r.Match("c", d), i)
+    SELECT unnest(g.cs) FROM (SELECT array_agg(g.c) AS cs, count(*) AS n, %[5]s FROM locked%[1]d g GROUP BY %[5]s) g
+    WHERE g.n = %[6]s))
+  RETURNING %[7]s
+), cleared%[1]d AS (
+  SELECT %[5]s FROM kids%[1]d g GROUP BY %[5]s HAVING count(*) = %[6]s
+)`, i, r.Ident, refKeysAs(r, "c"), strings.Join(on, " AND "), "g."+strings.Join(keys, ", g."), refCount(r, "g"), refKeysAs(r, "k"))
+		// One probe of the foreign key's index a victim, or one anti-join.
+		fmt.Fprintf(&n, "\n    AND NOT EXISTS (SELECT 1 FROM %[1]s c WHERE %[2]s AND (%[3]s) NOT IN (SELECT %[4]s FROM cleared%[5]d))",
+			r.Ident, r.Match("c", d), strings.Join(cols, ", "), strings.Join(keys, ", "), i)
 	}
 	return p.String(), k.String(), n.String()
 }
 
-// referencingColumns are the columns of r's rows, as the locked CTE
-// returns them (referencing).
-func referencingColumns(r catalog.Reference) string {
+// refKeys are the names the CTEs of referencing give r's columns: k0, k1...
+func refKeys(r catalog.Reference) []string {
+	keys := make([]string, len(r.Columns))
+	for i := range r.Columns {
+		keys[i] = fmt.Sprintf("k%d", i)
+	}
+	return keys
+}
+
+// refKeysAs are r's columns over alias, named as refKeys names them.
+func refKeysAs(r catalog.Reference, alias string) string {
 	cols := make([]string, len(r.Columns))
 	for i, c := range r.Columns {
-		cols[i] = "c." + c
+		cols[i] = fmt.Sprintf("%s.%s AS k%d", alias, c, i)
 	}
 	return strings.Join(cols, ", ")
+}
+
+// refCount counts the rows of r, as the statement's snapshot shows them,
+// that point where the row alias's keys (refKeys) do: one scan of the
+// index on the foreign key.
+func refCount(r catalog.Reference, alias string) string {
+	on := make([]string, len(r.Columns))
+	for i, c := range r.Columns {
+		on[i] = fmt.Sprintf("o.%s = %s.k%d", c, alias, i)
+	}
+	return fmt.Sprintf("(SELECT count(*) FROM %s o WHERE %s)", r.Ident, strings.Join(on, " AND "))
 }
 
 // view is t as a batch sees it. A row another table's foreign key points

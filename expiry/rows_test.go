@@ -155,6 +155,73 @@ INSERT INTO public.unrelated_outbox (consumer, message_id) SELECT consumer, mess
 	}
 }
 
+// delete_referencing on a due row thousands of rows point at (an outbox
+// message fanned out), in a referencing table last analyzed while it was
+// small (its autovacuum off, so that it stays so): the batch's statement
+// takes time linear in those rows. Checking each referencing row against
+// the list of rows locked or deleted, as the statement once did, cost the
+// cube of their number with the plan such statistics get: past the
+// statement timeout here, at every try.
+func TestDeleteReferencingManyRowsOneVictim(t *testing.T) {
+	t.Parallel()
+	const ddl = pgtest.ShortInboxDDL + outboxDDL + `;
+ALTER TABLE public.outbox SET (autovacuum_enabled = false);`
+	f := setup(t, ddl, pgtest.ShortInboxPolicy+"    delete_referencing: [public.outbox]\n")
+	f.insert(t, "billing", 100, t0.Add(-48*3600e9), 60e9)
+	pgtest.Exec(t, f.pool, `INSERT INTO public.outbox (consumer, message_id)
+SELECT consumer, message_id FROM public.consumer_inbox WHERE right(message_id, 1) = '7';
+ANALYZE public.outbox;
+INSERT INTO public.outbox (consumer, message_id) SELECT 'billing', 'billing-0' FROM generate_series(1, 3000)`)
+	res := f.passWith(t, signals{strategy: StrategyExpiry}, Options{Settings: batchloop.Settings{
+		Base: service.Base{Clock: service.At(t0), StatementTimeout: 5 * time.Second, MaxRetries: 1}, BatchSize: 50}})
+	if res.Deleted != 100 || res.Retries != 0 {
+		t.Errorf("deleted %d after %d retries; want 100 at the first try", res.Deleted, res.Retries)
+	}
+	t.Logf("the longest batch took %s", res.LongestBatch)
+	var left int64
+	if err := f.pool.QueryRow(context.Background(), `SELECT count(*) FROM public.outbox`).Scan(&left); err != nil || left != 0 {
+		t.Errorf("%d outbox rows left (%v), want 0", left, err)
+	}
+}
+
+// A row another session began to point at a victim after a batch's
+// statement took its snapshot, and before it locked the victim, is one the
+// statement cannot see: its foreign key check fails (23503), although the
+// statement deleted every referencing row it saw. The batch runs again,
+// and the pass goes on. No hook sits between a statement's snapshot and
+// its locks: a trigger on the referencing table stands in for that
+// session, pointing a new row at a victim in the first statement that
+// deletes referencing rows (a sequence: it outlives the rollback).
+func TestLateReferenceIsRetried(t *testing.T) {
+	t.Parallel()
+	const ddl = pgtest.ShortInboxDDL + outboxDDL + `;
+CREATE SEQUENCE public.firings;
+CREATE FUNCTION public.late_reference() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF nextval('public.firings') = 1 THEN
+    INSERT INTO public.outbox (consumer, message_id) SELECT consumer, message_id FROM gone LIMIT 1;
+  END IF;
+  RETURN NULL;
+END $$;
+CREATE TRIGGER late_reference AFTER DELETE ON public.outbox REFERENCING OLD TABLE AS gone
+  FOR EACH STATEMENT EXECUTE FUNCTION public.late_reference();`
+	f := setup(t, ddl, pgtest.ShortInboxPolicy+"    delete_referencing: [public.outbox]\n")
+	f.insert(t, "billing", 50, t0.Add(-48*3600e9), 60e9)
+	pgtest.Exec(t, f.pool, `INSERT INTO public.outbox (consumer, message_id)
+SELECT consumer, message_id FROM public.consumer_inbox WHERE right(message_id, 1) = '7'`)
+	var kinds []string
+	sig := signals{strategy: StrategyExpiry}
+	sig.OnRetry = func(kind string) { kinds = append(kinds, kind) }
+	res := f.passWith(t, sig, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: 20}})
+	if res.Deleted != 50 || len(kinds) != 1 || kinds[0] != "serialization" {
+		t.Errorf("deleted %d, retries of kinds %v; want 50, after one retry (serialization)", res.Deleted, kinds)
+	}
+	var left int64
+	if err := f.pool.QueryRow(context.Background(), `SELECT count(*) FROM public.outbox`).Scan(&left); err != nil || left != 0 {
+		t.Errorf("%d outbox rows left (%v), want 0", left, err)
+	}
+}
+
 // On a Citus distributed table, the filter keeps the batches and the
 // counts to the policy's rows.
 func TestCitusFilter(t *testing.T) {

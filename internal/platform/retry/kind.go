@@ -71,6 +71,13 @@ var ErrFence = errors.New("the hold fence (inboxkeeper.fence) is held against th
 // session queued behind a lock it held (the throttle's lock-wait watch).
 var ErrLockWait = errors.New("a session waited on a lock this transaction held; cancelled and rolled back")
 
+// ErrLateWrite marks a statement that failed on a row another session
+// committed after the statement's snapshot was taken, which the statement
+// could not see (a row that began to point at a row it deleted): run again,
+// with a new snapshot, it sees the row. Transient, and counted as
+// KindSerialization, the other conflict with a snapshot.
+var ErrLateWrite = errors.New("a row committed after the statement's snapshot")
+
 // SQLSTATEs the project tells apart.
 const (
 	SQLStateLockTimeout      = "55P03" // lock_not_available: lock_timeout ran out
@@ -113,6 +120,9 @@ func KindOf(err error) Kind {
 	}
 	if errors.Is(err, ErrPrivilege) {
 		return KindPrivilege
+	}
+	if errors.Is(err, ErrLateWrite) {
+		return KindSerialization
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {

@@ -24,6 +24,8 @@ func TestKind(t *testing.T) {
 		pgErr("08006"):                                     KindConnection,
 		pgErr(SQLStateIdleInTxTimeout):                     KindConnection, // a frozen process's batch
 		pgErr("23505"):                                     KindOther,
+		pgErr(SQLStateForeignKey):                          KindOther,
+		fmt.Errorf("%w: %w", ErrLateWrite, pgErr("23503")): KindSerialization,
 		fmt.Errorf("x: %w", ErrLockWait):                   KindLockWait,
 		errors.New("plain"):                                KindOther,
 		fmt.Errorf("%w (%v)", ErrLockWait, pgErr("57014")): KindLockWait,
