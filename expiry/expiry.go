@@ -809,8 +809,9 @@ func (d *Deleter) batch(ctx context.Context, t *catalog.Table, lower pgtype.Time
 	if retry.Code(err) == retry.SQLStateForeignKey && len(t.References) > 0 {
 		// The statement left out, or deleted, every row it saw pointing at
 		// its victims: the one its check met was committed after its
-		// snapshot, between it and the victim's lock. A new snapshot sees
-		// it; the batch loop runs the batch again.
+		// snapshot. With delete_referencing the victims are locked before
+		// that snapshot (lockVictimsSQL), so this is a safety net: a new
+		// snapshot sees the row; the batch loop runs the batch again.
 		err = fmt.Errorf("%w: %w", retry.ErrLateWrite, err)
 	}
 	return n, newest, wal, err
@@ -977,22 +978,62 @@ SELECT count(*), max(expiry), %[11]s FROM gone`
 	// ctidSQL picks size rows by the expiry index and deletes them by ctid:
 	// the SKIP LOCKED form (%[12]s is skipLockedClause), and the optimistic
 	// form where a bound cannot be used (%[12]s empty). With
-	// delete_referencing, %[14]s to %[16]s delete the rows that point at
-	// the victims first (referencing), and %[17]s counts the victims.
+	// delete_referencing a batch takes lockVictimsSQL and lockedSQL
+	// instead.
 	ctidSQL = `
 WITH victims AS (
-  SELECT t.ctid%[14]s FROM %[1]s t
+  SELECT t.ctid FROM %[1]s t
   WHERE %[2]s <= %[3]s AND %[2]s >= %[4]s AND NOT %[5]s AND NOT %[6]s AND %[13]s
   ORDER BY %[2]s
   LIMIT %[7]s%[12]s
+), gone AS (
+  DELETE FROM %[1]s d WHERE d.ctid = ANY (ARRAY(SELECT ctid FROM victims))
+  RETURNING %[8]s AS expiry%[9]s
+)%[10]s
+SELECT count(*), max(expiry), %[11]s FROM gone`
+
+	skipLockedClause = `
+  FOR UPDATE OF t SKIP LOCKED`
+
+	// lockVictimsSQL is the first statement of a batch with
+	// delete_referencing: it picks the victims as ctidSQL does and locks
+	// them (%[12]s: SKIP LOCKED, or empty to wait under the optimistic lock
+	// timeout), and leaves their ctids in a transaction-local setting
+	// (victimsSetting) for lockedSQL. A victim locked FOR UPDATE makes any
+	// new foreign key reference to it wait for the batch (the key's check
+	// takes KEY SHARE), so the statement after it, whose snapshot is taken
+	// after the locks, sees every reference it can meet. Its second column
+	// keeps the list off the wire.
+	lockVictimsSQL = `
+WITH victims AS (
+  SELECT t.ctid FROM %[1]s t
+  WHERE %[2]s <= %[3]s AND %[2]s >= %[4]s AND NOT %[5]s AND NOT %[6]s AND %[13]s
+  ORDER BY %[2]s
+  LIMIT %[7]s
+  FOR UPDATE OF t%[12]s
+)
+SELECT count(*), length(set_config('` + victimsSetting + `', coalesce(array_agg(ctid), '{}')::text, true)) FROM victims`
+
+	// lockedSQL is ctidSQL over the victims lockVictimsSQL locked, by
+	// ctid (a TID scan). Their own columns cannot have changed since; the
+	// other tables can have, so the condition that no blocking reference
+	// keeps a victim (%[13]s) is read again, in this statement's snapshot.
+	// It has no parameters.
+	lockedSQL = `
+WITH victims AS (
+  SELECT t.ctid%[14]s FROM %[1]s t
+  WHERE t.ctid = ANY (current_setting('` + victimsSetting + `')::tid[]) AND %[13]s
 )%[15]s, gone AS (
   DELETE FROM %[1]s d WHERE d.ctid = ANY (ARRAY(SELECT ctid FROM victims))%[16]s
   RETURNING %[8]s AS expiry%[9]s
 )%[10]s
-SELECT count(*), max(expiry), %[11]s%[17]s FROM gone`
+SELECT count(*), max(expiry), %[11]s FROM gone`
 
-	skipLockedClause = `
-  FOR UPDATE OF t SKIP LOCKED`
+	// victimsSetting carries the victims' ctids from lockVictimsSQL to
+	// lockedSQL, set with set_config(..., true): it lives in the batch's
+	// transaction alone, so that no session state outlives it (pgbouncer's
+	// transaction mode), and it never reaches a client.
+	victimsSetting = "inboxkeeper.victims"
 
 	// batchSettingsSQL: the commit does not wait for the batch's WAL to
 	// reach disk. A batch lost in a crash only brings back rows that are
@@ -1056,21 +1097,26 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 	}
 	keysReturning, keysCTE, keysCount := tiering.DeleteKeys(t)
 	pick, kids, kept := referencing(t, "t", "d")
+	lockForm := ""
+	if kids != "" {
+		// The victims are locked first, in a statement of their own
+		// (lockVictimsSQL), and deleted by the next (lockedSQL).
+		form, lockForm, lockClause = lockedSQL, lockVictimsSQL, ""
+		if skipLocked {
+			lockClause = " SKIP LOCKED"
+		}
+	}
 	var newestTS pgtype.Timestamptz
 	var keys, victims int64
-	countVictims, scanned := "", []any{&n, &newestTS, &keys}
-	if kids != "" {
-		countVictims = ", (SELECT count(*) FROM victims)"
-		scanned = append(scanned, &victims)
-	}
-	sql := fmt.Sprintf(form,
-		t.Ident, alias+"."+t.Expiry.Quoted,
-		t.Expiry.Instant(args.Add(c)+"::timestamptz"),
-		t.Expiry.Instant(args.Add(lower)+"::timestamptz"),
+	parts := []any{
+		t.Ident, alias + "." + t.Expiry.Quoted,
+		t.Expiry.Instant(args.Add(c) + "::timestamptz"),
+		t.Expiry.Instant(args.Add(lower) + "::timestamptz"),
 		holdPred, replayPred,
 		limit,
 		t.Expiry.AsTimestamptz("d"),
-		keysReturning, keysCTE, keysCount, lockClause, t.Deletable(alias), pick, kids, kept, countVictims)
+		keysReturning, keysCTE, keysCount, lockClause, t.Deletable(alias), pick, kids, kept}
+	sql := fmt.Sprintf(form, parts...)
 	var ahead *boundAhead
 	if b.ok {
 		// The next batch starts where this one ends: its bound can be
@@ -1081,13 +1127,19 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 	// The batch's settings and its DELETE in one round trip.
 	batch := &pgx.Batch{}
 	batch.Queue(batchSettingsSQL, bitmap)
-	if form == rangeSQL {
+	switch form {
+	case rangeSQL:
 		batch.Queue(sql, args.Values...).Exec(func(tag pgconn.CommandTag) error {
 			n, newestTS = tag.RowsAffected(), b.instant
 			return nil
 		})
-	} else {
-		batch.Queue(sql, args.Values...).QueryRow(func(row pgx.Row) error { return row.Scan(scanned...) })
+	case lockedSQL:
+		// Both statements in the same round trip: the server runs the
+		// second, with a snapshot of its own, once the first has its locks.
+		batch.Queue(fmt.Sprintf(lockForm, parts...), args.Values...).QueryRow(func(row pgx.Row) error { return row.Scan(&victims, nil) })
+		batch.Queue(sql).QueryRow(func(row pgx.Row) error { return row.Scan(&n, &newestTS, &keys) })
+	default:
+		batch.Queue(sql, args.Values...).QueryRow(func(row pgx.Row) error { return row.Scan(&n, &newestTS, &keys) })
 	}
 	began := time.Now()
 	if err := tx.SendBatch(ctx, batch).Close(); err != nil {
@@ -1395,9 +1447,10 @@ func cleanupLag(ctx context.Context, q catalog.Querier, t *catalog.Table, now ti
 	return now.Sub(oldest.Add(t.Policy.ExpiryOffset())), nil
 }
 
-// referencing returns the parts of a batch's DELETE that first delete the
-// rows of the tables delete_referencing names that point at its victims,
-// in the same statement: the victims' referenced columns (pick, over the
+// referencing returns the parts of a batch's DELETE (lockedSQL, run after
+// lockVictimsSQL locked the victims) that first delete the rows of the
+// tables delete_referencing names that point at its victims, in the same
+// statement: the victims' referenced columns (pick, over the
 // victims' alias v), per table a CTE that locks the rows pointing at the
 // victims (SKIP LOCKED, so that a row an application holds is stepped over
 // and not waited for), one that deletes them, but none of a victim one of

@@ -6,7 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/inboxkeeper/inboxkeeper/internal/domain/batchloop"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/retry"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/service"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 )
@@ -219,6 +222,62 @@ SELECT consumer, message_id FROM public.consumer_inbox WHERE right(message_id, 1
 	var left int64
 	if err := f.pool.QueryRow(context.Background(), `SELECT count(*) FROM public.outbox`).Scan(&left); err != nil || left != 0 {
 		t.Errorf("%d outbox rows left (%v), want 0", left, err)
+	}
+}
+
+// An application points a new row at a due row, and commits while a
+// batch with delete_referencing waits to lock that row: after the batch's
+// first snapshot. The batch locks its victims in a statement of its own,
+// and the statement that deletes takes its snapshot after those locks, so
+// it sees the new row and deletes it with the row it points at, at the
+// first try. (Locking and deleting in one statement, the new row was not
+// in that statement's snapshot, and its foreign key check failed, 23503.)
+func TestReferenceCommittedWhileTheBatchWaits(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := setup(t, pgtest.ShortInboxDDL+outboxDDL, pgtest.ShortInboxPolicy+"    delete_referencing: [public.outbox]\n")
+	f.insert(t, "billing", 50, t0.Add(-48*3600e9), 60e9)
+	// Its INSERT's foreign key check holds KEY SHARE on billing-0 until it
+	// commits.
+	app := pgtest.Lock(t, f.pool, `INSERT INTO public.outbox (consumer, message_id) VALUES ('billing', 'billing-0')`)
+	var fallbacks int
+	var retries []string
+	sig := signals{strategy: StrategyExpiry}
+	sig.OptimisticWait = time.Minute // the optimistic batch waits for the application
+	sig.OnFallback = func() { fallbacks++ }
+	sig.OnRetry = func(kind string) { retries = append(retries, kind) }
+	d := newTest(f.pool, f.tables, Options{Settings: batchloop.Settings{
+		Base: service.Base{Clock: service.At(t0), LockTimeout: time.Minute}, BatchSize: 100}}, sig)
+	// As once a batch has met a reference: batches delete referencing rows.
+	d.referencesMet(f.tables[0], &pgconn.PgError{Code: retry.SQLStateForeignKey})
+	type passed struct {
+		res []TableResult
+		err error
+	}
+	done := make(chan passed, 1)
+	go func() {
+		res, err := d.RunPass(ctx)
+		done <- passed{res, err}
+	}()
+	pgtest.WaitForLockWait(t, f.pool, "pg_stat_activity", "%victims%", "the batch to wait on the row the application points at")
+	if err := app.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var p passed
+	select {
+	case p = <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("the pass did not end")
+	}
+	if p.err != nil || p.res[0].Err != nil {
+		t.Fatalf("pass: %v, %v", p.err, p.res[0].Err)
+	}
+	if p.res[0].Deleted != 50 || fallbacks != 0 || len(retries) != 0 {
+		t.Errorf("deleted %d, after %d runs again with SKIP LOCKED and retries %v; want 50, at the first try", p.res[0].Deleted, fallbacks, retries)
+	}
+	var left int64
+	if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM public.outbox`).Scan(&left); err != nil || left != 0 {
+		t.Errorf("%d outbox rows left (%v), want 0: the application's row goes with billing-0", left, err)
 	}
 }
 
