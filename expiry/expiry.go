@@ -232,6 +232,7 @@ type Deleter struct {
 	refsSeen   map[string]bool           // per table: batches leave out rows other tables point at (view)
 	optimistic map[string]*catalog.Table // per table: as a batch sees it while refsSeen is false (view)
 	windowsOf  map[string][]string       // per table with windows: their IDs
+	lockFirst  map[string]bool           // per table with delete_referencing: batches lock their victims first (lateReference)
 
 	dueRefresh time.Duration // tests: DueRefresh
 }
@@ -269,7 +270,7 @@ func New(pool *pgxpool.Pool, tables []*catalog.Table, opts Options) *Deleter {
 	return &Deleter{pool: pool, tables: tables, opts: opts, log: log, sizers: batchloop.NewSizers(opts.BatchSize, opts.Sizing),
 		scanChoice: map[string]*scanChooser{}, windows: map[string]*window{}, rates: map[string]*deleteRate{},
 		sweepFrom: map[string]int64{}, lastDue: map[string]int64{}, windowDue: map[string]Due{}, windowsOf: windowsOf,
-		refsSeen: map[string]bool{}, optimistic: map[string]*catalog.Table{}, dueRefresh: DueRefresh}
+		refsSeen: map[string]bool{}, optimistic: map[string]*catalog.Table{}, lockFirst: map[string]bool{}, dueRefresh: DueRefresh}
 }
 
 // RunPass runs one pass over every table, in policy order. A failure on one
@@ -794,7 +795,9 @@ func (d *Deleter) batch(ctx context.Context, t *catalog.Table, lower pgtype.Time
 		if !steppedOver(err) {
 			return n, newest, wal, err
 		}
-		d.referencesMet(t, err)
+		if !d.referencesMet(t, err) {
+			d.lateReference(t, err)
+		}
 		res.SkipLockedBatches++
 		d.log.Debug("expiry: batch met a locked or newly referenced row, running it again with SKIP LOCKED", "table", t.Name, "error", err)
 		if d.TestSignals.OnFallback != nil {
@@ -809,9 +812,9 @@ func (d *Deleter) batch(ctx context.Context, t *catalog.Table, lower pgtype.Time
 	if retry.Code(err) == retry.SQLStateForeignKey && len(t.References) > 0 {
 		// The statement left out, or deleted, every row it saw pointing at
 		// its victims: the one its check met was committed after its
-		// snapshot. With delete_referencing the victims are locked before
-		// that snapshot (lockVictimsSQL), so this is a safety net: a new
-		// snapshot sees the row; the batch loop runs the batch again.
+		// snapshot. A new snapshot sees it; the batch loop runs the batch
+		// again, with delete_referencing locking its victims first.
+		d.lateReference(t, err)
 		err = fmt.Errorf("%w: %w", retry.ErrLateWrite, err)
 	}
 	return n, newest, wal, err
@@ -978,19 +981,21 @@ SELECT count(*), max(expiry), %[11]s FROM gone`
 	// ctidSQL picks size rows by the expiry index and deletes them by ctid:
 	// the SKIP LOCKED form (%[12]s is skipLockedClause), and the optimistic
 	// form where a bound cannot be used (%[12]s empty). With
-	// delete_referencing a batch takes lockVictimsSQL and lockedSQL
-	// instead.
+	// delete_referencing, %[14]s to %[16]s delete the rows that point at
+	// the victims first (referencing), and %[17]s counts the victims; once
+	// a pass has met a reference committed after such a statement's
+	// snapshot, its batches take lockVictimsSQL and lockedSQL instead.
 	ctidSQL = `
 WITH victims AS (
-  SELECT t.ctid FROM %[1]s t
+  SELECT t.ctid%[14]s FROM %[1]s t
   WHERE %[2]s <= %[3]s AND %[2]s >= %[4]s AND NOT %[5]s AND NOT %[6]s AND %[13]s
   ORDER BY %[2]s
   LIMIT %[7]s%[12]s
-), gone AS (
-  DELETE FROM %[1]s d WHERE d.ctid = ANY (ARRAY(SELECT ctid FROM victims))
+)%[15]s, gone AS (
+  DELETE FROM %[1]s d WHERE d.ctid = ANY (ARRAY(SELECT ctid FROM victims))%[16]s
   RETURNING %[8]s AS expiry%[9]s
 )%[10]s
-SELECT count(*), max(expiry), %[11]s FROM gone`
+SELECT count(*), max(expiry), %[11]s%[17]s FROM gone`
 
 	skipLockedClause = `
   FOR UPDATE OF t SKIP LOCKED`
@@ -1097,14 +1102,17 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 	}
 	keysReturning, keysCTE, keysCount := tiering.DeleteKeys(t)
 	pick, kids, kept := referencing(t, "t", "d")
-	lockForm := ""
-	if kids != "" {
+	lockForm, countVictims := "", ""
+	switch {
+	case kids != "" && d.locksFirst(t):
 		// The victims are locked first, in a statement of their own
 		// (lockVictimsSQL), and deleted by the next (lockedSQL).
 		form, lockForm, lockClause = lockedSQL, lockVictimsSQL, ""
 		if skipLocked {
 			lockClause = " SKIP LOCKED"
 		}
+	case kids != "":
+		countVictims = ", (SELECT count(*) FROM victims)"
 	}
 	var newestTS pgtype.Timestamptz
 	var keys, victims int64
@@ -1115,7 +1123,7 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 		holdPred, replayPred,
 		limit,
 		t.Expiry.AsTimestamptz("d"),
-		keysReturning, keysCTE, keysCount, lockClause, t.Deletable(alias), pick, kids, kept}
+		keysReturning, keysCTE, keysCount, lockClause, t.Deletable(alias), pick, kids, kept, countVictims}
 	sql := fmt.Sprintf(form, parts...)
 	var ahead *boundAhead
 	if b.ok {
@@ -1138,6 +1146,12 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 		// second, with a snapshot of its own, once the first has its locks.
 		batch.Queue(fmt.Sprintf(lockForm, parts...), args.Values...).QueryRow(func(row pgx.Row) error { return row.Scan(&victims, nil) })
 		batch.Queue(sql).QueryRow(func(row pgx.Row) error { return row.Scan(&n, &newestTS, &keys) })
+	case ctidSQL:
+		scanned := []any{&n, &newestTS, &keys}
+		if kids != "" {
+			scanned = append(scanned, &victims)
+		}
+		batch.Queue(sql, args.Values...).QueryRow(func(row pgx.Row) error { return row.Scan(scanned...) })
 	default:
 		batch.Queue(sql, args.Values...).QueryRow(func(row pgx.Row) error { return row.Scan(&n, &newestTS, &keys) })
 	}
@@ -1589,4 +1603,32 @@ func (d *Deleter) referencesLeft(t *catalog.Table, n int64) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.refsSeen[t.ID()] = n > 0
+	delete(d.lockFirst, t.ID()) // the next pass starts without (lateReference)
+}
+
+// lateReference records that a batch over t, which deletes the rows
+// pointing at its victims (delete_referencing), failed on one committed
+// after its statement's snapshot (err: 23503; the statement deleted, or
+// left out, every row it saw). Until the pass ends, t's batches lock their
+// victims in a statement of their own before the one that deletes
+// (lockVictimsSQL): a reference begun after the locks waits for the batch,
+// and one committed before them is in the next statement's snapshot. The
+// locks cost every batch a write of each victim (some 7% of a pass), so a
+// pass pays them only once an application has raced it
+// (docs/design/frameworks.md, "References").
+func (d *Deleter) lateReference(t *catalog.Table, err error) {
+	if retry.Code(err) != retry.SQLStateForeignKey || len(t.DeletesFirst()) == 0 {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.lockFirst[t.ID()] = true
+}
+
+// locksFirst says whether t's batches lock their victims first
+// (lateReference).
+func (d *Deleter) locksFirst(t *catalog.Table) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.lockFirst[t.ID()]
 }

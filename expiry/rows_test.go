@@ -191,10 +191,11 @@ INSERT INTO public.outbox (consumer, message_id) SELECT 'billing', 'billing-0' F
 // statement took its snapshot, and before it locked the victim, is one the
 // statement cannot see: its foreign key check fails (23503), although the
 // statement deleted every referencing row it saw. The batch runs again,
-// and the pass goes on. No hook sits between a statement's snapshot and
-// its locks: a trigger on the referencing table stands in for that
-// session, pointing a new row at a victim in the first statement that
-// deletes referencing rows (a sequence: it outlives the rollback).
+// locking its victims first from then on (lateReference), and the pass
+// goes on. No hook sits between a statement's snapshot and its locks: a
+// trigger on the referencing table stands in for that session, pointing a
+// new row at a victim in the first statement that deletes referencing rows
+// (a sequence: it outlives the rollback).
 func TestLateReferenceIsRetried(t *testing.T) {
 	t.Parallel()
 	const ddl = pgtest.ShortInboxDDL + outboxDDL + `;
@@ -213,11 +214,21 @@ CREATE TRIGGER late_reference AFTER DELETE ON public.outbox REFERENCING OLD TABL
 	pgtest.Exec(t, f.pool, `INSERT INTO public.outbox (consumer, message_id)
 SELECT consumer, message_id FROM public.consumer_inbox WHERE right(message_id, 1) = '7'`)
 	var kinds []string
+	var d *Deleter
+	lockFirst := false
 	sig := signals{strategy: StrategyExpiry}
-	sig.OnRetry = func(kind string) { kinds = append(kinds, kind) }
-	res := f.passWith(t, sig, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: 20}})
-	if res.Deleted != 50 || len(kinds) != 1 || kinds[0] != "serialization" {
-		t.Errorf("deleted %d, retries of kinds %v; want 50, after one retry (serialization)", res.Deleted, kinds)
+	sig.OnRetry = func(kind string) {
+		kinds = append(kinds, kind)
+		lockFirst = d.locksFirst(f.tables[0])
+	}
+	d = newTest(f.pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: 20}}, sig)
+	res, err := d.RunPass(context.Background())
+	if err != nil || res[0].Err != nil {
+		t.Fatalf("pass: %v, %v", err, res[0].Err)
+	}
+	if res[0].Deleted != 50 || len(kinds) != 1 || kinds[0] != "serialization" || !lockFirst {
+		t.Errorf("deleted %d, retries of kinds %v, locking first at the retry %v; want 50, after one retry (serialization), locking first",
+			res[0].Deleted, kinds, lockFirst)
 	}
 	var left int64
 	if err := f.pool.QueryRow(context.Background(), `SELECT count(*) FROM public.outbox`).Scan(&left); err != nil || left != 0 {
@@ -227,11 +238,12 @@ SELECT consumer, message_id FROM public.consumer_inbox WHERE right(message_id, 1
 
 // An application points a new row at a due row, and commits while a
 // batch with delete_referencing waits to lock that row: after the batch's
-// first snapshot. The batch locks its victims in a statement of its own,
-// and the statement that deletes takes its snapshot after those locks, so
-// it sees the new row and deletes it with the row it points at, at the
-// first try. (Locking and deleting in one statement, the new row was not
-// in that statement's snapshot, and its foreign key check failed, 23503.)
+// first snapshot. Once a pass has met such a row, its batches lock their
+// victims in a statement of their own, and the statement that deletes
+// takes its snapshot after those locks, so it sees the new row and deletes
+// it with the row it points at, at the first try. (Locking and deleting in
+// one statement, the new row was not in that statement's snapshot, and its
+// foreign key check failed, 23503.)
 func TestReferenceCommittedWhileTheBatchWaits(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -248,8 +260,11 @@ func TestReferenceCommittedWhileTheBatchWaits(t *testing.T) {
 	sig.OnRetry = func(kind string) { retries = append(retries, kind) }
 	d := newTest(f.pool, f.tables, Options{Settings: batchloop.Settings{
 		Base: service.Base{Clock: service.At(t0), LockTimeout: time.Minute}, BatchSize: 100}}, sig)
-	// As once a batch has met a reference: batches delete referencing rows.
-	d.referencesMet(f.tables[0], &pgconn.PgError{Code: retry.SQLStateForeignKey})
+	// As once a batch has met a reference (batches delete referencing
+	// rows), then one committed after its snapshot (they lock first).
+	fk := &pgconn.PgError{Code: retry.SQLStateForeignKey}
+	d.referencesMet(f.tables[0], fk)
+	d.lateReference(f.tables[0], fk)
 	type passed struct {
 		res []TableResult
 		err error
