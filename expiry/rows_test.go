@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/inboxkeeper/inboxkeeper/internal/domain/batchloop"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/dbconn"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/retry"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/service"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
@@ -246,8 +247,34 @@ SELECT consumer, message_id FROM public.consumer_inbox WHERE right(message_id, 1
 // foreign key check failed, 23503.)
 func TestReferenceCommittedWhileTheBatchWaits(t *testing.T) {
 	t.Parallel()
+	for _, via := range []string{"direct", "pgbouncer"} {
+		t.Run(via, func(t *testing.T) {
+			t.Parallel()
+			referenceCommittedWhileTheBatchWaits(t, via == "pgbouncer")
+		})
+	}
+}
+
+// referenceCommittedWhileTheBatchWaits is the test, its deleter's pool
+// opened as the commands open theirs (dbconn.Open), through PgBouncer in
+// transaction mode when pooled: the ctids go from one statement to the
+// next in a transaction-local setting, which the pooler keeps to the
+// transaction's server connection.
+func referenceCommittedWhileTheBatchWaits(t *testing.T, pooled bool) {
 	ctx := context.Background()
 	f := setup(t, pgtest.ShortInboxDDL+outboxDDL, pgtest.ShortInboxPolicy+"    delete_referencing: [public.outbox]\n")
+	url := f.pool.Config().ConnString()
+	if pooled {
+		url = pgtest.BouncerURL(t, pgtest.NewBouncer(t), url)
+	}
+	pool, viaPooler, err := dbconn.Open(ctx, url, 8, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if viaPooler != pooled {
+		t.Fatalf("the pool goes through a pooler: %v, want %v", viaPooler, pooled)
+	}
 	f.insert(t, "billing", 50, t0.Add(-48*3600e9), 60e9)
 	// Its INSERT's foreign key check holds KEY SHARE on billing-0 until it
 	// commits.
@@ -258,7 +285,7 @@ func TestReferenceCommittedWhileTheBatchWaits(t *testing.T) {
 	sig.OptimisticWait = time.Minute // the optimistic batch waits for the application
 	sig.OnFallback = func() { fallbacks++ }
 	sig.OnRetry = func(kind string) { retries = append(retries, kind) }
-	d := newTest(f.pool, f.tables, Options{Settings: batchloop.Settings{
+	d := newTest(pool, f.tables, Options{Settings: batchloop.Settings{
 		Base: service.Base{Clock: service.At(t0), LockTimeout: time.Minute}, BatchSize: 100}}, sig)
 	// As once a batch has met a reference (batches delete referencing
 	// rows), then one committed after its snapshot (they lock first).

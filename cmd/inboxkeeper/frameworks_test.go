@@ -52,6 +52,8 @@ type frameworkCase struct {
 	stays string
 	// policy changes the docs' policy for a variant; nil: as is.
 	policy func(doc string) string
+	// pooled: the passes run through PgBouncer in transaction mode.
+	pooled bool
 }
 
 // docSection is the policy and the index of a heading of
@@ -167,6 +169,10 @@ func runFramework(t *testing.T, c frameworkCase, vars ...string) (*fixture, resu
 	if err := f.pool.QueryRow(context.Background(), "SELECT now()").Scan(&start); err != nil {
 		t.Fatal(err)
 	}
+	if c.pooled {
+		_, via := throughBouncer(t, f)
+		vars = append(vars, via...)
+	}
 	w := startWriter(t, f, c.write)
 	<-w.ready
 	// A writer queued behind a batch's lock ends the pass, by design (the
@@ -182,7 +188,7 @@ func runFramework(t *testing.T, c frameworkCase, vars ...string) (*fixture, resu
 	wantExit(t, r, 0)
 	// A row the writer held locked was stepped over; the next pass, the
 	// writer gone, takes it. Its result is the one returned.
-	r = f.run("once")
+	r = f.runWith(vars, "once")
 	wantExit(t, r, 0)
 
 	deleted := f.count("SELECT count(*) FROM public.deleted_rows")
@@ -331,6 +337,17 @@ SELECT count(*) FROM "OutboxMessage" o WHERE NOT EXISTS (
 	if strings.Contains(r.stdout, "protected by references") {
 		t.Errorf("with delete_referencing, no row should be kept by a reference\n%s", r)
 	}
+}
+
+// Through PgBouncer in transaction mode: a pass that meets a reference
+// committed after its batch's snapshot locks its victims first, and hands
+// their ctids from one statement to the next in a transaction-local
+// setting, which no other client of the server connection sees.
+func TestFrameworkMassTransitThroughPgBouncer(t *testing.T) {
+	t.Parallel()
+	c := massTransitCase()
+	c.pooled = true
+	runFramework(t, c)
 }
 
 // Without delete_referencing, a due row an outbox message points at is
