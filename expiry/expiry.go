@@ -981,8 +981,10 @@ SELECT count(*), max(expiry), %[11]s FROM gone`
 	// ctidSQL picks size rows by the expiry index and deletes them by ctid:
 	// the SKIP LOCKED form (%[12]s is skipLockedClause), and the optimistic
 	// form where a bound cannot be used (%[12]s empty). With
-	// delete_referencing, %[14]s to %[16]s delete the rows that point at
-	// the victims first (referencing), and %[17]s counts the victims; once
+	// delete_referencing, %[14]s and %[15]s delete the rows that point at
+	// the victims first (referencing); %[16]s is the rows the DELETE
+	// takes (every victim, or with delete_referencing those it leaves
+	// none of), and %[17]s counts the victims; once
 	// a pass has met a reference committed after such a statement's
 	// snapshot, its batches take lockVictimsSQL and lockedSQL instead.
 	ctidSQL = `
@@ -992,7 +994,7 @@ WITH victims AS (
   ORDER BY %[2]s
   LIMIT %[7]s%[12]s
 )%[15]s, gone AS (
-  DELETE FROM %[1]s d WHERE d.ctid = ANY (ARRAY(SELECT ctid FROM victims))%[16]s
+  DELETE FROM %[1]s d WHERE d.ctid = ANY (ARRAY(SELECT %[16]s))
   RETURNING %[8]s AS expiry%[9]s
 )%[10]s
 SELECT count(*), max(expiry), %[11]s%[17]s FROM gone`
@@ -1029,7 +1031,7 @@ WITH victims AS (
   SELECT t.ctid%[14]s FROM %[1]s t
   WHERE t.ctid = ANY (current_setting('` + victimsSetting + `')::tid[]) AND %[13]s
 )%[15]s, gone AS (
-  DELETE FROM %[1]s d WHERE d.ctid = ANY (ARRAY(SELECT ctid FROM victims))%[16]s
+  DELETE FROM %[1]s d WHERE d.ctid = ANY (ARRAY(SELECT %[16]s))
   RETURNING %[8]s AS expiry%[9]s
 )%[10]s
 SELECT count(*), max(expiry), %[11]s FROM gone`
@@ -1101,7 +1103,10 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 		limit = args.Add(size)
 	}
 	keysReturning, keysCTE, keysCount := tiering.DeleteKeys(t)
-	pick, kids, kept := referencing(t, "t", "d")
+	pick, kids, deleted := referencing(t, "t")
+	if deleted == "" {
+		deleted = "ctid FROM victims"
+	}
 	lockForm, countVictims := "", ""
 	switch {
 	case kids != "" && d.locksFirst(t):
@@ -1123,7 +1128,7 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 		holdPred, replayPred,
 		limit,
 		t.Expiry.AsTimestamptz("d"),
-		keysReturning, keysCTE, keysCount, lockClause, t.Deletable(alias), pick, kids, kept, countVictims}
+		keysReturning, keysCTE, keysCount, lockClause, t.Deletable(alias), pick, kids, deleted, countVictims}
 	sql := fmt.Sprintf(form, parts...)
 	var ahead *boundAhead
 	if b.ok {
@@ -1461,33 +1466,33 @@ func cleanupLag(ctx context.Context, q catalog.Querier, t *catalog.Table, now ti
 	return now.Sub(oldest.Add(t.Policy.ExpiryOffset())), nil
 }
 
-// referencing returns the parts of a batch's DELETE (lockedSQL, run after
-// lockVictimsSQL locked the victims) that first delete the rows of the
-// tables delete_referencing names that point at its victims, in the same
-// statement: the victims' referenced columns (pick, over the
-// victims' alias v), per table a CTE that locks the rows pointing at the
+// referencing returns the parts of a batch's DELETE (ctidSQL, or
+// lockedSQL once lockVictimsSQL locked the victims) that first delete the
+// rows of the tables delete_referencing names that point at its victims,
+// in the same statement: the victims' referenced columns (pick, over the
+// victims' alias v); per table a CTE that locks the rows pointing at the
 // victims (SKIP LOCKED, so that a row an application holds is stepped over
-// and not waited for), one that deletes them, but none of a victim one of
-// whose rows was held (kids), and one that names the victims all of whose
-// rows it deleted (cleared); and the condition (kept, over the deleted
-// table's alias d) that leaves out a victim still pointed at by a row no
-// CTE deleted. The statement's parts share one snapshot, in which the rows
-// a CTE deleted are still visible: a victim's rows were all locked, or all
-// deleted, when as many were as the snapshot shows pointing at it. Every
-// part counts, groups or probes an index once per victim, never a row
-// against a list of rows: a victim with thousands of referencing rows costs
-// a batch time linear in them, where a set difference by ctid cost up to
-// their cube (docs/design/frameworks.md, "References").
-// Without delete_referencing: nothing.
-func referencing(t *catalog.Table, v, d string) (pick, kids, kept string) {
+// and not waited for) and one that counts them a victim; the victims all
+// of whose rows, in every table, were locked (whole: as many as the
+// statement's snapshot shows pointing at each); per table a CTE that
+// deletes the locked rows of those victims (kids); and the condition
+// (kept, over the deleted table's alias d) that deletes only those
+// victims. A victim goes with all its referencing rows, in every table,
+// or with none: a row held in one table keeps the victim and its rows in
+// the others. Every part groups, joins or probes an index once per
+// victim, never a row against a list of rows: a victim with thousands of
+// referencing rows costs a batch time linear in them, where a set
+// difference by ctid cost up to their cube (docs/design/frameworks.md,
+// "References"). Without delete_referencing: nothing.
+func referencing(t *catalog.Table, v string) (pick, kids, deleted string) {
 	refs := t.DeletesFirst()
 	if len(refs) == 0 {
 		return "", "", ""
 	}
 	picked := map[string]string{} // referenced column → its name in victims
-	var p, k, n strings.Builder
+	var p, k, cols, joins, whole, del strings.Builder
 	for i, r := range refs {
-		var on, cols []string
+		var on, counted []string
 		for j, col := range r.Columns {
 			ref := r.Referenced[j]
 			name, ok := picked[ref.Name]
@@ -1497,56 +1502,34 @@ func referencing(t *catalog.Table, v, d string) (pick, kids, kept string) {
 				fmt.Fprintf(&p, ", %s.%s AS %s", v, ref.Quoted, name)
 			}
 			on = append(on, fmt.Sprintf("c.%s = v.%s", col, name))
-			cols = append(cols, "c."+col)
+			counted = append(counted, fmt.Sprintf("o.%s = v.%s", col, name))
 		}
-		keys := refKeys(r)
-		// The rows locked first; of those, the ones of a victim all of
-		// whose rows were locked (as many as the snapshot shows): a
-		// victim is deleted with all its referencing rows, or not at all.
+		// The rows locked first (SKIP LOCKED: one an application holds is
+		// stepped over), with the victim each points at; then, a victim,
+		// how many were locked and which.
 		fmt.Fprintf(&k, `, locked%[1]d AS (
-  SELECT c.ctid AS c, %[3]s FROM %[2]s c JOIN victims v ON %[4]s FOR UPDATE OF c SKIP LOCKED
-), kids%[1]d AS (
-  DELETE FROM %[2]s k WHERE k.ctid = ANY (ARRAY(
-    SELECT unnest(g.cs) FROM (SELECT array_agg(g.c) AS cs, count(*) AS n, %[5]s FROM locked%[1]d g GROUP BY %[5]s) g
-    WHERE g.n = %[6]s))
-  RETURNING %[7]s
-), cleared%[1]d AS (
-  SELECT %[5]s FROM kids%[1]d g GROUP BY %[5]s HAVING count(*) = %[6]s
-)`, i, r.Ident, refKeysAs(r, "c"), strings.Join(on, " AND "), "g."+strings.Join(keys, ", g."), refCount(r, "g"), refKeysAs(r, "k"))
-		// One probe of the foreign key's index a victim, or one anti-join.
-		fmt.Fprintf(&n, "\n    AND NOT EXISTS (SELECT 1 FROM %[1]s c WHERE %[2]s AND (%[3]s) NOT IN (SELECT %[4]s FROM cleared%[5]d))",
-			r.Ident, r.Match("c", d), strings.Join(cols, ", "), strings.Join(keys, ", "), i)
+  SELECT c.ctid AS c, v.ctid AS vid FROM %[2]s c JOIN victims v ON %[3]s FOR UPDATE OF c SKIP LOCKED
+), nlocked%[1]d AS (
+  SELECT vid, count(*) AS n, array_agg(c) AS cs FROM locked%[1]d GROUP BY vid
+)`, i, r.Ident, strings.Join(on, " AND "))
+		fmt.Fprintf(&cols, ", n%[1]d.cs AS cs%[1]d", i)
+		fmt.Fprintf(&joins, "\n  LEFT JOIN nlocked%[1]d n%[1]d ON n%[1]d.vid = v.ctid", i)
+		// As many as the statement's snapshot shows pointing at the
+		// victim: one scan of the foreign key's index.
+		fmt.Fprintf(&whole, "\n    AND coalesce(n%[1]d.n, 0) = (SELECT count(*) FROM %[2]s o WHERE %[3]s)", i, r.Ident, strings.Join(counted, " AND "))
+		fmt.Fprintf(&del, `, kids%[1]d AS (
+  DELETE FROM %[2]s k WHERE k.ctid = ANY (ARRAY(SELECT unnest(w.cs%[1]d) FROM whole w))
+)`, i, r.Ident)
 	}
-	return p.String(), k.String(), n.String()
-}
-
-// refKeys are the names the CTEs of referencing give r's columns: k0, k1...
-func refKeys(r catalog.Reference) []string {
-	keys := make([]string, len(r.Columns))
-	for i := range r.Columns {
-		keys[i] = fmt.Sprintf("k%d", i)
-	}
-	return keys
-}
-
-// refKeysAs are r's columns over alias, named as refKeys names them.
-func refKeysAs(r catalog.Reference, alias string) string {
-	cols := make([]string, len(r.Columns))
-	for i, c := range r.Columns {
-		cols[i] = fmt.Sprintf("%s.%s AS k%d", alias, c, i)
-	}
-	return strings.Join(cols, ", ")
-}
-
-// refCount counts the rows of r, as the statement's snapshot shows them,
-// that point where the row alias's keys (refKeys) do: one scan of the
-// index on the foreign key.
-func refCount(r catalog.Reference, alias string) string {
-	on := make([]string, len(r.Columns))
-	for i, c := range r.Columns {
-		on[i] = fmt.Sprintf("o.%s = %s.k%d", c, alias, i)
-	}
-	return fmt.Sprintf("(SELECT count(*) FROM %s o WHERE %s)", r.Ident, strings.Join(on, " AND "))
+	// whole: the victims every one of whose rows, in every table, was
+	// locked, with those rows. Only their rows are deleted, and only they
+	// are: a victim goes with all its referencing rows or not at all, and
+	// one a held row still points at stays with all of them.
+	fmt.Fprintf(&k, `, whole AS (
+  SELECT v.ctid AS vid%s FROM victims v%s
+  WHERE true%s
+)%s`, cols.String(), joins.String(), whole.String(), del.String())
+	return p.String(), k.String(), "vid FROM whole"
 }
 
 // view is t as a batch sees it. A row another table's foreign key points

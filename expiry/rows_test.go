@@ -159,6 +159,67 @@ INSERT INTO public.unrelated_outbox (consumer, message_id) SELECT consumer, mess
 	}
 }
 
+// delete_referencing with two referencing tables: a victim goes with its
+// rows in both, or with none. One whose row in the second table another
+// session holds stays, and so does its row in the first, whether the
+// batch locks its victims first or not; once the lock is gone, the next
+// pass deletes all three. (Each table's rows were once judged alone: the
+// first table's row went, and the victim it pointed at stayed.)
+func TestDeleteReferencingTwoTables(t *testing.T) {
+	t.Parallel()
+	for _, lockFirst := range []bool{false, true} {
+		t.Run(fmt.Sprintf("lock first %v", lockFirst), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			const ddl = pgtest.ShortInboxDDL + outboxDDL + `;
+CREATE TABLE public.outbox2 (id serial PRIMARY KEY, consumer text, message_id text,
+  FOREIGN KEY (consumer, message_id) REFERENCES public.consumer_inbox (consumer, message_id));
+CREATE INDEX ON public.outbox2 (consumer, message_id);`
+			f := setup(t, ddl, pgtest.ShortInboxPolicy+"    delete_referencing: [public.outbox, public.outbox2]\n")
+			f.insert(t, "billing", 20, t0.Add(-48*3600e9), 60e9)
+			pgtest.Exec(t, f.pool, `INSERT INTO public.outbox (consumer, message_id) SELECT consumer, message_id FROM public.consumer_inbox;
+INSERT INTO public.outbox2 (consumer, message_id) SELECT consumer, message_id FROM public.consumer_inbox WHERE message_id <> 'billing-5'`)
+			held := pgtest.Lock(t, f.pool, `SELECT 1 FROM public.outbox2 WHERE message_id = 'billing-3' FOR UPDATE`)
+			d := newTest(f.pool, f.tables, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: 50}}, signals{strategy: StrategyExpiry})
+			fk := &pgconn.PgError{Code: retry.SQLStateForeignKey}
+			d.referencesMet(f.tables[0], fk)
+			if lockFirst {
+				d.lateReference(f.tables[0], fk)
+			}
+			pass := func() TableResult {
+				t.Helper()
+				res, err := d.RunPass(ctx)
+				if err != nil || res[0].Err != nil {
+					t.Fatalf("pass: %v, %v", err, res[0].Err)
+				}
+				return res[0]
+			}
+			if res := pass(); res.Deleted != 19 {
+				t.Errorf("deleted %d, want 19 (all but billing-3)", res.Deleted)
+			}
+			left := func() (inbox, outbox, outbox2 int64) {
+				t.Helper()
+				if err := f.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM public.consumer_inbox), (SELECT count(*) FROM public.outbox), (SELECT count(*) FROM public.outbox2)`).Scan(&inbox, &outbox, &outbox2); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if i, o, o2 := left(); i != 1 || o != 1 || o2 != 1 {
+				t.Errorf("left: %d inbox rows, %d in outbox, %d in outbox2; want billing-3 and its row in each", i, o, o2)
+			}
+			if err := held.Rollback(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if res := pass(); res.Deleted != 1 {
+				t.Errorf("after the lock: deleted %d, want 1", res.Deleted)
+			}
+			if i, o, o2 := left(); i != 0 || o != 0 || o2 != 0 {
+				t.Errorf("left: %d, %d, %d; want none", i, o, o2)
+			}
+		})
+	}
+}
+
 // delete_referencing on a due row thousands of rows point at (an outbox
 // message fanned out), in a referencing table last analyzed while it was
 // small (its autovacuum off, so that it stays so): the batch's statement

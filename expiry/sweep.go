@@ -105,12 +105,13 @@ SELECT count(*), %[6]s FROM gone`
 	// sweepVictimsSQL picks the slice's rows first: the fallback of a slice
 	// that met a locked row (%[10]s the lock clause: the rows of the slice
 	// that no other session holds, locked first), and the form of a table
-	// whose referencing rows go first (referencing: %[7]s to %[9]s).
+	// whose referencing rows go first (referencing: %[7]s and %[8]s; %[9]s
+	// the rows the DELETE takes).
 	sweepVictimsSQL = `
 WITH victims AS (
   SELECT d.ctid%[7]s FROM %[1]s d WHERE %[2]s AND %[3]s%[10]s
 )%[8]s, gone AS (
-  DELETE FROM %[1]s d WHERE d.ctid = ANY (ARRAY(SELECT ctid FROM victims))%[9]s
+  DELETE FROM %[1]s d WHERE d.ctid = ANY (ARRAY(SELECT %[9]s))
   RETURNING 1 AS one%[4]s
 )%[5]s
 SELECT count(*), %[6]s FROM gone`
@@ -916,14 +917,17 @@ func (d *Deleter) sweepTx(ctx context.Context, t *catalog.Table, s *sweep, a, b 
 	keysReturning, keysCTE, keysCount := tiering.DeleteKeys(t)
 	var keys int64
 	began := time.Now()
-	pick, kids, kept := referencing(t, "d", "d")
+	pick, kids, deleted := referencing(t, "d")
+	if deleted == "" {
+		deleted = "ctid FROM victims"
+	}
 	switch {
 	case skipLocked || kids != "":
 		lock := ""
 		if skipLocked {
 			lock = "\n  FOR UPDATE OF d SKIP LOCKED"
 		}
-		err = tx.QueryRow(ctx, fmt.Sprintf(sweepVictimsSQL, t.Ident, slice, due, keysReturning, keysCTE, keysCount, pick, kids, kept, lock), args.Values...).Scan(&n, &keys)
+		err = tx.QueryRow(ctx, fmt.Sprintf(sweepVictimsSQL, t.Ident, slice, due, keysReturning, keysCTE, keysCount, pick, kids, deleted, lock), args.Values...).Scan(&n, &keys)
 	case tiering.KeyOf(t) != nil:
 		err = tx.QueryRow(ctx, fmt.Sprintf(sweepKeysSQL, t.Ident, slice, due, keysReturning, keysCTE, keysCount), args.Values...).Scan(&n, &keys)
 	default:
