@@ -1475,9 +1475,8 @@ func cleanupLag(ctx context.Context, q catalog.Querier, t *catalog.Table, now ti
 // and not waited for) and one that counts them a victim; the victims all
 // of whose rows, in every table, were locked (whole: as many as the
 // statement's snapshot shows pointing at each); per table a CTE that
-// deletes the locked rows of those victims (kids); and the condition
-// (kept, over the deleted table's alias d) that deletes only those
-// victims. A victim goes with all its referencing rows, in every table,
+// deletes the locked rows of those victims (kids); and the rows the
+// DELETE of the table takes (deleted: those victims alone, from whole). A victim goes with all its referencing rows, in every table,
 // or with none: a row held in one table keeps the victim and its rows in
 // the others. Every part groups, joins or probes an index once per
 // victim, never a row against a list of rows: a victim with thousands of
@@ -1596,7 +1595,7 @@ func (d *Deleter) referencesLeft(t *catalog.Table, n int64) {
 // victims in a statement of their own before the one that deletes
 // (lockVictimsSQL): a reference begun after the locks waits for the batch,
 // and one committed before them is in the next statement's snapshot. The
-// locks cost every batch a write of each victim (some 7% of a pass), so a
+// locks cost every batch a write of each victim (some 5% of a pass), so a
 // pass pays them only once an application has raced it
 // (docs/design/frameworks.md, "References").
 func (d *Deleter) lateReference(t *catalog.Table, err error) {
