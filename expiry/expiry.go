@@ -166,19 +166,18 @@ type TableResult struct {
 	Duration              time.Duration
 	LongestBatch          time.Duration // the longest committed batch, as the sizer timed it
 	CleanupLag            time.Duration
-	Oldest, Newest        *time.Time  // retained expiries after the pass
-	BytesPerKey           float64     // table size with indexes and TOAST per estimated row; 0 when unknown
-	LiveTuples            int64       // n_live_tup after the pass (pg_stat_get_live_tuples)
-	DeadTuples            int64       // dead tuples after the pass: n_dead_tup, or the rows deleted since the last VACUUM (vacuum.Vacuumer) when more
-	Vacuumed              bool        // the pass ended with a VACUUM of the table (vacuum.Vacuumer)
-	VacuumsPassedOver     int         // VACUUMs another session's lock passed over (each tried again within the pass)
-	VacuumsHeldBack       int         // VACUUMs that left the deleted rows to an older snapshot (tried again once)
-	VacuumNotRun          string      // why no VACUUM ran when the dead tuples called for one
-	VacuumPace            string      // how the VACUUM was paced for a standby (vacuum.Pace); empty when unpaced
-	VacuumsStopped        int         // paced VACUUMs the throttle stopped (each tried again slower, up to twice)
-	PermanentKeys         int64       // permanent keys written with the deleted rows (tiers.permanent_key)
-	StoppedEarly          retry.Early // set when RUN_TIME, the lease, the throttle, a lock wait or shutdown ended the pass early
-	Err                   error
+	Oldest, Newest        *time.Time // retained expiries after the pass
+	BytesPerKey           float64    // table size with indexes and TOAST per estimated row; 0 when unknown
+	LiveTuples            int64      // n_live_tup after the pass (pg_stat_get_live_tuples)
+	DeadTuples            int64      // dead tuples after the pass: n_dead_tup, or the rows deleted since the last VACUUM (vacuum.Vacuumer) when more
+	Vacuumed              bool       // the pass ended with a VACUUM of the table (vacuum.Vacuumer)
+	VacuumsPassedOver     int        // VACUUMs another session's lock passed over (each tried again within the pass)
+	VacuumsHeldBack       int        // VACUUMs that left the deleted rows to an older snapshot (tried again once)
+	VacuumNotRun          string     // why no VACUUM ran when the dead tuples called for one
+	VacuumPace            string     // how the VACUUM was paced for a standby (vacuum.Pace); empty when unpaced
+	VacuumsStopped        int        // paced VACUUMs the throttle stopped (each tried again slower, up to twice)
+	PermanentKeys         int64      // permanent keys written with the deleted rows (tiers.permanent_key)
+	batchloop.Outcome
 
 	// resume is where the keyset ended: the measurements after the pass
 	// start there instead of walking the index entries of every row the
@@ -284,10 +283,7 @@ func (d *Deleter) RunPass(ctx context.Context) ([]TableResult, error) {
 // pass runs partitions, demotion and deletion within one RUN_TIME); zero
 // means none.
 func (d *Deleter) RunPassUntil(ctx context.Context, deadline time.Time) ([]TableResult, error) {
-	return batchloop.Pass(ctx, d.tables, deadline,
-		func(t *catalog.Table, deadline time.Time) TableResult { return d.runTable(ctx, t, deadline) },
-		func(r *TableResult) error { return r.Err },
-		func(r *TableResult, why retry.Early) { r.StoppedEarly, r.Err = why, nil })
+	return batchloop.Pass(ctx, d.tables, deadline, d.runTable)
 }
 
 func (d *Deleter) now(ctx context.Context, q interface {

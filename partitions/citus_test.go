@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/inboxkeeper/inboxkeeper/holds"
+	"github.com/inboxkeeper/inboxkeeper/internal/domain/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/retry"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/service"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
@@ -91,7 +92,7 @@ func TestCitusRetirementWithALongReader(t *testing.T) {
 			go func() {
 				res, err := f.manager(Options{Base: service.Base{Clock: service.At(t0), LockTimeout: lockTimeout, MaxRetries: 1}, Metrics: m}).RunPass(ctx)
 				if err != nil {
-					res = []TableResult{{Err: err}}
+					res = []TableResult{{Outcome: batchloop.Outcome{Err: err}}}
 				}
 				done <- res[0]
 			}()

@@ -82,8 +82,7 @@ type TableResult struct {
 	Coverage     time.Duration
 	CleanupLag   time.Duration
 	Duration     time.Duration
-	StoppedEarly retry.Early
-	Err          error
+	batchloop.Outcome
 }
 
 // Manager runs partition passes over the partitioned tables of a policy.
@@ -150,9 +149,9 @@ func (m *Manager) Ensure(ctx context.Context) ([]TableResult, error) {
 // there is no deadline.
 func (m *Manager) pass(ctx context.Context, retire bool) ([]TableResult, error) {
 	return batchloop.Pass(ctx, m.tables, time.Time{},
-		func(t *catalog.Table, _ time.Time) TableResult { return m.runTable(ctx, t, retire) },
-		func(r *TableResult) error { return r.Err },
-		func(r *TableResult, why retry.Early) { r.StoppedEarly, r.Err = why, nil })
+		func(ctx context.Context, t *catalog.Table, _ time.Time) TableResult {
+			return m.runTable(ctx, t, retire)
+		})
 }
 
 func (m *Manager) runTable(ctx context.Context, t *catalog.Table, retire bool) TableResult {

@@ -34,7 +34,6 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/domain/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/catalog"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/dbconn"
-	"github.com/inboxkeeper/inboxkeeper/internal/platform/retry"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/sqlargs"
 )
 
@@ -61,8 +60,7 @@ type Result struct {
 	Batches          int
 	Retries          int
 	Duration         time.Duration
-	StoppedEarly     retry.Early // set when RUN_TIME, the lease, the throttle, a lock wait or shutdown ended the pass early
-	Err              error
+	batchloop.Outcome
 }
 
 // Demoter runs demotion passes over the tables that have a tiers section.
@@ -119,10 +117,7 @@ func (d *Demoter) RunPass(ctx context.Context) ([]Result, error) {
 // pass runs partitions, demotion and deletion within one RUN_TIME); zero
 // means none.
 func (d *Demoter) RunPassUntil(ctx context.Context, deadline time.Time) ([]Result, error) {
-	return batchloop.Pass(ctx, d.tables, deadline,
-		func(t *catalog.Table, deadline time.Time) Result { return d.runTable(ctx, t, deadline) },
-		func(r *Result) error { return r.Err },
-		func(r *Result, why retry.Early) { r.StoppedEarly, r.Err = why, nil })
+	return batchloop.Pass(ctx, d.tables, deadline, d.runTable)
 }
 
 func (d *Demoter) runTable(ctx context.Context, t *catalog.Table, deadline time.Time) Result {

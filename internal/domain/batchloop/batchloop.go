@@ -288,21 +288,35 @@ func Deadline(runTime time.Duration) time.Time {
 	return time.Now().Add(runTime)
 }
 
+// Outcome is how one table's part of a pass ended. Every runner's result
+// embeds it, so that Pass can read and mark it.
+type Outcome struct {
+	StoppedEarly retry.Early // set when RUN_TIME, the lease, the throttle, a lock wait or shutdown ended the pass early
+	Err          error
+}
+
+func (o *Outcome) outcome() *Outcome { return o }
+
+// outcomer is a result that embeds an Outcome.
+type outcomer interface{ outcome() *Outcome }
+
 // Pass runs one table after the other, in policy order, with one RUN_TIME
 // deadline for them all (zero: none). A table whose error is a lock wait
 // ends the pass at once (someone queued behind the daemon: the next pass
-// starts with a smaller batch); stopped turns that result into "stopped
-// early". The error is non-nil only when ctx ended the pass.
-func Pass[T any, R any](ctx context.Context, tables []T, deadline time.Time, run func(t T, deadline time.Time) R,
-	errOf func(*R) error, stopped func(r *R, why retry.Early)) ([]R, error) {
+// starts with a smaller batch), and its result says it stopped early. The
+// error is non-nil only when ctx ended the pass.
+func Pass[T any, R any, PR interface {
+	*R
+	outcomer
+}](ctx context.Context, tables []T, deadline time.Time, run func(ctx context.Context, t T, deadline time.Time) R) ([]R, error) {
 	var out []R
 	for _, t := range tables {
 		if err := ctx.Err(); err != nil {
 			return out, err
 		}
-		out = append(out, run(t, deadline))
-		if r := &out[len(out)-1]; errors.Is(errOf(r), retry.ErrLockWait) {
-			stopped(r, retry.AtLockWait)
+		out = append(out, run(ctx, t, deadline))
+		if o := PR(&out[len(out)-1]).outcome(); errors.Is(o.Err, retry.ErrLockWait) {
+			o.StoppedEarly, o.Err = retry.AtLockWait, nil
 			break
 		}
 	}

@@ -39,7 +39,6 @@ import (
 
 	"github.com/inboxkeeper/inboxkeeper/internal/domain/batchloop"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/catalog"
-	"github.com/inboxkeeper/inboxkeeper/internal/platform/retry"
 )
 
 // Options tune a Compactor: the batch settings the deleter and the
@@ -101,8 +100,7 @@ type Result struct {
 	// moved rows' old versions.
 	NotTruncated string
 	Duration     time.Duration
-	StoppedEarly retry.Early
-	Err          error
+	batchloop.Outcome
 
 	vacuumedAt int64 // Updates at the last VACUUM
 	lockWaits  int   // sessions that queued behind a batch
@@ -182,10 +180,7 @@ func (c *Compactor) RunPass(ctx context.Context) ([]Result, error) {
 // none). A table that failed says so in its result; the error is non-nil
 // only when ctx ended the pass.
 func (c *Compactor) RunPassUntil(ctx context.Context, deadline time.Time) ([]Result, error) {
-	return batchloop.Pass(ctx, c.tables, deadline,
-		func(t *catalog.Table, deadline time.Time) Result { return c.runTable(ctx, t, deadline) },
-		func(r *Result) error { return r.Err },
-		func(r *Result, why retry.Early) { r.StoppedEarly, r.Err = why, nil })
+	return batchloop.Pass(ctx, c.tables, deadline, c.runTable)
 }
 
 // minFreeBytes is the least a daemon's compaction must expect to give back:
