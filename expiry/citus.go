@@ -20,7 +20,11 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/tiering"
 )
 
-// Batches on a Citus distributed table (see docs/guides/citus.md).
+// Batches on a table Citus plans (see docs/guides/citus.md): a
+// hash-distributed one, and a reference or Citus local table, whose
+// statements the coordinator sends to every copy, each picking its own rows
+// (a ctid means another row in each copy, and Citus refuses SKIP LOCKED in
+// a modification there too).
 //
 // On one node a batch ends at the expiry of its n-th row, read from the
 // expiry index. Through a coordinator that read costs n rows from every
@@ -78,7 +82,7 @@ func (d *Deleter) window(t *catalog.Table) *window {
 // commits what it can and steps over the row (see above).
 func (d *Deleter) distributedBatch(ctx context.Context, t *catalog.Table, lower pgtype.Timestamptz, size int, res *TableResult) (n int64, newest time.Time, wal float64, err error) {
 	win := d.window(t)
-	rows := int64(size) * int64(max(1, t.Citus.Shards))
+	rows := int64(size) * int64(t.Shards())
 	var limit time.Duration // 0: the window is sized by counting; else this wide
 	var full time.Duration  // the width of the window that first met the lock
 	var locked batchloop.LockedRows
@@ -108,6 +112,9 @@ func (d *Deleter) distributedBatch(ctx context.Context, t *catalog.Table, lower 
 			// The windows this batch already committed end at lower: the
 			// loop counts them and retries from there (batchloop.Batch).
 			return n, lower.Time, wal, err
+		}
+		if t.CitusReference {
+			return n, lower.Time, wal, batchloop.ReferenceLocked(t.Name, err)
 		}
 		if !narrowed {
 			narrowed = true

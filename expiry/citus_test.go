@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -294,25 +295,36 @@ func TestCitusApplicationWaitsAtMostLockTimeout(t *testing.T) {
 
 // On a distributed table with a permanent key, both batch forms (range,
 // and key for the short last batch) write the keys of the rows they delete
-// in the same statement, into the key table co-located with the inbox.
+// in the same statement, into the key table co-located with the inbox. On
+// a reference table and a Citus local table, which go by windows too, into
+// the key table on the coordinator: each key once.
 func TestCitusPermanentKeys(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	pool, _ := pgtest.NewMigratedCitusPool(t, pgtest.TieredInboxDDL, pgtest.Distribute("consumer", "public.inbox"))
-	tables := pgtest.Resolve(t, pool, pgtest.TieredInboxPolicy)
-	pgtest.Exec(t, pool, tiering.KeyTableDDL(tables[0]))
-	f := fixture{pool: pool, tables: tables}
-	base := t0.Add(-40 * 24 * time.Hour)
-	pgtest.Exec(t, pool, `INSERT INTO public.inbox (consumer, message_id, payload_hash, first_seen_at, remember_until, business_key, payload)
+	for name, sql := range map[string]string{
+		"distributed": pgtest.Distribute("consumer", "public.inbox"),
+		"reference":   "SELECT create_reference_table('public.inbox')",
+		"local":       "SELECT citus_add_local_table_to_metadata('public.inbox')",
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			pool, _ := pgtest.NewMigratedCitusPool(t, pgtest.TieredInboxDDL, sql)
+			tables := pgtest.Resolve(t, pool, pgtest.TieredInboxPolicy)
+			pgtest.Exec(t, pool, tiering.KeyTableDDL(tables[0]))
+			f := fixture{pool: pool, tables: tables}
+			base := t0.Add(-40 * 24 * time.Hour)
+			pgtest.Exec(t, pool, `INSERT INTO public.inbox (consumer, message_id, payload_hash, first_seen_at, remember_until, business_key, payload)
 SELECT c, c || i, sha256(i::text::bytea), $1::timestamptz + i * interval '1 hour', $1::timestamptz + interval '30 days' + i * interval '1 hour', 'bk' || i, 'p'
 FROM generate_series(0, 24) i, unnest(ARRAY['payments', 'orders']) c`, base)
-	res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: 20}})
-	if res.Deleted != 50 || res.PermanentKeys != 50 || res.RangeBatches == 0 {
-		t.Errorf("pass: %+v; want 50 deleted, 50 keys, some by range", res)
-	}
-	var keys int64
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM inboxkeeper.keys_public_inbox WHERE payload_hash = sha256(substr(business_key, 3)::bytea)`).Scan(&keys); err != nil || keys != 50 {
-		t.Errorf("%d complete keys (%v), want 50", keys, err)
+			res := f.pass(t, Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0)}, BatchSize: 20}})
+			if res.Deleted != 50 || res.PermanentKeys != 50 || res.RangeBatches == 0 {
+				t.Errorf("pass: %+v; want 50 deleted, 50 keys, some by range", res)
+			}
+			var keys, all int64
+			if err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE payload_hash = sha256(substr(business_key, 3)::bytea)), count(*) FROM inboxkeeper.keys_public_inbox`).Scan(&keys, &all); err != nil || keys != 50 || all != 50 {
+				t.Errorf("%d complete keys of %d (%v), want 50 of 50", keys, all, err)
+			}
+		})
 	}
 }
 
@@ -413,5 +425,92 @@ func TestCitusWorkerRestartMidPass(t *testing.T) {
 	}
 	if left := f.count(t, "true"); first.Deleted+res[0].Deleted != 200 || left != 0 {
 		t.Errorf("the passes reported %d + %d deleted, %d rows left; want 200 and none", first.Deleted, res[0].Deleted, left)
+	}
+}
+
+// A reference table and a Citus local table go by expiry windows too: the
+// coordinator sends each statement to every copy of the table, where a
+// ctid means another row, and refuses SKIP LOCKED in a modification. A
+// pass over one with due rows another table points at, while an
+// application holds a due row locked, waits for it at most the lock
+// timeout (a worker's own is none: the batch sends its own). On the Citus
+// local table it steps over the row and deletes every other due row; on
+// the reference table, which Citus locks whole for a session that holds a
+// row of it, the pass ends with the lock timeout, having deleted nothing,
+// and says why. Once the lock is gone, the next pass deletes what is left
+// due, and nothing else, in every copy alike (one copy's rows were put at
+// other ctids first). Once, a batch waited on the lock until the statement
+// timeout, six times over, and a referenced row failed every batch (cannot
+// perform distributed planning).
+func TestCitusReferenceAndLocalTables(t *testing.T) {
+	t.Parallel()
+	for _, kind := range []string{"create_reference_table", "citus_add_local_table_to_metadata"} {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			pool, _ := pgtest.NewMigratedCitusPool(t, inboxDDL, "SELECT "+kind+"('public.consumer_inbox')",
+				`CREATE TABLE public.outbox (id int PRIMARY KEY, consumer text, message_id text, FOREIGN KEY (consumer, message_id) REFERENCES public.consumer_inbox (consumer, message_id))`,
+				"SELECT "+kind+"('public.outbox')")
+			f := fixture{pool: pool, tables: pgtest.Resolve(t, pool, inboxPolicy)}
+			if f.tables[0].Distributed() || !f.tables[0].ThroughCitus() {
+				t.Fatalf("the table resolves as distributed %v, through Citus %v; want false, true", f.tables[0].Distributed(), f.tables[0].ThroughCitus())
+			}
+			f.insert(t, "a", 100, t0.Add(-50*time.Hour), 30*time.Minute) // all due
+			f.insert(t, "b", 50, t0.Add(time.Hour), time.Minute)         // none
+			pgtest.Exec(t, pool, `INSERT INTO public.outbox SELECT i, 'a', 'a-' || i FROM generate_series(10, 19) i`)
+			copies := func() []string {
+				t.Helper()
+				rows, err := pool.Query(ctx, `SELECT result FROM run_command_on_placements('public.consumer_inbox',
+  $$SELECT count(*) || ' ' || md5(string_agg(message_id, ',' ORDER BY message_id)) FROM %s$$)`)
+				if err != nil {
+					t.Fatal(err)
+				}
+				out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+				if err != nil {
+					t.Fatal(err)
+				}
+				return out
+			}
+			if kind == "create_reference_table" {
+				var shard string
+				var port int
+				if err := pool.QueryRow(ctx, `SELECT shard_name, nodeport FROM citus_shards WHERE table_name = 'public.consumer_inbox'::regclass AND nodeport <> inet_server_port() ORDER BY nodeport LIMIT 1`).Scan(&shard, &port); err != nil {
+					t.Fatal(err)
+				}
+				w := pgtest.Connect(t, pgtest.CitusWorkerURL(t, port, pgtest.CurrentDatabase(t, pool)))
+				before := pgtest.Value[string](t, w, fmt.Sprintf("SELECT ctid::text FROM public.%s WHERE message_id = 'a-0'", pgx.Identifier{shard}.Sanitize()))
+				pgtest.Exec(t, w, fmt.Sprintf("UPDATE public.%s SET event_time = event_time WHERE consumer = 'a'", pgx.Identifier{shard}.Sanitize()))
+				if after := pgtest.Value[string](t, w, fmt.Sprintf("SELECT ctid::text FROM public.%s WHERE message_id = 'a-0'", pgx.Identifier{shard}.Sanitize())); after == before {
+					t.Fatalf("a-0 stayed at %s in the copy on port %d", after, port)
+				}
+			}
+			held := pgtest.Lock(t, pool, `SELECT 1 FROM public.consumer_inbox WHERE message_id = 'a-5' FOR UPDATE`)
+			o := Options{Settings: batchloop.Settings{Base: service.Base{Clock: service.At(t0), LockTimeout: 500 * time.Millisecond, StatementTimeout: 20 * time.Second, MaxRetries: 1}, BatchSize: 16}}
+			res, err := newTest(f.pool, f.tables, o, signals{}).RunPass(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			left := int64(1)
+			if kind == "create_reference_table" {
+				if res[0].Deleted != 0 || retry.KindOf(res[0].Err) != retry.KindLockTimeout || !strings.Contains(fmt.Sprint(res[0].Err), "Citus locks the reference table public.consumer_inbox whole") {
+					t.Errorf("pass: deleted %d (%v); want none, and the lock timeout, saying why", res[0].Deleted, res[0].Err)
+				}
+				left = 90
+			} else if res[0].Err != nil || res[0].Deleted != 89 || res[0].Retries != 0 {
+				t.Errorf("pass: deleted %d with %d retries (%v); want 89 (all due rows but the locked one and the 10 referenced), none, no error", res[0].Deleted, res[0].Retries, res[0].Err)
+			}
+			if err := held.Rollback(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if res := f.pass(t, o); res.Err != nil || res.Deleted != left {
+				t.Errorf("the next pass deleted %d (%v), want %d", res.Deleted, res.Err, left)
+			}
+			if n := f.count(t, "consumer = 'b'"); n != 50 {
+				t.Errorf("%d rows not due left, want 50", n)
+			}
+			if c := copies(); len(c) < 1 || slices.ContainsFunc(c, func(s string) bool { return s != c[0] }) || !strings.HasPrefix(c[0], "60 ") {
+				t.Errorf("the copies hold %v; want each the same 60 rows", c)
+			}
+		})
 	}
 }

@@ -601,7 +601,7 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 			}
 		},
 	}
-	if t.Distributed() {
+	if t.ThroughCitus() {
 		// A batch counts rows per shard and is an expiry window, which can
 		// come back short with rows still due (distributedBatch).
 		win := d.window(t)
@@ -609,7 +609,7 @@ func (d *Deleter) deleteAll(ctx context.Context, t *catalog.Table, deadline time
 		win.mu.Lock()
 		win.due = estimate
 		win.mu.Unlock()
-		loop.Shards, loop.Exhausted = t.Citus.Shards, win.isExhausted
+		loop.Shards, loop.Exhausted = t.Shards(), win.isExhausted
 	}
 	if sw != nil {
 		// A slice can come back short with rows still due further on.
@@ -746,7 +746,7 @@ func (d *Deleter) checkLockPrivilege(ctx context.Context, t *catalog.Table) erro
 		}
 		return err
 	}
-	if t.Distributed() {
+	if t.ThroughCitus() {
 		return nil // no FOR UPDATE there (distributedBatch)
 	}
 	var ok bool
@@ -783,7 +783,7 @@ func (d *Deleter) checkLockPrivilege(ctx context.Context, t *catalog.Table) erro
 // at once) is rolled back and run again with FOR UPDATE SKIP LOCKED.
 // See docs/design/expiry.md, "One batch".
 func (d *Deleter) batch(ctx context.Context, t *catalog.Table, lower pgtype.Timestamptz, size int, res *TableResult) (int64, time.Time, float64, error) {
-	if t.Distributed() {
+	if t.ThroughCitus() {
 		return d.distributedBatch(ctx, t, lower, size, res)
 	}
 	if !d.TestSignals.SkipLockedOnly {
@@ -1536,10 +1536,11 @@ func referencing(t *catalog.Table, v string) (pick, kids, deleted string) {
 // a referencing row another session holds: referencesMet), or a pass ends
 // with such rows counted; from then on, until a pass ends with none left,
 // with them (the table itself). Counts
-// (status, rows_due, the cleanup lag) always leave such rows out. A Citus
-// distributed table always goes with them.
+// (status, rows_due, the cleanup lag) always leave such rows out. A table
+// Citus plans (distributed, reference or Citus local) always goes with
+// them: its windows cannot run again SKIP LOCKED.
 func (d *Deleter) view(t *catalog.Table) *catalog.Table {
-	if len(t.References) == 0 || t.Distributed() {
+	if len(t.References) == 0 || t.ThroughCitus() {
 		return t
 	}
 	d.mu.Lock()
@@ -1564,7 +1565,7 @@ func (d *Deleter) view(t *catalog.Table) *catalog.Table {
 // (view) until a pass ends with none left. It says whether that changed
 // how they go.
 func (d *Deleter) referencesMet(t *catalog.Table, err error) bool {
-	if len(t.References) == 0 || t.Distributed() || !steppedOver(err) {
+	if len(t.References) == 0 || t.ThroughCitus() || !steppedOver(err) {
 		return false
 	}
 	d.mu.Lock()

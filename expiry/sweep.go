@@ -602,7 +602,7 @@ func (d *Deleter) warnUncounted(t *catalog.Table, err error) {
 // check planned without its index took 44 us a row, against 28 us
 // (docs/design/frameworks.md), in every batch after it.
 func (d *Deleter) maySweep(t *catalog.Table) bool {
-	return !t.InCitusMetadata && !t.Distributed() && d.opts.Strategy != StrategyExpiry && len(t.References) == 0
+	return !t.ThroughCitus() && d.opts.Strategy != StrategyExpiry && len(t.References) == 0
 }
 
 // lookBound is how many due rows the look a pass begins with counts at

@@ -48,6 +48,9 @@ func (d *Demoter) distributedBatch(ctx context.Context, t *catalog.Table, lower 
 		if retry.KindOf(err) != retry.KindLockTimeout {
 			return n, lower.Time, wal, err
 		}
+		if t.CitusReference {
+			return n, lower.Time, wal, batchloop.ReferenceLocked(t.Name, err)
+		}
 		if limit > 1 {
 			limit /= 2
 			continue

@@ -2,11 +2,14 @@ package tiering
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/inboxkeeper/inboxkeeper/holds"
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/catalog"
+	"github.com/inboxkeeper/inboxkeeper/internal/platform/retry"
 	"github.com/inboxkeeper/inboxkeeper/internal/testkit/pgtest"
 )
 
@@ -172,3 +175,58 @@ func TestDemotionOnCitusStepsOverALockedRow(t *testing.T) {
 }
 
 func (f fixture) tables() []*catalog.Table { return []*catalog.Table{f.table} }
+
+// On a reference table and a Citus local table demotion goes as on a
+// distributed one (Citus refuses the one-node batch's ctid list there),
+// both layouts, the side table made the same kind of table. A row an
+// application holds locked is stepped over on the Citus local table; the
+// reference table Citus locks whole for that session, so the pass ends
+// with the lock timeout, demoting nothing, and says why. Once the row is
+// free, the next pass demotes the rest. Once, every batch on such a table
+// failed (cannot perform distributed planning).
+func TestDemotionOnCitusReferenceAndLocalTables(t *testing.T) {
+	t.Parallel()
+	for _, kind := range []string{"create_reference_table", "citus_add_local_table_to_metadata"} {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
+			eachLayout(t, func(t *testing.T, policy string) {
+				ctx := context.Background()
+				sql := []string{inboxDDL, "SELECT " + kind + "('public.inbox')"}
+				if policy == sidePolicy {
+					sql = append(sql, "SELECT "+kind+"('public.inbox_payload')")
+				}
+				pool, _ := pgtest.NewMigratedCitusPool(t, sql...)
+				f := fixture{pool: pool, table: resolve(t, pool, policy)}
+				if !f.table.ThroughCitus() || f.table.Distributed() {
+					t.Fatalf("public.inbox resolves through Citus %v, distributed %v; want true, false", f.table.ThroughCitus(), f.table.Distributed())
+				}
+				f.insert(t, "a", 10, t0.Add(-10*24*time.Hour), time.Hour)
+				app := pgtest.Lock(t, f.pool, "SELECT 1 FROM "+walked(f.table)+" WHERE consumer = 'a' AND message_id = 'a-4' FOR UPDATE")
+				o := at(t0)
+				o.LockTimeout, o.MaxRetries = 20*time.Second, 1
+				res, err := New(f.pool, f.tables(), o).RunPass(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				left := int64(1)
+				if kind == "create_reference_table" {
+					if res[0].Demoted != 0 || retry.KindOf(res[0].Err) != retry.KindLockTimeout || !strings.Contains(fmt.Sprint(res[0].Err), "Citus locks the reference table public.inbox whole") {
+						t.Errorf("pass over a locked row: demoted %d (%v); want none, and the lock timeout, saying why", res[0].Demoted, res[0].Err)
+					}
+					left = 10
+				} else if res[0].Err != nil || res[0].Demoted != 9 {
+					t.Errorf("pass over a locked row: demoted %d (%v); want 9", res[0].Demoted, res[0].Err)
+				}
+				if err := app.Rollback(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if res := f.demote(t, at(t0)); res.Err != nil || res.Demoted != left {
+					t.Errorf("once the row is free the pass demoted %d (%v), want %d", res.Demoted, res.Err, left)
+				}
+				if n := f.hot(t, "true"); n != 0 {
+					t.Errorf("%d rows kept their payload, want none", n)
+				}
+			})
+		})
+	}
+}

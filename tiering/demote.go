@@ -197,7 +197,7 @@ func cutoff(t *catalog.Table, now time.Time) time.Time { return now.Add(-Of(t).H
 // distributed table it steps over rows other sessions hold locked
 // (distributedBatch).
 func (d *Demoter) batch(ctx context.Context, t *catalog.Table, lower pgtype.Timestamptz, size int) (n int64, newest time.Time, wal float64, err error) {
-	if t.Distributed() {
+	if t.ThroughCitus() {
 		return d.distributedBatch(ctx, t, lower, size)
 	}
 	return d.batchTx(ctx, t, lower, size, d.opts.LockTimeout)
@@ -210,7 +210,7 @@ func (d *Demoter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 	// hold whose writer we waited for is in this batch's snapshot.
 	tx, err := batchloop.Begin(ctx, d.pool, t.Name, batchloop.TxOptions{
 		LockTimeout: lockTimeout, StatementTimeout: d.opts.StatementTimeout, IdleInTx: d.opts.IdleTimeout, Throttle: d.opts.Throttle, Clock: d.opts.Clock, Watch: d.opts.Watch,
-		Citus: t.Distributed()})
+		Citus: t.ThroughCitus()})
 	if err != nil {
 		return 0, time.Time{}, 0, err
 	}
@@ -320,7 +320,7 @@ func demoteSQL(t *catalog.Table, cov holds.Coverage, args *sqlargs.List, now tim
 	cond, anchor := due(t, "t", args, cov, now, lower)
 	hold := blocked(t, cov, "t", args)
 	limit := args.Add(size)
-	if t.Distributed() {
+	if t.ThroughCitus() {
 		return distributedDemoteSQL(t, rel, cond, hold, anchor, limit)
 	}
 	// A partitioned relation has a ctid per partition: match on
@@ -447,7 +447,7 @@ func (d *Demoter) readTx(ctx context.Context, t *catalog.Table, fn func(tx pgx.T
 	return pgx.BeginTxFunc(ctx, d.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		// A read takes no row locks, but its timeouts should reach the
 		// workers all the same (a table lock queued behind a migration).
-		if _, err := (dbconn.TxSettings{LockTimeout: d.opts.LockTimeout, StatementTimeout: d.opts.StatementTimeout, IdleInTx: d.opts.IdleTimeout, Citus: t.Distributed()}).Apply(ctx, tx); err != nil {
+		if _, err := (dbconn.TxSettings{LockTimeout: d.opts.LockTimeout, StatementTimeout: d.opts.StatementTimeout, IdleInTx: d.opts.IdleTimeout, Citus: t.ThroughCitus()}).Apply(ctx, tx); err != nil {
 			return err
 		}
 		return fn(tx)

@@ -12,10 +12,17 @@ import (
 // hash-distributed on consumer over the test cluster's workers.
 func newCitusFixture(t *testing.T) *fixture {
 	t.Helper()
+	return newCitusFixtureAs(t, "SET citus.shard_count = 4; SELECT create_distributed_table('public.consumer_inbox', 'consumer')")
+}
+
+// newCitusFixtureAs is newCitusFixture with the inbox made a Citus table by
+// sql.
+func newCitusFixtureAs(t *testing.T, sql string) *fixture {
+	t.Helper()
 	pool, url := pgtest.NewCitusPool(t)
 	f := &fixture{t: t, pool: pool, url: url, dir: t.TempDir()}
 	pgtest.Exec(t, pool, inboxTable)
-	pgtest.Exec(t, pool, "SET citus.shard_count = 4; SELECT create_distributed_table('public.consumer_inbox', 'consumer')")
+	pgtest.Exec(t, pool, sql)
 	pgtest.Exec(t, pool, inboxRows)
 	f.policy = f.writeFile("inboxkeeper.yaml", inboxPolicy)
 	return f
@@ -41,6 +48,31 @@ func TestCitusCommands(t *testing.T) {
 	// payments' 20 expired rows go; billing's 10 are held.
 	f.wantCount("rows left", allRows-20, "SELECT count(*) FROM public.consumer_inbox")
 	f.wantCount("billing rows left", 16, "SELECT count(*) FROM public.consumer_inbox WHERE consumer = 'billing'")
+}
+
+// A reference table and a Citus local table: once deletes exactly what one
+// node would, in every copy; compact refuses them, as it does a distributed
+// table, with exit 2 and the way to compact them, before anything moves.
+func TestCitusReferenceAndLocalTableCommands(t *testing.T) {
+	t.Parallel()
+	for _, kind := range []string{"create_reference_table", "citus_add_local_table_to_metadata", "create_distributed_table"} {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
+			sql := "SELECT " + kind + "('public.consumer_inbox')"
+			refusal := "is a Citus reference or Citus local table: Citus refuses the moves' row locks"
+			if kind == "create_distributed_table" {
+				sql, refusal = "SELECT create_distributed_table('public.consumer_inbox', 'consumer')", "is distributed by Citus: compact its shards on the workers"
+			}
+			f := newCitusFixtureAs(t, sql)
+			wantExit(t, f.run("migrate"), 0)
+			wantExit(t, f.run("compact", "--table", "public.consumer_inbox"), 2, refusal)
+			wantExit(t, f.run("once"), 0)
+			f.wantCount("rows left", allRows-expiredRows, "SELECT count(*) FROM public.consumer_inbox")
+			if kind == "create_reference_table" {
+				f.wantCount("copies unlike the coordinator's", 0, `SELECT count(*) FROM run_command_on_placements('public.consumer_inbox', 'SELECT count(*) FROM %s') WHERE result <> '12'`)
+			}
+		})
+	}
 }
 
 // A distributed table inboxkeeper cannot manage is refused by name with

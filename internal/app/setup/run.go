@@ -243,6 +243,8 @@ func CompactTarget(t *catalog.Table) error {
 		return pass.Usagef("compact: %s is managed by partition: its space comes back as whole partitions are dropped", t.Name)
 	case t.Distributed():
 		return pass.Usagef("compact: %s is distributed by Citus: compact its shards on the workers (VACUUM FULL or pg_repack there)", t.Name)
+	case t.ThroughCitus():
+		return pass.Usagef("compact: %s is a Citus reference or Citus local table: Citus refuses the moves' row locks (FOR UPDATE SKIP LOCKED) there; compact its copy on each node (VACUUM FULL or pg_repack there)", t.Name)
 	}
 	return nil
 }

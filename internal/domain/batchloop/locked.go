@@ -30,6 +30,16 @@ const OptimisticLockWait = 50 * time.Millisecond
 // lock is in the way than a few rows in use.
 const MaxLockedSteps = 16
 
+// ReferenceLocked is the error of a batch on a Citus reference table
+// (catalog.Table.CitusReference) that met a lock, err. Citus locks such a
+// table whole for a session that writes to it or holds a row of it locked,
+// so no narrower batch gets past that session: the batch loop tries again
+// after a pause, and past MaxRetries the table's pass ends with the lock
+// timeout, saying why.
+func ReferenceLocked(table string, err error) error {
+	return fmt.Errorf("Citus locks the reference table %s whole while another session writes to it or holds a row of it locked: %w", table, err)
+}
+
 // LockedRows counts the locked rows one batch has stepped over; its zero
 // value is a batch that has stepped over none.
 type LockedRows struct{ steps int }

@@ -156,7 +156,7 @@ func New(pool *pgxpool.Pool, tables []*catalog.Table, opts Options) *Compactor {
 	c := &Compactor{pool: pool, opts: opts, log: opts.Logger, quiet: map[string]quiet{}, vacuumPerUpdate: map[string]float64{},
 		sizers: batchloop.NewSizers(opts.BatchSize, opts.Sizing)}
 	for _, t := range tables {
-		if t.Partitioned() || t.Distributed() || (!opts.Force && t.Policy.Compact == nil) {
+		if t.Partitioned() || t.ThroughCitus() || (!opts.Force && t.Policy.Compact == nil) {
 			continue
 		}
 		c.tables = append(c.tables, t)

@@ -154,6 +154,11 @@ type Table struct {
 	// for those). DDL on such a table goes through Citus, which refuses
 	// some statements PostgreSQL allows (DETACH PARTITION ... CONCURRENTLY).
 	InCitusMetadata bool
+	// CitusReference is set for a Citus reference table. Citus keeps its
+	// copies in step by locking the whole table for every session that
+	// writes to it or locks a row of it (a lock on its shard), so a batch
+	// waits for such a session whichever rows the two touch.
+	CitusReference bool
 	// Filter keeps the policy to some rows (only_when; with Windows, the
 	// union of theirs); nil: every row (rows.go).
 	Filter *Filter
@@ -383,8 +388,15 @@ WHERE n.nspname = $1 AND c.relname = $2`, pt.Name.Schema, pt.Name.Name).Scan(&t.
 	if bad.fatal(resolveCitus(ctx, q, pt, t, cols)) || bad.fatal(resolveSections(ctx, q, t, cols)) {
 		return nil, bad.err()
 	}
-	if t.Distributed() && len(t.DeletesFirst()) > 0 {
-		bad.add(invalid(pt, "delete_referencing", "is not supported on a Citus distributed table: its batches are pushed to the shards as one statement, without the referencing rows"))
+	if t.ThroughCitus() && len(t.DeletesFirst()) > 0 {
+		kind := "distributed"
+		if !t.Distributed() {
+			kind = "reference or Citus local"
+		}
+		bad.add(invalid(pt, "delete_referencing", "is not supported on a Citus %s table: its batches go through the coordinator as one statement each, without the referencing rows", kind))
+	}
+	if t.ThroughCitus() && pt.Compact != nil {
+		bad.add(invalid(pt, "compact", "is not supported on a Citus table: Citus refuses the moves' row locks (FOR UPDATE SKIP LOCKED) there; compact its shards or copies on each node (VACUUM FULL or pg_repack there)"))
 	}
 
 	if t.Partitioned() {

@@ -31,6 +31,24 @@ func (d *Distribution) String() string {
 // ctid, no SKIP LOCKED; see expiry).
 func (t *Table) Distributed() bool { return t.Citus != nil }
 
+// ThroughCitus reports whether Citus plans the table's statements: it is in
+// Citus's metadata, hash-distributed or a reference or Citus local table.
+// Citus refuses there what a batch on one node picks and locks rows with
+// (ctid lists, FOR UPDATE SKIP LOCKED in a modification), and runs a
+// statement on nodes whose own timeouts apply unless the transaction sends
+// its own along (dbconn.TxSettings.Citus): such a table's deletion batches
+// are expiry windows (see expiry).
+func (t *Table) ThroughCitus() bool { return t.InCitusMetadata }
+
+// Shards is how many shards hold the table's rows: 1 unless Citus
+// hash-distributes it (a reference table's copies hold the same rows).
+func (t *Table) Shards() int {
+	if t.Citus == nil {
+		return 1
+	}
+	return max(1, t.Citus.Shards)
+}
+
 // resolveCitus fills t.Citus when the database is a Citus coordinator and
 // the table is hash-distributed. A reference table and a Citus local table
 // are managed like any table; an append- or range-distributed table, or one
@@ -45,9 +63,11 @@ func resolveCitus(ctx context.Context, q Querier, pt policy.Table, t *Table, col
 	}
 	var method string
 	var column *string
+	var replicated bool
 	err := q.QueryRow(ctx, `SELECT partmethod::text,
-       CASE WHEN partmethod <> 'n' THEN column_to_column_name(logicalrelid, partkey) END
-FROM pg_catalog.pg_dist_partition WHERE logicalrelid = $1::oid::regclass`, t.OID).Scan(&method, &column)
+       CASE WHEN partmethod <> 'n' THEN column_to_column_name(logicalrelid, partkey) END,
+       repmodel = 't'
+FROM pg_catalog.pg_dist_partition WHERE logicalrelid = $1::oid::regclass`, t.OID).Scan(&method, &column, &replicated)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil // a local table on the coordinator
 	}
@@ -57,7 +77,10 @@ FROM pg_catalog.pg_dist_partition WHERE logicalrelid = $1::oid::regclass`, t.OID
 	t.InCitusMetadata = true
 	switch method {
 	case "n":
-		return nil // a reference or Citus local table: one copy per node, kept in step by Citus
+		// A reference table (a copy on every node, kept in step by Citus:
+		// replicated) or a Citus local table (one, on the coordinator).
+		t.CitusReference = replicated
+		return nil
 	case "h":
 	case "a":
 		return invalid(pt, "table", "is an append-distributed Citus table; its shards have no hash key for the coordinator to route a delete by, so inboxkeeper manages only hash-distributed tables (create_distributed_table(..., 'hash'))")
