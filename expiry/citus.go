@@ -44,7 +44,9 @@ import (
 // dbconn.TxSettings.Citus), rolls back, and is halved until it commits
 // without the row; a window down to one due row (or one microsecond) that
 // still meets it steps over its first due row, to just after its expiry
-// (batchloop.LockedRows, the demoter's step too).
+// (batchloop.LockedRows, the demoter's step too). A reference table Citus
+// locks whole for the session that holds the row: there the batch ends
+// with the lock timeout at once (batchloop.ReferenceLocked).
 
 // minWindow is the narrowest window: timestamps have microseconds.
 const minWindow = time.Microsecond

@@ -14,14 +14,17 @@ import (
 	"github.com/inboxkeeper/inboxkeeper/internal/platform/sqlargs"
 )
 
-// Demotion on a Citus distributed table (see docs/guides/citus.md).
+// Demotion on a table Citus plans: distributed, reference or Citus local
+// (see docs/guides/citus.md).
 //
 // A batch that meets a row another session holds locked waits for it at
 // most batchloop.OptimisticLockWait (the timeouts reach the workers), rolls
 // back, and is halved until it commits without the row; a batch of one row
 // that still meets the lock steps over that row (batchloop.LockedRows), and
 // the batch goes on from there, growing again. The deleter does the same
-// with expiry windows (expiry/citus.go).
+// with expiry windows (expiry/citus.go). A reference table Citus locks
+// whole for the session that holds the row: there the batch ends with the
+// lock timeout at once (batchloop.ReferenceLocked).
 
 // distributedBatch demotes about size due rows from lower on, in one or
 // more transactions, stepping over rows other sessions hold locked (see

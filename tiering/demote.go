@@ -5,7 +5,7 @@
 // Demotion runs like the expiry deleter: ordered, index-driven batches on
 // the tiers anchor that advance by keyset, each a short transaction with
 // its own lock and statement timeouts, rows other sessions hold locked
-// skipped (on a Citus-distributed table stepped over: distributedBatch),
+// skipped (on a table Citus plans stepped over: distributedBatch),
 // "now" from the database, retries with backoff, and the same throttle.
 // In place it sets the payload columns to NULL; with a side table
 // it deletes the side-table rows. A hold that blocks demotion (a legal hold,
@@ -194,8 +194,8 @@ func cutoff(t *catalog.Table, now time.Time) time.Time { return now.Add(-Of(t).H
 
 // batch demotes at most size due rows no blocking hold covers, in one
 // transaction, and returns how many and the newest anchor among them. On a
-// distributed table it steps over rows other sessions hold locked
-// (distributedBatch).
+// table Citus plans (distributed, reference or Citus local) it steps over
+// rows other sessions hold locked (distributedBatch).
 func (d *Demoter) batch(ctx context.Context, t *catalog.Table, lower pgtype.Timestamptz, size int) (n int64, newest time.Time, wal float64, err error) {
 	if t.ThroughCitus() {
 		return d.distributedBatch(ctx, t, lower, size)

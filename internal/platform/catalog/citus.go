@@ -50,8 +50,9 @@ func (t *Table) Shards() int {
 }
 
 // resolveCitus fills t.Citus when the database is a Citus coordinator and
-// the table is hash-distributed. A reference table and a Citus local table
-// are managed like any table; an append- or range-distributed table, or one
+// the table is hash-distributed, and CitusReference for a reference table.
+// A reference table and a Citus local table are managed through Citus too
+// (ThroughCitus); an append- or range-distributed table, or one
 // distributed on a column outside the policy's key, is refused by name.
 func resolveCitus(ctx context.Context, q Querier, pt policy.Table, t *Table, cols map[string]string) error {
 	var coordinator bool
