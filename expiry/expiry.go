@@ -1100,9 +1100,6 @@ func (d *Deleter) batchTx(ctx context.Context, t *catalog.Table, lower pgtype.Ti
 	}
 	keysReturning, keysCTE, keysCount := tiering.DeleteKeys(t)
 	pick, kids, deleted := referencing(t, "t")
-	if deleted == "" {
-		deleted = "ctid FROM victims"
-	}
 	lockForm, countVictims := "", ""
 	switch {
 	case kids != "" && d.locksFirst(t):
@@ -1391,8 +1388,9 @@ func (d *Deleter) measure(ctx context.Context, tx pgx.Tx, t *catalog.Table, now 
 			res.Oldest = &o
 		}
 	}
-	if t.Distributed() {
-		// The coordinator's copy of the table is empty: the shards know.
+	if t.ThroughCitus() {
+		// The coordinator's copy of the table is empty: the shards (a
+		// reference or Citus local table's one) know.
 		rows, bytes, ok, err := catalog.ShardStats(ctx, tx, t.OID)
 		if err != nil {
 			return fmt.Errorf("measure bytes per key on the shards: %w", err)
@@ -1472,17 +1470,18 @@ func cleanupLag(ctx context.Context, q catalog.Querier, t *catalog.Table, now ti
 // of whose rows, in every table, were locked (whole: as many as the
 // statement's snapshot shows pointing at each); per table a CTE that
 // deletes the locked rows of those victims (kids); and the rows the
-// DELETE of the table takes (deleted: those victims alone, from whole). A victim goes with all its referencing rows, in every table,
-// or with none: a row held in one table keeps the victim and its rows in
-// the others. Every part groups, joins or probes an index once per
+// DELETE of the table takes (deleted: those victims alone, from whole). A
+// victim goes with all its referencing rows, in every table, or with none:
+// a row held in one table keeps the victim and its rows in the others. Every part groups, joins or probes an index once per
 // victim, never a row against a list of rows: a victim with thousands of
 // referencing rows costs a batch time linear in them, where a set
 // difference by ctid cost up to their cube (docs/design/frameworks.md,
-// "References"). Without delete_referencing: nothing.
+// "References"). Without delete_referencing: no parts, and the DELETE
+// takes every victim.
 func referencing(t *catalog.Table, v string) (pick, kids, deleted string) {
 	refs := t.DeletesFirst()
 	if len(refs) == 0 {
-		return "", "", ""
+		return "", "", "ctid FROM victims"
 	}
 	picked := map[string]string{} // referenced column → its name in victims
 	var p, k, cols, joins, whole, del strings.Builder

@@ -918,9 +918,6 @@ func (d *Deleter) sweepTx(ctx context.Context, t *catalog.Table, s *sweep, a, b 
 	var keys int64
 	began := time.Now()
 	pick, kids, deleted := referencing(t, "d")
-	if deleted == "" {
-		deleted = "ctid FROM victims"
-	}
 	switch {
 	case skipLocked || kids != "":
 		lock := ""

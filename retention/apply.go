@@ -73,7 +73,7 @@ func Apply(ctx context.Context, plans []Plan, d Deployment, say func(string)) er
 func applyVacuum(ctx context.Context, d Deployment, say func(string)) error {
 	for _, name := range slices.Sorted(maps.Keys(d.Tables)) {
 		t := d.Tables[name]
-		if t.Partitioned() || t.Distributed() {
+		if t.Partitioned() || t.ThroughCitus() {
 			continue
 		}
 		rate, err := d.FallingDueRate(ctx, d.Pool, t)

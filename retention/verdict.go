@@ -257,8 +257,8 @@ func CheckRedis(ctx context.Context, url string) []Verdict {
 // they cannot do it, the autovacuum_naptime it would take.
 func CheckVacuum(ctx context.Context, pool *pgxpool.Pool, t *catalog.Table, rate, daemonRatio float64) Verdict {
 	subject := "vacuum (" + t.Name + ")"
-	if t.Partitioned() || t.Distributed() {
-		return Verdict{"SKIP", subject, "partitions go whole, and a distributed table's shards are vacuumed on its workers"}
+	if t.Partitioned() || t.ThroughCitus() {
+		return Verdict{"SKIP", subject, "partitions go whole, and a Citus table's shards are vacuumed on its nodes"}
 	}
 	st, err := vacuum.Read(ctx, pool, t)
 	if err != nil {

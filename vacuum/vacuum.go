@@ -136,7 +136,7 @@ type Outcome struct {
 // deletes by up to a second, so the rows deleted since the last VACUUM
 // count too). It vacuums t when they reach the ratio.
 func (v *Vacuumer) AfterPass(ctx context.Context, t *catalog.Table, deleted, live, dead int64) Outcome {
-	if v == nil || t.Partitioned() || t.Distributed() {
+	if v == nil || t.Partitioned() || t.ThroughCitus() {
 		return Outcome{}
 	}
 	// The gauge is what status shows, whatever the decision counts: the

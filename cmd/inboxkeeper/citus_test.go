@@ -52,7 +52,9 @@ func TestCitusCommands(t *testing.T) {
 
 // A reference table and a Citus local table: once deletes exactly what one
 // node would, in every copy; compact refuses them, as it does a distributed
-// table, with exit 2 and the way to compact them, before anything moves.
+// table, with exit 2 and the way to compact them, before anything moves;
+// status shows no vacuum or space figures read from the coordinator's
+// empty copy of the table.
 func TestCitusReferenceAndLocalTableCommands(t *testing.T) {
 	t.Parallel()
 	for _, kind := range []string{"create_reference_table", "citus_add_local_table_to_metadata", "create_distributed_table"} {
@@ -68,6 +70,11 @@ func TestCitusReferenceAndLocalTableCommands(t *testing.T) {
 			wantExit(t, f.run("compact", "--table", "public.consumer_inbox"), 2, refusal)
 			wantExit(t, f.run("once"), 0)
 			f.wantCount("rows left", allRows-expiredRows, "SELECT count(*) FROM public.consumer_inbox")
+			r := f.run("status", "--json")
+			wantExit(t, r, 0)
+			if st := decodeOutput[render.StatusJSON](t, "status --json", r, nil); len(st.Tables) != 1 || st.Tables[0].Vacuum != nil || st.Tables[0].Space != nil {
+				t.Errorf("status --json: vacuum and space of a Citus table, want none\n%s", r.stdout)
+			}
 			if kind == "create_reference_table" {
 				f.wantCount("copies unlike the coordinator's", 0, `SELECT count(*) FROM run_command_on_placements('public.consumer_inbox', 'SELECT count(*) FROM %s') WHERE result <> '12'`)
 			}

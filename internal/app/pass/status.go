@@ -127,7 +127,7 @@ func ReadTables(ctx context.Context, w Wiring, env config.Config, tables []*cata
 			return st, err
 		}
 		st.Tables = append(st.Tables, ts)
-		if !t.Distributed() {
+		if !t.ThroughCitus() {
 			vs, err := vacuum.Read(ctx, w.Pool, t)
 			if err != nil {
 				return st, err

@@ -139,7 +139,7 @@ func (w Wiring) Stages(tables []*catalog.Table, tn settings.Tuning) ([]Stage, []
 		d := w.Deleter(c, one)
 		deleters = append(deleters, d)
 		deletes = append(deletes, limit(Expiry(d), c.RunTime, tn.Global.RunTime))
-		if t.Policy.Compact != nil && !t.ThroughCitus() {
+		if t.Policy.Compact != nil { // refused on a Citus table when the policy was read
 			// After its deletions, within the same RUN_TIME.
 			deletes = append(deletes, limit(Compaction(w.Compactor(c, one, compact.Options{})), c.RunTime, tn.Global.RunTime))
 		}

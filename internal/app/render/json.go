@@ -85,8 +85,8 @@ type TableJSON struct {
 	Partitions        *PartitionsJSON `json:"partitions"` // null for a table managed row by row
 	Tiers             *TiersJSON      `json:"tiers"`      // null without tiers
 	Citus             *CitusJSON      `json:"citus"`      // null unless Citus distributes it
-	Vacuum            *VacuumJSON     `json:"vacuum"`     // null unless managed by rows and not distributed
-	Space             *SpaceJSON      `json:"space"`      // null unless managed by rows and not distributed
+	Vacuum            *VacuumJSON     `json:"vacuum"`     // null unless managed by rows and outside Citus's metadata
+	Space             *SpaceJSON      `json:"space"`      // null unless managed by rows and outside Citus's metadata
 }
 
 // VacuumJSON is how a table's space is kept reclaimed.

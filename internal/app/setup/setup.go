@@ -292,7 +292,7 @@ func (c *Command) SessionForPartitions(ctx context.Context, tables []*catalog.Ta
 	switch {
 	case slices.ContainsFunc(tables, (*catalog.Table).Partitioned):
 		return c.SessionFor(ctx, "partition DDL (DETACH ... CONCURRENTLY under the hold fence)")
-	case slices.ContainsFunc(tables, func(t *catalog.Table) bool { return t.Policy.Compact != nil && !t.ThroughCitus() }):
+	case slices.ContainsFunc(tables, func(t *catalog.Table) bool { return t.Policy.Compact != nil }):
 		return c.SessionFor(ctx, CompactionSession)
 	}
 	return nil

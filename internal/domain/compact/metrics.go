@@ -61,7 +61,7 @@ func NewCollector(q catalog.Querier, m *Metrics, log *slog.Logger) *Collector {
 // had; the error is ctx's.
 func (c *Collector) Update(ctx context.Context, tables []*catalog.Table) error {
 	return c.Each(ctx, tables, func(t *catalog.Table) error {
-		if t.Partitioned() || t.Distributed() {
+		if t.Partitioned() || t.ThroughCitus() {
 			return nil
 		}
 		sp, err := Measure(ctx, c.q, t)
